@@ -1,0 +1,1 @@
+"""sqs-lease: long tool calls on AWS, made safe."""

@@ -1,0 +1,160 @@
+"""The sync driver: boto3 clients and the loop that runs a flow against them.
+
+This is the boundary where botocore's exceptions become outcome values; nothing
+above it sees a botocore type.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import boto3
+import botocore.config
+import botocore.exceptions
+from botocore import xform_name
+
+from ._config import Settings
+from ._core.calls import Call, Emit, Err, ErrorKind, Flow, Ok, Outcome, Sleep, sqs_code_is
+from ._errors import AwsUnavailable
+from ._journal import Journal
+
+T = TypeVar("T")
+
+_NOT_FOUND = ("ResourceNotFoundException", "QueueDoesNotExist", "TableNotFoundException")
+_THROTTLED = (
+    "ThrottlingException",
+    "ProvisionedThroughputExceededException",
+    "RequestLimitExceeded",
+    "Throttling",
+    "RequestThrottled",
+)
+_UNREACHABLE = (
+    botocore.exceptions.EndpointConnectionError,
+    botocore.exceptions.ConnectionClosedError,
+    botocore.exceptions.ConnectTimeoutError,
+    botocore.exceptions.ReadTimeoutError,
+    botocore.exceptions.ProxyConnectionError,
+    botocore.exceptions.HTTPClientError,
+)
+
+
+def classify(exc: BaseException, sent_at: float, received_at: float) -> Err:
+    """Turn a botocore exception into an outcome value (shared with the async driver)."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        resp: dict[str, Any] = dict(exc.response)
+        error = resp.get("Error", {})
+        code = str(error.get("Code", ""))
+        query = str(error.get("QueryErrorCode", ""))
+        status = int(resp.get("ResponseMetadata", {}).get("HTTPStatusCode", 400) or 400)
+        item = resp.get("Item")
+        reasons = tuple(resp.get("CancellationReasons") or ())
+        if code == "ConditionalCheckFailedException":
+            kind = ErrorKind.CONDITION_FAILED
+        elif code == "TransactionCanceledException":
+            kind = ErrorKind.TRANSACTION_CANCELLED
+        elif code in _NOT_FOUND or sqs_code_is("QueueDoesNotExist", code, query):
+            kind = ErrorKind.NOT_FOUND
+        elif code in _THROTTLED or query in _THROTTLED:
+            kind = ErrorKind.THROTTLED
+        elif status >= 500:
+            kind = ErrorKind.SERVER
+        else:
+            kind = ErrorKind.INVALID
+        return Err(
+            kind, code, query, str(error.get("Message", "")), item, reasons, sent_at, received_at
+        )
+    if isinstance(exc, botocore.exceptions.NoCredentialsError):
+        raise AwsUnavailable(
+            "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
+            "(or point AWS_ENDPOINT_URL at the local emulator)"
+        ) from None
+    if isinstance(exc, _UNREACHABLE):
+        return Err(
+            ErrorKind.UNREACHABLE, type(exc).__name__, "", str(exc), None, (), sent_at, received_at
+        )
+    raise exc
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Client timeouts; a heartbeat call must give up well inside the lease reserve."""
+
+    connect: float = 2.0
+    read: float = 5.0
+    attempts: int = 2
+
+
+def client_kwargs(settings: Settings) -> dict[str, Any]:
+    """Endpoint, region and (for the local emulator only) dummy credentials."""
+    kw: dict[str, Any] = {"region_name": settings.region}
+    if settings.endpoint_url:
+        kw["endpoint_url"] = settings.endpoint_url
+    if settings.is_local and boto3.session.Session().get_credentials() is None:
+        kw["aws_access_key_id"] = "testing"
+        kw["aws_secret_access_key"] = "testing"
+    return kw
+
+
+def make_client(settings: Settings, service: str, timeouts: Timeouts = Timeouts()) -> Any:
+    config = botocore.config.Config(
+        connect_timeout=timeouts.connect,
+        read_timeout=timeouts.read,
+        retries={"total_max_attempts": timeouts.attempts, "mode": "standard"},
+        max_pool_connections=50,
+    )
+    session: Any = boto3.session.Session()
+    return session.client(service, config=config, **client_kwargs(settings))
+
+
+class SyncDriver:
+    """Runs flows with boto3 clients; one per thread is not needed (clients are thread-safe)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        journal: Journal | None = None,
+        timeouts: Timeouts = Timeouts(),
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.settings = settings
+        self.journal = journal or Journal()
+        self.clock = clock
+        self.sleep = sleep
+        self.clients: dict[str, Any] = {
+            "sqs": make_client(settings, "sqs", timeouts),
+            "dynamodb": make_client(settings, "dynamodb", timeouts),
+        }
+        self.calls = 0
+
+    def execute(self, c: Call) -> Outcome:
+        method = getattr(self.clients[c.service], xform_name(c.op))
+        sent = self.clock()
+        try:
+            response = method(**c.params)
+        except Exception as exc:
+            return classify(exc, sent, self.clock())
+        finally:
+            self.calls += 1
+        return Ok(response, sent, self.clock())
+
+    def run(self, flow: Flow[T]) -> T:
+        """Drive a flow to its end and return its result."""
+        try:
+            instruction = next(flow)
+            while True:
+                if isinstance(instruction, Emit):
+                    self.journal.write(instruction.event, instruction.fields)
+                    instruction = flow.send(None)
+                elif isinstance(instruction, Sleep):
+                    start = self.clock()
+                    self.sleep(instruction.seconds)
+                    instruction = flow.send(Ok({}, start, self.clock()))
+                else:
+                    instruction = flow.send(self.execute(instruction))
+        except StopIteration as stop:
+            result: T = stop.value
+            return result

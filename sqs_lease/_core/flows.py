@@ -1,0 +1,843 @@
+"""The protocol steps, each written once as a flow (see DESIGN.md section 4).
+
+A flow yields :class:`Call`/:class:`Sleep`/:class:`Emit` and receives outcomes; it
+returns a result value. Drivers execute; flows decide.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import AwsCallFailed, JobNotFound, ResourceMissing, SqsLeaseError, SubmitConflict
+from .calls import Call, Err, ErrorKind, Flow, Ok, Outcome, Sleep, call, emit, sqs_code_is
+from .records import JobRequests, JobState, JobView
+from .timing import LocalLease
+
+SQS_BATCH = 10
+DDB_BATCH_GET = 100
+COMMIT_TRIES = 3
+BATCH_GET_TRIES = 3
+MESSAGE_VERSION = 1
+
+
+def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(seq), n):
+        yield seq[i : i + n]
+
+
+def _fail_call(what: str, err: Err) -> SqsLeaseError:
+    if err.kind is ErrorKind.NOT_FOUND:
+        return ResourceMissing(f"{what}: {err.code or 'not found'}: {err.message}")
+    return AwsCallFailed(f"{what} failed: {err.code or err.kind}: {err.message}", err.code)
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A received SQS message that names a job (the right to try, not ownership)."""
+
+    message_id: str
+    receipt_handle: str
+    job_id: str
+    job_class: str
+    receive_count: int
+    received_at: float  # monotonic, taken before ReceiveMessage was sent
+    visibility: int  # the visibility the receive granted
+
+
+@dataclass(frozen=True)
+class Poison:
+    """A message that can never be processed; the reason says why."""
+
+    message_id: str
+    receipt_handle: str
+    reason: str
+    job_id: str | None = None
+
+
+def message_body(job_id: str, job_class: str, stage: str | None = None) -> str:
+    body: dict[str, Any] = {"v": MESSAGE_VERSION, "job_id": job_id, "job_class": job_class}
+    if stage is not None:
+        body["stage"] = stage
+    return json.dumps(body, separators=(",", ":"), sort_keys=True)
+
+
+def parse_message(
+    message: Mapping[str, Any], received_at: float, visibility: int
+) -> Delivery | Poison:
+    """Turn one ReceiveMessage entry into a delivery, or say why it is poison."""
+    mid = str(message.get("MessageId", ""))
+    handle = str(message.get("ReceiptHandle", ""))
+    try:
+        body = json.loads(message.get("Body", ""))
+    except (TypeError, ValueError):
+        return Poison(mid, handle, "message body is not JSON")
+    if not isinstance(body, dict):
+        return Poison(mid, handle, "message body is not a JSON object")
+    job_id, job_class = body.get("job_id"), body.get("job_class")
+    if not isinstance(job_id, str) or not job_id:
+        return Poison(mid, handle, "message names no job_id")
+    if not isinstance(job_class, str) or not job_class:
+        return Poison(mid, handle, "message names no job_class", job_id)
+    attrs = message.get("Attributes") or {}
+    count = int(attrs.get("ApproximateReceiveCount", "1"))
+    return Delivery(mid, handle, job_id, job_class, count, received_at, visibility)
+
+
+# --------------------------------------------------------------------------- submit
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    job_id: str
+    created: bool
+    message_id: str | None
+    note: str
+
+
+def submit_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job_id: str,
+    job_class: str,
+    payload_json: str,
+    payload_hash: str,
+    wall_now: float,
+    delay_seconds: int = 0,
+) -> Flow[SubmitResult]:
+    """Write the job record (condition: new), then send its message.
+
+    The record carries ``message_sent``; a crash between the two writes leaves
+    ``message_sent = false`` and a resubmission sends the message then, so no job
+    is stranded without a message.
+    """
+    out = yield from call(
+        req.put_new(
+            job_id=job_id,
+            job_class=job_class,
+            payload_json=payload_json,
+            payload_hash=payload_hash,
+            wall_now=wall_now,
+        )
+    )
+    created = True
+    if isinstance(out, Err):
+        if out.kind is not ErrorKind.CONDITION_FAILED or out.item is None:
+            raise _fail_call(f"submit {job_id}: put job record", out)
+        existing = req.parse(out.item)
+        if existing.payload_hash != payload_hash or existing.job_class != job_class:
+            raise SubmitConflict(
+                f"job {job_id!r} exists with job class {existing.job_class!r} and payload hash "
+                f"{existing.payload_hash[:12]}; this submission has {job_class!r} / "
+                f"{payload_hash[:12]}: use a new job id for a new intention"
+            )
+        if existing.message_sent:
+            yield from emit("job_submit_duplicate", job_id=job_id, state=existing.state.value)
+            return SubmitResult(job_id, False, None, f"already submitted (state {existing.state})")
+        created = False
+    sent = yield from call(
+        Call(
+            "sqs",
+            "SendMessage",
+            {
+                "QueueUrl": queue_url,
+                "MessageBody": message_body(job_id, job_class),
+                "DelaySeconds": delay_seconds,
+            },
+        )
+    )
+    if isinstance(sent, Err):
+        raise _fail_call(
+            f"submit {job_id}: send message (record kept; submit again to resend)", sent
+        )
+    marked = yield from call(req.mark_sent(job_id, wall_now))
+    if isinstance(marked, Err) and marked.kind is not ErrorKind.CONDITION_FAILED:
+        # The message is out; a stale flag only makes a resubmission send a duplicate,
+        # which the fenced claim absorbs.
+        yield from emit("job_submit_flag_unset", job_id=job_id, error_code=marked.code)
+    message_id = str(sent.response.get("MessageId", ""))
+    yield from emit(
+        "job_submitted",
+        job_id=job_id,
+        job_class=job_class,
+        payload_hash=payload_hash,
+        message_id=message_id,
+        resent=not created,
+    )
+    note = "submitted" if created else "record existed without a message: message sent"
+    return SubmitResult(job_id, created, message_id, note)
+
+
+# --------------------------------------------------------------------------- claim
+
+
+@dataclass(frozen=True)
+class Claimed:
+    delivery: Delivery
+    job: JobView  # the record as it is after the claim
+    token: int
+    attempt: int
+    reclaimed: bool
+    previous_owner: str | None
+    deadline: float  # local lease deadline (monotonic)
+
+
+@dataclass(frozen=True)
+class NotClaimed:
+    delivery: Delivery
+    outcome: str  # "done" | "parked" | "missing" | "exhausted" | "unknown" | "class_mismatch"
+    reason: str
+    job: JobView | None = None
+
+
+ClaimResult = Claimed | NotClaimed
+
+
+def claim_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    delivery: Delivery,
+    worker_id: str,
+    wall_now: float,
+    lease_seconds: int,
+    max_attempts: int,
+) -> Flow[ClaimResult]:
+    """Claim the job a message names: token + 1, owner = me, then set the lease to L.
+
+    Receiving the message is the right to try; this conditional write is the
+    ownership. A terminal record means the work is done: the message is deleted.
+    """
+    d = delivery
+    out = yield from call(req.claim(d.job_id, worker_id, wall_now, lease_seconds))
+    if isinstance(out, Err):
+        if out.kind is ErrorKind.CONDITION_FAILED:
+            if out.item is None:
+                yield from _delete(queue_url, d.receipt_handle)
+                reason = "no job record for the message"
+                yield from emit(
+                    "message_poisoned", job_id=d.job_id, message_id=d.message_id, reason=reason
+                )
+                return NotClaimed(d, "missing", reason)
+            current = req.parse(out.item)
+            outcome = "parked" if current.state is JobState.PARKED else "done"
+            yield from _delete(queue_url, d.receipt_handle)
+            yield from emit(
+                "job_already_done" if outcome == "done" else "job_parked_skip",
+                job_id=d.job_id,
+                state=current.state.value,
+                token=current.token,
+            )
+            return NotClaimed(d, outcome, f"job is {current.state}", current)
+        yield from emit(
+            "ownership_unknown", job_id=d.job_id, stage="claim", error_code=out.code or out.kind
+        )
+        return NotClaimed(d, "unknown", f"claim not answered: {out.code or out.kind}")
+    old = req.parse(out.response.get("Attributes", {}))
+    token, attempt = old.token + 1, old.attempt + 1
+    job = JobView(
+        job_id=old.job_id,
+        job_class=old.job_class,
+        state=JobState.RUNNING,
+        token=token,
+        attempt=attempt,
+        owner=worker_id,
+        payload_hash=old.payload_hash,
+        message_sent=old.message_sent,
+        stage=old.stage,
+    )
+    reclaimed = old.state is JobState.RUNNING
+    if old.job_class != d.job_class:
+        reason = f"message names job class {d.job_class!r}, record says {old.job_class!r}"
+        yield from _finish_failed(
+            req, queue_url, job, d, worker_id, wall_now, reason, "class_mismatch"
+        )
+        return NotClaimed(d, "class_mismatch", reason, job)
+    if attempt > max_attempts:
+        reason = f"attempts exhausted ({attempt - 1} of {max_attempts})"
+        yield from _finish_failed(
+            req, queue_url, job, d, worker_id, wall_now, reason, "attempts_exhausted"
+        )
+        return NotClaimed(d, "exhausted", reason, job)
+    # The receive granted d.visibility from d.received_at; CMV moves it to L from now.
+    deadline = d.received_at + d.visibility
+    cmv = yield from call(
+        Call(
+            "sqs",
+            "ChangeMessageVisibility",
+            {
+                "QueueUrl": queue_url,
+                "ReceiptHandle": d.receipt_handle,
+                "VisibilityTimeout": lease_seconds,
+            },
+        )
+    )
+    if isinstance(cmv, Ok):
+        deadline = cmv.sent_at + lease_seconds
+    yield from emit(
+        "job_claimed",
+        job_id=d.job_id,
+        job_class=old.job_class,
+        token=token,
+        attempt=attempt,
+        payload_hash=old.payload_hash,
+        reclaimed=reclaimed,
+        previous_owner=old.owner,
+        message_id=d.message_id,
+        receive_count=d.receive_count,
+        lease_seconds=lease_seconds if isinstance(cmv, Ok) else d.visibility,
+    )
+    if reclaimed:
+        yield from emit(
+            "job_reclaimed",
+            job_id=d.job_id,
+            token=token,
+            previous_owner=old.owner,
+            previous_token=old.token,
+        )
+    return Claimed(d, job, token, attempt, reclaimed, old.owner, deadline)
+
+
+# --------------------------------------------------------------------------- heartbeat
+
+
+@dataclass(frozen=True)
+class Beat:
+    """The heartbeat's verdict on one job: status ``ok`` | ``lost`` | ``unknown``."""
+
+    job_id: str
+    status: str
+    deadline: float | None = None  # new local deadline when ok
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class HeartbeatReport:
+    beats: dict[str, Beat] = field(default_factory=dict)
+    calls: int = 0
+
+
+_LEASE_GONE_CODES = ("ReceiptHandleIsInvalid", "MessageNotInflight", "InvalidParameterValue")
+
+
+def heartbeat_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    leases: Sequence[LocalLease],
+    worker_id: str,
+    wall_now: float,
+    advise: frozenset[str] = frozenset(),
+) -> Flow[HeartbeatReport]:
+    """Extend visibility (batches of 10), then confirm ownership (BatchGetItem of 100).
+
+    Both must succeed for a local lease to move forward; the new deadline counts
+    from before the visibility change was sent. ``advise`` names jobs whose
+    advisory lease fields are also refreshed (a conditional write, so it too can
+    reveal a lost lease).
+    """
+    beats: dict[str, Beat] = {}
+    extended: dict[str, float] = {}
+    calls = 0
+    by_id = {lease.job_id: lease for lease in leases}
+    for chunk in _chunks(list(leases), SQS_BATCH):
+        entries = [
+            {
+                "Id": str(i),
+                "ReceiptHandle": lease.receipt_handle,
+                "VisibilityTimeout": lease.lease_seconds,
+            }
+            for i, lease in enumerate(chunk)
+        ]
+        out = yield from call(
+            Call("sqs", "ChangeMessageVisibilityBatch", {"QueueUrl": queue_url, "Entries": entries})
+        )
+        calls += 1
+        if isinstance(out, Err):
+            for lease in chunk:
+                beats[lease.job_id] = Beat(lease.job_id, "unknown", reason=out.code or out.kind)
+            continue
+        for ok in out.response.get("Successful", []):
+            extended[chunk[int(ok["Id"])].job_id] = out.sent_at
+        # Batch calls report per-entry failures on HTTP 200: always read Failed[].
+        for bad in out.response.get("Failed", []):
+            lease = chunk[int(bad["Id"])]
+            code = str(bad.get("Code", ""))
+            if any(sqs_code_is(name, code) for name in _LEASE_GONE_CODES):
+                beats[lease.job_id] = Beat(lease.job_id, "lost", reason=f"sqs: {code}")
+            else:
+                beats[lease.job_id] = Beat(lease.job_id, "unknown", reason=f"sqs: {code}")
+    pending = [job_id for job_id in by_id if job_id in extended]
+    seen: dict[str, JobView] = {}
+    for chunk in _chunks(pending, DDB_BATCH_GET):
+        out = yield from call(req.batch_get(chunk))
+        calls += 1
+        tries = 1
+        while True:
+            if isinstance(out, Err):
+                break
+            for item in req.batch_items(out.response):
+                view = req.parse(item)
+                seen[view.job_id] = view
+            unprocessed = out.response.get("UnprocessedKeys") or {}
+            if not unprocessed or tries >= BATCH_GET_TRIES:
+                break
+            yield Sleep(0.05 * tries)
+            out = yield from call(req.batch_get_retry(unprocessed))
+            calls += 1
+            tries += 1
+        for job_id in chunk:
+            lease = by_id[job_id]
+            found = seen.get(job_id)
+            if found is None:
+                why = out.code or out.kind if isinstance(out, Err) else "not read"
+                if isinstance(out, Ok) and not out.response.get("UnprocessedKeys"):
+                    beats[job_id] = Beat(job_id, "lost", reason="job record is gone")
+                else:
+                    beats[job_id] = Beat(job_id, "unknown", reason=f"dynamodb: {why}")
+                continue
+            beats[job_id] = _verdict(lease, found, worker_id, extended[job_id])
+    for job_id in sorted(advise):
+        lease = by_id.get(job_id)
+        if lease is None or beats.get(job_id, Beat(job_id, "")).status != "ok":
+            continue
+        out = yield from call(
+            req.advise(job_id, lease.token, worker_id, wall_now, lease.lease_seconds)
+        )
+        calls += 1
+        if isinstance(out, Err) and out.kind is ErrorKind.CONDITION_FAILED:
+            now_view = req.parse(out.item) if out.item else None
+            beats[job_id] = (
+                _verdict(lease, now_view, worker_id, extended[job_id])
+                if now_view is not None
+                else Beat(job_id, "lost", reason="job record is gone")
+            )
+    for job_id, beat in beats.items():
+        lease = by_id[job_id]
+        if beat.status == "ok":
+            yield from emit(
+                "heartbeat_ok",
+                job_id=job_id,
+                token=lease.token,
+                lease_left=round((beat.deadline or 0.0) - extended[job_id], 3),
+            )
+        elif beat.status in ("lost", "cancelled"):
+            yield from emit(
+                "heartbeat_lost",
+                job_id=job_id,
+                token=lease.token,
+                reason=beat.reason,
+                cancelled=beat.status == "cancelled",
+            )
+        else:
+            yield from emit(
+                "ownership_unknown",
+                job_id=job_id,
+                token=lease.token,
+                reason=beat.reason,
+                last_confirmed=lease.last_confirmed,
+                conservative_deadline=lease.conservative_deadline,
+            )
+    return HeartbeatReport(beats, calls)
+
+
+def _verdict(lease: LocalLease, view: JobView, worker_id: str, sent_at: float) -> Beat:
+    if view.state is JobState.FAILED and view.error_code == "cancelled":
+        return Beat(lease.job_id, "cancelled", reason=view.reason or "cancelled")
+    if view.token != lease.token:
+        return Beat(lease.job_id, "lost", reason=f"token moved to {view.token}")
+    if view.state is not JobState.RUNNING:
+        return Beat(lease.job_id, "lost", reason=f"job is {view.state}")
+    if view.owner != worker_id:
+        return Beat(lease.job_id, "lost", reason=f"owner is {view.owner}")
+    return Beat(lease.job_id, "ok", deadline=sent_at + lease.lease_seconds)
+
+
+# --------------------------------------------------------------------------- finish
+
+
+@dataclass(frozen=True)
+class Finish:
+    """How a write that ends an attempt went: ``done`` | ``rejected`` | ``unknown``."""
+
+    outcome: str
+    reason: str = ""
+    current: JobView | None = None
+
+
+def _delete(queue_url: str, receipt_handle: str) -> Flow[Outcome]:
+    out = yield from call(
+        Call("sqs", "DeleteMessage", {"QueueUrl": queue_url, "ReceiptHandle": receipt_handle})
+    )
+    if isinstance(out, Err):
+        # Not a fence and not fatal: a redelivered message meets a terminal record
+        # at its claim and is deleted then.
+        yield from emit("message_delete_failed", error_code=out.code or out.kind)
+    return out
+
+
+def _fenced_write(
+    req: JobRequests,
+    build: Call,
+    *,
+    job: JobView,
+    worker_id: str,
+    applied: JobState,
+) -> Flow[Finish]:
+    """Send a write conditioned on owner + token; retry an unanswered one.
+
+    A retried write whose first try did apply fails its condition; ALL_OLD then
+    shows the record in ``applied`` state with our token and owner, which we
+    recognise as our own write instead of calling it rejected.
+    """
+    last: Err | None = None
+    for attempt in range(COMMIT_TRIES):
+        out = yield from call(build)
+        if isinstance(out, Ok):
+            return Finish("done")
+        last = out
+        if out.kind is ErrorKind.CONDITION_FAILED:
+            current = req.parse(out.item) if out.item else None
+            if (
+                current is not None
+                and current.state is applied
+                and current.token == job.token
+                and current.owner == worker_id
+            ):
+                return Finish("done", "an earlier try applied", current)
+            return Finish("rejected", _why_rejected(current, job), current)
+        if not out.unknown:
+            return Finish("unknown", f"{out.code or out.kind}: {out.message}")
+        yield Sleep(0.2 * (attempt + 1))
+    assert last is not None
+    return Finish("unknown", f"no answer: {last.code or last.kind}")
+
+
+def _why_rejected(current: JobView | None, job: JobView) -> str:
+    if current is None:
+        return "job record is gone"
+    if current.token != job.token:
+        return f"token moved from {job.token} to {current.token}"
+    return f"job is {current.state} (owner {current.owner})"
+
+
+def commit_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job: JobView,
+    delivery: Delivery,
+    worker_id: str,
+    result_json: str,
+    wall_now: float,
+    duration: float,
+) -> Flow[Finish]:
+    """Write the result on condition of owner + token; then delete the message.
+
+    A rejected commit is journaled ``result_rejected`` and never reported as done.
+    """
+    fin = yield from _fenced_write(
+        req,
+        req.commit(job.job_id, job.token, worker_id, result_json, wall_now),
+        job=job,
+        worker_id=worker_id,
+        applied=JobState.SUCCEEDED,
+    )
+    if fin.outcome == "done":
+        yield from _delete(queue_url, delivery.receipt_handle)
+        yield from emit(
+            "result_committed",
+            job_id=job.job_id,
+            job_class=job.job_class,
+            token=job.token,
+            attempt=job.attempt,
+            payload_hash=job.payload_hash,
+            duration=round(duration, 3),
+        )
+    elif fin.outcome == "rejected":
+        cur = fin.current
+        yield from emit(
+            "result_rejected",
+            job_id=job.job_id,
+            job_class=job.job_class,
+            token=job.token,
+            attempt=job.attempt,
+            reason=fin.reason,
+            current_token=cur.token if cur else None,
+            current_state=cur.state.value if cur else None,
+        )
+    else:
+        yield from emit(
+            "ownership_unknown",
+            job_id=job.job_id,
+            token=job.token,
+            stage="commit",
+            reason=fin.reason,
+        )
+    return fin
+
+
+def _finish_failed(
+    req: JobRequests,
+    queue_url: str,
+    job: JobView,
+    delivery: Delivery,
+    worker_id: str,
+    wall_now: float,
+    reason: str,
+    error_code: str,
+) -> Flow[Finish]:
+    fin = yield from _fenced_write(
+        req,
+        req.finish_failed(job.job_id, job.token, worker_id, reason, error_code, wall_now),
+        job=job,
+        worker_id=worker_id,
+        applied=JobState.FAILED,
+    )
+    if fin.outcome == "done":
+        yield from _delete(queue_url, delivery.receipt_handle)
+        yield from emit(
+            "job_failed",
+            job_id=job.job_id,
+            job_class=job.job_class,
+            token=job.token,
+            attempt=job.attempt,
+            error_code=error_code,
+            reason=reason,
+        )
+    else:
+        yield from emit(
+            "result_rejected" if fin.outcome == "rejected" else "ownership_unknown",
+            job_id=job.job_id,
+            token=job.token,
+            stage="fail",
+            reason=fin.reason,
+        )
+    return fin
+
+
+def fail_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job: JobView,
+    delivery: Delivery,
+    worker_id: str,
+    wall_now: float,
+    reason: str,
+    error_code: str,
+) -> Flow[Finish]:
+    """End the job ``failed`` with a reason (fenced), then delete its message."""
+    return (
+        yield from _finish_failed(
+            req, queue_url, job, delivery, worker_id, wall_now, reason, error_code
+        )
+    )
+
+
+def retry_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job: JobView,
+    delivery: Delivery,
+    worker_id: str,
+    wall_now: float,
+    reason: str,
+    error_code: str,
+    delay: int,
+    max_attempts: int,
+) -> Flow[Finish]:
+    """Give the job back for a later attempt: record -> queued (fenced), visibility -> delay.
+
+    When the attempts are spent the job fails instead, with that reason.
+    """
+    if job.attempt >= max_attempts:
+        return (
+            yield from _finish_failed(
+                req,
+                queue_url,
+                job,
+                delivery,
+                worker_id,
+                wall_now,
+                f"attempts exhausted ({job.attempt} of {max_attempts}); last error: {reason}",
+                "attempts_exhausted",
+            )
+        )
+    fin = yield from _fenced_write(
+        req,
+        req.requeue(job.job_id, job.token, worker_id, reason, error_code, wall_now),
+        job=job,
+        worker_id=worker_id,
+        applied=JobState.QUEUED,
+    )
+    if fin.outcome != "done":
+        yield from emit(
+            "result_rejected" if fin.outcome == "rejected" else "ownership_unknown",
+            job_id=job.job_id,
+            token=job.token,
+            stage="retry",
+            reason=fin.reason,
+        )
+        return fin
+    cmv = yield from call(
+        Call(
+            "sqs",
+            "ChangeMessageVisibility",
+            {
+                "QueueUrl": queue_url,
+                "ReceiptHandle": delivery.receipt_handle,
+                "VisibilityTimeout": delay,
+            },
+        )
+    )
+    yield from emit(
+        "job_retry_scheduled",
+        job_id=job.job_id,
+        job_class=job.job_class,
+        token=job.token,
+        attempt=job.attempt,
+        delay=delay,
+        error_code=error_code,
+        reason=reason,
+        visibility_set=isinstance(cmv, Ok),
+    )
+    return fin
+
+
+def park_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job: JobView,
+    delivery: Delivery,
+    worker_id: str,
+    wall_now: float,
+    reason: str,
+) -> Flow[Finish]:
+    """Park the job for an operator (fenced), then delete its message."""
+    fin = yield from _fenced_write(
+        req,
+        req.park(job.job_id, job.token, worker_id, reason, wall_now),
+        job=job,
+        worker_id=worker_id,
+        applied=JobState.PARKED,
+    )
+    if fin.outcome == "done":
+        yield from _delete(queue_url, delivery.receipt_handle)
+        yield from emit("job_parked", job_id=job.job_id, token=job.token, reason=reason)
+    return fin
+
+
+def release_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    held: Sequence[tuple[JobView | None, Delivery]],
+    worker_id: str,
+    wall_now: float,
+    reason: str,
+) -> Flow[int]:
+    """Hand messages back at once (shutdown): claimed records -> queued, visibility -> 0.
+
+    Returns how many messages SQS confirmed released.
+    """
+    for job, _ in held:
+        if job is None:
+            continue
+        fin = yield from _fenced_write(
+            req,
+            req.requeue(job.job_id, job.token, worker_id, reason, "released", wall_now),
+            job=job,
+            worker_id=worker_id,
+            applied=JobState.QUEUED,
+        )
+        if fin.outcome != "done":
+            yield from emit(
+                "job_release_skipped", job_id=job.job_id, token=job.token, reason=fin.reason
+            )
+    released = 0
+    deliveries = [d for _, d in held]
+    for chunk in _chunks(deliveries, SQS_BATCH):
+        out = yield from call(
+            Call(
+                "sqs",
+                "ChangeMessageVisibilityBatch",
+                {
+                    "QueueUrl": queue_url,
+                    "Entries": [
+                        {"Id": str(i), "ReceiptHandle": d.receipt_handle, "VisibilityTimeout": 0}
+                        for i, d in enumerate(chunk)
+                    ],
+                },
+            )
+        )
+        if isinstance(out, Ok):
+            released += len(out.response.get("Successful", []))
+    yield from emit("messages_released", count=released, reason=reason)
+    return released
+
+
+def poison_flow(
+    req: JobRequests | None,
+    *,
+    queue_url: str,
+    poison: Poison,
+    dlq_url: str | None,
+    body: str,
+) -> Flow[None]:
+    """Move a message nobody can process out of the way, with the reason journaled.
+
+    With a DLQ it is copied there first (so the bytes survive for forensics), then
+    deleted; without one it is deleted. It never stops the worker.
+    """
+    moved = False
+    if dlq_url:
+        out = yield from call(
+            Call(
+                "sqs",
+                "SendMessage",
+                {
+                    "QueueUrl": dlq_url,
+                    "MessageBody": body or "<empty>",
+                    "MessageAttributes": {
+                        "sqs_lease_reason": {
+                            "DataType": "String",
+                            "StringValue": poison.reason[:256],
+                        },
+                    },
+                },
+            )
+        )
+        moved = isinstance(out, Ok)
+    yield from _delete(queue_url, poison.receipt_handle)
+    yield from emit(
+        "message_poisoned",
+        message_id=poison.message_id,
+        job_id=poison.job_id,
+        reason=poison.reason,
+        moved_to_dlq=moved,
+    )
+
+
+def cancel_flow(req: JobRequests, *, job_id: str, reason: str, wall_now: float) -> Flow[JobView]:
+    """End a job ``failed`` (cancelled) and move its token on, fencing out its owner."""
+    out = yield from call(req.cancel(job_id, reason, wall_now))
+    if isinstance(out, Err):
+        if out.kind is ErrorKind.CONDITION_FAILED:
+            if out.item is None:
+                raise JobNotFound(f"no job {job_id!r}")
+            current = req.parse(out.item)
+            yield from emit("job_cancel_noop", job_id=job_id, state=current.state.value)
+            return current
+        raise _fail_call(f"cancel {job_id}", out)
+    view = req.parse(out.response.get("Attributes", {}))
+    yield from emit("job_cancelled", job_id=job_id, token=view.token, reason=reason)
+    return view

@@ -1,0 +1,101 @@
+"""What the core knows of stored records, and the request builder it is given.
+
+The core never spells a DynamoDB expression: :class:`JobRequests` (implemented by
+``sqs_lease._schema`` from the pynamodb models) does. The core decides when to send
+which request and what its answer means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from .calls import Call
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PARKED = "parked"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job record as the core reads it."""
+
+    job_id: str
+    job_class: str
+    state: JobState
+    token: int
+    attempt: int
+    owner: str | None
+    payload_hash: str
+    message_sent: bool = True
+    reason: str | None = None
+    error_code: str | None = None
+    stage: str | None = None
+
+
+class JobRequests(Protocol):
+    """Builds DynamoDB calls for the job table and parses its items."""
+
+    def put_new(
+        self,
+        *,
+        job_id: str,
+        job_class: str,
+        payload_json: str,
+        payload_hash: str,
+        wall_now: float,
+        stage: str | None = None,
+    ) -> Call: ...
+
+    def mark_sent(self, job_id: str, wall_now: float) -> Call: ...
+
+    def claim(self, job_id: str, worker_id: str, wall_now: float, lease_seconds: int) -> Call: ...
+
+    def commit(
+        self, job_id: str, token: int, worker_id: str, result_json: str, wall_now: float
+    ) -> Call: ...
+
+    def finish_failed(
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        reason: str,
+        error_code: str,
+        wall_now: float,
+    ) -> Call: ...
+
+    def requeue(
+        self, job_id: str, token: int, worker_id: str, reason: str, error_code: str, wall_now: float
+    ) -> Call: ...
+
+    def park(
+        self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float
+    ) -> Call: ...
+
+    def advise(
+        self, job_id: str, token: int, worker_id: str, wall_now: float, lease_seconds: int
+    ) -> Call: ...
+
+    def cancel(self, job_id: str, reason: str, wall_now: float) -> Call: ...
+
+    def get(self, job_id: str) -> Call: ...
+
+    def batch_get(self, job_ids: Sequence[str]) -> Call: ...
+
+    def batch_get_retry(self, unprocessed: Mapping[str, Any]) -> Call: ...
+
+    def batch_items(self, response: Mapping[str, Any]) -> list[Mapping[str, Any]]: ...
+
+    def parse(self, item: Mapping[str, Any]) -> JobView: ...

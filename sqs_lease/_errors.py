@@ -1,0 +1,120 @@
+"""The one exception hierarchy of sqs-lease.
+
+::
+
+    SqsLeaseError                     every error this package raises
+    ├── ConfigError                   bad settings, names the field and the fix
+    │   └── JobClassError             a job class breaks the lease timing rules
+    ├── PayloadError                  a payload fails its job class's model
+    ├── SubmitConflict                same job id submitted with another payload
+    ├── JobNotFound                   no job record for that id
+    ├── ResourceMissing               queue or table does not exist
+    ├── AwsUnavailable                AWS (or the local emulator) did not answer
+    ├── AwsCallFailed                 an AWS call failed in a way the flow cannot handle
+    ├── LeaseError                    raised in handlers by ``ctx.check()``
+    │   ├── LeaseLost                 the token moved on: stop, never commit success
+    │   │   └── JobCancelled          an operator or the session cancelled the job
+    │   └── OwnershipUnknown          cannot confirm ownership: start no irreversible step
+    ├── HandlerSignal                 raised by handlers to steer the worker
+    │   ├── TransientError            retry with backoff (counted attempts)
+    │   ├── PermanentError            fail now, with the reason
+    │   └── ToolOutcomeUnknown        the external call may or may not have applied
+    └── IntentError                   side-effect intents
+        ├── IntentPayloadMismatch     same key, different payload: a changed intention
+        ├── IntentAmbiguous           cannot tell whether the effect applied: job parked
+        └── IntentNotFound            no intent under that key
+"""
+
+from __future__ import annotations
+
+
+class SqsLeaseError(Exception):
+    """Base of every error raised by sqs-lease."""
+
+
+class ConfigError(SqsLeaseError):
+    """A setting is wrong; the message names the field and the fix."""
+
+
+class JobClassError(ConfigError):
+    """A job class breaks a lease timing rule; the message names the numbers."""
+
+
+class PayloadError(SqsLeaseError):
+    """A payload does not validate against its job class's model."""
+
+
+class SubmitConflict(SqsLeaseError):
+    """A job id was submitted again with a different job class or payload."""
+
+
+class JobNotFound(SqsLeaseError):
+    """No job record exists for the id."""
+
+
+class ResourceMissing(SqsLeaseError):
+    """A queue or table does not exist (create it with the CLI)."""
+
+
+class AwsUnavailable(SqsLeaseError):
+    """AWS or the emulator did not answer, or credentials are missing."""
+
+
+class AwsCallFailed(SqsLeaseError):
+    """An AWS call failed in a way the calling flow cannot recover from."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class LeaseError(SqsLeaseError):
+    """The worker may not (or may no longer) act for the job."""
+
+
+class LeaseLost(LeaseError):
+    """Another claim moved the fencing token on, or the job left `running`."""
+
+
+class JobCancelled(LeaseLost):
+    """The job was cancelled; its owner lost the lease."""
+
+
+class OwnershipUnknown(LeaseError):
+    """Ownership could not be confirmed recently enough for an irreversible step."""
+
+
+class HandlerSignal(SqsLeaseError):
+    """Raised by a handler to tell the worker how the attempt ended."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code or type(self).__name__
+
+
+class TransientError(HandlerSignal):
+    """Retry later with backoff; counts as an attempt."""
+
+
+class PermanentError(HandlerSignal):
+    """Fail the job now; retrying cannot help."""
+
+
+class ToolOutcomeUnknown(HandlerSignal):
+    """An external call timed out: it may have applied. Reconcile, never retry blindly."""
+
+
+class IntentError(SqsLeaseError):
+    """A side-effect intent cannot proceed."""
+
+
+class IntentPayloadMismatch(IntentError):
+    """The key exists with another payload hash: a changed intention needs its own key."""
+
+
+class IntentAmbiguous(IntentError):
+    """Whether the effect applied cannot be told; the job is parked for an operator."""
+
+
+class IntentNotFound(IntentError):
+    """No intent exists under the key."""

@@ -1,0 +1,71 @@
+"""The journal: structured JSON events through stdlib logging, never payloads.
+
+Events have stable names (``job_claimed``, ``heartbeat_ok``, ``heartbeat_lost``,
+``ownership_unknown``, ``result_committed``, ``result_rejected``, ...). Fields
+carry ids, tokens, hashes, durations and error codes. Payloads, results, prompts
+and tool responses are dropped here as a last line of defence, whatever a caller
+passes, unless ``include_bodies`` was chosen explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+LOGGER_NAME = "sqs_lease.journal"
+_BODY_FIELDS = frozenset(
+    {"payload", "result", "prompt", "response", "body", "request", "tool_response", "args"}
+)
+
+
+class Journal:
+    """Writes events to the ``sqs_lease.journal`` logger as one JSON object each."""
+
+    def __init__(
+        self,
+        *,
+        worker_id: str | None = None,
+        include_bodies: bool = False,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.include_bodies = include_bodies
+        self.logger = logger or logging.getLogger(LOGGER_NAME)
+
+    def write(self, event: str, fields: Mapping[str, Any] | None = None) -> None:
+        record: dict[str, Any] = {"event": event, "ts": round(time.time(), 3)}
+        if self.worker_id:
+            record["worker"] = self.worker_id
+        for key, value in (fields or {}).items():
+            if key in _BODY_FIELDS and not self.include_bodies:
+                continue
+            record[key] = value
+        self.logger.info(json.dumps(record, default=str, separators=(",", ":")))
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        self.write(event, fields)
+
+
+class JsonLineFormatter(logging.Formatter):
+    """Journal records are already JSON; other records are wrapped as ``{"log": ...}``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        if record.name == LOGGER_NAME:
+            return msg
+        return json.dumps({"log": msg, "level": record.levelname, "logger": record.name})
+
+
+def configure_stderr(level: int = logging.INFO) -> None:
+    """Send journal lines to stderr, one JSON object per line (idempotent)."""
+    logger = logging.getLogger(LOGGER_NAME)
+    if not any(getattr(h, "_sqs_lease", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonLineFormatter())
+        handler._sqs_lease = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
