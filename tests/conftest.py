@@ -1,0 +1,75 @@
+"""Shared fixtures: one moto server process per session, unique names per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import boto3
+import pytest
+
+from sqs_lease._local import local_credentials_env, spawn_local_server, stop_local_server
+
+if TYPE_CHECKING:
+    from types_boto3_dynamodb import DynamoDBClient
+    from types_boto3_sqs import SQSClient
+
+REGION = "us-east-1"
+_LOOPBACK = ("127.0.0.1", "localhost")
+
+
+@dataclass(frozen=True)
+class AwsTestEnv:
+    """Where a test's AWS lives, and the prefix its queue and table names must start with."""
+
+    endpoint_url: str
+    prefix: str
+
+
+def _no_proxy_with_loopback(current: str | None) -> str:
+    names = [n.strip() for n in (current or "").split(",") if n.strip()]
+    return ",".join(names + [h for h in _LOOPBACK if h not in names])
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """Endpoint URL of a moto server in its own process, shared by the whole session.
+
+    A separate process keeps it serving while fault tests SIGSTOP workers. Dummy
+    credentials and region are set in ``os.environ`` for the session.
+    """
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in local_credentials_env().items():
+            mp.setenv(name, value)
+        mp.setenv("AWS_DEFAULT_REGION", REGION)
+        # A profile named in the environment (maybe absent here) would win over the keys.
+        mp.delenv("AWS_PROFILE", raising=False)
+        # botocore honours *_PROXY: loopback calls must never go through a proxy.
+        for name in ("NO_PROXY", "no_proxy"):
+            mp.setenv(name, _no_proxy_with_loopback(os.environ.get(name)))
+        proc, endpoint = spawn_local_server()
+        try:
+            yield endpoint
+        finally:
+            stop_local_server(proc)
+
+
+@pytest.fixture
+def aws(moto_endpoint: str) -> AwsTestEnv:
+    """The shared endpoint plus a fresh name prefix, so tests never share queues or tables."""
+    return AwsTestEnv(endpoint_url=moto_endpoint, prefix=f"t{uuid.uuid4().hex[:10]}")
+
+
+@pytest.fixture(scope="session")
+def sqs_client(moto_endpoint: str) -> SQSClient:
+    """A boto3 SQS client on the session's moto server."""
+    return boto3.client("sqs", endpoint_url=moto_endpoint, region_name=REGION)
+
+
+@pytest.fixture(scope="session")
+def ddb_client(moto_endpoint: str) -> DynamoDBClient:
+    """A boto3 DynamoDB client on the session's moto server."""
+    return boto3.client("dynamodb", endpoint_url=moto_endpoint, region_name=REGION)
