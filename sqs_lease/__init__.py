@@ -1,1 +1,79 @@
-"""sqs-lease: long tool calls on AWS, made safe."""
+"""sqs-lease: long tool calls on AWS, made safe.
+
+SQS's visibility timeout is the time lease (extended by a heartbeat); DynamoDB
+conditional writes hold the ownership order (a fencing token that rises at
+every claim), the results and the intents of side effects.
+"""
+
+from ._aws import SyncDriver, Timeouts
+from ._config import Settings
+from ._core.flows import SubmitResult
+from ._core.records import JobState, JobView
+from ._errors import (
+    AwsCallFailed,
+    AwsUnavailable,
+    ConfigError,
+    HandlerSignal,
+    IntentAmbiguous,
+    IntentError,
+    IntentNotFound,
+    IntentPayloadMismatch,
+    JobCancelled,
+    JobClassError,
+    JobNotFound,
+    LeaseError,
+    LeaseLost,
+    OwnershipUnknown,
+    PayloadError,
+    PermanentError,
+    ResourceMissing,
+    SqsLeaseError,
+    SubmitConflict,
+    ToolOutcomeUnknown,
+    TransientError,
+)
+from ._jobs import App, JobClass, JobContext
+from ._journal import Journal
+from ._producer import Producer
+from ._resources import create_queue, create_tables
+from ._worker import Worker, WorkerStats, load_app
+
+__all__ = [
+    "App",
+    "AwsCallFailed",
+    "AwsUnavailable",
+    "ConfigError",
+    "HandlerSignal",
+    "IntentAmbiguous",
+    "IntentError",
+    "IntentNotFound",
+    "IntentPayloadMismatch",
+    "JobCancelled",
+    "JobClass",
+    "JobClassError",
+    "JobContext",
+    "JobNotFound",
+    "JobState",
+    "JobView",
+    "Journal",
+    "LeaseError",
+    "LeaseLost",
+    "OwnershipUnknown",
+    "PayloadError",
+    "PermanentError",
+    "Producer",
+    "ResourceMissing",
+    "Settings",
+    "SqsLeaseError",
+    "SubmitConflict",
+    "SubmitResult",
+    "SyncDriver",
+    "Timeouts",
+    "ToolOutcomeUnknown",
+    "TransientError",
+    "Worker",
+    "WorkerStats",
+    "create_queue",
+    "create_tables",
+    "load_app",
+]

@@ -314,6 +314,7 @@ def view_of(item: Mapping[str, Any]) -> JobView:
         reason=s("reason"),
         error_code=s("error_code"),
         stage=s("stage"),
+        payload_json=s("payload"),
     )
 
 

@@ -89,6 +89,31 @@ def parse_message(
     return Delivery(mid, handle, job_id, job_class, count, received_at, visibility)
 
 
+def receive_flow(
+    *, queue_url: str, max_messages: int, wait_seconds: int, visibility: int
+) -> Flow[list[Delivery | Poison]]:
+    """Long-poll one batch; each message's local lease counts from before the request."""
+    out = yield from call(
+        Call(
+            "sqs",
+            "ReceiveMessage",
+            {
+                "QueueUrl": queue_url,
+                "MaxNumberOfMessages": max(1, min(SQS_BATCH, max_messages)),
+                "WaitTimeSeconds": wait_seconds,
+                "VisibilityTimeout": visibility,
+                "MessageSystemAttributeNames": ["ApproximateReceiveCount", "SentTimestamp"],
+            },
+        )
+    )
+    if isinstance(out, Err):
+        if out.kind is ErrorKind.NOT_FOUND:
+            raise _fail_call(f"receive from {queue_url}", out)
+        yield from emit("receive_failed", error_code=out.code or out.kind.value)
+        return []
+    return [parse_message(m, out.sent_at, visibility) for m in out.response.get("Messages", [])]
+
+
 # --------------------------------------------------------------------------- submit
 
 
@@ -251,6 +276,7 @@ def claim_flow(
         payload_hash=old.payload_hash,
         message_sent=old.message_sent,
         stage=old.stage,
+        payload_json=old.payload_json,
     )
     reclaimed = old.state is JobState.RUNNING
     if old.job_class != d.job_class:

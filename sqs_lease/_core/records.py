@@ -42,6 +42,7 @@ class JobView:
     reason: str | None = None
     error_code: str | None = None
     stage: str | None = None
+    payload_json: str | None = None  # present when the full item was read
 
 
 class JobRequests(Protocol):

@@ -105,6 +105,7 @@ class LocalLease:
     status: LeaseStatus = LeaseStatus.OK
     reason: str = ""
     last_confirmed: float = 0.0
+    advised_at: float = 0.0
 
     @property
     def conservative_deadline(self) -> float:
@@ -145,6 +146,7 @@ class Drop(StrEnum):
 class BeatPlan:
     extend: tuple[LocalLease, ...]
     drop: tuple[tuple[LocalLease, Drop], ...]
+    advise: frozenset[str] = frozenset()
 
 
 def plan_heartbeat(leases: Iterable[LocalLease], now: float) -> BeatPlan:
@@ -172,4 +174,9 @@ def plan_heartbeat(leases: Iterable[LocalLease], now: float) -> BeatPlan:
             drop.append((lease, Drop.STAGE_BUDGET))
         elif now >= lease.next_beat:
             extend.append(lease)
-    return BeatPlan(tuple(extend), tuple(drop))
+    # The advisory deadline in the record is for people; refresh it about twice a
+    # lease, not every beat, to keep the call count near the protocol's floor.
+    advise = frozenset(
+        lease.job_id for lease in extend if now - lease.advised_at >= lease.lease_seconds / 2
+    )
+    return BeatPlan(tuple(extend), tuple(drop), advise)

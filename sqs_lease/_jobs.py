@@ -1,0 +1,213 @@
+"""Job classes, the app that registers handlers, and the context a handler gets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ._core.timing import LocalLease, check_timing
+from ._errors import ConfigError, PayloadError
+from ._journal import Journal
+
+P = TypeVar("P", bound=BaseModel)
+
+
+class JobClass(BaseModel):
+    """Timing and retry policy of one kind of job; the payload never sets any of it.
+
+    Rules (checked at definition): ``lease > missed x heartbeat + jitter``,
+    ``heartbeat <= lease / 2``, ``lease <= 43200`` and a stage budget under 12 h.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,100}$")
+    payload_model: type[BaseModel]
+    lease_seconds: int = 30
+    heartbeat_seconds: float = 5.0
+    jitter_seconds: float = 2.0
+    missed_heartbeats: int = 3
+    tool_timeout_seconds: float = 600.0
+    progress_timeout_seconds: float | None = None
+    max_attempts: int = Field(default=5, ge=1, le=1000)
+    backoff_base_seconds: float = Field(default=2.0, ge=0)
+    backoff_max_seconds: float = Field(default=300.0, ge=0, le=43_200)
+    stage_budget_seconds: float = 3600.0
+
+    @model_validator(mode="after")
+    def _timing(self) -> JobClass:
+        check_timing(
+            self.name,
+            self.lease_seconds,
+            self.heartbeat_seconds,
+            self.jitter_seconds,
+            self.missed_heartbeats,
+            self.stage_budget_seconds,
+        )
+        return self
+
+    def validate_payload(self, data: Any) -> BaseModel:
+        """Validate raw payload data; raise PayloadError naming the field and the problem."""
+        try:
+            if isinstance(data, (str, bytes)):
+                return self.payload_model.model_validate_json(data)
+            return self.payload_model.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or "<payload>"
+            raise PayloadError(
+                f"job class {self.name!r}: payload field {field!r}: {first['msg']} "
+                f"({exc.error_count()} error(s)); fix the payload to match "
+                f"{self.payload_model.__name__}"
+            ) from None
+
+
+def canonical_json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def payload_hash(payload_json: str) -> str:
+    return hashlib.sha256(payload_json.encode()).hexdigest()
+
+
+Handler = Callable[["JobContext[Any]", Any], Any]
+
+
+@dataclass(frozen=True)
+class Registered:
+    job_class: JobClass
+    handler: Handler
+
+
+class App:
+    """A set of job classes and their handlers (what ``sqs-lease worker MODULE:OBJECT`` loads)."""
+
+    def __init__(self) -> None:
+        self.classes: dict[str, Registered] = {}
+
+    def register(self, job_class: JobClass, handler: Handler) -> None:
+        if job_class.name in self.classes:
+            raise ConfigError(f"job class {job_class.name!r} is registered twice; rename one")
+        self.classes[job_class.name] = Registered(job_class, handler)
+
+    def job(
+        self, name: str, *, payload: type[BaseModel], **policy: Any
+    ) -> Callable[[Callable[[JobContext[Any], Any], Any]], Callable[[JobContext[Any], Any], Any]]:
+        """Decorator: ``@app.job("ocr", payload=OcrPayload, lease_seconds=60)``."""
+        job_class = JobClass(name=name, payload_model=payload, **policy)
+
+        def deco(fn: Handler) -> Handler:
+            self.register(job_class, fn)
+            return fn
+
+        return deco
+
+    def get(self, name: str) -> Registered | None:
+        return self.classes.get(name)
+
+    def prepare(self, name: str, payload: BaseModel | Mapping[str, Any]) -> tuple[str, str]:
+        """Validate a payload for a class; return (canonical JSON, hash)."""
+        reg = self.classes.get(name)
+        if reg is None:
+            known = ", ".join(sorted(self.classes)) or "none"
+            raise ConfigError(f"unknown job class {name!r}; this app knows: {known}")
+        model = (
+            payload if isinstance(payload, BaseModel) else reg.job_class.validate_payload(payload)
+        )
+        text = canonical_json(model.model_dump(mode="json"))
+        return text, payload_hash(text)
+
+
+class JobContext(Generic[P]):
+    """What a handler gets: ids, its fencing token, the payload, and the lease check.
+
+    Call :meth:`check` right before every irreversible step; it raises
+    ``LeaseLost``/``JobCancelled`` when the token moved on and ``OwnershipUnknown``
+    when ownership is not confirmed with enough reserve left.
+    """
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        job_class: JobClass,
+        payload: P,
+        payload_hash: str,
+        token: int,
+        attempt: int,
+        worker_id: str,
+        lease: LocalLease,
+        lock: threading.Lock,
+        cancelled: threading.Event,
+        clock: Callable[[], float],
+        journal: Journal,
+    ) -> None:
+        self.job_id = job_id
+        self.job_class = job_class
+        self.payload = payload
+        self.payload_hash = payload_hash
+        self.token = token
+        self.attempt = attempt
+        self.worker_id = worker_id
+        self._lease = lease
+        self._lock = lock
+        self._cancelled = cancelled
+        self._clock = clock
+        self._journal = journal
+
+    def check(self) -> None:
+        """Raise unless a new irreversible step may start now."""
+        with self._lock:
+            self._lease.check(self._clock())
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the worker stopped this attempt (lease lost, cancelled, watchdog)."""
+        return self._cancelled.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; return True early if the attempt was cancelled."""
+        return self._cancelled.wait(seconds)
+
+    def progress(self) -> None:
+        """Tell the watchdog the handler is making progress."""
+        with self._lock:
+            self._lease.last_progress = self._clock()
+
+    @property
+    def lease_left(self) -> float:
+        with self._lock:
+            return self._lease.conservative_deadline - self._clock()
+
+    def fence_headers(self, idempotency_key: str) -> dict[str, str]:
+        """Headers for a fenced receiver: the key and this attempt's token."""
+        return {"Idempotency-Key": idempotency_key, "X-Execution-Fence": str(self.token)}
+
+    @contextmanager
+    def tool_request(self, tool: str, **fields: Any) -> Iterator[None]:
+        """Journal a tool call (``tool_request_started``/``_finished``/``_failed``)."""
+        base = {"job_id": self.job_id, "token": self.token, "tool": tool, **fields}
+        start = self._clock()
+        self._journal.write("tool_request_started", base)
+        try:
+            yield
+        except BaseException as exc:
+            self._journal.write(
+                "tool_request_failed",
+                {
+                    **base,
+                    "duration": round(self._clock() - start, 3),
+                    "error_code": type(exc).__name__,
+                },
+            )
+            raise
+        self._journal.write(
+            "tool_request_finished", {**base, "duration": round(self._clock() - start, 3)}
+        )

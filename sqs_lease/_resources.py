@@ -1,0 +1,113 @@
+"""Creating and finding the queue and tables (idempotent)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ._aws import classify, make_client
+from ._config import Settings
+from ._core.calls import ErrorKind
+from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
+from ._schema import JobRecord, create_table_params
+
+DEFAULT_MAX_RECEIVES = 50
+"""Redrive backstop. The worker counts attempts itself (in the job record); SQS's
+redrive only catches messages that kill a worker before any claim, so it is set
+well above any job class's ``max_attempts``."""
+
+
+def _call(client: Any, op: str, **params: Any) -> Any:
+    try:
+        return getattr(client, op)(**params)
+    except Exception as exc:
+        err = classify(exc, 0.0, 0.0)
+        if err.kind is ErrorKind.UNREACHABLE:
+            raise AwsUnavailable(f"{op}: endpoint did not answer ({err.code})") from None
+        raise AwsCallFailed(f"{op}: {err.code}: {err.message}", err.code) from None
+
+
+def create_tables(settings: Settings) -> list[str]:
+    """Create the job table (and any later tables) if missing; return their names."""
+    ddb = make_client(settings, "dynamodb")
+    wanted = [(JobRecord, settings.jobs_table)]
+    existing = set(_call(ddb, "list_tables").get("TableNames", []))
+    for model, name in wanted:
+        if name not in existing:
+            try:
+                _call(ddb, "create_table", **create_table_params(model, name))
+            except AwsCallFailed as exc:
+                if exc.code != "ResourceInUseException":
+                    raise
+            ddb.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1})
+    return [name for _, name in wanted]
+
+
+def create_queue(
+    settings: Settings, *, visibility: int = 30, max_receives: int = DEFAULT_MAX_RECEIVES
+) -> tuple[str, str]:
+    """Create the job queue with a dead-letter queue and redrive; return both URLs."""
+    sqs = make_client(settings, "sqs")
+    dlq_url = _call(
+        sqs,
+        "create_queue",
+        QueueName=settings.dlq,
+        Attributes={"MessageRetentionPeriod": "1209600"},
+    )["QueueUrl"]
+    dlq_arn = _call(sqs, "get_queue_attributes", QueueUrl=dlq_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    redrive = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(max_receives)})
+    attrs = {"VisibilityTimeout": str(visibility), "RedrivePolicy": redrive}
+    try:
+        url = _call(sqs, "create_queue", QueueName=settings.queue, Attributes=attrs)["QueueUrl"]
+    except AwsCallFailed as exc:
+        if "QueueAlreadyExists" not in exc.code and "QueueNameExists" not in exc.code:
+            raise
+        url = queue_url(settings)
+        _call(sqs, "set_queue_attributes", QueueUrl=url, Attributes=attrs)
+    return url, dlq_url
+
+
+def queue_url(settings: Settings, name: str | None = None) -> str:
+    """The job queue's URL, or ResourceMissing saying how to create it."""
+    sqs = make_client(settings, "sqs")
+    qname = name or settings.queue
+    try:
+        return str(sqs.get_queue_url(QueueName=qname)["QueueUrl"])
+    except Exception as exc:
+        err = classify(exc, 0.0, 0.0)
+        if err.kind is ErrorKind.NOT_FOUND:
+            raise ResourceMissing(
+                f"queue {qname!r} does not exist: run `sqs-lease queue create`"
+            ) from None
+        if err.kind is ErrorKind.UNREACHABLE:
+            raise AwsUnavailable(f"SQS endpoint did not answer ({err.code})") from None
+        raise AwsCallFailed(f"GetQueueUrl: {err.code}: {err.message}", err.code) from None
+
+
+def dead_letter_url(settings: Settings, url: str) -> str | None:
+    """The DLQ named by the queue's redrive policy, if any."""
+    sqs = make_client(settings, "sqs")
+    attrs = _call(sqs, "get_queue_attributes", QueueUrl=url, AttributeNames=["RedrivePolicy"])
+    policy = attrs.get("Attributes", {}).get("RedrivePolicy")
+    if not policy:
+        return None
+    arn = json.loads(policy)["deadLetterTargetArn"]
+    return queue_url(settings, arn.rsplit(":", 1)[-1])
+
+
+def check_table(settings: Settings) -> None:
+    """Raise ResourceMissing (with the fix) if the job table is absent."""
+    ddb = make_client(settings, "dynamodb")
+    try:
+        ddb.describe_table(TableName=settings.jobs_table)
+    except Exception as exc:
+        err = classify(exc, 0.0, 0.0)
+        if err.kind is ErrorKind.NOT_FOUND:
+            raise ResourceMissing(
+                f"table {settings.jobs_table!r} does not exist: run `sqs-lease tables create`"
+            ) from None
+        if err.kind is ErrorKind.UNREACHABLE:
+            raise AwsUnavailable(f"DynamoDB endpoint did not answer ({err.code})") from None
+        raise AwsCallFailed(f"DescribeTable: {err.code}: {err.message}", err.code) from None

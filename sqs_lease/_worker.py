@@ -1,0 +1,606 @@
+"""The sync worker: a thin thread shell around the core flows.
+
+Threads: the caller's thread receives; one thread per running job runs claim,
+handler and commit; one heartbeat thread extends every held lease in batches.
+Every decision is made by a flow or a pure function of ``sqs_lease._core``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from pydantic import BaseModel
+
+from ._aws import SyncDriver, Timeouts
+from ._config import Settings
+from ._core.flows import (
+    Claimed,
+    Delivery,
+    Poison,
+    claim_flow,
+    commit_flow,
+    fail_flow,
+    heartbeat_flow,
+    park_flow,
+    poison_flow,
+    receive_flow,
+    release_flow,
+    retry_flow,
+)
+from ._core.records import JobView
+from ._core.timing import Drop, LeaseStatus, LocalLease, backoff_delay, plan_heartbeat
+from ._errors import (
+    ConfigError,
+    HandlerSignal,
+    LeaseError,
+    PayloadError,
+    PermanentError,
+    ToolOutcomeUnknown,
+    TransientError,
+)
+from ._jobs import App, JobClass, JobContext, canonical_json
+from ._journal import Journal
+from ._resources import dead_letter_url, queue_url
+from ._schema import JobTable
+
+_RESULT_LIMIT = 350_000  # DynamoDB items stop at 400 KB; leave room for the rest
+
+
+@dataclass
+class WorkerStats:
+    received: int = 0
+    claimed: int = 0
+    reclaimed: int = 0
+    committed: int = 0
+    rejected: int = 0
+    failed: int = 0
+    retried: int = 0
+    parked: int = 0
+    poisoned: int = 0
+    already_done: int = 0
+    lost: int = 0
+    released: int = 0
+
+
+@dataclass
+class _Held:
+    lease: LocalLease
+    job: JobView
+    delivery: Delivery
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    started: bool = False
+
+
+class Worker:
+    """Consume one queue, run handlers under heartbeat-extended leases, commit fenced.
+
+    ``receive_visibility`` is the lease a message gets at receive, before its claim
+    sets the class's own lease; by default the shortest lease among the classes.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        settings: Settings,
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 4,
+        receive_wait: int = 2,
+        receive_visibility: int | None = None,
+        shutdown_grace: float = 20.0,
+        timeouts: Timeouts | None = None,
+        journal: Journal | None = None,
+        tick: float = 0.1,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not app.classes:
+            raise ConfigError("the app registers no job class; add one with @app.job(...)")
+        if not 1 <= concurrency <= 1000:
+            raise ConfigError(f"concurrency={concurrency}: choose 1..1000")
+        if not 0 <= receive_wait <= 20:
+            raise ConfigError(f"receive_wait={receive_wait}: SQS long polls 0..20 s")
+        self.app = app
+        self.settings = settings
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.concurrency = concurrency
+        self.receive_wait = receive_wait
+        shortest = min(r.job_class.lease_seconds for r in app.classes.values())
+        self.receive_visibility = receive_visibility or shortest
+        self.shutdown_grace = shutdown_grace
+        self.tick = tick
+        self.rng = rng or random.Random()
+        self.journal = journal or Journal(worker_id=self.worker_id)
+        if self.journal.worker_id is None:
+            self.journal.worker_id = self.worker_id
+        heartbeat = min(r.job_class.heartbeat_seconds for r in app.classes.values())
+        # A heartbeat call must give up well inside the reserve (jitter) of a lease.
+        read = max(0.5, min(5.0, heartbeat))
+        self.driver = SyncDriver(settings, self.journal, timeouts or Timeouts(read=read))
+        self.poll_driver = SyncDriver(
+            settings, self.journal, Timeouts(read=receive_wait + 5.0, attempts=1)
+        )
+        self.table = JobTable(settings.jobs_table)
+        self.queue_url = queue_url(settings)
+        self.dlq_url = dead_letter_url(settings, self.queue_url)
+        self.stats = WorkerStats()
+        self._held: dict[str, _Held] = {}
+        self._lock = threading.Lock()
+        self._slots = threading.Semaphore(concurrency)
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._clock: Callable[[], float] = time.monotonic
+
+    # ----------------------------------------------------------------- running
+
+    def stop(self) -> None:
+        """Stop receiving; running handlers get ``shutdown_grace`` seconds to finish."""
+        self._stopping.set()
+
+    def install_signal_handlers(self) -> None:
+        def handle(signum: int, frame: FrameType | None) -> None:
+            self.journal("worker_stopping", signal=signal.Signals(signum).name)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def run(
+        self, *, max_messages: int | None = None, idle_exit: float | None = None
+    ) -> WorkerStats:
+        """Receive and run until stopped (or idle for ``idle_exit`` s, or after
+        ``max_messages`` received); then shut down cleanly. Returns the counters."""
+        self.journal(
+            "worker_started",
+            queue=self.queue_url,
+            concurrency=self.concurrency,
+            classes=sorted(self.app.classes),
+        )
+        beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        beat.start()
+        idle_since = self._clock()
+        try:
+            while not self._stopping.is_set():
+                if max_messages is not None and self.stats.received >= max_messages:
+                    break
+                free = self._free_slots()
+                if free == 0:
+                    self._stopping.wait(self.tick)
+                    continue
+                want = (
+                    free if max_messages is None else min(free, max_messages - self.stats.received)
+                )
+                batch = self.poll_driver.run(
+                    receive_flow(
+                        queue_url=self.queue_url,
+                        max_messages=want,
+                        wait_seconds=self.receive_wait,
+                        visibility=self.receive_visibility,
+                    )
+                )
+                if batch:
+                    idle_since = self._clock()
+                elif (
+                    idle_exit is not None
+                    and not self._held
+                    and self._clock() - idle_since >= idle_exit
+                ):
+                    break
+                for item in batch:
+                    self.stats.received += 1
+                    if self._stopping.is_set():
+                        self._release_unstarted(item)
+                        continue
+                    self._start(item)
+        finally:
+            self._shutdown()
+            self._stopping.set()
+            beat.join(timeout=5)
+        self.journal("worker_stopped", **self.stats.__dict__)
+        return self.stats
+
+    def _free_slots(self) -> int:
+        with self._lock:
+            return max(0, self.concurrency - sum(1 for t in self._threads if t.is_alive()))
+
+    def _start(self, item: Delivery | Poison) -> None:
+        t = threading.Thread(
+            target=self._process,
+            args=(item,),
+            daemon=True,
+            name=f"job-{getattr(item, 'job_id', None)}",
+        )
+        with self._lock:
+            self._threads = [x for x in self._threads if x.is_alive()]
+            self._threads.append(t)
+        t.start()
+
+    def _release_unstarted(self, item: Delivery | Poison) -> None:
+        if isinstance(item, Delivery):
+            self.stats.released += self.driver.run(
+                release_flow(
+                    self.table,
+                    queue_url=self.queue_url,
+                    held=[(None, item)],
+                    worker_id=self.worker_id,
+                    wall_now=time.time(),
+                    reason="shutdown",
+                )
+            )
+
+    def _shutdown(self) -> None:
+        deadline = self._clock() + self.shutdown_grace
+        for t in list(self._threads):
+            t.join(timeout=max(0.0, deadline - self._clock()))
+        with self._lock:
+            left = [
+                h
+                for h in self._held.values()
+                if h.lease.status in (LeaseStatus.OK, LeaseStatus.UNKNOWN)
+            ]
+            for h in left:
+                h.lease.status = LeaseStatus.EXPIRED
+                h.lease.reason = "shutdown"
+                h.cancelled.set()
+        if left:
+            # No claimed job leaves without a decision: it goes back to queued, at once.
+            self.stats.released += self.driver.run(
+                release_flow(
+                    self.table,
+                    queue_url=self.queue_url,
+                    held=[(h.job, h.delivery) for h in left],
+                    worker_id=self.worker_id,
+                    wall_now=time.time(),
+                    reason="shutdown: handler overran the grace period",
+                )
+            )
+
+    # ----------------------------------------------------------------- one job
+
+    def _process(self, item: Delivery | Poison) -> None:
+        if isinstance(item, Poison):
+            self.stats.poisoned += 1
+            self.driver.run(
+                poison_flow(
+                    self.table, queue_url=self.queue_url, poison=item, dlq_url=self.dlq_url, body=""
+                )
+            )
+            return
+        reg = self.app.get(item.job_class)
+        job_class = reg.job_class if reg else None
+        claim = self.driver.run(
+            claim_flow(
+                self.table,
+                queue_url=self.queue_url,
+                delivery=item,
+                worker_id=self.worker_id,
+                wall_now=time.time(),
+                lease_seconds=job_class.lease_seconds if job_class else self.receive_visibility,
+                max_attempts=job_class.max_attempts if job_class else 1_000_000,
+            )
+        )
+        if not isinstance(claim, Claimed):
+            if claim.outcome in ("done", "parked"):
+                self.stats.already_done += 1
+            elif claim.outcome in ("missing", "class_mismatch"):
+                self.stats.poisoned += 1
+            elif claim.outcome == "exhausted":
+                self.stats.failed += 1
+            return
+        self.stats.claimed += 1
+        self.stats.reclaimed += int(claim.reclaimed)
+        if reg is None or job_class is None:
+            self.stats.poisoned += 1
+            self._finish_fail(
+                claim, None, f"unknown job class {item.job_class!r}", "unknown_class", poisoned=True
+            )
+            return
+        try:
+            payload = job_class.validate_payload(claim.job.payload_json or "")
+        except PayloadError as exc:
+            self.stats.poisoned += 1
+            self._finish_fail(claim, None, str(exc), "invalid_payload", poisoned=True)
+            return
+        held = self._hold(claim, job_class)
+        try:
+            self._run_handler(held, claim, job_class, reg.handler, payload)
+        finally:
+            with self._lock:
+                self._held.pop(item.job_id, None)
+
+    def _hold(self, claim: Claimed, jc: JobClass) -> _Held:
+        now = self._clock()
+        lease = LocalLease(
+            job_id=claim.job.job_id,
+            token=claim.token,
+            receipt_handle=claim.delivery.receipt_handle,
+            lease_seconds=jc.lease_seconds,
+            heartbeat_seconds=jc.heartbeat_seconds,
+            jitter_seconds=jc.jitter_seconds,
+            deadline=claim.deadline,
+            started_at=now,
+            stage_deadline=claim.delivery.received_at + jc.stage_budget_seconds,
+            tool_timeout=jc.tool_timeout_seconds,
+            progress_timeout=jc.progress_timeout_seconds,
+            last_progress=now,
+            next_beat=now + jc.heartbeat_seconds,
+            last_confirmed=now,
+            advised_at=now,
+        )
+        held = _Held(lease, claim.job, claim.delivery)
+        with self._lock:
+            self._held[lease.job_id] = held
+        return held
+
+    def _run_handler(
+        self, held: _Held, claim: Claimed, jc: JobClass, handler: Any, payload: BaseModel
+    ) -> None:
+        ctx: JobContext[Any] = JobContext(
+            job_id=claim.job.job_id,
+            job_class=jc,
+            payload=payload,
+            payload_hash=claim.job.payload_hash,
+            token=claim.token,
+            attempt=claim.attempt,
+            worker_id=self.worker_id,
+            lease=held.lease,
+            lock=self._lock,
+            cancelled=held.cancelled,
+            clock=self._clock,
+            journal=self.journal,
+        )
+        start = self._clock()
+        try:
+            result = handler(ctx, payload)
+        except LeaseError as exc:
+            # The handler stopped before an irreversible step; nothing may be written
+            # for this attempt. The message comes back when its visibility lapses.
+            self._mark(held, LeaseStatus.DONE)
+            self.stats.lost += 1
+            self.journal(
+                "job_abandoned",
+                job_id=claim.job.job_id,
+                token=claim.token,
+                error_code=type(exc).__name__,
+                duration=round(self._clock() - start, 3),
+            )
+            return
+        except ToolOutcomeUnknown as exc:
+            self._mark(held, LeaseStatus.DONE)
+            self.stats.parked += 1
+            self.driver.run(
+                park_flow(
+                    self.table,
+                    queue_url=self.queue_url,
+                    job=claim.job,
+                    delivery=claim.delivery,
+                    worker_id=self.worker_id,
+                    wall_now=time.time(),
+                    reason=f"tool outcome unknown: {exc}",
+                )
+            )
+            return
+        except PermanentError as exc:
+            self._mark(held, LeaseStatus.DONE)
+            self._finish_fail(claim, held, str(exc), exc.code)
+            return
+        except Exception as exc:
+            self._mark(held, LeaseStatus.DONE)
+            # Arbitrary exception text may quote the payload: keep only the type.
+            reason = str(exc) if isinstance(exc, HandlerSignal) else f"{type(exc).__name__} raised"
+            code = exc.code if isinstance(exc, TransientError) else type(exc).__name__
+            self._retry(claim, jc, reason, code)
+            return
+        self._mark(held, LeaseStatus.DONE)
+        self._commit(claim, result, self._clock() - start)
+
+    def _mark(self, held: _Held, status: LeaseStatus) -> None:
+        with self._lock:
+            if held.lease.status in (LeaseStatus.OK, LeaseStatus.UNKNOWN):
+                held.lease.status = status
+
+    def _commit(self, claim: Claimed, result: Any, duration: float) -> None:
+        if isinstance(result, BaseModel):
+            result = result.model_dump(mode="json")
+        try:
+            text = canonical_json(result)
+        except (TypeError, ValueError):
+            self._finish_fail(
+                claim, None, "handler returned a result that is not JSON", "bad_result"
+            )
+            return
+        if len(text.encode()) > _RESULT_LIMIT:
+            self._finish_fail(
+                claim,
+                None,
+                f"result is {len(text.encode())} bytes; the limit is {_RESULT_LIMIT} "
+                "(store large results elsewhere and return a reference)",
+                "result_too_large",
+            )
+            return
+        # Always attempt the fenced commit, even when the heartbeat already saw the
+        # lease lost: DynamoDB's condition is the only arbiter, and a rejected
+        # commit is the record forensics needs (result_rejected).
+        fin = self.driver.run(
+            commit_flow(
+                self.table,
+                queue_url=self.queue_url,
+                job=claim.job,
+                delivery=claim.delivery,
+                worker_id=self.worker_id,
+                result_json=text,
+                wall_now=time.time(),
+                duration=duration,
+            )
+        )
+        if fin.outcome == "done":
+            self.stats.committed += 1
+        elif fin.outcome == "rejected":
+            self.stats.rejected += 1
+
+    def _retry(self, claim: Claimed, jc: JobClass, reason: str, code: str) -> None:
+        delay = backoff_delay(
+            claim.attempt, jc.backoff_base_seconds, jc.backoff_max_seconds, self.rng.random()
+        )
+        fin = self.driver.run(
+            retry_flow(
+                self.table,
+                queue_url=self.queue_url,
+                job=claim.job,
+                delivery=claim.delivery,
+                worker_id=self.worker_id,
+                wall_now=time.time(),
+                reason=reason,
+                error_code=code,
+                delay=delay,
+                max_attempts=jc.max_attempts,
+            )
+        )
+        if fin.outcome == "done":
+            if claim.attempt >= jc.max_attempts:
+                self.stats.failed += 1
+            else:
+                self.stats.retried += 1
+
+    def _finish_fail(
+        self, claim: Claimed, held: _Held | None, reason: str, code: str, poisoned: bool = False
+    ) -> None:
+        if poisoned:
+            self.journal(
+                "message_poisoned",
+                job_id=claim.job.job_id,
+                token=claim.token,
+                error_code=code,
+                reason=reason,
+            )
+        fin = self.driver.run(
+            fail_flow(
+                self.table,
+                queue_url=self.queue_url,
+                job=claim.job,
+                delivery=claim.delivery,
+                worker_id=self.worker_id,
+                wall_now=time.time(),
+                reason=reason,
+                error_code=code,
+            )
+        )
+        if fin.outcome == "done" and not poisoned:
+            self.stats.failed += 1
+
+    # ----------------------------------------------------------------- heartbeat
+
+    def _heartbeat_loop(self) -> None:
+        while not (self._stopping.is_set() and not self._held and not self._alive()):
+            try:
+                self._beat_once()
+            except Exception as exc:  # the heartbeat thread must survive anything
+                self.journal("heartbeat_error", error_code=type(exc).__name__)
+            time.sleep(self.tick)
+
+    def _alive(self) -> bool:
+        with self._lock:
+            return any(t.is_alive() for t in self._threads)
+
+    def _beat_once(self) -> None:
+        now = self._clock()
+        with self._lock:
+            plan = plan_heartbeat([h.lease for h in self._held.values()], now)
+            dropped = {lease.job_id: self._held[lease.job_id] for lease, _ in plan.drop}
+            for lease, why in plan.drop:
+                lease.status = LeaseStatus.EXPIRED
+                lease.reason = why.value
+                dropped[lease.job_id].cancelled.set()
+        for lease, why in plan.drop:
+            held = dropped[lease.job_id]
+            self.journal(
+                "lease_dropped",
+                job_id=lease.job_id,
+                token=lease.token,
+                reason=why.value,
+                lease_left=round(lease.deadline - now, 3),
+            )
+            if why is not Drop.RESERVE_SPENT:
+                # The watchdog gives the job back for a counted retry; the handler's
+                # late result will meet a moved record and be rejected.
+                jc = self.app.classes[held.job.job_class].job_class
+                claim = Claimed(
+                    held.delivery,
+                    held.job,
+                    lease.token,
+                    held.job.attempt,
+                    False,
+                    None,
+                    lease.deadline,
+                )
+                self._retry(claim, jc, f"watchdog: {why.value}", why.value)
+        if not plan.extend:
+            return
+        report = self.driver.run(
+            heartbeat_flow(
+                self.table,
+                queue_url=self.queue_url,
+                leases=plan.extend,
+                worker_id=self.worker_id,
+                wall_now=time.time(),
+                advise=plan.advise,
+            )
+        )
+        after = self._clock()
+        with self._lock:
+            for lease in plan.extend:
+                beat = report.beats.get(lease.job_id)
+                holder = self._held.get(lease.job_id)
+                if beat is None or holder is None:
+                    continue
+                if lease.status not in (LeaseStatus.OK, LeaseStatus.UNKNOWN):
+                    continue  # finished or dropped while the round was in flight
+                if beat.status == "ok" and beat.deadline is not None:
+                    lease.deadline = beat.deadline
+                    lease.status = LeaseStatus.OK
+                    lease.last_confirmed = after
+                    lease.next_beat = now + lease.heartbeat_seconds
+                    if lease.job_id in plan.advise:
+                        lease.advised_at = now
+                elif beat.status in ("lost", "cancelled"):
+                    lease.status = (
+                        LeaseStatus.CANCELLED if beat.status == "cancelled" else LeaseStatus.LOST
+                    )
+                    lease.reason = beat.reason
+                    holder.cancelled.set()
+                else:
+                    lease.status = LeaseStatus.UNKNOWN
+                    lease.reason = beat.reason
+                    # Try again soon: the reserve is what is left until the conservative deadline.
+                    lease.next_beat = now + min(lease.heartbeat_seconds, 1.0)
+
+
+def load_app(spec: str) -> App:
+    """Import ``MODULE:OBJECT`` and return the App it names."""
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"app {spec!r}: write it as MODULE:OBJECT, e.g. myjobs:app")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"app {spec!r}: cannot import {module_name!r}: {exc}") from None
+    obj = getattr(module, attr, None)
+    if not isinstance(obj, App):
+        raise ConfigError(f"app {spec!r}: {attr!r} is not a sqs_lease.App")
+    return obj
+
+
+def result_of(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
