@@ -190,6 +190,10 @@ class JobContext(Generic[P]):
         """Headers for a fenced receiver: the key and this attempt's token."""
         return {"Idempotency-Key": idempotency_key, "X-Execution-Fence": str(self.token)}
 
+    def note(self, event: str, **fields: Any) -> None:
+        """Journal a handler's own event, tagged with job id and token (no payloads)."""
+        self._journal.write(event, {"job_id": self.job_id, "token": self.token, **fields})
+
     @contextmanager
     def tool_request(self, tool: str, **fields: Any) -> Iterator[None]:
         """Journal a tool call (``tool_request_started``/``_finished``/``_failed``)."""

@@ -79,8 +79,12 @@ _RUNNING = JobState.RUNNING.value
 
 
 def _mine(token: int, worker_id: str) -> Condition:
-    # The fence: a write for an attempt lands only while that attempt's token is current.
-    cond: Condition = (R.token == token) & (R.owner == worker_id) & (R.state == _RUNNING)
+    # The fence: a write for an attempt lands only while that attempt's token is
+    # current and the job is running. The token alone decides; the owner is not
+    # part of it, because one worker id can hold two claims of one job (a
+    # duplicate delivery to two of its threads) and only the token tells them apart.
+    del worker_id
+    cond: Condition = (R.token == token) & (R.state == _RUNNING)
     return cond
 
 
