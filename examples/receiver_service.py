@@ -1,0 +1,206 @@
+"""A fenced payment-capture service: the receiving end of an sqs-lease side effect.
+
+Run it against the local emulator::
+
+    python examples/receiver_service.py --endpoint-url http://127.0.0.1:5000 --prefix pay --port 0
+
+HTTP contract:
+
+- ``POST /charge`` with JSON ``{"invoice": "...", "amount": N}`` and headers
+  ``Idempotency-Key`` and ``X-Execution-Fence`` (the worker's token). The fence
+  resource is ``invoice:{invoice}``. The effect is one ledger row in
+  ``{prefix}-ledger``, committed in the same transaction as the fence mark and
+  the idempotency record. Answers ``201 {"charge_id", "invoice", "amount"}``;
+  a repeated key replays it (header ``Idempotent-Replayed: true``); ``400``
+  names a missing header or a bad body; ``409`` in flight; ``412`` stale token;
+  ``422`` key reused with another body; ``503`` DynamoDB trouble (retry, same key).
+- ``GET /ledger``: every ledger row, ``{"rows": [...]}`` (one row per applied charge).
+- ``GET /health``: ``200 {"ok": true}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socketserver
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+
+from pynamodb.attributes import NumberAttribute, UnicodeAttribute
+from pynamodb.models import Model
+
+from sqs_lease._config import Settings
+from sqs_lease.receiver import (
+    AtomicWrite,
+    EffectResult,
+    Fence,
+    FencedReceiver,
+    HttpRequest,
+    Plan,
+    Reply,
+    create_receiver_tables,
+    ensure_table,
+    fenced_wsgi_app,
+    put_entry,
+)
+
+HOST = "127.0.0.1"
+_log = logging.getLogger("receiver_service")
+
+
+class LedgerEntry(Model):
+    """One applied charge. Its existence IS the effect, so it commits with the fence."""
+
+    class Meta:
+        table_name = "ledger"
+
+    idem_key = UnicodeAttribute(hash_key=True)
+    charge_id = UnicodeAttribute()
+    invoice = UnicodeAttribute()
+    amount = NumberAttribute()
+    token = NumberAttribute()
+    applied_at = NumberAttribute()
+
+
+def ledger_table(prefix: str) -> str:
+    return f"{prefix}-ledger"
+
+
+def create_ledger_table(settings: Settings, prefix: str) -> str:
+    """Create ``{prefix}-ledger`` (existing is fine); returns its name."""
+    return ensure_table(settings, LedgerEntry, ledger_table(prefix))
+
+
+def _charge(req: HttpRequest) -> tuple[str, int]:
+    """Validate the body; ValueError names what is wrong."""
+    try:
+        body = req.json()
+    except ValueError:
+        raise ValueError("body must be JSON") from None
+    if not isinstance(body, dict):
+        raise ValueError("body must be a JSON object")
+    invoice, amount = body.get("invoice"), body.get("amount")
+    if not isinstance(invoice, str) or not invoice:
+        raise ValueError("invoice must be a non-empty string")
+    if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
+        raise ValueError("amount must be a positive integer")
+    return invoice, amount
+
+
+def _invoice_resource(req: HttpRequest) -> str:
+    # The fence is per invoice: a stale worker must not capture an invoice a newer one owns.
+    body = req.json()
+    invoice = body.get("invoice") if isinstance(body, dict) else None
+    if not isinstance(invoice, str) or not invoice:
+        raise ValueError("invoice must be a non-empty string")
+    return f"invoice:{invoice}"
+
+
+def _charge_plan(table: str) -> Callable[[HttpRequest, Fence], Plan]:
+    def plan(req: HttpRequest, fence: Fence) -> Plan:
+        try:
+            invoice, amount = _charge(req)
+        except ValueError as exc:
+            # Answered now and not stored: nothing was attempted, a fixed body may reuse the key.
+            return Reply(400, {"error": "invalid_request", "message": str(exc)})
+        charge_id = f"ch_{uuid.uuid4().hex[:24]}"
+        row = LedgerEntry(
+            idem_key=fence.idem_key,
+            charge_id=charge_id,
+            invoice=invoice,
+            amount=amount,
+            token=fence.token,
+            applied_at=time.time(),
+        )
+        body = {"charge_id": charge_id, "invoice": invoice, "amount": amount}
+        # The plan only describes the write; the receiver commits it with the fence.
+        return AtomicWrite(
+            put_entry(row, table, LedgerEntry.idem_key.does_not_exist()),
+            EffectResult(201, body, external_id=charge_id),
+        )
+
+    return plan
+
+
+def _json(start_response: StartResponse, status: str, body: Any) -> list[bytes]:
+    data = json.dumps(body).encode()
+    start_response(
+        status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+    )
+    return [data]
+
+
+def make_app(settings: Settings, prefix: str) -> WSGIApplication:
+    """The service's WSGI app: /charge is fenced, /ledger and /health are plain."""
+    receiver = FencedReceiver(settings, prefix=prefix)
+    table = ledger_table(prefix)
+    charge = fenced_wsgi_app(receiver, _charge_plan(table), resource=_invoice_resource)
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        route = (environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO") or "/")
+        if route == ("POST", "/charge"):
+            return charge(environ, start_response)
+        if route == ("GET", "/ledger"):
+            rows: list[dict[str, Any]] = []
+            for page in receiver.client.get_paginator("scan").paginate(
+                TableName=table, ConsistentRead=True
+            ):
+                rows += [LedgerEntry.from_raw_data(i).to_simple_dict() for i in page["Items"]]
+            return _json(start_response, "200 OK", {"rows": rows})
+        if route == ("GET", "/health"):
+            return _json(start_response, "200 OK", {"ok": True})
+        return _json(start_response, "404 Not Found", {"error": "not_found"})
+
+    return app
+
+
+class ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
+    """One thread per request, so a slow request never blocks the others."""
+
+    daemon_threads = True
+
+
+class _Handler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        _log.debug(format, *args)
+
+
+def serve(settings: Settings, prefix: str, port: int = 0) -> tuple[WSGIServer, str]:
+    """Start serving in a daemon thread; returns the server (``shutdown()`` it) and its URL."""
+    server = make_server(
+        HOST, port, make_app(settings, prefix), ThreadingWSGIServer, handler_class=_Handler
+    )
+    threading.Thread(target=server.serve_forever, name="receiver-service", daemon=True).start()
+    return server, f"http://{HOST}:{server.server_port}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--endpoint-url", help="DynamoDB endpoint (default: AWS_ENDPOINT_URL)")
+    parser.add_argument("--prefix", default="payments", help="table name prefix")
+    parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    args = parser.parse_args(argv)
+    settings = Settings.from_env(endpoint_url=args.endpoint_url, prefix=args.prefix)
+    create_receiver_tables(settings, prefix=args.prefix)
+    create_ledger_table(settings, args.prefix)
+    server, url = serve(settings, args.prefix, args.port)
+    print(f"listening {url}", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,484 @@
+"""The fenced receiver kit against a real moto server over HTTP."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from conftest import AwsTestEnv
+
+from sqs_lease._aws import make_client
+from sqs_lease._config import Settings
+from sqs_lease.receiver import (
+    EffectResult,
+    FencedReceiver,
+    Reply,
+    RetryableEffectError,
+    create_receiver_tables,
+    payload_hash,
+)
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVICE_PATH = ROOT / "examples" / "receiver_service.py"
+
+
+def _load_service() -> ModuleType:
+    # examples/ is not a package; load the example by path so it is tested as users run it.
+    spec = importlib.util.spec_from_file_location("receiver_service", SERVICE_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+service = _load_service()
+
+
+class Counter:
+    """An effect that counts its runs."""
+
+    def __init__(self, result: EffectResult | None = None) -> None:
+        self.calls = 0
+        self.result = result or EffectResult(200, {"ok": True}, external_id="ext-1")
+
+    def __call__(self) -> EffectResult:
+        self.calls += 1
+        return self.result
+
+
+@pytest.fixture
+def settings(aws: AwsTestEnv) -> Settings:
+    s = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix)
+    create_receiver_tables(s)
+    return s
+
+
+@pytest.fixture
+def rcv(settings: Settings) -> FencedReceiver:
+    return FencedReceiver(settings)
+
+
+def key() -> str:
+    return f"k-{uuid.uuid4().hex}"
+
+
+PAYLOAD = {"amount": 10, "to": "acct-1"}
+
+
+def test_create_tables_is_idempotent(settings: Settings) -> None:
+    names = create_receiver_tables(settings)
+    assert names == [f"{settings.prefix}-fences", f"{settings.prefix}-idempotency"]
+    ddb = make_client(settings, "dynamodb")
+    listed = ddb.list_tables()["TableNames"]
+    assert set(names) <= set(listed)
+
+
+def test_payload_hash_is_canonical() -> None:
+    assert payload_hash({"a": 1, "b": [1, 2]}) == payload_hash({"b": [1, 2], "a": 1})
+    assert payload_hash(b'{"a":1}') == payload_hash('{"a":1}') == payload_hash({"a": 1})
+    assert payload_hash({"a": 1}) != payload_hash({"a": 2})
+
+
+def test_first_apply_runs_effect_and_sets_mark(rcv: FencedReceiver) -> None:
+    effect = Counter()
+    k = key()
+    reply = rcv.apply("acct-1", 3, k, PAYLOAD, effect)
+    assert reply == Reply(200, {"ok": True}, replayed=False, external_id="ext-1")
+    assert effect.calls == 1
+    assert rcv.highest("acct-1") == 3
+    rec = rcv.record(k)
+    assert rec is not None and rec.state == "done" and int(rec.token) == 3
+
+
+def test_stale_token_rejected_even_with_new_key(rcv: FencedReceiver) -> None:
+    rcv.apply("acct-1", 5, key(), PAYLOAD, Counter())
+    effect = Counter()
+    k = key()
+    reply = rcv.apply("acct-1", 4, k, PAYLOAD, effect)
+    assert reply == Reply(412, {"error": "stale_token", "highest": 5})
+    assert effect.calls == 0
+    assert rcv.record(k) is None  # the cancelled transaction left no record behind
+    assert rcv.highest("acct-1") == 5
+
+
+def test_equal_token_accepted_for_two_keys(rcv: FencedReceiver) -> None:
+    effect = Counter()
+    assert rcv.apply("acct-1", 7, key(), PAYLOAD, effect).status == 200
+    assert rcv.apply("acct-1", 7, key(), PAYLOAD, effect).status == 200
+    assert effect.calls == 2
+    assert rcv.highest("acct-1") == 7
+
+
+def test_higher_token_raises_mark_per_resource(rcv: FencedReceiver) -> None:
+    rcv.apply("acct-1", 1, key(), PAYLOAD, Counter())
+    assert rcv.apply("acct-1", 9, key(), PAYLOAD, Counter()).status == 200
+    assert rcv.highest("acct-1") == 9
+    # Marks are per resource: a low token elsewhere is fine.
+    assert rcv.apply("acct-2", 1, key(), PAYLOAD, Counter()).status == 200
+    assert rcv.apply("acct-1", 8, key(), PAYLOAD, Counter()).status == 412
+
+
+def test_repeated_key_replays_without_running_effect(rcv: FencedReceiver) -> None:
+    effect = Counter(EffectResult(201, {"id": "pay_1", "n": [1, 2]}, external_id="pay_1"))
+    k = key()
+    first = rcv.apply("acct-1", 2, k, PAYLOAD, effect)
+    # Same key from a new owner (higher token), then from the same one: both replay.
+    again = rcv.apply("acct-1", 3, k, PAYLOAD, effect)
+    third = rcv.apply("acct-1", 2, k, PAYLOAD, effect)
+    assert effect.calls == 1
+    assert first == Reply(201, {"id": "pay_1", "n": [1, 2]}, external_id="pay_1")
+    assert again == third == Reply(201, first.body, replayed=True, external_id="pay_1")
+
+
+def test_stored_error_is_replayed(rcv: FencedReceiver) -> None:
+    calls = 0
+
+    def boom() -> EffectResult:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("card network said no")
+
+    k = key()
+    first = rcv.apply("acct-1", 1, k, PAYLOAD, boom)
+    assert first == Reply(500, {"error": "effect_failed", "type": "RuntimeError"})
+    again = rcv.apply("acct-1", 1, k, PAYLOAD, boom)
+    assert again == Reply(500, first.body, replayed=True)
+    assert calls == 1
+
+
+def test_effect_error_status_replayed_exactly(rcv: FencedReceiver) -> None:
+    effect = Counter(EffectResult(402, {"error": "card_declined"}))
+    k = key()
+    assert rcv.apply("acct-1", 1, k, PAYLOAD, effect) == Reply(402, {"error": "card_declined"})
+    replay = rcv.apply("acct-1", 1, k, PAYLOAD, effect)
+    assert (replay.status, replay.body, replay.replayed) == (402, {"error": "card_declined"}, True)
+    assert effect.calls == 1
+
+
+def test_fencing_beats_replay(rcv: FencedReceiver) -> None:
+    k = key()
+    effect = Counter()
+    rcv.apply("acct-1", 3, k, PAYLOAD, effect)
+    rcv.apply("acct-1", 4, key(), PAYLOAD, effect)
+    # The stale worker's retry of its own completed key gets no stored response.
+    assert rcv.apply("acct-1", 3, k, PAYLOAD, effect).body == {
+        "error": "stale_token",
+        "highest": 4,
+    }
+    assert rcv.apply("acct-1", 4, k, PAYLOAD, effect).replayed
+    assert effect.calls == 2
+
+
+def test_in_flight_key_answers_409(rcv: FencedReceiver) -> None:
+    started, release = threading.Event(), threading.Event()
+    results: list[Reply] = []
+    k = key()
+
+    def slow() -> EffectResult:
+        started.set()
+        assert release.wait(20)
+        return EffectResult(200, {"slow": True})
+
+    t = threading.Thread(target=lambda: results.append(rcv.apply("acct-1", 1, k, PAYLOAD, slow)))
+    t.start()
+    try:
+        assert started.wait(20)
+        effect = Counter()
+        second = rcv.apply("acct-1", 1, k, PAYLOAD, effect)
+        assert second == Reply(
+            409, {"error": "in_flight", "message": "request with this key is in flight"}
+        )
+        assert effect.calls == 0
+    finally:
+        release.set()
+        t.join(20)
+    assert results == [Reply(200, {"slow": True})]
+    assert rcv.apply("acct-1", 1, k, PAYLOAD, Counter()) == Reply(
+        200, {"slow": True}, replayed=True
+    )
+
+
+def test_changed_payload_is_422(rcv: FencedReceiver) -> None:
+    k = key()
+    effect = Counter()
+    rcv.apply("acct-1", 1, k, PAYLOAD, effect)
+    reply = rcv.apply("acct-1", 1, k, {**PAYLOAD, "amount": 11}, effect)
+    assert reply.status == 422
+    assert reply.body["message"] == "idempotency key reused with a different payload"
+    assert effect.calls == 1
+
+
+def test_retryable_effect_error_clears_the_key(rcv: FencedReceiver) -> None:
+    k = key()
+
+    def not_applied() -> EffectResult:
+        raise RetryableEffectError("upstream down, nothing sent")
+
+    reply = rcv.apply("acct-1", 1, k, PAYLOAD, not_applied)
+    assert reply.status == 503 and reply.body["error"] == "effect_not_applied"
+    assert rcv.record(k) is None
+    effect = Counter()
+    assert rcv.apply("acct-1", 1, k, PAYLOAD, effect) == Reply(
+        200, {"ok": True}, external_id="ext-1"
+    )
+    assert effect.calls == 1
+
+
+def test_release_frees_a_stuck_in_flight_key(rcv: FencedReceiver) -> None:
+    k = key()
+    started, release = threading.Event(), threading.Event()
+
+    def slow() -> EffectResult:
+        started.set()
+        release.wait(20)
+        return EffectResult(200, {})
+
+    t = threading.Thread(target=rcv.apply, args=("acct-1", 1, k, PAYLOAD, slow))
+    t.start()
+    try:
+        assert started.wait(20)
+        assert rcv.release(k) is True
+        assert rcv.record(k) is None
+    finally:
+        release.set()
+        t.join(20)
+    assert rcv.release(k) is False  # nothing in flight any more
+
+
+class LostFirstAnswer:
+    """A client whose first transaction answer is lost: the SDK retries a committed call."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def transact_write_items(self, **params: Any) -> Any:
+        self._client.transact_write_items(**params)
+        return self._client.transact_write_items(**params)
+
+
+def test_own_commit_with_lost_answer_is_recognised(settings: Settings) -> None:
+    rcv = FencedReceiver(settings, client=LostFirstAnswer(make_client(settings, "dynamodb")))
+    effect = Counter()
+    assert rcv.apply("acct-1", 1, key(), PAYLOAD, effect).status == 200
+    assert effect.calls == 1
+    ledger = service.create_ledger_table(settings, settings.prefix)
+    k = key()
+    reply = rcv.apply_with_write(
+        "acct-1", 1, k, PAYLOAD, _ledger_put(ledger, k, 1), EffectResult(201, {"c": 1})
+    )
+    assert reply == Reply(201, {"c": 1})
+
+
+# --- apply_with_write ----------------------------------------------------------------
+
+
+def _ledger_put(table: str, k: str, token: int) -> dict[str, Any]:
+    row = service.LedgerEntry(
+        idem_key=k, charge_id=f"ch_{k}", invoice="inv-1", amount=5, token=token, applied_at=1.0
+    )
+    put: dict[str, Any] = service.put_entry(
+        row, table, service.LedgerEntry.idem_key.does_not_exist()
+    )
+    return put
+
+
+@pytest.fixture
+def ledger(settings: Settings) -> str:
+    name: str = service.create_ledger_table(settings, settings.prefix)
+    return name
+
+
+def _row(settings: Settings, table: str, k: str) -> Mapping[str, Any] | None:
+    ddb = make_client(settings, "dynamodb")
+    item: Mapping[str, Any] | None = ddb.get_item(
+        TableName=table, Key={"idem_key": {"S": k}}, ConsistentRead=True
+    ).get("Item")
+    return item
+
+
+def test_apply_with_write_commits_mark_record_and_row_together(
+    settings: Settings, rcv: FencedReceiver, ledger: str
+) -> None:
+    k = key()
+    resp = EffectResult(201, {"charge_id": "ch_1"}, external_id="ch_1")
+    reply = rcv.apply_with_write("invoice:1", 4, k, PAYLOAD, _ledger_put(ledger, k, 4), resp)
+    assert reply == Reply(201, {"charge_id": "ch_1"}, external_id="ch_1")
+    assert rcv.highest("invoice:1") == 4
+    rec = rcv.record(k)
+    assert rec is not None and rec.state == "done" and rec.external_id == "ch_1"
+    row = _row(settings, ledger, k)
+    assert row is not None and row["token"] == {"N": "4"}
+    # A repeat replays and writes nothing new.
+    again = rcv.apply_with_write("invoice:1", 4, k, PAYLOAD, _ledger_put(ledger, k, 4), resp)
+    assert again == Reply(201, {"charge_id": "ch_1"}, replayed=True, external_id="ch_1")
+
+
+def test_apply_with_write_stale_token_leaves_no_row(
+    settings: Settings, rcv: FencedReceiver, ledger: str
+) -> None:
+    rcv.apply_with_write(
+        "invoice:1", 6, key(), PAYLOAD, _ledger_put(ledger, key(), 6), EffectResult()
+    )
+    k = key()
+    reply = rcv.apply_with_write(
+        "invoice:1", 5, k, PAYLOAD, _ledger_put(ledger, k, 5), EffectResult(201, {})
+    )
+    assert reply == Reply(412, {"error": "stale_token", "highest": 6})
+    assert _row(settings, ledger, k) is None
+    assert rcv.record(k) is None
+
+
+def test_apply_with_write_own_condition_failure_commits_nothing(
+    settings: Settings, rcv: FencedReceiver, ledger: str
+) -> None:
+    k = key()
+    make_client(settings, "dynamodb").put_item(**_ledger_put(ledger, k, 0)["Put"])
+    reply = rcv.apply_with_write(
+        "invoice:9", 2, k, PAYLOAD, _ledger_put(ledger, k, 2), EffectResult()
+    )
+    assert reply.status == 409 and reply.body["error"] == "write_condition_failed"
+    assert rcv.highest("invoice:9") is None  # the mark moved only with the write
+    assert rcv.record(k) is None
+
+
+def test_apply_with_write_rejects_a_malformed_write(rcv: FencedReceiver) -> None:
+    with pytest.raises(ValueError, match="TransactWriteItems"):
+        rcv.apply_with_write("r", 1, key(), PAYLOAD, {"Get": {}}, EffectResult())
+
+
+def test_bad_arguments(rcv: FencedReceiver) -> None:
+    with pytest.raises(ValueError, match="token"):
+        rcv.apply("r", -1, key(), PAYLOAD, Counter())
+    with pytest.raises(ValueError, match="idempotency key"):
+        rcv.apply("r", 1, "", PAYLOAD, Counter())
+
+
+# --- the example HTTP service ------------------------------------------------------------
+
+
+def _http(
+    url: str, method: str = "GET", body: Any = None, headers: Mapping[str, str] | None = None
+) -> tuple[int, Mapping[str, str], Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, dict(err.headers), json.loads(err.read())
+
+
+@pytest.fixture
+def service_url(settings: Settings) -> Iterator[str]:
+    service.create_ledger_table(settings, settings.prefix)
+    server, url = service.serve(settings, settings.prefix, 0)
+    try:
+        yield str(url)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _fence(k: str, token: int) -> dict[str, str]:
+    return {"Idempotency-Key": k, "X-Execution-Fence": str(token)}
+
+
+def test_service_charges_once_per_key(service_url: str) -> None:
+    charge = {"invoice": "inv-7", "amount": 1200}
+    k = key()
+    s1, h1, b1 = _http(f"{service_url}/charge", "POST", charge, _fence(k, 3))
+    s2, h2, b2 = _http(f"{service_url}/charge", "POST", charge, _fence(k, 3))
+    assert (s1, s2) == (201, 201)
+    assert b1 == b2 and b1["invoice"] == "inv-7" and b1["charge_id"].startswith("ch_")
+    assert "Idempotent-Replayed" not in h1 and h2["Idempotent-Replayed"] == "true"
+    status, _, ledger = _http(f"{service_url}/ledger")
+    assert status == 200
+    assert [(r["idem_key"], r["invoice"], r["amount"], r["token"]) for r in ledger["rows"]] == [
+        (k, "inv-7", 1200, 3)
+    ]
+
+
+def test_service_fences_and_validates(service_url: str) -> None:
+    url = f"{service_url}/charge"
+    charge = {"invoice": "inv-8", "amount": 5}
+    assert _http(url, "POST", charge, _fence(key(), 10))[0] == 201
+    stale = _http(url, "POST", charge, _fence(key(), 9))
+    assert stale[0] == 412 and stale[2] == {"error": "stale_token", "highest": 10}
+    k = key()
+    assert _http(url, "POST", charge, _fence(k, 10))[0] == 201
+    assert _http(url, "POST", {**charge, "amount": 6}, _fence(k, 10))[0] == 422
+    # Another invoice has its own mark.
+    assert _http(url, "POST", {"invoice": "inv-9", "amount": 5}, _fence(key(), 1))[0] == 201
+
+    status, _, body = _http(url, "POST", charge, {"X-Execution-Fence": "10"})
+    assert status == 400 and body["header"] == "Idempotency-Key"
+    assert "Idempotency-Key" in body["message"]
+    status, _, body = _http(url, "POST", charge, {"Idempotency-Key": key()})
+    assert status == 400 and body["header"] == "X-Execution-Fence"
+    status, _, body = _http(
+        url, "POST", charge, {"Idempotency-Key": key(), "X-Execution-Fence": "x"}
+    )
+    assert status == 400 and body["error"] == "invalid_header"
+    status, _, body = _http(url, "POST", {"invoice": "inv-8", "amount": -1}, _fence(key(), 10))
+    assert status == 400 and body["error"] == "invalid_request"
+
+    _, _, ledger = _http(f"{service_url}/ledger")
+    assert len(ledger["rows"]) == 3
+
+
+def test_service_health_and_unknown_route(service_url: str) -> None:
+    status, _, body = _http(f"{service_url}/health")
+    assert (status, body) == (200, {"ok": True})
+    assert _http(f"{service_url}/nope")[0] == 404
+
+
+def test_service_runs_as_a_script(aws: AwsTestEnv) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(SERVICE_PATH),
+            "--endpoint-url",
+            aws.endpoint_url,
+            "--prefix",
+            aws.prefix,
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        assert line.startswith("listening http://127.0.0.1:"), line
+        url = line.split(" ", 1)[1]
+        assert _http(f"{url}/health")[0] == 200
+        status, _, body = _http(
+            f"{url}/charge", "POST", {"invoice": "i", "amount": 1}, _fence(key(), 1)
+        )
+        assert status == 201 and body["invoice"] == "i"
+    finally:
+        proc.terminate()
+        proc.wait(10)
