@@ -1,0 +1,193 @@
+"""`make demo`: the main job on the embedded emulator, with a takeover on purpose.
+
+Starts a moto server on 127.0.0.1 (its own process), creates the queue and
+tables, starts the fenced payment receiver, submits a mixed workload (three
+job classes with different leases), runs two worker processes, freezes one of
+them (SIGSTOP) in the middle of a payment call so the other takes over, thaws
+it, and prints a summary. Exits non-zero if any effect was duplicated, any job
+was lost, or no takeover happened.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.request import urlopen
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import boto3  # noqa: E402
+
+from examples.receiver_service import create_ledger_table, serve  # noqa: E402
+from sqs_lease import Producer, Settings, create_queue, create_tables  # noqa: E402
+from sqs_lease._local import spawn_local_server, stop_local_server  # noqa: E402
+from sqs_lease.receiver import create_receiver_tables  # noqa: E402
+
+PREFIX = "demo"
+WORK = ROOT / ".demo"
+TERMINAL = {"succeeded", "failed", "parked"}
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def events(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, dict) and "event" in ev:
+            out.append(ev)
+    return out
+
+
+def start_worker(name: str, endpoint: str, receiver: str) -> tuple[subprocess.Popen[bytes], Path]:
+    log = WORK / f"{name}.journal.jsonl"
+    env = {**os.environ, "RECEIVER_URL": receiver, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sqs_lease.cli", "--endpoint-url", endpoint, "--prefix", PREFIX,
+         "worker", "examples.demo_app:app", "--concurrency", "4", "--receive-wait", "1",
+         "--worker-id", name, "--shutdown-grace", "10"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"),
+    )
+    return proc, log
+
+
+def scan_states(settings: Settings) -> dict[str, dict[str, Any]]:
+    ddb = boto3.client("dynamodb", endpoint_url=settings.endpoint_url, region_name=settings.region)
+    rows: dict[str, dict[str, Any]] = {}
+    for page in ddb.get_paginator("scan").paginate(TableName=settings.jobs_table):
+        for item in page["Items"]:
+            rows[item["job_id"]["S"]] = {
+                "state": item["state"]["S"],
+                "class": item["job_class"]["S"],
+                "token": int(item["token"]["N"]),
+                "reason": item.get("reason", {}).get("S"),
+            }
+    return rows
+
+
+def workload() -> list[tuple[str, dict[str, Any], str]]:
+    jobs: list[tuple[str, dict[str, Any], str]] = []
+    for i in range(1, 26):
+        jobs.append(("ocr", {"document": "contract-17", "page": i}, f"ocr-contract-17-p{i}"))
+    for i in range(1, 19):
+        jobs.append(("export", {"report": f"ledger-{i}", "rows": 500 * (1 + i % 4),
+                                "flaky": i % 6 == 0}, f"export-ledger-{i}"))
+    for i in range(1, 16):
+        jobs.append(("charge", {"invoice": f"INV-{1000 + i}", "amount": 100 + 7 * i},
+                     f"charge-INV-{1000 + i}"))
+    return jobs
+
+
+def main() -> int:
+    WORK.mkdir(exist_ok=True)
+    for old in WORK.glob("*.jsonl"):
+        old.unlink()
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    server, endpoint = spawn_local_server()
+    say(f"1. embedded AWS emulator (moto) on {endpoint}")
+    workers: list[tuple[subprocess.Popen[bytes], Path]] = []
+    receiver = None
+    try:
+        settings = Settings(endpoint_url=endpoint, prefix=PREFIX)
+        create_tables(settings)
+        create_queue(settings, visibility=6)
+        create_receiver_tables(settings)
+        create_ledger_table(settings, PREFIX)
+        receiver, receiver_url = serve(settings, PREFIX)
+        say(f"2. queue, DLQ and tables created; fenced payment receiver on {receiver_url}")
+
+        from examples.demo_app import app
+
+        producer = Producer(settings, app)
+        jobs = workload()
+        for job_class, payload, job_id in jobs:
+            producer.submit(job_class, payload, job_id=job_id)
+        again = producer.submit(*jobs[0][:2], job_id=jobs[0][2])
+        counts = collections.Counter(c for c, _, _ in jobs)
+        say(f"3. submitted {len(jobs)} jobs ({dict(counts)}); resubmitting one: {again.note}")
+
+        workers = [start_worker(n, endpoint, receiver_url) for n in ("worker-A", "worker-B")]
+        say("4. two worker processes started (4 slots each)")
+        victim, victim_log = workers[0]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if any(e["event"] == "tool_request_started" for e in events(victim_log)):
+                break
+            time.sleep(0.05)
+        victim.send_signal(signal.SIGSTOP)
+        frozen = sum(1 for e in events(victim_log) if e["event"] == "job_claimed") - sum(
+            1 for e in events(victim_log)
+            if e["event"] in ("result_committed", "job_failed", "job_retry_scheduled")
+        )
+        say(f"5. worker-A frozen (SIGSTOP) in the middle of a payment call, holding ~{frozen} jobs")
+        time.sleep(9)  # longer than every lease: worker-B must take the held jobs over
+        victim.send_signal(signal.SIGCONT)
+        say("6. worker-A thawed (SIGCONT) after 9 s; its late results meet the fence")
+
+        deadline = time.monotonic() + 150
+        states: dict[str, dict[str, Any]] = {}
+        while time.monotonic() < deadline:
+            states = scan_states(settings)
+            if len(states) == len(jobs) and all(s["state"] in TERMINAL for s in states.values()):
+                break
+            time.sleep(0.5)
+        for proc, _ in workers:
+            proc.send_signal(signal.SIGTERM)
+        for proc, _ in workers:
+            proc.wait(30)
+        say("7. all jobs terminal; workers stopped with SIGTERM")
+
+        journal = [e for _, log in workers for e in events(log)]
+        with urlopen(receiver_url + "/ledger", timeout=10) as resp:
+            ledger = json.loads(resp.read())["rows"]
+        by_invoice = collections.Counter(r["invoice"] for r in ledger)
+        duplicates = sum(n - 1 for n in by_invoice.values() if n > 1)
+        takeovers = sum(1 for e in journal if e["event"] == "job_reclaimed")
+        rejected = sum(1 for e in journal if e["event"] == "result_rejected")
+        lost = len(jobs) - sum(1 for s in states.values() if s["state"] in TERMINAL)
+        by_state = collections.Counter(s["state"] for s in states.values())
+        failed = {k: v["reason"] for k, v in states.items() if v["state"] == "failed"}
+
+        say("")
+        say("summary")
+        say(f"  jobs by state:          {dict(sorted(by_state.items()))}")
+        for job_id, reason in sorted(failed.items()):
+            say(f"    failed {job_id}: {reason}")
+        say(f"  takeovers:              {takeovers}")
+        say(f"  rejected results:       {rejected}")
+        say(f"  retries scheduled:      "
+            f"{sum(1 for e in journal if e['event'] == 'job_retry_scheduled')}")
+        say(f"  effects at receiver:    {len(ledger)} charges for {len(by_invoice)} invoices")
+        say(f"  duplicated effects:     {duplicates}")
+        say(f"  jobs lost:              {lost}")
+        say(f"  journals:               {WORK}/worker-*.journal.jsonl")
+        ok = duplicates == 0 and lost == 0 and takeovers >= 1
+        say("demo: OK" if ok else "demo: FAILED")
+        return 0 if ok else 1
+    finally:
+        for proc, _ in workers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+        if receiver is not None:
+            receiver.shutdown()
+        stop_local_server(server)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""Run one real worker process for the fault tests (``python tests/fault_worker.py``).
+
+Environment: ``AWS_ENDPOINT_URL``, ``SQS_LEASE_PREFIX``, ``WORKER_NAME``; optional
+``SQS_LEASE_MUTATION`` breaks one protocol rule on purpose, so a test can show
+that its checks catch the broken variant (the checker bites).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sqs_lease import Settings, Worker
+from sqs_lease._journal import configure_stderr
+
+
+def _mutate(name: str) -> None:
+    from sqs_lease import _schema
+
+    if name != "no_commit_token":
+        raise SystemExit(f"unknown mutation {name!r}")
+    original = _schema.JobTable.commit
+
+    def unfenced(token: int, worker_id: str) -> Any:
+        # Keep "state = running", drop "token = :t": the fence is gone.
+        return _schema.R.state == "running"
+
+    def commit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        saved = _schema._mine
+        _schema._mine = unfenced
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _schema._mine = saved
+
+    _schema.JobTable.commit = commit  # type: ignore[method-assign]
+
+
+def main() -> int:
+    configure_stderr()
+    if os.environ.get("SQS_LEASE_MUTATION"):
+        _mutate(os.environ["SQS_LEASE_MUTATION"])
+    from fault_app import app
+
+    settings = Settings.from_env()
+    worker = Worker(
+        app,
+        settings,
+        worker_id=os.environ["WORKER_NAME"],
+        concurrency=1,
+        receive_wait=1,
+        shutdown_grace=120,
+    )
+    worker.install_signal_handlers()
+    worker.run(max_messages=int(os.environ.get("MAX_MESSAGES", "1")),
+               idle_exit=float(os.environ.get("IDLE_EXIT", "60")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
