@@ -1,0 +1,273 @@
+"""Lease arithmetic: timing rules, backoff, the local lease and the watchdog's plan."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from core_harness import local_lease
+
+from sqs_lease._core.timing import (
+    CAP_MARGIN,
+    SQS_MAX_VISIBILITY,
+    Drop,
+    LeaseStatus,
+    LocalLease,
+    backoff_delay,
+    check_timing,
+    plan_heartbeat,
+)
+from sqs_lease._errors import (
+    JobCancelled,
+    JobClassError,
+    LeaseLost,
+    OwnershipUnknown,
+)
+
+# =========================================================================== check_timing
+
+
+def test_check_timing_accepts_a_valid_class() -> None:
+    check_timing("ocr", lease=120, heartbeat=30, jitter=5, missed=3, stage_budget=3600)
+    # the boundaries themselves are allowed
+    check_timing("edge", lease=61, heartbeat=20, jitter=0, missed=3, stage_budget=61)
+    check_timing("half", lease=60, heartbeat=30, jitter=0, missed=1, stage_budget=60)
+    # the longest lease that fits: a stage must hold one lease and stay under the cap
+    longest = int(SQS_MAX_VISIBILITY - CAP_MARGIN)
+    check_timing("max", lease=longest, heartbeat=600, jitter=30, missed=3, stage_budget=longest)
+
+
+def test_check_timing_refuses_lease_not_above_missed_beats_plus_jitter() -> None:
+    # L = 60 <= R x H + J = 3 x 20 + 0: one more missing beat and the lease lapses.
+    with pytest.raises(JobClassError) as caught:
+        check_timing("ocr", lease=60, heartbeat=20, jitter=0, missed=3, stage_budget=3600)
+    text = str(caught.value)
+    assert "'ocr'" in text
+    assert "lease_seconds=60" in text
+    assert "3 x 20 + 0 = 60" in text
+    with pytest.raises(JobClassError, match=r"2 x 25 \+ 15 = 65"):
+        check_timing("ocr", lease=60, heartbeat=25, jitter=15, missed=2, stage_budget=3600)
+
+
+def test_check_timing_refuses_heartbeat_over_half_thelocal_lease() -> None:
+    with pytest.raises(JobClassError, match=r"heartbeat_seconds=31 > lease_seconds/2=30"):
+        check_timing("ocr", lease=60, heartbeat=31, jitter=0, missed=1, stage_budget=3600)
+
+
+def test_check_timing_refuses_lease_over_the_sqs_cap() -> None:
+    with pytest.raises(JobClassError, match=r"lease_seconds=43201 exceeds .*43200"):
+        check_timing("ocr", lease=43_201, heartbeat=60, jitter=5, missed=3, stage_budget=40_000)
+
+
+@pytest.mark.parametrize("lease", [60.5, 0, 0.5, -10])
+def test_check_timing_refuses_non_wholelocal_lease(lease: float) -> None:
+    with pytest.raises(JobClassError, match=r"must be a whole number >= 1"):
+        check_timing("ocr", lease=lease, heartbeat=0.1, jitter=0, missed=0, stage_budget=3600)
+
+
+@pytest.mark.parametrize(("heartbeat", "jitter", "missed"), [(0, 0, 1), (-1, 0, 1), (10, -1, 1)])
+def test_check_timing_refuses_negative_parameters(
+    heartbeat: float, jitter: float, missed: int
+) -> None:
+    with pytest.raises(JobClassError, match=r"must be > 0"):
+        check_timing(
+            "ocr", lease=60, heartbeat=heartbeat, jitter=jitter, missed=missed, stage_budget=3600
+        )
+
+
+def test_check_timing_refuses_stage_budget_past_the_12h_cap_less_margin() -> None:
+    limit = SQS_MAX_VISIBILITY - CAP_MARGIN
+    check_timing("ocr", lease=120, heartbeat=30, jitter=5, missed=3, stage_budget=limit)
+    with pytest.raises(JobClassError) as caught:
+        check_timing("ocr", lease=120, heartbeat=30, jitter=5, missed=3, stage_budget=limit + 1)
+    assert f"stage_budget_seconds={limit + 1:g}" in str(caught.value)
+    assert f"{limit:g}" in str(caught.value)
+
+
+def test_check_timing_refuses_stage_budget_below_onelocal_lease() -> None:
+    with pytest.raises(JobClassError, match=r"stage_budget_seconds=119 is below lease_seconds=120"):
+        check_timing("ocr", lease=120, heartbeat=30, jitter=5, missed=3, stage_budget=119)
+
+
+# =========================================================================== backoff
+
+
+@pytest.mark.parametrize("rand", [0.0, 0.25, 0.5, 0.75, 0.999999])
+@pytest.mark.parametrize("attempt", [0, 1, 2, 5, 10, 30])
+def test_backoff_delay_stays_within_zero_and_cap(attempt: int, rand: float) -> None:
+    d = backoff_delay(attempt, base=2.0, cap=300.0, rand=rand)
+    assert isinstance(d, int)
+    assert 0 <= d <= 300
+
+
+def test_backoff_delay_grows_with_attempt_until_the_cap() -> None:
+    delays = [backoff_delay(a, base=2.0, cap=300.0, rand=0.5) for a in range(1, 12)]
+    assert delays[:5] == [1, 2, 4, 8, 16]  # base x 2^(attempt-1) x rand, rounded
+    assert all(b >= a for a, b in itertools.pairwise(delays))
+    assert delays[-1] == 150  # cap x rand
+    assert backoff_delay(1, base=2.0, cap=300.0, rand=0.0) == 0
+
+
+def test_backoff_delay_never_exceeds_the_sqs_cap() -> None:
+    assert backoff_delay(40, base=60.0, cap=1e9, rand=0.999) == SQS_MAX_VISIBILITY
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: backoff_delay rounds half-up after capping, so a fractional cap can be "
+    "exceeded (cap=9.7, rand=0.99 -> 10)",
+)
+def test_backoff_delay_respects_a_fractional_cap() -> None:
+    assert backoff_delay(5, base=100.0, cap=9.7, rand=0.99) <= 9.7
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=OverflowError,
+    reason="BUG: base * 2**(attempt-1) is computed before min(cap, ...): attempt >= ~1025 "
+    "raises OverflowError instead of returning at most cap",
+)
+def test_backoff_delay_survives_a_huge_attempt_count() -> None:
+    assert backoff_delay(2000, base=1.0, cap=300.0, rand=0.5) == 150
+
+
+# =========================================================================== LocalLease.check
+
+
+def _held(status: LeaseStatus = LeaseStatus.OK) -> LocalLease:
+    lease = local_lease("job-1", token=4, deadline=1060.0, jitter_seconds=5.0)
+    lease.status = status
+    lease.reason = "why"
+    return lease
+
+
+def test_lease_check_passes_before_the_conservative_deadline() -> None:
+    lease = _held()
+    assert lease.conservative_deadline == 1055.0
+    lease.check(1000.0)
+    lease.check(1054.999)
+
+
+@pytest.mark.parametrize("now", [1055.0, 1059.0, 1060.0, 2000.0])
+def test_lease_check_refuses_from_deadline_minus_jitter(now: float) -> None:
+    with pytest.raises(OwnershipUnknown, match="lease reserve spent"):
+        _held().check(now)
+
+
+def test_lease_check_lost_raises_lease_lost() -> None:
+    with pytest.raises(LeaseLost, match=r"job-1 token 4: lease lost \(why\)") as caught:
+        _held(LeaseStatus.LOST).check(1000.0)
+    assert not isinstance(caught.value, JobCancelled)
+
+
+def test_lease_check_cancelled_raises_job_cancelled() -> None:
+    with pytest.raises(JobCancelled, match="job-1 was cancelled: why"):
+        _held(LeaseStatus.CANCELLED).check(1000.0)
+
+
+@pytest.mark.parametrize(
+    ("status", "text"),
+    [
+        (LeaseStatus.UNKNOWN, "ownership unconfirmed"),
+        (LeaseStatus.EXPIRED, "lease no longer held"),
+        (LeaseStatus.DONE, "lease no longer held"),
+    ],
+)
+def test_lease_check_unconfirmed_states_raise_ownership_unknown(
+    status: LeaseStatus, text: str
+) -> None:
+    with pytest.raises(OwnershipUnknown, match=text):
+        _held(status).check(1000.0)  # well inside the deadline: the status alone decides
+
+
+# =========================================================================== plan_heartbeat
+
+
+def test_plan_extends_only_leases_that_are_due() -> None:
+    due = local_lease("due", next_beat=1010.0)
+    later = local_lease("later", next_beat=1020.0)
+    plan = plan_heartbeat([due, later], now=1010.0)
+    assert [lease.job_id for lease in plan.extend] == ["due"]
+    assert plan.drop == ()
+    assert [lease.job_id for lease in plan_heartbeat([later], now=1019.9).extend] == []
+    assert [lease.job_id for lease in plan_heartbeat([later], now=1020.0).extend] == ["later"]
+
+
+def test_plan_extends_unknown_leases_while_reserve_remains() -> None:
+    lease = local_lease("u")
+    lease.status = LeaseStatus.UNKNOWN
+    assert plan_heartbeat([lease], now=1050.0).extend == (lease,)
+
+
+@pytest.mark.parametrize(
+    "status", [LeaseStatus.DONE, LeaseStatus.LOST, LeaseStatus.CANCELLED, LeaseStatus.EXPIRED]
+)
+def test_plan_never_extends_finished_leases(status: LeaseStatus) -> None:
+    lease = local_lease("x", next_beat=0.0)
+    lease.status = status
+    plan = plan_heartbeat([lease], now=1010.0)
+    assert plan.extend == ()
+    assert plan.drop == ()  # nor re-drops them
+    # not even once the reserve is spent
+    assert plan_heartbeat([lease], now=5000.0) == plan
+
+
+def test_plan_drops_when_reserve_spent() -> None:
+    lease = local_lease("r")
+    plan = plan_heartbeat([lease], now=1055.0)  # deadline 1060 - jitter 5
+    assert plan.extend == ()
+    assert plan.drop == ((lease, Drop.RESERVE_SPENT),)
+    assert plan_heartbeat([lease], now=1054.9).extend == (lease,)
+
+
+def test_plan_drops_on_tool_timeout() -> None:
+    lease = local_lease("t", tool_timeout=30.0)
+    assert plan_heartbeat([lease], now=1030.0).extend == (lease,)  # exactly at the limit
+    assert plan_heartbeat([lease], now=1030.5).drop == ((lease, Drop.TOOL_TIMEOUT),)
+
+
+def test_plan_drops_without_progress() -> None:
+    lease = local_lease("p", progress_timeout=20.0)
+    lease.last_progress = 1015.0
+    assert plan_heartbeat([lease], now=1035.0).extend == (lease,)
+    assert plan_heartbeat([lease], now=1035.5).drop == ((lease, Drop.NO_PROGRESS),)
+    lease.last_progress = 1030.0  # progress reported: extended again
+    assert plan_heartbeat([lease], now=1035.5).extend == (lease,)
+
+
+def test_plan_without_progress_timeout_never_drops_for_progress() -> None:
+    lease = local_lease("n", progress_timeout=None)
+    lease.last_progress = 0.0
+    assert plan_heartbeat([lease], now=1040.0).extend == (lease,)
+
+
+def test_plan_drops_when_next_extension_crosses_stage_budget() -> None:
+    lease = local_lease("s", stage_deadline=1100.0)  # L = 60
+    assert plan_heartbeat([lease], now=1040.0).extend == (lease,)  # 1040 + 60 = 1100
+    assert plan_heartbeat([lease], now=1040.5).drop == ((lease, Drop.STAGE_BUDGET),)
+
+
+def test_plan_drops_even_when_not_due() -> None:
+    # The watchdog lets a job go at once; it does not wait for its next beat.
+    lease = local_lease("d", next_beat=2000.0, tool_timeout=10.0)
+    assert plan_heartbeat([lease], now=1020.0).drop == ((lease, Drop.TOOL_TIMEOUT),)
+
+
+def test_plan_reserve_spent_wins_over_other_drop_reasons() -> None:
+    lease = local_lease("w", tool_timeout=1.0, stage_deadline=1001.0)
+    assert plan_heartbeat([lease], now=1058.0).drop == ((lease, Drop.RESERVE_SPENT),)
+
+
+def test_plan_advises_about_twice_a_lease_and_only_extended_leases() -> None:
+    fresh = local_lease("fresh", lease_seconds=60)
+    fresh.advised_at = 1000.0
+    stale = local_lease("stale", lease_seconds=60)
+    stale.advised_at = 980.0
+    dropped = local_lease("dropped", lease_seconds=60, tool_timeout=1.0)
+    not_due = local_lease("not-due", lease_seconds=60, next_beat=2000.0)
+    plan = plan_heartbeat([fresh, stale, dropped, not_due], now=1010.0)
+    assert [lease.job_id for lease in plan.extend] == ["fresh", "stale"]
+    assert plan.advise == frozenset({"stale"})  # 30 s = L/2 since its last advice
+    fresh_later = plan_heartbeat([fresh], now=1030.0)
+    assert fresh_later.advise == frozenset({"fresh"})
+    assert plan_heartbeat([fresh], now=1029.9).advise == frozenset()
