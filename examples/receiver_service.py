@@ -36,7 +36,7 @@ from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 from pynamodb.attributes import NumberAttribute, UnicodeAttribute
 from pynamodb.models import Model
 
-from sqs_lease._config import Settings
+from sqs_lease import Settings
 from sqs_lease.receiver import (
     AtomicWrite,
     EffectResult,

@@ -17,7 +17,7 @@ import botocore.exceptions
 from botocore import xform_name
 
 from ._config import Settings
-from ._core.calls import Call, Emit, Err, ErrorKind, Flow, Ok, Outcome, Sleep, sqs_code_is
+from ._core.calls import Call, Emit, Err, ErrorKind, Flow, Invoke, Ok, Outcome, Sleep, sqs_code_is
 from ._errors import AwsUnavailable
 from ._journal import Journal
 
@@ -141,6 +141,25 @@ class SyncDriver:
             self.calls += 1
         return Ok(response, sent, self.clock())
 
+    def invoke(self, inv: Invoke) -> Outcome:
+        """Run caller code for a flow; its exception becomes an outcome value."""
+        start = self.clock()
+        try:
+            value = inv.fn()
+        except Exception as exc:
+            return Err(
+                ErrorKind.RAISED,
+                type(exc).__name__,
+                "",
+                str(exc),
+                None,
+                (),
+                start,
+                self.clock(),
+                exc,
+            )
+        return Ok({"value": value}, start, self.clock())
+
     def run(self, flow: Flow[T]) -> T:
         """Drive a flow to its end and return its result."""
         try:
@@ -149,6 +168,8 @@ class SyncDriver:
                 if isinstance(instruction, Emit):
                     self.journal.write(instruction.event, instruction.fields)
                     instruction = flow.send(None)
+                elif isinstance(instruction, Invoke):
+                    instruction = flow.send(self.invoke(instruction))
                 elif isinstance(instruction, Sleep):
                     start = self.clock()
                     self.sleep(instruction.seconds)

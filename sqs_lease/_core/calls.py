@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, TypeAlias, TypeVar
@@ -34,7 +34,19 @@ class Emit:
     fields: Mapping[str, Any] = field(default_factory=dict)
 
 
-Instruction: TypeAlias = Call | Sleep | Emit
+@dataclass(frozen=True)
+class Invoke:
+    """Run caller-supplied code (a tool call, a reconciliation check, a lease check).
+
+    The core never calls it: the driver does, and answers ``Ok({"value": v})`` or
+    ``Err(ErrorKind.RAISED, exc=...)``. The simulator substitutes its own.
+    """
+
+    what: str
+    fn: Callable[[], Any]
+
+
+Instruction: TypeAlias = Call | Sleep | Emit | Invoke
 
 
 class ErrorKind(StrEnum):
@@ -47,6 +59,7 @@ class ErrorKind(StrEnum):
     UNREACHABLE = "unreachable"
     INVALID = "invalid"
     SERVER = "server"
+    RAISED = "raised"  # an Invoke'd function raised ``exc``
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,7 @@ class Err:
     reasons: tuple[Mapping[str, Any], ...] = ()
     sent_at: float = 0.0
     received_at: float = 0.0
+    exc: BaseException | None = None
 
     @property
     def unknown(self) -> bool:
@@ -106,7 +120,7 @@ def sqs_code_is(name: str, *codes: str | None) -> bool:
     return any(c in aliases for c in codes if c)
 
 
-def call(instruction: Call | Sleep) -> Generator[Instruction, Outcome | None, Outcome]:
+def call(instruction: Call | Sleep | Invoke) -> Generator[Instruction, Outcome | None, Outcome]:
     """Yield one call and return its outcome (``yield from call(...)``)."""
     outcome = yield instruction
     if outcome is None:  # pragma: no cover - drivers always answer calls

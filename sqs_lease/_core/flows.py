@@ -540,7 +540,8 @@ def _fenced_write(
             return Finish("rejected", _why_rejected(current, job), current)
         if not out.unknown:
             return Finish("unknown", f"{out.code or out.kind}: {out.message}")
-        yield Sleep(0.2 * (attempt + 1))
+        if attempt + 1 < COMMIT_TRIES:
+            yield Sleep(0.2 * (attempt + 1))
     assert last is not None
     return Finish("unknown", f"no answer: {last.code or last.kind}")
 
@@ -759,6 +760,14 @@ def park_flow(
     if fin.outcome == "done":
         yield from _delete(queue_url, delivery.receipt_handle)
         yield from emit("job_parked", job_id=job.job_id, token=job.token, reason=reason)
+    else:
+        yield from emit(
+            "result_rejected" if fin.outcome == "rejected" else "ownership_unknown",
+            job_id=job.job_id,
+            token=job.token,
+            stage="park",
+            reason=fin.reason,
+        )
     return fin
 
 
@@ -775,8 +784,10 @@ def release_flow(
 
     Returns how many messages SQS confirmed released.
     """
-    for job, _ in held:
+    handback: list[Delivery] = []
+    for job, d in held:
         if job is None:
+            handback.append(d)
             continue
         fin = yield from _fenced_write(
             req,
@@ -785,13 +796,15 @@ def release_flow(
             worker_id=worker_id,
             applied=JobState.QUEUED,
         )
-        if fin.outcome != "done":
+        if fin.outcome == "done":
+            handback.append(d)
+        else:
+            # Not ours any more (or unknown): its visibility belongs to the new owner.
             yield from emit(
                 "job_release_skipped", job_id=job.job_id, token=job.token, reason=fin.reason
             )
     released = 0
-    deliveries = [d for _, d in held]
-    for chunk in _chunks(deliveries, SQS_BATCH):
+    for chunk in _chunks(handback, SQS_BATCH):
         out = yield from call(
             Call(
                 "sqs",
@@ -843,6 +856,17 @@ def poison_flow(
             )
         )
         moved = isinstance(out, Ok)
+        if not moved:
+            # Keep the only copy: SQS's own redrive moves it once receives run out.
+            yield from emit(
+                "message_poisoned",
+                message_id=poison.message_id,
+                job_id=poison.job_id,
+                reason=poison.reason,
+                moved_to_dlq=False,
+                kept=True,
+            )
+            return
     yield from _delete(queue_url, poison.receipt_handle)
     yield from emit(
         "message_poisoned",

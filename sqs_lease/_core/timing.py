@@ -69,8 +69,9 @@ def check_timing(
 
 def backoff_delay(attempt: int, base: float, cap: float, rand: float) -> int:
     """Full-jitter exponential backoff in whole seconds; ``rand`` in [0, 1) from the caller."""
-    ceiling = min(cap, base * (2 ** max(0, attempt - 1)))
-    return max(0, min(SQS_MAX_VISIBILITY, int(ceiling * rand + 0.5)))
+    # Cap the exponent first: a huge attempt count must not overflow a float.
+    ceiling = min(cap, base * (2.0 ** min(max(0, attempt - 1), 62)), SQS_MAX_VISIBILITY)
+    return max(0, int(ceiling * rand))  # floor: never above the cap
 
 
 class LeaseStatus(StrEnum):
