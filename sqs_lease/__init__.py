@@ -8,6 +8,15 @@ every claim), the results and the intents of side effects.
 from ._aws import SyncDriver, Timeouts
 from ._config import Settings
 from ._core.flows import SubmitResult
+from ._core.intents import (
+    CheckAnswer,
+    EffectResult,
+    IntentState,
+    IntentView,
+    Resolution,
+    ToolResult,
+    Verdict,
+)
 from ._core.records import JobState, JobView
 from ._errors import (
     AwsCallFailed,
@@ -32,7 +41,7 @@ from ._errors import (
     ToolOutcomeUnknown,
     TransientError,
 )
-from ._jobs import App, JobClass, JobContext
+from ._jobs import App, EffectCall, JobClass, JobContext, Target
 from ._journal import Journal
 from ._producer import Producer
 from ._resources import create_queue, create_tables
@@ -42,12 +51,17 @@ __all__ = [
     "App",
     "AwsCallFailed",
     "AwsUnavailable",
+    "CheckAnswer",
     "ConfigError",
+    "EffectCall",
+    "EffectResult",
     "HandlerSignal",
     "IntentAmbiguous",
     "IntentError",
     "IntentNotFound",
     "IntentPayloadMismatch",
+    "IntentState",
+    "IntentView",
     "JobCancelled",
     "JobClass",
     "JobClassError",
@@ -62,15 +76,19 @@ __all__ = [
     "PayloadError",
     "PermanentError",
     "Producer",
+    "Resolution",
     "ResourceMissing",
     "Settings",
     "SqsLeaseError",
     "SubmitConflict",
     "SubmitResult",
     "SyncDriver",
+    "Target",
     "Timeouts",
     "ToolOutcomeUnknown",
+    "ToolResult",
     "TransientError",
+    "Verdict",
     "Worker",
     "WorkerStats",
     "create_queue",

@@ -8,10 +8,12 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ._core.intents import CheckAnswer, EffectResult, EffectSpec, IntentState, IntentView
+from ._core.intents import default_key as _default_key
 from ._core.timing import LocalLease, check_timing
 from ._errors import ConfigError, PayloadError
 from ._journal import Journal
@@ -86,11 +88,68 @@ class Registered:
     handler: Handler
 
 
+SuccessMeaning = Literal["accepted", "completed", "delivered"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """An outside system that effects are applied to.
+
+    ``check`` answers, for an intent whose outcome is unknown, whether the call
+    applied (by key, source id or business id). ``key_retention_seconds`` is how
+    long the target keeps idempotency keys (Stripe: at least 24 h; None: it does
+    not honour them); past it a repeat with the same key is unprotected, so only
+    the check's answer (or an operator) may allow one. ``success`` says what the
+    target's success means: ``accepted`` (queued on its side), ``completed``
+    (applied) or ``delivered`` (reached its final recipient).
+    """
+
+    name: str
+    check: Callable[[IntentView], CheckAnswer] | None = None
+    key_retention_seconds: float | None = None
+    success: SuccessMeaning = "completed"
+    log_bodies: bool = False
+
+
+@dataclass(frozen=True)
+class EffectCall:
+    """What a tool function gets: the key, the token and the payload to send."""
+
+    key: str
+    token: int
+    job_id: str
+    action: str
+    target: str
+    payload: Mapping[str, Any]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """``Idempotency-Key`` and ``X-Execution-Fence`` for the request."""
+        return {"Idempotency-Key": self.key, "X-Execution-Fence": str(self.token)}
+
+
 class App:
     """A set of job classes and their handlers (what ``sqs-lease worker MODULE:OBJECT`` loads)."""
 
     def __init__(self) -> None:
         self.classes: dict[str, Registered] = {}
+        self.targets: dict[str, Target] = {}
+
+    def target(
+        self,
+        name: str,
+        *,
+        check: Callable[[IntentView], CheckAnswer] | None = None,
+        key_retention_seconds: float | None = None,
+        success: SuccessMeaning = "completed",
+        log_bodies: bool = False,
+    ) -> Target:
+        """Declare a target: its reconciliation check and how long it keeps keys."""
+        if name in self.targets:
+            raise ConfigError(f"target {name!r} is declared twice")
+        t = Target(name, check, key_retention_seconds, success, log_bodies)
+        self.targets[name] = t
+        return t
 
     def register(self, job_class: JobClass, handler: Handler) -> None:
         if job_class.name in self.classes:
@@ -148,7 +207,13 @@ class JobContext(Generic[P]):
         cancelled: threading.Event,
         clock: Callable[[], float],
         journal: Journal,
+        run_effect: Callable[[EffectSpec], EffectResult] | None = None,
+        targets: Mapping[str, Target] | None = None,
+        stage: str = "main",
     ) -> None:
+        self._run_effect = run_effect
+        self._targets = dict(targets or {})
+        self.stage = stage
         self.job_id = job_id
         self.job_class = job_class
         self.payload = payload
@@ -189,6 +254,63 @@ class JobContext(Generic[P]):
     def fence_headers(self, idempotency_key: str) -> dict[str, str]:
         """Headers for a fenced receiver: the key and this attempt's token."""
         return {"Idempotency-Key": idempotency_key, "X-Execution-Fence": str(self.token)}
+
+    def effect(
+        self,
+        action: str,
+        target: str,
+        payload: BaseModel | Mapping[str, Any],
+        call: Callable[[EffectCall], Any],
+        *,
+        key: str | None = None,
+        version: str | None = None,
+    ) -> EffectResult:
+        """Apply one side effect through a durable intent.
+
+        The key defaults to job id + stage + action + target (+ version); pass an
+        explicit business key (``f"payment:{invoice}:capture"``) built in code,
+        never taken from model output. ``call`` gets an :class:`EffectCall` and
+        returns a ``ToolResult`` (or a mapping); it raises ``ToolOutcomeUnknown``
+        when it cannot tell whether the target applied the call, and any other
+        exception when the target certainly did not apply it.
+
+        A confirmed intent is replayed without calling the target; an intent left
+        ``in_progress`` by an earlier attempt is reconciled with the target's check.
+        """
+        if self._run_effect is None:
+            raise ConfigError("this context has no effect runner (run it under a Worker)")
+        tgt = self._targets.get(target)
+        if tgt is None:
+            known = ", ".join(sorted(self._targets)) or "none"
+            raise ConfigError(
+                f"target {target!r} is not declared; declare it with app.target({target!r}, "
+                f"check=...) (declared: {known})"
+            )
+        data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload)
+        text = canonical_json(data)
+        digest = payload_hash(text)
+        ikey = key or _default_key(self.job_id, self.stage, action, target, version)
+        if not ikey or len(ikey) > 1024:
+            raise ConfigError(f"intent key must be 1..1024 characters, got {len(ikey)}")
+        ec = EffectCall(ikey, self.token, self.job_id, action, target, data)
+        view = IntentView(
+            ikey, self.job_id, action, target, IntentState.IN_PROGRESS, digest, payload_json=text
+        )
+        check = tgt.check
+        spec = EffectSpec(
+            key=ikey,
+            job_id=self.job_id,
+            stage=self.stage,
+            action=action,
+            target=target,
+            payload_json=text,
+            payload_hash=digest,
+            tool=lambda: call(ec),
+            check=(lambda: check(view)) if check is not None else None,
+            lease_check=self.check,
+            log_bodies=tgt.log_bodies,
+        )
+        return self._run_effect(spec)
 
     def note(self, event: str, **fields: Any) -> None:
         """Journal a handler's own event, tagged with job id and token (no payloads)."""

@@ -9,7 +9,7 @@ from ._aws import classify, make_client
 from ._config import Settings
 from ._core.calls import ErrorKind
 from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
-from ._schema import JobRecord, create_table_params
+from ._schema import AttemptRecord, IntentRecord, JobRecord, create_table_params
 
 DEFAULT_MAX_RECEIVES = 50
 """Redrive backstop. The worker counts attempts itself (in the job record); SQS's
@@ -30,7 +30,11 @@ def _call(client: Any, op: str, **params: Any) -> Any:
 def create_tables(settings: Settings) -> list[str]:
     """Create the job table (and any later tables) if missing; return their names."""
     ddb = make_client(settings, "dynamodb")
-    wanted = [(JobRecord, settings.jobs_table)]
+    wanted = [
+        (JobRecord, settings.jobs_table),
+        (IntentRecord, settings.intents_table),
+        (AttemptRecord, settings.attempts_table),
+    ]
     existing = set(_call(ddb, "list_tables").get("TableNames", []))
     for model, name in wanted:
         if name not in existing:

@@ -22,7 +22,8 @@ from pynamodb.expressions.update import Action, Update
 from pynamodb.models import Model
 
 from ._core.calls import Call
-from ._core.records import JobState, JobView
+from ._core.intents import EffectSpec, IntentState, IntentView, Resolution
+from ._core.records import JobRequests, JobState, JobView
 
 
 class JobRecord(Model):
@@ -251,6 +252,26 @@ class JobTable:
             returns="ALL_NEW",
         )
 
+    def unpark(self, job_id: str, wall_now: float) -> Call:
+        return self._update(
+            job_id,
+            R.state == JobState.PARKED.value,
+            [
+                R.state.set(JobState.QUEUED.value),
+                R.reason.set("resumed after an operator's decision"),
+                R.error_code.remove(),
+                R.updated_at.set(wall_now),
+            ],
+            returns="ALL_NEW",
+        )
+
+    def fence_check(self, job_id: str, token: int) -> dict[str, Any]:
+        """A TransactWriteItems entry: the job is running under exactly this token."""
+        params: dict[str, Any] = {"TableName": self.table, "Key": _key(job_id)}
+        cond: Condition = (R.token == token) & (R.state == _RUNNING)
+        params.update(_params(cond))
+        return {"ConditionCheck": params}
+
     def get(self, job_id: str) -> Call:
         return Call(
             "dynamodb",
@@ -343,3 +364,325 @@ def create_table_params(model: type[Model], table: str) -> dict[str, Any]:
         "AttributeDefinitions": defs,
         "BillingMode": "PAY_PER_REQUEST",
     }
+
+
+# --------------------------------------------------------------------------- intents
+
+
+class IntentRecord(Model):
+    """What a side effect was meant to be: key, immutable payload, state, outcome."""
+
+    class Meta:
+        table_name = "sqs-lease-intents"
+
+    intent_key = UnicodeAttribute(hash_key=True)
+    job_id = UnicodeAttribute()
+    stage = UnicodeAttribute()
+    action = UnicodeAttribute()
+    target = UnicodeAttribute()
+    state = UnicodeAttribute()
+    payload = UnicodeAttribute()  # the one immutable version a repeat must send again
+    payload_hash = UnicodeAttribute()
+    attempts = NumberAttribute(default=0)
+    last_token = NumberAttribute(default=0)
+    external_id = UnicodeAttribute(null=True)
+    response = UnicodeAttribute(null=True)
+    reason = UnicodeAttribute(null=True)
+    reconciled = BooleanAttribute(null=True)
+    created_at = NumberAttribute()
+    updated_at = NumberAttribute()
+    first_started_at = NumberAttribute(null=True)
+    confirmed_at = NumberAttribute(null=True)
+    resolution = UnicodeAttribute(null=True)
+    resolved_by = UnicodeAttribute(null=True)
+    resolved_at = NumberAttribute(null=True)
+    resolution_reason = UnicodeAttribute(null=True)
+
+
+class AttemptRecord(Model):
+    """What one attempt of an effect observed (apart from the intent)."""
+
+    class Meta:
+        table_name = "sqs-lease-attempts"
+
+    intent_key = UnicodeAttribute(hash_key=True)
+    attempt = NumberAttribute(range_key=True)
+    job_id = UnicodeAttribute()
+    token = NumberAttribute()
+    worker = UnicodeAttribute()
+    tool = UnicodeAttribute()
+    action = UnicodeAttribute()
+    payload_hash = UnicodeAttribute()
+    started_at = NumberAttribute()
+    ended_at = NumberAttribute(null=True)
+    outcome = UnicodeAttribute()  # started | ok | failed | unknown | confirmed_by_check
+    error = UnicodeAttribute(null=True)
+    external_id = UnicodeAttribute(null=True)
+    response = UnicodeAttribute(null=True)  # bounded; only when bodies are opted in
+
+
+IR = IntentRecord
+AR = AttemptRecord
+
+
+def _ikey(key: str) -> dict[str, Any]:
+    return {"intent_key": {"S": key}}
+
+
+def _akey(key: str, attempt: int) -> dict[str, Any]:
+    return {"intent_key": {"S": key}, "attempt": {"N": str(attempt)}}
+
+
+@dataclass(frozen=True)
+class IntentTable:
+    """Implements the core's ``IntentRequests``/``ResolveRequests``."""
+
+    table: str
+    attempts_table: str
+
+    def _update_item(
+        self, table: str, key: dict[str, Any], condition: Condition, actions: Sequence[Action]
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"TableName": table, "Key": key}
+        params.update(_params(condition, actions))
+        return params
+
+    def prepare(self, spec: EffectSpec, wall_now: float) -> Call:
+        record = IntentRecord(
+            intent_key=spec.key,
+            job_id=spec.job_id,
+            stage=spec.stage,
+            action=spec.action,
+            target=spec.target,
+            state=IntentState.PREPARED.value,
+            payload=spec.payload_json,
+            payload_hash=spec.payload_hash,
+            attempts=0,
+            last_token=0,
+            created_at=wall_now,
+            updated_at=wall_now,
+        )
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "Item": record.serialize(),
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        params.update(_params(IR.intent_key.does_not_exist()))
+        return Call("dynamodb", "PutItem", params)
+
+    def start(
+        self,
+        spec: EffectSpec,
+        *,
+        jobs: JobRequests,
+        token: int,
+        worker_id: str,
+        expected: IntentState,
+        attempts: int,
+        wall_now: float,
+    ) -> Call:
+        intent = self._update_item(
+            self.table,
+            _ikey(spec.key),
+            (IR.state == expected.value) & (IR.attempts == attempts),
+            [
+                IR.state.set(IntentState.IN_PROGRESS.value),
+                IR.attempts.set(attempts + 1),
+                IR.last_token.set(token),
+                IR.updated_at.set(wall_now),
+                IR.first_started_at.set(IR.first_started_at | wall_now),
+            ],
+        )
+        attempt = AttemptRecord(
+            intent_key=spec.key,
+            attempt=attempts + 1,
+            job_id=spec.job_id,
+            token=token,
+            worker=worker_id,
+            tool=spec.target,
+            action=spec.action,
+            payload_hash=spec.payload_hash,
+            started_at=wall_now,
+            outcome="started",
+        )
+        put: dict[str, Any] = {"TableName": self.attempts_table, "Item": attempt.serialize()}
+        put.update(_params(AR.intent_key.does_not_exist()))
+        # One transaction: the job is still ours (token), the intent is as we saw
+        # it, and the attempt is logged; any of them failing starts nothing.
+        return Call(
+            "dynamodb",
+            "TransactWriteItems",
+            {
+                "TransactItems": [
+                    jobs.fence_check(spec.job_id, token),
+                    {"Update": intent},
+                    {"Put": put},
+                ]
+            },
+        )
+
+    def confirm(
+        self,
+        key: str,
+        *,
+        attempt: int,
+        response_json: str,
+        external_id: str | None,
+        wall_now: float,
+        log_response: str,
+        reconciled: bool,
+    ) -> Call:
+        intent_actions: list[Action] = [
+            IR.state.set(IntentState.CONFIRMED.value),
+            IR.response.set(response_json),
+            IR.updated_at.set(wall_now),
+            IR.confirmed_at.set(wall_now),
+            IR.reconciled.set(reconciled),
+        ]
+        attempt_actions: list[Action] = [
+            AR.ended_at.set(AR.ended_at | wall_now),
+            AR.outcome.set("confirmed_by_check" if reconciled else "ok"),
+        ]
+        if external_id:
+            intent_actions.append(IR.external_id.set(external_id))
+            attempt_actions.append(AR.external_id.set(external_id))
+        if log_response:
+            attempt_actions.append(AR.response.set(log_response))
+        items = [
+            {
+                "Update": self._update_item(
+                    self.table,
+                    _ikey(key),
+                    (IR.state == IntentState.IN_PROGRESS.value) & (IR.attempts == attempt),
+                    intent_actions,
+                )
+            }
+        ]
+        if attempt > 0:
+            items.append(
+                {
+                    "Update": self._update_item(
+                        self.attempts_table,
+                        _akey(key, attempt),
+                        AR.intent_key.exists(),
+                        attempt_actions,
+                    )
+                }
+            )
+        return Call("dynamodb", "TransactWriteItems", {"TransactItems": items})
+
+    def attempt_failed(
+        self, key: str, *, attempt: int, outcome: str, error: str, wall_now: float, reopen: bool
+    ) -> Call:
+        items: list[dict[str, Any]] = [
+            {
+                "Update": self._update_item(
+                    self.attempts_table,
+                    _akey(key, attempt),
+                    AR.intent_key.exists(),
+                    [AR.ended_at.set(wall_now), AR.outcome.set(outcome), AR.error.set(error)],
+                )
+            }
+        ]
+        if reopen:
+            items.append(
+                {
+                    "Update": self._update_item(
+                        self.table,
+                        _ikey(key),
+                        (IR.state == IntentState.IN_PROGRESS.value) & (IR.attempts == attempt),
+                        [IR.state.set(IntentState.PREPARED.value), IR.updated_at.set(wall_now)],
+                    )
+                }
+            )
+        return Call("dynamodb", "TransactWriteItems", {"TransactItems": items})
+
+    def mark_ambiguous(self, key: str, *, attempts: int, reason: str, wall_now: float) -> Call:
+        params = self._update_item(
+            self.table,
+            _ikey(key),
+            (IR.state == IntentState.IN_PROGRESS.value) & (IR.attempts == attempts),
+            [
+                IR.state.set(IntentState.AMBIGUOUS.value),
+                IR.reason.set(reason),
+                IR.updated_at.set(wall_now),
+            ],
+        )
+        params["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+        return Call("dynamodb", "UpdateItem", params)
+
+    def resolve(
+        self,
+        key: str,
+        *,
+        resolution: Resolution,
+        external_id: str | None,
+        who: str,
+        why: str,
+        wall_now: float,
+    ) -> Call:
+        actions: list[Action] = [
+            IR.resolution.set(resolution.value),
+            IR.resolved_by.set(who),
+            IR.resolved_at.set(wall_now),
+            IR.resolution_reason.set(why),
+            IR.updated_at.set(wall_now),
+        ]
+        if resolution is Resolution.CONFIRMED:
+            actions += [
+                IR.state.set(IntentState.CONFIRMED.value),
+                IR.external_id.set(external_id or ""),
+                IR.response.set(canonical({"external_id": external_id, "resolved_by": who})),
+                IR.confirmed_at.set(wall_now),
+            ]
+        elif resolution is Resolution.RETRY:
+            actions.append(IR.state.set(IntentState.PREPARED.value))
+        else:
+            actions += [IR.state.set(IntentState.ABANDONED.value), IR.reason.set(why)]
+        params = self._update_item(
+            self.table, _ikey(key), IR.state == IntentState.AMBIGUOUS.value, actions
+        )
+        params["ReturnValues"] = "ALL_NEW"
+        params["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+        return Call("dynamodb", "UpdateItem", params)
+
+    def get(self, key: str) -> Call:
+        return Call(
+            "dynamodb",
+            "GetItem",
+            {"TableName": self.table, "Key": _ikey(key), "ConsistentRead": True},
+        )
+
+    def parse(self, item: Mapping[str, Any]) -> IntentView:
+        return intent_view_of(item)
+
+
+def canonical(value: Any) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def intent_view_of(item: Mapping[str, Any]) -> IntentView:
+    def s(name: str) -> str | None:
+        v = item.get(name)
+        return None if v is None or "NULL" in v else str(v["S"])
+
+    def n(name: str) -> int:
+        v = item.get(name)
+        return 0 if v is None or "NULL" in v else int(v["N"])
+
+    return IntentView(
+        key=s("intent_key") or "",
+        job_id=s("job_id") or "",
+        action=s("action") or "",
+        target=s("target") or "",
+        state=IntentState(s("state") or IntentState.PREPARED.value),
+        payload_hash=s("payload_hash") or "",
+        attempts=n("attempts"),
+        payload_json=s("payload"),
+        response_json=s("response"),
+        external_id=s("external_id"),
+        last_token=n("last_token"),
+        reason=s("reason"),
+    )

@@ -38,11 +38,14 @@ from ._core.flows import (
     release_flow,
     retry_flow,
 )
+from ._core.intents import EffectResult, EffectSpec, effect_flow
 from ._core.records import JobView
 from ._core.timing import Drop, LeaseStatus, LocalLease, backoff_delay, plan_heartbeat
 from ._errors import (
     ConfigError,
     HandlerSignal,
+    IntentAmbiguous,
+    IntentPayloadMismatch,
     LeaseError,
     PayloadError,
     PermanentError,
@@ -52,7 +55,7 @@ from ._errors import (
 from ._jobs import App, JobClass, JobContext, canonical_json
 from ._journal import Journal
 from ._resources import dead_letter_url, queue_url
-from ._schema import JobTable
+from ._schema import IntentTable, JobTable
 
 _RESULT_LIMIT = 350_000  # DynamoDB items stop at 400 KB; leave room for the rest
 
@@ -131,6 +134,7 @@ class Worker:
             settings, self.journal, Timeouts(read=receive_wait + 5.0, attempts=1)
         )
         self.table = JobTable(settings.jobs_table)
+        self.intents = IntentTable(settings.intents_table, settings.attempts_table)
         self.queue_url = queue_url(settings)
         self.dlq_url = dead_letter_url(settings, self.queue_url)
         self.stats = WorkerStats()
@@ -358,6 +362,9 @@ class Worker:
             cancelled=held.cancelled,
             clock=self._clock,
             journal=self.journal,
+            run_effect=lambda spec: self._run_effect(spec, claim.token),
+            targets=self.app.targets,
+            stage=claim.job.stage or "main",
         )
         start = self._clock()
         try:
@@ -375,7 +382,13 @@ class Worker:
                 duration=round(self._clock() - start, 3),
             )
             return
-        except ToolOutcomeUnknown as exc:
+        except IntentPayloadMismatch as exc:
+            self._mark(held, LeaseStatus.DONE)
+            self._finish_fail(claim, held, str(exc), "intent_payload_mismatch")
+            return
+        except (ToolOutcomeUnknown, IntentAmbiguous) as exc:
+            # Nobody can tell whether the effect applied: stop automatic retries of
+            # this job and keep everything for an operator (sqs-lease intents ...).
             self._mark(held, LeaseStatus.DONE)
             self.stats.parked += 1
             self.driver.run(
@@ -386,7 +399,9 @@ class Worker:
                     delivery=claim.delivery,
                     worker_id=self.worker_id,
                     wall_now=time.time(),
-                    reason=f"tool outcome unknown: {exc}",
+                    reason=str(exc)
+                    if isinstance(exc, IntentAmbiguous)
+                    else f"tool outcome unknown: {exc}",
                 )
             )
             return
@@ -403,6 +418,18 @@ class Worker:
             return
         self._mark(held, LeaseStatus.DONE)
         self._commit(claim, result, self._clock() - start)
+
+    def _run_effect(self, spec: EffectSpec, token: int) -> EffectResult:
+        return self.driver.run(
+            effect_flow(
+                self.intents,
+                self.table,
+                spec=spec,
+                token=token,
+                worker_id=self.worker_id,
+                wall_now=time.time(),
+            )
+        )
 
     def _mark(self, held: _Held, status: LeaseStatus) -> None:
         with self._lock:

@@ -1,0 +1,105 @@
+"""Calling targets with the intent's key and the job's fencing token.
+
+What "success" means differs per tool, and a target declares it
+(``app.target(..., success=...)``):
+
+- ``accepted``: the target queued the request (HTTP 202, an SQS send, an ERP
+  import job id). The effect may still fail later on its side; follow up with
+  a check, not with a repeat.
+- ``completed``: the target applied it (a payment captured, a row written).
+- ``delivered``: it reached its final recipient (an e-mail delivered, not just
+  handed to the mail service).
+
+The helpers below turn a transport's answer into the three outcomes the
+intent protocol needs: a result (applied), an exception (certainly not
+applied), or :class:`~sqs_lease.ToolOutcomeUnknown` (cannot tell: reconcile).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from ._core.intents import CheckAnswer, ToolResult, Verdict
+from ._errors import LeaseLost, PermanentError, ToolOutcomeUnknown, TransientError
+from ._jobs import EffectCall
+
+__all__ = ["CheckAnswer", "ToolResult", "Verdict", "botocore_fence", "http_json"]
+
+
+def http_json(
+    call: EffectCall,
+    url: str,
+    *,
+    method: str = "POST",
+    body: Mapping[str, Any] | None = None,
+    timeout: float = 30.0,
+    id_field: str | None = "id",
+    headers: Mapping[str, str] | None = None,
+) -> ToolResult:
+    """Send ``body`` (default: the intent's payload) as JSON with the fence headers.
+
+    2xx -> result (``external_id`` from ``id_field``); 412 -> ``LeaseLost`` (the
+    receiver fenced this token out: certainly not applied for us); 409 (same key
+    in flight), 5xx, timeouts and resets after sending -> ``ToolOutcomeUnknown``;
+    429 and a refused connection (nothing was sent) -> ``TransientError``; other
+    4xx -> ``PermanentError``.
+    """
+    data = json.dumps(dict(body if body is not None else call.payload)).encode()
+    hdrs = {"Content-Type": "application/json", **call.headers, **dict(headers or {})}
+    req = urllib.request.Request(url, data, hdrs, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as err:
+        code = err.code
+        if code == 412:
+            raise LeaseLost(f"{url}: the receiver rejected fencing token {call.token}") from None
+        if code == 429:
+            raise TransientError(f"{url}: 429 too many requests", code="http_429") from None
+        if code == 409 or code >= 500:
+            raise ToolOutcomeUnknown(f"{url}: HTTP {code}", code=f"http_{code}") from None
+        raise PermanentError(f"{url}: HTTP {code}", code=f"http_{code}") from None
+    except urllib.error.URLError as err:
+        if isinstance(err.reason, ConnectionRefusedError):
+            raise TransientError(f"{url}: connection refused", code="refused") from None
+        raise ToolOutcomeUnknown(f"{url}: {err.reason}", code="transport") from None
+    except (TimeoutError, ConnectionError) as err:
+        raise ToolOutcomeUnknown(f"{url}: {type(err).__name__}", code="timeout") from None
+    try:
+        parsed = json.loads(raw) if raw else {}
+    except ValueError:
+        parsed = {"raw": raw[:2000].decode("utf-8", "replace")}
+    response = parsed if isinstance(parsed, dict) else {"value": parsed}
+    response.setdefault("_status", status)
+    external = response.get(id_field) if id_field else None
+    return ToolResult(response, str(external) if external is not None else None)
+
+
+@contextmanager
+def botocore_fence(client: Any, call: EffectCall) -> Iterator[Any]:
+    """Send the fence headers with every request ``client`` makes inside the block.
+
+    For AWS-compatible targets that read custom headers (a fenced service behind
+    API Gateway, or your own endpoint speaking an AWS protocol)::
+
+        with botocore_fence(client, call):
+            client.put_item(...)
+    """
+    extra = call.headers
+
+    def add(request: Any, **_: Any) -> None:
+        for name, value in extra.items():
+            request.headers[name] = value
+
+    events = client.meta.events
+    events.register_first("before-sign.*.*", add, unique_id=f"sqs-lease-fence-{id(call)}")
+    try:
+        yield client
+    finally:
+        events.unregister("before-sign.*.*", unique_id=f"sqs-lease-fence-{id(call)}")
