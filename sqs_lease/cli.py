@@ -1,0 +1,554 @@
+"""The ``sqs-lease`` command line: a thin click shell over the public API.
+
+Every command builds on one :class:`Settings` (made by the group from its options
+and the environment) and calls the library; no protocol decision is made here.
+Errors the library raises (and botocore's credential and connection errors) end
+as one ``error: ...`` line on stderr and exit code 2, never a traceback; that
+mapping lives in one place, :meth:`_Cli.invoke`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn
+
+import botocore.exceptions
+import click
+
+from ._aws import make_client
+from ._config import Settings
+from ._errors import AwsUnavailable, PayloadError, ResourceMissing, SqsLeaseError
+from ._journal import configure_stderr
+from ._local import LocalAws
+from ._producer import Producer
+from ._resources import DEFAULT_MAX_RECEIVES, check_table, create_queue, create_tables
+from ._schema import JobRecord, record_of
+from ._worker import Worker, load_app
+
+__all__ = ["cli", "main"]
+
+_REASON_WIDTH = 40
+_LIST_FIELDS = (
+    "job_id",
+    "job_class",
+    "state",
+    "owner",
+    "token",
+    "attempt",
+    "payload_hash",
+    "reason",
+    "error_code",
+    "stage",
+    "created_at",
+    "updated_at",
+    "finished_at",
+    "lease_deadline",
+    "last_heartbeat",
+)
+_TIME_FIELDS = ("created_at", "updated_at", "finished_at", "lease_deadline", "last_heartbeat")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _error_text(exc: Exception, settings: Settings | None) -> str:
+    """The one line to print for an expected failure."""
+    endpoint = (settings.endpoint_url if settings else None) or "real AWS"
+    local_hint = (
+        " (start the local emulator with `sqs-lease local`, or fix --endpoint-url)"
+        if settings is not None and settings.is_local
+        else " (check --endpoint-url / AWS_ENDPOINT_URL and the network)"
+    )
+    if isinstance(exc, AwsUnavailable):
+        text = str(exc)
+        if "credentials" in text:
+            return text
+        return f"{text}; endpoint {endpoint}{local_hint}"
+    if isinstance(exc, SqsLeaseError):
+        return str(exc)
+    if isinstance(exc, botocore.exceptions.NoCredentialsError):
+        return (
+            "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
+            "(or use --endpoint-url with the local emulator, `sqs-lease local`)"
+        )
+    if isinstance(
+        exc,
+        botocore.exceptions.EndpointConnectionError
+        | botocore.exceptions.ConnectionClosedError
+        | botocore.exceptions.ConnectTimeoutError
+        | botocore.exceptions.ReadTimeoutError
+        | botocore.exceptions.HTTPClientError,
+    ):
+        return f"endpoint {endpoint} did not answer ({type(exc).__name__}){local_hint}"
+    if isinstance(exc, botocore.exceptions.ClientError):
+        error = exc.response.get("Error", {})
+        op = getattr(exc, "operation_name", "AWS call")
+        return f"{op}: {error.get('Code', 'error')}: {error.get('Message', '')}"
+    return f"AWS client: {type(exc).__name__}: {exc}"
+
+
+class _Cli(click.Group):
+    """The root group: maps expected failures of any command to one line and exit 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (
+            SqsLeaseError,
+            botocore.exceptions.BotoCoreError,
+            botocore.exceptions.ClientError,
+        ) as exc:
+            settings = ctx.obj if isinstance(ctx.obj, Settings) else None
+            _fail(_error_text(exc, settings), 2)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo(f"error: {_one_line(message)}", err=True)
+    raise click.exceptions.Exit(code)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@contextmanager
+def _stop_signals(handler: Callable[[int, FrameType | None], None] | None) -> Iterator[None]:
+    """Install ``handler`` for SIGINT/SIGTERM (if given) and restore the old ones after."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    if handler is not None:
+        for s in saved:
+            signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, old in saved.items():
+            signal.signal(s, old)
+
+
+def _importable_cwd() -> None:
+    """Let ``MODULE:OBJECT`` name a module in the working directory (as ``python -m`` does)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def _read_payload(value: str) -> dict[str, Any]:
+    if value.startswith("@"):
+        source = value[1:]
+        try:
+            text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise PayloadError(f"--payload {value}: cannot read: {exc.strerror or exc}") from None
+        where = f"--payload {value}"
+    else:
+        text, where = value, "--payload"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PayloadError(
+            f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
+    if not isinstance(data, dict):
+        raise PayloadError(f"{where}: must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _age(now: float, then: float | None) -> str:
+    return "-" if then is None else _seconds(now - then)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f}s"
+
+
+def _lease_left(rec: JobRecord, now: float) -> str:
+    # Advisory only: the lease is SQS's visibility, arbitrated by SQS's clock.
+    if rec.state != "running" or rec.lease_deadline is None:
+        return "-"
+    return _seconds(rec.lease_deadline - now)
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+def _truncate(text: str | None, width: int) -> str:
+    if not text:
+        return "-"
+    text = _one_line(text)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _fields(rec: JobRecord, now: float, names: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {name: getattr(rec, name, None) for name in names}
+    out["lease_left"] = _lease_left(rec, now)
+    out["heartbeat_age"] = _age(now, rec.last_heartbeat)
+    return out
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def _settings(ctx: click.Context) -> Settings:
+    obj = ctx.find_root().obj
+    assert isinstance(obj, Settings)
+    return obj
+
+
+# --------------------------------------------------------------------------- root
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--endpoint-url",
+    default=None,
+    help="AWS endpoint (default: env AWS_ENDPOINT_URL; unset means real AWS).",
+)
+@click.option(
+    "--region", default=None, help="AWS region (default: env AWS_REGION/AWS_DEFAULT_REGION)."
+)
+@click.option(
+    "--prefix",
+    default=None,
+    help="Resource name prefix (default: env SQS_LEASE_PREFIX, else sqs-lease).",
+)
+@click.option(
+    "--queue", "queue_name", default=None, help="Job queue name (default: env SQS_LEASE_QUEUE)."
+)
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    endpoint_url: str | None,
+    region: str | None,
+    prefix: str | None,
+    queue_name: str | None,
+) -> None:
+    """Long tool calls on AWS, made safe: SQS leases, DynamoDB fencing tokens."""
+    ctx.obj = Settings.from_env(
+        endpoint_url=endpoint_url, region=region, prefix=prefix, queue_name=queue_name
+    )
+
+
+# --------------------------------------------------------------------------- local
+
+
+@cli.command()
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="0 picks one."
+)
+@click.option("--init", is_flag=True, help="Also create the tables and the queue (--prefix).")
+@click.pass_context
+def local(ctx: click.Context, port: int, init: bool) -> None:
+    """Run the local AWS emulator (moto) on 127.0.0.1 until Ctrl-C / SIGTERM."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    # Installed before the server starts, so a signal during startup also stops cleanly.
+    with _stop_signals(on_signal):
+        server = LocalAws(port).start()
+        try:
+            endpoint = server.endpoint_url
+            if init:
+                settings = _settings(ctx).model_copy(update={"endpoint_url": endpoint})
+                for name in create_tables(settings):
+                    click.echo(f"table {name}")
+                url, dlq = create_queue(settings)
+                click.echo(f"queue {url}")
+                click.echo(f"dlq {dlq}")
+            click.echo(f"endpoint {endpoint}")
+            click.echo(f"hint: export AWS_ENDPOINT_URL={endpoint}   (Ctrl-C stops the emulator)")
+            while not stop.wait(0.5):
+                pass
+        finally:
+            server.stop()
+    click.echo("stopped")
+
+
+# --------------------------------------------------------------------------- tables, queue
+
+
+@cli.group()
+def tables() -> None:
+    """DynamoDB tables."""
+
+
+@tables.command("create")
+@click.pass_context
+def tables_create(ctx: click.Context) -> None:
+    """Create the tables if missing (idempotent); print their names."""
+    for name in create_tables(_settings(ctx)):
+        click.echo(name)
+
+
+@cli.group()
+def queue() -> None:
+    """The SQS job queue and its dead-letter queue."""
+
+
+@queue.command("create")
+@click.option(
+    "--visibility",
+    type=click.IntRange(0, 43_200),
+    default=30,
+    show_default=True,
+    help="Visibility timeout in seconds.",
+)
+@click.option(
+    "--max-receives",
+    type=click.IntRange(1, 1000),
+    default=DEFAULT_MAX_RECEIVES,
+    show_default=True,
+    help="Receives before SQS moves a message to the DLQ.",
+)
+@click.pass_context
+def queue_create(ctx: click.Context, visibility: int, max_receives: int) -> None:
+    """Create the job queue with a DLQ and redrive (idempotent); print both URLs."""
+    url, dlq = create_queue(_settings(ctx), visibility=visibility, max_receives=max_receives)
+    click.echo(f"queue {url}")
+    click.echo(f"dlq {dlq}")
+
+
+# --------------------------------------------------------------------------- submit
+
+
+@cli.command()
+@click.argument("job_class")
+@click.option("--payload", required=True, help="JSON object, or @FILE (@- reads stdin).")
+@click.option("--id", "job_id", default=None, help="Job id (default: derived from class+payload).")
+@click.option("--app", "app_spec", default=None, help="MODULE:OBJECT app to validate against.")
+@click.option("--delay", type=click.IntRange(0, 900), default=0, show_default=True, help="Seconds.")
+@click.pass_context
+def submit(
+    ctx: click.Context,
+    job_class: str,
+    payload: str,
+    job_id: str | None,
+    app_spec: str | None,
+    delay: int,
+) -> None:
+    """Submit a job once; submitting the same job again is a no-op."""
+    data = _read_payload(payload)
+    settings = _settings(ctx)
+    app = None
+    if app_spec:
+        _importable_cwd()
+        app = load_app(app_spec)
+    producer = Producer(settings, app)
+    _ = producer.queue_url  # a missing queue says `sqs-lease queue create`
+    try:
+        result = producer.submit(job_class, data, job_id, delay_seconds=delay)
+    except ResourceMissing:
+        check_table(settings)  # a missing table says `sqs-lease tables create`
+        raise
+    status = "created" if result.created else "already"
+    click.echo(f"{result.job_id}\t{status}\t{result.note}")
+
+
+# --------------------------------------------------------------------------- worker
+
+
+@cli.command()
+@click.argument("app_spec", metavar="MODULE:OBJECT")
+@click.option("--concurrency", type=click.IntRange(1, 1000), default=4, show_default=True)
+@click.option("--receive-wait", type=click.IntRange(0, 20), default=2, show_default=True)
+@click.option(
+    "--shutdown-grace", type=click.FloatRange(0), default=20.0, show_default=True, help="Seconds."
+)
+@click.option(
+    "--idle-exit", type=click.FloatRange(0), default=None, help="Exit after this many idle seconds."
+)
+@click.option("--max-messages", type=click.IntRange(1), default=None, help="Exit after N received.")
+@click.option("--worker-id", default=None, help="Default: host-pid-random.")
+@click.pass_context
+def worker(
+    ctx: click.Context,
+    app_spec: str,
+    concurrency: int,
+    receive_wait: int,
+    shutdown_grace: float,
+    idle_exit: float | None,
+    max_messages: int | None,
+    worker_id: str | None,
+) -> None:
+    """Run a worker for an app; journal on stderr, final stats (JSON) on stdout."""
+    settings = _settings(ctx)
+    _importable_cwd()
+    app = load_app(app_spec)
+    configure_stderr()
+    check_table(settings)
+    w = Worker(
+        app,
+        settings,
+        worker_id=worker_id,
+        concurrency=concurrency,
+        receive_wait=receive_wait,
+        shutdown_grace=shutdown_grace,
+    )
+    with _stop_signals(None):
+        w.install_signal_handlers()
+        stats = w.run(max_messages=max_messages, idle_exit=idle_exit)
+    click.echo(json.dumps(dataclasses.asdict(stats), sort_keys=True))
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+@cli.group()
+def jobs() -> None:
+    """Inspect and cancel jobs."""
+
+
+def _scan(settings: Settings, state: str | None, limit: int) -> list[JobRecord]:
+    ddb = make_client(settings, "dynamodb")
+    names = {f"#f{i}": name for i, name in enumerate(_LIST_FIELDS)}
+    params: dict[str, Any] = {
+        "TableName": settings.jobs_table,
+        # Never read payloads or results just to list jobs.
+        "ProjectionExpression": ", ".join(names),
+        "ExpressionAttributeNames": names,
+    }
+    if state:
+        params["FilterExpression"] = "#st = :st"
+        params["ExpressionAttributeNames"] = {**names, "#st": "state"}
+        params["ExpressionAttributeValues"] = {":st": {"S": state}}
+    found: list[JobRecord] = []
+    while len(found) < limit:
+        # Limit counts items read before the filter; read wider pages when filtering.
+        page = ddb.scan(**params, Limit=max(limit - len(found), 100 if state else 1))
+        found.extend(record_of(item) for item in page.get("Items", []))
+        start = page.get("LastEvaluatedKey")
+        if not start:
+            break
+        params["ExclusiveStartKey"] = start
+    found = found[:limit]
+    found.sort(key=lambda r: (r.created_at or 0, r.job_id))
+    return found
+
+
+@jobs.command("list")
+@click.option(
+    "--state",
+    type=click.Choice(["queued", "running", "succeeded", "failed", "parked"]),
+    default=None,
+)
+@click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
+def jobs_list(ctx: click.Context, state: str | None, limit: int, as_json: bool) -> None:
+    """List jobs (a bounded table scan)."""
+    settings = _settings(ctx)
+    check_table(settings)
+    records = _scan(settings, state, limit)
+    now = time.time()
+    if as_json:
+        for rec in records:
+            click.echo(json.dumps(_fields(rec, now, _LIST_FIELDS), default=str))
+        return
+    rows = [["JOB ID", "CLASS", "STATE", "OWNER", "TOKEN", "ATT", "LEASE", "BEAT", "REASON"]]
+    for rec in records:
+        rows.append(
+            [
+                rec.job_id,
+                rec.job_class or "-",
+                rec.state or "-",
+                rec.owner or "-",
+                str(rec.token),
+                str(rec.attempt),
+                _lease_left(rec, now),
+                _age(now, rec.last_heartbeat),
+                _truncate(rec.reason, _REASON_WIDTH),
+            ]
+        )
+    click.echo(_table(rows))
+
+
+@jobs.command("show")
+@click.argument("job_id")
+@click.option("--payload", "with_payload", is_flag=True, help="Also print the payload JSON.")
+@click.option("--result", "with_result", is_flag=True, help="Also print the result JSON.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@click.pass_context
+def jobs_show(
+    ctx: click.Context, job_id: str, with_payload: bool, with_result: bool, as_json: bool
+) -> None:
+    """Show one job record (the payload only with --payload)."""
+    settings = _settings(ctx)
+    check_table(settings)
+    ddb = make_client(settings, "dynamodb")
+    item = ddb.get_item(
+        TableName=settings.jobs_table, Key={"job_id": {"S": job_id}}, ConsistentRead=True
+    ).get("Item")
+    if not item:
+        _fail(f"no job {job_id!r}", 1)
+    rec = record_of(item)
+    now = time.time()
+    names = [n for n in JobRecord.get_attributes() if n not in ("payload", "result")]
+    names.sort(key=lambda n: (n != "job_id", n))
+    data = _fields(rec, now, names)
+    if with_payload:
+        data["payload"] = _json_or_text(rec.payload)
+    if with_result:
+        data["result"] = _json_or_text(rec.result)
+    if as_json:
+        click.echo(json.dumps(data, default=str))
+        return
+    for name, value in data.items():
+        if name in _TIME_FIELDS and value is not None:
+            value = f"{value} ({_iso(value)})"
+        elif name in ("payload", "result") and value is not None:
+            value = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+        click.echo(f"{name}: {'-' if value is None else value}")
+
+
+def _json_or_text(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+@jobs.command("cancel")
+@click.argument("job_id")
+@click.option("--reason", default="cancelled by request", show_default=True)
+@click.pass_context
+def jobs_cancel(ctx: click.Context, job_id: str, reason: str) -> None:
+    """End a job failed (cancelled); its owner loses the lease at its next heartbeat."""
+    view = Producer(_settings(ctx)).cancel(job_id, reason)
+    click.echo(
+        f"{view.job_id}\t{view.state}\ttoken {view.token}\t{view.error_code or '-'}\t"
+        f"{view.reason or '-'}"
+    )
+
+
+# --------------------------------------------------------------------------- entry
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The ``sqs-lease`` console script."""
+    cli.main(args=list(argv) if argv is not None else None, prog_name="sqs-lease")
+
+
+if __name__ == "__main__":
+    main()
