@@ -1,0 +1,113 @@
+"""The async driver: the same flows, run with aiobotocore.
+
+Only the concurrency shell differs from the sync driver; error translation is
+shared (:func:`sqs_lease._aws.classify`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import Any, TypeVar
+
+import botocore.config
+from aiobotocore.session import get_session
+
+from ._aws import Timeouts, classify, client_kwargs
+from ._config import Settings
+from ._core.calls import Call, Emit, Err, ErrorKind, Flow, Invoke, Ok, Outcome, Sleep
+from ._journal import Journal
+
+T = TypeVar("T")
+
+
+class AsyncDriver:
+    """Runs flows with aiobotocore clients. Use as ``async with AsyncDriver(...) as d``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        journal: Journal | None = None,
+        timeouts: Timeouts | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.journal = journal or Journal()
+        self.timeouts = timeouts or Timeouts()
+        self.clock = clock
+        self.clients: dict[str, Any] = {}
+        self._stack = AsyncExitStack()
+        self.calls = 0
+
+    async def __aenter__(self) -> AsyncDriver:
+        session = get_session()
+        config = botocore.config.Config(
+            connect_timeout=self.timeouts.connect,
+            read_timeout=self.timeouts.read,
+            retries={"total_max_attempts": self.timeouts.attempts, "mode": "standard"},
+            max_pool_connections=100,
+        )
+        for service in ("sqs", "dynamodb"):
+            self.clients[service] = await self._stack.enter_async_context(
+                session.create_client(service, config=config, **client_kwargs(self.settings))
+            )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    async def execute(self, c: Call) -> Outcome:
+        from botocore import xform_name
+
+        method = getattr(self.clients[c.service], xform_name(c.op))
+        sent = self.clock()
+        try:
+            response = await method(**c.params)
+        except Exception as exc:
+            return classify(exc, sent, self.clock())
+        finally:
+            self.calls += 1
+        return Ok(response, sent, self.clock())
+
+    async def invoke(self, inv: Invoke) -> Outcome:
+        start = self.clock()
+        try:
+            value = inv.fn()
+            if inspect.isawaitable(value):
+                value = await value
+        except Exception as exc:
+            return Err(
+                ErrorKind.RAISED,
+                type(exc).__name__,
+                "",
+                str(exc),
+                None,
+                (),
+                start,
+                self.clock(),
+                exc,
+            )
+        return Ok({"value": value}, start, self.clock())
+
+    async def run(self, flow: Flow[T]) -> T:
+        """Drive a flow to its end and return its result."""
+        try:
+            instruction = next(flow)
+            while True:
+                if isinstance(instruction, Emit):
+                    self.journal.write(instruction.event, instruction.fields)
+                    instruction = flow.send(None)
+                elif isinstance(instruction, Invoke):
+                    instruction = flow.send(await self.invoke(instruction))
+                elif isinstance(instruction, Sleep):
+                    start = self.clock()
+                    await asyncio.sleep(instruction.seconds)
+                    instruction = flow.send(Ok({}, start, self.clock()))
+                else:
+                    instruction = flow.send(await self.execute(instruction))
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
