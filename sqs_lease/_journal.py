@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -62,8 +63,12 @@ class JsonLineFormatter(logging.Formatter):
 def configure_stderr(level: int = logging.INFO) -> None:
     """Send journal lines to stderr, one JSON object per line (idempotent)."""
     logger = logging.getLogger(LOGGER_NAME)
-    if not any(getattr(h, "_sqs_lease", False) for h in logger.handlers):
-        handler = logging.StreamHandler()
+    for h in logger.handlers:
+        if getattr(h, "_sqs_lease", False) and isinstance(h, logging.StreamHandler):
+            h.setStream(sys.stderr)  # stderr may have been swapped since the first call
+            break
+    else:
+        handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonLineFormatter())
         handler._sqs_lease = True  # type: ignore[attr-defined]
         logger.addHandler(handler)

@@ -75,7 +75,7 @@ def _check_port_free(port: int) -> None:
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise ConfigError(
-                    f"port {port} on {HOST} is in use; pass port=0 to pick a free one"
+                    f"port {port} on {HOST} is in use; pick a free one with port 0 (CLI: --port 0)"
                 ) from exc
             raise
 

@@ -172,6 +172,7 @@ class JobTable:
                 R.result.set(result_json),
                 R.updated_at.set(wall_now),
                 R.finished_at.set(wall_now),
+                R.lease_deadline.remove(),
                 R.reason.remove(),
                 R.error_code.remove(),
             ],
@@ -195,6 +196,7 @@ class JobTable:
                 R.error_code.set(error_code),
                 R.updated_at.set(wall_now),
                 R.finished_at.set(wall_now),
+                R.lease_deadline.remove(),
             ],
         )
 
@@ -248,6 +250,7 @@ class JobTable:
                 R.error_code.set("cancelled"),
                 R.updated_at.set(wall_now),
                 R.finished_at.set(wall_now),
+                R.lease_deadline.remove(),
             ],
             returns="ALL_NEW",
         )

@@ -54,7 +54,7 @@ from ._errors import (
 )
 from ._jobs import App, JobClass, JobContext, canonical_json
 from ._journal import Journal
-from ._resources import dead_letter_url, queue_url
+from ._resources import check_table, dead_letter_url, queue_url
 from ._schema import IntentTable, JobTable
 
 _RESULT_LIMIT = 350_000  # DynamoDB items stop at 400 KB; leave room for the rest
@@ -135,6 +135,7 @@ class Worker:
         )
         self.table = JobTable(settings.jobs_table)
         self.intents = IntentTable(settings.intents_table, settings.attempts_table)
+        check_table(settings)
         self.queue_url = queue_url(settings)
         self.dlq_url = dead_letter_url(settings, self.queue_url)
         self.stats = WorkerStats()
@@ -144,6 +145,7 @@ class Worker:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._clock: Callable[[], float] = time.monotonic
+        self._saved_signals: dict[int, Any] = {}
 
     # ----------------------------------------------------------------- running
 
@@ -152,12 +154,19 @@ class Worker:
         self._stopping.set()
 
     def install_signal_handlers(self) -> None:
+        """Stop gracefully on SIGTERM/SIGINT; the previous handlers return when run() ends."""
+
         def handle(signum: int, frame: FrameType | None) -> None:
             self.journal("worker_stopping", signal=signal.Signals(signum).name)
             self.stop()
 
-        signal.signal(signal.SIGTERM, handle)
-        signal.signal(signal.SIGINT, handle)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._saved_signals[sig] = signal.signal(sig, handle)
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, previous in self._saved_signals.items():
+            signal.signal(sig, previous)
+        self._saved_signals.clear()
 
     def run(
         self, *, max_messages: int | None = None, idle_exit: float | None = None
@@ -210,6 +219,7 @@ class Worker:
             self._shutdown()
             self._stopping.set()
             beat.join(timeout=5)
+            self._restore_signal_handlers()
         self.journal("worker_stopped", **self.stats.__dict__)
         return self.stats
 

@@ -884,7 +884,7 @@ def test_commit_request_is_fenced_on_token_owner_and_state() -> None:
     assert " OR " not in condition_text(params)
     sets = update_sets(params)
     assert (sets["state"], sets["result"]) == ("'succeeded'", repr('{"text": "ok"}'))
-    assert sorted(update_removes(params)) == ["error_code", "reason"]
+    assert sorted(update_removes(params)) == ["error_code", "lease_deadline", "reason"]
 
 
 def test_commit_ok_deletes_and_journals() -> None:

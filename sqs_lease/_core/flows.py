@@ -30,7 +30,12 @@ def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
 
 def _fail_call(what: str, err: Err) -> SqsLeaseError:
     if err.kind is ErrorKind.NOT_FOUND:
-        return ResourceMissing(f"{what}: {err.code or 'not found'}: {err.message}")
+        fix = (
+            "run `sqs-lease queue create`"
+            if "Queue" in err.code or "Queue" in err.query_code
+            else "run `sqs-lease tables create`"
+        )
+        return ResourceMissing(f"{what}: {err.code or 'not found'}: {err.message}; {fix}")
     return AwsCallFailed(f"{what} failed: {err.code or err.kind}: {err.message}", err.code)
 
 
