@@ -10,9 +10,11 @@ mapping lives in one place, :meth:`_Cli.invoke`.
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -26,14 +28,28 @@ from typing import Any, NoReturn
 import botocore.exceptions
 import click
 
-from ._aws import make_client
+from ._aws import SyncDriver, classify, make_client
 from ._config import Settings
-from ._errors import AwsUnavailable, PayloadError, ResourceMissing, SqsLeaseError
-from ._journal import configure_stderr
+from ._core.calls import ErrorKind
+from ._core.intents import IntentState, Resolution, resolve_flow
+from ._errors import (
+    AwsCallFailed,
+    AwsUnavailable,
+    PayloadError,
+    ResourceMissing,
+    SqsLeaseError,
+)
+from ._journal import Journal, configure_stderr
 from ._local import LocalAws
 from ._producer import Producer
-from ._resources import DEFAULT_MAX_RECEIVES, check_table, create_queue, create_tables
-from ._schema import JobRecord, record_of
+from ._resources import (
+    DEFAULT_MAX_RECEIVES,
+    check_table,
+    create_queue,
+    create_tables,
+    queue_url,
+)
+from ._schema import AttemptRecord, IntentRecord, IntentTable, JobRecord, JobTable, record_of
 from ._worker import Worker, load_app
 
 __all__ = ["cli", "main"]
@@ -431,18 +447,25 @@ def _scan(settings: Settings, state: str | None, limit: int) -> list[JobRecord]:
         params["FilterExpression"] = "#st = :st"
         params["ExpressionAttributeNames"] = {**names, "#st": "state"}
         params["ExpressionAttributeValues"] = {":st": {"S": state}}
-    found: list[JobRecord] = []
+    found = [record_of(item) for item in _scan_items(ddb, params, limit)]
+    found.sort(key=lambda r: (r.created_at or 0, r.job_id))
+    return found
+
+
+def _scan_items(ddb: Any, params: dict[str, Any], limit: int) -> list[dict[str, Any]]:
+    """Up to ``limit`` items of a (maybe filtered) Scan, following its pages."""
+    filtered = "FilterExpression" in params
+    params = dict(params)
+    found: list[dict[str, Any]] = []
     while len(found) < limit:
         # Limit counts items read before the filter; read wider pages when filtering.
-        page = ddb.scan(**params, Limit=max(limit - len(found), 100 if state else 1))
-        found.extend(record_of(item) for item in page.get("Items", []))
+        page = ddb.scan(**params, Limit=max(limit - len(found), 100 if filtered else 1))
+        found.extend(page.get("Items", []))
         start = page.get("LastEvaluatedKey")
         if not start:
             break
         params["ExclusiveStartKey"] = start
-    found = found[:limit]
-    found.sort(key=lambda r: (r.created_at or 0, r.job_id))
-    return found
+    return found[:limit]
 
 
 @jobs.command("list")
@@ -540,6 +563,332 @@ def jobs_cancel(ctx: click.Context, job_id: str, reason: str) -> None:
         f"{view.job_id}\t{view.state}\ttoken {view.token}\t{view.error_code or '-'}\t"
         f"{view.reason or '-'}"
     )
+
+
+# --------------------------------------------------------------------------- intents
+
+_INTENT_LIST_FIELDS = (
+    "intent_key",
+    "job_id",
+    "stage",
+    "action",
+    "target",
+    "state",
+    "attempts",
+    "last_token",
+    "external_id",
+    "reason",
+    "resolution",
+    "created_at",
+    "updated_at",
+)
+_INTENT_TIME_FIELDS = (
+    "created_at",
+    "updated_at",
+    "first_started_at",
+    "confirmed_at",
+    "resolved_at",
+)
+_RESOLUTION_FIELDS = ("resolution", "resolved_by", "resolved_at", "resolution_reason")
+_ATTEMPT_FIELDS = (
+    "attempt",
+    "token",
+    "worker",
+    "tool",
+    "action",
+    "payload_hash",
+    "started_at",
+    "ended_at",
+    "duration",
+    "outcome",
+    "error",
+    "external_id",
+    "response",
+)
+
+
+def _check_intent_tables(settings: Settings) -> None:
+    """Raise ResourceMissing (with the fix) if the intents or attempts table is absent."""
+    ddb = make_client(settings, "dynamodb")
+    for table in (settings.intents_table, settings.attempts_table):
+        try:
+            ddb.describe_table(TableName=table)
+        except Exception as exc:
+            err = classify(exc, 0.0, 0.0)
+            if err.kind is ErrorKind.NOT_FOUND:
+                raise ResourceMissing(
+                    f"table {table!r} does not exist: run `sqs-lease tables create`"
+                ) from None
+            if err.kind is ErrorKind.UNREACHABLE:
+                raise AwsUnavailable(f"DynamoDB endpoint did not answer ({err.code})") from None
+            raise AwsCallFailed(f"DescribeTable: {err.code}: {err.message}", err.code) from None
+
+
+def _intent_of(item: dict[str, Any]) -> IntentRecord:
+    rec: IntentRecord = IntentRecord.from_raw_data(item)
+    return rec
+
+
+def _attempt_of(item: dict[str, Any]) -> AttemptRecord:
+    rec: AttemptRecord = AttemptRecord.from_raw_data(item)
+    return rec
+
+
+def _scan_intents(
+    settings: Settings, state: str | None, job_id: str | None, limit: int
+) -> list[IntentRecord]:
+    ddb = make_client(settings, "dynamodb")
+    names = {f"#f{i}": name for i, name in enumerate(_INTENT_LIST_FIELDS)}
+    params: dict[str, Any] = {
+        "TableName": settings.intents_table,
+        # Never read payloads or responses just to list intents.
+        "ProjectionExpression": ", ".join(names),
+        "ExpressionAttributeNames": names,
+    }
+    filters: list[str] = []
+    values: dict[str, Any] = {}
+    if state:
+        filters.append("#st = :st")
+        names["#st"] = "state"
+        values[":st"] = {"S": state}
+    if job_id:
+        filters.append("#job = :job")
+        names["#job"] = "job_id"
+        values[":job"] = {"S": job_id}
+    if filters:
+        params["FilterExpression"] = " AND ".join(filters)
+        params["ExpressionAttributeValues"] = values
+    found = [_intent_of(item) for item in _scan_items(ddb, params, limit)]
+    found.sort(key=lambda r: (r.created_at or 0, r.intent_key))
+    return found
+
+
+def _intent_row(rec: IntentRecord, now: float) -> dict[str, Any]:
+    out: dict[str, Any] = {name: getattr(rec, name, None) for name in _INTENT_LIST_FIELDS}
+    out["updated_age"] = _age(now, rec.updated_at)
+    return out
+
+
+@cli.group()
+def intents() -> None:
+    """Inspect side-effect intents and resolve ambiguous ones."""
+
+
+@intents.command("list")
+@click.option("--state", type=click.Choice([s.value for s in IntentState]), default=None)
+@click.option("--job", "job_id", default=None, help="Only this job's intents.")
+@click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_context
+def intents_list(
+    ctx: click.Context, state: str | None, job_id: str | None, limit: int, as_json: bool
+) -> None:
+    """List intents (a bounded table scan; never payloads)."""
+    settings = _settings(ctx)
+    _check_intent_tables(settings)
+    records = _scan_intents(settings, state, job_id, limit)
+    now = time.time()
+    if as_json:
+        for rec in records:
+            click.echo(json.dumps(_intent_row(rec, now), default=str))
+        return
+    rows = [
+        [
+            "KEY",
+            "JOB",
+            "ACTION",
+            "TARGET",
+            "STATE",
+            "ATT",
+            "TOKEN",
+            "EXTERNAL ID",
+            "UPDATED",
+            "REASON",
+        ]
+    ]
+    for rec in records:
+        rows.append(
+            [
+                rec.intent_key,
+                rec.job_id or "-",
+                rec.action or "-",
+                rec.target or "-",
+                rec.state or "-",
+                str(rec.attempts),
+                str(rec.last_token),
+                rec.external_id or "-",
+                _age(now, rec.updated_at),
+                _truncate(rec.reason, _REASON_WIDTH),
+            ]
+        )
+    click.echo(_table(rows))
+
+
+def _attempts_of(settings: Settings, key: str) -> list[AttemptRecord]:
+    ddb = make_client(settings, "dynamodb")
+    params: dict[str, Any] = {
+        "TableName": settings.attempts_table,
+        "KeyConditionExpression": "#k = :k",
+        "ExpressionAttributeNames": {"#k": "intent_key"},
+        "ExpressionAttributeValues": {":k": {"S": key}},
+        "ScanIndexForward": True,
+        "ConsistentRead": True,
+    }
+    found: list[AttemptRecord] = []
+    while True:
+        page = ddb.query(**params)
+        found.extend(_attempt_of(item) for item in page.get("Items", []))
+        start = page.get("LastEvaluatedKey")
+        if not start:
+            return found
+        params["ExclusiveStartKey"] = start
+
+
+def _attempt_fields(rec: AttemptRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in _ATTEMPT_FIELDS:
+        if name == "duration":
+            out[name] = (
+                None
+                if rec.ended_at is None or rec.started_at is None
+                else round(rec.ended_at - rec.started_at, 3)
+            )
+        elif name == "response":
+            out[name] = _json_or_text(rec.response)
+        else:
+            out[name] = getattr(rec, name, None)
+    return out
+
+
+@intents.command("show")
+@click.argument("key")
+@click.option("--payload", "with_payload", is_flag=True, help="Also print the payload JSON.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@click.pass_context
+def intents_show(ctx: click.Context, key: str, with_payload: bool, as_json: bool) -> None:
+    """Show one intent and every attempt of it (the payload only with --payload)."""
+    settings = _settings(ctx)
+    _check_intent_tables(settings)
+    ddb = make_client(settings, "dynamodb")
+    item = ddb.get_item(
+        TableName=settings.intents_table, Key={"intent_key": {"S": key}}, ConsistentRead=True
+    ).get("Item")
+    if not item:
+        _fail(f"no intent {key!r}", 1)
+    rec = _intent_of(item)
+    names = [
+        n
+        for n in IntentRecord.get_attributes()
+        if n not in ("payload", "response") and n not in _RESOLUTION_FIELDS
+    ]
+    names.sort(key=lambda n: (n != "intent_key", n))
+    intent: dict[str, Any] = {name: getattr(rec, name, None) for name in names}
+    intent["response"] = _json_or_text(rec.response)
+    if rec.resolution is not None:
+        intent.update({name: getattr(rec, name, None) for name in _RESOLUTION_FIELDS})
+    if with_payload:
+        intent["payload"] = _json_or_text(rec.payload)
+    attempts = [_attempt_fields(a) for a in _attempts_of(settings, key)]
+    if as_json:
+        click.echo(json.dumps({"intent": intent, "attempts": attempts}, default=str))
+        return
+    for name, value in intent.items():
+        click.echo(f"{name}: {_show_value(name, value)}")
+    click.echo(f"attempt log: {len(attempts)}")
+    for entry in attempts:
+        for i, (name, value) in enumerate(entry.items()):
+            if name == "response" and value is None:
+                continue  # stored only when the target opts in to bodies
+            lead = "- " if i == 0 else "  "
+            click.echo(f"{lead}{name}: {_show_value(name, value, indent='  ')}")
+
+
+def _show_value(name: str, value: Any, indent: str = "") -> str:
+    if value is None:
+        return "-"
+    if name in _INTENT_TIME_FIELDS or name in ("started_at", "ended_at"):
+        return f"{value} ({_iso(value)})"
+    if name == "duration":
+        return _seconds(value)
+    if name in ("payload", "response"):
+        text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+        return text.replace("\n", "\n" + indent)
+    return str(value)
+
+
+def _default_who() -> str:
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name in the environment or the password database
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+@intents.command("resolve")
+@click.argument("key")
+@click.option(
+    "--confirmed",
+    "external_id",
+    metavar="EXTERNAL_ID",
+    default=None,
+    help="The effect did apply; record the target's id for it.",
+)
+@click.option("--retry", is_flag=True, help="The effect did not apply; repeat it (same key).")
+@click.option("--abandon", is_flag=True, help="Never do this effect; the job fails at it.")
+@click.option(
+    "--reason", default=None, help="Why (required with --abandon; default: resolved by operator)."
+)
+@click.option("--who", default=None, help="Who decides (default: USER@HOST).")
+@click.pass_context
+def intents_resolve(
+    ctx: click.Context,
+    key: str,
+    external_id: str | None,
+    retry: bool,
+    abandon: bool,
+    reason: str | None,
+    who: str | None,
+) -> None:
+    """Decide an ambiguous intent; its parked job is re-enqueued (journaled on stderr)."""
+    chosen = [external_id is not None, retry, abandon]
+    if sum(chosen) != 1:
+        raise click.UsageError("give exactly one of --confirmed EXTERNAL_ID, --retry, --abandon")
+    if external_id is not None and not external_id.strip():
+        raise click.UsageError("--confirmed needs the target's non-empty external id")
+    if abandon and not (reason and reason.strip()):
+        raise click.UsageError("--abandon needs --reason TEXT (why the effect is given up)")
+    if external_id is not None:
+        resolution = Resolution.CONFIRMED
+    elif retry:
+        resolution = Resolution.RETRY
+    else:
+        resolution = Resolution.ABANDON
+    settings = _settings(ctx)
+    _check_intent_tables(settings)
+    check_table(settings)
+    url = queue_url(settings)  # before deciding: a missing queue must not strand the job
+    configure_stderr()
+    driver = SyncDriver(settings, Journal())
+    resolved = driver.run(
+        resolve_flow(
+            IntentTable(settings.intents_table, settings.attempts_table),
+            JobTable(settings.jobs_table),
+            queue_url=url,
+            key=key,
+            resolution=resolution,
+            external_id=external_id,
+            who=who or _default_who(),
+            why=reason or "resolved by operator",
+            wall_now=time.time(),
+        )
+    )
+    intent = resolved.intent
+    job = (
+        f"job {intent.job_id} re-enqueued"
+        if resolved.job_requeued
+        else f"job {intent.job_id} not re-enqueued (it was not parked)"
+    )
+    click.echo(f"{intent.key}\t{intent.state.value}\t{job}")
 
 
 # --------------------------------------------------------------------------- entry
