@@ -56,10 +56,29 @@ def start_worker(name: str, endpoint: str, receiver: str) -> tuple[subprocess.Po
     log = WORK / f"{name}.journal.jsonl"
     env = {**os.environ, "RECEIVER_URL": receiver, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sqs_lease.cli", "--endpoint-url", endpoint, "--prefix", PREFIX,
-         "worker", "examples.demo_app:app", "--concurrency", "4", "--receive-wait", "1",
-         "--worker-id", name, "--shutdown-grace", "10"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"),
+        [
+            sys.executable,
+            "-m",
+            "sqs_lease.cli",
+            "--endpoint-url",
+            endpoint,
+            "--prefix",
+            PREFIX,
+            "worker",
+            "examples.demo_app:app",
+            "--concurrency",
+            "4",
+            "--receive-wait",
+            "1",
+            "--worker-id",
+            name,
+            "--shutdown-grace",
+            "10",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
     )
     return proc, log
 
@@ -83,12 +102,81 @@ def workload() -> list[tuple[str, dict[str, Any], str]]:
     for i in range(1, 26):
         jobs.append(("ocr", {"document": "contract-17", "page": i}, f"ocr-contract-17-p{i}"))
     for i in range(1, 19):
-        jobs.append(("export", {"report": f"ledger-{i}", "rows": 500 * (1 + i % 4),
-                                "flaky": i % 6 == 0}, f"export-ledger-{i}"))
+        jobs.append(
+            (
+                "export",
+                {"report": f"ledger-{i}", "rows": 500 * (1 + i % 4), "flaky": i % 6 == 0},
+                f"export-ledger-{i}",
+            )
+        )
     for i in range(1, 16):
-        jobs.append(("charge", {"invoice": f"INV-{1000 + i}", "amount": 100 + 7 * i},
-                     f"charge-INV-{1000 + i}"))
+        jobs.append(
+            (
+                "charge",
+                {
+                    "invoice": f"INV-{1000 + i}",
+                    "amount": 100 + 7 * i,
+                    "lose_response": i in (4, 11),
+                },
+                f"charge-INV-{1000 + i}",
+            )
+        )
+    for i in range(1, 5):
+        jobs.append(
+            (
+                "erp_post",
+                {"invoice": f"INV-{1000 + i}", "account": "4400", "timeout_first": i == 3},
+                f"erp-INV-{1000 + i}",
+            )
+        )
     return jobs
+
+
+def cli(endpoint: str, *args: str) -> str:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sqs_lease.cli",
+            "--endpoint-url",
+            endpoint,
+            "--prefix",
+            PREFIX,
+            *args,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return out.stdout
+
+
+def wait_states(settings: Settings, n: int, done: set[str], limit: float) -> dict[str, Any]:
+    deadline = time.monotonic() + limit
+    states: dict[str, dict[str, Any]] = {}
+    while time.monotonic() < deadline:
+        states = scan_states(settings)
+        if len(states) == n and all(s["state"] in done for s in states.values()):
+            break
+        time.sleep(0.5)
+    return states
+
+
+def scan_intents(settings: Settings) -> list[dict[str, Any]]:
+    ddb = boto3.client("dynamodb", endpoint_url=settings.endpoint_url, region_name=settings.region)
+    out = []
+    for page in ddb.get_paginator("scan").paginate(TableName=settings.intents_table):
+        for item in page["Items"]:
+            out.append(
+                {
+                    "state": item["state"]["S"],
+                    "reconciled": item.get("reconciled", {}).get("BOOL", False),
+                    "resolution": item.get("resolution", {}).get("S"),
+                }
+            )
+    return out
 
 
 def main() -> int:
@@ -119,7 +207,8 @@ def main() -> int:
             producer.submit(job_class, payload, job_id=job_id)
         again = producer.submit(*jobs[0][:2], job_id=jobs[0][2])
         counts = collections.Counter(c for c, _, _ in jobs)
-        say(f"3. submitted {len(jobs)} jobs ({dict(counts)}); resubmitting one: {again.note}")
+        say(f"3. submitted {len(jobs)} jobs ({dict(counts)})")
+        say(f"   resubmitting one: {again.note}")
 
         workers = [start_worker(n, endpoint, receiver_url) for n in ("worker-A", "worker-B")]
         say("4. two worker processes started (4 slots each)")
@@ -131,7 +220,8 @@ def main() -> int:
             time.sleep(0.05)
         victim.send_signal(signal.SIGSTOP)
         frozen = sum(1 for e in events(victim_log) if e["event"] == "job_claimed") - sum(
-            1 for e in events(victim_log)
+            1
+            for e in events(victim_log)
             if e["event"] in ("result_committed", "job_failed", "job_retry_scheduled")
         )
         say(f"5. worker-A frozen (SIGSTOP) in the middle of a payment call, holding ~{frozen} jobs")
@@ -139,18 +229,34 @@ def main() -> int:
         victim.send_signal(signal.SIGCONT)
         say("6. worker-A thawed (SIGCONT) after 9 s; its late results meet the fence")
 
-        deadline = time.monotonic() + 150
-        states: dict[str, dict[str, Any]] = {}
-        while time.monotonic() < deadline:
-            states = scan_states(settings)
-            if len(states) == len(jobs) and all(s["state"] in TERMINAL for s in states.values()):
-                break
-            time.sleep(0.5)
+        states = wait_states(settings, len(jobs), TERMINAL, 150)
+        parked = sorted(k for k, v in states.items() if v["state"] == "parked")
+        say(f"7. every job is terminal or parked; parked for an operator: {parked}")
+        listing = cli(endpoint, "intents", "list", "--state", "ambiguous", "--json")
+        ambiguous = [json.loads(line) for line in listing.splitlines() if line.strip()]
+        for intent in ambiguous:
+            key = intent["intent_key"]
+            say(f"   operator: intent {key} is ambiguous ({intent.get('reason')})")
+            say("   operator: checked the ERP by hand; it did post: resolving as confirmed")
+            cli(
+                endpoint,
+                "intents",
+                "resolve",
+                key,
+                "--confirmed",
+                f"erp-manual-{key[-4:]}",
+                "--reason",
+                "posting found in the ERP's screen",
+                "--who",
+                "demo-operator",
+            )
+        states = wait_states(settings, len(jobs), TERMINAL - {"parked"}, 60)
+        say(f"8. {len(ambiguous)} ambiguous intent(s) resolved with the CLI; jobs resumed")
         for proc, _ in workers:
             proc.send_signal(signal.SIGTERM)
         for proc, _ in workers:
             proc.wait(30)
-        say("7. all jobs terminal; workers stopped with SIGTERM")
+        say("9. all jobs terminal; workers stopped with SIGTERM")
 
         journal = [e for _, log in workers for e in events(log)]
         with urlopen(receiver_url + "/ledger", timeout=10) as resp:
@@ -162,6 +268,10 @@ def main() -> int:
         lost = len(jobs) - sum(1 for s in states.values() if s["state"] in TERMINAL)
         by_state = collections.Counter(s["state"] for s in states.values())
         failed = {k: v["reason"] for k, v in states.items() if v["state"] == "failed"}
+        intents = scan_intents(settings)
+        intent_states = collections.Counter(i["state"] for i in intents)
+        reconciled = sum(1 for i in intents if i["reconciled"])
+        resolved = sum(1 for i in intents if i["resolution"])
 
         say("")
         say("summary")
@@ -170,13 +280,25 @@ def main() -> int:
             say(f"    failed {job_id}: {reason}")
         say(f"  takeovers:              {takeovers}")
         say(f"  rejected results:       {rejected}")
-        say(f"  retries scheduled:      "
-            f"{sum(1 for e in journal if e['event'] == 'job_retry_scheduled')}")
+        say(
+            f"  retries scheduled:      "
+            f"{sum(1 for e in journal if e['event'] == 'job_retry_scheduled')}"
+        )
+        say(f"  intents by state:       {dict(sorted(intent_states.items()))}")
+        say(f"  intents reconciled:     {reconciled} (outcome unknown, confirmed by the target)")
+        say(f"  intents resolved:       {resolved} (ambiguous, decided by an operator)")
         say(f"  effects at receiver:    {len(ledger)} charges for {len(by_invoice)} invoices")
         say(f"  duplicated effects:     {duplicates}")
         say(f"  jobs lost:              {lost}")
         say(f"  journals:               {WORK}/worker-*.journal.jsonl")
-        ok = duplicates == 0 and lost == 0 and takeovers >= 1
+        ok = (
+            duplicates == 0
+            and lost == 0
+            and takeovers >= 1
+            and reconciled >= 1
+            and resolved >= 1
+            and by_state.get("parked", 0) == 0
+        )
         say("demo: OK" if ok else "demo: FAILED")
         return 0 if ok else 1
     finally:

@@ -102,15 +102,20 @@ def dead_letter_url(settings: Settings, url: str) -> str | None:
 
 
 def check_table(settings: Settings) -> None:
-    """Raise ResourceMissing (with the fix) if the job table is absent."""
+    """Raise ResourceMissing (with the fix) if a table the worker needs is absent."""
     ddb = make_client(settings, "dynamodb")
+    for table in (settings.jobs_table, settings.intents_table, settings.attempts_table):
+        _check_one(ddb, table)
+
+
+def _check_one(ddb: Any, table: str) -> None:
     try:
-        ddb.describe_table(TableName=settings.jobs_table)
+        ddb.describe_table(TableName=table)
     except Exception as exc:
         err = classify(exc, 0.0, 0.0)
         if err.kind is ErrorKind.NOT_FOUND:
             raise ResourceMissing(
-                f"table {settings.jobs_table!r} does not exist: run `sqs-lease tables create`"
+                f"table {table!r} does not exist: run `sqs-lease tables create`"
             ) from None
         if err.kind is ErrorKind.UNREACHABLE:
             raise AwsUnavailable(f"DynamoDB endpoint did not answer ({err.code})") from None

@@ -263,6 +263,7 @@ class JobTable:
                 R.state.set(JobState.QUEUED.value),
                 R.reason.set("resumed after an operator's decision"),
                 R.error_code.remove(),
+                R.message_sent.set(False),
                 R.updated_at.set(wall_now),
             ],
             returns="ALL_NEW",
@@ -632,9 +633,10 @@ class IntentTable:
             IR.updated_at.set(wall_now),
         ]
         if resolution is Resolution.CONFIRMED:
+            if external_id:
+                actions.append(IR.external_id.set(external_id))
             actions += [
                 IR.state.set(IntentState.CONFIRMED.value),
-                IR.external_id.set(external_id or ""),
                 IR.response.set(canonical({"external_id": external_id, "resolved_by": who})),
                 IR.confirmed_at.set(wall_now),
             ]

@@ -27,7 +27,7 @@ from .._errors import (
     TransientError,
 )
 from .calls import Call, Err, ErrorKind, Flow, Invoke, Ok, call, emit
-from .flows import message_body
+from .flows import _fail_call, message_body
 from .records import JobRequests, JobState
 
 MAX_REPEATS = 3
@@ -346,6 +346,8 @@ def effect_flow(
 
 
 def _unknown(out: Err, what: str, key: str) -> BaseException:
+    if out.kind is ErrorKind.NOT_FOUND:
+        return _fail_call(f"{what} {key!r}", out)
     return OwnershipUnknown(f"{what} {key!r}: {out.code or out.kind}: {out.message}")
 
 
@@ -571,6 +573,9 @@ def resume_flow(
     body = message_body(job.job_id, job.job_class)
     sent = yield from call(Call("sqs", "SendMessage", {"QueueUrl": queue_url, "MessageBody": body}))
     if isinstance(sent, Err):
-        raise _unknown(sent, "re-enqueue job (record is queued; resubmit to resend)", job_id)
+        # The record says message_sent = false, so resubmitting the job (same id,
+        # class and payload) sends the message then.
+        raise _unknown(sent, "re-enqueue job (record is queued; resubmit it to resend)", job_id)
+    yield from call(jreq.mark_sent(job_id, wall_now))
     yield from emit("job_resumed", job_id=job_id)
     return JobState.PARKED
