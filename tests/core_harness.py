@@ -14,7 +14,18 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Flow, Instruction, Ok, Outcome, Sleep
+from sqs_lease._core.calls import (
+    Call,
+    Emit,
+    Err,
+    ErrorKind,
+    Flow,
+    Instruction,
+    Invoke,
+    Ok,
+    Outcome,
+    Sleep,
+)
 from sqs_lease._core.flows import Delivery
 from sqs_lease._core.records import JobState, JobView
 from sqs_lease._core.timing import LocalLease
@@ -43,6 +54,7 @@ class Script:
         self.calls: list[Call] = []
         self.events: list[Emit] = []
         self.sleeps: list[float] = []
+        self.invoked: list[Invoke] = []
         self.trace: list[Instruction] = []
 
     def _answer(self, instruction: Call) -> Outcome:
@@ -71,8 +83,13 @@ class Script:
                 elif isinstance(instruction, Emit):
                     self.events.append(instruction)
                     answer = None
-                else:  # pragma: no cover - the Instruction union is closed
-                    raise AssertionError(f"unknown instruction {instruction!r}")
+                else:
+                    # Invoke: run the caller's code as the drivers do.
+                    self.invoked.append(instruction)
+                    try:
+                        answer = Ok({"value": instruction.fn()})
+                    except Exception as exc:
+                        answer = Err(ErrorKind.RAISED, type(exc).__name__, "", str(exc), exc=exc)
                 instruction = flow.send(answer)
         except StopIteration as stop:
             result: T = stop.value
@@ -99,6 +116,8 @@ class Script:
                 out.append(f"call:{i.op}")
             elif isinstance(i, Sleep):
                 out.append("sleep")
+            elif isinstance(i, Invoke):
+                out.append(f"invoke:{i.what}")
             else:
                 out.append(f"emit:{i.event}")
         return out

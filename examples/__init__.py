@@ -1,0 +1,1 @@
+"""Runnable examples: the demo, its job app, and a fenced receiver service."""
