@@ -284,18 +284,26 @@ def claim_flow(
         payload_json=old.payload_json,
     )
     reclaimed = old.state is JobState.RUNNING
+    refusal: tuple[str, str, str] | None = None
     if old.job_class != d.job_class:
         reason = f"message names job class {d.job_class!r}, record says {old.job_class!r}"
-        yield from _finish_failed(
-            req, queue_url, job, d, worker_id, wall_now, reason, "class_mismatch"
-        )
-        return NotClaimed(d, "class_mismatch", reason, job)
-    if attempt > max_attempts:
+        refusal = ("class_mismatch", reason, "class_mismatch")
+    elif attempt > max_attempts:
         reason = f"attempts exhausted ({attempt - 1} of {max_attempts})"
-        yield from _finish_failed(
-            req, queue_url, job, d, worker_id, wall_now, reason, "attempts_exhausted"
+        refusal = ("exhausted", reason, "attempts_exhausted")
+    if refusal is not None:
+        outcome, reason, code = refusal
+        yield from fail_flow(
+            req,
+            queue_url=queue_url,
+            job=job,
+            delivery=d,
+            worker_id=worker_id,
+            wall_now=wall_now,
+            reason=reason,
+            error_code=code,
         )
-        return NotClaimed(d, "exhausted", reason, job)
+        return NotClaimed(d, outcome, reason, job)
     # The receive granted d.visibility from d.received_at; CMV moves it to L from now.
     deadline = d.received_at + d.visibility
     cmv = yield from call(
@@ -559,6 +567,47 @@ def _why_rejected(current: JobView | None, job: JobView) -> str:
     return f"job is {current.state} (owner {current.owner})"
 
 
+def _end_attempt(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job: JobView,
+    delivery: Delivery,
+    worker_id: str,
+    write: Call,
+    applied: JobState,
+    stage: str,
+    delete: bool = True,
+) -> Flow[Finish]:
+    """A fenced write that ends this attempt; then delete the message (if asked).
+
+    A rejected write is journaled ``result_rejected`` (never reported as done), an
+    unanswered one ``ownership_unknown``; both leave the message alone.
+    """
+    fin = yield from _fenced_write(req, write, job=job, worker_id=worker_id, applied=applied)
+    if fin.outcome == "done":
+        if delete:
+            yield from _delete(queue_url, delivery.receipt_handle)
+    elif fin.outcome == "rejected":
+        cur = fin.current
+        yield from emit(
+            "result_rejected",
+            job_id=job.job_id,
+            job_class=job.job_class,
+            token=job.token,
+            attempt=job.attempt,
+            stage=stage,
+            reason=fin.reason,
+            current_token=cur.token if cur else None,
+            current_state=cur.state.value if cur else None,
+        )
+    else:
+        yield from emit(
+            "ownership_unknown", job_id=job.job_id, token=job.token, stage=stage, reason=fin.reason
+        )
+    return fin
+
+
 def commit_flow(
     req: JobRequests,
     *,
@@ -570,19 +619,18 @@ def commit_flow(
     wall_now: float,
     duration: float,
 ) -> Flow[Finish]:
-    """Write the result on condition of owner + token; then delete the message.
-
-    A rejected commit is journaled ``result_rejected`` and never reported as done.
-    """
-    fin = yield from _fenced_write(
+    """Write the result on condition of the token; then delete the message."""
+    fin = yield from _end_attempt(
         req,
-        req.commit(job.job_id, job.token, worker_id, result_json, wall_now),
+        queue_url=queue_url,
         job=job,
+        delivery=delivery,
         worker_id=worker_id,
+        write=req.commit(job.job_id, job.token, worker_id, result_json, wall_now),
         applied=JobState.SUCCEEDED,
+        stage="commit",
     )
     if fin.outcome == "done":
-        yield from _delete(queue_url, delivery.receipt_handle)
         yield from emit(
             "result_committed",
             job_id=job.job_id,
@@ -591,65 +639,6 @@ def commit_flow(
             attempt=job.attempt,
             payload_hash=job.payload_hash,
             duration=round(duration, 3),
-        )
-    elif fin.outcome == "rejected":
-        cur = fin.current
-        yield from emit(
-            "result_rejected",
-            job_id=job.job_id,
-            job_class=job.job_class,
-            token=job.token,
-            attempt=job.attempt,
-            reason=fin.reason,
-            current_token=cur.token if cur else None,
-            current_state=cur.state.value if cur else None,
-        )
-    else:
-        yield from emit(
-            "ownership_unknown",
-            job_id=job.job_id,
-            token=job.token,
-            stage="commit",
-            reason=fin.reason,
-        )
-    return fin
-
-
-def _finish_failed(
-    req: JobRequests,
-    queue_url: str,
-    job: JobView,
-    delivery: Delivery,
-    worker_id: str,
-    wall_now: float,
-    reason: str,
-    error_code: str,
-) -> Flow[Finish]:
-    fin = yield from _fenced_write(
-        req,
-        req.finish_failed(job.job_id, job.token, worker_id, reason, error_code, wall_now),
-        job=job,
-        worker_id=worker_id,
-        applied=JobState.FAILED,
-    )
-    if fin.outcome == "done":
-        yield from _delete(queue_url, delivery.receipt_handle)
-        yield from emit(
-            "job_failed",
-            job_id=job.job_id,
-            job_class=job.job_class,
-            token=job.token,
-            attempt=job.attempt,
-            error_code=error_code,
-            reason=reason,
-        )
-    else:
-        yield from emit(
-            "result_rejected" if fin.outcome == "rejected" else "ownership_unknown",
-            job_id=job.job_id,
-            token=job.token,
-            stage="fail",
-            reason=fin.reason,
         )
     return fin
 
@@ -666,11 +655,27 @@ def fail_flow(
     error_code: str,
 ) -> Flow[Finish]:
     """End the job ``failed`` with a reason (fenced), then delete its message."""
-    return (
-        yield from _finish_failed(
-            req, queue_url, job, delivery, worker_id, wall_now, reason, error_code
-        )
+    fin = yield from _end_attempt(
+        req,
+        queue_url=queue_url,
+        job=job,
+        delivery=delivery,
+        worker_id=worker_id,
+        write=req.finish_failed(job.job_id, job.token, worker_id, reason, error_code, wall_now),
+        applied=JobState.FAILED,
+        stage="fail",
     )
+    if fin.outcome == "done":
+        yield from emit(
+            "job_failed",
+            job_id=job.job_id,
+            job_class=job.job_class,
+            token=job.token,
+            attempt=job.attempt,
+            error_code=error_code,
+            reason=reason,
+        )
+    return fin
 
 
 def retry_flow(
@@ -692,32 +697,32 @@ def retry_flow(
     """
     if job.attempt >= max_attempts:
         return (
-            yield from _finish_failed(
+            yield from fail_flow(
                 req,
-                queue_url,
-                job,
-                delivery,
-                worker_id,
-                wall_now,
-                f"attempts exhausted ({job.attempt} of {max_attempts}); last error: {reason}",
-                "attempts_exhausted",
+                queue_url=queue_url,
+                job=job,
+                delivery=delivery,
+                worker_id=worker_id,
+                wall_now=wall_now,
+                reason=(
+                    f"attempts exhausted ({job.attempt} of {max_attempts}); "
+                    f"last error: {reason}"
+                ),
+                error_code="attempts_exhausted",
             )
         )
-    fin = yield from _fenced_write(
+    fin = yield from _end_attempt(
         req,
-        req.requeue(job.job_id, job.token, worker_id, reason, error_code, wall_now),
+        queue_url=queue_url,
         job=job,
+        delivery=delivery,
         worker_id=worker_id,
+        write=req.requeue(job.job_id, job.token, worker_id, reason, error_code, wall_now),
         applied=JobState.QUEUED,
+        stage="retry",
+        delete=False,
     )
     if fin.outcome != "done":
-        yield from emit(
-            "result_rejected" if fin.outcome == "rejected" else "ownership_unknown",
-            job_id=job.job_id,
-            token=job.token,
-            stage="retry",
-            reason=fin.reason,
-        )
         return fin
     cmv = yield from call(
         Call(
@@ -755,24 +760,18 @@ def park_flow(
     reason: str,
 ) -> Flow[Finish]:
     """Park the job for an operator (fenced), then delete its message."""
-    fin = yield from _fenced_write(
+    fin = yield from _end_attempt(
         req,
-        req.park(job.job_id, job.token, worker_id, reason, wall_now),
+        queue_url=queue_url,
         job=job,
+        delivery=delivery,
         worker_id=worker_id,
+        write=req.park(job.job_id, job.token, worker_id, reason, wall_now),
         applied=JobState.PARKED,
+        stage="park",
     )
     if fin.outcome == "done":
-        yield from _delete(queue_url, delivery.receipt_handle)
         yield from emit("job_parked", job_id=job.job_id, token=job.token, reason=reason)
-    else:
-        yield from emit(
-            "result_rejected" if fin.outcome == "rejected" else "ownership_unknown",
-            job_id=job.job_id,
-            token=job.token,
-            stage="park",
-            reason=fin.reason,
-        )
     return fin
 
 
