@@ -18,7 +18,7 @@ from aiobotocore.session import get_session
 
 from ._aws import Timeouts, classify, client_kwargs
 from ._config import Settings
-from ._core.calls import Call, Emit, Err, ErrorKind, Flow, Invoke, Ok, Outcome, Sleep
+from ._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
 from ._journal import Journal
 
 T = TypeVar("T")
@@ -79,17 +79,7 @@ class AsyncDriver:
             if inspect.isawaitable(value):
                 value = await value
         except Exception as exc:
-            return Err(
-                ErrorKind.RAISED,
-                type(exc).__name__,
-                "",
-                str(exc),
-                None,
-                (),
-                start,
-                self.clock(),
-                exc,
-            )
+            return raised(exc, start, self.clock())
         return Ok({"value": value}, start, self.clock())
 
     async def run(self, flow: Flow[T]) -> T:

@@ -17,7 +17,19 @@ import botocore.exceptions
 from botocore import xform_name
 
 from ._config import Settings
-from ._core.calls import Call, Emit, Err, ErrorKind, Flow, Invoke, Ok, Outcome, Sleep, sqs_code_is
+from ._core.calls import (
+    Call,
+    Emit,
+    Err,
+    ErrorKind,
+    Flow,
+    Invoke,
+    Ok,
+    Outcome,
+    Sleep,
+    raised,
+    sqs_code_is,
+)
 from ._errors import AwsUnavailable
 from ._journal import Journal
 
@@ -147,17 +159,7 @@ class SyncDriver:
         try:
             value = inv.fn()
         except Exception as exc:
-            return Err(
-                ErrorKind.RAISED,
-                type(exc).__name__,
-                "",
-                str(exc),
-                None,
-                (),
-                start,
-                self.clock(),
-                exc,
-            )
+            return raised(exc, start, self.clock())
         return Ok({"value": value}, start, self.clock())
 
     def run(self, flow: Flow[T]) -> T:

@@ -28,12 +28,10 @@ from typing import Any, NoReturn
 import botocore.exceptions
 import click
 
-from ._aws import SyncDriver, classify, make_client
+from ._aws import SyncDriver, make_client
 from ._config import Settings
-from ._core.calls import ErrorKind
 from ._core.intents import IntentState, Resolution, resolve_flow
 from ._errors import (
-    AwsCallFailed,
     AwsUnavailable,
     PayloadError,
     ResourceMissing,
@@ -607,23 +605,6 @@ _ATTEMPT_FIELDS = (
 )
 
 
-def _check_intent_tables(settings: Settings) -> None:
-    """Raise ResourceMissing (with the fix) if the intents or attempts table is absent."""
-    ddb = make_client(settings, "dynamodb")
-    for table in (settings.intents_table, settings.attempts_table):
-        try:
-            ddb.describe_table(TableName=table)
-        except Exception as exc:
-            err = classify(exc, 0.0, 0.0)
-            if err.kind is ErrorKind.NOT_FOUND:
-                raise ResourceMissing(
-                    f"table {table!r} does not exist: run `sqs-lease tables create`"
-                ) from None
-            if err.kind is ErrorKind.UNREACHABLE:
-                raise AwsUnavailable(f"DynamoDB endpoint did not answer ({err.code})") from None
-            raise AwsCallFailed(f"DescribeTable: {err.code}: {err.message}", err.code) from None
-
-
 def _intent_of(item: dict[str, Any]) -> IntentRecord:
     rec: IntentRecord = IntentRecord.from_raw_data(item)
     return rec
@@ -685,7 +666,7 @@ def intents_list(
 ) -> None:
     """List intents (a bounded table scan; never payloads)."""
     settings = _settings(ctx)
-    _check_intent_tables(settings)
+    check_table(settings)
     records = _scan_intents(settings, state, job_id, limit)
     now = time.time()
     if as_json:
@@ -768,7 +749,7 @@ def _attempt_fields(rec: AttemptRecord) -> dict[str, Any]:
 def intents_show(ctx: click.Context, key: str, with_payload: bool, as_json: bool) -> None:
     """Show one intent and every attempt of it (the payload only with --payload)."""
     settings = _settings(ctx)
-    _check_intent_tables(settings)
+    check_table(settings)
     ddb = make_client(settings, "dynamodb")
     item = ddb.get_item(
         TableName=settings.intents_table, Key={"intent_key": {"S": key}}, ConsistentRead=True
@@ -864,7 +845,6 @@ def intents_resolve(
     else:
         resolution = Resolution.ABANDON
     settings = _settings(ctx)
-    _check_intent_tables(settings)
     check_table(settings)
     url = queue_url(settings)  # before deciding: a missing queue must not strand the job
     configure_stderr()

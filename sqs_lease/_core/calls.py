@@ -93,6 +93,14 @@ class Err:
 
 Outcome: TypeAlias = Ok | Err
 
+
+def raised(exc: BaseException, sent_at: float, received_at: float) -> Err:
+    """The outcome of an Invoke'd function that raised (shared by every driver)."""
+    return Err(
+        ErrorKind.RAISED, type(exc).__name__, "", str(exc), None, (), sent_at, received_at, exc
+    )
+
+
 T = TypeVar("T")
 Flow: TypeAlias = Generator[Instruction, Outcome | None, T]
 

@@ -705,8 +705,7 @@ def retry_flow(
                 worker_id=worker_id,
                 wall_now=wall_now,
                 reason=(
-                    f"attempts exhausted ({job.attempt} of {max_attempts}); "
-                    f"last error: {reason}"
+                    f"attempts exhausted ({job.attempt} of {max_attempts}); last error: {reason}"
                 ),
                 error_code="attempts_exhausted",
             )

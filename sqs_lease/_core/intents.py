@@ -317,31 +317,22 @@ def effect_flow(
             error_code=res.code,
             outcome_unknown=unknown,
         )
-        if not unknown:
-            # The tool said it did not apply: the intent goes back to prepared so a
-            # later attempt repeats it with the same key and payload.
-            yield from call(
-                ireq.attempt_failed(
-                    key,
-                    attempt=attempts,
-                    outcome="failed",
-                    error=f"{res.code}: {res.message}"[:LOG_LIMIT],
-                    wall_now=wall_now,
-                    reopen=True,
-                )
-            )
-            assert exc is not None
-            raise exc
+        # A plain exception says "certainly not applied": the intent goes back to
+        # prepared so a later attempt repeats it with the same key and payload.
+        # "Cannot tell" keeps it in_progress and goes to reconciliation.
         yield from call(
             ireq.attempt_failed(
                 key,
                 attempt=attempts,
-                outcome="unknown",
+                outcome="unknown" if unknown else "failed",
                 error=f"{res.code}: {res.message}"[:LOG_LIMIT],
                 wall_now=wall_now,
-                reopen=False,
+                reopen=not unknown,
             )
         )
+        if not unknown:
+            assert exc is not None
+            raise exc
         reconcile_first = True
 
 
