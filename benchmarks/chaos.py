@@ -143,7 +143,7 @@ def plan_jobs(rng: random.Random, count: int, fault_seconds: float) -> list[JobP
                 "work": round(rng.uniform(0.2, 1.5), 2),
                 "middle": round(rng.uniform(0.0, 0.8), 2),
                 "tail": round(rng.uniform(0.0, 0.7), 2),
-                "think": round(rng.uniform(0.0, 0.4), 2),
+                "think": round(rng.uniform(0.1, 0.8), 2),
             }
             effects = ((invoice, amount),) + (((invoice, fee),) if fee is not None else ())
         elif kind == "notify":
@@ -152,7 +152,7 @@ def plan_jobs(rng: random.Random, count: int, fault_seconds: float) -> list[JobP
                 "invoice": invoice,
                 "amount": amount,
                 "work": round(rng.uniform(0.1, 1.2), 2),
-                "think": round(rng.uniform(0.0, 0.3), 2),
+                "think": round(rng.uniform(0.0, 0.5), 2),
             }
             effects = ((invoice, amount),)
         else:
@@ -314,11 +314,19 @@ class Slot:
         self.paused = False
 
     def watch(self) -> None:
-        """Restart a process that exited on its own (and say so: it is a finding)."""
+        """Restart a process that exited on its own, as a supervisor would (and say so)."""
         if self.killed or self.proc is None or self.proc.poll() is None:
             return
-        self.crashes.append(f"{self.name} exited with code {self.proc.returncode}")
+        last = ""
+        for line in self.logs[-1].read_text(errors="replace").splitlines():
+            if line.strip() and not line.startswith("{"):
+                last = line.strip()
+        self.crashes.append(f"{self.name} exited with code {self.proc.returncode}: {last[:200]}")
         self.start()
+
+    def ready(self) -> bool:
+        """The current incarnation journaled ``worker_started`` (it is polling)."""
+        return any(e["event"] == "worker_started" for e in read_events(self.logs[-1]))
 
     def stop(self, timeout: float = 15.0) -> None:
         proc = self.proc
@@ -364,6 +372,84 @@ def start_receiver(endpoint: str, prefix: str, log: Path) -> tuple[subprocess.Po
         proc.kill()
         raise RuntimeError(f"receiver did not start (got {line!r}); see {log}")
     return proc, line.split(" ", 1)[1].strip()
+
+
+def _serialise_dynamodb() -> None:
+    """Run moto's DynamoDB requests one at a time (this process only).
+
+    moto's TransactWriteItems snapshots every table it touches and, when the
+    transaction is cancelled, puts the snapshots back: a write that another
+    request thread made to those tables in between is silently lost (measured
+    here: 3 of 300 concurrent PutItems vanished next to failing transactions).
+    AWS applies conditional writes per item, in order; so must the emulator,
+    or a chaos run reports the emulator's lost writes as the protocol's.
+    SQS is left alone (its long polls wait, and its races are at-least-once
+    deliveries, which the protocol must survive anyway).
+    """
+    from moto.dynamodb.responses import DynamoHandler
+
+    lock = threading.Lock()
+    original = DynamoHandler.call_action
+
+    def call_action(self: Any) -> Any:
+        with lock:
+            return original(self)
+
+    DynamoHandler.call_action = call_action  # type: ignore[method-assign]
+
+
+def serve_moto() -> int:
+    """``--serve-moto``: moto on 127.0.0.1 with serialised DynamoDB; prints ``endpoint URL``."""
+    from sqs_lease._local import LocalAws
+
+    _serialise_dynamodb()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    local = LocalAws().start()
+
+    def watch_stdin() -> None:  # the parent died or closed the pipe: stop
+        with contextlib.suppress(OSError):
+            while os.read(0, 4096):
+                pass
+        stop.set()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    print(f"endpoint {local.endpoint_url}", flush=True)
+    stop.wait()
+    local.stop()
+    return 0
+
+
+def start_moto(mode: str, log: Path) -> tuple[subprocess.Popen[str], str]:
+    """One moto server process for a run; its stderr (werkzeug tracebacks) goes to ``log``."""
+    err = log.open("w")
+    saved = os.dup(2)
+    try:
+        if mode == "plain":
+            # spawn_local_server lets the child inherit our stderr: point fd 2 at the log.
+            os.dup2(err.fileno(), 2)
+            return spawn_local_server()
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--serve-moto"],
+            cwd=ROOT,
+            env=_env({}),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+        )
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        line = proc.stdout.readline() if ready else ""
+        if not line.startswith("endpoint http://127.0.0.1:"):
+            proc.kill()
+            raise RuntimeError(f"moto did not start (got {line!r}); see {log}")
+        return proc, line.split(" ", 1)[1].strip()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        err.close()
 
 
 def serve_receiver(endpoint: str, prefix: str) -> int:
@@ -611,6 +697,7 @@ class RunResult:
     violations: list[str]
     artefacts: str
     drained_in: float | None
+    phases: dict[str, float] = field(default_factory=dict)
     error: str | None = None
 
 
@@ -626,6 +713,7 @@ class Options:
     concurrency: int
     artefacts: Path
     keep: bool
+    moto: str = "serialised"
     report: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -688,7 +776,7 @@ def run_once(index: int, seed: int, opt: Options) -> RunResult:
     slots: list[Slot] = []
     drained_in: float | None = None
     with _cleanup() as undo:
-        moto, endpoint = spawn_local_server()
+        moto, endpoint = start_moto(opt.moto, run_dir / "moto.log")
         undo.append(lambda: stop_local_server(moto))
         settings = Settings(endpoint_url=endpoint, prefix=prefix)
         create_tables(settings)
@@ -723,6 +811,12 @@ def run_once(index: int, seed: int, opt: Options) -> RunResult:
         for slot in slots:
             undo.append(slot.stop)
             slot.start()
+        # The schedule starts with the whole fleet polling.
+        ready_by = time.monotonic() + 30
+        while not all(slot.ready() for slot in slots) and time.monotonic() < ready_by:
+            for slot in slots:
+                slot.watch()
+            time.sleep(0.1)
 
         from benchmarks.chaos_app import app
         from sqs_lease import Producer
@@ -771,9 +865,19 @@ def run_once(index: int, seed: int, opt: Options) -> RunResult:
                 drained_in = time.monotonic() - drain_start
                 break
             time.sleep(0.5)
+        stop_start = time.monotonic()
+        for slot in slots:  # SIGTERM them all first, then wait: they stop in parallel
+            slot.resume()
+            slot.signal(signal.SIGTERM)
         for slot in slots:
             slot.stop()
         evidence = collect(settings, rprefix, receiver_url, slots, receiver_log)
+        phases = {
+            "setup": t0 - started,
+            "faults": drain_start - t0,
+            "drain": stop_start - drain_start,
+            "stop": time.monotonic() - stop_start,
+        }
     violations = check_invariants(jobs, evidence)
     crashes = [c for s in slots for c in s.crashes]
     wall = time.monotonic() - started
@@ -819,11 +923,12 @@ def run_once(index: int, seed: int, opt: Options) -> RunResult:
         violations=violations,
         artefacts=str(run_dir),
         drained_in=None if drained_in is None else round(drained_in, 1),
+        phases={k: round(v, 1) for k, v in phases.items()},
     )
     (run_dir / "result.json").write_text(json.dumps(asdict(result), indent=1))
     if not ok:
         (run_dir / "evidence.json").write_text(json.dumps(asdict(evidence), indent=1))
-    elif not opt.keep:
+    elif not opt.keep and not crashes:
         shutil.rmtree(run_dir, ignore_errors=True)
     return result
 
@@ -835,7 +940,8 @@ def summary_line(r: RunResult) -> str:
         f"  {states}; faults {sum(r.faults.values())} ({faults}); takeovers {r.takeovers}, "
         f"rejected {r.rejected}, stale refused {r.stale_refused}, parked {r.parked}, "
         f"ambiguous {r.ambiguous}, duplicates {r.duplicates}, lost {r.lost}; "
-        f"{r.wall:.1f}s  {'OK' if r.ok else 'FAILED'}"
+        f"{r.wall:.1f}s ({', '.join(f'{k} {v:g}' for k, v in r.phases.items())})  "
+        f"{'OK' if r.ok else 'FAILED'}"
     )
 
 
@@ -979,11 +1085,20 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument("--keep", action="store_true", help="keep artefacts of passing runs too")
     p.add_argument("--report", type=Path, default=None, help="append a markdown summary here")
+    p.add_argument(
+        "--moto",
+        choices=("serialised", "plain"),
+        default="serialised",
+        help="serialised (default): moto with DynamoDB requests one at a time, since "
+        "moto's cancelled transactions can undo concurrent writes; plain: "
+        "spawn_local_server as is",
+    )
     p.add_argument("--serve-receiver", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--serve-moto", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--endpoint-url", help=argparse.SUPPRESS)
     p.add_argument("--prefix", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if not args.serve_receiver:
+    if not (args.serve_receiver or args.serve_moto):
         if not 1 <= args.runs <= 10_000:
             p.error("--runs must be 1..10000")
         if not 2 <= args.workers <= 16:
@@ -1002,6 +1117,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse(argv)
+    if args.serve_moto:
+        return serve_moto()
     if args.serve_receiver:
         return serve_receiver(args.endpoint_url, args.prefix)
     os.environ.update(local_credentials_env())
@@ -1019,6 +1136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         concurrency=args.concurrency,
         artefacts=args.artefacts.resolve(),
         keep=args.keep,
+        moto=args.moto,
         report=args.report,
     )
     say(

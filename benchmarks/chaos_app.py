@@ -7,7 +7,10 @@ Three job classes with short leases, so faults of a few seconds cost leases:
   Both effects go through ``ctx.effect`` (durable intents) with ``http_json``;
   the fence resource is the invoice, so the two effects of one job may carry
   different tokens when the job changed hands between them.
-- ``notify`` (lease 4 s): one effect on its own invoice.
+- ``notify`` (lease 4 s): one effect on its own invoice, through the
+  ``notices`` target, which declares no check: when its outcome is in doubt
+  (a takeover finds the intent ``in_progress``) nobody can tell, the intent
+  turns ``ambiguous`` and the job is parked for an operator.
 - ``compute`` (lease 6 s): pure work, no side effect.
 
 Every duration comes from the payload (drawn from the run's seed by the
@@ -80,6 +83,7 @@ def check_payment(view: IntentView) -> CheckAnswer:
 
 
 app.target("payments", check=check_payment)
+app.target("notices")  # no check: doubt parks the job
 
 
 class Pay(BaseModel):
@@ -173,7 +177,7 @@ def pay(ctx: JobContext[Any], p: Pay) -> dict[str, Any]:
 def notify(ctx: JobContext[Any], p: Notify) -> dict[str, Any]:
     _work(ctx, p.work)
     sent = ctx.effect(
-        "notify", "payments", {"invoice": p.invoice, "amount": p.amount}, _send(p.think)
+        "notify", "notices", {"invoice": p.invoice, "amount": p.amount}, _send(p.think)
     )
     return {**_mine(ctx), "notice": sent.external_id}
 
