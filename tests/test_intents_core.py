@@ -1,0 +1,1049 @@
+"""Every branch of the intent flows (``effect_flow``, ``resolve_flow``), driven by hand.
+
+No AWS, no network: :class:`EffectScript` plays the driver. It answers the
+DynamoDB/SQS calls from a script and runs the flow's ``Invoke`` instructions
+(lease check, tool, reconciliation check) itself, like the sync driver does. The
+real ``IntentTable`` and ``JobTable`` build the request parameters, so the
+conditions checked here are the ones sent to DynamoDB.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import pytest
+from core_harness import (
+    QUEUE,
+    TABLE,
+    WORKER,
+    Responder,
+    Script,
+    assert_fenced,
+    condition_equalities,
+    condition_failed,
+    decode,
+    err,
+    job_item,
+    ok,
+    table,
+    unreachable,
+)
+
+from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Flow, Invoke, Ok, Outcome, Sleep
+from sqs_lease._core.flows import message_body
+from sqs_lease._core.intents import (
+    LOG_LIMIT,
+    MAX_REPEATS,
+    CheckAnswer,
+    EffectResult,
+    EffectSpec,
+    IntentState,
+    Resolution,
+    Resolved,
+    ToolResult,
+    Verdict,
+    default_key,
+    effect_flow,
+    resolve_flow,
+)
+from sqs_lease._core.records import JobState
+from sqs_lease._errors import (
+    IntentAmbiguous,
+    IntentError,
+    IntentNotFound,
+    IntentPayloadMismatch,
+    LeaseLost,
+    OwnershipUnknown,
+    PermanentError,
+    ToolOutcomeUnknown,
+    TransientError,
+)
+from sqs_lease._schema import IntentRecord, IntentTable
+
+T = TypeVar("T")
+
+WALL = 1_700_000_500.0
+INTENTS = "intents-test"
+ATTEMPTS = "attempts-test"
+JOB = "job-1"
+KEY = default_key(JOB, "main", "charge", "payments", None)
+SECRET = "s3cr3t-memo-7f2c"
+PAYLOAD = json.dumps({"amount": 100, "invoice": "inv-1", "memo": SECRET}, sort_keys=True)
+HASH = "hash-pay-1"
+INVOKE_SENT, INVOKE_RECEIVED = 10.0, 10.25
+
+
+# =========================================================================== the driver
+
+
+class EffectScript(Script):
+    """:class:`Script` whose ``Invoke`` outcomes carry driver timings, as the sync driver's do.
+
+    The tool's duration in ``tool_request_finished`` comes from them.
+    """
+
+    def __init__(self, answers: Responder | Iterable[Outcome] = ()) -> None:
+        super().__init__(answers)
+        self.invoked: list[Invoke] = []
+
+    def _invoke(self, inv: Invoke) -> Outcome:
+        try:
+            value = inv.fn()
+        except Exception as exc:
+            return Err(
+                ErrorKind.RAISED,
+                type(exc).__name__,
+                "",
+                str(exc),
+                None,
+                (),
+                INVOKE_SENT,
+                INVOKE_RECEIVED,
+                exc,
+            )
+        return Ok({"value": value}, INVOKE_SENT, INVOKE_RECEIVED)
+
+    def run(self, flow: Flow[T]) -> T:
+        try:
+            instruction = next(flow)
+            while True:
+                self.trace.append(instruction)
+                answer: Outcome | None
+                if isinstance(instruction, Call):
+                    self.calls.append(instruction)
+                    answer = self._answer(instruction)
+                elif isinstance(instruction, Invoke):
+                    self.invoked.append(instruction)
+                    answer = self._invoke(instruction)
+                elif isinstance(instruction, Sleep):
+                    self.sleeps.append(instruction.seconds)
+                    answer = Ok({})
+                else:
+                    self.events.append(instruction)
+                    answer = None
+                instruction = flow.send(answer)
+        except StopIteration as stop:
+            result: T = stop.value
+        if self._queue:
+            raise AssertionError(f"flow ended with {len(self._queue)} scripted outcome(s) unused")
+        return result
+
+    @property
+    def invokes(self) -> list[str]:
+        return [i.what for i in self.invoked]
+
+    @property
+    def kinds(self) -> list[str]:
+        out: list[str] = []
+        for i in self.trace:
+            if isinstance(i, Call):
+                out.append(f"call:{i.op}")
+            elif isinstance(i, Invoke):
+                out.append(f"invoke:{i.what}")
+            elif isinstance(i, Sleep):
+                out.append("sleep")
+            elif isinstance(i, Emit):
+                out.append(f"emit:{i.event}")
+        return out
+
+
+class Tool:
+    """A tool function: answers (or raises) from a list, the last one repeating."""
+
+    def __init__(self, *outcomes: Any) -> None:
+        self.outcomes = list(outcomes) or [ToolResult({"charge_id": "ch_1"}, "ch_1")]
+        self.calls = 0
+
+    def __call__(self) -> Any:
+        self.calls += 1
+        out = self.outcomes[min(self.calls, len(self.outcomes)) - 1]
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+
+class Check(Tool):
+    """A reconciliation check (same mechanics as :class:`Tool`)."""
+
+
+class LeaseCheck:
+    def __init__(self, exc: BaseException | None = None) -> None:
+        self.exc = exc
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+        if self.exc is not None:
+            raise self.exc
+
+
+# =========================================================================== builders
+
+
+def itable() -> IntentTable:
+    return IntentTable(INTENTS, ATTEMPTS)
+
+
+def spec(
+    tool: Callable[[], Any] | None = None,
+    *,
+    check: Callable[[], CheckAnswer] | None = None,
+    lease_check: Callable[[], None] | None = None,
+    payload_hash: str = HASH,
+    log_bodies: bool = False,
+) -> EffectSpec:
+    return EffectSpec(
+        key=KEY,
+        job_id=JOB,
+        stage="main",
+        action="charge",
+        target="payments",
+        payload_json=PAYLOAD,
+        payload_hash=payload_hash,
+        tool=tool or Tool(),
+        check=check,
+        lease_check=lease_check,
+        log_bodies=log_bodies,
+    )
+
+
+def intent_item(
+    state: IntentState,
+    *,
+    attempts: int = 0,
+    payload_hash: str = HASH,
+    response: str | None = None,
+    external_id: str | None = None,
+    reason: str | None = None,
+    last_token: int = 0,
+    job_id: str = JOB,
+) -> dict[str, Any]:
+    """A low-level intent item, serialised by the real pynamodb model."""
+    record = IntentRecord(
+        intent_key=KEY,
+        job_id=job_id,
+        stage="main",
+        action="charge",
+        target="payments",
+        state=state.value,
+        payload=PAYLOAD,
+        payload_hash=payload_hash,
+        attempts=attempts,
+        last_token=last_token,
+        external_id=external_id,
+        response=response,
+        reason=reason,
+        created_at=WALL - 100,
+        updated_at=WALL - 50,
+    )
+    item: dict[str, Any] = record.serialize()
+    return item
+
+
+def cancelled(*codes: str) -> Err:
+    return Err(
+        ErrorKind.TRANSACTION_CANCELLED,
+        code="TransactionCanceledException",
+        message="Transaction cancelled",
+        reasons=tuple({"Code": c} for c in codes),
+    )
+
+
+def run_effect(script: EffectScript, s: EffectSpec, *, token: int = 7) -> EffectResult:
+    return script.run(
+        effect_flow(itable(), table(), spec=s, token=token, worker_id=WORKER, wall_now=WALL)
+    )
+
+
+def sets(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``attribute -> decoded value`` of an UpdateExpression's SET clause.
+
+    ``if_not_exists(a, :v)`` decodes to ``:v`` (the value written when ``a`` is absent).
+    """
+    names: Mapping[str, str] = params.get("ExpressionAttributeNames", {})
+    values: Mapping[str, Any] = params.get("ExpressionAttributeValues", {})
+    expression = str(params["UpdateExpression"])
+    found: dict[str, Any] = {}
+    pattern = r"(#\w+) = (?:if_not_exists \(#\w+, (:\w+)\)|(:\w+))"
+    for name, default, value in re.findall(pattern, expression):
+        found[names[name]] = decode(values[default or value])
+    return found
+
+
+def item_values(item: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: decode(v) for k, v in item.items()}
+
+
+def transact(c: Call) -> list[Mapping[str, Any]]:
+    assert (c.service, c.op) == ("dynamodb", "TransactWriteItems")
+    items: list[Mapping[str, Any]] = list(c.params["TransactItems"])
+    return items
+
+
+def only(entry: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
+    assert list(entry) == [kind], entry
+    params: Mapping[str, Any] = entry[kind]
+    return params
+
+
+def key_of(params: Mapping[str, Any]) -> dict[str, Any]:
+    return item_values(params["Key"])
+
+
+def assert_start(
+    c: Call, *, token: int, expected: IntentState, attempts: int, worker: str = WORKER
+) -> None:
+    """The start transaction: fence on the job, the intent as seen, the attempt logged."""
+    items = transact(c)
+    assert len(items) == 3
+    fence = only(items[0], "ConditionCheck")
+    assert fence["TableName"] == TABLE
+    assert key_of(fence) == {"job_id": JOB}
+    assert_fenced(fence, token=token)
+    assert condition_equalities(fence) == {"token": token, "state": "running"}
+
+    intent = only(items[1], "Update")
+    assert intent["TableName"] == INTENTS
+    assert key_of(intent) == {"intent_key": KEY}
+    assert condition_equalities(intent) == {"state": expected.value, "attempts": attempts}
+    assert " OR " not in str(intent["ConditionExpression"])
+    written = sets(intent)
+    assert written["state"] == "in_progress"
+    assert written["attempts"] == attempts + 1
+    assert written["last_token"] == token
+    assert "first_started_at" in written
+
+    put = only(items[2], "Put")
+    assert put["TableName"] == ATTEMPTS
+    assert "attribute_not_exists" in str(put["ConditionExpression"])
+    assert item_values(put["Item"]) == {
+        "intent_key": KEY,
+        "attempt": attempts + 1,
+        "job_id": JOB,
+        "token": token,
+        "worker": worker,
+        "tool": "payments",
+        "action": "charge",
+        "payload_hash": HASH,
+        "started_at": WALL,
+        "outcome": "started",
+    }
+
+
+def assert_confirm(
+    c: Call, *, attempt: int, external_id: str | None, reconciled: bool, response: Any
+) -> None:
+    items = transact(c)
+    intent = only(items[0], "Update")
+    assert intent["TableName"] == INTENTS
+    assert key_of(intent) == {"intent_key": KEY}
+    assert condition_equalities(intent) == {"state": "in_progress", "attempts": attempt}
+    written = sets(intent)
+    assert written["state"] == "confirmed"
+    assert written["reconciled"] is reconciled
+    assert json.loads(written["response"]) == response
+    assert written.get("external_id") == external_id
+    assert len(items) == 2
+    att = only(items[1], "Update")
+    assert att["TableName"] == ATTEMPTS
+    assert key_of(att) == {"intent_key": KEY, "attempt": attempt}
+    att_sets = sets(att)
+    assert att_sets["outcome"] == ("confirmed_by_check" if reconciled else "ok")
+    assert att_sets["ended_at"] == WALL
+    assert att_sets.get("external_id") == external_id
+
+
+def no_payload_in(events: Sequence[Emit]) -> None:
+    text = json.dumps([[e.event, dict(e.fields)] for e in events], default=str)
+    assert SECRET not in text
+    assert PAYLOAD not in text
+
+
+# =========================================================================== the driver itself
+
+
+def test_effect_script_runs_invokes_and_refuses_leftovers() -> None:
+    s = EffectScript([ok(), ok(), ok(), ok()])
+    with pytest.raises(AssertionError, match="1 scripted outcome"):
+        run_effect(s, spec())
+    assert s.invokes == ["tool"]
+
+
+def test_default_key_is_job_stage_action_target_and_version() -> None:
+    assert default_key("j", "main", "charge", "payments", None) == "j:main:charge:payments"
+    assert default_key("j", "draft", "mail", "smtp", "2") == "j:draft:mail:smtp:v2"
+
+
+# =========================================================================== fresh effect
+
+
+def test_fresh_effect_prepares_starts_fenced_calls_the_tool_once_and_confirms() -> None:
+    tool = Tool(ToolResult({"charge_id": "ch_1", "amount": 100}, "ch_1"))
+    lc = LeaseCheck()
+    s = EffectScript([ok(), ok(), ok()])
+
+    res = run_effect(s, spec(tool, lease_check=lc), token=7)
+
+    assert res == EffectResult({"charge_id": "ch_1", "amount": 100}, "ch_1", False, False, KEY)
+    assert s.kinds == [
+        "call:PutItem",
+        "emit:intent_prepared",
+        "invoke:lease_check",
+        "call:TransactWriteItems",
+        "emit:intent_started",
+        "emit:tool_request_started",
+        "invoke:tool",
+        "emit:tool_request_finished",
+        "call:TransactWriteItems",
+        "emit:intent_confirmed",
+    ]
+    assert (tool.calls, lc.calls) == (1, 1)
+
+    prepare = s.calls[0].params
+    assert prepare["TableName"] == INTENTS
+    assert prepare["ReturnValuesOnConditionCheckFailure"] == "ALL_OLD"
+    assert re.fullmatch(r"attribute_not_exists \(#\w+\)", str(prepare["ConditionExpression"]))
+    assert list(prepare["ExpressionAttributeNames"].values()) == ["intent_key"]
+    stored = item_values(prepare["Item"])
+    assert {k: stored[k] for k in ("intent_key", "job_id", "state", "attempts")} == {
+        "intent_key": KEY,
+        "job_id": JOB,
+        "state": "prepared",
+        "attempts": 0,
+    }
+    assert (stored["payload"], stored["payload_hash"]) == (PAYLOAD, HASH)
+
+    assert_start(s.calls[1], token=7, expected=IntentState.PREPARED, attempts=0)
+    assert_confirm(
+        s.calls[2],
+        attempt=1,
+        external_id="ch_1",
+        reconciled=False,
+        response={"charge_id": "ch_1", "amount": 100},
+    )
+    # The attempt log keeps no response body unless the target opted in.
+    assert "response" not in sets(only(transact(s.calls[2])[1], "Update"))
+
+    prepared = s.event("intent_prepared")
+    assert (prepared["key"], prepared["payload_hash"], prepared["token"]) == (KEY, HASH, 7)
+    started = s.event("intent_started")
+    assert (started["attempt"], started["token"], started["payload_hash"]) == (1, 7, HASH)
+    finished = s.event("tool_request_finished")
+    assert (finished["duration"], finished["external_id"]) == (0.25, "ch_1")
+    confirmed = s.event("intent_confirmed")
+    assert (confirmed["external_id"], confirmed["reconciled"], confirmed["attempt"]) == (
+        "ch_1",
+        False,
+        1,
+    )
+    no_payload_in(s.events)
+
+
+@pytest.mark.parametrize(
+    ("value", "response", "external_id"),
+    [
+        ({"id": "x", "ok": True}, {"id": "x", "ok": True}, None),
+        ("plain", {"value": "plain"}, None),
+        (ToolResult({"a": 1}), {"a": 1}, None),
+    ],
+)
+def test_tool_return_values_become_the_stored_response(
+    value: Any, response: dict[str, Any], external_id: str | None
+) -> None:
+    s = EffectScript([ok(), ok(), ok()])
+    res = run_effect(s, spec(Tool(value)))
+    assert (res.response, res.external_id, res.replayed) == (response, external_id, False)
+    assert json.loads(sets(only(transact(s.calls[2])[0], "Update"))["response"]) == response
+
+
+def test_log_bodies_stores_a_bounded_response_in_the_attempt_log() -> None:
+    big = {"blob": "x" * (3 * LOG_LIMIT)}
+    s = EffectScript([ok(), ok(), ok()])
+    run_effect(s, spec(Tool(ToolResult(big, "ch")), log_bodies=True))
+    att = sets(only(transact(s.calls[2])[1], "Update"))
+    logged = json.loads(att["response"])
+    assert logged["truncated"] is True
+    assert len(att["response"]) <= LOG_LIMIT
+    # The intent keeps the whole (smaller than its own limit) response.
+    assert json.loads(sets(only(transact(s.calls[2])[0], "Update"))["response"]) == big
+
+
+def test_prepare_unanswered_is_ownership_unknown_and_nothing_runs() -> None:
+    tool, lc = Tool(), LeaseCheck()
+    s = EffectScript([unreachable()])
+    with pytest.raises(OwnershipUnknown, match="prepare intent"):
+        run_effect(s, spec(tool, lease_check=lc))
+    assert (s.ops, s.invokes, tool.calls, lc.calls) == (["dynamodb.PutItem"], [], 0, 0)
+
+
+def test_prepare_condition_failed_without_item_is_ownership_unknown() -> None:
+    s = EffectScript([condition_failed(None)])
+    with pytest.raises(OwnershipUnknown):
+        run_effect(s, spec())
+    assert s.invokes == []
+
+
+# =========================================================================== existing intents
+
+
+@pytest.mark.parametrize("state", list(IntentState))
+def test_same_key_other_payload_is_refused_without_calling_the_tool(state: IntentState) -> None:
+    tool, lc = Tool(), LeaseCheck()
+    stored = "hash-other-payload"
+    s = EffectScript([condition_failed(intent_item(state, attempts=1, payload_hash=stored))])
+    with pytest.raises(IntentPayloadMismatch, match=stored[:12]):
+        run_effect(s, spec(tool, lease_check=lc))
+    assert s.ops == ["dynamodb.PutItem"]
+    assert (s.invokes, tool.calls, lc.calls) == ([], 0, 0)
+    refused = s.event("intent_refused")
+    assert (refused["reason"], refused["payload_hash"], refused["stored_hash"]) == (
+        "payload_mismatch",
+        HASH,
+        stored,
+    )
+    assert "intent_started" not in s.event_names()
+
+
+def test_confirmed_intent_replays_the_stored_response_without_start_or_tool() -> None:
+    tool, lc = Tool(), LeaseCheck()
+    item = intent_item(
+        IntentState.CONFIRMED,
+        attempts=1,
+        response='{"charge_id":"ch_9","amount":100}',
+        external_id="ch_9",
+    )
+    s = EffectScript([condition_failed(item)])
+    res = run_effect(s, spec(tool, lease_check=lc), token=4)
+    assert res == EffectResult({"charge_id": "ch_9", "amount": 100}, "ch_9", True, False, KEY)
+    assert s.ops == ["dynamodb.PutItem"]
+    assert (s.invokes, tool.calls, lc.calls) == ([], 0, 0)
+    replayed = s.event("intent_replayed")
+    assert (replayed["key"], replayed["external_id"], replayed["token"]) == (KEY, "ch_9", 4)
+    assert "intent_prepared" not in s.event_names()
+
+
+def test_ambiguous_intent_raises_intent_ambiguous_and_touches_nothing() -> None:
+    tool = Tool()
+    s = EffectScript([condition_failed(intent_item(IntentState.AMBIGUOUS, attempts=1))])
+    with pytest.raises(IntentAmbiguous, match="waits for an operator"):
+        run_effect(s, spec(tool, check=Check(CheckAnswer(Verdict.CONFIRMED))))
+    assert (s.ops, s.invokes, tool.calls) == (["dynamodb.PutItem"], [], 0)
+
+
+def test_abandoned_intent_is_a_permanent_error_with_the_operators_reason() -> None:
+    tool = Tool()
+    item = intent_item(IntentState.ABANDONED, attempts=1, reason="customer refunded by hand")
+    s = EffectScript([condition_failed(item)])
+    with pytest.raises(PermanentError, match="customer refunded by hand") as caught:
+        run_effect(s, spec(tool))
+    assert caught.value.code == "intent_abandoned"
+    assert (s.ops, s.invokes, tool.calls) == (["dynamodb.PutItem"], [], 0)
+
+
+def test_prepared_intent_left_by_an_earlier_attempt_starts_from_its_attempt_count() -> None:
+    check = Check(CheckAnswer(Verdict.CONFIRMED, "never"))
+    s = EffectScript([condition_failed(intent_item(IntentState.PREPARED, attempts=2)), ok(), ok()])
+    res = run_effect(s, spec(check=check), token=9)
+    assert (res.replayed, res.reconciled, check.calls) == (False, False, 0)
+    assert_start(s.calls[1], token=9, expected=IntentState.PREPARED, attempts=2)
+    assert_confirm(
+        s.calls[2], attempt=3, external_id="ch_1", reconciled=False, response={"charge_id": "ch_1"}
+    )
+
+
+# =========================================================================== reconciliation
+
+
+def test_in_progress_confirmed_by_the_check_is_confirmed_without_calling_the_tool() -> None:
+    tool, lc = Tool(), LeaseCheck()
+    check = Check(CheckAnswer(Verdict.CONFIRMED, "ch_5", {"charge_id": "ch_5"}, "found it"))
+    s = EffectScript([condition_failed(intent_item(IntentState.IN_PROGRESS, attempts=2)), ok()])
+    res = run_effect(s, spec(tool, check=check, lease_check=lc), token=3)
+    assert res == EffectResult({"charge_id": "ch_5"}, "ch_5", False, True, KEY)
+    assert s.ops == ["dynamodb.PutItem", "dynamodb.TransactWriteItems"]
+    assert (s.invokes, tool.calls, check.calls) == (["check"], 0, 1)
+    assert_confirm(
+        s.calls[1], attempt=2, external_id="ch_5", reconciled=True, response={"charge_id": "ch_5"}
+    )
+    rec = s.event("intent_reconciled")
+    assert (rec["verdict"], rec["external_id"], rec["attempt"], rec["token"]) == (
+        "confirmed",
+        "ch_5",
+        2,
+        3,
+    )
+    assert s.event("intent_confirmed")["reconciled"] is True
+    assert "intent_started" not in s.event_names()
+
+
+def test_in_progress_not_applied_repeats_with_the_same_key_and_payload() -> None:
+    tool, lc = Tool(ToolResult({"charge_id": "ch_2"}, "ch_2")), LeaseCheck()
+    check = Check(CheckAnswer(Verdict.NOT_APPLIED, detail="no such key"))
+    item = intent_item(IntentState.IN_PROGRESS, attempts=1, last_token=1)
+    s = EffectScript([condition_failed(item), ok(), ok()])
+    the_spec = spec(tool, check=check, lease_check=lc)
+    res = run_effect(s, the_spec, token=2)
+    assert res == EffectResult({"charge_id": "ch_2"}, "ch_2", False, False, KEY)
+    assert s.invokes == ["check", "lease_check", "tool"]
+    assert s.invoked[-1].fn is the_spec.tool  # the very same call (same key, same payload)
+    assert tool.calls == 1
+    assert_start(s.calls[1], token=2, expected=IntentState.IN_PROGRESS, attempts=1)
+    assert_confirm(
+        s.calls[2], attempt=2, external_id="ch_2", reconciled=False, response={"charge_id": "ch_2"}
+    )
+    assert s.event("intent_reconciled")["verdict"] == "not_applied"
+    assert s.event("intent_started")["attempt"] == 2
+
+
+def _assert_marked_ambiguous(s: EffectScript, *, attempts: int, detail: str) -> None:
+    mark = s.calls_to("UpdateItem")
+    assert len(mark) == 1
+    params = mark[0].params
+    assert params["TableName"] == INTENTS
+    assert key_of(params) == {"intent_key": KEY}
+    assert condition_equalities(params) == {"state": "in_progress", "attempts": attempts}
+    written = sets(params)
+    assert written["state"] == "ambiguous"
+    assert detail in written["reason"]
+    assert "cannot tell whether charge at payments applied" in written["reason"]
+    amb = s.event("intent_ambiguous")
+    assert (amb["key"], amb["attempt"], amb["target"]) == (KEY, attempts, "payments")
+    assert detail in amb["reason"]
+
+
+@pytest.mark.parametrize(
+    ("check", "invokes", "detail"),
+    [
+        (Check(CheckAnswer(Verdict.CANNOT_TELL, detail="ledger offline")), ["check"], "ledger"),
+        (None, [], "no check registered"),
+        (Check(RuntimeError("boom")), ["check"], "check raised RuntimeError"),
+        (Check({"verdict": "confirmed"}), ["check"], "check returned no CheckAnswer"),
+    ],
+    ids=["cannot_tell", "no_check", "check_raises", "check_returns_junk"],
+)
+def test_in_progress_that_nobody_can_tell_turns_ambiguous_without_calling_the_tool(
+    check: Check | None, invokes: list[str], detail: str
+) -> None:
+    tool, lc = Tool(), LeaseCheck()
+    s = EffectScript([condition_failed(intent_item(IntentState.IN_PROGRESS, attempts=1)), ok()])
+    with pytest.raises(IntentAmbiguous, match="cannot tell"):
+        run_effect(s, spec(tool, check=check, lease_check=lc), token=2)
+    assert s.ops == ["dynamodb.PutItem", "dynamodb.UpdateItem"]
+    assert (s.invokes, tool.calls, lc.calls) == (invokes, 0, 0)
+    _assert_marked_ambiguous(s, attempts=1, detail=detail)
+    assert s.event("intent_reconciled")["verdict"] == "cannot_tell"
+
+
+def test_mark_ambiguous_condition_failed_still_stops_the_effect() -> None:
+    s = EffectScript(
+        [
+            condition_failed(intent_item(IntentState.IN_PROGRESS, attempts=1)),
+            condition_failed(intent_item(IntentState.AMBIGUOUS, attempts=1)),
+        ]
+    )
+    with pytest.raises(IntentAmbiguous):
+        run_effect(s, spec(check=Check(CheckAnswer(Verdict.CANNOT_TELL))))
+
+
+_MARK_IGNORES_ALL_OLD = (
+    "BUG: sqs_lease/_core/intents.py _reconcile (the `out2` branch after "
+    "ireq.mark_ambiguous): a failed mark condition is ignored although mark_ambiguous "
+    "asks for ALL_OLD. When the intent was confirmed meanwhile (the previous owner's "
+    "late confirm), the flow still raises IntentAmbiguous, the worker parks the job, and "
+    "resolve_flow then refuses (the intent is not ambiguous): the job is stuck parked. "
+    "Fix: parse out2.item; CONFIRMED -> emit intent_replayed and return the stored result; "
+    "ABANDONED -> PermanentError(intent_abandoned); AMBIGUOUS -> IntentAmbiguous; "
+    "anything else -> a retryable error (LeaseLost/TransientError), never a park."
+)
+
+
+@pytest.mark.xfail(strict=True, reason=_MARK_IGNORES_ALL_OLD)
+def test_mark_ambiguous_finding_the_intent_confirmed_replays_instead_of_parking() -> None:
+    # W2 reconciles W1's in-progress intent; the target cannot tell, and meanwhile W1's
+    # late confirm lands. The mark's condition fails and DynamoDB returns the item: it
+    # is confirmed, with W1's response. Nothing is ambiguous any more.
+    late = intent_item(
+        IntentState.CONFIRMED, attempts=1, response='{"charge_id":"ch_late"}', external_id="ch_late"
+    )
+    tool = Tool()
+    s = EffectScript(
+        [condition_failed(intent_item(IntentState.IN_PROGRESS, attempts=1)), condition_failed(late)]
+    )
+    res = run_effect(s, spec(tool, check=Check(CheckAnswer(Verdict.CANNOT_TELL))))
+    assert (res.response, res.external_id, res.replayed) == (
+        {"charge_id": "ch_late"},
+        "ch_late",
+        True,
+    )
+    assert tool.calls == 0
+    assert "intent_ambiguous" not in s.event_names()
+
+
+def test_mark_ambiguous_unanswered_is_ownership_unknown() -> None:
+    s = EffectScript(
+        [condition_failed(intent_item(IntentState.IN_PROGRESS, attempts=1)), unreachable()]
+    )
+    with pytest.raises(OwnershipUnknown, match="mark intent ambiguous"):
+        run_effect(s, spec(check=Check(CheckAnswer(Verdict.CANNOT_TELL))))
+    assert "intent_ambiguous" not in s.event_names()
+
+
+# =========================================================================== refused starts
+
+
+@pytest.mark.parametrize(
+    ("codes", "reason", "message"),
+    [
+        (("ConditionalCheckFailed", "None", "None"), "token_moved", "no longer current"),
+        ((), "token_moved", "no longer current"),
+        (("None", "ConditionalCheckFailed", "None"), "intent_moved", "changed under us"),
+    ],
+    ids=["job_fence", "no_reasons", "intent_moved"],
+)
+def test_start_cancelled_is_lease_lost_and_the_tool_never_runs(
+    codes: tuple[str, ...], reason: str, message: str
+) -> None:
+    tool = Tool()
+    s = EffectScript([ok(), cancelled(*codes)])
+    with pytest.raises(LeaseLost, match=message):
+        run_effect(s, spec(tool, lease_check=LeaseCheck()), token=5)
+    assert s.ops == ["dynamodb.PutItem", "dynamodb.TransactWriteItems"]
+    assert (s.invokes, tool.calls) == (["lease_check"], 0)
+    refused = s.event("intent_start_refused")
+    assert (refused["reason"], refused["token"], refused["key"]) == (reason, 5, KEY)
+    assert "intent_started" not in s.event_names()
+    assert "tool_request_started" not in s.event_names()
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        unreachable(),
+        err(ErrorKind.SERVER, "InternalServerError"),
+        err(ErrorKind.THROTTLED, "ThrottlingException"),
+    ],
+    ids=["unreachable", "server", "throttled"],
+)
+def test_start_unanswered_is_ownership_unknown_and_the_tool_never_runs(failure: Err) -> None:
+    tool = Tool()
+    s = EffectScript([ok(), failure])
+    with pytest.raises(OwnershipUnknown, match="start intent"):
+        run_effect(s, spec(tool))
+    assert (s.invokes, tool.calls) == ([], 0)
+    assert "intent_start_refused" not in s.event_names()
+    assert "intent_started" not in s.event_names()
+
+
+def test_lease_check_raising_starts_nothing() -> None:
+    tool = Tool()
+    lost = OwnershipUnknown("ownership not confirmed for 9.5 s")
+    lc = LeaseCheck(lost)
+    s = EffectScript([ok()])
+    with pytest.raises(OwnershipUnknown) as caught:
+        run_effect(s, spec(tool, lease_check=lc))
+    assert caught.value is lost
+    assert s.ops == ["dynamodb.PutItem"]  # no start transaction
+    assert (s.invokes, tool.calls) == (["lease_check"], 0)
+
+
+# =========================================================================== tool failures
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ValueError("card declined"),
+        TransientError("503 from target", code="http_503"),
+        LeaseLost("the receiver rejected fencing token 7"),
+    ],
+    ids=["plain", "transient", "fenced_out_at_receiver"],
+)
+def test_tool_failing_reopens_the_intent_and_reraises(exc: Exception) -> None:
+    check = Check(CheckAnswer(Verdict.CONFIRMED))
+    s = EffectScript([ok(), ok(), ok()])
+    with pytest.raises(type(exc)) as caught:
+        run_effect(s, spec(Tool(exc), check=check))
+    assert caught.value is exc
+    assert (s.invokes, check.calls) == (["tool"], 0)
+    items = transact(s.calls[2])
+    assert len(items) == 2
+    att = only(items[0], "Update")
+    assert (att["TableName"], key_of(att)) == (ATTEMPTS, {"intent_key": KEY, "attempt": 1})
+    att_sets = sets(att)
+    assert (att_sets["outcome"], att_sets["ended_at"]) == ("failed", WALL)
+    assert att_sets["error"].startswith(type(exc).__name__)
+    reopen = only(items[1], "Update")
+    assert (reopen["TableName"], key_of(reopen)) == (INTENTS, {"intent_key": KEY})
+    assert condition_equalities(reopen) == {"state": "in_progress", "attempts": 1}
+    assert sets(reopen)["state"] == "prepared"
+    failed = s.event("tool_request_failed")
+    assert (failed["outcome_unknown"], failed["error_code"]) == (False, type(exc).__name__)
+    assert "intent_confirmed" not in s.event_names()
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [ToolOutcomeUnknown("read timed out", code="timeout"), TimeoutError("timed out")],
+    ids=["tool_outcome_unknown", "timeout"],
+)
+def test_tool_outcome_unknown_logs_the_attempt_and_reconciles(exc: Exception) -> None:
+    tool = Tool(exc)
+    check = Check(CheckAnswer(Verdict.CONFIRMED, "ch_7", {"charge_id": "ch_7"}))
+    s = EffectScript([ok(), ok(), ok(), ok()])
+    res = run_effect(s, spec(tool, check=check, lease_check=LeaseCheck()))
+    assert res == EffectResult({"charge_id": "ch_7"}, "ch_7", False, True, KEY)
+    assert s.invokes == ["lease_check", "tool", "check"]
+    assert tool.calls == 1
+    failed_items = transact(s.calls[2])
+    assert len(failed_items) == 1  # no reopen: it may have applied
+    att = sets(only(failed_items[0], "Update"))
+    assert att["outcome"] == "unknown"
+    assert s.event("tool_request_failed")["outcome_unknown"] is True
+    assert_confirm(
+        s.calls[3], attempt=1, external_id="ch_7", reconciled=True, response={"charge_id": "ch_7"}
+    )
+
+
+def test_tool_outcome_unknown_that_nobody_can_tell_is_ambiguous() -> None:
+    tool = Tool(ToolOutcomeUnknown("reset after send"))
+    s = EffectScript([ok(), ok(), ok(), ok()])
+    with pytest.raises(IntentAmbiguous):
+        run_effect(s, spec(tool, check=Check(CheckAnswer(Verdict.CANNOT_TELL, detail="?"))))
+    assert tool.calls == 1
+    _assert_marked_ambiguous(s, attempts=1, detail="?")
+
+
+def _all_ok(call: Call) -> Outcome:
+    return ok()
+
+
+def test_not_applied_repeats_are_bounded_then_transient() -> None:
+    tool = Tool(ToolOutcomeUnknown("timeout"))
+    check = Check(CheckAnswer(Verdict.NOT_APPLIED))
+    s = EffectScript(_all_ok)
+    with pytest.raises(TransientError, match=f"not applied after {MAX_REPEATS} repeats") as caught:
+        run_effect(s, spec(tool, check=check), token=3)
+    assert caught.value.code == "repeats"
+    # The first call, then one repeat per "not applied" up to the bound.
+    assert tool.calls == 1 + MAX_REPEATS
+    assert check.calls == MAX_REPEATS + 1
+    starts = [c for c in s.calls_to("TransactWriteItems") if len(transact(c)) == 3]
+    assert len(starts) == 1 + MAX_REPEATS
+    for n, c in enumerate(starts):
+        expected = IntentState.PREPARED if n == 0 else IntentState.IN_PROGRESS
+        assert_start(c, token=3, expected=expected, attempts=n)
+    assert "intent_confirmed" not in s.event_names()
+
+
+def test_not_applied_repeats_after_a_takeover_are_bounded_too() -> None:
+    tool = Tool(ToolOutcomeUnknown("timeout"))
+    check = Check(CheckAnswer(Verdict.NOT_APPLIED))
+    first = [True]
+
+    def answer(call: Call) -> Outcome:
+        if first[0]:
+            first[0] = False
+            return condition_failed(intent_item(IntentState.IN_PROGRESS, attempts=1))
+        return ok()
+
+    s = EffectScript(answer)
+    with pytest.raises(TransientError):
+        run_effect(s, spec(tool, check=check))
+    assert tool.calls == MAX_REPEATS
+    assert check.calls == MAX_REPEATS + 1
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [unreachable(), cancelled("ConditionalCheckFailed", "None")],
+    ids=["unreachable", "cancelled"],
+)
+def test_confirm_failing_is_ownership_unknown_and_journaled(failure: Err) -> None:
+    tool = Tool()
+    s = EffectScript([ok(), ok(), failure])
+    with pytest.raises(OwnershipUnknown, match="confirm intent"):
+        run_effect(s, spec(tool))
+    assert tool.calls == 1
+    unknown = s.event("ownership_unknown")
+    assert (unknown["stage"], unknown["key"], unknown["job_id"]) == ("intent_confirm", KEY, JOB)
+    assert unknown["error_code"] == (failure.code or failure.kind.value)
+    assert "intent_confirmed" not in s.event_names()
+
+
+def test_confirm_after_a_confirming_check_failing_is_ownership_unknown() -> None:
+    check = Check(CheckAnswer(Verdict.CONFIRMED, "ch"))
+    s = EffectScript(
+        [condition_failed(intent_item(IntentState.IN_PROGRESS, attempts=1)), unreachable()]
+    )
+    with pytest.raises(OwnershipUnknown):
+        run_effect(s, spec(check=check))
+    assert s.event("ownership_unknown")["stage"] == "intent_confirm"
+
+
+# =========================================================================== resolve_flow
+
+WHO, WHY = "alice@ops", "bank statement shows the capture"
+
+
+def _resolve(s: EffectScript, resolution: Resolution, external_id: str | None = None) -> Resolved:
+    return s.run(
+        resolve_flow(
+            itable(),
+            table(),
+            queue_url=QUEUE,
+            key=KEY,
+            resolution=resolution,
+            external_id=external_id,
+            who=WHO,
+            why=WHY,
+            wall_now=WALL,
+        )
+    )
+
+
+_AFTER = {
+    Resolution.CONFIRMED: IntentState.CONFIRMED,
+    Resolution.RETRY: IntentState.PREPARED,
+    Resolution.ABANDON: IntentState.ABANDONED,
+}
+
+
+@pytest.mark.parametrize("resolution", list(Resolution))
+def test_resolve_sets_state_records_who_and_why_then_requeues_the_job(
+    resolution: Resolution,
+) -> None:
+    external = "ch_ext" if resolution is Resolution.CONFIRMED else None
+    after = intent_item(_AFTER[resolution], attempts=1, external_id=external)
+    queued = job_item(JOB, job_class="ocr", state=JobState.QUEUED, token=2)
+    s = EffectScript([ok({"Attributes": after}), ok({"Attributes": queued}), ok(), ok()])
+
+    got = _resolve(s, resolution, external)
+
+    assert s.ops == [
+        "dynamodb.UpdateItem",
+        "dynamodb.UpdateItem",
+        "sqs.SendMessage",
+        "dynamodb.UpdateItem",
+    ]
+    params = s.calls[0].params
+    assert (params["TableName"], key_of(params)) == (INTENTS, {"intent_key": KEY})
+    assert condition_equalities(params) == {"state": "ambiguous"}
+    assert (params["ReturnValues"], params["ReturnValuesOnConditionCheckFailure"]) == (
+        "ALL_NEW",
+        "ALL_OLD",
+    )
+    written = sets(params)
+    assert written["state"] == _AFTER[resolution].value
+    assert (written["resolution"], written["resolved_by"], written["resolved_at"]) == (
+        resolution.value,
+        WHO,
+        WALL,
+    )
+    assert written["resolution_reason"] == WHY
+    if resolution is Resolution.CONFIRMED:
+        assert written["external_id"] == "ch_ext"
+        assert written["confirmed_at"] == WALL
+        assert json.loads(written["response"]) == {"external_id": "ch_ext", "resolved_by": WHO}
+    else:
+        assert "external_id" not in written
+        assert "confirmed_at" not in written
+    if resolution is Resolution.ABANDON:
+        assert written["reason"] == WHY
+
+    unpark = s.calls[1].params
+    assert (unpark["TableName"], key_of(unpark)) == (TABLE, {"job_id": JOB})
+    assert condition_equalities(unpark) == {"state": "parked"}
+    assert sets(unpark)["state"] == "queued"
+    send = s.calls[2].params
+    assert send["QueueUrl"] == QUEUE
+    assert send["MessageBody"] == message_body(JOB, "ocr")
+    body = json.loads(send["MessageBody"])
+    assert (body["job_id"], body["job_class"]) == (JOB, "ocr")
+    # The record says message_sent = false until the send is known to have happened.
+    assert sets(unpark)["message_sent"] is False
+    sent = s.calls[3].params
+    assert (sent["TableName"], key_of(sent)) == (TABLE, {"job_id": JOB})
+    assert sets(sent) == {"message_sent": True}
+    assert s.kinds.index("call:SendMessage") < s.kinds.index("emit:job_resumed")
+
+    assert got.job_requeued is True
+    assert got.job_state is JobState.PARKED
+    assert (got.intent.key, got.intent.state, got.intent.job_id) == (KEY, _AFTER[resolution], JOB)
+    ev = s.event("intent_resolved")
+    assert (ev["key"], ev["job_id"], ev["resolution"], ev["who"], ev["reason"]) == (
+        KEY,
+        JOB,
+        resolution.value,
+        WHO,
+        WHY,
+    )
+    assert ev["external_id"] == external
+    assert s.event("job_resumed")["job_id"] == JOB
+
+
+def test_resolve_confirmed_without_an_external_id_writes_none() -> None:
+    after = intent_item(IntentState.CONFIRMED, attempts=1)
+    s = EffectScript([ok({"Attributes": after}), condition_failed(None)])
+    _resolve(s, Resolution.CONFIRMED, None)
+    written = sets(s.calls[0].params)
+    assert "external_id" not in written  # no empty-string id to replay later
+    assert json.loads(written["response"]) == {"external_id": None, "resolved_by": WHO}
+
+
+@pytest.mark.parametrize(
+    "state", [IntentState.PREPARED, IntentState.IN_PROGRESS, IntentState.CONFIRMED]
+)
+def test_resolving_an_intent_that_is_not_ambiguous_names_its_state(state: IntentState) -> None:
+    s = EffectScript([condition_failed(intent_item(state, attempts=1))])
+    with pytest.raises(IntentError, match=f"is {state.value}, not ambiguous") as caught:
+        _resolve(s, Resolution.RETRY)
+    assert type(caught.value) is IntentError
+    assert s.ops == ["dynamodb.UpdateItem"]  # no unpark, no message
+    assert "intent_resolved" not in s.event_names()
+
+
+def test_resolving_a_missing_intent_is_intent_not_found() -> None:
+    s = EffectScript([condition_failed(None)])
+    with pytest.raises(IntentNotFound, match=KEY):
+        _resolve(s, Resolution.ABANDON)
+    assert s.ops == ["dynamodb.UpdateItem"]
+
+
+def test_resolve_unanswered_is_ownership_unknown() -> None:
+    s = EffectScript([unreachable()])
+    with pytest.raises(OwnershipUnknown, match="resolve intent"):
+        _resolve(s, Resolution.RETRY)
+
+
+@pytest.mark.parametrize(
+    ("job", "state"),
+    [
+        (job_item(JOB, state=JobState.RUNNING, token=3), "running"),
+        (job_item(JOB, state=JobState.SUCCEEDED, token=3), "succeeded"),
+        (None, None),
+    ],
+    ids=["running", "succeeded", "gone"],
+)
+def test_resolve_when_the_job_is_not_parked_does_not_requeue(
+    job: dict[str, Any] | None, state: str | None
+) -> None:
+    after = intent_item(IntentState.PREPARED, attempts=1)
+    s = EffectScript([ok({"Attributes": after}), condition_failed(job)])
+    got = _resolve(s, Resolution.RETRY)
+    assert (got.job_requeued, got.job_state) == (False, None)
+    assert got.intent.state is IntentState.PREPARED
+    assert s.ops == ["dynamodb.UpdateItem", "dynamodb.UpdateItem"]  # no SendMessage
+    assert s.event("job_resume_skipped")["state"] == state
+    assert "job_resumed" not in s.event_names()
+
+
+def test_resolve_when_the_message_cannot_be_sent_says_so() -> None:
+    after = intent_item(IntentState.PREPARED, attempts=1)
+    queued = job_item(JOB, state=JobState.QUEUED, token=2)
+    s = EffectScript([ok({"Attributes": after}), ok({"Attributes": queued}), unreachable()])
+    with pytest.raises(OwnershipUnknown, match="re-enqueue"):
+        _resolve(s, Resolution.RETRY)
+    assert "job_resumed" not in s.event_names()
