@@ -12,7 +12,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ._core.intents import CheckAnswer, EffectResult, EffectSpec, IntentState, IntentView
+from ._core.intents import CheckAnswer, EffectResult, EffectSpec, IntentView
 from ._core.intents import default_key as _default_key
 from ._core.timing import LocalLease, check_timing
 from ._errors import ConfigError, PayloadError
@@ -293,10 +293,6 @@ class JobContext(Generic[P]):
         if not ikey or len(ikey) > 1024:
             raise ConfigError(f"intent key must be 1..1024 characters, got {len(ikey)}")
         ec = EffectCall(ikey, self.token, self.job_id, action, target, data)
-        view = IntentView(
-            ikey, self.job_id, action, target, IntentState.IN_PROGRESS, digest, payload_json=text
-        )
-        check = tgt.check
         spec = EffectSpec(
             key=ikey,
             job_id=self.job_id,
@@ -306,7 +302,7 @@ class JobContext(Generic[P]):
             payload_json=text,
             payload_hash=digest,
             tool=lambda: call(ec),
-            check=(lambda: check(view)) if check is not None else None,
+            check=tgt.check,
             lease_check=self.check,
             log_bodies=tgt.log_bodies,
         )

@@ -511,19 +511,30 @@ class IntentTable:
         )
         put: dict[str, Any] = {"TableName": self.attempts_table, "Item": attempt.serialize()}
         put.update(_params(AR.intent_key.does_not_exist()))
+        items: list[dict[str, Any]] = [
+            dict(jobs.fence_check(spec.job_id, token)),
+            {"Update": intent},
+            {"Put": put},
+        ]
+        if expected is IntentState.IN_PROGRESS and attempts > 0:
+            # A repeat after the check said "not applied": close the earlier
+            # attempt with that verdict (its owner never saw its end).
+            items.append(
+                {
+                    "Update": self._update_item(
+                        self.attempts_table,
+                        _akey(spec.key, attempts),
+                        AR.intent_key.exists(),
+                        [
+                            AR.ended_at.set(AR.ended_at | wall_now),
+                            AR.outcome.set("not_applied_by_check"),
+                        ],
+                    )
+                }
+            )
         # One transaction: the job is still ours (token), the intent is as we saw
         # it, and the attempt is logged; any of them failing starts nothing.
-        return Call(
-            "dynamodb",
-            "TransactWriteItems",
-            {
-                "TransactItems": [
-                    jobs.fence_check(spec.job_id, token),
-                    {"Update": intent},
-                    {"Put": put},
-                ]
-            },
-        )
+        return Call("dynamodb", "TransactWriteItems", {"TransactItems": items})
 
     def confirm(
         self,

@@ -41,6 +41,7 @@ from sqs_lease._core.intents import (
     EffectResult,
     EffectSpec,
     IntentState,
+    IntentView,
     Resolution,
     Resolved,
     ToolResult,
@@ -165,8 +166,20 @@ class Tool:
         return out
 
 
-class Check(Tool):
-    """A reconciliation check (same mechanics as :class:`Tool`)."""
+class Check:
+    """A reconciliation check: answers from a list (the last repeating), records the views."""
+
+    def __init__(self, *outcomes: Any) -> None:
+        self._tool = Tool(*outcomes)
+        self.views: list[IntentView] = []
+
+    @property
+    def calls(self) -> int:
+        return self._tool.calls
+
+    def __call__(self, view: IntentView) -> Any:
+        self.views.append(view)
+        return self._tool()
 
 
 class LeaseCheck:
@@ -190,7 +203,7 @@ def itable() -> IntentTable:
 def spec(
     tool: Callable[[], Any] | None = None,
     *,
-    check: Callable[[], CheckAnswer] | None = None,
+    check: Callable[[IntentView], CheckAnswer] | None = None,
     lease_check: Callable[[], None] | None = None,
     payload_hash: str = HASH,
     log_bodies: bool = False,
@@ -298,7 +311,14 @@ def assert_start(
 ) -> None:
     """The start transaction: fence on the job, the intent as seen, the attempt logged."""
     items = transact(c)
-    assert len(items) == 3
+    repeat = expected is IntentState.IN_PROGRESS and attempts > 0
+    assert len(items) == (4 if repeat else 3)
+    if repeat:
+        # The earlier attempt is closed with the check's verdict in the same transaction.
+        closed = only(items[3], "Update")
+        assert closed["TableName"] == ATTEMPTS
+        assert key_of(closed) == {"intent_key": KEY, "attempt": attempts}
+        assert sets(closed)["outcome"] == "not_applied_by_check"
     fence = only(items[0], "ConditionCheck")
     assert fence["TableName"] == TABLE
     assert key_of(fence) == {"job_id": JOB}
@@ -648,19 +668,6 @@ def test_mark_ambiguous_condition_failed_still_stops_the_effect() -> None:
         run_effect(s, spec(check=Check(CheckAnswer(Verdict.CANNOT_TELL))))
 
 
-_MARK_IGNORES_ALL_OLD = (
-    "BUG: sqs_lease/_core/intents.py _reconcile (the `out2` branch after "
-    "ireq.mark_ambiguous): a failed mark condition is ignored although mark_ambiguous "
-    "asks for ALL_OLD. When the intent was confirmed meanwhile (the previous owner's "
-    "late confirm), the flow still raises IntentAmbiguous, the worker parks the job, and "
-    "resolve_flow then refuses (the intent is not ambiguous): the job is stuck parked. "
-    "Fix: parse out2.item; CONFIRMED -> emit intent_replayed and return the stored result; "
-    "ABANDONED -> PermanentError(intent_abandoned); AMBIGUOUS -> IntentAmbiguous; "
-    "anything else -> a retryable error (LeaseLost/TransientError), never a park."
-)
-
-
-@pytest.mark.xfail(strict=True, reason=_MARK_IGNORES_ALL_OLD)
 def test_mark_ambiguous_finding_the_intent_confirmed_replays_instead_of_parking() -> None:
     # W2 reconciles W1's in-progress intent; the target cannot tell, and meanwhile W1's
     # late confirm lands. The mark's condition fails and DynamoDB returns the item: it
@@ -830,7 +837,7 @@ def test_not_applied_repeats_are_bounded_then_transient() -> None:
     # The first call, then one repeat per "not applied" up to the bound.
     assert tool.calls == 1 + MAX_REPEATS
     assert check.calls == MAX_REPEATS + 1
-    starts = [c for c in s.calls_to("TransactWriteItems") if len(transact(c)) == 3]
+    starts = [c for c in s.calls_to("TransactWriteItems") if "ConditionCheck" in transact(c)[0]]
     assert len(starts) == 1 + MAX_REPEATS
     for n, c in enumerate(starts):
         expected = IntentState.PREPARED if n == 0 else IntentState.IN_PROGRESS

@@ -102,7 +102,7 @@ class EffectSpec:
     payload_json: str
     payload_hash: str
     tool: Callable[[], Any]  # returns ToolResult (or a mapping); raises on failure
-    check: Callable[[], CheckAnswer] | None = None
+    check: Callable[[IntentView], CheckAnswer] | None = None
     lease_check: Callable[[], None] | None = None
     log_bodies: bool = False
 
@@ -176,6 +176,7 @@ def effect_flow(
     out = yield from call(ireq.prepare(spec, wall_now))
     expected, attempts = IntentState.PREPARED, 0
     reconcile_first = False
+    stored: IntentView | None = None
     if isinstance(out, Ok):
         yield from emit(
             "intent_prepared",
@@ -202,33 +203,19 @@ def effect_flow(
                 f"call has {spec.payload_hash[:12]}: a changed intention needs its own key "
                 "(pass version=... or another key)"
             )
-        if existing.state is IntentState.CONFIRMED:
-            yield from emit(
-                "intent_replayed",
-                job_id=spec.job_id,
-                key=key,
-                external_id=existing.external_id,
-                token=token,
-            )
-            return EffectResult(
-                json.loads(existing.response_json or "{}"), existing.external_id, True, False, key
-            )
-        if existing.state is IntentState.AMBIGUOUS:
-            raise IntentAmbiguous(f"intent {key!r} is ambiguous and waits for an operator")
-        if existing.state is IntentState.ABANDONED:
-            raise PermanentError(
-                f"intent {key!r} was abandoned by an operator: {existing.reason}",
-                code="intent_abandoned",
-            )
+        settled = yield from _settled(existing, spec, token)
+        if settled is not None:
+            return settled
         expected, attempts = existing.state, existing.attempts
         reconcile_first = existing.state is IntentState.IN_PROGRESS
+        stored = existing
     else:
         raise _unknown(out, "prepare intent", key)
 
     repeats = 0
     while True:
         if reconcile_first:
-            decision = yield from _reconcile(ireq, spec, attempts, token, wall_now)
+            decision = yield from _reconcile(ireq, spec, attempts, token, wall_now, stored)
             if isinstance(decision, EffectResult):
                 return decision
             expected = IntentState.IN_PROGRESS
@@ -336,6 +323,33 @@ def effect_flow(
         reconcile_first = True
 
 
+def _settled(existing: IntentView, spec: EffectSpec, token: int) -> Flow[EffectResult | None]:
+    """An intent some earlier attempt or an operator already decided: replay or refuse.
+
+    Returns None when it is still open (prepared or in progress).
+    """
+    key = spec.key
+    if existing.state is IntentState.CONFIRMED:
+        yield from emit(
+            "intent_replayed",
+            job_id=spec.job_id,
+            key=key,
+            external_id=existing.external_id,
+            token=token,
+        )
+        return EffectResult(
+            json.loads(existing.response_json or "{}"), existing.external_id, True, False, key
+        )
+    if existing.state is IntentState.AMBIGUOUS:
+        raise IntentAmbiguous(f"intent {key!r} is ambiguous and waits for an operator")
+    if existing.state is IntentState.ABANDONED:
+        raise PermanentError(
+            f"intent {key!r} was abandoned by an operator: {existing.reason}",
+            code="intent_abandoned",
+        )
+    return None
+
+
 def _unknown(out: Err, what: str, key: str) -> BaseException:
     if out.kind is ErrorKind.NOT_FOUND:
         return _fail_call(f"{what} {key!r}", out)
@@ -406,7 +420,12 @@ def _confirm(
 
 
 def _reconcile(
-    ireq: IntentRequests, spec: EffectSpec, attempts: int, token: int, wall_now: float
+    ireq: IntentRequests,
+    spec: EffectSpec,
+    attempts: int,
+    token: int,
+    wall_now: float,
+    stored: IntentView | None = None,
 ) -> Flow[EffectResult | None]:
     """Ask the target what happened to an in-progress intent.
 
@@ -414,10 +433,22 @@ def _reconcile(
     (repeat it, same key and payload). Raises IntentAmbiguous after marking the
     intent when nobody can tell.
     """
-    if spec.check is None:
+    check = spec.check
+    view = stored or IntentView(
+        spec.key,
+        spec.job_id,
+        spec.action,
+        spec.target,
+        IntentState.IN_PROGRESS,
+        spec.payload_hash,
+        attempts=attempts,
+        payload_json=spec.payload_json,
+        last_token=token,
+    )
+    if check is None:
         answer = CheckAnswer(Verdict.CANNOT_TELL, detail="no check registered")
     else:
-        out = yield from call(Invoke("check", spec.check))
+        out = yield from call(Invoke("check", lambda: check(view)))
         if isinstance(out, Ok) and isinstance(out.response.get("value"), CheckAnswer):
             answer = out.response["value"]
         elif isinstance(out, Ok):
@@ -451,8 +482,20 @@ def _reconcile(
     out2 = yield from call(
         ireq.mark_ambiguous(spec.key, attempts=attempts, reason=reason, wall_now=wall_now)
     )
-    if isinstance(out2, Err) and out2.kind is not ErrorKind.CONDITION_FAILED:
-        raise _unknown(out2, "mark intent ambiguous", spec.key)
+    if isinstance(out2, Err):
+        if out2.kind is not ErrorKind.CONDITION_FAILED or out2.item is None:
+            raise _unknown(out2, "mark intent ambiguous", spec.key)
+        # The intent moved while the target was asked (e.g. the earlier owner's
+        # late confirmation landed): act on what it is now, never park blindly.
+        current = ireq.parse(out2.item)
+        settled = yield from _settled(current, spec, token)
+        if settled is not None:
+            return settled
+        raise TransientError(
+            f"intent {spec.key!r} moved to {current.state} (attempt {current.attempts}) "
+            "while it was being reconciled",
+            code="intent_moved",
+        )
     yield from emit(
         "intent_ambiguous",
         job_id=spec.job_id,
