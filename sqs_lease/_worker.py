@@ -201,13 +201,11 @@ class Worker:
                         visibility=self.receive_visibility,
                     )
                 )
-                if batch:
+                if batch or self._held or self._alive():
+                    # Idle counts from when the last job finished, not from the last
+                    # receive: a retry a job just scheduled comes back within its backoff.
                     idle_since = self._clock()
-                elif (
-                    idle_exit is not None
-                    and not self._held
-                    and self._clock() - idle_since >= idle_exit
-                ):
+                elif idle_exit is not None and self._clock() - idle_since >= idle_exit:
                     break
                 for item in batch:
                     self.stats.received += 1
@@ -286,7 +284,11 @@ class Worker:
             self.stats.poisoned += 1
             self.driver.run(
                 poison_flow(
-                    self.table, queue_url=self.queue_url, poison=item, dlq_url=self.dlq_url, body=""
+                    self.table,
+                    queue_url=self.queue_url,
+                    poison=item,
+                    dlq_url=self.dlq_url,
+                    body=item.body,
                 )
             )
             return
@@ -330,7 +332,8 @@ class Worker:
             self._run_handler(held, claim, job_class, reg.handler, payload)
         finally:
             with self._lock:
-                self._held.pop(item.job_id, None)
+                if self._held.get(item.job_id) is held:  # not a newer attempt's entry
+                    del self._held[item.job_id]
 
     def _hold(self, claim: Claimed, jc: JobClass) -> _Held:
         now = self._clock()
@@ -353,6 +356,13 @@ class Worker:
         )
         held = _Held(lease, claim.job, claim.delivery)
         with self._lock:
+            earlier = self._held.get(lease.job_id)
+            if earlier is not None:
+                # Our own new claim moved the token past the earlier attempt (a retry
+                # or a duplicate delivery reached this worker): that attempt is lost.
+                earlier.lease.status = LeaseStatus.LOST
+                earlier.lease.reason = f"token moved to {claim.token} by this worker"
+                earlier.cancelled.set()
             self._held[lease.job_id] = held
         return held
 

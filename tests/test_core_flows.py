@@ -142,7 +142,7 @@ def test_message_body_is_versioned_and_names_the_stage() -> None:
 )
 def test_parse_message_poison(body: str, reason: str, job_id: str | None) -> None:
     got = parse_message(_message(body), 0.0, 30)
-    assert got == Poison("m-1", "rh-1", reason, job_id)
+    assert got == Poison("m-1", "rh-1", reason, job_id, body=body)  # the bytes go to the DLQ
 
 
 def _receive(script: Script, max_messages: int = 10) -> list[Delivery | Poison]:
@@ -160,7 +160,7 @@ def test_receive_parses_messages_with_lease_counted_from_before_the_request() ->
     got = _receive(s)
     assert got == [
         Delivery("m-1", "rh-1", "job-1", "ocr", 2, received_at=500.0, visibility=45),
-        Poison("m-2", "rh-2", "message body is not JSON"),
+        Poison("m-2", "rh-2", "message body is not JSON", body="nope"),
     ]
     params = s.calls[0].params
     assert (params["QueueUrl"], params["WaitTimeSeconds"], params["VisibilityTimeout"]) == (

@@ -312,11 +312,6 @@ def test_poison_messages_never_stop_the_worker(
     assert attrs["sqs_lease_reason"]["StringValue"] == "message body is not JSON"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _worker.Worker._process passes body='' to poison_flow (Poison keeps no "
-    "body), so the DLQ copy reads '<empty>' instead of the original bytes",
-)
 def test_poison_copy_in_the_dlq_keeps_the_original_body(
     aws: AwsTestEnv, sqs_client: SQSClient
 ) -> None:
@@ -437,12 +432,6 @@ def test_watchdog_drops_an_overrunning_attempt_and_rejects_its_late_result(
     assert result_of(rec) == {"attempt": 2}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Worker._held is keyed by job_id; when the same worker reclaims a job whose "
-    "earlier attempt is still running, the old thread's `finally: _held.pop(job_id)` removes "
-    "the NEW attempt's lease, which is then never heartbeated, lapses and is reclaimed",
-)
 def test_reclaim_by_the_same_worker_keeps_the_new_attempt_heartbeated(
     aws: AwsTestEnv, ddb_client: DynamoDBClient
 ) -> None:
@@ -827,12 +816,6 @@ def test_duplicate_delivery_fences_the_first_owner_out(
 # --------------------------------------------------------------------------- idle exit
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Worker.run counts idle_exit from the last non-empty receive, not from the "
-    "last held job, so a worker that just finished a long attempt exits at once and leaves "
-    "its own retry (due in `delay` s) behind",
-)
 def test_idle_exit_waits_for_a_retry_the_worker_just_scheduled(
     aws: AwsTestEnv, ddb_client: DynamoDBClient
 ) -> None:

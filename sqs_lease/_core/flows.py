@@ -63,6 +63,7 @@ class Poison:
     receipt_handle: str
     reason: str
     job_id: str | None = None
+    body: str = ""  # kept so the DLQ copy carries the original bytes
 
 
 def message_body(job_id: str, job_class: str, stage: str | None = None) -> str:
@@ -78,17 +79,18 @@ def parse_message(
     """Turn one ReceiveMessage entry into a delivery, or say why it is poison."""
     mid = str(message.get("MessageId", ""))
     handle = str(message.get("ReceiptHandle", ""))
+    raw = str(message.get("Body", ""))
     try:
         body = json.loads(message.get("Body", ""))
     except (TypeError, ValueError):
-        return Poison(mid, handle, "message body is not JSON")
+        return Poison(mid, handle, "message body is not JSON", body=raw)
     if not isinstance(body, dict):
-        return Poison(mid, handle, "message body is not a JSON object")
+        return Poison(mid, handle, "message body is not a JSON object", body=raw)
     job_id, job_class = body.get("job_id"), body.get("job_class")
     if not isinstance(job_id, str) or not job_id:
-        return Poison(mid, handle, "message names no job_id")
+        return Poison(mid, handle, "message names no job_id", body=raw)
     if not isinstance(job_class, str) or not job_class:
-        return Poison(mid, handle, "message names no job_class", job_id)
+        return Poison(mid, handle, "message names no job_class", job_id, raw)
     attrs = message.get("Attributes") or {}
     count = int(attrs.get("ApproximateReceiveCount", "1"))
     return Delivery(mid, handle, job_id, job_class, count, received_at, visibility)
