@@ -208,7 +208,7 @@ class Worker:
                 elif idle_exit is not None and self._clock() - idle_since >= idle_exit:
                     break
                 for item in batch:
-                    self.stats.received += 1
+                    self._count("received")
                     if self._stopping.is_set():
                         self._release_unstarted(item)
                         continue
@@ -220,6 +220,11 @@ class Worker:
             self._restore_signal_handlers()
         self.journal("worker_stopped", **self.stats.__dict__)
         return self.stats
+
+    def _count(self, name: str, n: int | bool = 1) -> None:
+        # Job threads and the heartbeat thread all count; += on an attribute is not atomic.
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + int(n))
 
     def _free_slots(self) -> int:
         with self._lock:
@@ -239,7 +244,7 @@ class Worker:
 
     def _release_unstarted(self, item: Delivery | Poison) -> None:
         if isinstance(item, Delivery):
-            self.stats.released += self.driver.run(
+            released = self.driver.run(
                 release_flow(
                     self.table,
                     queue_url=self.queue_url,
@@ -249,6 +254,7 @@ class Worker:
                     reason="shutdown",
                 )
             )
+            self._count("released", released)
 
     def _shutdown(self) -> None:
         deadline = self._clock() + self.shutdown_grace
@@ -266,7 +272,7 @@ class Worker:
                 h.cancelled.set()
         if left:
             # No claimed job leaves without a decision: it goes back to queued, at once.
-            self.stats.released += self.driver.run(
+            released = self.driver.run(
                 release_flow(
                     self.table,
                     queue_url=self.queue_url,
@@ -276,12 +282,13 @@ class Worker:
                     reason="shutdown: handler overran the grace period",
                 )
             )
+            self._count("released", released)
 
     # ----------------------------------------------------------------- one job
 
     def _process(self, item: Delivery | Poison) -> None:
         if isinstance(item, Poison):
-            self.stats.poisoned += 1
+            self._count("poisoned")
             self.driver.run(
                 poison_flow(
                     self.table,
@@ -307,16 +314,16 @@ class Worker:
         )
         if not isinstance(claim, Claimed):
             if claim.outcome in ("done", "parked"):
-                self.stats.already_done += 1
+                self._count("already_done")
             elif claim.outcome in ("missing", "class_mismatch"):
-                self.stats.poisoned += 1
+                self._count("poisoned")
             elif claim.outcome == "exhausted":
-                self.stats.failed += 1
+                self._count("failed")
             return
-        self.stats.claimed += 1
-        self.stats.reclaimed += int(claim.reclaimed)
+        self._count("claimed")
+        self._count("reclaimed", claim.reclaimed)
         if reg is None or job_class is None:
-            self.stats.poisoned += 1
+            self._count("poisoned")
             self._finish_fail(
                 claim, None, f"unknown job class {item.job_class!r}", "unknown_class", poisoned=True
             )
@@ -324,7 +331,7 @@ class Worker:
         try:
             payload = job_class.validate_payload(claim.job.payload_json or "")
         except PayloadError as exc:
-            self.stats.poisoned += 1
+            self._count("poisoned")
             self._finish_fail(claim, None, str(exc), "invalid_payload", poisoned=True)
             return
         held = self._hold(claim, job_class)
@@ -393,7 +400,7 @@ class Worker:
             # The handler stopped before an irreversible step; nothing may be written
             # for this attempt. The message comes back when its visibility lapses.
             self._mark(held, LeaseStatus.DONE)
-            self.stats.lost += 1
+            self._count("lost")
             self.journal(
                 "job_abandoned",
                 job_id=claim.job.job_id,
@@ -410,7 +417,7 @@ class Worker:
             # Nobody can tell whether the effect applied: stop automatic retries of
             # this job and keep everything for an operator (sqs-lease intents ...).
             self._mark(held, LeaseStatus.DONE)
-            self.stats.parked += 1
+            self._count("parked")
             self.driver.run(
                 park_flow(
                     self.table,
@@ -491,9 +498,9 @@ class Worker:
             )
         )
         if fin.outcome == "done":
-            self.stats.committed += 1
+            self._count("committed")
         elif fin.outcome == "rejected":
-            self.stats.rejected += 1
+            self._count("rejected")
 
     def _retry(self, claim: Claimed, jc: JobClass, reason: str, code: str) -> None:
         delay = backoff_delay(
@@ -515,9 +522,9 @@ class Worker:
         )
         if fin.outcome == "done":
             if claim.attempt >= jc.max_attempts:
-                self.stats.failed += 1
+                self._count("failed")
             else:
-                self.stats.retried += 1
+                self._count("retried")
 
     def _finish_fail(
         self, claim: Claimed, held: _Held | None, reason: str, code: str, poisoned: bool = False
@@ -543,7 +550,7 @@ class Worker:
             )
         )
         if fin.outcome == "done" and not poisoned:
-            self.stats.failed += 1
+            self._count("failed")
 
     # ----------------------------------------------------------------- heartbeat
 
