@@ -92,8 +92,9 @@ from sqs_lease._local import (  # noqa: E402
 
 Event = dict[str, Any]
 TERMINAL = ("succeeded", "failed", "parked")
-FAULT_KINDS = ("pause", "kill", "cut", "reset", "cut_down", "latency")
-FAULT_WEIGHTS = (3, 2, 2, 1, 2, 2)
+FAULT_KINDS = ("pause", "pause_in_call", "kill", "cut", "reset", "cut_down", "latency")
+FAULT_WEIGHTS = (2, 2, 2, 2, 1, 2, 2)
+ARM_SECONDS = 3.0  # how long a pause_in_call waits for its worker to start a tool call
 APP_SPEC = "benchmarks.chaos_app:app"
 
 
@@ -123,6 +124,8 @@ class Fault:
 
     def describe(self) -> str:
         extra = f" +{self.latency:.2f}s/chunk" if self.kind == "latency" else ""
+        if self.kind == "pause_in_call":
+            extra = f" at its next tool call (<= {ARM_SECONDS:g}s)"
         return f"t+{self.at:.1f} {self.kind} w{self.worker}{extra} ({self.duration:.1f}s)"
 
 
@@ -181,6 +184,9 @@ def plan_faults(
         latency = 0.0
         if kind == "pause":
             duration = rng.uniform(1.0, 8.0)
+        elif kind == "pause_in_call":
+            # Longer than a lease plus a takeover: the successor redoes the step first.
+            duration = rng.uniform(6.5, 8.0)
         elif kind == "kill":
             duration = rng.uniform(0.5, 3.0)  # until the restart
         elif kind in ("cut", "reset"):
@@ -195,7 +201,8 @@ def plan_faults(
         duration = round(max(0.3, min(duration, longest, fault_seconds - t)), 2)
         faults.append(Fault(round(t, 2), kind, k + 1, duration, latency))
         # A restarted worker needs a moment to import and poll before its next fault.
-        busy_until[k] = t + duration + (1.5 if kind == "kill" else 0.3)
+        settle = 1.5 if kind == "kill" else 0.3
+        busy_until[k] = t + duration + settle + (ARM_SECONDS if kind == "pause_in_call" else 0)
         t += rng.expovariate(1.0 / 1.2)
     return faults
 
@@ -253,6 +260,7 @@ class Slot:
         self.killed = False
         self.crashes: list[str] = []
         self._files: list[IO[bytes]] = []
+        self._armed: tuple[Path, int] = (Path(), 0)
 
     @property
     def name(self) -> str:
@@ -323,6 +331,20 @@ class Slot:
                 last = line.strip()
         self.crashes.append(f"{self.name} exited with code {self.proc.returncode}: {last[:200]}")
         self.start()
+
+    def arm(self) -> None:
+        """Remember where the journal ends now: :meth:`in_call` looks past it."""
+        log = self.logs[-1]
+        self._armed = (log, log.stat().st_size if log.exists() else 0)
+
+    def in_call(self) -> bool:
+        """Since :meth:`arm`, did this worker start a tool call (``tool_request_started``)?"""
+        log, offset = self._armed
+        if log != self.logs[-1] or not log.exists():
+            return False
+        with log.open("rb") as fh:
+            fh.seek(offset)
+            return b'"event":"tool_request_started"' in fh.read()
 
     def ready(self) -> bool:
         """The current incarnation journaled ``worker_started`` (it is polling)."""
@@ -693,6 +715,7 @@ class RunResult:
     heartbeat_lost: int
     effects: int
     incarnations: int
+    in_call: int
     crashes: list[str]
     violations: list[str]
     artefacts: str
@@ -731,7 +754,7 @@ def _cleanup() -> Iterator[list[Callable[[], object]]]:
 
 def _apply(fault: Fault, slot: Slot, start: bool) -> None:
     kind, proxy = fault.kind, slot.proxy
-    if kind == "pause":
+    if kind in ("pause", "pause_in_call"):
         slot.pause() if start else slot.resume()
     elif kind == "kill":
         slot.kill() if start else slot.start()
@@ -828,24 +851,55 @@ def run_once(index: int, seed: int, opt: Options) -> RunResult:
             timeline += [(f.at, 1, "start", f), (f.at + f.duration, 0, "end", f)]
         timeline.sort(key=lambda x: (x[0], x[1]))
         active: set[Fault] = set()
+        armed: list[tuple[float, Fault]] = []  # pause_in_call waiting for a tool call
+        ends: list[tuple[float, Fault]] = []  # pause_in_call episodes, timed from the pause
+        in_call = 0
+
+        def tick() -> None:
+            nonlocal in_call
+            now = time.monotonic()
+            for slot in slots:
+                slot.watch()
+            for entry in list(armed):
+                deadline, f = entry
+                slot = slots[f.worker - 1]
+                hit = slot.in_call()
+                if hit or now >= deadline:
+                    armed.remove(entry)
+                    slot.pause()
+                    executed[f.kind] += 1
+                    in_call += int(hit)
+                    active.add(f)
+                    ends.append((now + f.duration, f))
+            for entry in list(ends):
+                if now >= entry[0]:
+                    ends.remove(entry)
+                    if entry[1] in active:
+                        _apply(entry[1], slots[entry[1].worker - 1], False)
+                        active.discard(entry[1])
+
         t0 = time.monotonic()
         for at, _, what, item in timeline:
             while (delay := t0 + at - time.monotonic()) > 0:
-                time.sleep(min(delay, 0.25))
-                for slot in slots:
-                    slot.watch()
+                time.sleep(min(delay, 0.03))
+                tick()
             if what == "submit":
                 producer.submit(item.job_class, item.payload, job_id=item.job_id)
+            elif what == "start" and item.kind == "pause_in_call":
+                slots[item.worker - 1].arm()
+                armed.append((time.monotonic() + ARM_SECONDS, item))
             elif what == "start":
                 _apply(item, slots[item.worker - 1], True)
                 executed[item.kind] += 1
                 active.add(item)
-            elif item in active:
+            elif item in active and item.kind != "pause_in_call":
                 _apply(item, slots[item.worker - 1], False)
                 active.discard(item)
         while time.monotonic() < t0 + opt.fault_seconds:
-            time.sleep(0.25)
+            time.sleep(0.03)
+            tick()
         # Window over: heal everything, continue everyone, restart the dead.
+        armed.clear()
         for f in list(active):
             _apply(f, slots[f.worker - 1], False)
         for slot in slots:
@@ -919,6 +973,7 @@ def run_once(index: int, seed: int, opt: Options) -> RunResult:
         heartbeat_lost=count["heartbeat_lost"],
         effects=len(evidence.ledger),
         incarnations=sum(s.incarnation for s in slots),
+        in_call=in_call,
         crashes=crashes,
         violations=violations,
         artefacts=str(run_dir),
@@ -983,8 +1038,10 @@ class Totals:
             "ownership_unknown",
             "heartbeat_lost",
             "incarnations",
+            "in_call",
         ):
             self.sums[name] += int(getattr(r, name))
+        self.sums["exits"] += len(r.crashes)
 
     def lines(self) -> list[str]:
         s = self.sums
@@ -1001,7 +1058,8 @@ class Totals:
             f"{s['stale_refused']}, receiver replays {s['replays']}, reconciliations "
             + (", ".join(f"{k} {v}" for k, v in sorted(self.reconciled.items())) or "0"),
             f"parked jobs {s['parked']}, ambiguous intents {s['ambiguous']}, "
-            f"worker incarnations {s['incarnations']}",
+            f"worker incarnations {s['incarnations']}, pauses that caught a tool call "
+            f"{s['in_call']}, worker exits (restarted) {s['exits']}",
             f"duplicates {s['duplicates']}, lost jobs {s['lost']}",
         ]
 
@@ -1038,6 +1096,9 @@ def write_report(
         + (", ".join(f"{k} {v}" for k, v in sorted(totals.reconciled.items())) or "0")
         + " |",
         f"| parked jobs / ambiguous intents | {s['parked']} / {s['ambiguous']} |",
+        f"| pauses that caught a tool call | {s['in_call']} |",
+        f"| worker incarnations / exits on their own (restarted) | "
+        f"{s['incarnations']} / {s['exits']} |",
         f"| **duplicated effects** | **{s['duplicates']}** |",
         f"| **lost jobs** | **{s['lost']}** |",
         "",
@@ -1176,6 +1237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 heartbeat_lost=0,
                 effects=0,
                 incarnations=0,
+                in_call=0,
                 crashes=[],
                 violations=[f"run crashed: {type(exc).__name__}: {exc}"],
                 artefacts=str(run_dir),
