@@ -1,0 +1,30 @@
+"""Deterministic simulation of the protocol (private): see docs/simulation.md.
+
+Runs the real core flows for many simulated workers against simulated SQS,
+DynamoDB and fenced receivers on a virtual clock, with faults drawn from a seed,
+and checks the protocol's invariants after every step.
+"""
+
+from __future__ import annotations
+
+from .invariants import INVARIANTS, Violation
+from .world import RunResult, World
+
+
+def run_seed(
+    seed: int,
+    *,
+    workers: int | None = None,
+    jobs: int | None = None,
+    mutation: str | None = None,
+    trace: bool = False,
+) -> RunResult:
+    """Run one schedule (optionally under a mutation) and return what happened."""
+    from .mutations import applied
+
+    with applied(mutation):
+        world = World(seed, workers=workers, jobs=jobs, mutation=mutation, trace=trace)
+        return world.run()
+
+
+__all__ = ["INVARIANTS", "RunResult", "Violation", "World", "run_seed"]

@@ -1,0 +1,66 @@
+"""The one source of randomness of a run, and the fault switchboard.
+
+Everything random in a run comes from one ``random.Random(seed)``: this object.
+Fault decisions go through :meth:`Chaos.roll`, which is always ``False`` once
+faults have stopped (the cut-off), and counts every fault it injects by kind, so
+a soak can report coverage.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class Chaos:
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.cutoff = float("inf")
+        self.injected: dict[str, int] = {}
+
+    @property
+    def active(self) -> bool:
+        return self.now < self.cutoff
+
+    def roll(self, kind: str, p: float) -> bool:
+        """True (and counted) with probability ``p`` while faults are active.
+
+        The draw happens whatever the outcome, so the random stream does not
+        depend on which faults are enabled.
+        """
+        hit = self.rng.random() < p
+        if hit and self.active:
+            self.count(kind)
+            return True
+        return False
+
+    def count(self, kind: str, n: int = 1) -> None:
+        self.injected[kind] = self.injected.get(kind, 0) + n
+
+    # plain draws (not faults) ----------------------------------------------------
+
+    def random(self) -> float:
+        return self.rng.random()
+
+    def uniform(self, a: float, b: float) -> float:
+        return self.rng.uniform(a, b)
+
+    def randint(self, a: int, b: int) -> int:
+        return self.rng.randint(a, b)
+
+    def chance(self, p: float) -> bool:
+        return self.rng.random() < p
+
+    def choice(self, seq: Sequence[T]) -> T:
+        return seq[self.rng.randrange(len(seq))]
+
+    def sample(self, seq: Sequence[T], k: int) -> list[T]:
+        return self.rng.sample(list(seq), k)
+
+    def shuffle(self, seq: list[T]) -> None:
+        self.rng.shuffle(seq)

@@ -1,0 +1,280 @@
+"""``python -m sqs_lease._sim``: run, soak and replay simulated schedules.
+
+- ``run --seeds N [--start S] [--workers K] [--jobs J] [--mutation NAME] [--processes P]``
+- ``soak --seeds 100000 [--processes 2]``: the same, with progress lines and a final report
+- ``replay --seed N [--mutation NAME]``: the full event log of one schedule and its violation
+
+Exit status 1 when any invariant failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from .invariants import INVARIANTS
+from .mutations import VARIANTS
+
+
+@dataclass(frozen=True)
+class SeedOutcome:
+    seed: int
+    violations: tuple[tuple[str, float, str], ...]
+    injected: dict[str, int]
+    counts: dict[str, int]
+    events: int
+    virtual_seconds: float
+
+
+@dataclass
+class Summary:
+    seeds: int = 0
+    failures: list[SeedOutcome] = field(default_factory=list)
+    injected: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    schedules_with: dict[str, int] = field(default_factory=dict)
+    events: int = 0
+    virtual_seconds: float = 0.0
+    wall_seconds: float = 0.0
+
+    def add(self, o: SeedOutcome) -> None:
+        self.seeds += 1
+        self.events += o.events
+        self.virtual_seconds += o.virtual_seconds
+        for k, v in o.injected.items():
+            self.injected[k] = self.injected.get(k, 0) + v
+            self.schedules_with[k] = self.schedules_with.get(k, 0) + 1
+        for k, v in o.counts.items():
+            self.counts[k] = self.counts.get(k, 0) + v
+        if o.violations:
+            self.failures.append(o)
+
+    @property
+    def rate(self) -> float:
+        return self.seeds / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+
+def run_one(args: tuple[int, int | None, int | None, str | None]) -> SeedOutcome:
+    from . import run_seed
+
+    seed, workers, jobs, mutation = args
+    r = run_seed(seed, workers=workers, jobs=jobs, mutation=mutation, trace=False)
+    return SeedOutcome(
+        seed,
+        tuple((v.name, v.time, v.message) for v in r.violations),
+        r.injected,
+        r.counts,
+        r.events,
+        r.end_time,
+    )
+
+
+def replay_command(
+    seed: int, mutation: str | None, workers: int | None = None, jobs: int | None = None
+) -> str:
+    cmd = f"python -m sqs_lease._sim replay --seed {seed}"
+    if mutation:
+        cmd += f" --mutation {mutation}"
+    if workers is not None:
+        cmd += f" --workers {workers}"
+    if jobs is not None:
+        cmd += f" --jobs {jobs}"
+    return cmd
+
+
+def iterate(
+    seeds: Sequence[int],
+    *,
+    workers: int | None,
+    jobs: int | None,
+    mutation: str | None,
+    processes: int,
+) -> Iterator[SeedOutcome]:
+    tasks = [(s, workers, jobs, mutation) for s in seeds]
+    if processes <= 1:
+        for t in tasks:
+            yield run_one(t)
+        return
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(processes) as pool:
+        yield from pool.imap_unordered(run_one, tasks, chunksize=16)
+
+
+def run_seeds(
+    seeds: Sequence[int],
+    *,
+    workers: int | None = None,
+    jobs: int | None = None,
+    mutation: str | None = None,
+    processes: int = 1,
+    progress: TextIO | None = None,
+    every: int = 0,
+) -> Summary:
+    summary = Summary()
+    start = time.perf_counter()
+    for outcome in iterate(
+        seeds, workers=workers, jobs=jobs, mutation=mutation, processes=processes
+    ):
+        summary.add(outcome)
+        if progress is not None and every and summary.seeds % every == 0:
+            summary.wall_seconds = time.perf_counter() - start
+            progress.write(
+                f"  {summary.seeds:>7} schedules, {summary.rate:6.1f}/s, "
+                f"{len(summary.failures)} failing\n"
+            )
+            progress.flush()
+    summary.wall_seconds = time.perf_counter() - start
+    summary.failures.sort(key=lambda o: o.seed)
+    return summary
+
+
+def report(
+    summary: Summary,
+    out: TextIO,
+    *,
+    first: int,
+    mutation: str | None,
+    processes: int,
+    workers: int | None = None,
+    jobs: int | None = None,
+) -> None:
+    w = out.write
+    last = first + summary.seeds - 1
+    w(
+        f"seeds {first}..{last}: {summary.seeds} schedules in {summary.wall_seconds:.1f} s = "
+        f"{summary.rate:.1f} schedules/s ({processes} process{'es' if processes > 1 else ''})"
+        f"{'  mutation: ' + mutation if mutation else ''}\n"
+    )
+    w(
+        f"events {summary.events} ({summary.events / max(1, summary.seeds):.0f} per schedule), "
+        f"virtual time {summary.virtual_seconds / 3600:.1f} h\n"
+    )
+    w("fault coverage (injected, and schedules that saw it):\n")
+    for k in sorted(summary.injected):
+        w(f"  {k:<24} {summary.injected[k]:>10}  in {summary.schedules_with[k]:>7} schedules\n")
+    w("protocol coverage:\n")
+    for k in sorted(summary.counts):
+        w(f"  {k:<30} {summary.counts[k]:>10}\n")
+    w(f"failing schedules: {len(summary.failures)}\n")
+    by_name: dict[str, int] = {}
+    for o in summary.failures:
+        name = o.violations[0][0]
+        by_name[name] = by_name.get(name, 0) + 1
+    for name in sorted(by_name):
+        w(f"  {name}: {by_name[name]}  ({INVARIANTS.get(name, 'run error')})\n")
+    for o in summary.failures[:50]:
+        name, t, message = o.violations[0]
+        w(f"  seed {o.seed}: {name} at t={t:.3f}: {message}\n")
+        w(f"    replay: {replay_command(o.seed, mutation, workers, jobs)}\n")
+    if len(summary.failures) > 50:
+        w(f"  ... and {len(summary.failures) - 50} more\n")
+
+
+def summary_json(
+    summary: Summary, *, first: int, mutation: str | None, processes: int
+) -> dict[str, Any]:
+    return {
+        "first_seed": first,
+        "seeds": summary.seeds,
+        "mutation": mutation,
+        "processes": processes,
+        "wall_seconds": round(summary.wall_seconds, 2),
+        "schedules_per_second": round(summary.rate, 2),
+        "events": summary.events,
+        "virtual_hours": round(summary.virtual_seconds / 3600, 1),
+        "injected": dict(sorted(summary.injected.items())),
+        "schedules_with": dict(sorted(summary.schedules_with.items())),
+        "counts": dict(sorted(summary.counts.items())),
+        "failures": [
+            {
+                "seed": o.seed,
+                "violation": o.violations[0][0],
+                "message": o.violations[0][2],
+                "replay": replay_command(o.seed, mutation),
+            }
+            for o in summary.failures
+        ],
+    }
+
+
+def _replay(seed: int, mutation: str | None, workers: int | None, jobs: int | None) -> int:
+    from . import run_seed
+    from .world import render_entry
+
+    r = run_seed(seed, workers=workers, jobs=jobs, mutation=mutation, trace=True)
+    for entry in r.log:
+        sys.stdout.write(render_entry(entry) + "\n")
+    sys.stdout.write(
+        f"--- seed {seed}{' mutation ' + mutation if mutation else ''}: {r.events} events, "
+        f"virtual end t={r.end_time:.3f}\n"
+    )
+    if r.ok:
+        sys.stdout.write("all invariants held\n")
+        return 0
+    for v in r.violations:
+        sys.stdout.write(f"VIOLATION {v.line()}\n")
+    return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sqs_lease._sim", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for name in ("run", "soak"):
+        p = sub.add_parser(name)
+        p.add_argument("--seeds", type=int, default=1000 if name == "run" else 100_000)
+        p.add_argument("--start", type=int, default=0)
+        p.add_argument("--workers", type=int, default=None)
+        p.add_argument("--jobs", type=int, default=None)
+        p.add_argument("--mutation", choices=sorted(VARIANTS), default=None)
+        p.add_argument("--processes", type=int, default=1 if name == "run" else 2)
+        p.add_argument("--json", dest="json_path", default=None, help="also write the summary here")
+    rp = sub.add_parser("replay")
+    rp.add_argument("--seed", type=int, required=True)
+    rp.add_argument("--mutation", choices=sorted(VARIANTS), default=None)
+    rp.add_argument("--workers", type=int, default=None)
+    rp.add_argument("--jobs", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.cmd == "replay":
+        return _replay(args.seed, args.mutation, args.workers, args.jobs)
+    if args.seeds < 1 or args.processes < 1:
+        parser.error("--seeds and --processes must be >= 1")
+    seeds = range(args.start, args.start + args.seeds)
+    soak = args.cmd == "soak"
+    if soak:
+        sys.stdout.write(
+            f"soak: {args.seeds} schedules from seed {args.start} on {args.processes} processes\n"
+        )
+    summary = run_seeds(
+        seeds,
+        workers=args.workers,
+        jobs=args.jobs,
+        mutation=args.mutation,
+        processes=args.processes,
+        progress=sys.stdout if soak else None,
+        every=max(1000, args.seeds // 50) if soak else 0,
+    )
+    report(
+        summary,
+        sys.stdout,
+        first=args.start,
+        mutation=args.mutation,
+        processes=args.processes,
+        workers=args.workers,
+        jobs=args.jobs,
+    )
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
+            json.dump(
+                summary_json(
+                    summary, first=args.start, mutation=args.mutation, processes=args.processes
+                ),
+                fh,
+                indent=2,
+            )
+    return 1 if summary.failures else 0

@@ -1,0 +1,366 @@
+"""Simulated DynamoDB: tables of DynamoDB-JSON items, conditional writes applied in order.
+
+Operations: PutItem, UpdateItem, DeleteItem, GetItem, BatchGetItem and
+TransactWriteItems (ConditionCheck/Put/Update/Delete, all or nothing,
+``TransactionCanceledException`` with per-item ``CancellationReasons``).
+Conditions and updates are evaluated from the request's own expressions
+(:mod:`sqs_lease._sim.expr`), so a wrong expression in a request is caught.
+``ReturnValues`` NONE/ALL_OLD/ALL_NEW/UPDATED_OLD/UPDATED_NEW and
+``ReturnValuesOnConditionCheckFailure=ALL_OLD`` behave as in DynamoDB.
+
+Faults (seeded, only while faults are on): ``UnprocessedKeys`` in BatchGetItem,
+throttling (nothing applied), and eventually consistent reads (a read without
+``ConsistentRead`` may see the previous version of an item written in the last
+second). Each applied change of an item is reported to ``on_write`` (the
+invariant checker listens there).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .._core.calls import Err, ErrorKind, Ok, Outcome
+from .chaos import Chaos
+from .expr import ExpressionError, Item, request_expressions
+
+Key = tuple[tuple[str, str, str], ...]
+WriteHook = Callable[[str, Key, "Item | None", "Item | None", Any], None]
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    hash_key: str
+    range_key: str | None = None
+
+
+@dataclass
+class DdbFaults:
+    unprocessed: float = 0.0  # per BatchGetItem call
+    throttle: float = 0.0  # per call
+    stale_read_window: float = 1.0  # seconds an eventually consistent read may lag
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _validation(msg: str) -> Err:
+    return Err(ErrorKind.INVALID, "ValidationException", "", msg)
+
+
+def _diff_attrs(a: Item | None, b: Item | None) -> Item:
+    a = a or {}
+    b = b or {}
+    return {k: v for k, v in a.items() if b.get(k) != v}
+
+
+class SimDynamo:
+    def __init__(
+        self,
+        tables: list[TableSpec],
+        chaos: Chaos,
+        faults: DdbFaults | None = None,
+        on_write: WriteHook | None = None,
+    ) -> None:
+        self.specs = {t.name: t for t in tables}
+        self.items: dict[str, dict[Key, Item]] = {t.name: {} for t in tables}
+        self._prev: dict[str, dict[Key, tuple[Item | None, float]]] = {t.name: {} for t in tables}
+        self.chaos = chaos
+        self.faults = faults or DdbFaults()
+        self.on_write = on_write
+        self.now = 0.0
+        self.calls: dict[str, int] = {}
+        self._tokens: dict[str, tuple[str, float]] = {}
+
+    # ---------------------------------------------------------------- helpers
+
+    def key_of(self, table: str, key: Mapping[str, Any], *, item: bool = False) -> Key:
+        spec = self.specs.get(table)
+        if spec is None:
+            raise _Invalid("table")
+        names = [spec.hash_key] + ([spec.range_key] if spec.range_key else [])
+        if not item and set(key) != set(names):
+            raise ExpressionError("The provided key element does not match the schema")
+        out: list[tuple[str, str, str]] = []
+        for n in names:
+            av = key.get(n)
+            if not isinstance(av, Mapping) or len(av) != 1:
+                raise ExpressionError(
+                    f"One or more parameter values were invalid: Missing the key {n} in the item"
+                )
+            t = next(iter(av))
+            out.append((n, t, str(av[t])))
+        return tuple(out)
+
+    def key_dict(self, table: str, key: Key) -> Item:
+        return {n: {t: v} for n, t, v in key}
+
+    def get(self, table: str, key: Mapping[str, Any]) -> Item | None:
+        """Direct read (no fault, no latency): for the checker and tests."""
+        return self.items[table].get(self.key_of(table, key))
+
+    def _read(self, table: str, k: Key, consistent: bool) -> Item | None:
+        cur = self.items[table].get(k)
+        if not consistent:
+            prev = self._prev[table].get(k)
+            if (
+                prev is not None
+                and self.now - prev[1] < self.faults.stale_read_window
+                and self.chaos.roll("stale_read", 0.5)
+            ):
+                return prev[0]
+        return cur
+
+    def _write(self, table: str, k: Key, new: Item | None, origin: Any) -> None:
+        old = self.items[table].get(k)
+        self._prev[table][k] = (old, self.now)
+        if new is None:
+            self.items[table].pop(k, None)
+        else:
+            self.items[table][k] = new
+        if self.on_write is not None:
+            self.on_write(table, k, old, new, origin)
+
+    # ---------------------------------------------------------------- entry
+
+    def handle(self, op: str, params: Mapping[str, Any], now: float, origin: Any = None) -> Outcome:
+        self.now = now
+        self.calls[op] = self.calls.get(op, 0) + 1
+        if self.chaos.roll("ddb_throttle", self.faults.throttle):
+            return Err(
+                ErrorKind.THROTTLED,
+                "ProvisionedThroughputExceededException",
+                "",
+                "The level of configured provisioned throughput for the table was exceeded",
+            )
+        fn = getattr(self, "_op_" + op, None)
+        if fn is None:
+            return _validation(f"unsupported operation {op}")
+        try:
+            result: Outcome = fn(params, origin)
+        except ExpressionError as exc:
+            return _validation(str(exc))
+        except _Invalid:
+            return Err(
+                ErrorKind.NOT_FOUND,
+                "ResourceNotFoundException",
+                "",
+                "Requested resource not found",
+            )
+        return result
+
+    # ---------------------------------------------------------------- single-item writes
+
+    def _cond_failed(self, params: Mapping[str, Any], old: Item | None) -> Err:
+        want = params.get("ReturnValuesOnConditionCheckFailure", "NONE")
+        item = dict(old) if (want == "ALL_OLD" and old is not None) else None
+        return Err(
+            ErrorKind.CONDITION_FAILED,
+            "ConditionalCheckFailedException",
+            "",
+            "The conditional request failed",
+            item,
+        )
+
+    def _returns(
+        self, params: Mapping[str, Any], old: Item | None, new: Item | None
+    ) -> dict[str, Any]:
+        want = params.get("ReturnValues", "NONE")
+        attrs: Item | None
+        if want == "NONE":
+            return {}
+        if want == "ALL_OLD":
+            attrs = old
+        elif want == "ALL_NEW":
+            attrs = new
+        elif want == "UPDATED_OLD":
+            attrs = _diff_attrs(old, new) or None
+        elif want == "UPDATED_NEW":
+            attrs = _diff_attrs(new, old) or None
+        else:
+            raise ExpressionError(f"ReturnValues {want} is not valid")
+        return {"Attributes": dict(attrs)} if attrs else {}
+
+    def _op_PutItem(self, params: Mapping[str, Any], origin: Any) -> Outcome:
+        table = params["TableName"]
+        item: Item = {k: dict(v) for k, v in params["Item"].items()}
+        k = self.key_of(table, item, item=True)
+        ex = request_expressions(params)
+        if ex.update is not None or ex.projection is not None:
+            raise ExpressionError("PutItem takes a ConditionExpression only")
+        old = self.items[table].get(k)
+        if not ex.check(old):
+            return self._cond_failed(params, old)
+        if params.get("ReturnValues", "NONE") not in ("NONE", "ALL_OLD"):
+            raise ExpressionError("ReturnValues for PutItem must be NONE or ALL_OLD")
+        self._write(table, k, item, origin)
+        return Ok(self._returns(params, old, item))
+
+    def _op_UpdateItem(self, params: Mapping[str, Any], origin: Any) -> Outcome:
+        table = params["TableName"]
+        k = self.key_of(table, params["Key"])
+        ex = request_expressions(params)
+        old = self.items[table].get(k)
+        if not ex.check(old):
+            return self._cond_failed(params, old)
+        new = ex.apply(old, self.key_dict(table, k))
+        self._write(table, k, new, origin)
+        return Ok(self._returns(params, old, new))
+
+    def _op_DeleteItem(self, params: Mapping[str, Any], origin: Any) -> Outcome:
+        table = params["TableName"]
+        k = self.key_of(table, params["Key"])
+        ex = request_expressions(params)
+        old = self.items[table].get(k)
+        if not ex.check(old):
+            return self._cond_failed(params, old)
+        if old is not None:
+            self._write(table, k, None, origin)
+        return Ok(self._returns(params, old, None))
+
+    # ---------------------------------------------------------------- reads
+
+    def _op_GetItem(self, params: Mapping[str, Any], origin: Any) -> Outcome:
+        table = params["TableName"]
+        k = self.key_of(table, params["Key"])
+        ex = request_expressions(params)
+        item = self._read(table, k, bool(params.get("ConsistentRead", False)))
+        return Ok({"Item": ex.project(item)} if item is not None else {})
+
+    def _op_BatchGetItem(self, params: Mapping[str, Any], origin: Any) -> Outcome:
+        request: Mapping[str, Any] = params["RequestItems"]
+        total = sum(len(v.get("Keys", [])) for v in request.values())
+        if total > 100:
+            raise ExpressionError("Too many items requested for the BatchGetItem call")
+        if total == 0:
+            raise ExpressionError("1 validation error detected: RequestItems must not be empty")
+        responses: dict[str, list[Item]] = {}
+        unprocessed: dict[str, dict[str, Any]] = {}
+        cut = self.chaos.roll("ddb_unprocessed_keys", self.faults.unprocessed)
+        for table, spec in request.items():
+            ex = request_expressions(spec)
+            keys = list(spec.get("Keys", []))
+            seen: set[Key] = set()
+            parsed = []
+            for key in keys:
+                k = self.key_of(table, key)
+                if k in seen:
+                    raise ExpressionError("Provided list of item keys contains duplicates")
+                seen.add(k)
+                parsed.append((key, k))
+            skipped: list[Mapping[str, Any]] = []
+            if cut:
+                n = self.chaos.randint(1, len(parsed))
+                skip = {i for i in self.chaos.sample(range(len(parsed)), n)}
+                skipped = [parsed[i][0] for i in sorted(skip)]
+                parsed = [p for i, p in enumerate(parsed) if i not in skip]
+            out = responses.setdefault(table, [])
+            consistent = bool(spec.get("ConsistentRead", False))
+            for _, k in parsed:
+                item = self._read(table, k, consistent)
+                if item is not None:
+                    out.append(ex.project(item))
+            if skipped:
+                rest = {n: v for n, v in spec.items() if n != "Keys"}
+                unprocessed[table] = {"Keys": skipped, **rest}
+        return Ok({"Responses": responses, "UnprocessedKeys": unprocessed})
+
+    # ---------------------------------------------------------------- transactions
+
+    def _op_TransactWriteItems(self, params: Mapping[str, Any], origin: Any) -> Outcome:
+        token = params.get("ClientRequestToken")
+        if token:
+            # Idempotent for 10 minutes, as in DynamoDB: a repeat of an applied request
+            # succeeds without applying it again; another request under the token fails.
+            digest = json.dumps(
+                {k: v for k, v in params.items() if k != "ClientRequestToken"},
+                sort_keys=True,
+                default=str,
+            )
+            seen = self._tokens.get(str(token))
+            if seen is not None and self.now - seen[1] < 600.0:
+                if seen[0] != digest:
+                    return Err(
+                        ErrorKind.INVALID,
+                        "IdempotentParameterMismatchException",
+                        "",
+                        "The request uses the same client token as a previous, but "
+                        "non-identical request.",
+                    )
+                return Ok({})
+            out = self._transact(params, origin)
+            if isinstance(out, Ok):
+                self._tokens[str(token)] = (digest, self.now)
+            return out
+        return self._transact(params, origin)
+
+    def _transact(self, params: Mapping[str, Any], origin: Any) -> Outcome:
+        entries = list(params.get("TransactItems", []))
+        if not entries or len(entries) > 100:
+            raise ExpressionError("TransactItems must have 1..100 entries")
+        plan: list[tuple[str, str, Key, Mapping[str, Any], Any]] = []
+        targets: set[tuple[str, Key]] = set()
+        for entry in entries:
+            if len(entry) != 1:
+                raise ExpressionError("Each TransactItem must name exactly one operation")
+            kind, spec = next(iter(entry.items()))
+            table = spec["TableName"]
+            if kind == "Put":
+                k = self.key_of(table, spec["Item"], item=True)
+            elif kind in ("Update", "Delete", "ConditionCheck"):
+                k = self.key_of(table, spec["Key"])
+            else:
+                raise ExpressionError(f"unknown transaction operation {kind}")
+            if (table, k) in targets:
+                raise ExpressionError(
+                    "Transaction request cannot include multiple operations on one item"
+                )
+            targets.add((table, k))
+            ex = request_expressions(spec)
+            if kind == "ConditionCheck" and ex.condition is None:
+                raise ExpressionError("ConditionCheck needs a ConditionExpression")
+            plan.append((kind, table, k, spec, ex))
+        reasons: list[dict[str, Any]] = []
+        failed = False
+        for _kind, table, k, spec, ex in plan:
+            old = self.items[table].get(k)
+            if ex.check(old):
+                reasons.append({"Code": "None"})
+            else:
+                failed = True
+                reason: dict[str, Any] = {
+                    "Code": "ConditionalCheckFailed",
+                    "Message": "The conditional request failed",
+                }
+                if spec.get("ReturnValuesOnConditionCheckFailure") == "ALL_OLD" and old:
+                    reason["Item"] = dict(old)
+                reasons.append(reason)
+        if failed:
+            codes = ", ".join(r["Code"] for r in reasons)
+            return Err(
+                ErrorKind.TRANSACTION_CANCELLED,
+                "TransactionCanceledException",
+                "",
+                f"Transaction cancelled, please refer cancellation reasons for specific "
+                f"reasons [{codes}]",
+                None,
+                tuple(reasons),
+            )
+        # All conditions hold: compute every new item first (an invalid update cancels
+        # the whole transaction), then apply.
+        writes: list[tuple[str, Key, Item | None]] = []
+        for kind, table, k, spec, ex in plan:
+            old = self.items[table].get(k)
+            if kind == "Put":
+                writes.append((table, k, {n: dict(v) for n, v in spec["Item"].items()}))
+            elif kind == "Update":
+                writes.append((table, k, ex.apply(old, self.key_dict(table, k))))
+            elif kind == "Delete":
+                writes.append((table, k, None))
+        for table, k, new in writes:
+            self._write(table, k, new, origin)
+        return Ok({})

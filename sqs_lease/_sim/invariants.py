@@ -1,0 +1,220 @@
+"""The invariants, checked as the run goes (after every step that can break one).
+
+Each has a stable name (used in reports, replay output and tests):
+
+- ``I1_stale_effect``: no effect accepted with a token lower than one already
+  accepted for that resource.
+- ``I2_double_effect``: no irreversible effect applied twice for one intent key.
+- ``I3_superseded_commit``: no result committed (nor any fenced end of an
+  attempt: failed, parked, requeued) by a writer whose token was superseded, and
+  nothing commits twice or rewrites a finished record.
+- ``I4_unfinished_job``: every job ends succeeded, failed with a reason, or
+  parked with a reason; none lost, none stuck once faults stop (at the end).
+- ``I5_extended_lost_lease``: a heartbeat round may move a worker's local lease
+  forward only if the job's token (the truth, in the simulated table) had not
+  moved, and the job was still running, when the round started; and no round
+  includes a job whose handler has already ended.
+
+Two more names report a broken run rather than a broken protocol:
+``E_unhandled_exception`` (a worker task raised where the real worker's thread
+would have died) and ``E_budget`` (the run hit its event budget).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._core.records import JobState
+from .._schema import view_of
+from .receiver import Applied
+
+I1 = "I1_stale_effect"
+I2 = "I2_double_effect"
+I3 = "I3_superseded_commit"
+I4 = "I4_unfinished_job"
+I5 = "I5_extended_lost_lease"
+E_EXC = "E_unhandled_exception"
+E_BUDGET = "E_budget"
+
+INVARIANTS: dict[str, str] = {
+    I1: "no effect accepted with a token lower than one already accepted for its resource",
+    I2: "no irreversible effect applied twice for one intent key",
+    I3: "no result committed (or attempt ended) by a superseded token; nothing commits twice",
+    I4: "every job ends succeeded, failed or parked with a reason; none lost or stuck",
+    I5: "no lease extended by a worker that knows (or should know) it lost it",
+}
+
+_FINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.PARKED)
+
+
+@dataclass
+class Origin:
+    """Who sent a request: the checker's view of the issuing task."""
+
+    worker: str
+    task: str
+    kind: str  # job | heartbeat | release | producer | operator
+    tokens: dict[str, int] = field(default_factory=dict)  # job id -> token it acts under
+    handler_ended: bool = False
+
+
+@dataclass(frozen=True)
+class Violation:
+    name: str
+    time: float
+    message: str
+
+    def line(self) -> str:
+        return f"{self.name} at t={self.time:.3f}: {self.message}"
+
+
+class Checker:
+    def __init__(self, jobs_table: str) -> None:
+        self.jobs_table = jobs_table
+        self.violations: list[Violation] = []
+        self.now = 0.0
+        self._high: dict[tuple[str, str], int] = {}
+        self._applied: dict[tuple[str, str], Applied] = {}
+        self._commits: dict[str, int] = {}
+        self.final_jobs: set[str] = set()
+        self.counts: dict[str, int] = {}
+
+    def fail(self, name: str, message: str) -> None:
+        self.violations.append(Violation(name, self.now, message))
+
+    def bump(self, what: str, n: int = 1) -> None:
+        if n:
+            self.counts[what] = self.counts.get(what, 0) + n
+
+    # ------------------------------------------------------------------ I1, I2
+
+    def effect_applied(self, e: Applied) -> None:
+        res = (e.target, e.resource)
+        high = self._high.get(res, 0)
+        if e.token < high:
+            self.fail(
+                I1,
+                f"{e.target} applied {e.key!r} on {e.resource} with token {e.token} after "
+                f"token {high} was accepted (worker {e.worker})",
+            )
+        self._high[res] = max(high, e.token)
+        first = self._applied.get((e.target, e.key))
+        if first is not None:
+            self.fail(
+                I2,
+                f"{e.target} applied intent {e.key!r} twice: token {first.token} by "
+                f"{first.worker} at t={first.time:.3f}, token {e.token} by {e.worker} "
+                f"at t={e.time:.3f}",
+            )
+        else:
+            self._applied[(e.target, e.key)] = e
+
+    # ------------------------------------------------------------------ I3
+
+    def item_written(
+        self,
+        table: str,
+        old: Mapping[str, Any] | None,
+        new: Mapping[str, Any] | None,
+        origin: Any,
+    ) -> None:
+        if table != self.jobs_table or new is None:
+            return
+        n = view_of(new)
+        if n.state in _FINAL:
+            self.final_jobs.add(n.job_id)
+        else:
+            self.final_jobs.discard(n.job_id)
+        if old is None:
+            return
+        o = view_of(old)
+        job = o.job_id
+        if o.state in (JobState.SUCCEEDED, JobState.FAILED):
+            if (n.state, n.token, new.get("result")) != (o.state, o.token, old.get("result")):
+                self.fail(
+                    I3,
+                    f"finished record of {job} ({o.state}, token {o.token}) rewritten to "
+                    f"{n.state} token {n.token} by {_who(origin)}",
+                )
+            return
+        if n.state is JobState.SUCCEEDED:
+            self._commits[job] = self._commits.get(job, 0) + 1
+            if self._commits[job] > 1:
+                self.fail(I3, f"{job} committed twice (by {_who(origin)})")
+        if not isinstance(origin, Origin):
+            return
+        if (
+            origin.kind == "job"
+            and n.state is JobState.RUNNING
+            and n.token == o.token + 1
+            and n.owner == origin.worker
+        ):
+            origin.tokens[job] = n.token  # a claim: this task now acts under the new token
+            return
+        if o.state is JobState.RUNNING and n.state is not JobState.RUNNING:
+            if origin.kind not in ("job", "heartbeat", "release"):
+                return
+            mine = origin.tokens.get(job)
+            if mine != o.token:
+                what = (
+                    "committed its result"
+                    if n.state is JobState.SUCCEEDED
+                    else (f"moved the job to {n.state}")
+                )
+                self.fail(
+                    I3,
+                    f"{_who(origin)} acting under token {mine} {what} while the job's token "
+                    f"was {o.token}",
+                )
+
+    # ------------------------------------------------------------------ I5
+
+    def beat_planned(self, worker: str, job_id: str, token: int, handler_ended: bool) -> None:
+        if handler_ended:
+            self.fail(
+                I5,
+                f"{worker} included {job_id} (token {token}) in a heartbeat round after its "
+                "handler had ended",
+            )
+
+    def lease_extended(
+        self, worker: str, job_id: str, token: int, truth: tuple[int, str] | None
+    ) -> None:
+        if truth is None:
+            self.fail(I5, f"{worker} extended {job_id} (token {token}) whose record is gone")
+            return
+        t, state = truth
+        if t != token or state != JobState.RUNNING.value:
+            self.fail(
+                I5,
+                f"{worker} extended its lease on {job_id} (token {token}) although the job was "
+                f"at token {t}, state {state}, before the heartbeat round started",
+            )
+
+    # ------------------------------------------------------------------ I4
+
+    def finish(
+        self, records: Mapping[str, Mapping[str, Any] | None], detail: Mapping[str, str]
+    ) -> None:
+        for job_id, item in records.items():
+            if item is None:
+                self.fail(I4, f"{job_id}: no job record (lost)")
+                continue
+            v = view_of(item)
+            extra = detail.get(job_id, "")
+            if v.state not in _FINAL:
+                self.fail(
+                    I4,
+                    f"{job_id} is {v.state} (token {v.token}, attempt {v.attempt}, owner "
+                    f"{v.owner}) after the drain{extra}",
+                )
+            elif v.state in (JobState.FAILED, JobState.PARKED) and not (v.reason or "").strip():
+                self.fail(I4, f"{job_id} is {v.state} without a reason")
+
+
+def _who(origin: Any) -> str:
+    if isinstance(origin, Origin):
+        return f"{origin.worker}/{origin.task}"
+    return str(origin)

@@ -1,0 +1,379 @@
+"""Simulated SQS standard queues on the virtual clock.
+
+What AWS documents, and where moto and AWS differ, chosen per run (seeded):
+
+- visibility timers; a fresh receipt handle per receive; ``ApproximateReceiveCount``;
+- at-least-once delivery: a receive may also return a message that is in flight
+  to someone else (a duplicate delivery, with its own new receipt handle);
+- stale receipt handles: ``moto`` mode really extends and deletes with them;
+  ``aws`` mode may ignore a delete (and answer success), and a CMV with a stale
+  handle may apply, be ignored (success) or be refused;
+- a CMV on a message whose visibility lapsed (not yet received again) either
+  applies (200, as recorded on AWS) or is refused ``MessageNotInflight``;
+- error codes in the JSON spelling (``MessageNotInflight``) or the legacy query
+  spelling (``AWS.SimpleQueueService.MessageNotInflight``);
+- the 12-hour cap counted from the receive that issued the handle: a CMV past it
+  is ``InvalidParameterValue``;
+- redrive: a receive that would take a message past ``maxReceiveCount`` moves it
+  to the dead-letter queue instead;
+- long polling: a receive with nothing visible waits (``Wait``) until a message
+  becomes visible or ``WaitTimeSeconds`` pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._core.calls import Err, ErrorKind, Ok, Outcome
+from .chaos import Chaos
+
+MAX_VISIBILITY = 43_200
+EPOCH_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: SentTimestamp = EPOCH + virtual time
+
+
+@dataclass
+class SqsBehaviour:
+    stale_mode: str = "moto"  # "moto" | "aws"
+    spelling: str = "json"  # "json" | "query"
+    expired_cmv: str = "apply"  # "apply" | "not_inflight"
+    duplicate: float = 0.0  # chance a receive also returns an in-flight message
+
+
+@dataclass
+class Message:
+    seq: int
+    queue_url: str
+    message_id: str
+    body: str
+    sent_at: float
+    visible_at: float
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    receive_count: int = 0
+    first_received_at: float | None = None
+    handle: str | None = None  # the latest receipt handle
+    handles: dict[str, float] = field(default_factory=dict)  # handle -> its receive time
+    deleted: bool = False
+
+
+@dataclass
+class Queue:
+    url: str
+    visibility: int = 30
+    dlq_url: str | None = None
+    max_receive: int = 0  # 0: no redrive
+    messages: dict[str, Message] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A long poll found nothing: ask again at ``until`` (or when woken)."""
+
+    until: float
+
+
+class SimSQS:
+    def __init__(self, chaos: Chaos, behaviour: SqsBehaviour | None = None) -> None:
+        self.chaos = chaos
+        self.behaviour = behaviour or SqsBehaviour()
+        self.queues: dict[str, Queue] = {}
+        self._handles: dict[str, tuple[str, str]] = {}  # handle -> (queue url, message id)
+        self._seq = 0
+        self._handle_seq = 0
+        self.now = 0.0
+        self.waiters: list[Callable[[], None]] = []
+        self.on_redrive: Callable[[Message], None] | None = None
+        self.calls: dict[str, int] = {}
+
+    def create_queue(
+        self, url: str, *, visibility: int = 30, dlq_url: str | None = None, max_receive: int = 0
+    ) -> Queue:
+        q = Queue(url, visibility, dlq_url, max_receive)
+        self.queues[url] = q
+        return q
+
+    # ---------------------------------------------------------------- spelling
+
+    def _code(self, name: str) -> tuple[str, str]:
+        """(Code, QueryErrorCode) for an error, spelled as this run's SQS spells it."""
+        query = {
+            "MessageNotInflight": "AWS.SimpleQueueService.MessageNotInflight",
+            "QueueDoesNotExist": "AWS.SimpleQueueService.NonExistentQueue",
+            "BatchEntryIdsNotDistinct": "AWS.SimpleQueueService.BatchEntryIdsNotDistinct",
+            "EmptyBatchRequest": "AWS.SimpleQueueService.EmptyBatchRequest",
+            "TooManyEntriesInBatchRequest": "AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
+        }.get(name, name)
+        if self.behaviour.spelling == "query":
+            return query, ""
+        return name, query
+
+    def _err(self, name: str, message: str, kind: ErrorKind = ErrorKind.INVALID) -> Err:
+        code, query = self._code(name)
+        return Err(kind, code, query, message)
+
+    # ---------------------------------------------------------------- entry
+
+    def handle(self, op: str, params: Mapping[str, Any], now: float) -> Outcome | Wait:
+        self.now = now
+        self.calls[op] = self.calls.get(op, 0) + 1
+        q = self.queues.get(str(params.get("QueueUrl", "")))
+        if q is None:
+            return self._err(
+                "QueueDoesNotExist", "The specified queue does not exist.", ErrorKind.NOT_FOUND
+            )
+        fn = getattr(self, "_op_" + op, None)
+        if fn is None:
+            return self._err("InvalidAction", f"unsupported operation {op}")
+        result: Outcome | Wait = fn(q, params)
+        return result
+
+    # ---------------------------------------------------------------- helpers
+
+    def _new_handle(self, m: Message) -> str:
+        self._handle_seq += 1
+        h = f"rh-{m.seq}-{m.receive_count}-{self._handle_seq}"
+        m.handle = h
+        m.handles[h] = self.now
+        self._handles[h] = (m.queue_url, m.message_id)
+        return h
+
+    def _lookup(self, q: Queue, handle: str) -> Message | None:
+        where = self._handles.get(handle)
+        if where is None or where[0] != q.url:
+            return None
+        return q.messages.get(where[1])
+
+    def in_flight(self, m: Message) -> bool:
+        return not m.deleted and m.handle is not None and m.visible_at > self.now
+
+    def next_visible(self, q: Queue) -> float | None:
+        times = [m.visible_at for m in q.messages.values() if not m.deleted]
+        later = [t for t in times if t > self.now]
+        return min(later) if later else None
+
+    def _wake(self) -> None:
+        waiters, self.waiters = self.waiters, []
+        for wake in waiters:
+            wake()
+
+    def send(
+        self, q: Queue, body: str, delay: int = 0, attributes: Mapping[str, Any] | None = None
+    ) -> Message:
+        self._seq += 1
+        m = Message(
+            seq=self._seq,
+            queue_url=q.url,
+            message_id=f"msg-{self._seq:05d}",
+            body=body,
+            sent_at=self.now,
+            visible_at=self.now + delay,
+            attributes=dict(attributes or {}),
+        )
+        q.messages[m.message_id] = m
+        self._wake()
+        return m
+
+    # ---------------------------------------------------------------- operations
+
+    def _op_SendMessage(self, q: Queue, params: Mapping[str, Any]) -> Outcome:
+        delay = int(params.get("DelaySeconds", 0))
+        if not 0 <= delay <= 900:
+            return self._err("InvalidParameterValue", "DelaySeconds must be 0..900")
+        body = str(params.get("MessageBody", ""))
+        if not body:
+            return self._err("MissingParameter", "The request must contain MessageBody")
+        m = self.send(q, body, delay, params.get("MessageAttributes"))
+        return Ok({"MessageId": m.message_id})
+
+    def _op_ReceiveMessage(self, q: Queue, params: Mapping[str, Any]) -> Outcome | Wait:
+        want = int(params.get("MaxNumberOfMessages", 1))
+        wait = int(params.get("WaitTimeSeconds", 0))
+        vis = int(params.get("VisibilityTimeout", q.visibility))
+        if not 1 <= want <= 10:
+            return self._err("InvalidParameterValue", "MaxNumberOfMessages must be 1..10")
+        if not 0 <= wait <= 20:
+            return self._err("InvalidParameterValue", "WaitTimeSeconds must be 0..20")
+        if not 0 <= vis <= MAX_VISIBILITY:
+            return self._err("InvalidParameterValue", "VisibilityTimeout must be 0..43200")
+        names = list(params.get("MessageSystemAttributeNames") or []) + list(
+            params.get("AttributeNames") or []
+        )
+        visible = [m for m in q.messages.values() if not m.deleted and m.visible_at <= self.now]
+        self.chaos.shuffle(visible)
+        chosen = visible[:want]
+        if len(chosen) < want:
+            busy = [m for m in q.messages.values() if self.in_flight(m)]
+            if busy and self.chaos.roll("duplicate_delivery", self.behaviour.duplicate):
+                chosen.append(self.chaos.choice(busy))
+        out: list[dict[str, Any]] = []
+        for m in chosen:
+            if q.max_receive and q.dlq_url and m.receive_count + 1 > q.max_receive:
+                self._redrive(q, m)
+                continue
+            m.receive_count += 1
+            if m.first_received_at is None:
+                m.first_received_at = self.now
+            handle = self._new_handle(m)
+            m.visible_at = self.now + vis
+            entry: dict[str, Any] = {
+                "MessageId": m.message_id,
+                "ReceiptHandle": handle,
+                "Body": m.body,
+            }
+            attrs = {
+                "ApproximateReceiveCount": str(m.receive_count),
+                "SentTimestamp": str(EPOCH_MS + int(m.sent_at * 1000)),
+                "ApproximateFirstReceiveTimestamp": str(
+                    EPOCH_MS + int((m.first_received_at or 0.0) * 1000)
+                ),
+            }
+            if "All" not in names:
+                attrs = {k: v for k, v in attrs.items() if k in names}
+            if attrs:
+                entry["Attributes"] = attrs
+            if m.attributes:
+                entry["MessageAttributes"] = dict(m.attributes)
+            out.append(entry)
+        if not out and wait > 0:
+            return Wait(self.now + wait)
+        return Ok({"Messages": out} if out else {})
+
+    def _redrive(self, q: Queue, m: Message) -> None:
+        m.deleted = True
+        dlq = self.queues.get(q.dlq_url or "")
+        if dlq is not None:
+            self.send(dlq, m.body, 0, m.attributes)
+        self.chaos.count("redrive_dlq")
+        if self.on_redrive is not None:
+            self.on_redrive(m)
+
+    def _change(self, q: Queue, handle: str, timeout: Any) -> Err | None:
+        """Apply one visibility change; None when it succeeded (or was silently ignored)."""
+        try:
+            t = int(timeout)
+        except (TypeError, ValueError):
+            return self._err("InvalidParameterValue", f"VisibilityTimeout {timeout!r}")
+        if not 0 <= t <= MAX_VISIBILITY:
+            return self._err("InvalidParameterValue", "VisibilityTimeout must be 0..43200")
+        m = self._lookup(q, handle)
+        if m is None or m.deleted:
+            return self._err("ReceiptHandleIsInvalid", f"The receipt handle {handle} is not valid.")
+        received = m.handles[handle]
+        if self.now + t > received + MAX_VISIBILITY:
+            self.chaos.count("cap_exceeded")
+            return self._err(
+                "InvalidParameterValue",
+                "Value for parameter VisibilityTimeout is invalid. Reason: Total VisibilityTimeout "
+                "for the message is beyond the limit [43200 seconds]",
+            )
+        if handle != m.handle:
+            # A stale handle: another receive has happened since.
+            if self.behaviour.stale_mode == "aws":
+                pick = self.chaos.random()
+                if pick < 1 / 3:
+                    self.chaos.count("stale_cmv_ignored")
+                    return None
+                if pick < 2 / 3:
+                    self.chaos.count("stale_cmv_refused")
+                    return self._err(
+                        "ReceiptHandleIsInvalid", f"The receipt handle {handle} has expired."
+                    )
+            self.chaos.count("stale_cmv_applied")
+            m.visible_at = self.now + t
+            if t == 0:
+                self._wake()
+            return None
+        if m.visible_at <= self.now:
+            # Not in flight: its visibility lapsed and nobody received it since.
+            if self.behaviour.expired_cmv == "not_inflight":
+                self.chaos.count("cmv_not_inflight")
+                return self._err("MessageNotInflight", "The message is not in flight.")
+            self.chaos.count("cmv_expired_applied")
+        m.visible_at = self.now + t
+        if t == 0:
+            self._wake()
+        return None
+
+    def _op_ChangeMessageVisibility(self, q: Queue, params: Mapping[str, Any]) -> Outcome:
+        err = self._change(q, str(params.get("ReceiptHandle", "")), params.get("VisibilityTimeout"))
+        return err if err is not None else Ok({})
+
+    def _batch_check(self, entries: list[Mapping[str, Any]]) -> Err | None:
+        if not entries:
+            return self._err("EmptyBatchRequest", "There should be at least one entry")
+        if len(entries) > 10:
+            return self._err("TooManyEntriesInBatchRequest", "Maximum number of entries is 10")
+        ids = [str(e.get("Id", "")) for e in entries]
+        if len(set(ids)) != len(ids):
+            return self._err(
+                "BatchEntryIdsNotDistinct", "Two or more batch entries have the same Id"
+            )
+        return None
+
+    def _op_ChangeMessageVisibilityBatch(self, q: Queue, params: Mapping[str, Any]) -> Outcome:
+        entries = list(params.get("Entries") or [])
+        bad = self._batch_check(entries)
+        if bad is not None:
+            return bad
+        ok: list[dict[str, str]] = []
+        failed: list[dict[str, Any]] = []
+        for e in entries:
+            err = self._change(q, str(e.get("ReceiptHandle", "")), e.get("VisibilityTimeout"))
+            if err is None:
+                ok.append({"Id": str(e["Id"])})
+            else:
+                failed.append(
+                    {
+                        "Id": str(e["Id"]),
+                        "SenderFault": True,
+                        "Code": err.code,
+                        "Message": err.message,
+                    }
+                )
+        return Ok({"Successful": ok, "Failed": failed})
+
+    def _delete(self, q: Queue, handle: str) -> Err | None:
+        m = self._lookup(q, handle)
+        if m is None:
+            return self._err("ReceiptHandleIsInvalid", f"The receipt handle {handle} is not valid.")
+        if m.deleted:
+            return None
+        if handle != m.handle and self.behaviour.stale_mode == "aws" and self.chaos.chance(0.5):
+            self.chaos.count("stale_delete_ignored")
+            return None  # "succeeds, but the message might not be deleted"
+        if handle != m.handle:
+            self.chaos.count("stale_delete_applied")
+        m.deleted = True
+        return None
+
+    def _op_DeleteMessage(self, q: Queue, params: Mapping[str, Any]) -> Outcome:
+        err = self._delete(q, str(params.get("ReceiptHandle", "")))
+        return err if err is not None else Ok({})
+
+    def _op_DeleteMessageBatch(self, q: Queue, params: Mapping[str, Any]) -> Outcome:
+        entries = list(params.get("Entries") or [])
+        bad = self._batch_check(entries)
+        if bad is not None:
+            return bad
+        ok: list[dict[str, str]] = []
+        failed: list[dict[str, Any]] = []
+        for e in entries:
+            err = self._delete(q, str(e.get("ReceiptHandle", "")))
+            if err is None:
+                ok.append({"Id": str(e["Id"])})
+            else:
+                failed.append(
+                    {
+                        "Id": str(e["Id"]),
+                        "SenderFault": True,
+                        "Code": err.code,
+                        "Message": err.message,
+                    }
+                )
+        return Ok({"Successful": ok, "Failed": failed})
+
+    # ---------------------------------------------------------------- inspection
+
+    def live(self, url: str) -> list[Message]:
+        return [m for m in self.queues[url].messages.values() if not m.deleted]

@@ -1,0 +1,687 @@
+"""A simulated worker process: the same sequence as ``sqs_lease._worker.Worker``.
+
+One receive loop, one heartbeat loop, one task per received message: receive ->
+parse -> claim -> hold the local lease -> run the handler while the heartbeat
+extends the lease (plan_heartbeat + heartbeat_flow every H) -> commit / retry /
+fail / park; graceful shutdown releases what is still held. Every decision is
+made by the real core flows; this module only mirrors the worker shell (its
+threads become tasks, its locks are not needed in one thread), method by method,
+so a defect of that shell shows here too.
+
+The handler is a scripted list of steps (:class:`~sqs_lease._sim.plan.JobPlan`):
+work for some seconds, and side effects through the real ``effect_flow`` whose
+tool and check are simulated remote calls to a fenced target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .._core.calls import Call, Emit, Err, ErrorKind, Flow, Invoke, Ok, Outcome, Sleep
+from .._core.flows import (
+    Claimed,
+    Delivery,
+    Finish,
+    Poison,
+    claim_flow,
+    commit_flow,
+    fail_flow,
+    heartbeat_flow,
+    park_flow,
+    poison_flow,
+    receive_flow,
+    release_flow,
+    retry_flow,
+)
+from .._core.intents import EffectResult, EffectSpec, default_key, effect_flow
+from .._core.records import JobView
+from .._core.timing import Drop, LeaseStatus, LocalLease, backoff_delay, plan_heartbeat
+from .._errors import (
+    HandlerSignal,
+    IntentAmbiguous,
+    IntentPayloadMismatch,
+    LeaseError,
+    PayloadError,
+    PermanentError,
+    ToolOutcomeUnknown,
+    TransientError,
+)
+from .._jobs import JobClass, canonical_json, payload_hash
+from .invariants import Origin
+from .plan import Step
+from .world import (
+    DLQ,
+    QUEUE,
+    Actor,
+    CallOp,
+    RemoteCall,
+    RemoteOp,
+    SimCheck,
+    SimGen,
+    SimTool,
+    SleepOp,
+    Task,
+)
+
+if TYPE_CHECKING:
+    from .world import World
+
+T = TypeVar("T")
+_LOOP_LIMIT = 1_000_000  # every loop is bounded; the world's clock and event budget end it first
+_RESULT_LIMIT = 350_000
+_OPEN = (LeaseStatus.OK, LeaseStatus.UNKNOWN)
+
+
+def drive(world: World, actor: Actor, flow: Flow[T], origin: Origin) -> SimGen[T]:
+    """Step a core flow: calls and remote invokes go to the world, sleeps advance the clock."""
+    instr = next(flow)
+    for _ in range(_LOOP_LIMIT):
+        out: Outcome | None
+        if isinstance(instr, Emit):
+            world.record(actor.id, instr.event, dict(instr.fields))
+            out = None
+        elif isinstance(instr, Call):
+            out = yield CallOp(instr, origin)
+        elif isinstance(instr, Sleep):
+            start = actor.mono()
+            yield SleepOp(instr.seconds)
+            out = Ok({}, start, actor.mono())
+        elif isinstance(instr, Invoke):
+            try:
+                out = _invoke_local(actor, instr)
+            except RemoteCall as remote:
+                out = yield RemoteOp(remote.remote)
+        else:  # pragma: no cover - the core yields nothing else
+            raise TypeError(f"unknown instruction {instr!r}")
+        try:
+            instr = flow.send(out)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+    raise RuntimeError("flow did not finish within the loop bound")  # pragma: no cover
+
+
+def _invoke_local(actor: Actor, inv: Invoke) -> Outcome:
+    """As ``SyncDriver.invoke``: run caller code, its exception becomes an outcome."""
+    start = actor.mono()
+    try:
+        value = inv.fn()
+    except Exception as exc:
+        return Err(
+            ErrorKind.RAISED, type(exc).__name__, "", str(exc), None, (), start, actor.mono(), exc
+        )
+    return Ok({"value": value}, start, actor.mono())
+
+
+@dataclass
+class SimHeld:
+    """``_worker._Held`` plus what the checker needs (the issuing task's origin)."""
+
+    lease: LocalLease
+    job: JobView
+    delivery: Delivery
+    origin: Origin
+    cancelled: bool = False
+    started: bool = False
+
+
+class SimWorker(Actor):
+    def __init__(
+        self, world: World, worker_id: str, *, rate: float, mono0: float, wall_offset: float
+    ) -> None:
+        super().__init__(
+            world, worker_id, faulty=True, rate=rate, mono0=mono0, wall_offset=wall_offset
+        )
+        p = world.plan
+        self.concurrency = p.concurrency
+        self.receive_wait = p.receive_wait
+        self.receive_visibility = world.job_class.lease_seconds
+        self.shutdown_grace = 20.0
+        self.tick = 0.1
+        self.classes: dict[str, JobClass] = {world.job_class.name: world.job_class}
+        self.table = world.jobs_req
+        self.intents = world.intents_req
+        self.queue_url = QUEUE
+        self.dlq_url = DLQ
+        self.held: dict[str, SimHeld] = {}
+        self.job_tasks: list[Task] = []
+        self.stopping = False
+        self.receive_task: Task | None = None
+        self.heartbeat_task: Task | None = None
+        self._jobs_started = 0
+        self.stats: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ plumbing
+
+    def bump(self, what: str, n: int = 1) -> None:
+        self.stats[what] = self.stats.get(what, 0) + n
+        self.world.checker.bump(what, n)
+
+    def journal(self, event: str, **fields: Any) -> None:
+        self.world.record(self.id, event, fields)
+
+    def drive(self, flow: Flow[T], origin: Origin) -> SimGen[T]:
+        return drive(self.world, self, flow, origin)
+
+    def start(self) -> None:
+        self.receive_task = self.spawn("receive", self.receive_loop())
+        self.heartbeat_task = self.spawn("heartbeat", self.heartbeat_loop())
+
+    def begin_shutdown(self) -> None:
+        self.stopping = True
+        self.world.interrupt(self.receive_task)
+
+    def _alive_jobs(self) -> int:
+        return sum(1 for t in self.job_tasks if not t.done)
+
+    # ------------------------------------------------------------------ run() / receive loop
+
+    def receive_loop(self) -> SimGen[None]:
+        origin = Origin(self.id, "receive", "receive")
+        for _ in range(_LOOP_LIMIT):
+            if self.stopping:
+                break
+            free = max(0, self.concurrency - self._alive_jobs())
+            if free == 0:
+                yield SleepOp(1.0, wakeable=True)  # woken when a job task ends
+                continue
+            batch = yield from self.drive(
+                receive_flow(
+                    queue_url=self.queue_url,
+                    max_messages=free,
+                    wait_seconds=self.receive_wait,
+                    visibility=self.receive_visibility,
+                ),
+                origin,
+            )
+            for item in batch:
+                self.bump("received")
+                if self.stopping:
+                    yield from self._release_unstarted(item)
+                    continue
+                self._start(item)
+        yield from self._shutdown()
+        delay = self.world.chaos.uniform(1.0, 30.0)
+        self.world.at(self.world.now, lambda: self.world.worker_exited(self, restart_after=delay))
+
+    def _start(self, item: Delivery | Poison) -> None:
+        self._jobs_started += 1
+        name = f"job{self._jobs_started}-{getattr(item, 'job_id', None)}"
+        holder: list[Task] = []
+        task = self.spawn(name, self._process(item, holder))
+        holder.append(task)
+        task.on_done = lambda: self._job_ended(task)
+        self.job_tasks = [t for t in self.job_tasks if not t.done]
+        self.job_tasks.append(task)
+
+    def _job_ended(self, task: Task) -> None:
+        self.world.interrupt(self.receive_task)
+        self.world.interrupt(self.heartbeat_task)
+
+    def _release_unstarted(self, item: Delivery | Poison) -> SimGen[None]:
+        if isinstance(item, Delivery):
+            n = yield from self.drive(
+                release_flow(
+                    self.table,
+                    queue_url=self.queue_url,
+                    held=[(None, item)],
+                    worker_id=self.id,
+                    wall_now=self.wall(),
+                    reason="shutdown",
+                ),
+                Origin(self.id, "release", "release"),
+            )
+            self.bump("released", n)
+
+    def _shutdown(self) -> SimGen[None]:
+        deadline = self.mono() + self.shutdown_grace
+        for _ in range(_LOOP_LIMIT):
+            if not self._alive_jobs() or self.mono() >= deadline:
+                break
+            yield SleepOp(max(0.01, deadline - self.mono()), wakeable=True)
+        left = [h for h in self.held.values() if h.lease.status in _OPEN]
+        for h in left:
+            h.lease.status = LeaseStatus.EXPIRED
+            h.lease.reason = "shutdown"
+            h.cancelled = True
+        if left:
+            origin = Origin(
+                self.id, "release", "release", {h.job.job_id: h.lease.token for h in left}
+            )
+            n = yield from self.drive(
+                release_flow(
+                    self.table,
+                    queue_url=self.queue_url,
+                    held=[(h.job, h.delivery) for h in left],
+                    worker_id=self.id,
+                    wall_now=self.wall(),
+                    reason="shutdown: handler overran the grace period",
+                ),
+                origin,
+            )
+            self.bump("released", n)
+
+    # ------------------------------------------------------------------ one job (_process)
+
+    def _process(self, item: Delivery | Poison, holder: list[Task]) -> SimGen[None]:
+        task_name = holder[0].name if holder else "job"
+        origin = Origin(self.id, task_name, "job")
+        if isinstance(item, Poison):
+            self.bump("poisoned")
+            yield from self.drive(
+                poison_flow(
+                    self.table, queue_url=self.queue_url, poison=item, dlq_url=self.dlq_url, body=""
+                ),
+                origin,
+            )
+            return
+        job_class = self.classes.get(item.job_class)
+        claim = yield from self.drive(
+            claim_flow(
+                self.table,
+                queue_url=self.queue_url,
+                delivery=item,
+                worker_id=self.id,
+                wall_now=self.wall(),
+                lease_seconds=job_class.lease_seconds if job_class else self.receive_visibility,
+                max_attempts=job_class.max_attempts if job_class else 1_000_000,
+            ),
+            origin,
+        )
+        if not isinstance(claim, Claimed):
+            if claim.outcome in ("done", "parked"):
+                self.bump("already_done")
+            elif claim.outcome in ("missing", "class_mismatch"):
+                self.bump("poisoned")
+            elif claim.outcome == "exhausted":
+                self.bump("failed")
+            return
+        self.bump("claimed")
+        self.bump("reclaimed", int(claim.reclaimed))
+        if job_class is None:
+            self.bump("poisoned")
+            yield from self._finish_fail(
+                claim,
+                f"unknown job class {item.job_class!r}",
+                "unknown_class",
+                origin,
+                poisoned=True,
+            )
+            return
+        try:
+            job_class.validate_payload(claim.job.payload_json or "")
+        except PayloadError as exc:
+            self.bump("poisoned")
+            yield from self._finish_fail(claim, str(exc), "invalid_payload", origin, poisoned=True)
+            return
+        held = self._hold(claim, job_class, origin)
+        fin: Finish | None = None
+        try:
+            fin = yield from self._run_handler(held, claim, job_class, origin)
+        finally:
+            self._forget(held, item, fin)
+
+    def _forget(self, held: SimHeld, item: Delivery, fin: Finish | None) -> None:
+        """``finally: self._held.pop(item.job_id)`` of ``_worker.Worker._process``."""
+        current = self.held.get(item.job_id)
+        if current is not None and current is not held:
+            # The real worker keys held jobs by job id: a second claim of the same job
+            # by this worker replaced ours, and this pop removes *that* one.
+            self.bump("anomaly_popped_newer_claim")
+            self.journal("sim_anomaly", kind="popped_newer_claim", job_id=item.job_id)
+        self.held.pop(item.job_id, None)
+
+    def _hold(self, claim: Claimed, jc: JobClass, origin: Origin) -> SimHeld:
+        now = self.mono()
+        lease = LocalLease(
+            job_id=claim.job.job_id,
+            token=claim.token,
+            receipt_handle=claim.delivery.receipt_handle,
+            lease_seconds=jc.lease_seconds,
+            heartbeat_seconds=jc.heartbeat_seconds,
+            jitter_seconds=jc.jitter_seconds,
+            deadline=claim.deadline,
+            started_at=now,
+            stage_deadline=claim.delivery.received_at + jc.stage_budget_seconds,
+            tool_timeout=jc.tool_timeout_seconds,
+            progress_timeout=jc.progress_timeout_seconds,
+            last_progress=now,
+            next_beat=now + jc.heartbeat_seconds,
+            last_confirmed=now,
+            advised_at=now,
+        )
+        held = SimHeld(lease, claim.job, claim.delivery, origin)
+        if claim.job.job_id in self.held:
+            self.bump("anomaly_replaced_held_claim")
+        self.held[lease.job_id] = held
+        self.world.interrupt(self.heartbeat_task)
+        return held
+
+    def _mark(self, held: SimHeld, status: LeaseStatus) -> None:
+        if held.lease.status in _OPEN:
+            held.lease.status = status
+
+    # ------------------------------------------------------------------ the handler
+
+    def _handler(self, held: SimHeld, claim: Claimed, origin: Origin) -> SimGen[Any]:
+        plan = self.world.job_plans.get(claim.job.job_id)
+        if plan is None:  # pragma: no cover - every sim job has a plan
+            return {"job": claim.job.job_id}
+        r = self.world.chaos.random()
+        for step in plan.steps:
+            if step.kind == "work":
+                yield SleepOp(step.seconds)
+                if plan.cooperative and held.cancelled:
+                    held.lease.check(self.mono())  # ctx.check(): raises once the lease is gone
+            else:
+                yield from self._effect(held, claim, step, plan.target, origin)
+        if r < plan.p_unknown:
+            raise ToolOutcomeUnknown("scripted: the handler's own call timed out", code="timeout")
+        if r < plan.p_unknown + plan.p_permanent:
+            raise PermanentError("scripted permanent failure", code="sim_permanent")
+        if r < plan.p_unknown + plan.p_permanent + plan.p_transient:
+            raise TransientError("scripted transient failure", code="sim_transient")
+        return {"job": claim.job.job_id, "attempt": claim.attempt, "worker": self.id}
+
+    def _effect(
+        self, held: SimHeld, claim: Claimed, step: Step, target: str, origin: Origin
+    ) -> SimGen[EffectResult]:
+        job_id = claim.job.job_id
+        stage = claim.job.stage or "main"
+        key = default_key(job_id, stage, step.action, target, None)
+        text = canonical_json({"job": job_id, "action": step.action, "amount": len(step.action)})
+        digest = payload_hash(text)
+        resource = f"{target}:{job_id}"
+        p = self.world.plan
+        lease = held.lease
+        spec = EffectSpec(
+            key=key,
+            job_id=job_id,
+            stage=stage,
+            action=step.action,
+            target=target,
+            payload_json=text,
+            payload_hash=digest,
+            tool=SimTool(target, key, resource, claim.token, digest, self.id, p.tool_http_timeout),
+            check=SimCheck(target, key, resource, claim.token, p.tool_http_timeout),
+            lease_check=lambda: lease.check(self.mono()),
+        )
+        return (
+            yield from self.drive(
+                effect_flow(
+                    self.intents,
+                    self.table,
+                    spec=spec,
+                    token=claim.token,
+                    worker_id=self.id,
+                    wall_now=self.wall(),
+                ),
+                origin,
+            )
+        )
+
+    def _run_handler(
+        self, held: SimHeld, claim: Claimed, jc: JobClass, origin: Origin
+    ) -> SimGen[Finish | None]:
+        start = self.mono()
+        error: Exception | None = None
+        result: Any = None
+        try:
+            result = yield from self._handler(held, claim, origin)
+        except Exception as exc:
+            error = exc
+        origin.handler_ended = True  # the truth the checker uses for I5 (not patched)
+        if isinstance(error, LeaseError):
+            self._mark(held, LeaseStatus.DONE)
+            self.bump("lost")
+            self.journal(
+                "job_abandoned",
+                job_id=claim.job.job_id,
+                token=claim.token,
+                error_code=type(error).__name__,
+                duration=round(self.mono() - start, 3),
+            )
+            return None
+        if isinstance(error, IntentPayloadMismatch):
+            self._mark(held, LeaseStatus.DONE)
+            return (
+                yield from self._finish_fail(claim, str(error), "intent_payload_mismatch", origin)
+            )
+        if isinstance(error, (ToolOutcomeUnknown, IntentAmbiguous)):
+            self._mark(held, LeaseStatus.DONE)
+            self.bump("parked")
+            return (
+                yield from self.drive(
+                    park_flow(
+                        self.table,
+                        queue_url=self.queue_url,
+                        job=claim.job,
+                        delivery=claim.delivery,
+                        worker_id=self.id,
+                        wall_now=self.wall(),
+                        reason=str(error)
+                        if isinstance(error, IntentAmbiguous)
+                        else f"tool outcome unknown: {error}",
+                    ),
+                    origin,
+                )
+            )
+        if isinstance(error, PermanentError):
+            self._mark(held, LeaseStatus.DONE)
+            return (yield from self._finish_fail(claim, str(error), error.code, origin))
+        if error is not None:
+            self._mark(held, LeaseStatus.DONE)
+            reason = (
+                str(error) if isinstance(error, HandlerSignal) else f"{type(error).__name__} raised"
+            )
+            code = error.code if isinstance(error, TransientError) else type(error).__name__
+            return (yield from self._retry(claim, jc, reason, code, origin))
+        self._mark(held, LeaseStatus.DONE)
+        return (yield from self._commit(claim, result, self.mono() - start, origin))
+
+    # ------------------------------------------------------------------ ends of an attempt
+
+    def _commit(
+        self, claim: Claimed, result: Any, duration: float, origin: Origin
+    ) -> SimGen[Finish]:
+        text = canonical_json(result)
+        if len(text.encode()) > _RESULT_LIMIT:  # pragma: no cover - sim results are small
+            return (
+                yield from self._finish_fail(claim, "result too large", "result_too_large", origin)
+            )
+        fin = yield from self.drive(
+            commit_flow(
+                self.table,
+                queue_url=self.queue_url,
+                job=claim.job,
+                delivery=claim.delivery,
+                worker_id=self.id,
+                result_json=text,
+                wall_now=self.wall(),
+                duration=duration,
+            ),
+            origin,
+        )
+        if fin.outcome == "done":
+            self.bump("committed")
+        elif fin.outcome == "rejected":
+            self.bump("rejected")
+        else:
+            self.bump("commit_unknown")
+        return fin
+
+    def _retry(
+        self, claim: Claimed, jc: JobClass, reason: str, code: str, origin: Origin
+    ) -> SimGen[Finish]:
+        delay = backoff_delay(
+            claim.attempt,
+            jc.backoff_base_seconds,
+            jc.backoff_max_seconds,
+            self.world.chaos.random(),
+        )
+        fin = yield from self.drive(
+            retry_flow(
+                self.table,
+                queue_url=self.queue_url,
+                job=claim.job,
+                delivery=claim.delivery,
+                worker_id=self.id,
+                wall_now=self.wall(),
+                reason=reason,
+                error_code=code,
+                delay=delay,
+                max_attempts=jc.max_attempts,
+            ),
+            origin,
+        )
+        if fin.outcome == "done":
+            self.bump("failed" if claim.attempt >= jc.max_attempts else "retried")
+        return fin
+
+    def _finish_fail(
+        self, claim: Claimed, reason: str, code: str, origin: Origin, poisoned: bool = False
+    ) -> SimGen[Finish]:
+        if poisoned:
+            self.journal(
+                "message_poisoned",
+                job_id=claim.job.job_id,
+                token=claim.token,
+                error_code=code,
+                reason=reason,
+            )
+        fin = yield from self.drive(
+            fail_flow(
+                self.table,
+                queue_url=self.queue_url,
+                job=claim.job,
+                delivery=claim.delivery,
+                worker_id=self.id,
+                wall_now=self.wall(),
+                reason=reason,
+                error_code=code,
+            ),
+            origin,
+        )
+        if fin.outcome == "done" and not poisoned:
+            self.bump("failed")
+        return fin
+
+    # ------------------------------------------------------------------ heartbeat
+
+    def heartbeat_loop(self) -> SimGen[None]:
+        origin = Origin(self.id, "heartbeat", "heartbeat")
+        for _ in range(_LOOP_LIMIT):
+            if self.stopping and not self.held and not self._alive_jobs():
+                return
+            yield from self._beat_once(origin)
+            yield SleepOp(self._next_wake(), wakeable=True)
+
+    def _next_wake(self) -> float:
+        """The real loop ticks every 0.1 s; sleeping until the next due moment is the same."""
+        now = self.mono()
+        due = [now + 30.0]
+        for h in self.held.values():
+            lease = h.lease
+            if lease.status not in _OPEN:
+                continue
+            due += [
+                lease.next_beat,
+                lease.conservative_deadline,
+                lease.started_at + lease.tool_timeout,
+                lease.stage_deadline - lease.lease_seconds,
+            ]
+            if lease.progress_timeout is not None:
+                due.append(lease.last_progress + lease.progress_timeout)
+        return max(self.tick, min(due) - now + 1e-6)
+
+    def _beat_once(self, origin: Origin) -> SimGen[None]:
+        now = self.mono()
+        plan = plan_heartbeat([h.lease for h in self.held.values()], now)
+        dropped = {lease.job_id: self.held[lease.job_id] for lease, _ in plan.drop}
+        for lease, why in plan.drop:
+            lease.status = LeaseStatus.EXPIRED
+            lease.reason = why.value
+            dropped[lease.job_id].cancelled = True
+        for lease, why in plan.drop:
+            held = dropped[lease.job_id]
+            self.journal(
+                "lease_dropped",
+                job_id=lease.job_id,
+                token=lease.token,
+                reason=why.value,
+                lease_left=round(lease.deadline - now, 3),
+            )
+            if why is not Drop.RESERVE_SPENT:
+                jc = self.classes[held.job.job_class]
+                claim = Claimed(
+                    held.delivery,
+                    held.job,
+                    lease.token,
+                    held.job.attempt,
+                    False,
+                    None,
+                    lease.deadline,
+                )
+                watchdog = Origin(self.id, "heartbeat", "heartbeat", {lease.job_id: lease.token})
+                yield from self._retry(claim, jc, f"watchdog: {why.value}", why.value, watchdog)
+        if not plan.extend:
+            return
+        by_lease = {id(h.lease): h for h in self.held.values()}
+        truth: dict[str, tuple[int, str] | None] = {}
+        for lease in plan.extend:
+            h = by_lease.get(id(lease))
+            ended = h.origin.handler_ended if h is not None else False
+            self.world.checker.now = self.world.now
+            self.world.checker.beat_planned(self.id, lease.job_id, lease.token, ended)
+            truth[lease.job_id] = self.world.truth(lease.job_id)
+        report = yield from self.drive(
+            heartbeat_flow(
+                self.table,
+                queue_url=self.queue_url,
+                leases=plan.extend,
+                worker_id=self.id,
+                wall_now=self.wall(),
+                advise=plan.advise,
+            ),
+            origin,
+        )
+        after = self.mono()
+        for lease in plan.extend:
+            beat = report.beats.get(lease.job_id)
+            holder = self.held.get(lease.job_id)
+            if beat is None or holder is None:
+                continue
+            if lease.status not in _OPEN:
+                continue  # finished or dropped while the round was in flight
+            if beat.status == "ok" and beat.deadline is not None:
+                self.world.checker.now = self.world.now
+                self.world.checker.lease_extended(
+                    self.id, lease.job_id, lease.token, truth[lease.job_id]
+                )
+                lease.deadline = beat.deadline
+                lease.status = LeaseStatus.OK
+                lease.last_confirmed = after
+                lease.next_beat = now + lease.heartbeat_seconds
+                if lease.job_id in plan.advise:
+                    lease.advised_at = now
+            elif beat.status in ("lost", "cancelled"):
+                lease.status = (
+                    LeaseStatus.CANCELLED if beat.status == "cancelled" else LeaseStatus.LOST
+                )
+                lease.reason = beat.reason
+                if holder.lease is not lease:
+                    # As in the real worker, the signal goes to whoever holds the job id now.
+                    self.bump("anomaly_cancelled_other_claim")
+                    self.journal(
+                        "sim_anomaly",
+                        kind="cancelled_other_claim",
+                        job_id=lease.job_id,
+                        token=lease.token,
+                        holder_token=holder.lease.token,
+                    )
+                holder.cancelled = True
+            else:
+                lease.status = LeaseStatus.UNKNOWN
+                lease.reason = beat.reason
+                lease.next_beat = now + min(lease.heartbeat_seconds, 1.0)

@@ -1,0 +1,957 @@
+"""The simulated world: a discrete-event scheduler, the network, the services, the faults.
+
+Tasks are generators that yield :class:`CallOp` (an AWS call), :class:`SleepOp`
+(on the actor's own monotonic clock) or :class:`RemoteOp` (a tool call or a
+reconciliation check at a simulated target). The world answers each one at a
+virtual time: a call travels to its service after a seeded latency, is applied
+there at that instant, and its answer travels back; a partition drops the
+request or the answer, a slow call arrives after the client has given up, a
+paused process sees its answers only when it resumes, a crashed one never.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeAlias, TypeVar
+
+from pydantic import BaseModel
+
+from .._core.calls import Call, Err, ErrorKind, Ok, Outcome
+from .._core.flows import cancel_flow, message_body, submit_flow
+from .._core.intents import ToolResult
+from .._errors import LeaseLost, PermanentError, ToolOutcomeUnknown, TransientError
+from .._jobs import JobClass, canonical_json, payload_hash
+from .._schema import IntentTable, JobTable
+from .chaos import Chaos
+from .ddb import SimDynamo, TableSpec
+from .invariants import E_BUDGET, E_EXC, Checker, Origin, Violation
+from .plan import FAULT_KINDS, RunPlan, draw_plan
+from .receiver import Receivers, Reply
+from .sqs import Message, SimSQS, Wait
+
+T = TypeVar("T")
+
+JOBS = "sim-jobs"
+INTENTS = "sim-intents"
+ATTEMPTS = "sim-attempts"
+QUEUE = "https://sqs.sim.local/000000000000/sim-work"
+DLQ = "https://sqs.sim.local/000000000000/sim-work-dlq"
+JOB_CLASS = "sim"
+EPOCH_S = 1_767_225_600.0
+MAX_EVENTS = 3_000_000
+
+
+class SimPayload(BaseModel):
+    n: int
+
+
+# --------------------------------------------------------------------------- ops
+
+
+@dataclass(frozen=True)
+class CallOp:
+    call: Call
+    origin: Origin
+
+
+@dataclass(frozen=True)
+class SleepOp:
+    seconds: float  # on the actor's monotonic clock
+    wakeable: bool = False
+
+
+class RemoteCall(BaseException):
+    """Raised by a simulated tool or check when called: the driver turns it into a
+    :class:`RemoteOp`. It works whether the core invokes the object itself or a
+    closure around it (``lambda: check(view)``), and no ``except Exception`` in
+    between can swallow it."""
+
+    def __init__(self, remote: SimTool | SimCheck, args: tuple[Any, ...]) -> None:
+        super().__init__(remote.kind)
+        self.remote = remote
+        self.args_seen = args
+
+
+@dataclass(eq=False)
+class SimTool:
+    """The tool an ``Invoke("tool", ...)`` carries: a call to a simulated target."""
+
+    target: str
+    key: str
+    resource: str
+    token: int
+    payload_hash: str
+    worker: str
+    timeout: float
+    kind: str = "tool"
+
+    def __call__(self, *args: Any) -> Any:
+        raise RemoteCall(self, args)
+
+
+@dataclass(eq=False)
+class SimCheck:
+    """The reconciliation check (called with the intent's view); runs at the target."""
+
+    target: str
+    key: str
+    resource: str
+    token: int
+    timeout: float
+    kind: str = "check"
+
+    def __call__(self, *args: Any) -> Any:
+        raise RemoteCall(self, args)
+
+
+Remote: TypeAlias = SimTool | SimCheck
+
+
+@dataclass(frozen=True)
+class RemoteOp:
+    remote: Remote
+
+
+Op: TypeAlias = CallOp | SleepOp | RemoteOp
+SimGen: TypeAlias = Generator[Op, Any, T]
+
+
+class Task:
+    __slots__ = ("actor", "done", "gen", "name", "on_done", "sleep_gen", "sleeping")
+
+    def __init__(self, actor: Actor, name: str, gen: SimGen[Any]) -> None:
+        self.actor = actor
+        self.name = name
+        self.gen = gen
+        self.done = False
+        self.sleep_gen = 0
+        self.sleeping = False
+        self.on_done: Callable[[], None] | None = None
+
+
+@dataclass
+class _Pending:
+    task: Task
+    sent_mono: float
+    attempt: int = 0
+    done: bool = False
+    applied: int = 0  # the first attempt of this call the service applied (0: none)
+
+
+# --------------------------------------------------------------------------- actors
+
+
+class Actor:
+    """Something that runs tasks: a worker process, the producer, an operator."""
+
+    def __init__(
+        self,
+        world: World,
+        actor_id: str,
+        *,
+        faulty: bool = False,
+        rate: float = 1.0,
+        mono0: float = 0.0,
+        wall_offset: float = 0.0,
+    ) -> None:
+        self.world = world
+        self.id = actor_id
+        self.faulty = faulty
+        self.rate = rate
+        self.mono0 = mono0
+        self.wall_offset = wall_offset
+        self.t0 = world.now
+        self.alive = True
+        self.paused_until = 0.0
+        self.tasks: list[Task] = []
+        # (start, end, mode, services): mode "both" drops requests and answers,
+        # "response" lets the request apply and loses the answer.
+        self.partitions: list[tuple[float, float, str, tuple[str, ...]]] = []
+        self.slow: list[tuple[float, float, float]] = []  # (start, end, max extra latency)
+
+    def mono(self, t: float | None = None) -> float:
+        """This actor's monotonic clock: its own origin and rate (drift)."""
+        return self.mono0 + ((self.world.now if t is None else t) - self.t0) * self.rate
+
+    def wall(self) -> float:
+        """This actor's wall clock: off by its offset (the protocol must not care)."""
+        return round(EPOCH_S + self.world.now * self.rate + self.wall_offset, 3)
+
+    def cut(self, service: str, t: float, *, request: bool) -> bool:
+        for start, end, mode, services in self.partitions:
+            if start <= t < end and service in services and (mode == "both" or not request):
+                return True
+        return False
+
+    def extra_latency(self, t: float) -> float:
+        extra = 0.0
+        for start, end, hi in self.slow:
+            if start <= t < end:
+                extra = max(extra, self.world.chaos.uniform(0.2, hi))
+        return extra
+
+    def spawn(self, name: str, gen: SimGen[Any]) -> Task:
+        task = Task(self, name, gen)
+        self.tasks.append(task)
+        self.world.at(self.world.now, lambda: self.world.resume(task, None))
+        return task
+
+    def kill(self) -> None:
+        """The process is gone: its tasks stop where they are; nothing of it runs again."""
+        self.alive = False
+        for task in self.tasks:
+            if not task.done:
+                task.done = True
+                task.gen.close()
+
+
+# --------------------------------------------------------------------------- the world
+
+
+@dataclass
+class RunResult:
+    seed: int
+    mutation: str | None
+    violations: list[Violation]
+    end_time: float
+    events: int
+    injected: dict[str, int]
+    counts: dict[str, int]
+    log: list[tuple[float, str, str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def render_log(self) -> list[str]:
+        return [render_entry(e) for e in self.log]
+
+
+def render_entry(entry: tuple[float, str, str, Any]) -> str:
+    t, who, kind, data = entry
+    text = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
+    return f"{t:13.6f} {who:<9} {kind} {text}"
+
+
+class World:
+    def __init__(
+        self,
+        seed: int,
+        *,
+        workers: int | None = None,
+        jobs: int | None = None,
+        mutation: str | None = None,
+        trace: bool = True,
+    ) -> None:
+        self.seed = seed
+        self.mutation = mutation
+        self.trace = trace
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = 0
+        self.events = 0
+        self.chaos = Chaos(seed)
+        self.plan: RunPlan = draw_plan(self.chaos, workers=workers, jobs=jobs)
+        self.chaos.cutoff = self.plan.cutoff
+        self.log: list[tuple[float, str, str, Any]] = []
+        self.checker = Checker(JOBS)
+        self.counts = self.checker.counts
+        self.ddb = SimDynamo(
+            [
+                TableSpec(JOBS, "job_id"),
+                TableSpec(INTENTS, "intent_key"),
+                TableSpec(ATTEMPTS, "intent_key", "attempt"),
+            ],
+            self.chaos,
+            self.plan.ddb,
+            on_write=self._on_write,
+        )
+        self.sqs = SimSQS(self.chaos, self.plan.sqs)
+        self.sqs.create_queue(DLQ, visibility=self.plan.lease)
+        self.sqs.create_queue(
+            QUEUE, visibility=self.plan.lease, dlq_url=DLQ, max_receive=self.plan.max_receive
+        )
+        self.sqs.on_redrive = self._on_redrive
+        self.receivers = Receivers(self.chaos, self.plan.targets)
+        self.receivers.add("keyed", keyed=True)
+        self.receivers.add("unkeyed", keyed=False)
+        self.receivers.listeners.append(self._on_effect)
+        self.jobs_req = JobTable(JOBS)
+        self.intents_req = IntentTable(INTENTS, ATTEMPTS)
+        p = self.plan
+        self.job_class = JobClass(
+            name=JOB_CLASS,
+            payload_model=SimPayload,
+            lease_seconds=p.lease,
+            heartbeat_seconds=p.heartbeat,
+            jitter_seconds=p.jitter,
+            missed_heartbeats=3,
+            tool_timeout_seconds=p.tool_timeout,
+            stage_budget_seconds=p.stage_budget,
+            max_attempts=p.max_attempts,
+            backoff_base_seconds=p.backoff_base,
+            backoff_max_seconds=p.backoff_max,
+        )
+        self.job_plans = {jp.job_id: jp for jp in p.job_plans}
+        self.workers: dict[str, Any] = {}
+        self._worker_seq = 0
+        # The producer's calls may be slow, lose their answer and be retried by its SDK
+        # (a duplicate message); it never pauses nor crashes, and resubmits on error.
+        self.producer = Actor(self, "producer", faulty=True)
+        self.operator = Actor(self, "operator")
+        self.done_at: float | None = None
+        self.failed_tasks = 0
+
+    # ------------------------------------------------------------------ scheduling
+
+    def at(self, t: float, fn: Callable[[], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (max(t, self.now), self._seq, fn))
+
+    def record(self, who: str, kind: str, data: Any) -> None:
+        self.log.append((round(self.now, 6), who, kind, data))
+
+    def resume(self, task: Task, value: Any) -> None:
+        actor = task.actor
+        if task.done or not actor.alive:
+            return
+        if actor.paused_until > self.now:
+            until = actor.paused_until
+            self.at(until, lambda: self.resume(task, value))
+            return
+        if isinstance(value, (Ok, Err)):
+            value = replace(value, received_at=actor.mono())
+        task.sleeping = False
+        try:
+            op = task.gen.send(value)
+        except StopIteration:
+            self._task_done(task)
+            return
+        except Exception as exc:  # a worker thread would die here: report it
+            self._task_done(task)
+            self.failed_tasks += 1
+            self.checker.now = self.now
+            self.checker.fail(E_EXC, f"{actor.id}/{task.name} raised {type(exc).__name__}: {exc}")
+            self.record(actor.id, "task_crashed", {"task": task.name, "error": repr(exc)})
+            return
+        self._dispatch(task, op)
+
+    def _task_done(self, task: Task) -> None:
+        task.done = True
+        if task.on_done is not None:
+            task.on_done()
+
+    def interrupt(self, task: Task | None) -> None:
+        """Wake a task from a wakeable sleep (a no-op when it is doing something else)."""
+        if task is None or task.done or not task.sleeping:
+            return
+        task.sleep_gen += 1
+        task.sleeping = False
+        self.at(self.now, lambda: self.resume(task, None))
+
+    def _dispatch(self, task: Task, op: Op) -> None:
+        if isinstance(op, SleepOp):
+            dt = max(0.0, op.seconds) / task.actor.rate
+            if op.wakeable:
+                task.sleep_gen += 1
+                gen = task.sleep_gen
+                task.sleeping = True
+
+                def wake() -> None:
+                    if task.sleep_gen == gen and task.sleeping:
+                        task.sleeping = False
+                        self.resume(task, None)
+
+                self.at(self.now + dt, wake)
+            else:
+                self.at(self.now + dt, lambda: self.resume(task, None))
+        elif isinstance(op, CallOp):
+            self._call(task, op)
+        else:
+            self._remote(task, op.remote)
+
+    # ------------------------------------------------------------------ the network: AWS calls
+
+    def latency(self, actor: Actor) -> float:
+        lo, hi = self.plan.latency
+        lat = self.chaos.uniform(lo, hi)
+        if actor.faulty:
+            lat += actor.extra_latency(self.now)
+            if self.chaos.roll("slow_call", self.plan.slow_call):
+                lat += self.chaos.uniform(0.5, 12.0)
+        return lat
+
+    def _timeout_for(self, actor: Actor, c: Call) -> float:
+        if c.op == "ReceiveMessage":
+            return float(c.params.get("WaitTimeSeconds", 0)) + 5.0
+        return self.plan.read_timeout if actor.faulty else 30.0
+
+    def _call(self, task: Task, op: CallOp) -> None:
+        actor = task.actor
+        c = op.call
+        attempts = 1 if (c.op == "ReceiveMessage" or not actor.faulty) else self.plan.sdk_attempts
+        pending = _Pending(task, actor.mono())
+        self._attempt(pending, op, attempts)
+
+    def _attempt(self, p: _Pending, op: CallOp, left: int) -> None:
+        actor = p.task.actor
+        c = op.call
+        p.attempt += 1
+        attempt = p.attempt
+        t0 = self.now
+        timeout = self._timeout_for(actor, c)
+        if actor.faulty and actor.cut(c.service, t0, request=True):
+            self.chaos.count("request_dropped")
+        else:
+            self.at(
+                t0 + self.latency(actor), lambda: self._apply(p, attempt, op, t0, timeout, left)
+            )
+
+        def on_timeout() -> None:
+            if p.done or p.attempt != attempt:
+                return
+            if left > 1:
+                self.chaos.count("sdk_retry")
+                self._attempt(p, op, left - 1)
+                return
+            p.done = True
+            err = Err(
+                ErrorKind.UNREACHABLE,
+                "ReadTimeoutError",
+                "",
+                f"{c.service} {c.op}: no answer within {timeout:g} s",
+                sent_at=p.sent_mono,
+            )
+            if self.trace:
+                self.record(actor.id, "call_timeout", {"op": c.op, "key": _summary(c)})
+            self.resume(p.task, err)
+
+        self.at(t0 + timeout, on_timeout)
+
+    def _service(self, op: CallOp) -> Outcome | Wait:
+        c = op.call
+        if c.service == "dynamodb":
+            self.checker.now = self.now
+            return self.ddb.handle(c.op, c.params, self.now, op.origin)
+        return self.sqs.handle(c.op, c.params, self.now)
+
+    def _apply(
+        self, p: _Pending, attempt: int, op: CallOp, t0: float, timeout: float, left: int
+    ) -> None:
+        out = self._service(op)
+        if isinstance(out, Wait):
+            self._long_poll(p, attempt, op, t0, timeout, out.until)
+            return
+        if isinstance(out, Ok):
+            p.applied = min(p.applied or attempt, attempt)
+        self._answer(p, attempt, op, t0, timeout, left, out)
+
+    def _long_poll(
+        self, p: _Pending, attempt: int, op: CallOp, t0: float, timeout: float, until: float
+    ) -> None:
+        state = {"done": False}
+        queue = self.sqs.queues[str(op.call.params["QueueUrl"])]
+
+        def poll() -> None:
+            if state["done"]:
+                return
+            out = self._service(op)
+            if isinstance(out, Wait):
+                if self.now >= until - 1e-9:
+                    out = Ok({})
+                else:
+                    arm()
+                    return
+            state["done"] = True
+            self._answer(p, attempt, op, t0, timeout, 1, out)
+
+        def arm() -> None:
+            nxt = self.sqs.next_visible(queue)
+            when = until if nxt is None else min(until, nxt)
+            self.at(when, poll)
+            self.sqs.waiters.append(lambda: self.at(self.now, poll))
+
+        arm()
+
+    def _answer(
+        self,
+        p: _Pending,
+        attempt: int,
+        op: CallOp,
+        t0: float,
+        timeout: float,
+        left: int,
+        out: Outcome,
+    ) -> None:
+        actor = p.task.actor
+        c = op.call
+        if self.trace:
+            self.record("aws", c.op, {"from": actor.id, "key": _summary(c), "out": _brief(out)})
+        t_back = self.now + self.latency(actor)
+        lost = actor.faulty and (
+            actor.cut(c.service, t_back, request=False)
+            or self.chaos.roll("lost_response", self.plan.lost_response)
+        )
+        if lost or t_back > t0 + timeout:
+            if not lost:
+                self.chaos.count("late_answer")
+            return  # the client's timeout decides what it sees
+
+        def deliver() -> None:
+            if p.done or p.attempt != attempt:
+                return
+            if c.op == "TransactWriteItems" and isinstance(out, Err) and 0 < p.applied < attempt:
+                # The SDK resent a transaction whose first try applied, and the worker
+                # sees the refusal: DynamoDB cancels it (no ClientRequestToken is sent).
+                kind = f"retried_{_txn_kind(c)}_refused"
+                self.checker.bump("anomaly_" + kind)
+                self.record(
+                    actor.id, "sim_anomaly", {"kind": kind, "key": _summary(c), "out": _brief(out)}
+                )
+            if (
+                isinstance(out, Err)
+                and out.kind in (ErrorKind.THROTTLED, ErrorKind.SERVER)
+                and left > 1
+            ):
+                self.chaos.count("sdk_retry")
+                self._attempt(p, op, left - 1)
+                return
+            p.done = True
+            self.resume(p.task, replace(out, sent_at=p.sent_mono))
+
+        self.at(t_back, deliver)
+
+    # ------------------------------------------------------------------ the network: targets
+
+    def _remote(self, task: Task, r: Remote) -> None:
+        actor = task.actor
+        p = _Pending(task, actor.mono())
+        t0 = self.now
+        timeout = r.timeout
+        if actor.faulty and actor.cut("target", t0, request=True):
+            self.chaos.count("request_dropped")
+            if r.kind == "tool" and self.chaos.chance(0.5):
+                # Connection refused: certainly nothing was sent.
+                exc: Exception = TransientError("target: connection refused", code="refused")
+                self.at(t0 + 0.001, lambda: self._deliver_remote(p, r, _raised(exc, p.sent_mono)))
+                return
+        else:
+            if isinstance(r, SimTool):
+                self.receivers.sent(r.target, r.key, r.token)
+            self.at(t0 + self.latency(actor), lambda: self._remote_apply(p, r, t0, timeout))
+
+        def on_timeout() -> None:
+            if p.done:
+                return
+            late: Exception = (
+                ToolOutcomeUnknown(f"{r.target}: timeout after {timeout:g} s", code="timeout")
+                if r.kind == "tool"
+                else TimeoutError(f"{r.target} check: timeout after {timeout:g} s")
+            )
+            self.chaos.count("tool_timeout" if r.kind == "tool" else "check_timeout")
+            self._deliver_remote(p, r, _raised(late, p.sent_mono))
+
+        self.at(t0 + timeout, on_timeout)
+
+    def _remote_apply(self, p: _Pending, r: Remote, t0: float, timeout: float) -> None:
+        actor = p.task.actor
+        out: Outcome
+        if isinstance(r, SimTool):
+            reply = self.receivers.apply(
+                r.target,
+                key=r.key,
+                resource=r.resource,
+                token=r.token,
+                payload_hash=r.payload_hash,
+                worker=r.worker,
+                now=self.now,
+            )
+            out = _tool_outcome(r, reply, p.sent_mono)
+            if self.trace:
+                self.record(
+                    r.target,
+                    "effect",
+                    {
+                        "from": actor.id,
+                        "key": r.key,
+                        "token": r.token,
+                        "status": reply.status,
+                        "replayed": reply.replayed,
+                    },
+                )
+        else:
+            assert isinstance(r, SimCheck)
+            answer = self.receivers.check(r.target, key=r.key, resource=r.resource, token=r.token)
+            out = Ok({"value": answer}, p.sent_mono)
+            if self.trace:
+                self.record(
+                    r.target,
+                    "check",
+                    {
+                        "from": actor.id,
+                        "key": r.key,
+                        "token": r.token,
+                        "verdict": answer.verdict.value,
+                    },
+                )
+        t_back = self.now + self.latency(actor)
+        lost = actor.faulty and (
+            actor.cut("target", t_back, request=False)
+            or self.chaos.roll("lost_response", self.plan.lost_response)
+        )
+        if lost or t_back > t0 + timeout:
+            return
+        self.at(t_back, lambda: self._deliver_remote(p, r, out))
+
+    def _deliver_remote(self, p: _Pending, r: Remote, out: Outcome) -> None:
+        if p.done:
+            return
+        p.done = True
+        self.resume(p.task, out)
+
+    # ------------------------------------------------------------------ hooks
+
+    def _on_write(
+        self,
+        table: str,
+        key: Any,
+        old: Mapping[str, Any] | None,
+        new: Mapping[str, Any] | None,
+        origin: Any,
+    ) -> None:
+        self.checker.now = self.now
+        self.checker.item_written(table, old, new, origin)
+
+    def _on_effect(self, entry: Any) -> None:
+        self.checker.now = self.now
+        self.checker.effect_applied(entry)
+
+    def _on_redrive(self, m: Message) -> None:
+        self.record("sqs", "redrive_to_dlq", {"message": m.message_id, "body": m.body})
+
+    def truth(self, job_id: str) -> tuple[int, str] | None:
+        """The job's token and state as the table holds them now (no latency, no fault)."""
+        item = self.ddb.get(JOBS, {"job_id": {"S": job_id}})
+        if item is None:
+            return None
+        return int(item["token"]["N"]), str(item["state"]["S"])
+
+    # ------------------------------------------------------------------ actors at work
+
+    def new_worker(self) -> Any:
+        from .worker import SimWorker
+
+        self._worker_seq += 1
+        wid = f"w{self._worker_seq}"
+        c = self.chaos
+        w = SimWorker(
+            self,
+            wid,
+            rate=1.0 + c.uniform(-0.001, 0.001),
+            mono0=round(c.uniform(1e3, 1e6), 3),
+            wall_offset=round(c.uniform(-300.0, 300.0), 3),
+        )
+        if self.chaos.active and abs(w.wall_offset) > 1.0:
+            self.chaos.count("clock_drift")
+        self.workers[wid] = w
+        self.record(wid, "worker_started", {"rate": w.rate, "wall_offset": w.wall_offset})
+        w.start()
+        return w
+
+    def worker_exited(self, w: Any, *, restart_after: float) -> None:
+        w.kill()
+        self.record(w.id, "worker_exited", {})
+        self.at(self.now + restart_after, self.new_worker)
+
+    def _submit(self, job_id: str, tries: int = 1) -> None:
+        text = canonical_json({"n": int(job_id.rsplit("-", 1)[1])})
+        flow = submit_flow(
+            self.jobs_req,
+            queue_url=QUEUE,
+            job_id=job_id,
+            job_class=JOB_CLASS,
+            payload_json=text,
+            payload_hash=payload_hash(text),
+            wall_now=self.producer.wall(),
+        )
+        origin = Origin("producer", f"submit-{job_id}", "producer")
+
+        def again() -> None:  # a producer resubmits (submit is idempotent by job id)
+            if tries < 30:
+                self.at(self.now + 1.0, lambda: self._submit(job_id, tries + 1))
+
+        self.producer.spawn(
+            f"submit-{job_id}", _drive_plain(self, self.producer, flow, origin, again)
+        )
+
+    def _cancel(self) -> None:
+        job_id = self.chaos.choice(sorted(self.job_plans))
+        flow = cancel_flow(
+            self.jobs_req,
+            job_id=job_id,
+            reason="operator (simulated)",
+            wall_now=self.operator.wall(),
+        )
+        origin = Origin("operator", f"cancel-{job_id}", "operator")
+        self.operator.spawn(f"cancel-{job_id}", _drive_plain(self, self.operator, flow, origin))
+
+    def _poison(self) -> None:
+        q = self.sqs.queues[QUEUE]
+        self.sqs.now = self.now
+        if self.chaos.chance(0.5):
+            self.sqs.send(q, "{not json")
+        else:
+            self.sqs.send(q, message_body(f"ghost-{self._seq}", JOB_CLASS))
+
+    def _fault(self) -> None:
+        kinds = list(FAULT_KINDS)
+        weights = [self.plan.fault_weights.get(k, 0.0) for k in kinds]
+        kind = self.chaos.rng.choices(kinds, weights)[0]
+        if not self.chaos.active:
+            return
+        live = [w for w in self.workers.values() if w.alive and not w.stopping]
+        room = self.plan.cutoff - self.now
+        if kind == "cancel":
+            self.chaos.count(kind)
+            self.record("faults", kind, {})
+            self._cancel()
+            return
+        if kind == "poison_message":
+            self.chaos.count(kind)
+            self.record("faults", kind, {})
+            self._poison()
+            return
+        if not live:
+            return
+        w = self.chaos.choice(live)
+        L = self.plan.lease
+        info: dict[str, Any] = {"worker": w.id}
+        if kind == "pause":
+            d = min(self.chaos.uniform(0.5, 2.5 * L), max(0.1, room))
+            w.paused_until = max(w.paused_until, self.now + d)
+            info["seconds"] = round(d, 3)
+        elif kind == "crash":
+            delay = self.chaos.uniform(1.0, 60.0)
+            info["restart_after"] = round(delay, 3)
+            self.worker_exited(w, restart_after=delay)
+        elif kind in ("partition_both", "partition_oneway"):
+            d = min(self.chaos.uniform(1.0, 2.0 * L), room)
+            services = self.chaos.choice(
+                [
+                    ("dynamodb", "sqs", "target"),
+                    ("dynamodb",),
+                    ("sqs",),
+                    ("target",),
+                    ("dynamodb", "sqs"),
+                ]
+            )
+            mode = "both" if kind == "partition_both" else "response"
+            w.partitions.append((self.now, self.now + d, mode, services))
+            info.update(seconds=round(d, 3), services=list(services))
+        elif kind == "slow_window":
+            d = min(self.chaos.uniform(5.0, 60.0), room)
+            hi = self.chaos.uniform(1.0, 10.0)
+            w.slow.append((self.now, self.now + d, hi))
+            info.update(seconds=round(d, 3), max_extra=round(hi, 3))
+        elif kind == "shutdown":
+            w.begin_shutdown()
+        self.chaos.count(kind)
+        self.record("faults", kind, info)
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> RunResult:
+        p = self.plan
+        self.record("world", "plan", _plan_summary(p))
+        for jp in p.job_plans:
+            self.at(jp.submit_at, lambda j=jp.job_id: self._submit(j))  # type: ignore[misc]
+        for _ in range(p.workers):
+            self.new_worker()
+        times = sorted(self.chaos.uniform(0.0, p.cutoff) for _ in range(p.fault_events))
+        for t in times:
+            self.at(t, self._fault)
+        n_jobs = len(p.job_plans)
+        self._last_submit = max((jp.submit_at for jp in p.job_plans), default=0.0)
+        settle_end: float | None = None
+        while self._heap:
+            t, _, fn = heapq.heappop(self._heap)
+            if t > p.max_time:
+                break
+            self.now = t
+            self.chaos.now = t
+            self.events += 1
+            if self.events > MAX_EVENTS:
+                self.checker.now = t
+                self.checker.fail(E_BUDGET, f"more than {MAX_EVENTS} events")
+                break
+            fn()
+            if self.checker.violations:
+                break
+            if settle_end is None:
+                if len(self.checker.final_jobs) == n_jobs and t >= self._last_submit:
+                    self.done_at = t
+                    settle_end = t + p.settle
+            elif t >= settle_end:
+                break
+        if not self.checker.violations:
+            self.checker.now = self.now
+            records = {
+                jp.job_id: self.ddb.get(JOBS, {"job_id": {"S": jp.job_id}}) for jp in p.job_plans
+            }
+            self.checker.finish(records, self._stuck_detail(records))
+        for v in self.checker.violations:
+            self.record("checker", "violation", {"name": v.name, "message": v.message})
+        return RunResult(
+            seed=self.seed,
+            mutation=self.mutation,
+            violations=list(self.checker.violations),
+            end_time=self.now,
+            events=self.events,
+            injected=dict(self.chaos.injected),
+            counts=dict(self.counts),
+            log=self.log,
+        )
+
+    def _stuck_detail(self, records: Mapping[str, Mapping[str, Any] | None]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for job_id in records:
+            where = []
+            for url, name in ((QUEUE, "queue"), (DLQ, "dlq")):
+                for m in self.sqs.live(url):
+                    if f'"job_id":"{job_id}"' in m.body:
+                        state = "in flight" if self.sqs.in_flight(m) else "visible"
+                        where.append(f"{name} {m.message_id} {state} receives={m.receive_count}")
+            out[job_id] = "; messages: " + (", ".join(where) if where else "none")
+        return out
+
+
+def _plan_summary(p: RunPlan) -> dict[str, Any]:
+    return {
+        "profile": p.profile,
+        "workers": p.workers,
+        "jobs": p.jobs,
+        "cutoff": p.cutoff,
+        "lease": p.lease,
+        "heartbeat": p.heartbeat,
+        "jitter": p.jitter,
+        "max_attempts": p.max_attempts,
+        "stage_budget": p.stage_budget,
+        "concurrency": p.concurrency,
+        "receive_wait": p.receive_wait,
+        "sdk_attempts": p.sdk_attempts,
+        "sqs": {
+            "stale_mode": p.sqs.stale_mode,
+            "spelling": p.sqs.spelling,
+            "expired_cmv": p.sqs.expired_cmv,
+            "duplicate": round(p.sqs.duplicate, 4),
+        },
+        "max_receive": p.max_receive,
+        "fault_events": p.fault_events,
+    }
+
+
+def _raised(exc: Exception, sent: float) -> Err:
+    return Err(ErrorKind.RAISED, type(exc).__name__, "", str(exc), None, (), sent, sent, exc)
+
+
+def _tool_outcome(r: SimTool, reply: Reply, sent: float) -> Outcome:
+    """What an HTTP tool (``effects.http_json``) makes of the target's answer."""
+    status = reply.status
+    if 200 <= status < 300:
+        return Ok({"value": ToolResult(dict(reply.body), reply.external_id)}, sent)
+    exc: Exception
+    if status == 412:
+        exc = LeaseLost(f"{r.target}: the receiver rejected fencing token {r.token}")
+    elif status == 429:
+        exc = TransientError(f"{r.target}: 429 too many requests", code="http_429")
+    elif status == 409 or status >= 500:
+        exc = ToolOutcomeUnknown(f"{r.target}: HTTP {status}", code=f"http_{status}")
+    else:
+        exc = PermanentError(f"{r.target}: HTTP {status}", code=f"http_{status}")
+    return _raised(exc, sent)
+
+
+def _summary(c: Call) -> str:
+    params = c.params
+    if "Key" in params:
+        return "/".join(str(next(iter(v.values()))) for v in params["Key"].values())
+    if "Item" in params:
+        item = params["Item"]
+        for k in ("job_id", "intent_key"):
+            if k in item:
+                return str(item[k]["S"])
+    if "RequestItems" in params:
+        keys = [
+            str(next(iter(v.values())))
+            for spec in params["RequestItems"].values()
+            for k in spec.get("Keys", [])
+            for v in k.values()
+        ]
+        return ",".join(keys)
+    if "TransactItems" in params:
+        parts = []
+        for entry in params["TransactItems"]:
+            kind, spec = next(iter(entry.items()))
+            key = spec.get("Key") or spec.get("Item") or {}
+            first: Mapping[str, Any] = next(iter(key.values()), {})
+            parts.append(f"{kind}:{next(iter(first.values()), '')}")
+        return ",".join(parts)
+    if "ReceiptHandle" in params:
+        return str(params["ReceiptHandle"])
+    if "Entries" in params:
+        return ",".join(str(e.get("ReceiptHandle", "")) for e in params["Entries"])
+    if "MessageBody" in params:
+        return str(params["MessageBody"])[:80]
+    return ""
+
+
+def _txn_kind(c: Call) -> str:
+    """Which intent transaction this is: start, confirm or attempt_failed."""
+    items = list(c.params.get("TransactItems", []))
+    if items and "ConditionCheck" in items[0]:
+        return "intent_start"
+    for entry in items:
+        spec = entry.get("Update", {})
+        if spec.get("TableName") == INTENTS:
+            states = {v.get("S") for v in spec.get("ExpressionAttributeValues", {}).values()}
+            return "intent_confirm" if "confirmed" in states else "intent_reopen"
+    return "attempt_close"
+
+
+def _brief(out: Outcome) -> str:
+    if isinstance(out, Ok):
+        r = out.response
+        if "Messages" in r:
+            return "ok " + ",".join(
+                f"{m['MessageId']}#{m.get('Attributes', {}).get('ApproximateReceiveCount', '?')}"
+                for m in r["Messages"]
+            )
+        if r.get("Failed"):
+            return "ok failed=" + ",".join(f"{f['Id']}:{f['Code']}" for f in r["Failed"])
+        if r.get("UnprocessedKeys"):
+            return "ok unprocessed"
+        return "ok"
+    codes = ",".join(str(x.get("Code", "")) for x in out.reasons)
+    return f"{out.code or out.kind.value}" + (f" [{codes}]" if codes else "")
+
+
+def _drive_plain(
+    world: World,
+    actor: Actor,
+    flow: Any,
+    origin: Origin,
+    on_error: Callable[[], None] | None = None,
+) -> SimGen[Any]:
+    """Run a flow for a fault-free actor (producer, operator); its errors are logged."""
+    from .worker import drive
+
+    try:
+        return (yield from drive(world, actor, flow, origin))
+    except Exception as exc:
+        world.record(actor.id, "flow_failed", {"task": origin.task, "error": repr(exc)})
+        if on_error is not None:
+            on_error()
+        return None
