@@ -24,7 +24,7 @@ from typing import Any
 
 from .._core.calls import Err, ErrorKind, Ok, Outcome
 from .chaos import Chaos
-from .expr import ExpressionError, Item, request_expressions
+from .expr import ExpressionError, Item, request_expressions, stored
 
 Key = tuple[tuple[str, str, str], ...]
 WriteHook = Callable[[str, Key, "Item | None", "Item | None", Any], None]
@@ -187,7 +187,7 @@ class SimDynamo:
 
     def _op_PutItem(self, params: Mapping[str, Any], origin: Any) -> Outcome:
         table = params["TableName"]
-        item: Item = {k: dict(v) for k, v in params["Item"].items()}
+        item: Item = {k: stored(v) for k, v in params["Item"].items()}
         k = self.key_of(table, item, item=True)
         ex = request_expressions(params)
         if ex.update is not None or ex.projection is not None:
@@ -356,7 +356,7 @@ class SimDynamo:
         for kind, table, k, spec, ex in plan:
             old = self.items[table].get(k)
             if kind == "Put":
-                writes.append((table, k, {n: dict(v) for n, v in spec["Item"].items()}))
+                writes.append((table, k, {n: stored(v) for n, v in spec["Item"].items()}))
             elif kind == "Update":
                 writes.append((table, k, ex.apply(old, self.key_dict(table, k))))
             elif kind == "Delete":

@@ -160,6 +160,21 @@ def norm_number(d: Decimal) -> str:
     return text
 
 
+def stored(av: AttrValue) -> dict[str, Any]:
+    """An attribute value as DynamoDB stores it: numbers in canonical form."""
+    t = next(iter(av))
+    v = av[t]
+    if t == "N":
+        return {"N": norm_number(Decimal(str(v)))}
+    if t == "NS":
+        return {"NS": [norm_number(Decimal(str(x))) for x in v]}
+    if t == "M":
+        return {"M": {k: stored(x) for k, x in v.items()}}
+    if t == "L":
+        return {"L": [stored(x) for x in v]}
+    return {t: v}
+
+
 def attr_type(av: AttrValue) -> str:
     return next(iter(av))
 
@@ -220,7 +235,7 @@ def get_path(item: Mapping[str, Any] | None, path: Sequence[PathElem]) -> AttrVa
 
 def _set_path(item: Item, path: Sequence[PathElem], value: AttrValue) -> None:
     if len(path) == 1:
-        item[str(path[0])] = dict(value)
+        item[str(path[0])] = stored(value)
         return
     parent = get_path(item, path[:-1])
     last = path[-1]
@@ -233,13 +248,13 @@ def _set_path(item: Item, path: Sequence[PathElem], value: AttrValue) -> None:
             raise ExpressionError("The document path provided is invalid for update")
         lst = parent["L"]
         if last >= len(lst):
-            lst.append(dict(value))
+            lst.append(stored(value))
         else:
-            lst[last] = dict(value)
+            lst[last] = stored(value)
     else:
         if "M" not in parent:
             raise ExpressionError("The document path provided is invalid for update")
-        parent["M"][last] = dict(value)
+        parent["M"][last] = stored(value)
 
 
 def _remove_path(item: Item, path: Sequence[PathElem]) -> None:

@@ -1,0 +1,750 @@
+"""The deterministic simulation: fixed seeds hold every invariant, a seed replays byte
+for byte, and the simulated services behave as documented.
+
+The simulated DynamoDB evaluates the requests the real ``JobTable``/``IntentTable``
+build; those requests are checked here by hand and, for a few of them, against a
+real moto server (same outcome, same item).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from sqs_lease import Settings, create_tables
+from sqs_lease._core.calls import Call, Err, ErrorKind, Ok, Outcome
+from sqs_lease._core.intents import EffectSpec, IntentState, Resolution, Verdict
+from sqs_lease._schema import IntentTable, JobTable
+from sqs_lease._sim import run_seed
+from sqs_lease._sim.chaos import Chaos
+from sqs_lease._sim.cli import main, replay_command, run_seeds
+from sqs_lease._sim.ddb import DdbFaults, SimDynamo, TableSpec
+from sqs_lease._sim.expr import ExpressionError, parse_condition, request_expressions
+from sqs_lease._sim.plan import FAULT_KINDS
+from sqs_lease._sim.receiver import Receivers
+from sqs_lease._sim.sqs import SimSQS, SqsBehaviour, Wait
+from tests.conftest import AwsTestEnv
+
+# Sized so the simulation tests (these and test_sim_mutations.py) stay near a minute
+# on a 2-core machine; `make soak` runs 100,000.
+FIXED_SEEDS = range(0, 600)
+
+JOBS, INTENTS, ATTEMPTS = "jobs", "intents", "attempts"
+T = JobTable(JOBS)
+I = IntentTable(INTENTS, ATTEMPTS)  # noqa: E741
+
+
+def _ddb(**faults: float) -> SimDynamo:
+    chaos = Chaos(0)
+    chaos.cutoff = float("inf") if faults else 0.0  # no faults unless asked
+    return SimDynamo(
+        [
+            TableSpec(JOBS, "job_id"),
+            TableSpec(INTENTS, "intent_key"),
+            TableSpec(ATTEMPTS, "intent_key", "attempt"),
+        ],
+        chaos,
+        DdbFaults(**faults),
+    )
+
+
+def _send(db: SimDynamo, c: Call) -> Outcome:
+    return db.handle(c.op, c.params, 0.0)
+
+
+def _job(db: SimDynamo, job_id: str = "j1") -> dict[str, Any]:
+    item = db.get(JOBS, {"job_id": {"S": job_id}})
+    assert item is not None
+    return item
+
+
+def _put_job(db: SimDynamo, job_id: str = "j1") -> None:
+    out = _send(
+        db,
+        T.put_new(job_id=job_id, job_class="c", payload_json="{}", payload_hash="h", wall_now=1.5),
+    )
+    assert isinstance(out, Ok)
+
+
+def _spec(key: str = "k1", job_id: str = "j1") -> EffectSpec:
+    return EffectSpec(
+        key=key,
+        job_id=job_id,
+        stage="main",
+        action="pay",
+        target="t",
+        payload_json="{}",
+        payload_hash="ph",
+        tool=lambda: None,
+    )
+
+
+# --------------------------------------------------------------------------- the simulation
+
+
+def test_fixed_seeds_hold_every_invariant() -> None:
+    summary = run_seeds(FIXED_SEEDS, processes=2)
+    failures = [
+        f"seed {o.seed}: {o.violations[0][0]}: {o.violations[0][2]}\n"
+        f"  replay: {replay_command(o.seed, None)}"
+        for o in summary.failures
+    ]
+    assert not failures, "\n".join(failures)
+    # The seeds exercise every kind of fault, and the protocol's reactions to them.
+    missing = [k for k in FAULT_KINDS if not summary.injected.get(k)]
+    assert not missing, f"fault kinds never injected: {missing}"
+    for kind in ("duplicate_delivery", "lost_response", "sdk_retry", "ddb_unprocessed_keys"):
+        assert summary.injected.get(kind), kind
+    for what in ("reclaimed", "rejected", "committed", "retried", "failed", "parked", "lost"):
+        assert summary.counts.get(what), what
+
+
+def _log_digest(seed: int, mutation: str | None = None) -> str:
+    r = run_seed(seed, mutation=mutation, trace=True)
+    text = "\n".join(r.render_log()).encode()
+    return hashlib.sha256(text).hexdigest()
+
+
+def test_same_seed_gives_the_same_log_byte_for_byte() -> None:
+    assert _log_digest(11) == _log_digest(11)
+    assert _log_digest(2, "no_commit_token") == _log_digest(2, "no_commit_token")
+    assert _log_digest(11) != _log_digest(12)
+
+
+def test_replay_in_another_process_is_identical() -> None:
+    """No hash-order dependence: another interpreter with another hash seed agrees."""
+    r = run_seed(5, trace=True)
+    expected = "\n".join(r.render_log()) + "\n"
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sqs_lease._sim", "replay", "--seed", "5"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    log = proc.stdout.split("--- seed", 1)[0]
+    assert hashlib.sha256(log.encode()).hexdigest() == hashlib.sha256(expected.encode()).hexdigest()
+
+
+def test_replay_prints_the_log_and_the_violation(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--seed", "2", "--mutation", "no_commit_token"]) == 1
+    out = capsys.readouterr().out
+    assert " job_claimed " in out and " result_committed " in out
+    assert "VIOLATION I3_superseded_commit" in out
+
+
+def test_run_reports_rate_coverage_and_replay_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--seeds", "4", "--mutation", "no_commit_token"]) == 1
+    out = capsys.readouterr().out
+    assert "schedules/s" in out and "fault coverage" in out
+    assert "replay: python -m sqs_lease._sim replay --seed " in out
+    assert "--mutation no_commit_token" in out
+    assert main(["run", "--seeds", "2", "--start", "7"]) == 0
+    assert "failing schedules: 0" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- expressions
+
+
+@pytest.mark.parametrize(
+    ("condition", "item", "expected"),
+    [
+        ("#a = :n", {"a": {"N": "1.0"}}, True),
+        ("#a = :n", {}, False),
+        ("#a <> :n", {}, True),  # a missing attribute is "not equal" (as DynamoDB, moto)
+        ("#a <> :n", {"a": {"N": "1"}}, False),
+        ("#a < :n", {"a": {"N": "0.5"}}, True),
+        ("#a <= :n", {"a": {"N": "1"}}, True),
+        ("#a > :n", {"a": {"N": "1"}}, False),
+        ("#a >= :n", {"a": {"N": "2"}}, True),
+        ("#a < :n", {"a": {"S": "0"}}, False),  # another type never orders
+        ("#a < :n", {}, False),
+        ("#s IN (:x, :y)", {"s": {"S": "y"}}, True),
+        ("#s IN (:x, :y)", {"s": {"S": "z"}}, False),
+        ("#a = :n AND #s = :x", {"a": {"N": "1"}, "s": {"S": "x"}}, True),
+        ("#a = :n AND #s = :x", {"a": {"N": "1"}, "s": {"S": "y"}}, False),
+        ("#a = :n OR #s = :x", {"a": {"N": "2"}, "s": {"S": "x"}}, True),
+        ("NOT #a = :n", {"a": {"N": "2"}}, True),
+        ("NOT (#a = :n OR #s = :x)", {"a": {"N": "1"}}, False),
+        ("(#a = :n) AND (NOT (#s = :y))", {"a": {"N": "1"}, "s": {"S": "x"}}, True),
+        ("#a = :n OR #s = :x AND #s = :y", {"a": {"N": "1"}, "s": {"S": "x"}}, True),
+        ("attribute_exists (#a)", {"a": {"NULL": True}}, True),
+        ("attribute_not_exists (#a)", {"a": {"N": "1"}}, False),
+        ("attribute_not_exists (#a) OR #a < :n", {}, True),
+        ("#a BETWEEN :n AND :m", {"a": {"N": "1.5"}}, True),
+        ("begins_with (#s, :x)", {"s": {"S": "xyz"}}, True),
+        ("size (#s) > :n", {"s": {"S": "xy"}}, True),
+        ("contains (#s, :x)", {"s": {"SS": ["x", "q"]}}, True),
+    ],
+)
+def test_conditions(condition: str, item: dict[str, Any], expected: bool) -> None:
+    names = {"#a": "a", "#s": "s"}
+    values = {":n": {"N": "1"}, ":m": {"N": "2"}, ":x": {"S": "x"}, ":y": {"S": "y"}}
+    parsed = parse_condition(condition)
+    used_names = {k: v for k, v in names.items() if k in parsed.names}
+    used_values = {k: v for k, v in values.items() if k in parsed.values}
+    ex = request_expressions(
+        {
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": used_names,
+            "ExpressionAttributeValues": used_values,
+        }
+    )
+    assert ex.check(item) is expected
+
+
+def test_updates_read_the_old_item_and_apply_every_clause() -> None:
+    ex = request_expressions(
+        {
+            "UpdateExpression": "SET #a = #b, #b = #a, #n = #n + :one, #f = if_not_exists (#f, :t)"
+            " REMOVE #r, #q ADD #c :one, #tags :tags",
+            "ExpressionAttributeNames": {
+                "#a": "a",
+                "#b": "b",
+                "#n": "n",
+                "#f": "f",
+                "#r": "r",
+                "#q": "q",
+                "#c": "c",
+                "#tags": "tags",
+            },
+            "ExpressionAttributeValues": {
+                ":one": {"N": "1"},
+                ":t": {"N": "7"},
+                ":tags": {"SS": ["y"]},
+            },
+        }
+    )
+    old = {
+        "k": {"S": "key"},
+        "a": {"S": "A"},
+        "b": {"S": "B"},
+        "n": {"N": "41"},
+        "f": {"N": "3"},
+        "r": {"S": "gone"},
+        "tags": {"SS": ["x"]},
+    }
+    new = ex.apply(old, {"k": {"S": "key"}})
+    assert new["a"] == {"S": "B"} and new["b"] == {"S": "A"}  # both read the old item
+    assert new["n"] == {"N": "42"} and new["f"] == {"N": "3"} and new["c"] == {"N": "1"}
+    assert "r" not in new and "q" not in new
+    assert sorted(new["tags"]["SS"]) == ["x", "y"]
+    assert old["a"] == {"S": "A"}  # the old item is left alone
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (
+            {"ConditionExpression": "#a = :v", "ExpressionAttributeValues": {":v": {"N": "1"}}},
+            "not defined",
+        ),
+        (
+            {"ConditionExpression": "#a = :v", "ExpressionAttributeNames": {"#a": "a"}},
+            "not defined",
+        ),
+        (
+            {
+                "ConditionExpression": "#a = :v",
+                "ExpressionAttributeNames": {"#a": "a", "#b": "b"},
+                "ExpressionAttributeValues": {":v": {"N": "1"}},
+            },
+            "unused",
+        ),
+        (
+            {
+                "ConditionExpression": "#a = :v",
+                "ExpressionAttributeNames": {"#a": "a"},
+                "ExpressionAttributeValues": {":v": {"N": "1"}, ":w": {"N": "2"}},
+            },
+            "unused",
+        ),
+        (
+            {
+                "ConditionExpression": "#a = = :v",
+                "ExpressionAttributeNames": {"#a": "a"},
+                "ExpressionAttributeValues": {":v": {"N": "1"}},
+            },
+            "Invalid",
+        ),
+        (
+            {
+                "UpdateExpression": "SET #a = :v SET #a = :v",
+                "ExpressionAttributeNames": {"#a": "a"},
+                "ExpressionAttributeValues": {":v": {"N": "1"}},
+            },
+            "only be used once",
+        ),
+    ],
+)
+def test_invalid_requests_are_refused(params: dict[str, Any], message: str) -> None:
+    with pytest.raises(ExpressionError, match=message):
+        request_expressions(params)
+
+
+def test_update_errors_as_dynamodb_reports_them() -> None:
+    db = _ddb()
+    _put_job(db)
+    bad = [
+        ("SET #t = #x + :v", {"#t": "token", "#x": "missing"}),  # arithmetic on nothing
+        ("SET #t = :v, #t = :v", {"#t": "token"}),  # overlapping paths
+        ("SET #k = :v", {"#k": "job_id"}),  # a key attribute
+    ]
+    for expr, names in bad:
+        out = db.handle(
+            "UpdateItem",
+            {
+                "TableName": JOBS,
+                "Key": {"job_id": {"S": "j1"}},
+                "UpdateExpression": expr,
+                "ExpressionAttributeNames": names,
+                "ExpressionAttributeValues": {":v": {"N": "1"}},
+            },
+            0.0,
+        )
+        assert isinstance(out, Err) and out.code == "ValidationException", expr
+
+
+def test_a_broken_condition_in_a_real_request_is_caught() -> None:
+    db = _ddb()
+    _put_job(db)
+    _send(db, T.claim("j1", "w1", 1.0, 30))
+    params = dict(T.commit("j1", 1, "w1", "{}", 2.0).params)
+    params["ConditionExpression"] = params["ConditionExpression"].replace("#7", "#9")
+    out = db.handle("UpdateItem", params, 0.0)
+    assert isinstance(out, Err) and out.code == "ValidationException"
+    assert _job(db)["state"] == {"S": "running"}
+
+
+# --------------------------------------------------------------------------- job requests
+
+
+def test_job_requests_claim_commit_and_fence() -> None:
+    db = _ddb()
+    _put_job(db)
+    again = _send(
+        db, T.put_new(job_id="j1", job_class="c", payload_json="{}", payload_hash="h", wall_now=2)
+    )
+    assert isinstance(again, Err) and again.kind is ErrorKind.CONDITION_FAILED
+    assert again.item is not None and again.item["state"] == {"S": "queued"}  # ALL_OLD
+    assert isinstance(_send(db, T.mark_sent("j1", 2.0)), Ok)
+    missing = _send(db, T.mark_sent("nope", 2.0))
+    assert isinstance(missing, Err) and missing.item is None  # nothing to return
+
+    first = _send(db, T.claim("j1", "w1", 10.0, 30))
+    assert isinstance(first, Ok) and first.response["Attributes"]["token"] == {"N": "0"}
+    second = _send(db, T.claim("j1", "w2", 11.0, 30))
+    assert isinstance(second, Ok) and second.response["Attributes"]["owner"] == {"S": "w1"}
+    job = _job(db)
+    assert (job["token"], job["attempt"], job["owner"]) == ({"N": "2"}, {"N": "2"}, {"S": "w2"})
+    assert job["lease_deadline"] == {"N": "41"}
+
+    stale = _send(db, T.commit("j1", 1, "w1", '{"r":1}', 12.0))
+    assert isinstance(stale, Err) and stale.kind is ErrorKind.CONDITION_FAILED
+    assert stale.item is not None and stale.item["token"] == {"N": "2"}
+    assert isinstance(_send(db, T.advise("j1", 2, "w2", 12.0, 30)), Ok)
+    assert isinstance(_send(db, T.commit("j1", 2, "w2", '{"r":2}', 13.0)), Ok)
+    job = _job(db)
+    assert job["state"] == {"S": "succeeded"} and job["result"] == {"S": '{"r":2}'}
+    assert "lease_deadline" not in job
+    assert isinstance(_send(db, T.claim("j1", "w3", 14.0, 30)), Err)  # terminal
+    assert isinstance(_send(db, T.cancel("j1", "late", 15.0)), Err)
+
+
+def test_job_requests_requeue_park_fail_cancel() -> None:
+    db = _ddb()
+    _put_job(db)
+    _send(db, T.claim("j1", "w1", 1.0, 30))
+    assert isinstance(_send(db, T.requeue("j1", 1, "w1", "again", "transient", 2.0)), Ok)
+    assert _job(db)["state"] == {"S": "queued"}
+    assert isinstance(_send(db, T.park("j1", 1, "w1", "why", 3.0)), Err)  # not running
+    _send(db, T.claim("j1", "w1", 4.0, 30))
+    assert isinstance(_send(db, T.park("j1", 2, "w1", "doubt", 5.0)), Ok)
+    out = _send(db, T.unpark("j1", 6.0))
+    assert isinstance(out, Ok) and out.response["Attributes"]["state"] == {"S": "queued"}
+    cancelled = _send(db, T.cancel("j1", "operator", 7.0))
+    assert isinstance(cancelled, Ok)
+    assert cancelled.response["Attributes"]["token"] == {"N": "3"}  # ALL_NEW
+    assert _job(db)["error_code"] == {"S": "cancelled"}
+    _put_job(db, "j2")
+    _send(db, T.claim("j2", "w1", 1.0, 30))
+    assert isinstance(_send(db, T.finish_failed("j2", 1, "w1", "bad", "permanent", 2.0)), Ok)
+    assert _job(db, "j2")["reason"] == {"S": "bad"}
+
+
+def test_batch_get_projects_and_reports_unprocessed_keys() -> None:
+    db = _ddb()
+    for j in ("j1", "j2", "j3"):
+        _put_job(db, j)
+    out = _send(db, T.batch_get(["j1", "j2", "j3", "missing"]))
+    assert isinstance(out, Ok)
+    items = T.batch_items(out.response)
+    assert sorted(i["job_id"]["S"] for i in items) == ["j1", "j2", "j3"]
+    assert "payload" not in items[0] and "token" in items[0]  # ProjectionExpression
+    flaky = _ddb(unprocessed=1.0)
+    for j in ("j1", "j2", "j3"):
+        _put_job(flaky, j)
+    out = _send(flaky, T.batch_get(["j1", "j2", "j3"]))
+    assert isinstance(out, Ok)
+    left = out.response["UnprocessedKeys"][JOBS]
+    assert left["Keys"] and left["ConsistentRead"] is True  # the retry stays consistent
+    assert len(T.batch_items(out.response)) + len(left["Keys"]) == 3
+
+
+# --------------------------------------------------------------------------- intent requests
+
+
+def test_intent_transactions_start_confirm_and_cancel_with_reasons() -> None:
+    db = _ddb()
+    _put_job(db)
+    _send(db, T.claim("j1", "w1", 1.0, 30))
+    spec = _spec()
+    assert isinstance(_send(db, I.prepare(spec, 2.0)), Ok)
+    dup = _send(db, I.prepare(spec, 2.0))
+    assert isinstance(dup, Err) and dup.item is not None
+    start = I.start(
+        spec,
+        jobs=T,
+        token=1,
+        worker_id="w1",
+        expected=IntentState.PREPARED,
+        attempts=0,
+        wall_now=3.0,
+    )
+    assert isinstance(_send(db, start), Ok)
+    intent = db.get(INTENTS, {"intent_key": {"S": "k1"}})
+    assert intent is not None and intent["state"] == {"S": "in_progress"}
+    assert intent["first_started_at"] == {"N": "3"} and intent["last_token"] == {"N": "1"}
+    again = _send(db, start)  # the same start, retried: the intent moved on
+    assert isinstance(again, Err) and again.kind is ErrorKind.TRANSACTION_CANCELLED
+    assert [r["Code"] for r in again.reasons] == [
+        "None",
+        "ConditionalCheckFailed",
+        "ConditionalCheckFailed",
+    ]
+    confirm = I.confirm(
+        "k1",
+        attempt=1,
+        response_json='{"id":"x"}',
+        external_id="x",
+        wall_now=4.0,
+        log_response="",
+        reconciled=False,
+    )
+    assert isinstance(_send(db, confirm), Ok)
+    attempt = db.get(ATTEMPTS, {"intent_key": {"S": "k1"}, "attempt": {"N": "1"}})
+    assert attempt is not None and attempt["outcome"] == {"S": "ok"}
+    assert attempt["ended_at"] == {"N": "4"}
+
+    # A start under a token that moved on: the job's ConditionCheck fails first.
+    _send(db, T.claim("j1", "w2", 5.0, 30))
+    spec2 = _spec("k2")
+    _send(db, I.prepare(spec2, 5.0))
+    stale = I.start(
+        spec2,
+        jobs=T,
+        token=1,
+        worker_id="w1",
+        expected=IntentState.PREPARED,
+        attempts=0,
+        wall_now=6.0,
+    )
+    out = _send(db, stale)
+    assert isinstance(out, Err) and out.kind is ErrorKind.TRANSACTION_CANCELLED
+    assert out.reasons[0]["Code"] == "ConditionalCheckFailed"
+    assert db.get(INTENTS, {"intent_key": {"S": "k2"}})["state"] == {"S": "prepared"}  # type: ignore[index]
+
+
+def test_intent_failure_ambiguity_and_resolution() -> None:
+    db = _ddb()
+    _put_job(db)
+    _send(db, T.claim("j1", "w1", 1.0, 30))
+    spec = _spec()
+    _send(db, I.prepare(spec, 1.0))
+    _send(
+        db,
+        I.start(
+            spec,
+            jobs=T,
+            token=1,
+            worker_id="w1",
+            expected=IntentState.PREPARED,
+            attempts=0,
+            wall_now=2.0,
+        ),
+    )
+    failed = I.attempt_failed(
+        "k1", attempt=1, outcome="failed", error="e", wall_now=3.0, reopen=True
+    )
+    assert isinstance(_send(db, failed), Ok)
+    assert db.get(INTENTS, {"intent_key": {"S": "k1"}})["state"] == {"S": "prepared"}  # type: ignore[index]
+    _send(
+        db,
+        I.start(
+            spec,
+            jobs=T,
+            token=1,
+            worker_id="w1",
+            expected=IntentState.PREPARED,
+            attempts=1,
+            wall_now=4.0,
+        ),
+    )
+    assert isinstance(_send(db, I.mark_ambiguous("k1", attempts=2, reason="?", wall_now=5.0)), Ok)
+    wrong = _send(db, I.mark_ambiguous("k1", attempts=2, reason="?", wall_now=5.0))
+    assert isinstance(wrong, Err) and wrong.item is not None
+    resolved = _send(
+        db,
+        I.resolve(
+            "k1",
+            resolution=Resolution.CONFIRMED,
+            external_id="x9",
+            who="op",
+            why="checked",
+            wall_now=6.0,
+        ),
+    )
+    assert isinstance(resolved, Ok)
+    assert resolved.response["Attributes"]["external_id"] == {"S": "x9"}
+
+
+def test_client_request_token_makes_a_retried_transaction_idempotent() -> None:
+    db = _ddb()
+    _put_job(db)
+    _send(db, T.claim("j1", "w1", 1.0, 30))
+    spec = _spec()
+    _send(db, I.prepare(spec, 1.0))
+    c = I.start(
+        spec,
+        jobs=T,
+        token=1,
+        worker_id="w1",
+        expected=IntentState.PREPARED,
+        attempts=0,
+        wall_now=2.0,
+    )
+    params = {**c.params, "ClientRequestToken": "start-k1-1"}
+    assert isinstance(db.handle("TransactWriteItems", params, 0.0), Ok)
+    assert isinstance(db.handle("TransactWriteItems", params, 1.0), Ok)  # not applied again
+    other = {**params, "TransactItems": params["TransactItems"][:2]}
+    out = db.handle("TransactWriteItems", other, 2.0)
+    assert isinstance(out, Err) and out.code == "IdempotentParameterMismatchException"
+
+
+# --------------------------------------------------------------------------- SQS
+
+
+def _sqs(**behaviour: Any) -> tuple[SimSQS, str]:
+    chaos = Chaos(1)
+    sqs = SimSQS(chaos, SqsBehaviour(**behaviour))
+    sqs.create_queue("dlq", visibility=30)
+    sqs.create_queue("q", visibility=30, dlq_url="dlq", max_receive=2)
+    return sqs, "q"
+
+
+def _receive(sqs: SimSQS, now: float, wait: int = 0) -> list[dict[str, Any]]:
+    out = sqs.handle(
+        "ReceiveMessage",
+        {
+            "QueueUrl": "q",
+            "MaxNumberOfMessages": 10,
+            "VisibilityTimeout": 30,
+            "WaitTimeSeconds": wait,
+            "MessageSystemAttributeNames": ["ApproximateReceiveCount"],
+        },
+        now,
+    )
+    assert isinstance(out, Ok)
+    return list(out.response.get("Messages", []))
+
+
+def test_sqs_visibility_handles_stale_modes_cap_and_redrive() -> None:
+    sqs, q = _sqs(stale_mode="moto")
+    sqs.handle("SendMessage", {"QueueUrl": q, "MessageBody": "b"}, 0.0)
+    [m1] = _receive(sqs, 0.0)
+    assert _receive(sqs, 10.0) == []  # in flight
+    waiting = sqs.handle("ReceiveMessage", {"QueueUrl": q, "WaitTimeSeconds": 5}, 10.0)
+    assert isinstance(waiting, Wait) and waiting.until == 15.0
+    [m2] = _receive(sqs, 31.0)  # visible again: a fresh handle, counted
+    assert m2["ReceiptHandle"] != m1["ReceiptHandle"]
+    assert m2["Attributes"]["ApproximateReceiveCount"] == "2"
+    # moto-like: the stale handle still extends
+    cmv = {"QueueUrl": q, "ReceiptHandle": m1["ReceiptHandle"], "VisibilityTimeout": 100}
+    assert isinstance(sqs.handle("ChangeMessageVisibility", cmv, 32.0), Ok)
+    assert _receive(sqs, 70.0) == []
+    # the 12-hour cap counts from the receive that issued the handle
+    past = {"QueueUrl": q, "ReceiptHandle": m2["ReceiptHandle"], "VisibilityTimeout": 43_200}
+    out = sqs.handle("ChangeMessageVisibility", past, 100.0)
+    assert isinstance(out, Err) and out.code == "InvalidParameterValue"
+    # a third receive would pass maxReceiveCount: the message moves to the DLQ
+    assert _receive(sqs, 200.0) == []
+    assert [m.body for m in sqs.live("dlq")] == ["b"]
+
+
+def test_sqs_batch_failures_are_spelled_per_run() -> None:
+    sqs, q = _sqs(spelling="query", expired_cmv="not_inflight")
+    sqs.handle("SendMessage", {"QueueUrl": q, "MessageBody": "b"}, 0.0)
+    [m] = _receive(sqs, 0.0)
+    entries = [
+        {"Id": "0", "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 30},
+        {"Id": "1", "ReceiptHandle": "bogus", "VisibilityTimeout": 30},
+    ]
+    out = sqs.handle("ChangeMessageVisibilityBatch", {"QueueUrl": q, "Entries": entries}, 40.0)
+    assert isinstance(out, Ok)
+    codes = {f["Id"]: f["Code"] for f in out.response["Failed"]}
+    assert codes == {
+        "0": "AWS.SimpleQueueService.MessageNotInflight",
+        "1": "ReceiptHandleIsInvalid",
+    }
+    same = [dict(entries[0]), dict(entries[0])]
+    dup = sqs.handle("ChangeMessageVisibilityBatch", {"QueueUrl": q, "Entries": same}, 41.0)
+    assert isinstance(dup, Err) and "BatchEntryIdsNotDistinct" in dup.code
+
+
+def test_sqs_aws_mode_may_ignore_a_stale_delete() -> None:
+    ignored = 0
+    for seed in range(20):
+        sqs = SimSQS(Chaos(seed), SqsBehaviour(stale_mode="aws"))
+        sqs.create_queue("q", visibility=30)
+        sqs.handle("SendMessage", {"QueueUrl": "q", "MessageBody": "b"}, 0.0)
+        [m1] = _receive(sqs, 0.0)
+        _receive(sqs, 31.0)
+        out = sqs.handle(
+            "DeleteMessage", {"QueueUrl": "q", "ReceiptHandle": m1["ReceiptHandle"]}, 32.0
+        )
+        assert isinstance(out, Ok)  # always "succeeds"
+        ignored += len(sqs.live("q"))
+    assert 0 < ignored < 20
+
+
+# --------------------------------------------------------------------------- receivers
+
+
+def test_fenced_receiver_fence_replay_and_check() -> None:
+    chaos = Chaos(0)
+    chaos.cutoff = 0.0
+    rx = Receivers(chaos)
+    rx.add("keyed", keyed=True)
+    rx.add("unkeyed", keyed=False)
+    kw: dict[str, Any] = {"resource": "r", "payload_hash": "h", "worker": "w", "now": 1.0}
+    assert rx.apply("keyed", key="k", token=2, **kw).status == 200
+    again = rx.apply("keyed", key="k", token=2, **kw)
+    assert again.status == 200 and again.replayed  # the stored response, not a second effect
+    assert rx.apply("keyed", key="k2", token=1, **kw).status == 412  # lower token: fenced
+    assert rx.apply("unkeyed", key="k", token=1, **kw).status == 200
+    assert rx.apply("unkeyed", key="k", token=1, **kw).status == 200  # no key: applies again
+    assert [e.key for e in rx.ledger] == ["k", "k", "k"]
+    # the check knows the truth, raises the fence, and cannot tell about a request in flight
+    assert rx.check("keyed", key="k", resource="r", token=2).verdict is Verdict.CONFIRMED
+    rx.sent("unkeyed", "k3", 5)
+    assert rx.check("unkeyed", key="k3", resource="r3", token=5).verdict is Verdict.CANNOT_TELL
+    assert rx.check("keyed", key="k4", resource="r4", token=7).verdict is Verdict.NOT_APPLIED
+    assert rx.apply("keyed", key="k4", token=6, **{**kw, "resource": "r4"}).status == 412
+
+
+# --------------------------------------------------------------------------- against moto
+
+
+def _moto_outcome(client: Any, c: Call) -> Outcome:
+    from botocore.exceptions import ClientError
+
+    from sqs_lease._aws import classify
+
+    method = getattr(
+        client,
+        {
+            "PutItem": "put_item",
+            "UpdateItem": "update_item",
+            "TransactWriteItems": "transact_write_items",
+        }[c.op],
+    )
+    try:
+        return Ok(method(**c.params))
+    except ClientError as exc:
+        return classify(exc, 0.0, 0.0)
+
+
+def _norm(item: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if item is None:
+        return None
+    return {
+        k: ({"N": str(Decimal(v["N"]).normalize())} if "N" in v else v) for k, v in item.items()
+    }
+
+
+@pytest.mark.integration
+def test_sim_and_moto_agree_on_real_requests(aws: AwsTestEnv, ddb_client: Any) -> None:
+    settings = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix)
+    create_tables(settings)
+    jt = JobTable(settings.jobs_table)
+    it = IntentTable(settings.intents_table, settings.attempts_table)
+    db = SimDynamo(
+        [
+            TableSpec(settings.jobs_table, "job_id"),
+            TableSpec(settings.intents_table, "intent_key"),
+            TableSpec(settings.attempts_table, "intent_key", "attempt"),
+        ],
+        Chaos(0),
+    )
+    db.chaos.cutoff = 0.0
+    spec = _spec()
+    calls = [
+        jt.put_new(job_id="j1", job_class="c", payload_json="{}", payload_hash="h", wall_now=1.5),
+        jt.put_new(job_id="j1", job_class="c", payload_json="{}", payload_hash="h", wall_now=1.5),
+        jt.claim("j1", "w1", 10.0, 30),
+        jt.claim("j1", "w2", 11.0, 30),
+        it.prepare(spec, 12.0),
+        it.start(
+            spec,
+            jobs=jt,
+            token=1,
+            worker_id="w1",
+            expected=IntentState.PREPARED,
+            attempts=0,
+            wall_now=12.0,
+        ),
+        it.start(
+            spec,
+            jobs=jt,
+            token=2,
+            worker_id="w2",
+            expected=IntentState.PREPARED,
+            attempts=0,
+            wall_now=12.5,
+        ),
+        it.confirm(
+            "k1",
+            attempt=1,
+            response_json="{}",
+            external_id="x",
+            wall_now=13.0,
+            log_response="",
+            reconciled=False,
+        ),
+        jt.commit("j1", 1, "w1", "{}", 14.0),
+        jt.advise("j1", 2, "w2", 14.0, 30),
+        jt.commit("j1", 2, "w2", '{"ok":true}', 15.0),
+        jt.cancel("j1", "late", 16.0),
+    ]
+    for c in calls:
+        sim, real = _send(db, c), _moto_outcome(ddb_client, c)
+        assert type(sim) is type(real), (c.op, sim, real)
+        if isinstance(sim, Err) and isinstance(real, Err):
+            assert sim.kind is real.kind, c.op
+            assert _norm(sim.item) == _norm(real.item), c.op
+            assert [r.get("Code") for r in sim.reasons] == [r.get("Code") for r in real.reasons]
+        elif isinstance(sim, Ok) and isinstance(real, Ok):
+            assert _norm(sim.response.get("Attributes")) == _norm(real.response.get("Attributes"))
+    key = {"job_id": {"S": "j1"}}
+    real_item = ddb_client.get_item(TableName=settings.jobs_table, Key=key, ConsistentRead=True)
+    assert _norm(db.get(settings.jobs_table, key)) == _norm(real_item["Item"])

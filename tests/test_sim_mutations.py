@@ -1,0 +1,80 @@
+"""The checker bites: every deliberately broken variant of the protocol is caught by
+the simulation within a bounded number of seeds, and the real protocol passes the
+same seeds.
+
+Each mutation monkeypatches one piece inside this process (``sqs_lease._sim.mutations``):
+
+- ``no_commit_token``: the commit's condition forgets the token;
+- ``no_ownership_check``: the heartbeat takes a successful visibility change as
+  ownership (the ownership read's verdict is always ok);
+- ``blind_retry``: an ``in_progress`` intent is repeated without asking the check;
+- ``wall_clock_fence``: the commit is fenced by the advisory ``lease_deadline``
+  against the committing worker's own wall clock instead of by token;
+- ``extend_after_end``: a job stays in the heartbeat set after its handler ended
+  (when the attempt did not end with a clean commit).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sqs_lease._sim import run_seed
+from sqs_lease._sim.cli import replay_command
+from sqs_lease._sim.invariants import I2, I3, I5
+from sqs_lease._sim.mutations import MUTATIONS
+
+SEED_LIMIT = 200  # each mutation must be caught within this many seeds
+
+# The invariant each mutation is expected to break first.
+EXPECTED = {
+    "no_commit_token": I3,
+    "no_ownership_check": I5,
+    "blind_retry": I2,
+    "wall_clock_fence": I3,
+    "extend_after_end": I5,
+}
+
+_correct: dict[int, bool] = {}
+
+
+def _correct_protocol_passes(seed: int) -> bool:
+    if seed not in _correct:
+        _correct[seed] = run_seed(seed).ok
+    return _correct[seed]
+
+
+def test_every_mutation_has_an_expectation() -> None:
+    assert set(EXPECTED) == set(MUTATIONS)
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_mutation_is_caught_and_the_protocol_passes_the_same_seeds(name: str) -> None:
+    caught: int | None = None
+    for seed in range(SEED_LIMIT):
+        result = run_seed(seed, mutation=name)
+        if not result.ok:
+            caught = seed
+            violation = result.violations[0]
+            break
+    assert caught is not None, f"{name} was not caught in {SEED_LIMIT} seeds"
+    assert violation.name == EXPECTED[name], (
+        f"{name} broke {violation.name} first (seed {caught}): {violation.message}; "
+        f"replay: {replay_command(caught, name)}"
+    )
+    failing = [s for s in range(caught + 1) if not _correct_protocol_passes(s)]
+    assert not failing, (
+        f"the unmutated protocol fails seeds {failing}; replay: {replay_command(failing[0], None)}"
+    )
+
+
+def test_mutations_are_undone_on_exit() -> None:
+    from sqs_lease._core import flows, intents
+    from sqs_lease._schema import JobTable
+    from sqs_lease._sim.mutations import applied
+    from sqs_lease._sim.worker import SimWorker
+
+    before = (JobTable.commit, flows._verdict, intents._reconcile, SimWorker._mark)
+    for name in MUTATIONS:
+        with applied(name):
+            pass
+    assert (JobTable.commit, flows._verdict, intents._reconcile, SimWorker._mark) == before
