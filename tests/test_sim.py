@@ -748,3 +748,87 @@ def test_sim_and_moto_agree_on_real_requests(aws: AwsTestEnv, ddb_client: Any) -
     key = {"job_id": {"S": "j1"}}
     real_item = ddb_client.get_item(TableName=settings.jobs_table, Key=key, ConsistentRead=True)
     assert _norm(db.get(settings.jobs_table, key)) == _norm(real_item["Item"])
+
+
+# ------------------------------------------------------------------ found by the simulation
+#
+# Defects the simulation found, each pinned to the seed that shows it today. They are
+# liveness defects (no invariant breaks: the fence holds), so they are reported by the
+# simulator as ``sim_anomaly`` events. When one is fixed the test passes and, being
+# strict, fails as XPASS: remove its marker then.
+
+
+def _anomalies_followed_by(
+    seed: int, anomaly: str, event: str, field: str, value: str
+) -> list[tuple[float, str]]:
+    """(time, worker) of each ``anomaly`` the same worker reacted to with ``event``."""
+    r = run_seed(seed, trace=True)
+    seen = {
+        (t, who)
+        for t, who, kind, data in r.log
+        if kind == "sim_anomaly" and data.get("kind") == anomaly
+    }
+    return sorted(
+        (t, who)
+        for t, who, kind, data in r.log
+        if kind == event and data.get(field) == value and (t, who) in seen
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="intent start/confirm transactions carry no ClientRequestToken and a refused "
+    "retry is not recognised as our own write (sqs_lease._core.intents / _schema)",
+)
+def test_seed_12_a_retried_intent_start_is_recognised_as_our_own() -> None:
+    """The SDK resends an intent's start transaction whose first try applied (its answer
+    was lost). DynamoDB cancels the resend (the intent moved on: we moved it), the flow
+    reads that as "another attempt owns it" and abandons the attempt without calling the
+    tool; the next owner's check cannot tell (timeout) and the job is parked for an
+    operator although the effect never ran.
+    Replay: python -m sqs_lease._sim replay --seed 12"""
+    assert not _anomalies_followed_by(
+        12, "retried_intent_start_refused", "intent_start_refused", "reason", "intent_moved"
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a retried confirm transaction is refused and read as ownership unknown",
+)
+def test_seed_6_a_retried_intent_confirm_is_recognised_as_our_own() -> None:
+    """The confirm transaction applied, its answer was lost, the SDK's resend is
+    cancelled (the intent is already confirmed): the flow raises OwnershipUnknown and the
+    worker abandons an attempt whose effect is done and recorded.
+    Replay: python -m sqs_lease._sim replay --seed 6"""
+    assert not _anomalies_followed_by(
+        6, "retried_intent_confirm_refused", "ownership_unknown", "stage", "intent_confirm"
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sqs_lease._worker.Worker keys held jobs by job id: a second claim of the same "
+    "job by one worker replaces the first in the heartbeat set, and the first attempt's "
+    "`finally` then drops the second from it (SimWorker mirrors that shell; fix both)",
+)
+def test_seed_1_a_second_claim_by_the_same_worker_keeps_its_heartbeat() -> None:
+    """w1's watchdog gives job-000 back (tool timeout) while its hung handler still runs;
+    w1 receives the message again and claims token 2; when the hung handler ends, its
+    `finally: _held.pop(job_id)` removes the token-2 claim, whose lease is then never
+    extended: the attempt is lost and the message goes to another worker.
+    Replay: python -m sqs_lease._sim replay --seed 1"""
+    assert not run_seed(1).counts.get("anomaly_popped_newer_claim")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="sqs_lease._worker.Worker._beat_once sets the cancellation signal of whoever "
+    "holds the job id now, not of the lease the verdict is about",
+)
+def test_seed_69_a_lost_verdict_cancels_only_its_own_attempt() -> None:
+    """A heartbeat round in flight for token n comes back "lost" after the same worker
+    claimed token n+1; the shell sets the cancellation signal of the token n+1 attempt,
+    the current owner (a handler that honours ``ctx.cancelled`` stops valid work).
+    Replay: python -m sqs_lease._sim replay --seed 69"""
+    assert not run_seed(69).counts.get("anomaly_cancelled_other_claim")

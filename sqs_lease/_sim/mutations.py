@@ -5,10 +5,13 @@ Each mutation is a context manager that monkeypatches one piece of the real code
 ``tests/test_sim_mutations.py`` asserts every one is caught within a bounded
 number of seeds, and that the unmutated protocol passes the same seeds.
 
-``naive_check`` is not a protocol mutation but a weaker *target*: its
-reconciliation check neither fences nor knows about requests still in flight
-(what a check written against the library's ``check(view)`` API, which gets no
-token, can do). It shows why a not-applied answer must stay true afterwards.
+Two *variants* change the environment, not the protocol, to show what the
+protocol relies on: ``naive_check`` gives targets a reconciliation check that
+neither fences nor knows about requests still in flight (it answers from what
+has applied at that instant), which shows why a "not applied" answer must stay
+true afterwards; ``tight_redrive`` sets the queue's ``maxReceiveCount`` to one
+above the job class's ``max_attempts``, which shows why the redrive backstop
+must stay well above the attempts the worker counts.
 """
 
 from __future__ import annotations
@@ -127,6 +130,23 @@ def extend_after_end() -> Iterator[None]:
 
 
 @contextmanager
+def tight_redrive() -> Iterator[None]:
+    """A queue whose ``maxReceiveCount`` is only one above the job class's
+    ``max_attempts`` (nothing in the library compares the two)."""
+    from . import world
+
+    original = world.draw_plan
+
+    def draw(*args: Any, **kwargs: Any) -> Any:
+        plan = original(*args, **kwargs)
+        plan.max_receive = plan.max_attempts + 1
+        return plan
+
+    with _patch(world, "draw_plan", draw):
+        yield
+
+
+@contextmanager
 def naive_check() -> Iterator[None]:
     """Targets whose check neither fences nor sees requests in flight (see module doc)."""
     with _patch(receiver.Receivers, "default_check_mode", "naive"):
@@ -140,7 +160,11 @@ MUTATIONS: dict[str, Callable[[], Any]] = {
     "wall_clock_fence": wall_clock_fence,
     "extend_after_end": extend_after_end,
 }
-VARIANTS: dict[str, Callable[[], Any]] = {**MUTATIONS, "naive_check": naive_check}
+VARIANTS: dict[str, Callable[[], Any]] = {
+    **MUTATIONS,
+    "naive_check": naive_check,
+    "tight_redrive": tight_redrive,
+}
 
 
 @contextmanager
