@@ -133,16 +133,16 @@ def extend_after_end() -> Iterator[None]:
 def tight_redrive() -> Iterator[None]:
     """A queue whose ``maxReceiveCount`` is only one above the job class's
     ``max_attempts`` (nothing in the library compares the two)."""
-    from . import world
+    from . import plan as plans
 
-    original = world.draw_plan
+    original = plans.draw_plan
 
     def draw(*args: Any, **kwargs: Any) -> Any:
         plan = original(*args, **kwargs)
         plan.max_receive = plan.max_attempts + 1
         return plan
 
-    with _patch(world, "draw_plan", draw):
+    with _patch(plans, "draw_plan", draw):
         yield
 
 

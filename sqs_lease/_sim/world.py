@@ -25,10 +25,11 @@ from .._core.intents import ToolResult
 from .._errors import LeaseLost, PermanentError, ToolOutcomeUnknown, TransientError
 from .._jobs import JobClass, canonical_json, payload_hash
 from .._schema import IntentTable, JobTable
+from . import plan as plans
 from .chaos import Chaos
 from .ddb import SimDynamo, TableSpec
 from .invariants import E_BUDGET, E_EXC, Checker, Origin, Violation
-from .plan import FAULT_KINDS, RunPlan, draw_plan
+from .plan import FAULT_KINDS, RunPlan
 from .receiver import Receivers, Reply
 from .sqs import Message, SimSQS, Wait
 
@@ -254,7 +255,7 @@ class World:
         self._seq = 0
         self.events = 0
         self.chaos = Chaos(seed)
-        self.plan: RunPlan = draw_plan(self.chaos, workers=workers, jobs=jobs)
+        self.plan: RunPlan = plans.draw_plan(self.chaos, workers=workers, jobs=jobs)
         self.chaos.cutoff = self.plan.cutoff
         self.log: list[tuple[float, str, str, Any]] = []
         self.checker = Checker(JOBS)
