@@ -305,6 +305,7 @@ class JobContext(Generic[P]):
             check=tgt.check,
             lease_check=self.check,
             log_bodies=tgt.log_bodies,
+            key_retention_seconds=tgt.key_retention_seconds,
         )
         return self._run_effect(spec)
 

@@ -389,6 +389,7 @@ class IntentRecord(Model):
     payload_hash = UnicodeAttribute()
     attempts = NumberAttribute(default=0)
     last_token = NumberAttribute(default=0)
+    key_retention = NumberAttribute(null=True)  # seconds the target keeps the key; null: never
     external_id = UnicodeAttribute(null=True)
     response = UnicodeAttribute(null=True)
     reason = UnicodeAttribute(null=True)
@@ -463,6 +464,7 @@ class IntentTable:
             payload_hash=spec.payload_hash,
             attempts=0,
             last_token=0,
+            key_retention=spec.key_retention_seconds,
             created_at=wall_now,
             updated_at=wall_now,
         )

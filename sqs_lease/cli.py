@@ -820,6 +820,11 @@ def _default_who() -> str:
     "--reason", default=None, help="Why (required with --abandon; default: resolved by operator)."
 )
 @click.option("--who", default=None, help="Who decides (default: USER@HOST).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="With --retry: repeat even where the target no longer protects the key.",
+)
 @click.pass_context
 def intents_resolve(
     ctx: click.Context,
@@ -829,6 +834,7 @@ def intents_resolve(
     abandon: bool,
     reason: str | None,
     who: str | None,
+    force: bool,
 ) -> None:
     """Decide an ambiguous intent; its parked job is re-enqueued (journaled on stderr)."""
     chosen = [external_id is not None, retry, abandon]
@@ -847,6 +853,8 @@ def intents_resolve(
     settings = _settings(ctx)
     check_table(settings)
     url = queue_url(settings)  # before deciding: a missing queue must not strand the job
+    if retry and not force:
+        _refuse_unprotected_retry(settings, key)
     configure_stderr()
     driver = SyncDriver(settings, Journal())
     resolved = driver.run(
@@ -869,6 +877,29 @@ def intents_resolve(
         else f"job {intent.job_id} not re-enqueued (it was not parked)"
     )
     click.echo(f"{intent.key}\t{intent.state.value}\t{job}")
+
+
+def _refuse_unprotected_retry(settings: Settings, key: str) -> None:
+    """A repeat is protected only while the target still keeps the key: say so."""
+    ddb = make_client(settings, "dynamodb")
+    item = ddb.get_item(
+        TableName=settings.intents_table, Key={"intent_key": {"S": key}}, ConsistentRead=True
+    ).get("Item")
+    if item is None:
+        return  # resolve_flow says "no intent" in its own words
+    rec = _intent_of(item)
+    if rec.key_retention is None:
+        raise click.UsageError(
+            f"target {rec.target!r} does not keep idempotency keys: a repeat of {key!r} is "
+            "not protected by the target; make sure it did not apply, then add --force"
+        )
+    started = rec.first_started_at or rec.created_at
+    if time.time() > started + rec.key_retention:
+        raise click.UsageError(
+            f"the first attempt of {key!r} is older than the {rec.key_retention:g} s the target "
+            "keeps keys: a repeat is no longer protected; make sure it did not apply, then add "
+            "--force"
+        )
 
 
 # --------------------------------------------------------------------------- entry

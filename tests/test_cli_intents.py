@@ -92,7 +92,9 @@ class Parked:
     def queue_url(self) -> str:
         return str(self.sqs.get_queue_url(QueueName=self.settings.queue)["QueueUrl"])
 
-    def add_ambiguous(self, key: str, job_id: str | None = None) -> None:
+    def add_ambiguous(
+        self, key: str, job_id: str | None = None, key_retention: float | None = 86_400
+    ) -> None:
         now = time.time()
         intent = IntentRecord(
             intent_key=key,
@@ -105,6 +107,7 @@ class Parked:
             payload_hash="ab" * 32,
             attempts=2,
             last_token=3,
+            key_retention=key_retention,
             reason="cannot tell whether capture at payments applied: check raised Timeout",
             created_at=now - 120,
             updated_at=now - 5,
@@ -330,6 +333,22 @@ def test_resolve_retry_puts_the_intent_back_to_prepared(parked: Parked) -> None:
     intent = parked.intent()
     assert intent.state == "prepared" and intent.resolution == "retry"
     assert parked.job().state == "queued"
+
+
+@pytest.mark.parametrize(
+    ("retention", "why"),
+    [(None, "does not keep idempotency keys"), (60.0, "no longer protected")],
+)
+def test_resolve_retry_where_the_key_is_unprotected_needs_force(
+    parked: Parked, retention: float | None, why: str
+) -> None:
+    key = f"{parked.job_id}:main:capture:legacy"
+    parked.add_ambiguous(key, key_retention=retention)  # first attempt 110 s ago
+    assert why in usage_error(run(parked.aws, "intents", "resolve", key, "--retry"))
+    assert parked.intent(key).state == "ambiguous"  # nothing was decided
+    forced = run(parked.aws, "intents", "resolve", key, "--retry", "--force")
+    assert forced.exit_code == 0, (forced.output, forced.exception)
+    assert parked.intent(key).state == "prepared"
 
 
 def test_resolve_abandon_needs_a_reason(parked: Parked) -> None:

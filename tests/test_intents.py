@@ -411,7 +411,7 @@ def one_charge(charger: Charger) -> Handler:
 
 def make_app(handler: Handler, check: Check | None) -> App:
     app = App()
-    app.target("payments", check=check)
+    app.target("payments", check=check, key_retention_seconds=86_400)
     app.job("charge", payload=ChargePayload, **FAST)(handler)
     return app
 
@@ -522,6 +522,7 @@ def spec_for(job_id: str, p: ChargePayload, tool: Callable[[], Any] | None = Non
         payload_json=text,
         payload_hash=payload_hash(text),
         tool=tool or never,
+        key_retention_seconds=86_400,  # as ctx.effect would take it from the target
     )
 
 

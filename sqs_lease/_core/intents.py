@@ -105,6 +105,7 @@ class EffectSpec:
     check: Callable[[IntentView], CheckAnswer] | None = None
     lease_check: Callable[[], None] | None = None
     log_bodies: bool = False
+    key_retention_seconds: float | None = None  # how long the target keeps keys
 
 
 def default_key(job_id: str, stage: str, action: str, target: str, version: str | None) -> str:

@@ -63,7 +63,8 @@ class Queue:
     visibility: int = 30
     dlq_url: str | None = None
     max_receive: int = 0  # 0: no redrive
-    messages: dict[str, Message] = field(default_factory=dict)
+    messages: dict[str, Message] = field(default_factory=dict)  # not deleted
+    gone: dict[str, Message] = field(default_factory=dict)  # deleted (handles stay known)
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class SimSQS:
         self._seq = 0
         self._handle_seq = 0
         self.now = 0.0
-        self.waiters: list[Callable[[], None]] = []
+        self.waiters: list[Callable[[], bool]] = []
         self.on_redrive: Callable[[Message], None] | None = None
         self.calls: dict[str, int] = {}
 
@@ -142,20 +143,25 @@ class SimSQS:
         where = self._handles.get(handle)
         if where is None or where[0] != q.url:
             return None
-        return q.messages.get(where[1])
+        return q.messages.get(where[1]) or q.gone.get(where[1])
+
+    def _remove(self, q: Queue, m: Message) -> None:
+        m.deleted = True
+        q.messages.pop(m.message_id, None)
+        q.gone[m.message_id] = m
 
     def in_flight(self, m: Message) -> bool:
         return not m.deleted and m.handle is not None and m.visible_at > self.now
 
     def next_visible(self, q: Queue) -> float | None:
-        times = [m.visible_at for m in q.messages.values() if not m.deleted]
-        later = [t for t in times if t > self.now]
+        later = [m.visible_at for m in q.messages.values() if m.visible_at > self.now]
         return min(later) if later else None
 
     def _wake(self) -> None:
-        waiters, self.waiters = self.waiters, []
-        for wake in waiters:
-            wake()
+        """A message became visible: the longest-waiting live long poll gets to look."""
+        while self.waiters:
+            if self.waiters.pop(0)():
+                return
 
     def send(
         self, q: Queue, body: str, delay: int = 0, attributes: Mapping[str, Any] | None = None
@@ -199,11 +205,11 @@ class SimSQS:
         names = list(params.get("MessageSystemAttributeNames") or []) + list(
             params.get("AttributeNames") or []
         )
-        visible = [m for m in q.messages.values() if not m.deleted and m.visible_at <= self.now]
+        visible = [m for m in q.messages.values() if m.visible_at <= self.now]
         self.chaos.shuffle(visible)
         chosen = visible[:want]
         if len(chosen) < want:
-            busy = [m for m in q.messages.values() if self.in_flight(m)]
+            busy = [m for m in q.messages.values() if m.visible_at > self.now and m.handle]
             if busy and self.chaos.roll("duplicate_delivery", self.behaviour.duplicate):
                 chosen.append(self.chaos.choice(busy))
         out: list[dict[str, Any]] = []
@@ -240,7 +246,7 @@ class SimSQS:
         return Ok({"Messages": out} if out else {})
 
     def _redrive(self, q: Queue, m: Message) -> None:
-        m.deleted = True
+        self._remove(q, m)
         dlq = self.queues.get(q.dlq_url or "")
         if dlq is not None:
             self.send(dlq, m.body, 0, m.attributes)
@@ -344,7 +350,7 @@ class SimSQS:
             return None  # "succeeds, but the message might not be deleted"
         if handle != m.handle:
             self.chaos.count("stale_delete_applied")
-        m.deleted = True
+        self._remove(q, m)
         return None
 
     def _op_DeleteMessage(self, q: Queue, params: Mapping[str, Any]) -> Outcome:
@@ -376,4 +382,4 @@ class SimSQS:
     # ---------------------------------------------------------------- inspection
 
     def live(self, url: str) -> list[Message]:
-        return [m for m in self.queues[url].messages.values() if not m.deleted]
+        return list(self.queues[url].messages.values())

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import json
 from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
 
 from pydantic import BaseModel
@@ -140,6 +140,8 @@ class _Pending:
     attempt: int = 0
     done: bool = False
     applied: int = 0  # the first attempt of this call the service applied (0: none)
+    armed: bool = False  # the current attempt's timeout is scheduled
+    on_timeout: Callable[[], None] | None = None
 
 
 # --------------------------------------------------------------------------- actors
@@ -324,7 +326,7 @@ class World:
             self.at(until, lambda: self.resume(task, value))
             return
         if isinstance(value, (Ok, Err)):
-            value = replace(value, received_at=actor.mono())
+            value = _stamped(value, value.sent_at, actor.mono())
         task.sleeping = False
         try:
             op = task.gen.send(value)
@@ -404,12 +406,6 @@ class World:
         attempt = p.attempt
         t0 = self.now
         timeout = self._timeout_for(actor, c)
-        if actor.faulty and actor.cut(c.service, t0, request=True):
-            self.chaos.count("request_dropped")
-        else:
-            self.at(
-                t0 + self.latency(actor), lambda: self._apply(p, attempt, op, t0, timeout, left)
-            )
 
         def on_timeout() -> None:
             if p.done or p.attempt != attempt:
@@ -430,7 +426,19 @@ class World:
                 self.record(actor.id, "call_timeout", {"op": c.op, "key": _summary(c)})
             self.resume(p.task, err)
 
-        self.at(t0 + timeout, on_timeout)
+        # The client's timeout is armed only when it can matter: the request is lost,
+        # or arrives too late, or (decided when it applies) its answer is.
+        p.on_timeout = on_timeout
+        if actor.faulty and actor.cut(c.service, t0, request=True):
+            self.chaos.count("request_dropped")
+            p.armed = True
+            self.at(t0 + timeout, on_timeout)
+            return
+        lat = self.latency(actor)
+        self.at(t0 + lat, lambda: self._apply(p, attempt, op, t0, timeout, left))
+        p.armed = lat >= timeout or c.op == "ReceiveMessage"
+        if p.armed:
+            self.at(t0 + timeout, on_timeout)
 
     def _service(self, op: CallOp) -> Outcome | Wait:
         c = op.call
@@ -459,6 +467,9 @@ class World:
         def poll() -> None:
             if state["done"]:
                 return
+            if not p.task.actor.alive:
+                state["done"] = True  # the process is gone, and its connection with it
+                return
             out = self._service(op)
             if isinstance(out, Wait):
                 if self.now >= until - 1e-9:
@@ -469,11 +480,17 @@ class World:
             state["done"] = True
             self._answer(p, attempt, op, t0, timeout, 1, out)
 
+        def woken() -> bool:
+            if state["done"] or not p.task.actor.alive:
+                return False  # pass the wake-up on to the next waiting poll
+            self.at(self.now, poll)
+            return True
+
         def arm() -> None:
             nxt = self.sqs.next_visible(queue)
             when = until if nxt is None else min(until, nxt)
             self.at(when, poll)
-            self.sqs.waiters.append(lambda: self.at(self.now, poll))
+            self.sqs.waiters.append(woken)
 
         arm()
 
@@ -499,6 +516,9 @@ class World:
         if lost or t_back > t0 + timeout:
             if not lost:
                 self.chaos.count("late_answer")
+            if p.attempt == attempt and not p.armed and p.on_timeout is not None:
+                p.armed = True
+                self.at(t0 + timeout, p.on_timeout)
             return  # the client's timeout decides what it sees
 
         def deliver() -> None:
@@ -521,7 +541,7 @@ class World:
                 self._attempt(p, op, left - 1)
                 return
             p.done = True
-            self.resume(p.task, replace(out, sent_at=p.sent_mono))
+            self.resume(p.task, _stamped(out, p.sent_mono, 0.0))
 
         self.at(t_back, deliver)
 
@@ -532,17 +552,6 @@ class World:
         p = _Pending(task, actor.mono())
         t0 = self.now
         timeout = r.timeout
-        if actor.faulty and actor.cut("target", t0, request=True):
-            self.chaos.count("request_dropped")
-            if r.kind == "tool" and self.chaos.chance(0.5):
-                # Connection refused: certainly nothing was sent.
-                exc: Exception = TransientError("target: connection refused", code="refused")
-                self.at(t0 + 0.001, lambda: self._deliver_remote(p, r, _raised(exc, p.sent_mono)))
-                return
-        else:
-            if isinstance(r, SimTool):
-                self.receivers.sent(r.target, r.key, r.token)
-            self.at(t0 + self.latency(actor), lambda: self._remote_apply(p, r, t0, timeout))
 
         def on_timeout() -> None:
             if p.done:
@@ -555,7 +564,24 @@ class World:
             self.chaos.count("tool_timeout" if r.kind == "tool" else "check_timeout")
             self._deliver_remote(p, r, _raised(late, p.sent_mono))
 
-        self.at(t0 + timeout, on_timeout)
+        p.on_timeout = on_timeout
+        if actor.faulty and actor.cut("target", t0, request=True):
+            self.chaos.count("request_dropped")
+            if r.kind == "tool" and self.chaos.chance(0.5):
+                # Connection refused: certainly nothing was sent.
+                exc: Exception = TransientError("target: connection refused", code="refused")
+                self.at(t0 + 0.001, lambda: self._deliver_remote(p, r, _raised(exc, p.sent_mono)))
+                return
+            p.armed = True
+            self.at(t0 + timeout, on_timeout)
+            return
+        if isinstance(r, SimTool):
+            self.receivers.sent(r.target, r.key, r.token)
+        lat = self.latency(actor)
+        self.at(t0 + lat, lambda: self._remote_apply(p, r, t0, timeout))
+        if lat >= timeout:
+            p.armed = True
+            self.at(t0 + timeout, on_timeout)
 
     def _remote_apply(self, p: _Pending, r: Remote, t0: float, timeout: float) -> None:
         actor = p.task.actor
@@ -604,6 +630,9 @@ class World:
             or self.chaos.roll("lost_response", self.plan.lost_response)
         )
         if lost or t_back > t0 + timeout:
+            if not p.armed and p.on_timeout is not None:
+                p.armed = True
+                self.at(t0 + timeout, p.on_timeout)
             return
         self.at(t_back, lambda: self._deliver_remote(p, r, out))
 
@@ -852,6 +881,23 @@ def _plan_summary(p: RunPlan) -> dict[str, Any]:
         "max_receive": p.max_receive,
         "fault_events": p.fault_events,
     }
+
+
+def _stamped(out: Outcome, sent: float, received: float) -> Outcome:
+    """The outcome with the driver's monotonic stamps (as the sync driver sets them)."""
+    if isinstance(out, Ok):
+        return Ok(out.response, sent, received)
+    return Err(
+        out.kind,
+        out.code,
+        out.query_code,
+        out.message,
+        out.item,
+        out.reasons,
+        sent,
+        received,
+        out.exc,
+    )
 
 
 def _raised(exc: Exception, sent: float) -> Err:
