@@ -1,0 +1,120 @@
+"""`benchmarks/run.py` works: a quick run completes and reports every figure's key.
+
+Timings are never asserted (shared, noisy machines); only that each benchmark
+ran against its moto server and produced what BENCHMARKS.md is rendered from.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import run as bench_run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.integration
+@pytest.mark.fault
+@pytest.mark.timeout(180)
+def test_quick_bench_run_completes(tmp_path: Path) -> None:
+    out, md = tmp_path / "results.json", tmp_path / "block.md"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "run.py"),
+            "--quick",
+            "--no-write",
+            "--json",
+            str(out),
+            "--markdown",
+            str(md),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data: dict[str, Any] = json.loads(out.read_text())
+    assert {"nproc", "python", "moto"} <= set(data["machine"])
+    results = data["results"]
+    assert set(results) == {"calls", "overhead", "heartbeat", "takeover"}
+    for r in results.values():
+        assert "error" not in r
+        assert {"date", "seconds", "load_before"} <= set(r["meta"])
+
+    calls = results["calls"]
+    assert {"params", "floor_calls_per_job", "floor_by_op_per_job"} <= set(calls)
+    for col in ("batched", "producer"):
+        assert calls[col]["committed"] == calls["params"]["jobs"]
+        assert {
+            "calls_per_job",
+            "ratio_to_floor",
+            "calls_by_op_per_job",
+            "worker_wcu_per_job",
+            "worker_rcu_per_job",
+            "moto_busy",
+            "journal",
+        } <= set(calls[col])
+
+    overhead = results["overhead"]
+    assert {"bare", "raw calls", "sqs-lease"} <= set(overhead["contenders"])
+    assert {"bare", "raw calls"} <= set(overhead["ratios"])
+    for c in overhead["contenders"].values():
+        assert {"jobs_per_second", "calls_per_job", "moto_busy"} <= set(c)
+
+    (size,) = results["heartbeat"]["sizes"].values()
+    assert set(size["methods"]) == {"batched", "naive", "async sequential", "async gather"}
+    assert (
+        size["methods"]["batched"]["calls_per_round"] < size["methods"]["naive"]["calls_per_round"]
+    )
+
+    takeover = results["takeover"]
+    assert len(takeover["samples"]) == takeover["params"]["reps"]
+    assert {"takeover_median", "ratio_to_lease_plus_wait"} <= set(takeover)
+
+    text = md.read_text()
+    assert text.startswith(bench_run.START) and text.rstrip().endswith(bench_run.END)
+    for name in bench_run.NAMES:
+        assert f"<!-- bench:{name}:start -->" in text
+
+
+def test_rewrite_keeps_other_sections_and_other_benchmarks(tmp_path: Path) -> None:
+    path = tmp_path / "BENCHMARKS.md"
+    path.write_text(
+        "# Benchmarks\n\n## Chaos\nkeep me\n\n"
+        f"{bench_run.START}\nold intro\n"
+        "<!-- bench:calls:start -->\nOLD CALLS\n<!-- bench:calls:end -->\n"
+        "<!-- bench:takeover:start -->\nOLD TAKEOVER\n<!-- bench:takeover:end -->\n"
+        f"{bench_run.END}\n\n## Soak\nkeep too\n"
+    )
+    meta = {
+        "date": "2024-01-01 00:00 UTC",
+        "seconds": 1.0,
+        "load_before": 0.1,
+        "load_after": 0.1,
+        "quick": True,
+    }
+    host = {
+        "nproc": 2,
+        "python": "3.11",
+        "platform": "Linux",
+        "moto": "5",
+        "boto3": "1",
+        "aiobotocore": "2",
+    }
+    bench_run.write_markdown(path, {"takeover": {"error": "boom", "meta": meta}}, host)
+    text = path.read_text()
+    assert "keep me" in text and "keep too" in text and "OLD CALLS" in text
+    assert "OLD TAKEOVER" not in text and "boom" in text and "old intro" not in text
+    assert text.count(bench_run.START) == 1 and text.count(bench_run.END) == 1
+
+    fresh = tmp_path / "NEW.md"
+    bench_run.write_markdown(fresh, {"takeover": {"error": "boom", "meta": meta}}, host)
+    assert fresh.read_text().startswith("# Benchmarks\n\n" + bench_run.START)
