@@ -8,6 +8,7 @@ chosen at run time (settings), so the models' ``Meta.table_name`` is only a defa
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -535,8 +536,16 @@ class IntentTable:
                 }
             )
         # One transaction: the job is still ours (token), the intent is as we saw
-        # it, and the attempt is logged; any of them failing starts nothing.
-        return Call("dynamodb", "TransactWriteItems", {"TransactItems": items})
+        # it, and the attempt is logged; any of them failing starts nothing. The
+        # request token makes an SDK retry of an applied start a no-op on AWS.
+        return Call(
+            "dynamodb",
+            "TransactWriteItems",
+            {
+                "TransactItems": items,
+                "ClientRequestToken": _request_token("start", spec.key, attempts + 1, token),
+            },
+        )
 
     def confirm(
         self,
@@ -586,7 +595,11 @@ class IntentTable:
                     )
                 }
             )
-        return Call("dynamodb", "TransactWriteItems", {"TransactItems": items})
+        return Call(
+            "dynamodb",
+            "TransactWriteItems",
+            {"TransactItems": items, "ClientRequestToken": _request_token("confirm", key, attempt)},
+        )
 
     def attempt_failed(
         self, key: str, *, attempt: int, outcome: str, error: str, wall_now: float, reopen: bool
@@ -673,6 +686,12 @@ class IntentTable:
 
     def parse(self, item: Mapping[str, Any]) -> IntentView:
         return intent_view_of(item)
+
+
+def _request_token(*parts: object) -> str:
+    """A TransactWriteItems ClientRequestToken (at most 36 characters), stable per step."""
+    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()
+    return digest[:36]
 
 
 def canonical(value: Any) -> str:

@@ -615,8 +615,8 @@ class Worker:
             for lease in plan.extend:
                 beat = report.beats.get(lease.job_id)
                 holder = self._held.get(lease.job_id)
-                if beat is None or holder is None:
-                    continue
+                if beat is None or holder is None or holder.lease is not lease:
+                    continue  # the verdict is about an attempt this worker no longer holds
                 if lease.status not in (LeaseStatus.OK, LeaseStatus.UNKNOWN):
                     continue  # finished or dropped while the round was in flight
                 if beat.status == "ok" and beat.deadline is not None:

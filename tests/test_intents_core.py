@@ -714,15 +714,45 @@ def test_start_cancelled_is_lease_lost_and_the_tool_never_runs(
     codes: tuple[str, ...], reason: str, message: str
 ) -> None:
     tool = Tool()
-    s = EffectScript([ok(), cancelled(*codes)])
+    intent_moved = reason == "intent_moved"
+    # When the job is still ours the flow reads the intent: another attempt's start.
+    reread = [ok({"Item": intent_item(IntentState.IN_PROGRESS, attempts=1, last_token=9)})]
+    s = EffectScript([ok(), cancelled(*codes), *(reread if intent_moved else [])])
     with pytest.raises(LeaseLost, match=message):
         run_effect(s, spec(tool, lease_check=LeaseCheck()), token=5)
-    assert s.ops == ["dynamodb.PutItem", "dynamodb.TransactWriteItems"]
+    expected_ops = ["dynamodb.PutItem", "dynamodb.TransactWriteItems"]
+    assert s.ops == expected_ops + (["dynamodb.GetItem"] if intent_moved else [])
     assert (s.invokes, tool.calls) == (["lease_check"], 0)
     refused = s.event("intent_start_refused")
     assert (refused["reason"], refused["token"], refused["key"]) == (reason, 5, KEY)
     assert "intent_started" not in s.event_names()
     assert "tool_request_started" not in s.event_names()
+
+
+def test_a_retried_start_that_had_applied_is_recognised_as_our_own() -> None:
+    # The SDK retried a start whose answer was lost: the retry fails the intent's
+    # condition, but the intent shows our attempt and our token, so we go on.
+    tool = Tool()
+    s = EffectScript(
+        [
+            ok(),
+            cancelled("None", "ConditionalCheckFailed", "ConditionalCheckFailed"),
+            ok({"Item": intent_item(IntentState.IN_PROGRESS, attempts=1, last_token=5)}),
+            ok(),
+        ]
+    )
+    res = run_effect(s, spec(tool), token=5)
+    assert tool.calls == 1 and res.external_id == "ch_1"
+    assert "intent_start_refused" not in s.event_names()
+
+
+def test_start_transactions_carry_a_stable_request_token() -> None:
+    first, second = EffectScript([ok(), ok(), ok()]), EffectScript([ok(), ok(), ok()])
+    run_effect(first, spec(), token=5)
+    run_effect(second, spec(), token=5)
+    tokens = [c.params["ClientRequestToken"] for c in first.calls_to("TransactWriteItems")]
+    assert len(tokens) == 2 and len(set(tokens)) == 2 and all(len(t) <= 36 for t in tokens)
+    assert tokens == [c.params["ClientRequestToken"] for c in second.calls_to("TransactWriteItems")]
 
 
 @pytest.mark.parametrize(
@@ -870,7 +900,15 @@ def test_not_applied_repeats_after_a_takeover_are_bounded_too() -> None:
 )
 def test_confirm_failing_is_ownership_unknown_and_journaled(failure: Err) -> None:
     tool = Tool()
-    s = EffectScript([ok(), ok(), failure])
+    still_open = ok({"Item": intent_item(IntentState.IN_PROGRESS, attempts=1)})
+    s = EffectScript(
+        [
+            ok(),
+            ok(),
+            failure,
+            *([still_open] if failure.kind is ErrorKind.TRANSACTION_CANCELLED else []),
+        ]
+    )
     with pytest.raises(OwnershipUnknown, match="confirm intent"):
         run_effect(s, spec(tool))
     assert tool.calls == 1
@@ -878,6 +916,18 @@ def test_confirm_failing_is_ownership_unknown_and_journaled(failure: Err) -> Non
     assert (unknown["stage"], unknown["key"], unknown["job_id"]) == ("intent_confirm", KEY, JOB)
     assert unknown["error_code"] == (failure.code or failure.kind.value)
     assert "intent_confirmed" not in s.event_names()
+
+
+def test_a_retried_confirm_that_had_applied_returns_the_stored_result() -> None:
+    tool = Tool()
+    done = intent_item(
+        IntentState.CONFIRMED, attempts=1, response='{"charge_id":"ch_1"}', external_id="ch_1"
+    )
+    s = EffectScript([ok(), ok(), cancelled("ConditionalCheckFailed", "None"), ok({"Item": done})])
+    res = run_effect(s, spec(tool))
+    assert (res.external_id, dict(res.response), tool.calls) == ("ch_1", {"charge_id": "ch_1"}, 1)
+    assert s.event("intent_confirmed")["already"] is True
+    assert "ownership_unknown" not in s.event_names()
 
 
 def test_confirm_after_a_confirming_check_failing_is_ownership_unknown() -> None:

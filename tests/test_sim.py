@@ -775,11 +775,6 @@ def _anomalies_followed_by(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="intent start/confirm transactions carry no ClientRequestToken and a refused "
-    "retry is not recognised as our own write (sqs_lease._core.intents / _schema)",
-)
 def test_seed_12_a_retried_intent_start_is_recognised_as_our_own() -> None:
     """The SDK resends an intent's start transaction whose first try applied (its answer
     was lost). DynamoDB cancels the resend (the intent moved on: we moved it), the flow
@@ -792,10 +787,6 @@ def test_seed_12_a_retried_intent_start_is_recognised_as_our_own() -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a retried confirm transaction is refused and read as ownership unknown",
-)
 def test_seed_6_a_retried_intent_confirm_is_recognised_as_our_own() -> None:
     """The confirm transaction applied, its answer was lost, the SDK's resend is
     cancelled (the intent is already confirmed): the flow raises OwnershipUnknown and the
@@ -821,11 +812,6 @@ def test_seed_1_a_second_claim_by_the_same_worker_keeps_its_heartbeat() -> None:
     assert not run_seed(1).counts.get("anomaly_popped_newer_claim")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sqs_lease._worker.Worker._beat_once sets the cancellation signal of whoever "
-    "holds the job id now, not of the lease the verdict is about",
-)
 def test_seed_69_a_lost_verdict_cancels_only_its_own_attempt() -> None:
     """A heartbeat round in flight for token n comes back "lost" after the same worker
     claimed token n+1; the shell sets the cancellation signal of the token n+1 attempt,

@@ -241,7 +241,7 @@ def effect_flow(
             )
         )
         if isinstance(started, Err):
-            yield from _refused_start(ireq, spec, started, token)
+            yield from _refused_start(ireq, spec, started, token, attempts + 1)
         attempts += 1
         yield from emit(
             "intent_started",
@@ -357,10 +357,33 @@ def _unknown(out: Err, what: str, key: str) -> BaseException:
     return OwnershipUnknown(f"{what} {key!r}: {out.code or out.kind}: {out.message}")
 
 
-def _refused_start(ireq: IntentRequests, spec: EffectSpec, err: Err, token: int) -> Flow[None]:
+def _read_intent(ireq: IntentRequests, key: str) -> Flow[IntentView | None]:
+    out = yield from call(ireq.get(key))
+    if isinstance(out, Err):
+        return None
+    item = out.response.get("Item")
+    return ireq.parse(item) if item else None
+
+
+def _refused_start(
+    ireq: IntentRequests, spec: EffectSpec, err: Err, token: int, attempt: int
+) -> Flow[None]:
+    """Why did the start transaction fail? Returns only if it was our own start after all."""
     if err.kind is ErrorKind.TRANSACTION_CANCELLED:
         codes = [str(r.get("Code", "")) for r in err.reasons]
         job_failed = bool(codes) and codes[0] == "ConditionalCheckFailed"
+        if not job_failed and codes:
+            # The job is still ours; the intent is not as we saw it. A retried
+            # transaction whose first try applied looks exactly like this: the
+            # intent then shows our attempt and our token.
+            now = yield from _read_intent(ireq, spec.key)
+            if (
+                now is not None
+                and now.state is IntentState.IN_PROGRESS
+                and now.attempts == attempt
+                and now.last_token == token
+            ):
+                return
         yield from emit(
             "intent_start_refused",
             job_id=spec.job_id,
@@ -398,6 +421,23 @@ def _confirm(
             reconciled=reconciled,
         )
     )
+    if isinstance(out, Err) and out.kind is ErrorKind.TRANSACTION_CANCELLED:
+        # A retried confirm whose first try applied (or another owner's reconcile)
+        # finds the intent confirmed already: that is the outcome we wanted.
+        now = yield from _read_intent(ireq, spec.key)
+        if now is not None and now.state is IntentState.CONFIRMED:
+            yield from emit(
+                "intent_confirmed",
+                job_id=spec.job_id,
+                key=spec.key,
+                external_id=now.external_id,
+                attempt=attempt,
+                reconciled=reconciled,
+                already=True,
+            )
+            return EffectResult(
+                json.loads(now.response_json or "{}"), now.external_id, False, reconciled, spec.key
+            )
     if isinstance(out, Err):
         # The effect happened but is not recorded: the intent stays in_progress and
         # the next owner reconciles it with the target. Nothing more may run now.
