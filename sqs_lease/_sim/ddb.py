@@ -39,6 +39,7 @@ class TableSpec:
 
 @dataclass
 class DdbFaults:
+    idempotent_tokens: bool = True  # ClientRequestToken honoured (AWS); moto ignores it
     unprocessed: float = 0.0  # per BatchGetItem call
     throttle: float = 0.0  # per call
     stale_read_window: float = 1.0  # seconds an eventually consistent read may lag
@@ -273,7 +274,7 @@ class SimDynamo:
 
     def _op_TransactWriteItems(self, params: Mapping[str, Any], origin: Any) -> Outcome:
         token = params.get("ClientRequestToken")
-        if token:
+        if token and self.faults.idempotent_tokens:
             # Idempotent for 10 minutes, as in DynamoDB: a repeat of an applied request
             # succeeds without applying it again; another request under the token fails.
             digest = json.dumps(

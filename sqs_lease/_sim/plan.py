@@ -137,6 +137,7 @@ def draw_plan(chaos: Chaos, *, workers: int | None = None, jobs: int | None = No
         ),
         max_receive=c.choice([20, 50]),
         ddb=DdbFaults(
+            idempotent_tokens=c.choice([True, False]),
             unprocessed=intensity * c.uniform(0.0, 0.3),
             throttle=intensity * c.uniform(0.0, 0.02),
         ),

@@ -3,8 +3,9 @@
 What AWS documents, and where moto and AWS differ, chosen per run (seeded):
 
 - visibility timers; a fresh receipt handle per receive; ``ApproximateReceiveCount``;
-- at-least-once delivery: a receive may also return a message that is in flight
-  to someone else (a duplicate delivery, with its own new receipt handle);
+- at-least-once delivery: a receive may leave a copy behind, which a later
+  receive returns while the message is still in flight to someone else (a
+  duplicate delivery, with its own new receipt handle);
 - stale receipt handles: ``moto`` mode really extends and deletes with them;
   ``aws`` mode may ignore a delete (and answer success), and a CMV with a stale
   handle may apply, be ignored (success) or be refused;
@@ -38,7 +39,7 @@ class SqsBehaviour:
     stale_mode: str = "moto"  # "moto" | "aws"
     spelling: str = "json"  # "json" | "query"
     expired_cmv: str = "apply"  # "apply" | "not_inflight"
-    duplicate: float = 0.0  # chance a receive also returns an in-flight message
+    duplicate: float = 0.0  # chance a receive leaves a duplicate for a later receive
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Message:
     handle: str | None = None  # the latest receipt handle
     handles: dict[str, float] = field(default_factory=dict)  # handle -> its receive time
     deleted: bool = False
+    dup_pending: bool = False  # a duplicate copy waits for a later receive
 
 
 @dataclass
@@ -208,10 +210,18 @@ class SimSQS:
         visible = [m for m in q.messages.values() if m.visible_at <= self.now]
         self.chaos.shuffle(visible)
         chosen = visible[:want]
-        if len(chosen) < want:
-            busy = [m for m in q.messages.values() if m.visible_at > self.now and m.handle]
-            if busy and self.chaos.roll("duplicate_delivery", self.behaviour.duplicate):
-                chosen.append(self.chaos.choice(busy))
+        for m in chosen:
+            # At-least-once: this receive may leave a copy behind that a later receive
+            # returns while the message is still in flight here (once per receive).
+            m.dup_pending = self.chaos.roll("duplicate_armed", self.behaviour.duplicate)
+        if len(chosen) < want and self.chaos.active:
+            for m in q.messages.values():
+                if len(chosen) >= want:
+                    break
+                if m.dup_pending and m.visible_at > self.now and m.handle:
+                    m.dup_pending = False
+                    self.chaos.count("duplicate_delivery")
+                    chosen.append(m)
         out: list[dict[str, Any]] = []
         for m in chosen:
             if q.max_receive and q.dlq_url and m.receive_count + 1 > q.max_receive:

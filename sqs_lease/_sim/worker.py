@@ -271,7 +271,11 @@ class SimWorker(Actor):
             self.bump("poisoned")
             yield from self.drive(
                 poison_flow(
-                    self.table, queue_url=self.queue_url, poison=item, dlq_url=self.dlq_url, body=""
+                    self.table,
+                    queue_url=self.queue_url,
+                    poison=item,
+                    dlq_url=self.dlq_url,
+                    body=item.body,
                 ),
                 origin,
             )
@@ -323,14 +327,9 @@ class SimWorker(Actor):
             self._forget(held, item, fin)
 
     def _forget(self, held: SimHeld, item: Delivery, fin: Finish | None) -> None:
-        """``finally: self._held.pop(item.job_id)`` of ``_worker.Worker._process``."""
-        current = self.held.get(item.job_id)
-        if current is not None and current is not held:
-            # The real worker keys held jobs by job id: a second claim of the same job
-            # by this worker replaced ours, and this pop removes *that* one.
-            self.bump("anomaly_popped_newer_claim")
-            self.journal("sim_anomaly", kind="popped_newer_claim", job_id=item.job_id)
-        self.held.pop(item.job_id, None)
+        """The ``finally`` of ``_worker.Worker._process``: drop our entry, not a newer one."""
+        if self.held.get(item.job_id) is held:
+            del self.held[item.job_id]
 
     def _hold(self, claim: Claimed, jc: JobClass, origin: Origin) -> SimHeld:
         now = self.mono()
@@ -352,8 +351,14 @@ class SimWorker(Actor):
             advised_at=now,
         )
         held = SimHeld(lease, claim.job, claim.delivery, origin)
-        if claim.job.job_id in self.held:
-            self.bump("anomaly_replaced_held_claim")
+        earlier = self.held.get(lease.job_id)
+        if earlier is not None:
+            # Our own new claim moved the token past the earlier attempt (a retry or a
+            # duplicate delivery reached this worker): that attempt is lost.
+            self.bump("own_claim_superseded")
+            earlier.lease.status = LeaseStatus.LOST
+            earlier.lease.reason = f"token moved to {claim.token} by this worker"
+            earlier.cancelled = True
         self.held[lease.job_id] = held
         self.world.interrupt(self.heartbeat_task)
         return held
@@ -650,8 +655,10 @@ class SimWorker(Actor):
         for lease in plan.extend:
             beat = report.beats.get(lease.job_id)
             holder = self.held.get(lease.job_id)
-            if beat is None or holder is None:
-                continue
+            if beat is None or holder is None or holder.lease is not lease:
+                if holder is not None and holder.lease is not lease:
+                    self.bump("verdict_for_superseded_attempt")
+                continue  # the verdict is about an attempt this worker no longer holds
             if lease.status not in _OPEN:
                 continue  # finished or dropped while the round was in flight
             if beat.status == "ok" and beat.deadline is not None:
@@ -670,16 +677,6 @@ class SimWorker(Actor):
                     LeaseStatus.CANCELLED if beat.status == "cancelled" else LeaseStatus.LOST
                 )
                 lease.reason = beat.reason
-                if holder.lease is not lease:
-                    # As in the real worker, the signal goes to whoever holds the job id now.
-                    self.bump("anomaly_cancelled_other_claim")
-                    self.journal(
-                        "sim_anomaly",
-                        kind="cancelled_other_claim",
-                        job_id=lease.job_id,
-                        token=lease.token,
-                        holder_token=holder.lease.token,
-                    )
                 holder.cancelled = True
             else:
                 lease.status = LeaseStatus.UNKNOWN
