@@ -293,7 +293,7 @@ def _journal_line(b: dict[str, Any], t: dict[str, Any]) -> str:
         text += (
             " **Each is a heartbeat round racing its job's own commit**: the round picked the "
             "job while its handler ran, the handler returned and committed, then the round's "
-            "conditional advisory UpdateItem (or, rarely, its consistent read) found the job "
+            "conditional advisory UpdateItem (or its consistent read) found the job "
             "`succeeded` and the flow journaled a lost lease for a job that had just succeeded. "
             "Harmless (the worker ignores beats of finished jobs; no lease was lost), but each "
             "costs a wasted write and a misleading event. The advisory write could skip jobs "
