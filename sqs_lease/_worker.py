@@ -28,6 +28,7 @@ from ._core.flows import (
     Claimed,
     Delivery,
     Poison,
+    apply_beats,
     claim_flow,
     commit_flow,
     fail_flow,
@@ -610,33 +611,17 @@ class Worker:
                 advise=plan.advise,
             )
         )
-        after = self._clock()
         with self._lock:
-            for lease in plan.extend:
-                beat = report.beats.get(lease.job_id)
-                holder = self._held.get(lease.job_id)
-                if beat is None or holder is None or holder.lease is not lease:
-                    continue  # the verdict is about an attempt this worker no longer holds
-                if lease.status not in (LeaseStatus.OK, LeaseStatus.UNKNOWN):
-                    continue  # finished or dropped while the round was in flight
-                if beat.status == "ok" and beat.deadline is not None:
-                    lease.deadline = beat.deadline
-                    lease.status = LeaseStatus.OK
-                    lease.last_confirmed = after
-                    lease.next_beat = now + lease.heartbeat_seconds
-                    if lease.job_id in plan.advise:
-                        lease.advised_at = now
-                elif beat.status in ("lost", "cancelled"):
-                    lease.status = (
-                        LeaseStatus.CANCELLED if beat.status == "cancelled" else LeaseStatus.LOST
-                    )
-                    lease.reason = beat.reason
-                    holder.cancelled.set()
-                else:
-                    lease.status = LeaseStatus.UNKNOWN
-                    lease.reason = beat.reason
-                    # Try again soon: the reserve is what is left until the conservative deadline.
-                    lease.next_beat = now + min(lease.heartbeat_seconds, 1.0)
+            # Only the leases this worker still holds (a newer own claim may have
+            # replaced one while the round was in flight).
+            current = [
+                lease
+                for lease in plan.extend
+                if (h := self._held.get(lease.job_id)) is not None and h.lease is lease
+            ]
+            changed = apply_beats(current, report, started=now, advised=plan.advise)
+            for lease in changed.cancel:
+                self._held[lease.job_id].cancelled.set()
 
 
 def load_app(spec: str) -> App:

@@ -36,6 +36,7 @@ from core_harness import (
 
 from sqs_lease._core.calls import Call, Err, ErrorKind, Ok, Outcome, sqs_code_is
 from sqs_lease._core.flows import (
+    Beat,
     Claimed,
     Delivery,
     Finish,
@@ -43,6 +44,7 @@ from sqs_lease._core.flows import (
     NotClaimed,
     Poison,
     SubmitResult,
+    apply_beats,
     cancel_flow,
     claim_flow,
     commit_flow,
@@ -58,7 +60,7 @@ from sqs_lease._core.flows import (
     submit_flow,
 )
 from sqs_lease._core.records import JobState, JobView
-from sqs_lease._core.timing import LocalLease
+from sqs_lease._core.timing import LeaseStatus, LocalLease
 from sqs_lease._errors import (
     AwsCallFailed,
     JobNotFound,
@@ -631,9 +633,10 @@ def test_heartbeat_per_entry_lease_gone_codes_are_lost(code: str) -> None:
     assert report.beats["job-b"].reason == f"sqs: {code}"
     assert report.beats["job-b"].deadline is None
     assert report.beats["job-a"].status == "ok"
-    # the lost job is not looked up in DynamoDB
+    # the gone job is looked up too (it might be our own finished attempt); its
+    # record is not there, so SQS's word stands
     keys = s.calls[1].params["RequestItems"][TABLE]["Keys"]
-    assert [_key_id(k) for k in keys] == ["job-a"]
+    assert [_key_id(k) for k in keys] == ["job-a", "job-b"]
     lost = s.event("heartbeat_lost")
     assert (lost["job_id"], lost["cancelled"]) == ("job-b", False)
 
@@ -689,9 +692,29 @@ def test_heartbeat_token_moved_is_lost() -> None:
     assert s.event("heartbeat_lost")["reason"] == "token moved to 3"
 
 
-def test_heartbeat_state_not_running_is_lost() -> None:
-    _s, verdict = _one_beat(job_item("job-1", state=JobState.QUEUED, owner=WORKER, token=2))
-    assert verdict == ("lost", "job is queued", None)
+def test_heartbeat_state_not_running_under_our_token_is_our_own_end() -> None:
+    # Only this attempt's own fenced write can take the record out of running
+    # under its token: the attempt ended itself, nothing was lost.
+    s, verdict = _one_beat(job_item("job-1", state=JobState.QUEUED, owner=WORKER, token=2))
+    assert verdict == ("done", "job is queued", None)
+    assert "heartbeat_lost" not in s.event_names()
+
+
+def test_heartbeat_state_not_running_under_another_token_is_lost() -> None:
+    _s, verdict = _one_beat(job_item("job-1", state=JobState.QUEUED, owner=OTHER, token=3))
+    assert verdict == ("lost", "token moved to 3", None)
+
+
+def test_heartbeat_sqs_gone_for_our_own_committed_job_is_done_not_lost() -> None:
+    s = Script(
+        [
+            ok({"Failed": [{"Id": "0", "Code": "ReceiptHandleIsInvalid", "SenderFault": True}]}),
+            ok({"Responses": {TABLE: [job_item("job-1", state=JobState.SUCCEEDED, token=2)]}}),
+        ]
+    )
+    beat = _beat(s, [local_lease("job-1", token=2)]).beats["job-1"]
+    assert (beat.status, beat.reason) == ("done", "job is succeeded")
+    assert "heartbeat_lost" not in s.event_names()
 
 
 def test_heartbeat_other_owner_is_lost() -> None:
@@ -714,11 +737,11 @@ def test_heartbeat_cancelled_record_is_cancelled() -> None:
     assert (ev["cancelled"], ev["token"]) == (True, 2)
 
 
-def test_heartbeat_failed_but_not_cancelled_is_lost() -> None:
+def test_heartbeat_failed_but_not_cancelled_under_our_token_is_done() -> None:
     s, verdict = _one_beat(job_item("job-1", state=JobState.FAILED, token=2, error_code="boom"))
     status, reason, _ = verdict
-    assert (status, reason) == ("lost", "job is failed")
-    assert s.event("heartbeat_lost")["cancelled"] is False
+    assert (status, reason) == ("done", "job is failed")
+    assert "heartbeat_lost" not in s.event_names()
 
 
 def test_heartbeat_missing_record_without_unprocessed_keys_is_lost() -> None:
@@ -1398,3 +1421,42 @@ def test_view_of_reads_a_projected_item() -> None:
         WORKER,
         True,
     )
+
+
+# =========================================================================== apply_beats
+
+
+def test_apply_beats_moves_each_lease_by_its_verdict() -> None:
+    ok_l, lost_l, canc_l, unk_l, done_l, fin_l = (
+        local_lease(f"job-{n}") for n in ("ok", "lost", "canc", "unk", "done", "fin")
+    )
+    fin_l.status = LeaseStatus.DONE  # the handler returned while the round was in flight
+    report = HeartbeatReport(
+        {
+            "job-ok": Beat("job-ok", "ok", deadline=1180.0),
+            "job-lost": Beat("job-lost", "lost", reason="token moved to 3"),
+            "job-canc": Beat("job-canc", "cancelled", reason="cancelled: stop"),
+            "job-unk": Beat("job-unk", "unknown", reason="dynamodb: timeout"),
+            "job-done": Beat("job-done", "done", reason="job is succeeded"),
+            "job-fin": Beat("job-fin", "lost", reason="sqs: ReceiptHandleIsInvalid"),
+        }
+    )
+    out = apply_beats(
+        [ok_l, lost_l, canc_l, unk_l, done_l, fin_l],
+        report,
+        started=1100.0,
+        advised=frozenset({"job-ok"}),
+    )
+    assert out.extended == (ok_l,) and out.cancel == (lost_l, canc_l)
+    assert (ok_l.deadline, ok_l.status, ok_l.next_beat, ok_l.advised_at) == (
+        1180.0,
+        LeaseStatus.OK,
+        1110.0,
+        1100.0,
+    )
+    assert (lost_l.status, lost_l.reason) == (LeaseStatus.LOST, "token moved to 3")
+    assert canc_l.status is LeaseStatus.CANCELLED
+    # unknown: the old deadline stands, another try soon (within the reserve)
+    assert (unk_l.status, unk_l.deadline, unk_l.next_beat) == (LeaseStatus.UNKNOWN, 1060.0, 1101.0)
+    assert (done_l.status, done_l.deadline) == (LeaseStatus.OK, 1060.0)
+    assert fin_l.status is LeaseStatus.DONE

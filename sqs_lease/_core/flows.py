@@ -14,7 +14,7 @@ from typing import Any
 from .._errors import AwsCallFailed, JobNotFound, ResourceMissing, SqsLeaseError, SubmitConflict
 from .calls import Call, Err, ErrorKind, Flow, Ok, Outcome, Sleep, call, emit, sqs_code_is
 from .records import JobRequests, JobState, JobView
-from .timing import LocalLease
+from .timing import LeaseStatus, LocalLease
 
 SQS_BATCH = 10
 DDB_BATCH_GET = 100
@@ -350,7 +350,8 @@ def claim_flow(
 
 @dataclass(frozen=True)
 class Beat:
-    """The heartbeat's verdict on one job: status ``ok`` | ``lost`` | ``unknown``."""
+    """The heartbeat's verdict on one job: ``ok`` | ``lost`` | ``cancelled`` | ``unknown``,
+    or ``done`` when the attempt had already ended itself (nothing to extend, nothing lost)."""
 
     job_id: str
     status: str
@@ -385,6 +386,7 @@ def heartbeat_flow(
     """
     beats: dict[str, Beat] = {}
     extended: dict[str, float] = {}
+    gone: set[str] = set()
     calls = 0
     by_id = {lease.job_id: lease for lease in leases}
     for chunk in _chunks(list(leases), SQS_BATCH):
@@ -412,9 +414,12 @@ def heartbeat_flow(
             code = str(bad.get("Code", ""))
             if any(sqs_code_is(name, code) for name in _LEASE_GONE_CODES):
                 beats[lease.job_id] = Beat(lease.job_id, "lost", reason=f"sqs: {code}")
+                gone.add(lease.job_id)
             else:
                 beats[lease.job_id] = Beat(lease.job_id, "unknown", reason=f"sqs: {code}")
-    pending = [job_id for job_id in by_id if job_id in extended]
+    # Jobs SQS calls gone are read too: a message our own commit just deleted is a
+    # finished attempt, not a lost lease.
+    pending = [job_id for job_id in by_id if job_id in extended or job_id in gone]
     seen: dict[str, JobView] = {}
     for chunk in _chunks(pending, DDB_BATCH_GET):
         out = yield from call(req.batch_get(chunk))
@@ -436,6 +441,10 @@ def heartbeat_flow(
         for job_id in chunk:
             lease = by_id[job_id]
             found = seen.get(job_id)
+            if job_id in gone:
+                if found is not None and _finished_by(lease, found):
+                    beats[job_id] = Beat(job_id, "done", reason=f"job is {found.state}")
+                continue
             if found is None:
                 why = out.code or out.kind if isinstance(out, Err) else "not read"
                 if isinstance(out, Ok) and not out.response.get("UnprocessedKeys"):
@@ -468,6 +477,8 @@ def heartbeat_flow(
                 token=lease.token,
                 lease_left=round((beat.deadline or 0.0) - extended[job_id], 3),
             )
+        elif beat.status == "done":
+            continue  # this attempt already ended itself; nothing was lost
         elif beat.status in ("lost", "cancelled"):
             yield from emit(
                 "heartbeat_lost",
@@ -488,9 +499,67 @@ def heartbeat_flow(
     return HeartbeatReport(beats, calls)
 
 
+@dataclass(frozen=True)
+class BeatOutcome:
+    """What a heartbeat round changed: leases extended, and handlers to cancel."""
+
+    extended: tuple[LocalLease, ...]
+    cancel: tuple[LocalLease, ...]
+
+
+def apply_beats(
+    leases: Sequence[LocalLease],
+    report: HeartbeatReport,
+    *,
+    started: float,
+    advised: frozenset[str],
+) -> BeatOutcome:
+    """Move each lease by its verdict (the shells call this; they decide nothing).
+
+    ``started`` is the worker's monotonic time when the round began. A lease that
+    finished or was dropped while the round was in flight is left alone; ``ok``
+    moves the local deadline (counted from before the visibility change was sent);
+    ``lost``/``cancelled`` stop the attempt; ``unknown`` keeps the old deadline and
+    asks for another try soon, while the reserve lasts.
+    """
+    extended: list[LocalLease] = []
+    cancel: list[LocalLease] = []
+    for lease in leases:
+        beat = report.beats.get(lease.job_id)
+        if beat is None or beat.status == "done":
+            continue
+        if lease.status not in (LeaseStatus.OK, LeaseStatus.UNKNOWN):
+            continue
+        if beat.status == "ok" and beat.deadline is not None:
+            lease.deadline = beat.deadline
+            lease.status = LeaseStatus.OK
+            lease.last_confirmed = started
+            lease.next_beat = started + lease.heartbeat_seconds
+            if lease.job_id in advised:
+                lease.advised_at = started
+            extended.append(lease)
+        elif beat.status in ("lost", "cancelled"):
+            lease.status = LeaseStatus.CANCELLED if beat.status == "cancelled" else LeaseStatus.LOST
+            lease.reason = beat.reason
+            cancel.append(lease)
+        else:
+            lease.status = LeaseStatus.UNKNOWN
+            lease.reason = beat.reason
+            lease.next_beat = started + min(lease.heartbeat_seconds, 1.0)
+    return BeatOutcome(tuple(extended), tuple(cancel))
+
+
+def _finished_by(lease: LocalLease, view: JobView) -> bool:
+    """The record left `running` under this attempt's own token: only its own fenced
+    write (commit, fail, retry, park) can have done that; cancel moves the token."""
+    return view.token == lease.token and view.state is not JobState.RUNNING
+
+
 def _verdict(lease: LocalLease, view: JobView, worker_id: str, sent_at: float) -> Beat:
     if view.state is JobState.FAILED and view.error_code == "cancelled":
         return Beat(lease.job_id, "cancelled", reason=view.reason or "cancelled")
+    if _finished_by(lease, view):
+        return Beat(lease.job_id, "done", reason=f"job is {view.state}")
     if view.token != lease.token:
         return Beat(lease.job_id, "lost", reason=f"token moved to {view.token}")
     if view.state is not JobState.RUNNING:
