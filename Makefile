@@ -27,12 +27,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 soak: $(STAMP)
-	$(BIN)/python -m sqs_lease.sim soak --seeds 100000
+	$(BIN)/python -m sqs_lease._sim soak --seeds 100000
 
 chaos: $(STAMP)
 	$(BIN)/python benchmarks/chaos.py
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[bench]'
 	$(BIN)/python benchmarks/run.py
 
 clean:
