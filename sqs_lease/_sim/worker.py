@@ -11,6 +11,13 @@ so a defect of that shell shows here too.
 The handler is a scripted list of steps (:class:`~sqs_lease._sim.plan.JobPlan`):
 work for some seconds, and side effects through the real ``effect_flow`` whose
 tool and check are simulated remote calls to a fenced target.
+
+Keep this shell in step with ``_worker.py``: a change to the real worker's
+sequence (what it holds, when it marks a lease done, what it does with a
+heartbeat verdict) must be made here too, or the simulation checks a worker
+that no longer exists. The mirrored methods keep the real names
+(``_process``, ``_hold``, ``_run_handler``, ``_commit``, ``_retry``,
+``_finish_fail``, ``_beat_once``, ``_shutdown``).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from .._core.flows import (
     Delivery,
     Finish,
     Poison,
+    apply_beats,
     claim_flow,
     commit_flow,
     fail_flow,
@@ -651,34 +659,20 @@ class SimWorker(Actor):
             ),
             origin,
         )
-        after = self.mono()
+        # Only the leases this worker still holds (a newer own claim may have replaced
+        # one while the round was in flight); the core's apply_beats moves them.
+        current = []
         for lease in plan.extend:
-            beat = report.beats.get(lease.job_id)
-            holder = self.held.get(lease.job_id)
-            if beat is None or holder is None or holder.lease is not lease:
-                if holder is not None and holder.lease is not lease:
-                    self.bump("verdict_for_superseded_attempt")
-                continue  # the verdict is about an attempt this worker no longer holds
-            if lease.status not in _OPEN:
-                continue  # finished or dropped while the round was in flight
-            if beat.status == "ok" and beat.deadline is not None:
-                self.world.checker.now = self.world.now
-                self.world.checker.lease_extended(
-                    self.id, lease.job_id, lease.token, truth[lease.job_id]
-                )
-                lease.deadline = beat.deadline
-                lease.status = LeaseStatus.OK
-                lease.last_confirmed = after
-                lease.next_beat = now + lease.heartbeat_seconds
-                if lease.job_id in plan.advise:
-                    lease.advised_at = now
-            elif beat.status in ("lost", "cancelled"):
-                lease.status = (
-                    LeaseStatus.CANCELLED if beat.status == "cancelled" else LeaseStatus.LOST
-                )
-                lease.reason = beat.reason
-                holder.cancelled = True
-            else:
-                lease.status = LeaseStatus.UNKNOWN
-                lease.reason = beat.reason
-                lease.next_beat = now + min(lease.heartbeat_seconds, 1.0)
+            h = self.held.get(lease.job_id)
+            if h is not None and h.lease is lease:
+                current.append(lease)
+            elif h is not None:
+                self.bump("verdict_for_superseded_attempt")
+        changed = apply_beats(current, report, started=now, advised=plan.advise)
+        self.world.checker.now = self.world.now
+        for lease in changed.extended:
+            self.world.checker.lease_extended(
+                self.id, lease.job_id, lease.token, truth[lease.job_id]
+            )
+        for lease in changed.cancel:
+            self.held[lease.job_id].cancelled = True
