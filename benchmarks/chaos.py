@@ -94,6 +94,7 @@ Event = dict[str, Any]
 TERMINAL = ("succeeded", "failed", "parked")
 FAULT_KINDS = ("pause", "pause_in_call", "kill", "cut", "reset", "cut_down", "latency")
 FAULT_WEIGHTS = (2, 2, 2, 2, 1, 2, 2)
+RESTART_DELAY = 1.0  # a supervisor's pause before restarting a worker that exited
 ARM_SECONDS = 3.0  # how long a pause_in_call waits for its worker to start a tool call
 APP_SPEC = "benchmarks.chaos_app:app"
 
@@ -261,6 +262,7 @@ class Slot:
         self.crashes: list[str] = []
         self._files: list[IO[bytes]] = []
         self._armed: tuple[Path, int] = (Path(), 0)
+        self._exited_at: float | None = None
 
     @property
     def name(self) -> str:
@@ -300,6 +302,7 @@ class Slot:
             stdin=subprocess.DEVNULL,
         )
         self.paused = self.killed = False
+        self._exited_at = None
 
     def signal(self, sig: signal.Signals) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -322,15 +325,25 @@ class Slot:
         self.paused = False
 
     def watch(self) -> None:
-        """Restart a process that exited on its own, as a supervisor would (and say so)."""
+        """Restart a process that exited on its own, as a supervisor would (and say so).
+
+        The restart waits ``RESTART_DELAY``: a worker that cannot reach AWS at
+        start-up exits at once, and restarting it in a tight loop would burn the
+        CPU the other processes need.
+        """
         if self.killed or self.proc is None or self.proc.poll() is None:
             return
-        last = ""
-        for line in self.logs[-1].read_text(errors="replace").splitlines():
-            if line.strip() and not line.startswith("{"):
-                last = line.strip()
-        self.crashes.append(f"{self.name} exited with code {self.proc.returncode}: {last[:200]}")
-        self.start()
+        now = time.monotonic()
+        if self._exited_at is None:
+            last = ""
+            for line in self.logs[-1].read_text(errors="replace").splitlines():
+                if line.strip() and not line.startswith("{"):
+                    last = line.strip()
+            code = self.proc.returncode
+            self.crashes.append(f"{self.name} exited with code {code}: {last[:200]}")
+            self._exited_at = now
+        elif now - self._exited_at >= RESTART_DELAY:
+            self.start()
 
     def arm(self) -> None:
         """Remember where the journal ends now: :meth:`in_call` looks past it."""
@@ -716,6 +729,7 @@ class RunResult:
     effects: int
     incarnations: int
     in_call: int
+    emulator_errors: int
     crashes: list[str]
     violations: list[str]
     artefacts: str
@@ -933,6 +947,8 @@ def run_once(index: int, seed: int, opt: Options) -> RunResult:
             "stop": time.monotonic() - stop_start,
         }
     violations = check_invariants(jobs, evidence)
+    moto_log = run_dir / "moto.log"
+    moto_errors = moto_log.read_text(errors="replace").count("Error on request")
     crashes = [c for s in slots for c in s.crashes]
     wall = time.monotonic() - started
     events = [e for evs in evidence.journals.values() for e in evs]
@@ -974,6 +990,7 @@ def run_once(index: int, seed: int, opt: Options) -> RunResult:
         effects=len(evidence.ledger),
         incarnations=sum(s.incarnation for s in slots),
         in_call=in_call,
+        emulator_errors=moto_errors,
         crashes=crashes,
         violations=violations,
         artefacts=str(run_dir),
@@ -1039,6 +1056,7 @@ class Totals:
             "heartbeat_lost",
             "incarnations",
             "in_call",
+            "emulator_errors",
         ):
             self.sums[name] += int(getattr(r, name))
         self.sums["exits"] += len(r.crashes)
@@ -1059,7 +1077,8 @@ class Totals:
             + (", ".join(f"{k} {v}" for k, v in sorted(self.reconciled.items())) or "0"),
             f"parked jobs {s['parked']}, ambiguous intents {s['ambiguous']}, "
             f"worker incarnations {s['incarnations']}, pauses that caught a tool call "
-            f"{s['in_call']}, worker exits (restarted) {s['exits']}",
+            f"{s['in_call']}, worker exits (restarted) {s['exits']}, emulator HTTP 500s "
+            f"{s['emulator_errors']}",
             f"duplicates {s['duplicates']}, lost jobs {s['lost']}",
         ]
 
@@ -1099,6 +1118,7 @@ def write_report(
         f"| pauses that caught a tool call | {s['in_call']} |",
         f"| worker incarnations / exits on their own (restarted) | "
         f"{s['incarnations']} / {s['exits']} |",
+        f"| emulator errors (moto HTTP 500) | {s['emulator_errors']} |",
         f"| **duplicated effects** | **{s['duplicates']}** |",
         f"| **lost jobs** | **{s['lost']}** |",
         "",
@@ -1238,6 +1258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 effects=0,
                 incarnations=0,
                 in_call=0,
+                emulator_errors=0,
                 crashes=[],
                 violations=[f"run crashed: {type(exc).__name__}: {exc}"],
                 artefacts=str(run_dir),
