@@ -41,7 +41,7 @@ from ._core.flows import (
 )
 from ._core.intents import EffectResult, EffectSpec, effect_flow
 from ._core.records import JobView
-from ._core.timing import Drop, LeaseStatus, LocalLease, backoff_delay, plan_heartbeat
+from ._core.timing import OPEN, Drop, LeaseStatus, LocalLease, backoff_delay, plan_heartbeat
 from ._errors import (
     ConfigError,
     HandlerSignal,
@@ -262,11 +262,7 @@ class Worker:
         for t in list(self._threads):
             t.join(timeout=max(0.0, deadline - self._clock()))
         with self._lock:
-            left = [
-                h
-                for h in self._held.values()
-                if h.lease.status in (LeaseStatus.OK, LeaseStatus.UNKNOWN)
-            ]
+            left = [h for h in self._held.values() if h.lease.status in OPEN]
             for h in left:
                 h.lease.status = LeaseStatus.EXPIRED
                 h.lease.reason = "shutdown"
@@ -461,7 +457,7 @@ class Worker:
 
     def _mark(self, held: _Held, status: LeaseStatus) -> None:
         with self._lock:
-            if held.lease.status in (LeaseStatus.OK, LeaseStatus.UNKNOWN):
+            if held.lease.status in OPEN:
                 held.lease.status = status
 
     def _commit(self, claim: Claimed, result: Any, duration: float) -> None:
@@ -599,13 +595,17 @@ class Worker:
                     lease.deadline,
                 )
                 self._retry(claim, jc, f"watchdog: {why.value}", why.value)
-        if not plan.extend:
+        with self._lock:
+            # The drops' writes above can take long (a partition): a handler that
+            # ended meanwhile must not get its visibility extended.
+            extend = [lease for lease in plan.extend if lease.status in OPEN]
+        if not extend:
             return
         report = self.driver.run(
             heartbeat_flow(
                 self.table,
                 queue_url=self.queue_url,
-                leases=plan.extend,
+                leases=extend,
                 worker_id=self.worker_id,
                 wall_now=time.time(),
                 advise=plan.advise,
@@ -616,7 +616,7 @@ class Worker:
             # replaced one while the round was in flight).
             current = [
                 lease
-                for lease in plan.extend
+                for lease in extend
                 if (h := self._held.get(lease.job_id)) is not None and h.lease is lease
             ]
             changed = apply_beats(current, report, started=now, advised=plan.advise)

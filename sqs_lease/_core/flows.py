@@ -14,7 +14,7 @@ from typing import Any
 from .._errors import AwsCallFailed, JobNotFound, ResourceMissing, SqsLeaseError, SubmitConflict
 from .calls import Call, Err, ErrorKind, Flow, Ok, Outcome, Sleep, call, emit, sqs_code_is
 from .records import JobRequests, JobState, JobView
-from .timing import LeaseStatus, LocalLease
+from .timing import OPEN, LeaseStatus, LocalLease
 
 SQS_BATCH = 10
 DDB_BATCH_GET = 100
@@ -528,7 +528,7 @@ def apply_beats(
         beat = report.beats.get(lease.job_id)
         if beat is None or beat.status == "done":
             continue
-        if lease.status not in (LeaseStatus.OK, LeaseStatus.UNKNOWN):
+        if lease.status not in OPEN:
             continue
         if beat.status == "ok" and beat.deadline is not None:
             lease.deadline = beat.deadline

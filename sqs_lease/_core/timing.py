@@ -83,6 +83,10 @@ class LeaseStatus(StrEnum):
     DONE = "done"  # handler returned; nothing more to extend
 
 
+OPEN = frozenset({LeaseStatus.OK, LeaseStatus.UNKNOWN})
+"""Statuses of an attempt the heartbeat may still extend."""
+
+
 @dataclass
 class LocalLease:
     """One held job's lease as its worker sees it (mutable; owned by the worker shell).
@@ -160,7 +164,7 @@ def plan_heartbeat(leases: Iterable[LocalLease], now: float) -> BeatPlan:
     extend: list[LocalLease] = []
     drop: list[tuple[LocalLease, Drop]] = []
     for lease in leases:
-        if lease.status not in (LeaseStatus.OK, LeaseStatus.UNKNOWN):
+        if lease.status not in OPEN:
             continue
         if now >= lease.conservative_deadline:
             drop.append((lease, Drop.RESERVE_SPENT))
