@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from ._aws import SyncDriver
 from ._config import Settings
 from ._core.flows import SubmitResult, cancel_flow, submit_flow
+from ._core.intents import resume_flow
 from ._core.records import JobView
 from ._jobs import App, canonical_json, payload_hash
 from ._resources import queue_url
@@ -70,3 +71,10 @@ class Producer:
         return self.driver.run(
             cancel_flow(self.table, job_id=job_id, reason=reason, wall_now=time.time())
         )
+
+    def resume(self, job_id: str) -> bool:
+        """Re-enqueue a parked job (after an operator decided); False if it was not parked."""
+        state = self.driver.run(
+            resume_flow(self.table, queue_url=self.queue_url, job_id=job_id, wall_now=time.time())
+        )
+        return state is not None

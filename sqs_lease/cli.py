@@ -563,6 +563,17 @@ def jobs_cancel(ctx: click.Context, job_id: str, reason: str) -> None:
     )
 
 
+@jobs.command("resume")
+@click.argument("job_id")
+@click.pass_context
+def jobs_resume(ctx: click.Context, job_id: str) -> None:
+    """Re-enqueue a parked job once you have decided (see docs/operations.md)."""
+    if Producer(_settings(ctx)).resume(job_id):
+        click.echo(f"{job_id}\tqueued\tre-enqueued")
+    else:
+        raise click.ClickException(f"job {job_id!r} is not parked: nothing to resume")
+
+
 # --------------------------------------------------------------------------- intents
 
 _INTENT_LIST_FIELDS = (

@@ -314,3 +314,32 @@ def test_local_prints_endpoint_and_stops_on_signal(stop_with: signal.Signals) ->
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_jobs_resume_requeues_a_parked_job_and_sends_its_message(aws: AwsTestEnv) -> None:
+    import boto3
+
+    from sqs_lease import Settings
+
+    ready(aws)
+    assert run(aws, "submit", "ocr", "--payload", '{"doc": "x"}', "--id", "p1").exit_code == 0
+    settings = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix)
+    ddb = boto3.client("dynamodb", endpoint_url=aws.endpoint_url, region_name="us-east-1")
+    sqs = boto3.client("sqs", endpoint_url=aws.endpoint_url, region_name="us-east-1")
+    url = sqs.get_queue_url(QueueName=settings.queue)["QueueUrl"]
+    sqs.purge_queue(QueueUrl=url)  # the submit's message is gone; the job waits parked
+    ddb.update_item(
+        TableName=settings.jobs_table,
+        Key={"job_id": {"S": "p1"}},
+        UpdateExpression="SET #s = :p",
+        ExpressionAttributeNames={"#s": "state"},
+        ExpressionAttributeValues={":p": {"S": "parked"}},
+    )
+    resumed = run(aws, "jobs", "resume", "p1")
+    assert resumed.exit_code == 0, resumed.output
+    item = ddb.get_item(TableName=settings.jobs_table, Key={"job_id": {"S": "p1"}})["Item"]
+    assert (item["state"]["S"], item["message_sent"]["BOOL"]) == ("queued", True)
+    got = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=2).get("Messages", [])
+    assert [json.loads(m["Body"])["job_id"] for m in got] == ["p1"]
+    again = run(aws, "jobs", "resume", "p1")  # queued, not parked: a clear refusal
+    assert again.exit_code != 0 and "not parked" in again.output
