@@ -837,12 +837,6 @@ def test_seed_132_a_stale_verdict_cancels_nothing() -> None:
     assert r.ok and r.counts.get("verdict_for_superseded_attempt")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="sqs_lease._worker.Worker._beat_once plans the round, runs the watchdog's "
-    "retries (blocking calls), then extends the plan made before them: a job whose "
-    "handler ended meanwhile still gets a visibility change",
-)
 def test_seed_1658_no_heartbeat_for_a_job_whose_handler_ended() -> None:
     """w3's heartbeat plans a round (job-000 due), then the watchdog drops job-004 and
     retries it: fenced writes under a partition take ~20 s. Meanwhile job-000's handler

@@ -44,7 +44,7 @@ from .._core.flows import (
 )
 from .._core.intents import EffectResult, EffectSpec, default_key, effect_flow
 from .._core.records import JobView
-from .._core.timing import Drop, LeaseStatus, LocalLease, backoff_delay, plan_heartbeat
+from .._core.timing import OPEN, Drop, LeaseStatus, LocalLease, backoff_delay, plan_heartbeat
 from .._errors import (
     HandlerSignal,
     IntentAmbiguous,
@@ -638,11 +638,14 @@ class SimWorker(Actor):
                 )
                 watchdog = Origin(self.id, "heartbeat", "heartbeat", {lease.job_id: lease.token})
                 yield from self._retry(claim, jc, f"watchdog: {why.value}", why.value, watchdog)
-        if not plan.extend:
+        # As the real worker: the drops' writes can take long; a handler that ended
+        # meanwhile must not get its visibility extended (seed 1658).
+        extend = [lease for lease in plan.extend if lease.status in OPEN]
+        if not extend:
             return
         by_lease = {id(h.lease): h for h in self.held.values()}
         truth: dict[str, tuple[int, str] | None] = {}
-        for lease in plan.extend:
+        for lease in extend:
             h = by_lease.get(id(lease))
             ended = h.origin.handler_ended if h is not None else False
             self.world.checker.now = self.world.now
@@ -652,7 +655,7 @@ class SimWorker(Actor):
             heartbeat_flow(
                 self.table,
                 queue_url=self.queue_url,
-                leases=plan.extend,
+                leases=extend,
                 worker_id=self.id,
                 wall_now=self.wall(),
                 advise=plan.advise,
@@ -662,7 +665,7 @@ class SimWorker(Actor):
         # Only the leases this worker still holds (a newer own claim may have replaced
         # one while the round was in flight); the core's apply_beats moves them.
         current = []
-        for lease in plan.extend:
+        for lease in extend:
             h = self.held.get(lease.job_id)
             if h is not None and h.lease is lease:
                 current.append(lease)
