@@ -409,35 +409,10 @@ def start_receiver(endpoint: str, prefix: str, log: Path) -> tuple[subprocess.Po
     return proc, line.split(" ", 1)[1].strip()
 
 
-def _serialise_dynamodb() -> None:
-    """Run moto's DynamoDB requests one at a time (this process only).
-
-    moto's TransactWriteItems snapshots every table it touches and, when the
-    transaction is cancelled, puts the snapshots back: a write that another
-    request thread made to those tables in between is silently lost (measured
-    here: 3 of 300 concurrent PutItems vanished next to failing transactions).
-    AWS applies conditional writes per item, in order; so must the emulator,
-    or a chaos run reports the emulator's lost writes as the protocol's.
-    SQS is left alone (its long polls wait, and its races are at-least-once
-    deliveries, which the protocol must survive anyway).
-    """
-    from moto.dynamodb.responses import DynamoHandler
-
-    lock = threading.Lock()
-    original = DynamoHandler.call_action
-
-    def call_action(self: Any) -> Any:
-        with lock:
-            return original(self)
-
-    DynamoHandler.call_action = call_action  # type: ignore[method-assign]
-
-
 def serve_moto() -> int:
     """``--serve-moto``: moto on 127.0.0.1 with serialised DynamoDB; prints ``endpoint URL``."""
     from sqs_lease._local import LocalAws
 
-    _serialise_dynamodb()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     local = LocalAws().start()
@@ -463,7 +438,7 @@ def start_moto(mode: str, log: Path) -> tuple[subprocess.Popen[str], str]:
         if mode == "plain":
             # spawn_local_server lets the child inherit our stderr: point fd 2 at the log.
             os.dup2(err.fileno(), 2)
-            return spawn_local_server()
+            return spawn_local_server(serial_dynamodb=False)
         proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--serve-moto"],
             cwd=ROOT,

@@ -95,14 +95,53 @@ def _wait_until_answering(endpoint_url: str, deadline: float) -> None:
     raise AwsUnavailable(f"local AWS emulator at {endpoint_url} did not answer: {last_error}")
 
 
+_SERIALISED = threading.Lock()
+_serialised_installed = False
+
+
+def serialise_dynamodb() -> None:
+    """Make this process's moto apply DynamoDB requests one at a time (idempotent).
+
+    moto's TransactWriteItems snapshots the tables it touches and, when the
+    transaction is cancelled, puts the snapshots back: a write another request
+    thread made in between is silently lost (measured by the chaos runs: 2 of
+    300 concurrent items vanished next to cancelled transactions). AWS applies
+    conditional writes per item, in order; the local default must not lose
+    writes, since cancelled transactions are routine in this protocol.
+    """
+    global _serialised_installed
+    if _serialised_installed:
+        return
+    from moto.dynamodb.responses import DynamoHandler
+
+    original = DynamoHandler.call_action
+
+    def call_action(self: Any) -> Any:
+        with _SERIALISED:
+            return original(self)
+
+    DynamoHandler.call_action = call_action  # type: ignore[method-assign]
+    _serialised_installed = True
+
+
 class LocalAws:
     """moto's ``ThreadedMotoServer`` in a daemon thread of this process, on 127.0.0.1.
 
     ``port=0`` (the default) lets the kernel pick a free port at bind time, so
-    there is no window in which another process can take it.
+    there is no window in which another process can take it. DynamoDB requests
+    are applied one at a time unless ``serial_dynamodb=False`` (see
+    :func:`serialise_dynamodb`).
     """
 
-    def __init__(self, port: int = 0, *, start_timeout: float = 10.0, quiet: bool = True) -> None:
+    def __init__(
+        self,
+        port: int = 0,
+        *,
+        start_timeout: float = 10.0,
+        quiet: bool = True,
+        serial_dynamodb: bool = True,
+    ) -> None:
+        self._serial_dynamodb = serial_dynamodb
         self._requested_port = port
         self._start_timeout = start_timeout
         self._quiet = quiet
@@ -128,6 +167,8 @@ class LocalAws:
         if self._server is not None:
             raise RuntimeError("LocalAws is already started")
         server_cls = _threaded_moto_server_cls()
+        if self._serial_dynamodb:
+            serialise_dynamodb()
         if self._requested_port:
             _check_port_free(self._requested_port)
         if self._quiet:
@@ -198,7 +239,7 @@ def _read_endpoint_line(proc: subprocess.Popen[str], timeout: float) -> str:
 
 
 def spawn_local_server(
-    port: int = 0, *, timeout: float = 10.0
+    port: int = 0, *, timeout: float = 10.0, serial_dynamodb: bool = True
 ) -> tuple[subprocess.Popen[str], str]:
     """Start ``python -m sqs_lease._local`` as a child process; return it and its endpoint URL.
 
@@ -215,7 +256,15 @@ def spawn_local_server(
         p for p in (_package_root(), env.get("PYTHONPATH", "")) if p
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sqs_lease._local", "--port", str(port), "--managed"],
+        [
+            sys.executable,
+            "-m",
+            "sqs_lease._local",
+            "--port",
+            str(port),
+            "--managed",
+            *([] if serial_dynamodb else ["--plain-dynamodb"]),
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -270,6 +319,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Set by spawn_local_server: exit when the parent's stdin pipe closes, and
     # keep stdout to the one endpoint line the parent reads.
     parser.add_argument("--managed", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--plain-dynamodb",
+        action="store_true",
+        help="let moto apply DynamoDB requests concurrently (it can lose writes)",
+    )
     args = parser.parse_args(argv)
 
     stop = threading.Event()
@@ -282,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _on_signal)
 
     try:
-        local = LocalAws(args.port).start()
+        local = LocalAws(args.port, serial_dynamodb=not args.plain_dynamodb).start()
     except SqsLeaseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -161,3 +162,58 @@ def test_missing_moto_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None
         LocalAws().start()
     with pytest.raises(ConfigError, match=r"pip install 'sqs-lease\[local\]'"):
         spawn_local_server()
+
+
+@pytest.mark.integration
+def test_the_local_default_loses_no_write_next_to_cancelled_transactions() -> None:
+    """moto restores whole-table snapshots when a transaction is cancelled; the
+    local default serialises DynamoDB so concurrent writes in between survive.
+    (Measured with ``serial_dynamodb=False``: 28 of 1,500 such writes lost at
+    3,000 operations on 16 threads; at this size the loss is likely, not certain.)"""
+    import concurrent.futures
+
+    import boto3
+
+    with LocalAws() as local:
+        ddb = boto3.client(
+            "dynamodb",
+            endpoint_url=local.endpoint_url,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        ddb.create_table(
+            TableName="t",
+            BillingMode="PAY_PER_REQUEST",
+            KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}],
+        )
+        ddb.put_item(TableName="t", Item={"k": {"S": "fixed"}})
+
+        def put(i: int) -> None:
+            ddb.put_item(TableName="t", Item={"k": {"S": f"item-{i}"}})
+
+        def cancelled(i: int) -> None:
+            with contextlib.suppress(ddb.exceptions.TransactionCanceledException):
+                ddb.transact_write_items(
+                    TransactItems=[
+                        {
+                            "Put": {
+                                "TableName": "t",
+                                "Item": {"k": {"S": "fixed"}},
+                                "ConditionExpression": "attribute_not_exists(k)",
+                            }
+                        }
+                    ]
+                )
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            futures = [pool.submit(put if i % 2 else cancelled, i) for i in range(1200)]
+            for f in futures:
+                f.result()
+        keys = {
+            item["k"]["S"]
+            for page in ddb.get_paginator("scan").paginate(TableName="t")
+            for item in page["Items"]
+        }
+        assert {f"item-{i}" for i in range(1, 1200, 2)} <= keys
