@@ -6,6 +6,8 @@ above it sees a botocore type.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -104,10 +106,31 @@ def client_kwargs(settings: Settings) -> dict[str, Any]:
     kw: dict[str, Any] = {"region_name": settings.region}
     if settings.endpoint_url:
         kw["endpoint_url"] = settings.endpoint_url
-    if settings.is_local and boto3.session.Session().get_credentials() is None:
-        kw["aws_access_key_id"] = "testing"
-        kw["aws_secret_access_key"] = "testing"
+    if settings.is_local:
+        with _SESSION_LOCK:
+            missing = _shared_session().get_credentials() is None
+        if missing:
+            kw["aws_access_key_id"] = "testing"
+            kw["aws_secret_access_key"] = "testing"
     return kw
+
+
+_SESSION_LOCK = threading.Lock()
+_SESSIONS: dict[int, Any] = {}
+
+
+def _shared_session() -> Any:
+    """One boto3 session per process (call with ``_SESSION_LOCK`` held).
+
+    A new session re-reads every service model (about 0.1 s a client: eight of
+    them made a worker start in a second), and a session is not thread-safe, so
+    every use goes through the lock. A forked child gets a session of its own.
+    """
+    pid = os.getpid()
+    if pid not in _SESSIONS:
+        _SESSIONS.clear()
+        _SESSIONS[pid] = boto3.session.Session()
+    return _SESSIONS[pid]
 
 
 def make_client(settings: Settings, service: str, timeouts: Timeouts = Timeouts()) -> Any:
@@ -117,8 +140,9 @@ def make_client(settings: Settings, service: str, timeouts: Timeouts = Timeouts(
         retries={"total_max_attempts": timeouts.attempts, "mode": "standard"},
         max_pool_connections=50,
     )
-    session: Any = boto3.session.Session()
-    return session.client(service, config=config, **client_kwargs(settings))
+    kwargs = client_kwargs(settings)
+    with _SESSION_LOCK:
+        return _shared_session().client(service, config=config, **kwargs)
 
 
 class SyncDriver:
