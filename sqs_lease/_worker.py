@@ -24,6 +24,7 @@ from pydantic import BaseModel
 
 from ._aws import SyncDriver, Timeouts
 from ._config import Settings
+from ._core.endings import EndKind, ending_for
 from ._core.flows import (
     Claimed,
     Delivery,
@@ -44,14 +45,7 @@ from ._core.records import JobView
 from ._core.timing import OPEN, Drop, LeaseStatus, LocalLease, backoff_delay, plan_heartbeat
 from ._errors import (
     ConfigError,
-    HandlerSignal,
-    IntentAmbiguous,
-    IntentPayloadMismatch,
-    LeaseError,
     PayloadError,
-    PermanentError,
-    ToolOutcomeUnknown,
-    TransientError,
 )
 from ._jobs import App, JobClass, JobContext, canonical_json
 from ._journal import Journal
@@ -391,29 +385,32 @@ class Worker:
             stage=claim.job.stage or "main",
         )
         start = self._clock()
+        error: Exception | None = None
+        result: Any = None
         try:
             result = handler(ctx, payload)
-        except LeaseError as exc:
+        except Exception as exc:
+            error = exc
+        self._mark(held, LeaseStatus.DONE)
+        end = ending_for(error)
+        if end.kind is EndKind.COMMIT:
+            self._commit(claim, result, self._clock() - start)
+        elif end.kind is EndKind.ABANDON:
             # The handler stopped before an irreversible step; nothing may be written
             # for this attempt. The message comes back when its visibility lapses.
-            self._mark(held, LeaseStatus.DONE)
             self._count("lost")
             self.journal(
                 "job_abandoned",
                 job_id=claim.job.job_id,
                 token=claim.token,
-                error_code=type(exc).__name__,
+                error_code=end.code,
                 duration=round(self._clock() - start, 3),
             )
-            return
-        except IntentPayloadMismatch as exc:
-            self._mark(held, LeaseStatus.DONE)
-            self._finish_fail(claim, held, str(exc), "intent_payload_mismatch")
-            return
-        except (ToolOutcomeUnknown, IntentAmbiguous) as exc:
+        elif end.kind is EndKind.FAIL:
+            self._finish_fail(claim, held, end.reason, end.code)
+        elif end.kind is EndKind.PARK:
             # Nobody can tell whether the effect applied: stop automatic retries of
             # this job and keep everything for an operator (sqs-lease intents ...).
-            self._mark(held, LeaseStatus.DONE)
             self._count("parked")
             self.driver.run(
                 park_flow(
@@ -423,25 +420,11 @@ class Worker:
                     delivery=claim.delivery,
                     worker_id=self.worker_id,
                     wall_now=time.time(),
-                    reason=str(exc)
-                    if isinstance(exc, IntentAmbiguous)
-                    else f"tool outcome unknown: {exc}",
+                    reason=end.reason,
                 )
             )
-            return
-        except PermanentError as exc:
-            self._mark(held, LeaseStatus.DONE)
-            self._finish_fail(claim, held, str(exc), exc.code)
-            return
-        except Exception as exc:
-            self._mark(held, LeaseStatus.DONE)
-            # Arbitrary exception text may quote the payload: keep only the type.
-            reason = str(exc) if isinstance(exc, HandlerSignal) else f"{type(exc).__name__} raised"
-            code = exc.code if isinstance(exc, TransientError) else type(exc).__name__
-            self._retry(claim, jc, reason, code)
-            return
-        self._mark(held, LeaseStatus.DONE)
-        self._commit(claim, result, self._clock() - start)
+        else:
+            self._retry(claim, jc, end.reason, end.code)
 
     def _run_effect(self, spec: EffectSpec, token: int) -> EffectResult:
         return self.driver.run(

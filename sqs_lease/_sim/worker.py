@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core.calls import Call, Emit, Err, ErrorKind, Flow, Invoke, Ok, Outcome, Sleep
+from .._core.endings import EndKind, ending_for
 from .._core.flows import (
     Claimed,
     Delivery,
@@ -46,10 +47,6 @@ from .._core.intents import EffectResult, EffectSpec, default_key, effect_flow
 from .._core.records import JobView
 from .._core.timing import OPEN, Drop, LeaseStatus, LocalLease, backoff_delay, plan_heartbeat
 from .._errors import (
-    HandlerSignal,
-    IntentAmbiguous,
-    IntentPayloadMismatch,
-    LeaseError,
     PayloadError,
     PermanentError,
     ToolOutcomeUnknown,
@@ -445,24 +442,23 @@ class SimWorker(Actor):
         except Exception as exc:
             error = exc
         origin.handler_ended = True  # the truth the checker uses for I5 (not patched)
-        if isinstance(error, LeaseError):
-            self._mark(held, LeaseStatus.DONE)
+        self._mark(held, LeaseStatus.DONE)
+        end = ending_for(error)
+        if end.kind is EndKind.COMMIT:
+            return (yield from self._commit(claim, result, self.mono() - start, origin))
+        if end.kind is EndKind.ABANDON:
             self.bump("lost")
             self.journal(
                 "job_abandoned",
                 job_id=claim.job.job_id,
                 token=claim.token,
-                error_code=type(error).__name__,
+                error_code=end.code,
                 duration=round(self.mono() - start, 3),
             )
             return None
-        if isinstance(error, IntentPayloadMismatch):
-            self._mark(held, LeaseStatus.DONE)
-            return (
-                yield from self._finish_fail(claim, str(error), "intent_payload_mismatch", origin)
-            )
-        if isinstance(error, (ToolOutcomeUnknown, IntentAmbiguous)):
-            self._mark(held, LeaseStatus.DONE)
+        if end.kind is EndKind.FAIL:
+            return (yield from self._finish_fail(claim, end.reason, end.code, origin))
+        if end.kind is EndKind.PARK:
             self.bump("parked")
             return (
                 yield from self.drive(
@@ -473,25 +469,12 @@ class SimWorker(Actor):
                         delivery=claim.delivery,
                         worker_id=self.id,
                         wall_now=self.wall(),
-                        reason=str(error)
-                        if isinstance(error, IntentAmbiguous)
-                        else f"tool outcome unknown: {error}",
+                        reason=end.reason,
                     ),
                     origin,
                 )
             )
-        if isinstance(error, PermanentError):
-            self._mark(held, LeaseStatus.DONE)
-            return (yield from self._finish_fail(claim, str(error), error.code, origin))
-        if error is not None:
-            self._mark(held, LeaseStatus.DONE)
-            reason = (
-                str(error) if isinstance(error, HandlerSignal) else f"{type(error).__name__} raised"
-            )
-            code = error.code if isinstance(error, TransientError) else type(error).__name__
-            return (yield from self._retry(claim, jc, reason, code, origin))
-        self._mark(held, LeaseStatus.DONE)
-        return (yield from self._commit(claim, result, self.mono() - start, origin))
+        return (yield from self._retry(claim, jc, end.reason, end.code, origin))
 
     # ------------------------------------------------------------------ ends of an attempt
 

@@ -1,0 +1,55 @@
+"""How an attempt ends, decided from what its handler returned or raised.
+
+Both worker shells (threads, and the simulator's tasks) ask this one function,
+then run the flow it names; the classification is written once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from .._errors import (
+    HandlerSignal,
+    IntentAmbiguous,
+    IntentPayloadMismatch,
+    LeaseError,
+    PermanentError,
+    ToolOutcomeUnknown,
+    TransientError,
+)
+
+
+class EndKind(StrEnum):
+    COMMIT = "commit"  # the handler returned: commit its result, fenced
+    ABANDON = "abandon"  # it stopped on a lease check: write nothing, let the message return
+    FAIL = "fail"  # retrying cannot help
+    PARK = "park"  # nobody can tell whether an effect applied: wait for an operator
+    RETRY = "retry"  # try again later, with backoff, counted
+
+
+@dataclass(frozen=True)
+class Ending:
+    kind: EndKind
+    reason: str = ""
+    code: str = ""
+
+
+def ending_for(error: BaseException | None) -> Ending:
+    """The end of an attempt whose handler raised ``error`` (None: it returned)."""
+    if error is None:
+        return Ending(EndKind.COMMIT)
+    if isinstance(error, LeaseError):
+        return Ending(EndKind.ABANDON, str(error), type(error).__name__)
+    if isinstance(error, IntentPayloadMismatch):
+        return Ending(EndKind.FAIL, str(error), "intent_payload_mismatch")
+    if isinstance(error, IntentAmbiguous):
+        return Ending(EndKind.PARK, str(error), "intent_ambiguous")
+    if isinstance(error, ToolOutcomeUnknown):
+        return Ending(EndKind.PARK, f"tool outcome unknown: {error}", error.code)
+    if isinstance(error, PermanentError):
+        return Ending(EndKind.FAIL, str(error), error.code)
+    # Arbitrary exception text may quote the payload: keep only its type.
+    reason = str(error) if isinstance(error, HandlerSignal) else f"{type(error).__name__} raised"
+    code = error.code if isinstance(error, TransientError) else type(error).__name__
+    return Ending(EndKind.RETRY, reason, code)
