@@ -17,6 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from conftest import AwsTestEnv
 
 from sqs_lease import Settings, create_tables
 from sqs_lease._core.calls import Call, Err, ErrorKind, Ok, Outcome
@@ -30,7 +31,6 @@ from sqs_lease._sim.expr import ExpressionError, parse_condition, request_expres
 from sqs_lease._sim.plan import FAULT_KINDS
 from sqs_lease._sim.receiver import Receivers
 from sqs_lease._sim.sqs import SimSQS, SqsBehaviour, Wait
-from tests.conftest import AwsTestEnv
 
 # Sized so the simulation tests (these and test_sim_mutations.py) stay near a minute
 # on a 2-core machine; `make soak` runs 100,000.
