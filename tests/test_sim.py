@@ -847,3 +847,47 @@ def test_seed_1658_no_heartbeat_for_a_job_whose_handler_ended() -> None:
     ``plan.extend`` by lease status after the drops' retries (or plan again).
     Replay: python -m sqs_lease._sim replay --seed 1658"""
     assert run_seed(1658).ok
+
+
+# The 33 seeds the first full soak (100,000 seeds, before the seed-1658 fix) found
+# failing, all I5 "included a job in a heartbeat round after its handler ended".
+SOAK_1_FAILING = (
+    1658,
+    4013,
+    12510,
+    16047,
+    16266,
+    18754,
+    22270,
+    22485,
+    23649,
+    30288,
+    30523,
+    35757,
+    36789,
+    36817,
+    37539,
+    39110,
+    40107,
+    48080,
+    51243,
+    51595,
+    53561,
+    53660,
+    73304,
+    73815,
+    76115,
+    86028,
+    87525,
+    88818,
+    92728,
+    93896,
+    95012,
+    97626,
+    97798,
+)
+
+
+def test_seeds_of_the_first_soak_pass_after_the_seed_1658_fix() -> None:
+    failing = [seed for seed in SOAK_1_FAILING if not run_seed(seed).ok]
+    assert failing == []
