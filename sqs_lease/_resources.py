@@ -90,15 +90,16 @@ def queue_url(settings: Settings, name: str | None = None) -> str:
         raise AwsCallFailed(f"GetQueueUrl: {err.code}: {err.message}", err.code) from None
 
 
-def dead_letter_url(settings: Settings, url: str) -> str | None:
-    """The DLQ named by the queue's redrive policy, if any."""
+def redrive(settings: Settings, url: str) -> tuple[str | None, int | None]:
+    """The DLQ URL and ``maxReceiveCount`` of the queue's redrive policy, if any."""
     sqs = make_client(settings, "sqs")
     attrs = _call(sqs, "get_queue_attributes", QueueUrl=url, AttributeNames=["RedrivePolicy"])
     policy = attrs.get("Attributes", {}).get("RedrivePolicy")
     if not policy:
-        return None
-    arn = json.loads(policy)["deadLetterTargetArn"]
-    return queue_url(settings, arn.rsplit(":", 1)[-1])
+        return None, None
+    parsed = json.loads(policy)
+    arn = parsed["deadLetterTargetArn"]
+    return queue_url(settings, arn.rsplit(":", 1)[-1]), int(parsed.get("maxReceiveCount", 0))
 
 
 def check_table(settings: Settings) -> None:

@@ -49,7 +49,7 @@ from ._errors import (
 )
 from ._jobs import App, JobClass, JobContext, canonical_json
 from ._journal import Journal
-from ._resources import check_table, dead_letter_url, queue_url
+from ._resources import check_table, queue_url, redrive
 from ._schema import IntentTable, JobTable
 
 _RESULT_LIMIT = 350_000  # DynamoDB items stop at 400 KB; leave room for the rest
@@ -132,7 +132,19 @@ class Worker:
         self.intents = IntentTable(settings.intents_table, settings.attempts_table)
         check_table(settings)
         self.queue_url = queue_url(settings)
-        self.dlq_url = dead_letter_url(settings, self.queue_url)
+        self.dlq_url, max_receives = redrive(settings, self.queue_url)
+        most = max(r.job_class.max_attempts for r in app.classes.values())
+        if max_receives is not None and max_receives <= 2 * most:
+            # Receives that end in no claim (unanswered claims, duplicates) count too:
+            # a redrive this tight can move a live job's message to the DLQ and leave
+            # its record without a message (found by the simulation, tight_redrive).
+            self.journal(
+                "redrive_too_tight",
+                max_receive_count=max_receives,
+                max_attempts=most,
+                fix="raise the queue's maxReceiveCount well above max_attempts "
+                "(sqs-lease queue create --max-receives N)",
+            )
         self.stats = WorkerStats()
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()

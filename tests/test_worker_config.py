@@ -1,0 +1,55 @@
+"""A worker refuses nothing it can run, but says when its queue's redrive is too tight."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from conftest import AwsTestEnv
+from pydantic import BaseModel
+
+from sqs_lease import App, Settings, Worker, create_queue, create_tables
+from sqs_lease._journal import LOGGER_NAME
+
+pytestmark = pytest.mark.integration
+
+
+class _P(BaseModel):
+    n: int
+
+
+def _app() -> App:
+    app = App()
+    app.job(
+        "c",
+        payload=_P,
+        lease_seconds=4,
+        heartbeat_seconds=1,
+        jitter_seconds=1,
+        missed_heartbeats=2,
+        max_attempts=5,
+    )(lambda ctx, p: {})
+    return app
+
+
+@pytest.mark.parametrize(("max_receives", "warned"), [(6, True), (50, False)])
+def test_a_redrive_close_to_max_attempts_is_journaled(
+    aws: AwsTestEnv, caplog: pytest.LogCaptureFixture, max_receives: int, warned: bool
+) -> None:
+    settings = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix)
+    create_tables(settings)
+    create_queue(settings, max_receives=max_receives)
+    logger = logging.getLogger(LOGGER_NAME)
+    saved = logger.propagate
+    logger.propagate = True  # the CLI tests may have turned it off
+    try:
+        with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+            Worker(_app(), settings)
+    finally:
+        logger.propagate = saved
+    events = [json.loads(r.getMessage()) for r in caplog.records if r.name == LOGGER_NAME]
+    tight = [e for e in events if e["event"] == "redrive_too_tight"]
+    assert bool(tight) is warned
+    if warned:
+        assert (tight[0]["max_receive_count"], tight[0]["max_attempts"]) == (6, 5)
