@@ -18,10 +18,12 @@
     ├── HandlerSignal                 raised by handlers to steer the worker
     │   ├── TransientError            retry with backoff (counted attempts)
     │   ├── PermanentError            fail now, with the reason
-    │   └── ToolOutcomeUnknown        the external call may or may not have applied
+    │   ├── ToolOutcomeUnknown        the external call may or may not have applied
+    │   └── ToolNotApplied            the call certainly did not apply (never sent, or refused)
     └── IntentError                   side-effect intents
         ├── IntentPayloadMismatch     same key, different payload: a changed intention
         ├── IntentAmbiguous           cannot tell whether the effect applied: job parked
+        ├── IntentBusy                another job holds the key past the wait bound: parked
         └── IntentNotFound            no intent under that key
 """
 
@@ -104,6 +106,23 @@ class ToolOutcomeUnknown(HandlerSignal):
     """An external call timed out: it may have applied. Reconcile, never retry blindly."""
 
 
+class ToolNotApplied(HandlerSignal):
+    """The target certainly did not apply the call: it was never sent, or the target refused it.
+
+    Raise it from an effect's tool only when that is provable: the connection was
+    refused, the name did not resolve, your own validation failed before the
+    request, or the target answered that it rejected the request. Any other
+    exception from a tool means "outcome unknown" and goes to reconciliation. The
+    intent reopens; ``retry=True`` (the default) retries the job later with backoff
+    (a counted attempt), ``retry=False`` fails it now (the target refuses it for
+    good, e.g. HTTP 400 or 422).
+    """
+
+    def __init__(self, message: str, code: str = "", *, retry: bool = True) -> None:
+        super().__init__(message, code)
+        self.retry = retry
+
+
 class IntentError(SqsLeaseError):
     """A side-effect intent cannot proceed."""
 
@@ -114,6 +133,15 @@ class IntentPayloadMismatch(IntentError):
 
 class IntentAmbiguous(IntentError):
     """Whether the effect applied cannot be told; the job is parked for an operator."""
+
+
+class IntentBusy(IntentError):
+    """Another job holds the intent's key (prepared or in progress) and did not finish it
+    while this job waited; the job is parked with the holder's id in the reason."""
+
+    def __init__(self, message: str, holder: str = "") -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class IntentNotFound(IntentError):

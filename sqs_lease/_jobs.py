@@ -270,9 +270,12 @@ class JobContext(Generic[P]):
         The key defaults to job id + stage + action + target (+ version); pass an
         explicit business key (``f"payment:{invoice}:capture"``) built in code,
         never taken from model output. ``call`` gets an :class:`EffectCall` and
-        returns a ``ToolResult`` (or a mapping); it raises ``ToolOutcomeUnknown``
-        when it cannot tell whether the target applied the call, and any other
-        exception when the target certainly did not apply it.
+        returns a ``ToolResult`` (or a mapping). It raises ``ToolNotApplied`` only
+        where the target certainly did not apply the call (never sent: connection
+        refused, name not resolved, a check of yours before sending; or the target
+        refused it); then a later attempt repeats it with the same key. Any other
+        exception (``ToolOutcomeUnknown``, a timeout, a bug reading a success) means
+        "cannot tell" and goes to the target's check.
 
         A confirmed intent is replayed without calling the target; an intent left
         ``in_progress`` by an earlier attempt is reconciled with the target's check.

@@ -331,6 +331,10 @@ def view_of(item: Mapping[str, Any]) -> JobView:
         v = item.get(name)
         return 0 if v is None or "NULL" in v else int(v["N"])
 
+    def f(name: str) -> float | None:
+        v = item.get(name)
+        return None if v is None or "NULL" in v else float(v["N"])
+
     sent = item.get("message_sent")
     return JobView(
         job_id=s("job_id") or "",
@@ -398,6 +402,7 @@ class IntentRecord(Model):
     created_at = NumberAttribute()
     updated_at = NumberAttribute()
     first_started_at = NumberAttribute(null=True)
+    start_id = UnicodeAttribute(null=True)  # identity of the current start (start_id_for)
     confirmed_at = NumberAttribute(null=True)
     resolution = UnicodeAttribute(null=True)
     resolved_by = UnicodeAttribute(null=True)
@@ -421,7 +426,9 @@ class AttemptRecord(Model):
     payload_hash = UnicodeAttribute()
     started_at = NumberAttribute()
     ended_at = NumberAttribute(null=True)
-    outcome = UnicodeAttribute()  # started | ok | failed | unknown | confirmed_by_check
+    # started | ok | not_applied | unknown | confirmed_by_check | not_applied_by_check
+    # (``failed``: written by versions before the not-applied rule)
+    outcome = UnicodeAttribute()
     error = UnicodeAttribute(null=True)
     external_id = UnicodeAttribute(null=True)
     response = UnicodeAttribute(null=True)  # bounded; only when bodies are opted in
@@ -487,18 +494,25 @@ class IntentTable:
         expected: IntentState,
         attempts: int,
         wall_now: float,
+        start_id: str = "",
+        try_no: int = 0,
     ) -> Call:
+        actions: list[Action] = [
+            IR.state.set(IntentState.IN_PROGRESS.value),
+            IR.attempts.set(attempts + 1),
+            IR.last_token.set(token),
+            IR.updated_at.set(wall_now),
+            IR.first_started_at.set(IR.first_started_at | wall_now),
+        ]
+        if start_id:
+            actions.append(IR.start_id.set(start_id))
         intent = self._update_item(
             self.table,
             _ikey(spec.key),
-            (IR.state == expected.value) & (IR.attempts == attempts),
-            [
-                IR.state.set(IntentState.IN_PROGRESS.value),
-                IR.attempts.set(attempts + 1),
-                IR.last_token.set(token),
-                IR.updated_at.set(wall_now),
-                IR.first_started_at.set(IR.first_started_at | wall_now),
-            ],
+            # Only the job that holds the key starts it: another job sharing the key
+            # waits (its call may be in flight), so a start never lands for it.
+            (IR.state == expected.value) & (IR.attempts == attempts) & (IR.job_id == spec.job_id),
+            actions,
         )
         attempt = AttemptRecord(
             intent_key=spec.key,
@@ -537,13 +551,23 @@ class IntentTable:
             )
         # One transaction: the job is still ours (token), the intent is as we saw
         # it, and the attempt is logged; any of them failing starts nothing. The
-        # request token makes an SDK retry of an applied start a no-op on AWS.
+        # request token (one owner's one write: table, job, token, start, try) makes
+        # an SDK retry of an applied start a no-op on AWS, and no other owner's.
         return Call(
             "dynamodb",
             "TransactWriteItems",
             {
                 "TransactItems": items,
-                "ClientRequestToken": _request_token("start", spec.key, attempts + 1, token),
+                "ClientRequestToken": _request_token(
+                    "start",
+                    self.table,
+                    spec.job_id,
+                    spec.key,
+                    attempts + 1,
+                    token,
+                    start_id,
+                    try_no,
+                ),
             },
         )
 
@@ -557,6 +581,9 @@ class IntentTable:
         wall_now: float,
         log_response: str,
         reconciled: bool,
+        job_id: str = "",
+        token: int = 0,
+        try_no: int = 0,
     ) -> Call:
         intent_actions: list[Action] = [
             IR.state.set(IntentState.CONFIRMED.value),
@@ -598,7 +625,14 @@ class IntentTable:
         return Call(
             "dynamodb",
             "TransactWriteItems",
-            {"TransactItems": items, "ClientRequestToken": _request_token("confirm", key, attempt)},
+            {
+                "TransactItems": items,
+                # The fencing token is part of it: a late owner's confirm and the new
+                # owner's reconciling confirm of one attempt are two writes.
+                "ClientRequestToken": _request_token(
+                    "confirm", self.table, job_id, key, attempt, token, reconciled, try_no
+                ),
+            },
         )
 
     def attempt_failed(
@@ -668,6 +702,10 @@ class IntentTable:
             ]
         elif resolution is Resolution.RETRY:
             actions.append(IR.state.set(IntentState.PREPARED.value))
+        if resolution is not Resolution.ABANDON:
+            # The "cannot tell" reason is stale once an operator decided; the
+            # attempt log and the resolution fields keep the history.
+            actions.append(IR.reason.remove())
         else:
             actions += [IR.state.set(IntentState.ABANDONED.value), IR.reason.set(why)]
         params = self._update_item(
@@ -709,6 +747,10 @@ def intent_view_of(item: Mapping[str, Any]) -> IntentView:
         v = item.get(name)
         return 0 if v is None or "NULL" in v else int(v["N"])
 
+    def f(name: str) -> float | None:
+        v = item.get(name)
+        return None if v is None or "NULL" in v else float(v["N"])
+
     return IntentView(
         key=s("intent_key") or "",
         job_id=s("job_id") or "",
@@ -722,4 +764,6 @@ def intent_view_of(item: Mapping[str, Any]) -> IntentView:
         external_id=s("external_id"),
         last_token=n("last_token"),
         reason=s("reason"),
+        start_id=s("start_id"),
+        first_started_at=f("first_started_at"),
     )

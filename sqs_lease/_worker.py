@@ -446,7 +446,8 @@ class Worker:
                 spec=spec,
                 token=token,
                 worker_id=self.worker_id,
-                wall_now=time.time(),
+                wall_clock=time.time,
+                flow_id=uuid.uuid4().hex,
             )
         )
 

@@ -11,13 +11,17 @@ What "success" means differs per tool, and a target declares it
   handed to the mail service).
 
 The helpers below turn a transport's answer into the three outcomes the
-intent protocol needs: a result (applied), an exception (certainly not
-applied), or :class:`~sqs_lease.ToolOutcomeUnknown` (cannot tell: reconcile).
+intent protocol needs: a result (applied), :class:`~sqs_lease.ToolNotApplied`
+(certainly not applied: never sent, or refused by the target), or
+:class:`~sqs_lease.ToolOutcomeUnknown` (cannot tell: reconcile). Inside an
+effect, any exception other than ``ToolNotApplied`` counts as "cannot tell".
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -25,7 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ._core.intents import CheckAnswer, ToolResult, Verdict
-from ._errors import LeaseLost, PermanentError, ToolOutcomeUnknown, TransientError
+from ._errors import LeaseLost, ToolNotApplied, ToolOutcomeUnknown
 from ._jobs import EffectCall
 
 __all__ = ["CheckAnswer", "ToolResult", "Verdict", "botocore_fence", "http_json"]
@@ -43,11 +47,17 @@ def http_json(
 ) -> ToolResult:
     """Send ``body`` (default: the intent's payload) as JSON with the fence headers.
 
-    2xx -> result (``external_id`` from ``id_field``); 412 -> ``LeaseLost`` (the
-    receiver fenced this token out: certainly not applied for us); 409 (same key
-    in flight), 5xx, timeouts and resets after sending -> ``ToolOutcomeUnknown``;
-    429 and a refused connection (nothing was sent) -> ``TransientError``; other
-    4xx -> ``PermanentError``.
+    The rule: "not applied" only where the request provably never left, or the
+    target said it refused it; everything after the request was sent is unknown.
+
+    - 2xx: the result (``external_id`` from ``id_field``);
+    - connection refused or a name that does not resolve (nothing was sent), and
+      429 (the target refused it for now): ``ToolNotApplied`` (retry later);
+    - 412: ``LeaseLost`` (the receiver fenced this token out);
+    - 409 (same key in flight), 5xx, and every transport failure once the
+      request may have left (a timeout, a reset, a response cut short or
+      unreadable, a dropped connection): ``ToolOutcomeUnknown``;
+    - other 4xx (the target rejected the request): ``ToolNotApplied(retry=False)``.
     """
     data = json.dumps(dict(body if body is not None else call.payload)).encode()
     hdrs = {"Content-Type": "application/json", **call.headers, **dict(headers or {})}
@@ -61,16 +71,25 @@ def http_json(
         if code == 412:
             raise LeaseLost(f"{url}: the receiver rejected fencing token {call.token}") from None
         if code == 429:
-            raise TransientError(f"{url}: 429 too many requests", code="http_429") from None
+            raise ToolNotApplied(f"{url}: 429 too many requests", code="http_429") from None
         if code == 409 or code >= 500:
             raise ToolOutcomeUnknown(f"{url}: HTTP {code}", code=f"http_{code}") from None
-        raise PermanentError(f"{url}: HTTP {code}", code=f"http_{code}") from None
+        raise ToolNotApplied(f"{url}: HTTP {code}", code=f"http_{code}", retry=False) from None
     except urllib.error.URLError as err:
+        # urllib wraps what fails while connecting and sending. Only a refused
+        # connection and a failed name lookup prove that nothing was sent.
         if isinstance(err.reason, ConnectionRefusedError):
-            raise TransientError(f"{url}: connection refused", code="refused") from None
-        raise ToolOutcomeUnknown(f"{url}: {err.reason}", code="transport") from None
-    except (TimeoutError, ConnectionError) as err:
-        raise ToolOutcomeUnknown(f"{url}: {type(err).__name__}", code="timeout") from None
+            raise ToolNotApplied(f"{url}: connection refused", code="refused") from None
+        if isinstance(err.reason, socket.gaierror):
+            raise ToolNotApplied(f"{url}: name not resolved", code="dns") from None
+        raise ToolOutcomeUnknown(
+            f"{url}: {type(err.reason).__name__} while sending", code="transport"
+        ) from None
+    except (http.client.HTTPException, OSError) as err:
+        # After the request was sent: a timeout, a reset, a dropped connection
+        # (RemoteDisconnected), a bad status line, a body cut short (IncompleteRead).
+        kind = "timeout" if isinstance(err, TimeoutError) else "transport"
+        raise ToolOutcomeUnknown(f"{url}: {type(err).__name__}", code=kind) from None
     try:
         parsed = json.loads(raw) if raw else {}
     except ValueError:

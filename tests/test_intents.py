@@ -1079,7 +1079,7 @@ def test_the_intent_cannot_start_once_the_jobs_token_moved_on(env: Env, logs: Lo
     with pytest.raises(LeaseLost, match="no longer current"):
         env.driver.run(
             effect_flow(
-                env.intents, env.jobs, spec=stale, token=1, worker_id=W1, wall_now=time.time()
+                env.intents, env.jobs, spec=stale, token=1, worker_id=W1, wall_clock=time.time
             )
         )
     intent = env.intent(spec.key)
@@ -1099,7 +1099,7 @@ def test_the_intent_cannot_start_once_the_jobs_token_moved_on(env: Env, logs: Lo
             spec=spec_for(job_id, p, tool_for(2)),
             token=2,
             worker_id="w-second",
-            wall_now=time.time(),
+            wall_clock=time.time,
         )
     )
     assert calls == [2]

@@ -49,6 +49,7 @@ from sqs_lease._core.intents import (
     default_key,
     effect_flow,
     resolve_flow,
+    start_id_for,
 )
 from sqs_lease._core.records import JobState
 from sqs_lease._errors import (
@@ -59,6 +60,7 @@ from sqs_lease._errors import (
     LeaseLost,
     OwnershipUnknown,
     PermanentError,
+    ToolNotApplied,
     ToolOutcomeUnknown,
     TransientError,
 )
@@ -134,7 +136,8 @@ class EffectScript(Script):
 
     @property
     def invokes(self) -> list[str]:
-        return [i.what for i in self.invoked]
+        """The caller code the flow ran (the wall clock's readings left out)."""
+        return [i.what for i in self.invoked if i.what != "wall_clock"]
 
     @property
     def kinds(self) -> list[str]:
@@ -183,13 +186,16 @@ class Check:
 
 
 class LeaseCheck:
-    def __init__(self, exc: BaseException | None = None) -> None:
+    """The local lease check: raises ``exc`` from its ``fail_from``-th call on."""
+
+    def __init__(self, exc: BaseException | None = None, *, fail_from: int = 1) -> None:
         self.exc = exc
+        self.fail_from = fail_from
         self.calls = 0
 
     def __call__(self) -> None:
         self.calls += 1
-        if self.exc is not None:
+        if self.exc is not None and self.calls >= self.fail_from:
             raise self.exc
 
 
@@ -207,10 +213,13 @@ def spec(
     lease_check: Callable[[], None] | None = None,
     payload_hash: str = HASH,
     log_bodies: bool = False,
+    key_retention_seconds: float | None = 86_400.0,
+    job_id: str = JOB,
+    key: str = KEY,
 ) -> EffectSpec:
     return EffectSpec(
-        key=KEY,
-        job_id=JOB,
+        key=key,
+        job_id=job_id,
         stage="main",
         action="charge",
         target="payments",
@@ -220,6 +229,7 @@ def spec(
         check=check,
         lease_check=lease_check,
         log_bodies=log_bodies,
+        key_retention_seconds=key_retention_seconds,
     )
 
 
@@ -233,6 +243,8 @@ def intent_item(
     reason: str | None = None,
     last_token: int = 0,
     job_id: str = JOB,
+    start_id: str | None = None,
+    first_started_at: float | None = None,
 ) -> dict[str, Any]:
     """A low-level intent item, serialised by the real pynamodb model."""
     record = IntentRecord(
@@ -251,6 +263,8 @@ def intent_item(
         reason=reason,
         created_at=WALL - 100,
         updated_at=WALL - 50,
+        start_id=start_id,
+        first_started_at=first_started_at,
     )
     item: dict[str, Any] = record.serialize()
     return item
@@ -265,9 +279,39 @@ def cancelled(*codes: str) -> Err:
     )
 
 
-def run_effect(script: EffectScript, s: EffectSpec, *, token: int = 7) -> EffectResult:
+class Wall:
+    """A wall clock that moves one second at every reading, so that each write's
+    time tells which reading it took (the core must read it before every write)."""
+
+    def __init__(self, start: float = WALL) -> None:
+        self.now = start - 1.0
+        self.readings: list[float] = []
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        self.readings.append(self.now)
+        return self.now
+
+
+def run_effect(
+    script: EffectScript,
+    s: EffectSpec,
+    *,
+    token: int = 7,
+    wall: Wall | None = None,
+    job_id: str = JOB,
+    flow_id: str = "flow-1",
+) -> EffectResult:
     return script.run(
-        effect_flow(itable(), table(), spec=s, token=token, worker_id=WORKER, wall_now=WALL)
+        effect_flow(
+            itable(),
+            table(),
+            spec=s,
+            token=token,
+            worker_id=WORKER,
+            wall_clock=wall or Wall(),
+            flow_id=flow_id,
+        )
     )
 
 
@@ -307,7 +351,13 @@ def key_of(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def assert_start(
-    c: Call, *, token: int, expected: IntentState, attempts: int, worker: str = WORKER
+    c: Call,
+    *,
+    token: int,
+    expected: IntentState,
+    attempts: int,
+    worker: str = WORKER,
+    at: float | None = None,
 ) -> None:
     """The start transaction: fence on the job, the intent as seen, the attempt logged."""
     items = transact(c)
@@ -328,13 +378,18 @@ def assert_start(
     intent = only(items[1], "Update")
     assert intent["TableName"] == INTENTS
     assert key_of(intent) == {"intent_key": KEY}
-    assert condition_equalities(intent) == {"state": expected.value, "attempts": attempts}
+    assert condition_equalities(intent) == {
+        "state": expected.value,
+        "attempts": attempts,
+        "job_id": JOB,
+    }
     assert " OR " not in str(intent["ConditionExpression"])
     written = sets(intent)
     assert written["state"] == "in_progress"
     assert written["attempts"] == attempts + 1
     assert written["last_token"] == token
     assert "first_started_at" in written
+    assert written["start_id"].startswith(f"{JOB}|{token}|{attempts + 1}|{worker}|")
 
     put = only(items[2], "Put")
     assert put["TableName"] == ATTEMPTS
@@ -348,13 +403,20 @@ def assert_start(
         "tool": "payments",
         "action": "charge",
         "payload_hash": HASH,
-        "started_at": WALL,
+        "started_at": at if at is not None else item_values(put["Item"])["started_at"],
         "outcome": "started",
     }
+    assert written["updated_at"] == item_values(put["Item"])["started_at"]
 
 
 def assert_confirm(
-    c: Call, *, attempt: int, external_id: str | None, reconciled: bool, response: Any
+    c: Call,
+    *,
+    attempt: int,
+    external_id: str | None,
+    reconciled: bool,
+    response: Any,
+    at: float | None = None,
 ) -> None:
     items = transact(c)
     intent = only(items[0], "Update")
@@ -372,7 +434,8 @@ def assert_confirm(
     assert key_of(att) == {"intent_key": KEY, "attempt": attempt}
     att_sets = sets(att)
     assert att_sets["outcome"] == ("confirmed_by_check" if reconciled else "ok")
-    assert att_sets["ended_at"] == WALL
+    assert att_sets["ended_at"] == (at if at is not None else written["confirmed_at"])
+    assert written["confirmed_at"] == written["updated_at"] == att_sets["ended_at"]
     assert att_sets.get("external_id") == external_id
 
 
@@ -405,22 +468,31 @@ def test_fresh_effect_prepares_starts_fenced_calls_the_tool_once_and_confirms() 
     lc = LeaseCheck()
     s = EffectScript([ok(), ok(), ok()])
 
-    res = run_effect(s, spec(tool, lease_check=lc), token=7)
+    wall = Wall()
+    res = run_effect(s, spec(tool, lease_check=lc), token=7, wall=wall)
 
     assert res == EffectResult({"charge_id": "ch_1", "amount": 100}, "ch_1", False, False, KEY)
+    # Each write carries its own reading of the wall clock.
+    prepared_at, started_at, confirmed_at = wall.readings
+    assert (prepared_at, started_at, confirmed_at) == (WALL, WALL + 1, WALL + 2)
+    assert item_values(s.calls[0].params["Item"])["created_at"] == prepared_at
     assert s.kinds == [
+        "invoke:lease_check",
+        "invoke:wall_clock",
         "call:PutItem",
         "emit:intent_prepared",
         "invoke:lease_check",
+        "invoke:wall_clock",
         "call:TransactWriteItems",
         "emit:intent_started",
         "emit:tool_request_started",
         "invoke:tool",
         "emit:tool_request_finished",
+        "invoke:wall_clock",
         "call:TransactWriteItems",
         "emit:intent_confirmed",
     ]
-    assert (tool.calls, lc.calls) == (1, 1)
+    assert (tool.calls, lc.calls) == (1, 2)
 
     prepare = s.calls[0].params
     assert prepare["TableName"] == INTENTS
@@ -436,13 +508,14 @@ def test_fresh_effect_prepares_starts_fenced_calls_the_tool_once_and_confirms() 
     }
     assert (stored["payload"], stored["payload_hash"]) == (PAYLOAD, HASH)
 
-    assert_start(s.calls[1], token=7, expected=IntentState.PREPARED, attempts=0)
+    assert_start(s.calls[1], token=7, expected=IntentState.PREPARED, attempts=0, at=started_at)
     assert_confirm(
         s.calls[2],
         attempt=1,
         external_id="ch_1",
         reconciled=False,
         response={"charge_id": "ch_1", "amount": 100},
+        at=confirmed_at,
     )
     # The attempt log keeps no response body unless the target opted in.
     assert "response" not in sets(only(transact(s.calls[2])[1], "Update"))
@@ -496,7 +569,12 @@ def test_prepare_unanswered_is_ownership_unknown_and_nothing_runs() -> None:
     s = EffectScript([unreachable()])
     with pytest.raises(OwnershipUnknown, match="prepare intent"):
         run_effect(s, spec(tool, lease_check=lc))
-    assert (s.ops, s.invokes, tool.calls, lc.calls) == (["dynamodb.PutItem"], [], 0, 0)
+    assert (s.ops, s.invokes, tool.calls, lc.calls) == (
+        ["dynamodb.PutItem"],
+        ["lease_check"],
+        0,
+        1,
+    )
 
 
 def test_prepare_condition_failed_without_item_is_ownership_unknown() -> None:
@@ -517,7 +595,7 @@ def test_same_key_other_payload_is_refused_without_calling_the_tool(state: Inten
     with pytest.raises(IntentPayloadMismatch, match=stored[:12]):
         run_effect(s, spec(tool, lease_check=lc))
     assert s.ops == ["dynamodb.PutItem"]
-    assert (s.invokes, tool.calls, lc.calls) == ([], 0, 0)
+    assert (s.invokes, tool.calls) == (["lease_check"], 0)
     refused = s.event("intent_refused")
     assert (refused["reason"], refused["payload_hash"], refused["stored_hash"]) == (
         "payload_mismatch",
@@ -539,7 +617,7 @@ def test_confirmed_intent_replays_the_stored_response_without_start_or_tool() ->
     res = run_effect(s, spec(tool, lease_check=lc), token=4)
     assert res == EffectResult({"charge_id": "ch_9", "amount": 100}, "ch_9", True, False, KEY)
     assert s.ops == ["dynamodb.PutItem"]
-    assert (s.invokes, tool.calls, lc.calls) == ([], 0, 0)
+    assert (s.invokes, tool.calls) == (["lease_check"], 0)
     replayed = s.event("intent_replayed")
     assert (replayed["key"], replayed["external_id"], replayed["token"]) == (KEY, "ch_9", 4)
     assert "intent_prepared" not in s.event_names()
@@ -584,7 +662,7 @@ def test_in_progress_confirmed_by_the_check_is_confirmed_without_calling_the_too
     res = run_effect(s, spec(tool, check=check, lease_check=lc), token=3)
     assert res == EffectResult({"charge_id": "ch_5"}, "ch_5", False, True, KEY)
     assert s.ops == ["dynamodb.PutItem", "dynamodb.TransactWriteItems"]
-    assert (s.invokes, tool.calls, check.calls) == (["check"], 0, 1)
+    assert (s.invokes, tool.calls, check.calls) == (["lease_check", "check"], 0, 1)
     assert_confirm(
         s.calls[1], attempt=2, external_id="ch_5", reconciled=True, response={"charge_id": "ch_5"}
     )
@@ -607,8 +685,9 @@ def test_in_progress_not_applied_repeats_with_the_same_key_and_payload() -> None
     the_spec = spec(tool, check=check, lease_check=lc)
     res = run_effect(s, the_spec, token=2)
     assert res == EffectResult({"charge_id": "ch_2"}, "ch_2", False, False, KEY)
-    assert s.invokes == ["check", "lease_check", "tool"]
-    assert s.invoked[-1].fn is the_spec.tool  # the very same call (same key, same payload)
+    assert s.invokes == ["lease_check", "check", "lease_check", "tool"]
+    tool_invokes = [i for i in s.invoked if i.what == "tool"]
+    assert tool_invokes[-1].fn is the_spec.tool  # the very same call (same key, same payload)
     assert tool.calls == 1
     assert_start(s.calls[1], token=2, expected=IntentState.IN_PROGRESS, attempts=1)
     assert_confirm(
@@ -652,7 +731,8 @@ def test_in_progress_that_nobody_can_tell_turns_ambiguous_without_calling_the_to
     with pytest.raises(IntentAmbiguous, match="cannot tell"):
         run_effect(s, spec(tool, check=check, lease_check=lc), token=2)
     assert s.ops == ["dynamodb.PutItem", "dynamodb.UpdateItem"]
-    assert (s.invokes, tool.calls, lc.calls) == (invokes, 0, 0)
+    # The lease is checked before the intent is written, and again before it is marked.
+    assert (s.invokes, tool.calls, lc.calls) == (["lease_check", *invokes, "lease_check"], 0, 2)
     _assert_marked_ambiguous(s, attempts=1, detail=detail)
     assert s.event("intent_reconciled")["verdict"] == "cannot_tell"
 
@@ -722,7 +802,7 @@ def test_start_cancelled_is_lease_lost_and_the_tool_never_runs(
         run_effect(s, spec(tool, lease_check=LeaseCheck()), token=5)
     expected_ops = ["dynamodb.PutItem", "dynamodb.TransactWriteItems"]
     assert s.ops == expected_ops + (["dynamodb.GetItem"] if intent_moved else [])
-    assert (s.invokes, tool.calls) == (["lease_check"], 0)
+    assert (s.invokes, tool.calls) == (["lease_check", "lease_check"], 0)
     refused = s.event("intent_start_refused")
     assert (refused["reason"], refused["token"], refused["key"]) == (reason, 5, KEY)
     assert "intent_started" not in s.event_names()
@@ -737,11 +817,20 @@ def test_a_retried_start_that_had_applied_is_recognised_as_our_own() -> None:
         [
             ok(),
             cancelled("None", "ConditionalCheckFailed", "ConditionalCheckFailed"),
-            ok({"Item": intent_item(IntentState.IN_PROGRESS, attempts=1, last_token=5)}),
+            ok(
+                {
+                    "Item": intent_item(
+                        IntentState.IN_PROGRESS,
+                        attempts=1,
+                        last_token=5,
+                        start_id=start_id_for(JOB, 5, 1, WORKER, "flow-1"),
+                    )
+                }
+            ),
             ok(),
         ]
     )
-    res = run_effect(s, spec(tool), token=5)
+    res = run_effect(s, spec(tool), token=5, flow_id="flow-1")
     assert tool.calls == 1 and res.external_id == "ch_1"
     assert "intent_start_refused" not in s.event_names()
 
@@ -777,13 +866,13 @@ def test_start_unanswered_is_ownership_unknown_and_the_tool_never_runs(failure: 
 def test_lease_check_raising_starts_nothing() -> None:
     tool = Tool()
     lost = OwnershipUnknown("ownership not confirmed for 9.5 s")
-    lc = LeaseCheck(lost)
+    lc = LeaseCheck(lost, fail_from=2)
     s = EffectScript([ok()])
     with pytest.raises(OwnershipUnknown) as caught:
         run_effect(s, spec(tool, lease_check=lc))
     assert caught.value is lost
     assert s.ops == ["dynamodb.PutItem"]  # no start transaction
-    assert (s.invokes, tool.calls) == (["lease_check"], 0)
+    assert (s.invokes, tool.calls) == (["lease_check", "lease_check"], 0)
 
 
 # =========================================================================== tool failures
@@ -792,13 +881,12 @@ def test_lease_check_raising_starts_nothing() -> None:
 @pytest.mark.parametrize(
     "exc",
     [
-        ValueError("card declined"),
-        TransientError("503 from target", code="http_503"),
-        LeaseLost("the receiver rejected fencing token 7"),
+        ToolNotApplied("connection refused", code="refused"),
+        ToolNotApplied("HTTP 422", code="http_422", retry=False),
     ],
-    ids=["plain", "transient", "fenced_out_at_receiver"],
+    ids=["never_sent", "refused_by_the_target"],
 )
-def test_tool_failing_reopens_the_intent_and_reraises(exc: Exception) -> None:
+def test_tool_not_applied_reopens_the_intent_and_reraises(exc: Exception) -> None:
     check = Check(CheckAnswer(Verdict.CONFIRMED))
     s = EffectScript([ok(), ok(), ok()])
     with pytest.raises(type(exc)) as caught:
@@ -810,15 +898,69 @@ def test_tool_failing_reopens_the_intent_and_reraises(exc: Exception) -> None:
     att = only(items[0], "Update")
     assert (att["TableName"], key_of(att)) == (ATTEMPTS, {"intent_key": KEY, "attempt": 1})
     att_sets = sets(att)
-    assert (att_sets["outcome"], att_sets["ended_at"]) == ("failed", WALL)
-    assert att_sets["error"].startswith(type(exc).__name__)
+    assert att_sets["outcome"] == "not_applied"
+    assert att_sets["error"].startswith("ToolNotApplied")
     reopen = only(items[1], "Update")
     assert (reopen["TableName"], key_of(reopen)) == (INTENTS, {"intent_key": KEY})
     assert condition_equalities(reopen) == {"state": "in_progress", "attempts": 1}
     assert sets(reopen)["state"] == "prepared"
     failed = s.event("tool_request_failed")
-    assert (failed["outcome_unknown"], failed["error_code"]) == (False, type(exc).__name__)
+    assert (failed["outcome_unknown"], failed["error_code"]) == (False, "ToolNotApplied")
     assert "intent_confirmed" not in s.event_names()
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ValueError("card declined"),
+        KeyError("charge_id"),  # a bug in the code that read a success response
+        TransientError("503 from target", code="http_503"),
+        PermanentError("unexpected body", code="bad_body"),
+        ConnectionResetError("reset by peer"),
+    ],
+    ids=["plain", "bug_reading_success", "transient", "permanent", "reset"],
+)
+def test_a_tool_error_that_is_not_typed_not_applied_is_outcome_unknown_and_reconciled(
+    exc: Exception,
+) -> None:
+    # Issue 7.2: it used to reopen the intent, and the next attempt repeated a call
+    # the target had applied. Now the target's check decides.
+    check = Check(CheckAnswer(Verdict.CONFIRMED, "ch_7", {"charge_id": "ch_7"}))
+    tool = Tool(exc)
+    s = EffectScript([ok(), ok(), ok(), ok()])
+    res = run_effect(s, spec(tool, check=check))
+    assert (res.external_id, res.reconciled, tool.calls, check.calls) == ("ch_7", True, 1, 1)
+    failed_items = transact(s.calls[2])
+    assert len(failed_items) == 1  # no reopen
+    assert sets(only(failed_items[0], "Update"))["outcome"] == "unknown"
+    assert s.event("tool_request_failed")["outcome_unknown"] is True
+    assert_confirm(
+        s.calls[3], attempt=1, external_id="ch_7", reconciled=True, response={"charge_id": "ch_7"}
+    )
+
+
+def test_a_tool_error_with_no_check_parks_instead_of_repeating() -> None:
+    tool = Tool(ValueError("bad json in a 200 response"))
+    s = EffectScript([ok(), ok(), ok(), ok()])
+    with pytest.raises(IntentAmbiguous, match="no check registered"):
+        run_effect(s, spec(tool))
+    assert tool.calls == 1
+    _assert_marked_ambiguous(s, attempts=1, detail="no check registered")
+
+
+def test_a_tool_stopped_by_the_lease_leaves_the_intent_for_the_next_owner() -> None:
+    # A 412 from the receiver (or ctx.check() raising inside the tool): stop now. No
+    # reopen by an owner that may no longer act; the next owner reconciles.
+    exc = LeaseLost("the receiver rejected fencing token 7")
+    check = Check(CheckAnswer(Verdict.CONFIRMED))
+    s = EffectScript([ok(), ok(), ok()])
+    with pytest.raises(LeaseLost) as caught:
+        run_effect(s, spec(Tool(exc), check=check))
+    assert caught.value is exc
+    assert check.calls == 0
+    items = transact(s.calls[2])
+    assert len(items) == 1
+    assert sets(only(items[0], "Update"))["outcome"] == "unknown"
 
 
 @pytest.mark.parametrize(
@@ -832,7 +974,8 @@ def test_tool_outcome_unknown_logs_the_attempt_and_reconciles(exc: Exception) ->
     s = EffectScript([ok(), ok(), ok(), ok()])
     res = run_effect(s, spec(tool, check=check, lease_check=LeaseCheck()))
     assert res == EffectResult({"charge_id": "ch_7"}, "ch_7", False, True, KEY)
-    assert s.invokes == ["lease_check", "tool", "check"]
+    # The lease is checked before the attempt's failure is written too.
+    assert s.invokes == ["lease_check", "lease_check", "tool", "lease_check", "check"]
     assert tool.calls == 1
     failed_items = transact(s.calls[2])
     assert len(failed_items) == 1  # no reopen: it may have applied

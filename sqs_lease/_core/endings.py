@@ -12,9 +12,11 @@ from enum import StrEnum
 from .._errors import (
     HandlerSignal,
     IntentAmbiguous,
+    IntentBusy,
     IntentPayloadMismatch,
     LeaseError,
     PermanentError,
+    ToolNotApplied,
     ToolOutcomeUnknown,
     TransientError,
 )
@@ -45,6 +47,10 @@ def ending_for(error: BaseException | None) -> Ending:
         return Ending(EndKind.FAIL, str(error), "intent_payload_mismatch")
     if isinstance(error, IntentAmbiguous):
         return Ending(EndKind.PARK, str(error), "intent_ambiguous")
+    if isinstance(error, IntentBusy):
+        return Ending(EndKind.PARK, str(error), "intent_busy")
+    if isinstance(error, ToolNotApplied) and not error.retry:
+        return Ending(EndKind.FAIL, str(error), error.code)
     if isinstance(error, ToolOutcomeUnknown):
         return Ending(EndKind.PARK, f"tool outcome unknown: {error}", error.code)
     if isinstance(error, PermanentError):

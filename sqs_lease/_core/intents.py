@@ -19,20 +19,33 @@ from typing import Any, Protocol
 
 from .._errors import (
     IntentAmbiguous,
+    IntentBusy,
     IntentPayloadMismatch,
+    LeaseError,
     LeaseLost,
     OwnershipUnknown,
     PermanentError,
-    ToolOutcomeUnknown,
+    ToolNotApplied,
     TransientError,
 )
-from .calls import Call, Err, ErrorKind, Flow, Invoke, Ok, call, emit
+from .calls import Call, Err, ErrorKind, Flow, Invoke, Ok, Sleep, call, emit
 from .flows import _fail_call, message_body
 from .records import JobRequests, JobState
 
 MAX_REPEATS = 3
 """Repeats of one effect (same key, same payload) inside one attempt, after the
 target's check said the call certainly did not apply."""
+
+HELD_WAITS: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+"""Waits (seconds) for an intent that another job holds (prepared or in progress)
+before this job parks with ``IntentBusy``. Re-reading spends no attempt."""
+
+RETRY_WAITS: tuple[float, ...] = (0.05, 0.2, 0.5, 1.0, 2.0, 4.0)
+"""Waits before repeating an intent transaction that DynamoDB cancelled for a
+transient reason (throttling, a conflicting transaction); past them the start is
+ownership unknown and the confirm is left to reconciliation."""
+
+_CONDITION_FAILED = "ConditionalCheckFailed"
 
 
 class IntentState(StrEnum):
@@ -57,6 +70,8 @@ class IntentView:
     external_id: str | None = None
     last_token: int = 0
     reason: str | None = None
+    start_id: str | None = None  # who wrote the current start (see ``start_id_for``)
+    first_started_at: float | None = None  # wall time of the first start
 
 
 class Verdict(StrEnum):
@@ -105,13 +120,24 @@ class EffectSpec:
     check: Callable[[IntentView], CheckAnswer] | None = None
     lease_check: Callable[[], None] | None = None
     log_bodies: bool = False
-    key_retention_seconds: float | None = None  # how long the target keeps keys
+    key_retention_seconds: float | None = None  # how long the target keeps keys; None: not at all
 
 
 def default_key(job_id: str, stage: str, action: str, target: str, version: str | None) -> str:
     """The default intent key: source event (job id), stage, action, target (+ version)."""
     key = f"{job_id}:{stage}:{action}:{target}"
     return f"{key}:v{version}" if version else key
+
+
+def start_id_for(job_id: str, token: int, attempt: int, worker_id: str, flow_id: str) -> str:
+    """The identity of one start of an intent, stored in it by the start transaction.
+
+    Only this tells a start of our own (an SDK retry whose first try applied) from
+    another's: attempt numbers and tokens repeat across jobs (every job's first
+    token is 1), so the job id is part of it, and ``flow_id`` (fresh per effect
+    call, chosen by the driver) tells apart two effect calls of one owner.
+    """
+    return f"{job_id}|{token}|{attempt}|{worker_id}|{flow_id}"
 
 
 class IntentRequests(Protocol):
@@ -127,6 +153,8 @@ class IntentRequests(Protocol):
         expected: IntentState,
         attempts: int,
         wall_now: float,
+        start_id: str = "",
+        try_no: int = 0,
     ) -> Call: ...
 
     def confirm(
@@ -139,6 +167,9 @@ class IntentRequests(Protocol):
         wall_now: float,
         log_response: str,
         reconciled: bool,
+        job_id: str = "",
+        token: int = 0,
+        try_no: int = 0,
     ) -> Call: ...
 
     def attempt_failed(
@@ -163,6 +194,20 @@ RESPONSE_LIMIT = 16_000
 LOG_LIMIT = 2_000
 
 
+@dataclass(frozen=True)
+class _Ctx:
+    """What every step of one effect flow needs besides the spec."""
+
+    ireq: IntentRequests
+    jreq: JobRequests
+    spec: EffectSpec
+    token: int
+    worker_id: str
+    wall_clock: Callable[[], float]
+    flow_id: str
+    retry_waits: tuple[float, ...]
+
+
 def effect_flow(
     ireq: IntentRequests,
     jreq: JobRequests,
@@ -170,25 +215,38 @@ def effect_flow(
     spec: EffectSpec,
     token: int,
     worker_id: str,
-    wall_now: float,
+    wall_clock: Callable[[], float],
+    flow_id: str = "",
+    held_waits: tuple[float, ...] = HELD_WAITS,
+    retry_waits: tuple[float, ...] = RETRY_WAITS,
 ) -> Flow[EffectResult]:
-    """The whole life of one side effect, from intent to confirmation."""
+    """The whole life of one side effect, from intent to confirmation.
+
+    ``wall_clock`` is read (through the driver, as an ``Invoke("wall_clock")``)
+    before every write, so each write carries its own time; ``flow_id`` must be
+    fresh per effect call (the drivers pass a random id; see ``start_id_for``).
+    """
+    ctx = _Ctx(ireq, jreq, spec, token, worker_id, wall_clock, flow_id, tuple(retry_waits))
     key = spec.key
-    out = yield from call(ireq.prepare(spec, wall_now))
-    expected, attempts = IntentState.PREPARED, 0
-    reconcile_first = False
-    stored: IntentView | None = None
-    if isinstance(out, Ok):
-        yield from emit(
-            "intent_prepared",
-            job_id=spec.job_id,
-            key=key,
-            action=spec.action,
-            target=spec.target,
-            payload_hash=spec.payload_hash,
-            token=token,
-        )
-    elif out.kind is ErrorKind.CONDITION_FAILED and out.item is not None:
+    held = iter(held_waits)
+    existing: IntentView | None = None
+    while True:
+        # Nothing from a dropped attempt: every intent write checks the local lease first.
+        yield from _lease_check(spec)
+        out = yield from call(ireq.prepare(spec, (yield from _wall(ctx))))
+        if isinstance(out, Ok):
+            yield from emit(
+                "intent_prepared",
+                job_id=spec.job_id,
+                key=key,
+                action=spec.action,
+                target=spec.target,
+                payload_hash=spec.payload_hash,
+                token=token,
+            )
+            break
+        if out.kind is not ErrorKind.CONDITION_FAILED or out.item is None:
+            raise _unknown(out, "prepare intent", key)
         existing = ireq.parse(out.item)
         if existing.payload_hash != spec.payload_hash:
             yield from emit(
@@ -207,42 +265,54 @@ def effect_flow(
         settled = yield from _settled(existing, spec, token)
         if settled is not None:
             return settled
-        expected, attempts = existing.state, existing.attempts
-        reconcile_first = existing.state is IntentState.IN_PROGRESS
-        stored = existing
-    else:
-        raise _unknown(out, "prepare intent", key)
+        if existing.job_id == spec.job_id:
+            break
+        # Another job holds the key (a shared business key) and has not finished:
+        # its call may be in flight, so this job neither calls the target nor asks
+        # the check. It waits and reads again, spending no attempt.
+        wait = next(held, None)
+        yield from emit(
+            "intent_held_elsewhere",
+            job_id=spec.job_id,
+            key=key,
+            holder=existing.job_id,
+            holder_state=existing.state.value,
+            holder_attempt=existing.attempts,
+            token=token,
+            wait=wait,
+        )
+        if wait is None:
+            raise IntentBusy(
+                f"intent {key!r} is held by job {existing.job_id} ({existing.state.value}, "
+                f"attempt {existing.attempts}) and did not finish while this job waited "
+                f"{sum(held_waits):g} s; resume this job once {existing.job_id} has ended",
+                holder=existing.job_id,
+            )
+        yield from call(Sleep(wait))
 
+    expected = existing.state if existing is not None else IntentState.PREPARED
+    attempts = existing.attempts if existing is not None else 0
+    first_started = existing.first_started_at if existing is not None else None
+    reconcile_first = expected is IntentState.IN_PROGRESS
+    stored = existing
     repeats = 0
     while True:
         if reconcile_first:
-            decision = yield from _reconcile(ireq, spec, attempts, token, wall_now, stored)
+            decision = yield from _reconcile(ctx, attempts, stored, first_started)
             if isinstance(decision, EffectResult):
                 return decision
             expected = IntentState.IN_PROGRESS
+            stored = None
             repeats += 1
             if repeats > MAX_REPEATS:
                 raise TransientError(
                     f"intent {key!r}: not applied after {MAX_REPEATS} repeats", code="repeats"
                 )
-        if spec.lease_check is not None:
-            lc = yield from call(Invoke("lease_check", spec.lease_check))
-            if isinstance(lc, Err) and lc.exc is not None:
-                raise lc.exc
-        started = yield from call(
-            ireq.start(
-                spec,
-                jobs=jreq,
-                token=token,
-                worker_id=worker_id,
-                expected=expected,
-                attempts=attempts,
-                wall_now=wall_now,
-            )
-        )
-        if isinstance(started, Err):
-            yield from _refused_start(ireq, spec, started, token, attempts + 1)
+        started = yield from _start(ctx, expected, attempts)
+        if isinstance(started, EffectResult):
+            return started
         attempts += 1
+        first_started = started if first_started is None else first_started
         yield from emit(
             "intent_started",
             job_id=spec.job_id,
@@ -283,17 +353,15 @@ def effect_flow(
             )
             return (
                 yield from _confirm(
-                    ireq,
-                    spec,
-                    attempts,
-                    result.response,
-                    result.external_id,
-                    wall_now,
-                    reconciled=False,
+                    ctx, attempts, result.response, result.external_id, reconciled=False
                 )
             )
         exc = res.exc
-        unknown = isinstance(exc, (ToolOutcomeUnknown, TimeoutError))
+        assert exc is not None
+        # Only a typed "not applied" (never sent, or refused by the target) may
+        # reopen the intent: anything else, a response cut in half or a bug in the
+        # code that read a success, may have applied, and goes to reconciliation.
+        not_applied = isinstance(exc, ToolNotApplied)
         yield from emit(
             "tool_request_failed",
             job_id=spec.job_id,
@@ -303,25 +371,63 @@ def effect_flow(
             token=token,
             duration=duration,
             error_code=res.code,
-            outcome_unknown=unknown,
+            outcome_unknown=not not_applied,
         )
-        # A plain exception says "certainly not applied": the intent goes back to
-        # prepared so a later attempt repeats it with the same key and payload.
-        # "Cannot tell" keeps it in_progress and goes to reconciliation.
+        yield from _lease_check(spec)
         yield from call(
             ireq.attempt_failed(
                 key,
                 attempt=attempts,
-                outcome="unknown" if unknown else "failed",
+                outcome="not_applied" if not_applied else "unknown",
                 error=f"{res.code}: {res.message}"[:LOG_LIMIT],
-                wall_now=wall_now,
-                reopen=not unknown,
+                wall_now=(yield from _wall(ctx)),
+                reopen=not_applied,
             )
         )
-        if not unknown:
-            assert exc is not None
+        if not_applied or isinstance(exc, LeaseError):
+            # A tool that stopped on the lease leaves the intent in progress: the
+            # next owner reconciles it (this one may no longer act).
             raise exc
         reconcile_first = True
+
+
+def _lease_check(spec: EffectSpec) -> Flow[None]:
+    if spec.lease_check is None:
+        return
+    lc = yield from call(Invoke("lease_check", spec.lease_check))
+    if isinstance(lc, Err):
+        raise lc.exc if lc.exc is not None else OwnershipUnknown(f"lease check: {lc.message}")
+
+
+def _lease_holds(spec: EffectSpec) -> Flow[bool]:
+    if spec.lease_check is None:
+        return True
+    lc = yield from call(Invoke("lease_check", spec.lease_check))
+    return isinstance(lc, Ok)
+
+
+def _wall(ctx: _Ctx) -> Flow[float]:
+    """The wall time for the next write, read by the driver (the simulator's is virtual)."""
+    out = yield from call(Invoke("wall_clock", ctx.wall_clock))
+    if isinstance(out, Err):
+        raise out.exc if out.exc is not None else RuntimeError(f"wall clock: {out.message}")
+    value = out.response.get("value")
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"wall clock returned {type(value).__name__}, not a number")
+    return float(value)
+
+
+def _cancel_codes(err: Err) -> list[str]:
+    return [str(r.get("Code") or "None") for r in err.reasons]
+
+
+def _transient_cancel(err: Err) -> bool:
+    """A cancelled transaction whose reasons name no failed condition but something
+    transient (throttling, a conflicting transaction, capacity): nothing applied."""
+    if err.kind is not ErrorKind.TRANSACTION_CANCELLED:
+        return False
+    codes = _cancel_codes(err)
+    return _CONDITION_FAILED not in codes and any(c != "None" for c in codes)
 
 
 def _settled(existing: IntentView, spec: EffectSpec, token: int) -> Flow[EffectResult | None]:
@@ -337,6 +443,7 @@ def _settled(existing: IntentView, spec: EffectSpec, token: int) -> Flow[EffectR
             key=key,
             external_id=existing.external_id,
             token=token,
+            intent_job=existing.job_id,
         )
         return EffectResult(
             json.loads(existing.response_json or "{}"), existing.external_id, True, False, key
@@ -365,33 +472,87 @@ def _read_intent(ireq: IntentRequests, key: str) -> Flow[IntentView | None]:
     return ireq.parse(item) if item else None
 
 
-def _refused_start(
-    ireq: IntentRequests, spec: EffectSpec, err: Err, token: int, attempt: int
-) -> Flow[None]:
-    """Why did the start transaction fail? Returns only if it was our own start after all."""
+def _start(ctx: _Ctx, expected: IntentState, attempts: int) -> Flow[float | EffectResult]:
+    """Move the intent to in_progress, fenced on the job's token.
+
+    Returns the wall time written, or the result when the intent turned out to be
+    confirmed meanwhile (the earlier owner's late confirmation: replay it).
+    """
+    spec = ctx.spec
+    start_id = start_id_for(spec.job_id, ctx.token, attempts + 1, ctx.worker_id, ctx.flow_id)
+    waits = iter(ctx.retry_waits)
+    try_no = 0
+    while True:
+        yield from _lease_check(spec)
+        now = yield from _wall(ctx)
+        out = yield from call(
+            ctx.ireq.start(
+                spec,
+                jobs=ctx.jreq,
+                token=ctx.token,
+                worker_id=ctx.worker_id,
+                expected=expected,
+                attempts=attempts,
+                wall_now=now,
+                start_id=start_id,
+                try_no=try_no,
+            )
+        )
+        if isinstance(out, Ok):
+            return now
+        if _transient_cancel(out):
+            # Throttled or in conflict: nothing applied, the lease is not lost and
+            # no attempt is spent. Try again after a pause, a bounded number of times.
+            wait = next(waits, None)
+            yield from emit(
+                "intent_write_retried",
+                job_id=spec.job_id,
+                key=spec.key,
+                op="start",
+                reasons=_cancel_codes(out),
+                token=ctx.token,
+                wait=wait,
+            )
+            if wait is None:
+                raise OwnershipUnknown(
+                    f"start intent {spec.key!r}: DynamoDB cancelled it {try_no + 1} times "
+                    f"({', '.join(_cancel_codes(out))}); nothing was started"
+                )
+            yield from call(Sleep(wait))
+            try_no += 1
+            continue
+        mine = yield from _refused_start(ctx, out, start_id)
+        return now if mine is None else mine
+
+
+def _refused_start(ctx: _Ctx, err: Err, start_id: str) -> Flow[EffectResult | None]:
+    """Why did the start transaction fail? Returns None only if it was our own start
+    after all (an SDK retry whose first try applied), or the result to replay."""
+    spec, token = ctx.spec, ctx.token
     if err.kind is ErrorKind.TRANSACTION_CANCELLED:
-        codes = [str(r.get("Code", "")) for r in err.reasons]
-        job_failed = bool(codes) and codes[0] == "ConditionalCheckFailed"
-        if not job_failed and codes:
-            # The job is still ours; the intent is not as we saw it. A retried
-            # transaction whose first try applied looks exactly like this: the
-            # intent then shows our attempt and our token.
-            now = yield from _read_intent(ireq, spec.key)
-            if (
-                now is not None
-                and now.state is IntentState.IN_PROGRESS
-                and now.attempts == attempt
-                and now.last_token == token
-            ):
-                return
+        codes = _cancel_codes(err)
+        job_failed = not codes or codes[0] == _CONDITION_FAILED
+        if not job_failed:
+            # The job is still ours; the intent is not as we saw it. Ours only if it
+            # carries this very start's id: attempt numbers and tokens repeat across
+            # jobs that share a key, so they prove nothing.
+            now = yield from _read_intent(ctx.ireq, spec.key)
+            if now is None:
+                pass
+            elif now.state is IntentState.IN_PROGRESS and now.start_id == start_id:
+                return None
+            elif now.payload_hash == spec.payload_hash:
+                settled = yield from _settled(now, spec, token)
+                if settled is not None:
+                    return settled
         yield from emit(
             "intent_start_refused",
             job_id=spec.job_id,
             key=spec.key,
             token=token,
-            reason="token_moved" if job_failed or not codes else "intent_moved",
+            reason="token_moved" if job_failed else "intent_moved",
         )
-        if job_failed or not codes:
+        if job_failed:
             raise LeaseLost(
                 f"intent {spec.key!r} not started: job {spec.job_id} token {token} is no "
                 "longer current"
@@ -401,44 +562,76 @@ def _refused_start(
 
 
 def _confirm(
-    ireq: IntentRequests,
-    spec: EffectSpec,
+    ctx: _Ctx,
     attempt: int,
     response: Mapping[str, Any],
     external_id: str | None,
-    wall_now: float,
     *,
     reconciled: bool,
 ) -> Flow[EffectResult]:
-    out = yield from call(
-        ireq.confirm(
-            spec.key,
-            attempt=attempt,
-            response_json=_bounded(dict(response), RESPONSE_LIMIT),
-            external_id=external_id,
-            wall_now=wall_now,
-            log_response=_bounded(dict(response), LOG_LIMIT) if spec.log_bodies else "",
-            reconciled=reconciled,
+    """Record the known outcome. No lease check before the first try, on purpose:
+    the effect happened, and the confirm writes a true fact (condition: the intent
+    is still this attempt's, in progress; no job condition). Dropping it would only
+    leave the next owner to ask the target again, or park the job for nothing."""
+    spec = ctx.spec
+    waits = iter(ctx.retry_waits)
+    try_no = 0
+    while True:
+        out = yield from call(
+            ctx.ireq.confirm(
+                spec.key,
+                attempt=attempt,
+                response_json=_bounded(dict(response), RESPONSE_LIMIT),
+                external_id=external_id,
+                wall_now=(yield from _wall(ctx)),
+                log_response=_bounded(dict(response), LOG_LIMIT) if spec.log_bodies else "",
+                reconciled=reconciled,
+                job_id=spec.job_id,
+                token=ctx.token,
+                try_no=try_no,
+            )
         )
-    )
-    if isinstance(out, Err) and out.kind is ErrorKind.TRANSACTION_CANCELLED:
-        # A retried confirm whose first try applied (or another owner's reconcile)
-        # finds the intent confirmed already: that is the outcome we wanted.
-        now = yield from _read_intent(ireq, spec.key)
-        if now is not None and now.state is IntentState.CONFIRMED:
+        if isinstance(out, Ok):
+            break
+        if _transient_cancel(out):
+            # Throttled or in conflict: retry (the confirm is idempotent) while the
+            # local lease lasts; after that the next owner reconciles.
+            wait = next(waits, None)
+            holds = wait is not None and (yield from _lease_holds(spec))
             yield from emit(
-                "intent_confirmed",
+                "intent_write_retried",
                 job_id=spec.job_id,
                 key=spec.key,
-                external_id=now.external_id,
-                attempt=attempt,
-                reconciled=reconciled,
-                already=True,
+                op="confirm",
+                reasons=_cancel_codes(out),
+                token=ctx.token,
+                wait=wait if holds else None,
             )
-            return EffectResult(
-                json.loads(now.response_json or "{}"), now.external_id, False, reconciled, spec.key
-            )
-    if isinstance(out, Err):
+            if holds and wait is not None:
+                yield from call(Sleep(wait))
+                try_no += 1
+                continue
+        elif out.kind is ErrorKind.TRANSACTION_CANCELLED:
+            # A retried confirm whose first try applied (or another owner's reconcile)
+            # finds the intent confirmed already: that is the outcome we wanted.
+            now = yield from _read_intent(ctx.ireq, spec.key)
+            if now is not None and now.state is IntentState.CONFIRMED:
+                yield from emit(
+                    "intent_confirmed",
+                    job_id=spec.job_id,
+                    key=spec.key,
+                    external_id=now.external_id,
+                    attempt=attempt,
+                    reconciled=reconciled,
+                    already=True,
+                )
+                return EffectResult(
+                    json.loads(now.response_json or "{}"),
+                    now.external_id,
+                    False,
+                    reconciled,
+                    spec.key,
+                )
         # The effect happened but is not recorded: the intent stays in_progress and
         # the next owner reconciles it with the target. Nothing more may run now.
         yield from emit(
@@ -460,20 +653,33 @@ def _confirm(
     return EffectResult(dict(response), external_id, False, reconciled, spec.key)
 
 
+def _unprotected(spec: EffectSpec, first_started: float | None, now: float) -> str | None:
+    """Why a repeat with the same key would not be protected by the target, or None."""
+    retention = spec.key_retention_seconds
+    if retention is None:
+        return f"target {spec.target!r} keeps no idempotency keys"
+    if first_started is not None and now > first_started + retention:
+        return (
+            f"its first attempt started {now - first_started:.0f} s ago, past the "
+            f"{retention:g} s target {spec.target!r} keeps keys"
+        )
+    return None
+
+
 def _reconcile(
-    ireq: IntentRequests,
-    spec: EffectSpec,
+    ctx: _Ctx,
     attempts: int,
-    token: int,
-    wall_now: float,
-    stored: IntentView | None = None,
+    stored: IntentView | None,
+    first_started: float | None,
 ) -> Flow[EffectResult | None]:
     """Ask the target what happened to an in-progress intent.
 
-    Returns the confirmed result, or None when the call certainly did not apply
-    (repeat it, same key and payload). Raises IntentAmbiguous after marking the
-    intent when nobody can tell.
+    Returns the confirmed result, or None when the call certainly did not apply and
+    a repeat is still protected by the target's key (repeat it, same key and
+    payload). Raises IntentAmbiguous after marking the intent when nobody can tell,
+    or when a repeat would no longer be protected.
     """
+    spec, token = ctx.spec, ctx.token
     check = spec.check
     view = stored or IntentView(
         spec.key,
@@ -485,6 +691,7 @@ def _reconcile(
         attempts=attempts,
         payload_json=spec.payload_json,
         last_token=token,
+        first_started_at=first_started,
     )
     if check is None:
         answer = CheckAnswer(Verdict.CANNOT_TELL, detail="no check registered")
@@ -508,27 +715,31 @@ def _reconcile(
     if answer.verdict is Verdict.CONFIRMED:
         return (
             yield from _confirm(
-                ireq,
-                spec,
-                attempts,
-                answer.response or {},
-                answer.external_id,
-                wall_now,
-                reconciled=True,
+                ctx, attempts, answer.response or {}, answer.external_id, reconciled=True
             )
         )
     if answer.verdict is Verdict.NOT_APPLIED:
-        return None
-    reason = f"cannot tell whether {spec.action} at {spec.target} applied: {answer.detail}"
+        why = _unprotected(spec, first_started, (yield from _wall(ctx)))
+        if why is None:
+            return None
+        reason = (
+            f"{spec.target} says {spec.action} did not apply, but no automatic repeat: {why}; "
+            "make sure it did not apply, then resolve --retry"
+        )
+    else:
+        reason = f"cannot tell whether {spec.action} at {spec.target} applied: {answer.detail}"
+    yield from _lease_check(spec)
     out2 = yield from call(
-        ireq.mark_ambiguous(spec.key, attempts=attempts, reason=reason, wall_now=wall_now)
+        ctx.ireq.mark_ambiguous(
+            spec.key, attempts=attempts, reason=reason, wall_now=(yield from _wall(ctx))
+        )
     )
     if isinstance(out2, Err):
         if out2.kind is not ErrorKind.CONDITION_FAILED or out2.item is None:
             raise _unknown(out2, "mark intent ambiguous", spec.key)
         # The intent moved while the target was asked (e.g. the earlier owner's
         # late confirmation landed): act on what it is now, never park blindly.
-        current = ireq.parse(out2.item)
+        current = ctx.ireq.parse(out2.item)
         settled = yield from _settled(current, spec, token)
         if settled is not None:
             return settled

@@ -76,6 +76,9 @@ T = TypeVar("T")
 _LOOP_LIMIT = 1_000_000  # every loop is bounded; the world's clock and event budget end it first
 _RESULT_LIMIT = 350_000
 _OPEN = (LeaseStatus.OK, LeaseStatus.UNKNOWN)
+# The simulated receivers keep idempotency keys for good: a repeat after the check
+# said "not applied" stays protected for longer than any simulated run.
+_SIM_KEY_RETENTION = 30 * 86_400.0
 
 
 def drive(world: World, actor: Actor, flow: Flow[T], origin: Origin) -> SimGen[T]:
@@ -416,6 +419,7 @@ class SimWorker(Actor):
             tool=SimTool(target, key, resource, claim.token, digest, self.id, p.tool_http_timeout),
             check=SimCheck(target, key, resource, claim.token, p.tool_http_timeout),
             lease_check=lambda: lease.check(self.mono()),
+            key_retention_seconds=_SIM_KEY_RETENTION,
         )
         return (
             yield from self.drive(
@@ -425,7 +429,8 @@ class SimWorker(Actor):
                     spec=spec,
                     token=claim.token,
                     worker_id=self.id,
-                    wall_now=self.wall(),
+                    wall_clock=self.wall,
+                    flow_id=f"{origin.task}@{self.world.now:.6f}",
                 ),
                 origin,
             )

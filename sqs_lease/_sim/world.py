@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from .._core.calls import Call, Err, ErrorKind, Ok, Outcome
 from .._core.flows import cancel_flow, message_body, submit_flow
 from .._core.intents import ToolResult
-from .._errors import LeaseLost, PermanentError, ToolOutcomeUnknown, TransientError
+from .._errors import LeaseLost, ToolNotApplied, ToolOutcomeUnknown
 from .._jobs import JobClass, canonical_json, payload_hash
 from .._schema import IntentTable, JobTable
 from . import plan as plans
@@ -572,7 +572,7 @@ class World:
             self.chaos.count("request_dropped")
             if r.kind == "tool" and self.chaos.chance(0.5):
                 # Connection refused: certainly nothing was sent.
-                exc: Exception = TransientError("target: connection refused", code="refused")
+                exc: Exception = ToolNotApplied("target: connection refused", code="refused")
                 self.at(t0 + 0.001, lambda: self._deliver_remote(p, r, _raised(exc, p.sent_mono)))
                 return
             p.armed = True
@@ -918,11 +918,11 @@ def _tool_outcome(r: SimTool, reply: Reply, sent: float) -> Outcome:
     if status == 412:
         exc = LeaseLost(f"{r.target}: the receiver rejected fencing token {r.token}")
     elif status == 429:
-        exc = TransientError(f"{r.target}: 429 too many requests", code="http_429")
+        exc = ToolNotApplied(f"{r.target}: 429 too many requests", code="http_429")
     elif status == 409 or status >= 500:
         exc = ToolOutcomeUnknown(f"{r.target}: HTTP {status}", code=f"http_{status}")
     else:
-        exc = PermanentError(f"{r.target}: HTTP {status}", code=f"http_{status}")
+        exc = ToolNotApplied(f"{r.target}: HTTP {status}", code=f"http_{status}", retry=False)
     return _raised(exc, sent)
 
 
