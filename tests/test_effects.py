@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import socket
+import socketserver
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import boto3
 import pytest
 
-from sqs_lease import EffectCall, LeaseLost, PermanentError, ToolOutcomeUnknown, TransientError
+from sqs_lease import EffectCall, LeaseLost, ToolNotApplied, ToolOutcomeUnknown
 from sqs_lease.effects import botocore_fence, http_json
 
 CALL = EffectCall("payment:INV-1:capture", 7, "job-1", "capture", "payments", {"amount": 5})
@@ -60,22 +61,24 @@ def test_success_sends_key_token_and_payload_and_returns_the_external_id(target:
 
 
 @pytest.mark.parametrize(
-    ("status", "error"),
+    ("status", "error", "retry"),
     [
-        (412, LeaseLost),  # fenced out: certainly not applied for this token
-        (409, ToolOutcomeUnknown),  # the same key is in flight: cannot tell yet
-        (500, ToolOutcomeUnknown),
-        (503, ToolOutcomeUnknown),
-        (429, TransientError),
-        (400, PermanentError),
-        (422, PermanentError),
+        (412, LeaseLost, None),  # fenced out: certainly not applied for this token
+        (409, ToolOutcomeUnknown, None),  # the same key is in flight: cannot tell yet
+        (500, ToolOutcomeUnknown, None),
+        (503, ToolOutcomeUnknown, None),
+        (429, ToolNotApplied, True),  # the target refused it for now
+        (400, ToolNotApplied, False),  # the target rejected it for good
+        (422, ToolNotApplied, False),
     ],
 )
 def test_status_codes_map_to_the_three_outcomes(
-    target: str, status: int, error: type[Exception]
+    target: str, status: int, error: type[Exception], retry: bool | None
 ) -> None:
-    with pytest.raises(error):
+    with pytest.raises(error) as caught:
         http_json(CALL, f"{target}/{status}")
+    if retry is not None:
+        assert isinstance(caught.value, ToolNotApplied) and caught.value.retry is retry
 
 
 def test_a_timeout_after_sending_is_outcome_unknown(target: str) -> None:
@@ -83,12 +86,110 @@ def test_a_timeout_after_sending_is_outcome_unknown(target: str) -> None:
         http_json(CALL, target + "/slow", timeout=0.3)
 
 
-def test_a_refused_connection_sent_nothing_so_it_is_transient() -> None:
+def test_a_refused_connection_sent_nothing_so_it_is_not_applied() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(TransientError):
+    with pytest.raises(ToolNotApplied) as caught:
         http_json(CALL, f"http://127.0.0.1:{port}/charge", timeout=2)
+    assert (caught.value.code, caught.value.retry) == ("refused", True)
+
+
+def test_a_name_that_does_not_resolve_sent_nothing_so_it_is_not_applied() -> None:
+    # .invalid never resolves (RFC 2606): the lookup fails before any connection.
+    with pytest.raises(ToolNotApplied) as caught:
+        http_json(CALL, "http://no-such-target.invalid/charge", timeout=2)
+    assert caught.value.code == "dns"
+
+
+# ----------------------------------------------------------------- answers cut short
+
+
+class _RawServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def _read_request(conn: socket.socket) -> bytes:
+    """Read one whole HTTP request (headers and Content-Length body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def _serve_raw(answer: Callable[[socket.socket], None]) -> tuple[_RawServer, str, list[bytes]]:
+    """A target on 127.0.0.1 that reads each request whole (the effect may apply) and
+    then answers with ``answer`` (which may cut the response or the connection)."""
+    seen: list[bytes] = []
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            conn: socket.socket = self.request
+            seen.append(_read_request(conn))
+            answer(conn)
+
+    server = _RawServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/charge", seen
+
+
+def _half_a_response(conn: socket.socket) -> None:
+    body = json.dumps({"id": "ch_half", "ok": True}).encode()
+    head = (
+        "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    conn.sendall(head + body[: len(body) // 2])
+    conn.shutdown(socket.SHUT_RDWR)
+
+
+def _drop_the_connection(conn: socket.socket) -> None:
+    conn.shutdown(socket.SHUT_RDWR)
+
+
+def _reset_the_connection(conn: socket.socket) -> None:
+    # SO_LINGER 0: close sends a RST instead of a FIN.
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    conn.close()
+
+
+def _garbage_status_line(conn: socket.socket) -> None:
+    conn.sendall(b"HTTP/1.1 abc what\r\n\r\n")
+    conn.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [_half_a_response, _drop_the_connection, _reset_the_connection, _garbage_status_line],
+    ids=["response_cut_in_half", "dropped_after_reading", "reset_after_reading", "bad_status"],
+)
+def test_a_failure_after_the_request_was_sent_is_outcome_unknown(
+    answer: Callable[[socket.socket], None],
+) -> None:
+    # Issue 7.2: these escaped as plain exceptions (IncompleteRead, RemoteDisconnected,
+    # BadStatusLine...), which the effect flow took for "not applied" and repeated.
+    server, url, seen = _serve_raw(answer)
+    try:
+        with pytest.raises(ToolOutcomeUnknown):
+            http_json(CALL, url, timeout=10)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(seen) == 1 and b"Idempotency-Key: payment:INV-1:capture" in seen[0]
 
 
 def test_botocore_fence_adds_headers_only_inside_the_block() -> None:

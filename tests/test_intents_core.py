@@ -30,13 +30,17 @@ from core_harness import (
     ok,
     table,
     unreachable,
+    update_removes,
 )
 
 from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Flow, Invoke, Ok, Outcome, Sleep
 from sqs_lease._core.flows import message_body
+from sqs_lease._core.endings import EndKind, ending_for
 from sqs_lease._core.intents import (
+    HELD_WAITS,
     LOG_LIMIT,
     MAX_REPEATS,
+    RETRY_WAITS,
     CheckAnswer,
     EffectResult,
     EffectSpec,
@@ -54,6 +58,7 @@ from sqs_lease._core.intents import (
 from sqs_lease._core.records import JobState
 from sqs_lease._errors import (
     IntentAmbiguous,
+    IntentBusy,
     IntentError,
     IntentNotFound,
     IntentPayloadMismatch,
@@ -1247,3 +1252,375 @@ def test_resolve_when_the_message_cannot_be_sent_says_so() -> None:
     with pytest.raises(OwnershipUnknown, match="re-enqueue"):
         _resolve(s, Resolution.RETRY)
     assert "job_resumed" not in s.event_names()
+
+
+# =========================================================================== shared keys (7.1)
+
+OTHER_JOB = "job-other"
+
+
+def _other_jobs(state: IntentState, **kw: Any) -> dict[str, Any]:
+    """The intent as another job (same business key, same payload) left it."""
+    return intent_item(state, job_id=OTHER_JOB, **kw)
+
+
+def test_a_job_meeting_another_jobs_prepared_intent_never_calls_the_target_and_replays() -> None:
+    # Two jobs, one business key (`payment:{invoice}:capture`), both on token 1. The
+    # other job prepared the intent, and starts it while this job is about to. The
+    # old flow took the refused start for its own (same attempt number, same token:
+    # every job's first token is 1) and called the target: a second charge recorded
+    # nowhere. Now this job waits for the holder, then replays its confirmation.
+    tool, check = Tool(), Check(CheckAnswer(Verdict.NOT_APPLIED))
+    confirmed = _other_jobs(
+        IntentState.CONFIRMED,
+        attempts=1,
+        last_token=1,
+        response='{"charge_id":"ch_A"}',
+        external_id="ch_A",
+    )
+
+    def answer(c: Call) -> Outcome:
+        if c.op == "PutItem":
+            held = _other_jobs(IntentState.PREPARED) if not s.sleeps else confirmed
+            return condition_failed(held)
+        if c.op == "TransactWriteItems":
+            return cancelled("None", "ConditionalCheckFailed", "None")
+        if c.op == "GetItem":  # what the old flow read: attempt 1, token 1, as its own
+            return ok({"Item": _other_jobs(IntentState.IN_PROGRESS, attempts=1, last_token=1)})
+        raise AssertionError(c.op)
+
+    s = EffectScript(answer)
+    res = run_effect(s, spec(tool, check=check, lease_check=LeaseCheck()), token=1)
+    assert tool.calls == 0
+    assert check.calls == 0  # another job's call may be in flight: not ours to check
+    assert (res.external_id, res.replayed) == ("ch_A", True)
+    assert s.ops == ["dynamodb.PutItem", "dynamodb.PutItem"]
+    assert s.sleeps == [HELD_WAITS[0]]
+    held = s.event("intent_held_elsewhere")
+    assert (held["holder"], held["holder_state"], held["wait"]) == (OTHER_JOB, "prepared", 1.0)
+    assert s.event("intent_replayed")["intent_job"] == OTHER_JOB
+
+
+def test_another_jobs_in_progress_intent_is_waited_for_not_reconciled() -> None:
+    tool, check = Tool(), Check(CheckAnswer(Verdict.NOT_APPLIED))
+    answers = [
+        condition_failed(_other_jobs(IntentState.IN_PROGRESS, attempts=1, last_token=1)),
+        condition_failed(_other_jobs(IntentState.IN_PROGRESS, attempts=1, last_token=1)),
+        condition_failed(
+            _other_jobs(IntentState.CONFIRMED, attempts=1, response='{"id":"x"}', external_id="x")
+        ),
+    ]
+    s = EffectScript(answers)
+    res = run_effect(s, spec(tool, check=check), token=1)
+    assert (tool.calls, check.calls, res.replayed, res.external_id) == (0, 0, True, "x")
+    assert s.sleeps == list(HELD_WAITS[:2])
+    assert "intent_reconciled" not in s.event_names()
+
+
+def test_waiting_for_another_job_is_bounded_then_parks_naming_that_job() -> None:
+    tool = Tool()
+    s = EffectScript(
+        lambda c: condition_failed(_other_jobs(IntentState.IN_PROGRESS, attempts=2, last_token=4))
+    )
+    with pytest.raises(IntentBusy, match=OTHER_JOB) as caught:
+        run_effect(s, spec(tool, check=Check(CheckAnswer(Verdict.NOT_APPLIED))), token=1)
+    assert caught.value.holder == OTHER_JOB
+    assert tool.calls == 0
+    assert s.sleeps == list(HELD_WAITS)  # no attempt spent: waits, not retries
+    assert s.ops == ["dynamodb.PutItem"] * (len(HELD_WAITS) + 1)
+    assert s.events_named("intent_held_elsewhere")[-1]["wait"] is None
+    end = ending_for(caught.value)
+    assert (end.kind, end.code) == (EndKind.PARK, "intent_busy")
+    assert OTHER_JOB in end.reason
+
+
+def test_another_job_with_another_payload_under_the_key_is_a_payload_mismatch() -> None:
+    tool = Tool()
+    s = EffectScript(
+        [condition_failed(_other_jobs(IntentState.IN_PROGRESS, attempts=1, payload_hash="h-b"))]
+    )
+    with pytest.raises(IntentPayloadMismatch):
+        run_effect(s, spec(tool), token=1)
+    assert (tool.calls, s.sleeps) == (0, [])
+
+
+def test_a_refused_start_is_ours_only_if_the_intent_carries_this_starts_id() -> None:
+    # Same job, same attempt number, same token: still not ours unless the start id
+    # is this very start's (here another flow of this owner started it).
+    tool = Tool()
+    someone_else = intent_item(
+        IntentState.IN_PROGRESS,
+        attempts=1,
+        last_token=5,
+        start_id=start_id_for(JOB, 5, 1, WORKER, "another-flow"),
+    )
+    s = EffectScript(
+        [ok(), cancelled("None", "ConditionalCheckFailed", "None"), ok({"Item": someone_else})]
+    )
+    with pytest.raises(LeaseLost, match="changed under us"):
+        run_effect(s, spec(tool), token=5, flow_id="this-flow")
+    assert tool.calls == 0
+    assert s.event("intent_start_refused")["reason"] == "intent_moved"
+
+
+def test_a_refused_start_finding_the_intent_confirmed_replays_it() -> None:
+    tool = Tool()
+    done = intent_item(
+        IntentState.CONFIRMED, attempts=2, response='{"charge_id":"ch_L"}', external_id="ch_L"
+    )
+    s = EffectScript(
+        [ok(), cancelled("None", "ConditionalCheckFailed", "None"), ok({"Item": done})]
+    )
+    res = run_effect(s, spec(tool), token=5)
+    assert (tool.calls, res.replayed, res.external_id) == (0, True, "ch_L")
+
+
+# =========================================================================== request tokens (14.7)
+
+
+def _tokens(s: EffectScript) -> list[str]:
+    return [str(c.params["ClientRequestToken"]) for c in s.calls_to("TransactWriteItems")]
+
+
+def test_request_tokens_differ_between_two_jobs_sharing_a_key_on_the_same_token() -> None:
+    a, b = EffectScript([ok(), ok(), ok()]), EffectScript([ok(), ok(), ok()])
+    run_effect(a, spec(), token=1, flow_id="f")
+    run_effect(b, spec(job_id=OTHER_JOB), token=1, flow_id="f")
+    assert all(len(t) <= 36 for t in _tokens(a) + _tokens(b))
+    assert not set(_tokens(a)) & set(_tokens(b))
+
+
+def test_request_tokens_name_the_table() -> None:
+    one = itable().start(
+        spec(),
+        jobs=table(),
+        token=1,
+        worker_id=WORKER,
+        expected=IntentState.PREPARED,
+        attempts=0,
+        wall_now=WALL,
+        start_id="s",
+    )
+    other = IntentTable("intents-elsewhere", ATTEMPTS).start(
+        spec(),
+        jobs=table(),
+        token=1,
+        worker_id=WORKER,
+        expected=IntentState.PREPARED,
+        attempts=0,
+        wall_now=WALL,
+        start_id="s",
+    )
+    assert one.params["ClientRequestToken"] != other.params["ClientRequestToken"]
+
+
+def test_a_late_owners_confirm_and_the_new_owners_reconciling_confirm_have_own_tokens() -> None:
+    def confirm(token: int, reconciled: bool) -> str:
+        c = itable().confirm(
+            KEY,
+            attempt=1,
+            response_json="{}",
+            external_id="x",
+            wall_now=WALL,
+            log_response="",
+            reconciled=reconciled,
+            job_id=JOB,
+            token=token,
+        )
+        return str(c.params["ClientRequestToken"])
+
+    assert len({confirm(1, False), confirm(2, True), confirm(2, False)}) == 3
+
+
+def test_a_retried_start_carries_a_new_request_token_but_the_same_start_id() -> None:
+    s = EffectScript([ok(), cancelled("ThrottlingError", "None", "None"), ok(), ok()])
+    run_effect(s, spec(), token=3)
+    first, second = s.calls_to("TransactWriteItems")[:2]
+    assert first.params["ClientRequestToken"] != second.params["ClientRequestToken"]
+    assert (
+        sets(only(transact(first)[1], "Update"))["start_id"]
+        == sets(only(transact(second)[1], "Update"))["start_id"]
+    )
+
+
+# =========================================================================== cancellation reasons (7.5)
+
+
+@pytest.mark.parametrize(
+    "codes",
+    [
+        ("ThrottlingError", "None", "None"),
+        ("None", "TransactionConflict", "None"),
+        ("None", "None", "ProvisionedThroughputExceeded"),
+    ],
+    ids=["throttled_job_check", "conflict_on_intent", "capacity_on_attempt_log"],
+)
+def test_a_start_cancelled_for_a_transient_reason_is_retried_not_a_lost_lease(
+    codes: tuple[str, ...],
+) -> None:
+    tool = Tool()
+    s = EffectScript([ok(), cancelled(*codes), cancelled(*codes), ok(), ok()])
+    res = run_effect(s, spec(tool, lease_check=LeaseCheck()), token=3)
+    assert (tool.calls, res.external_id) == (1, "ch_1")
+    assert s.sleeps == list(RETRY_WAITS[:2])
+    assert "intent_start_refused" not in s.event_names()
+    retried = s.events_named("intent_write_retried")
+    assert [(r["op"], r["reasons"]) for r in retried] == [("start", list(codes))] * 2
+    assert s.event("intent_started")["attempt"] == 1  # no attempt spent
+
+
+def test_a_start_cancelled_transiently_past_the_bound_is_ownership_unknown() -> None:
+    tool = Tool()
+    s = EffectScript(
+        lambda c: ok() if c.op == "PutItem" else cancelled("ThrottlingError", "None", "None")
+    )
+    with pytest.raises(OwnershipUnknown, match="ThrottlingError"):
+        run_effect(s, spec(tool), token=3)
+    assert tool.calls == 0
+    assert s.sleeps == list(RETRY_WAITS)
+    assert ending_for(OwnershipUnknown("x")).kind is EndKind.ABANDON  # not a counted attempt
+
+
+def test_a_confirm_cancelled_for_a_transient_reason_is_retried_so_the_outcome_is_kept() -> None:
+    tool = Tool()
+    s = EffectScript([ok(), ok(), cancelled("TransactionConflict", "None"), ok()])
+    res = run_effect(s, spec(tool, lease_check=LeaseCheck()), token=3)
+    assert (tool.calls, res.external_id, res.replayed) == (1, "ch_1", False)
+    assert s.sleeps == [RETRY_WAITS[0]]
+    assert "ownership_unknown" not in s.event_names()
+    assert s.event("intent_confirmed")["external_id"] == "ch_1"
+
+
+def test_a_transiently_cancelled_confirm_is_retried_only_while_the_lease_lasts() -> None:
+    tool = Tool()
+    lc = LeaseCheck(LeaseLost("token moved"), fail_from=3)  # prepare, start pass
+    s = EffectScript([ok(), ok(), cancelled("ThrottlingError", "None")])
+    with pytest.raises(OwnershipUnknown, match="confirm intent"):
+        run_effect(s, spec(tool, lease_check=lc), token=3)
+    assert s.sleeps == []
+    assert s.event("ownership_unknown")["stage"] == "intent_confirm"
+
+
+# =========================================================================== wall times (7.9)
+
+
+def test_a_failed_attempt_and_its_reconciliation_carry_their_own_times() -> None:
+    tool = Tool(ToolOutcomeUnknown("reset"))
+    check = Check(CheckAnswer(Verdict.CONFIRMED, "ch_3", {"charge_id": "ch_3"}))
+    wall = Wall()
+    s = EffectScript([ok(), ok(), ok(), ok()])
+    run_effect(s, spec(tool, check=check), wall=wall)
+    prepared_at, started_at, failed_at, confirmed_at = wall.readings
+    assert item_values(s.calls[0].params["Item"])["created_at"] == prepared_at
+    assert item_values(only(transact(s.calls[1])[2], "Put")["Item"])["started_at"] == started_at
+    assert sets(only(transact(s.calls[2])[0], "Update"))["ended_at"] == failed_at
+    assert_confirm(
+        s.calls[3],
+        attempt=1,
+        external_id="ch_3",
+        reconciled=True,
+        response={"charge_id": "ch_3"},
+        at=confirmed_at,
+    )
+    assert prepared_at < started_at < failed_at < confirmed_at
+
+
+@pytest.mark.parametrize("resolution", [Resolution.CONFIRMED, Resolution.RETRY])
+def test_a_resolved_intent_drops_the_stale_cannot_tell_reason(resolution: Resolution) -> None:
+    c = itable().resolve(
+        KEY, resolution=resolution, external_id="x", who=WHO, why=WHY, wall_now=WALL
+    )
+    assert "reason" in update_removes(c.params)
+    assert "reason" not in sets(c.params)
+
+
+def test_an_abandoned_intent_keeps_the_operators_reason() -> None:
+    c = itable().resolve(
+        KEY, resolution=Resolution.ABANDON, external_id=None, who=WHO, why=WHY, wall_now=WALL
+    )
+    assert sets(c.params)["reason"] == WHY
+    assert "reason" not in update_removes(c.params)
+
+
+# =========================================================================== lease first (7.13)
+
+
+def test_a_worker_whose_lease_lapsed_writes_no_intent() -> None:
+    tool = Tool()
+    lost = LeaseLost("lease lapsed while the process was frozen")
+    s = EffectScript([])
+    with pytest.raises(LeaseLost) as caught:
+        run_effect(s, spec(tool, lease_check=LeaseCheck(lost)))
+    assert caught.value is lost
+    assert (s.ops, tool.calls) == ([], 0)
+    assert "intent_prepared" not in s.event_names()
+
+
+def test_a_tool_failure_after_the_lease_lapsed_is_not_written() -> None:
+    lost = OwnershipUnknown("reserve spent")
+    tool = Tool(ToolNotApplied("refused"))
+    s = EffectScript([ok(), ok()])
+    with pytest.raises(OwnershipUnknown):
+        run_effect(s, spec(tool, lease_check=LeaseCheck(lost, fail_from=3)))
+    assert s.ops == ["dynamodb.PutItem", "dynamodb.TransactWriteItems"]  # no attempt_failed
+
+
+def test_no_intent_is_marked_ambiguous_after_the_lease_lapsed() -> None:
+    lost = LeaseLost("token moved")
+    s = EffectScript([condition_failed(intent_item(IntentState.IN_PROGRESS, attempts=1))])
+    with pytest.raises(LeaseLost):
+        run_effect(
+            s,
+            spec(
+                check=Check(CheckAnswer(Verdict.CANNOT_TELL)),
+                lease_check=LeaseCheck(lost, fail_from=2),
+            ),
+        )
+    assert s.ops == ["dynamodb.PutItem"]
+    assert "intent_ambiguous" not in s.event_names()
+
+
+def test_a_known_outcome_is_confirmed_even_when_the_lease_lapsed_during_the_call() -> None:
+    # The effect happened: recording that true fact (no job condition) beats leaving
+    # the next owner to ask the target, or parking the job for an operator.
+    lc = LeaseCheck(LeaseLost("token moved"), fail_from=3)
+    s = EffectScript([ok(), ok(), ok()])
+    res = run_effect(s, spec(Tool(), lease_check=lc))
+    assert res.external_id == "ch_1"
+    assert lc.calls == 2  # prepare and start only
+    assert s.event("intent_confirmed")["external_id"] == "ch_1"
+
+
+# =========================================================================== key retention (7.2)
+
+
+@pytest.mark.parametrize(
+    ("retention", "first_started", "why"),
+    [
+        (3600.0, WALL - 7200, "past the 3600 s"),
+        (None, WALL - 10, "keeps no idempotency keys"),
+    ],
+    ids=["past_retention", "no_retention"],
+)
+def test_no_automatic_repeat_once_the_targets_key_no_longer_protects_it(
+    retention: float | None, first_started: float, why: str
+) -> None:
+    tool = Tool()
+    check = Check(CheckAnswer(Verdict.NOT_APPLIED, detail="no such key"))
+    item = intent_item(IntentState.IN_PROGRESS, attempts=1, first_started_at=first_started)
+    s = EffectScript([condition_failed(item), ok()])
+    with pytest.raises(IntentAmbiguous, match=why):
+        run_effect(s, spec(tool, check=check, key_retention_seconds=retention))
+    assert tool.calls == 0
+    written = sets(s.calls_to("UpdateItem")[0].params)
+    assert written["state"] == "ambiguous" and why in written["reason"]
+    assert s.event("intent_reconciled")["verdict"] == "not_applied"
+
+
+def test_a_repeat_inside_the_retention_window_goes_ahead() -> None:
+    tool = Tool()
+    check = Check(CheckAnswer(Verdict.NOT_APPLIED))
+    item = intent_item(IntentState.IN_PROGRESS, attempts=1, first_started_at=WALL - 60)
+    s = EffectScript([condition_failed(item), ok(), ok()])
+    res = run_effect(s, spec(tool, check=check, key_retention_seconds=3600.0))
+    assert (tool.calls, res.external_id) == (1, "ch_1")
