@@ -34,8 +34,8 @@ from core_harness import (
 )
 
 from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Flow, Invoke, Ok, Outcome, Sleep
-from sqs_lease._core.flows import message_body
 from sqs_lease._core.endings import EndKind, ending_for
+from sqs_lease._core.flows import message_body
 from sqs_lease._core.intents import (
     HELD_WAITS,
     LOG_LIMIT,
@@ -1375,7 +1375,7 @@ def test_a_refused_start_finding_the_intent_confirmed_replays_it() -> None:
     assert (tool.calls, res.replayed, res.external_id) == (0, True, "ch_L")
 
 
-# =========================================================================== request tokens (14.7)
+# ========================================================================== request tokens (14.7)
 
 
 def _tokens(s: EffectScript) -> list[str]:
@@ -1443,7 +1443,7 @@ def test_a_retried_start_carries_a_new_request_token_but_the_same_start_id() -> 
     )
 
 
-# =========================================================================== cancellation reasons (7.5)
+# ==================================================================== cancellation reasons (7.5)
 
 
 @pytest.mark.parametrize(
