@@ -13,8 +13,11 @@ run. Every log line (INFO and up) is captured, and none may carry the payload.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import socket
+import socketserver
 import threading
 import time
 import urllib.request
@@ -44,8 +47,8 @@ from sqs_lease import (
     Resolution,
     Settings,
     SyncDriver,
+    ToolNotApplied,
     ToolResult,
-    TransientError,
     Verdict,
     Worker,
     create_queue,
@@ -607,7 +610,7 @@ def test_effect_goes_prepared_in_progress_confirmed_with_every_attempt_logged(
             (ec.token, env.intent(ec.key), {int(a.attempt): a for a in env.attempts(ec.key)})
         )
         if len(in_tool) == 1:
-            raise TransientError("target busy: certainly not applied", code="http_503")
+            raise ToolNotApplied("target busy: certainly not applied", code="http_429")
 
     charger.before = before
     inner = one_charge(charger)
@@ -651,8 +654,8 @@ def test_effect_goes_prepared_in_progress_confirmed_with_every_attempt_logged(
         assert (now.outcome, int(now.token)) == ("started", token)
         assert getattr(now, "ended_at", None) is None
     failed_then = in_tool[1][2][1]
-    assert failed_then.outcome == "failed" and failed_then.ended_at is not None
-    assert "TransientError" in str(failed_then.error)
+    assert failed_then.outcome == "not_applied" and failed_then.ended_at is not None
+    assert "ToolNotApplied" in str(failed_then.error)
 
     intent = env.intent(key)
     assert (intent.state, intent.attempts, intent.last_token) == (IntentState.CONFIRMED, 2, 2)
@@ -668,7 +671,7 @@ def test_effect_goes_prepared_in_progress_confirmed_with_every_attempt_logged(
 
     attempts = env.attempts(key)
     assert [int(a.attempt) for a in attempts] == [1, 2]
-    for a, token, outcome in zip(attempts, (1, 2), ("failed", "ok"), strict=True):
+    for a, token, outcome in zip(attempts, (1, 2), ("not_applied", "ok"), strict=True):
         assert (a.intent_key, a.job_id, a.tool, a.action) == (key, job_id, "payments", "charge")
         assert (int(a.token), a.worker, a.payload_hash, a.outcome) == (
             token,
@@ -1261,3 +1264,198 @@ def test_operator_resolutions_requeue_parked_jobs_and_a_worker_finishes_them(
     assert_journal_clean(
         logs, "intent_ambiguous", "intent_resolved", "intent_replayed", "intent_confirmed"
     )
+
+
+# ======================================================================= shared keys, cut answers
+
+
+def claimed_jobs(env: Env, app: App, invoice: str, *names: str) -> dict[str, Claimed]:
+    """Jobs (one per name) for one invoice, each claimed: all of them on token 1."""
+    payload = ChargePayload(invoice=invoice, amount=100, memo=SECRET)
+    producer = Producer(env.settings, app, driver=env.driver)
+    for name in names:
+        producer.submit("charge", payload, job_id=f"{name}-{invoice}")
+    got = receive_all(env, len(names), visibility=30)
+    return {jid: claim(env, d, lease_seconds=30) for jid, d in got.items()}
+
+
+def test_two_jobs_sharing_a_business_key_charge_once(env: Env, logs: LogCapture) -> None:
+    # Issue 7.1, on a real moto server: jobs A and B both capture invoice X under the
+    # documented key `payment:{invoice}:capture`, both on token 1. A prepares and
+    # starts; B must never call the target. The old flow took A's start (attempt 1,
+    # token 1) for its own and charged again, recorded nowhere.
+    app = make_app(one_charge(Charger(env.url)), None)
+    invoice = invoice_id()
+    jobs = claimed_jobs(env, app, invoice, "job-a", "job-b")
+    job_a, job_b = f"job-a-{invoice}", f"job-b-{invoice}"
+    assert {c.token for c in jobs.values()} == {1}
+    p = ChargePayload(invoice=invoice, amount=100, memo=SECRET)
+    spec_a = spec_for(job_a, p)
+    ec_a = EffectCall(spec_a.key, 1, job_a, "charge", "payments", effect_payload(p))
+    prepared = env.driver.execute(env.intents.prepare(spec_a, time.time()))
+    assert isinstance(prepared, Ok), prepared
+
+    a_steps: list[str] = []
+
+    def advance_a() -> None:
+        """A's next step, run whenever B pauses (its lease check, its waits)."""
+        if not a_steps:
+            started = env.driver.execute(
+                env.intents.start(
+                    spec_a,
+                    jobs=env.jobs,
+                    token=1,
+                    worker_id="w-a",
+                    expected=IntentState.PREPARED,
+                    attempts=0,
+                    wall_now=time.time(),
+                    start_id="a-start",
+                )
+            )
+            assert isinstance(started, Ok), started
+            a_steps.append("started")
+        elif len(a_steps) == 1:
+            applied = charge(ec_a, env.url)
+            done = env.driver.execute(
+                env.intents.confirm(
+                    spec_a.key,
+                    attempt=1,
+                    response_json=json.dumps(dict(applied.response)),
+                    external_id=applied.external_id,
+                    wall_now=time.time(),
+                    log_response="",
+                    reconciled=False,
+                    job_id=job_a,
+                    token=1,
+                )
+            )
+            assert isinstance(done, Ok), done
+            a_steps.append("confirmed")
+
+    b_calls: list[EffectCall] = []
+
+    def b_tool() -> Any:
+        ec = EffectCall(spec_a.key, 1, job_b, "charge", "payments", effect_payload(p))
+        b_calls.append(ec)
+        return charge(ec, env.url)
+
+    spec_b = dataclasses.replace(spec_for(job_b, p, b_tool), lease_check=advance_a)
+    b_driver = SyncDriver(env.settings, Journal(worker_id="w-b"), sleep=lambda _s: advance_a())
+    result = b_driver.run(
+        effect_flow(
+            env.intents,
+            env.jobs,
+            spec=spec_b,
+            token=1,
+            worker_id="w-b",
+            wall_clock=time.time,
+            flow_id=uuid.uuid4().hex,
+            held_waits=(0.1, 0.1, 0.1),
+        )
+    )
+
+    assert b_calls == []
+    charged = rows_for(env, invoice)
+    assert len(charged) == 1 and charged[0]["token"] == 1
+    assert (result.replayed, result.external_id) == (True, charged[0]["charge_id"])
+    intent = env.intent(spec_a.key)
+    assert (intent.state, intent.job_id, intent.attempts) == (IntentState.CONFIRMED, job_a, 1)
+    assert [a.job_id for a in env.attempts(spec_a.key)] == [job_a]
+    held = logs.events("intent_held_elsewhere", key=spec_a.key)
+    assert held and all(e["holder"] == job_a and e["job_id"] == job_b for e in held)
+    assert logs.one("intent_replayed", key=spec_a.key)["intent_job"] == job_a
+
+
+def test_another_job_cannot_start_an_intent_it_does_not_hold(env: Env) -> None:
+    # The start transaction itself refuses a job that is not the intent's: even a
+    # flow that skipped the wait could not run another job's effect.
+    app = make_app(one_charge(Charger(env.url)), None)
+    invoice = invoice_id()
+    claimed_jobs(env, app, invoice, "job-a", "job-b")
+    p = ChargePayload(invoice=invoice, amount=100, memo=SECRET)
+    spec_a, spec_b = spec_for(f"job-a-{invoice}", p), spec_for(f"job-b-{invoice}", p)
+    assert isinstance(env.driver.execute(env.intents.prepare(spec_a, time.time())), Ok)
+    out = env.driver.execute(
+        env.intents.start(
+            spec_b,
+            jobs=env.jobs,
+            token=1,
+            worker_id="w-b",
+            expected=IntentState.PREPARED,
+            attempts=0,
+            wall_now=time.time(),
+            start_id="b-start",
+        )
+    )
+    assert isinstance(out, Err) and out.kind is ErrorKind.TRANSACTION_CANCELLED
+    assert [r.get("Code") for r in out.reasons][:2] == ["None", "ConditionalCheckFailed"]
+    assert env.intent(spec_a.key).state is IntentState.PREPARED
+
+
+def test_a_response_cut_in_half_is_reconciled_never_repeated(env: Env, logs: LogCapture) -> None:
+    # Issue 7.2: the target applies the charge and the connection dies halfway
+    # through its answer. That was a plain IncompleteRead: the intent reopened and
+    # the next attempt charged again. Now it is outcome unknown: the check confirms.
+    applied: list[bytes] = []
+
+    class CutHandler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            conn: socket.socket = self.request
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            applied.append(data)  # the effect applies here
+            body = json.dumps({"charge_id": "ch_cut", "ok": True}).encode()
+            head = (
+                "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            ).encode()
+            conn.sendall(head + body[: len(body) // 2])
+            conn.shutdown(socket.SHUT_RDWR)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), CutHandler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/charge"
+    try:
+        app = make_app(one_charge(Charger(env.url)), None)
+        invoice = invoice_id()
+        (claimed,) = claimed_jobs(env, app, invoice, "job").values()
+        job_id = f"job-{invoice}"
+        p = ChargePayload(invoice=invoice, amount=100, memo=SECRET)
+
+        def tool() -> Any:
+            ec = EffectCall(charge_key(invoice), claimed.token, job_id, "charge", "payments", {})
+            return http_json(ec, url, id_field="charge_id", timeout=10)
+
+        def check(view: IntentView) -> CheckAnswer:
+            if applied:
+                return CheckAnswer(Verdict.CONFIRMED, "ch_cut", {"charge_id": "ch_cut"}, "seen")
+            return CheckAnswer(Verdict.NOT_APPLIED, detail="not seen")
+
+        spec = dataclasses.replace(spec_for(job_id, p, tool), check=check)
+        result = env.driver.run(
+            effect_flow(
+                env.intents,
+                env.jobs,
+                spec=spec,
+                token=claimed.token,
+                worker_id="w-cut",
+                wall_clock=time.time,
+                flow_id=uuid.uuid4().hex,
+            )
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert len(applied) == 1
+    assert (result.external_id, result.reconciled) == ("ch_cut", True)
+    intent = env.intent(spec.key)
+    assert (intent.state, intent.attempts) == (IntentState.CONFIRMED, 1)
+    (attempt,) = env.attempts(spec.key)
+    assert attempt.outcome == "confirmed_by_check"
+    assert logs.one("tool_request_failed", key=spec.key)["outcome_unknown"] is True
