@@ -98,8 +98,9 @@ class Target:
     ``check`` answers, for an intent whose outcome is unknown, whether the call
     applied (by key, source id or business id). ``key_retention_seconds`` is how
     long the target keeps idempotency keys (Stripe: at least 24 h; None: it does
-    not honour them); past it a repeat with the same key is unprotected, so only
-    the check's answer (or an operator) may allow one. ``success`` says what the
+    not honour them). Inside it, after the check said "not applied", the worker
+    repeats the call with the same key; past it (or with None) a repeat is not
+    protected by the target, so the job parks and an operator decides. ``success`` says what the
     target's success means: ``accepted`` (queued on its side), ``completed``
     (applied) or ``delivered`` (reached its final recipient).
     """

@@ -7,6 +7,11 @@ cannot start an effect. The attempt log, apart from the intent, records what
 each attempt observed. An intent found ``in_progress`` (after a takeover, a
 restart or a timeout) is reconciled with the target's own answer, never retried
 blindly; when nobody can tell, it turns ``ambiguous`` and the job is parked.
+
+A key may be shared by jobs (one invoice, one capture): only the job that wrote
+the intent calls the target under it, and a start is recognised as one's own
+only by the start id it wrote. A tool error reopens the intent only when it is a
+typed ``ToolNotApplied``; anything else may have applied and is reconciled.
 """
 
 from __future__ import annotations
