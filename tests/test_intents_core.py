@@ -1624,3 +1624,18 @@ def test_a_repeat_inside_the_retention_window_goes_ahead() -> None:
     s = EffectScript([condition_failed(item), ok(), ok()])
     res = run_effect(s, spec(tool, check=check, key_retention_seconds=3600.0))
     assert (tool.calls, res.external_id) == (1, "ch_1")
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (ToolNotApplied("refused", code="refused"), EndKind.RETRY),
+        (ToolNotApplied("HTTP 422", code="http_422", retry=False), EndKind.FAIL),
+        (IntentBusy("held by job-a", holder="job-a"), EndKind.PARK),
+    ],
+    ids=["not_applied_retry", "not_applied_rejected", "busy"],
+)
+def test_the_new_intent_errors_end_the_attempt_as_documented(exc: Exception, kind: EndKind) -> None:
+    end = ending_for(exc)
+    assert end.kind is kind
+    assert str(exc) in end.reason
