@@ -240,6 +240,7 @@ def effect_flow(
         yield from _lease_check(spec)
         out = yield from call(ireq.prepare(spec, (yield from _wall(ctx))))
         if isinstance(out, Ok):
+            existing = None
             yield from emit(
                 "intent_prepared",
                 job_id=spec.job_id,
