@@ -1639,3 +1639,22 @@ def test_the_new_intent_errors_end_the_attempt_as_documented(exc: Exception, kin
     end = ending_for(exc)
     assert end.kind is kind
     assert str(exc) in end.reason
+
+
+def test_the_simulator_answers_the_wall_clock_with_its_virtual_time() -> None:
+    from sqs_lease._sim.world import ATTEMPTS as SIM_ATTEMPTS
+    from sqs_lease._sim.world import EPOCH_S, World
+
+    world = World(11)
+    world.run()
+    done = [
+        item_values(item)
+        for item in world.ddb.items[SIM_ATTEMPTS].values()
+        if item["outcome"]["S"] == "ok"
+    ]
+    assert done
+    for attempt in done:
+        # Virtual wall time (the simulated epoch plus seconds), never this machine's
+        # clock; one worker's start and end of a call are two readings, not one.
+        assert EPOCH_S - 3600 < attempt["started_at"] < EPOCH_S + 86_400
+        assert attempt["started_at"] < attempt["ended_at"]
