@@ -27,10 +27,12 @@ attempts tables, the receiver's ledger, fence marks and journal.
 1. no duplicated effect: one ledger row per idempotency key and per business
    effect (invoice, amount); no ledger row that no job asked for;
 2. no stale effect: no ledger row whose commit started after a row with a
-   higher token on the same resource had committed (ledger ``applied_at`` vs
-   the receiver journal's post-commit ``effect_applied``); every fence mark is
-   the highest token among its resource's rows; every row's token is one that
-   started an attempt for that key (attempts table);
+   higher token of the same fence scope (job) had committed (ledger
+   ``applied_at`` vs the receiver journal's post-commit ``effect_applied``);
+   every fence mark is at least the highest token among its scope's rows (it
+   may be higher: a replay or refusal to a newer owner raises it too) and
+   belongs to a submitted job; every row's token is one that started an
+   attempt for that key (attempts table);
 3. no job lost: every submitted job is succeeded, failed with a reason or
    parked with a reason;
 4. no result from a superseded token: every ``result_committed`` names the
@@ -567,12 +569,12 @@ def check_invariants(jobs: Sequence[JobPlan], ev: Evidence) -> list[str]:
         for e in ev.receiver_journal
         if e.get("event") == "effect_applied"
     }
-    by_resource: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    by_scope: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
     for row in ev.ledger:
-        by_resource[f"invoice:{row['invoice']}"].append(row)
+        by_scope[str(row["scope"])].append(row)
         if str(row["idem_key"]) not in post_commit:
             bad.append(f"ledger row {row['idem_key']} has no effect_applied in the receiver log")
-    for resource, rows in by_resource.items():
+    for scope, rows in by_scope.items():
         for hi in rows:
             hi_done = post_commit.get(str(hi["idem_key"]))
             if hi_done is None:
@@ -582,16 +584,16 @@ def check_invariants(jobs: Sequence[JobPlan], ev: Evidence) -> list[str]:
                 # after hi's had committed: the fence must have refused lo.
                 if int(lo["token"]) < int(hi["token"]) and float(lo["applied_at"]) > hi_done:
                     bad.append(
-                        f"stale effect: {resource} accepted token {lo['token']} "
+                        f"stale effect: job {scope} accepted token {lo['token']} "
                         f"({lo['idem_key']}) after token {hi['token']} ({hi['idem_key']})"
                     )
-    marks = {str(f["resource"]): int(f["token"]) for f in ev.fences}
-    for resource, rows in by_resource.items():
+    marks = {str(f["scope"]): int(f["token"]) for f in ev.fences}
+    for scope, rows in by_scope.items():
         top = max(int(r["token"]) for r in rows)
-        if marks.get(resource) != top:
-            bad.append(f"fence mark of {resource} is {marks.get(resource)}, rows' highest {top}")
-    for resource in set(marks) - set(by_resource):
-        bad.append(f"fence mark for {resource} without any applied effect")
+        if marks.get(scope, -1) < top:
+            bad.append(f"fence mark of job {scope} is {marks.get(scope)}, rows' highest {top}")
+    for scope in set(marks) - set(plans):
+        bad.append(f"fence mark for {scope}, which is no submitted job")
     attempt_tokens: dict[str, set[int]] = collections.defaultdict(set)
     for a in ev.attempts:
         attempt_tokens[str(a["intent_key"])].add(int(a["token"]))

@@ -5,8 +5,8 @@ Three job classes with short leases, so faults of a few seconds cost leases:
 - ``pay`` (lease 5 s): some work, then ``capture`` at the fenced payment
   receiver, more work, then (usually) a ``fee`` on the same invoice, then a tail.
   Both effects go through ``ctx.effect`` (durable intents) with ``http_json``;
-  the fence resource is the invoice, so the two effects of one job may carry
-  different tokens when the job changed hands between them.
+  the fence scope is the job (tokens are ordered per job), so the two effects
+  of one job may carry different tokens when the job changed hands between them.
 - ``notify`` (lease 4 s): one effect on its own invoice, through the
   ``notices`` target, which declares no check: when its outcome is in doubt
   (a takeover finds the intent ``in_progress``) nobody can tell, the intent

@@ -7,15 +7,25 @@ Run it against the local emulator::
 HTTP contract:
 
 - ``POST /charge`` with JSON ``{"invoice": "...", "amount": N}`` and headers
-  ``Idempotency-Key`` and ``X-Execution-Fence`` (the worker's token). The fence
-  resource is ``invoice:{invoice}``. The effect is one ledger row in
-  ``{prefix}-ledger``, committed in the same transaction as the fence mark and
-  the idempotency record. Answers ``201 {"charge_id", "invoice", "amount"}``;
-  a repeated key replays it (header ``Idempotent-Replayed: true``); ``400``
-  names a missing header or a bad body; ``409`` in flight; ``412`` stale token;
-  ``422`` key reused with another body; ``503`` DynamoDB trouble (retry, same key).
+  ``Idempotency-Key``, ``X-Execution-Fence-Scope`` (the worker's job id) and
+  ``X-Execution-Fence`` (its token); ``ctx.fence_headers(key)`` and
+  ``EffectCall.headers`` make them. The fence mark is kept per scope (per
+  job): tokens order the owners of one job, not the jobs that touch one
+  invoice. Two jobs capturing one invoice share the key
+  (``payment:{invoice}:capture``), and the key stops the second charge. The
+  effect is one ledger row in ``{prefix}-ledger``, committed in the same
+  transaction as the fence mark and the idempotency record. Answers ``201
+  {"charge_id", "invoice", "amount"}``; a repeated key replays it (header
+  ``Idempotent-Replayed: true``); ``400`` names a missing or malformed header or
+  a bad body (nothing stored); ``403`` a fence signature that does not verify
+  (with ``--fence-secret-env``); ``409`` in flight; ``412`` stale token (an
+  older owner of the same job); ``422`` key reused with another body; ``503``
+  DynamoDB trouble (retry, same key).
 - ``GET /ledger``: every ledger row, ``{"rows": [...]}`` (one row per applied charge).
 - ``GET /health``: ``200 {"ok": true}``.
+
+The fence orders a job's owners; it does not authenticate callers. A real
+service authenticates them first (mTLS, IAM, a bearer token).
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import socketserver
 import sys
 import threading
@@ -65,6 +76,7 @@ class LedgerEntry(Model):
     charge_id = UnicodeAttribute()
     invoice = UnicodeAttribute()
     amount = NumberAttribute()
+    scope = UnicodeAttribute()  # the fence's scope: the job that applied it
     token = NumberAttribute()
     applied_at = NumberAttribute()
 
@@ -94,15 +106,6 @@ def _charge(req: HttpRequest) -> tuple[str, int]:
     return invoice, amount
 
 
-def _invoice_resource(req: HttpRequest) -> str:
-    # The fence is per invoice: a stale worker must not capture an invoice a newer one owns.
-    body = req.json()
-    invoice = body.get("invoice") if isinstance(body, dict) else None
-    if not isinstance(invoice, str) or not invoice:
-        raise ValueError("invoice must be a non-empty string")
-    return f"invoice:{invoice}"
-
-
 def _charge_plan(table: str) -> Callable[[HttpRequest, Fence], Plan]:
     def plan(req: HttpRequest, fence: Fence) -> Plan:
         try:
@@ -116,6 +119,7 @@ def _charge_plan(table: str) -> Callable[[HttpRequest, Fence], Plan]:
             charge_id=charge_id,
             invoice=invoice,
             amount=amount,
+            scope=fence.scope,
             token=fence.token,
             applied_at=time.time(),
         )
@@ -137,11 +141,13 @@ def _json(start_response: StartResponse, status: str, body: Any) -> list[bytes]:
     return [data]
 
 
-def make_app(settings: Settings, prefix: str) -> WSGIApplication:
+def make_app(
+    settings: Settings, prefix: str, *, fence_secrets: Sequence[bytes] = ()
+) -> WSGIApplication:
     """The service's WSGI app: /charge is fenced, /ledger and /health are plain."""
     receiver = FencedReceiver(settings, prefix=prefix)
     table = ledger_table(prefix)
-    charge = fenced_wsgi_app(receiver, _charge_plan(table), resource=_invoice_resource)
+    charge = fenced_wsgi_app(receiver, _charge_plan(table), fence_secrets=fence_secrets)
 
     def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         route = (environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO") or "/")
@@ -172,11 +178,12 @@ class _Handler(WSGIRequestHandler):
         _log.debug(format, *args)
 
 
-def serve(settings: Settings, prefix: str, port: int = 0) -> tuple[WSGIServer, str]:
+def serve(
+    settings: Settings, prefix: str, port: int = 0, *, fence_secrets: Sequence[bytes] = ()
+) -> tuple[WSGIServer, str]:
     """Start serving in a daemon thread; returns the server (``shutdown()`` it) and its URL."""
-    server = make_server(
-        HOST, port, make_app(settings, prefix), ThreadingWSGIServer, handler_class=_Handler
-    )
+    app = make_app(settings, prefix, fence_secrets=fence_secrets)
+    server = make_server(HOST, port, app, ThreadingWSGIServer, handler_class=_Handler)
     threading.Thread(target=server.serve_forever, name="receiver-service", daemon=True).start()
     return server, f"http://{HOST}:{server.server_port}"
 
@@ -186,11 +193,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--endpoint-url", help="DynamoDB endpoint (default: AWS_ENDPOINT_URL)")
     parser.add_argument("--prefix", default="payments", help="table name prefix")
     parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    parser.add_argument(
+        "--fence-secret-env",
+        metavar="VAR",
+        help="require signed fences, verified with the secret in this environment variable",
+    )
     args = parser.parse_args(argv)
+    secrets: list[bytes] = []
+    if args.fence_secret_env:
+        secret = os.environ.get(args.fence_secret_env, "")
+        if not secret:
+            parser.error(f"--fence-secret-env: variable {args.fence_secret_env} is empty or unset")
+        secrets.append(secret.encode())
     settings = Settings.from_env(endpoint_url=args.endpoint_url, prefix=args.prefix)
     create_receiver_tables(settings, prefix=args.prefix)
     create_ledger_table(settings, args.prefix)
-    server, url = serve(settings, args.prefix, args.port)
+    server, url = serve(settings, args.prefix, args.port, fence_secrets=secrets)
     print(f"listening {url}", flush=True)
     try:
         threading.Event().wait()

@@ -20,11 +20,12 @@
     │   ├── PermanentError            fail now, with the reason
     │   ├── ToolOutcomeUnknown        the external call may or may not have applied
     │   └── ToolNotApplied            the call certainly did not apply (never sent, or refused)
-    └── IntentError                   side-effect intents
-        ├── IntentPayloadMismatch     same key, different payload: a changed intention
-        ├── IntentAmbiguous           cannot tell whether the effect applied: job parked
-        ├── IntentBusy                another job holds the key past the wait bound: parked
-        └── IntentNotFound            no intent under that key
+    ├── IntentError                   side-effect intents
+    │   ├── IntentPayloadMismatch     same key, different payload: a changed intention
+    │   ├── IntentAmbiguous           cannot tell whether the effect applied: job parked
+    │   ├── IntentBusy                another job holds the key past the wait bound: parked
+    │   └── IntentNotFound            no intent under that key
+    └── FenceError                    a fence is missing or malformed (also a ValueError)
 """
 
 from __future__ import annotations
@@ -146,3 +147,20 @@ class IntentBusy(IntentError):
 
 class IntentNotFound(IntentError):
     """No intent exists under the key."""
+
+
+class FenceError(SqsLeaseError, ValueError):
+    """A fence (scope, token, idempotency key, signature) is missing or malformed.
+
+    ``problem`` is ``missing_header``, ``invalid_header`` or
+    ``fence_signature_mismatch``; ``header`` names the header; ``status`` is
+    the HTTP answer a receiver gives (400, or 403 for a signature that does
+    not match).
+    """
+
+    def __init__(self, problem: str, header: str, message: str) -> None:
+        super().__init__(f"{header}: {message}")
+        self.problem = problem
+        self.header = header
+        self.reason = message
+        self.status = 403 if problem == "fence_signature_mismatch" else 400

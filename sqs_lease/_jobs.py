@@ -16,6 +16,7 @@ from ._core.intents import CheckAnswer, EffectResult, EffectSpec, IntentView
 from ._core.intents import default_key as _default_key
 from ._core.timing import LocalLease, check_timing
 from ._errors import ConfigError, PayloadError
+from ._fence import fence_headers
 from ._journal import Journal
 
 P = TypeVar("P", bound=BaseModel)
@@ -125,8 +126,12 @@ class EffectCall:
 
     @property
     def headers(self) -> dict[str, str]:
-        """``Idempotency-Key`` and ``X-Execution-Fence`` for the request."""
-        return {"Idempotency-Key": self.key, "X-Execution-Fence": str(self.token)}
+        """``Idempotency-Key``, ``X-Execution-Fence-Scope`` (job id), ``X-Execution-Fence``."""
+        return fence_headers(self.key, self.job_id, self.token)
+
+    def signed_headers(self, secret: bytes) -> dict[str, str]:
+        """:attr:`headers` plus ``X-Execution-Fence-Signature`` (HMAC-SHA256 under ``secret``)."""
+        return fence_headers(self.key, self.job_id, self.token, secret=secret)
 
 
 class App:
@@ -252,9 +257,13 @@ class JobContext(Generic[P]):
         with self._lock:
             return self._lease.conservative_deadline - self._clock()
 
-    def fence_headers(self, idempotency_key: str) -> dict[str, str]:
-        """Headers for a fenced receiver: the key and this attempt's token."""
-        return {"Idempotency-Key": idempotency_key, "X-Execution-Fence": str(self.token)}
+    def fence_headers(self, idempotency_key: str, *, secret: bytes | None = None) -> dict[str, str]:
+        """Headers for a fenced receiver: the key, the fence's scope (this job) and token.
+
+        With ``secret`` the fence is also signed (``X-Execution-Fence-Signature``).
+        The scope is the job id, also in later stages: the token counts per job.
+        """
+        return fence_headers(idempotency_key, self.job_id, self.token, secret=secret)
 
     def effect(
         self,

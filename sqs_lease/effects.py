@@ -15,6 +15,13 @@ intent protocol needs: a result (applied), :class:`~sqs_lease.ToolNotApplied`
 (certainly not applied: never sent, or refused by the target), or
 :class:`~sqs_lease.ToolOutcomeUnknown` (cannot tell: reconcile). Inside an
 effect, any exception other than ``ToolNotApplied`` counts as "cannot tell".
+
+Every call carries the fence: ``Idempotency-Key``, ``X-Execution-Fence-Scope``
+(the job id: tokens are ordered per job) and ``X-Execution-Fence`` (the token);
+see :func:`fence_headers` and docs/protocol.md. To sign the fence for a receiver
+configured with a shared secret, pass ``headers=call.signed_headers(secret)``
+to :func:`http_json`, or ``secret=`` to :func:`botocore_fence`. The fence orders
+owners; it does not authenticate the caller.
 """
 
 from __future__ import annotations
@@ -30,9 +37,29 @@ from typing import Any
 
 from ._core.intents import CheckAnswer, ToolResult, Verdict
 from ._errors import LeaseLost, ToolNotApplied, ToolOutcomeUnknown
+from ._fence import (
+    FENCE_SCOPE,
+    FENCE_SIGNATURE,
+    FENCE_TOKEN,
+    IDEMPOTENCY_KEY,
+    MAX_TOKEN,
+    fence_headers,
+)
 from ._jobs import EffectCall
 
-__all__ = ["CheckAnswer", "ToolResult", "Verdict", "botocore_fence", "http_json"]
+__all__ = [
+    "FENCE_SCOPE",
+    "FENCE_SIGNATURE",
+    "FENCE_TOKEN",
+    "IDEMPOTENCY_KEY",
+    "MAX_TOKEN",
+    "CheckAnswer",
+    "ToolResult",
+    "Verdict",
+    "botocore_fence",
+    "fence_headers",
+    "http_json",
+]
 
 
 def http_json(
@@ -101,7 +128,7 @@ def http_json(
 
 
 @contextmanager
-def botocore_fence(client: Any, call: EffectCall) -> Iterator[Any]:
+def botocore_fence(client: Any, call: EffectCall, *, secret: bytes | None = None) -> Iterator[Any]:
     """Send the fence headers with every request ``client`` makes inside the block.
 
     For AWS-compatible targets that read custom headers (a fenced service behind
@@ -109,8 +136,10 @@ def botocore_fence(client: Any, call: EffectCall) -> Iterator[Any]:
 
         with botocore_fence(client, call):
             client.put_item(...)
+
+    With ``secret`` the fence is signed (``X-Execution-Fence-Signature``).
     """
-    extra = call.headers
+    extra = call.headers if secret is None else call.signed_headers(secret)
 
     def add(request: Any, **_: Any) -> None:
         for name, value in extra.items():

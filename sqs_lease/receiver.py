@@ -1,30 +1,39 @@
 """Fenced receivers: the service side of a side effect sent by an sqs-lease worker.
 
-A worker calls a receiver with an ``Idempotency-Key`` and its fencing token
-(``X-Execution-Fence``). The receiver keeps, per resource, the highest token it
-accepted (a *fence mark*, never TTL-deleted) and, per key, an *idempotency
-record* holding the stored response. Two tables, ``{prefix}-fences`` and
+A worker calls a receiver with an ``Idempotency-Key`` and its fence: the scope
+(``X-Execution-Fence-Scope``, the job id) and the token
+(``X-Execution-Fence``), optionally signed (``X-Execution-Fence-Signature``);
+the wire format is in ``sqs_lease._fence`` and docs/protocol.md. A token orders
+the owners of ONE job (every job's first token is 1), so the receiver keeps,
+per scope, the highest token it saw (a *fence mark*, never TTL-deleted) and,
+per key, an *idempotency record* holding the stored response. Duplicates
+across jobs (two jobs capturing one invoice) are the key's business, never the
+fence's. Two tables, ``{prefix}-fences`` (key ``scope``) and
 ``{prefix}-idempotency``, defined by the pynamodb models below.
 
 Decision order for ``FencedReceiver.apply`` / ``apply_with_write``:
 
-1. **Fence first.** A token lower than the resource's mark is answered
+1. **Fence first.** A token lower than its scope's mark is answered
    ``412 {"error": "stale_token", "highest": N}``, even when its key is new and
    even when its key is already done. Fencing beats replay: a stale worker has
    lost the job, so it gets no stored response either (the new owner does).
-   Equal tokens are accepted (one owner may send several keys); a higher token
-   is accepted and raises the mark.
+   Equal tokens are accepted (one owner may send several keys). A higher
+   token raises the mark *whatever the answer that follows* (a replay, 409,
+   422, the effect's own failure or its write's failed condition), in one
+   conditional write that also reads the mark, so an older owner of the job
+   is refused from then on, under any key.
 2. **Then the key.** An existing record with another payload hash is
    ``422``; one still ``in_flight`` is ``409``; one ``done`` is replayed
    exactly (status and body, errors included), ``replayed=True``, and the
    effect does not run.
 3. **Otherwise** one ``TransactWriteItems`` raises the mark (condition
-   ``attribute_not_exists(resource) OR token <= :t``) and creates the record
+   ``attribute_not_exists(scope) OR token <= :t``) and creates the record
    (condition ``attribute_not_exists(idem_key)``). The transaction is tried
-   first; only when it is cancelled are the mark and the record read (strongly
-   consistent) to choose the answer in the order above, so the happy path is
-   one call. Reading rather than trusting ``CancellationReasons`` keeps the
-   answer right whichever reasons a DynamoDB implementation reports.
+   first; only when it is cancelled is the mark raised on its own (the same
+   condition, returning the old mark when it fails) and the record read
+   (strongly consistent) to choose the answer in the order above, so the happy
+   path is one call. Reading rather than trusting ``CancellationReasons``
+   keeps the answer right whichever reasons a DynamoDB implementation reports.
 
 Two forms:
 
@@ -44,6 +53,10 @@ Two forms:
 
 A commit whose answer was lost (and retried by the SDK) is recognised by the
 record's ``request_id``, so the receiver never answers 409 to itself.
+
+The fence orders owners; it does not authenticate. Authenticate callers in
+the service (mTLS, IAM, a bearer token); a signed fence (``fence_secrets``)
+additionally proves the fence was issued by a holder of the shared secret.
 """
 
 from __future__ import annotations
@@ -67,14 +80,39 @@ from pynamodb.models import Model
 from ._aws import classify, make_client
 from ._config import Settings
 from ._core.calls import Err, ErrorKind
-from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing, SqsLeaseError
+from ._errors import (
+    AwsCallFailed,
+    AwsUnavailable,
+    ConfigError,
+    FenceError,
+    ResourceMissing,
+    SqsLeaseError,
+)
+from ._fence import (
+    FENCE_SCOPE,
+    FENCE_SIGNATURE,
+    FENCE_TOKEN,
+    IDEMPOTENCY_KEY,
+    MAX_TOKEN,
+    Fence,
+    check_key,
+    check_scope,
+    check_token,
+    parse_fence,
+)
 from ._journal import Journal
 from ._schema import _params, create_table_params
 
 __all__ = [
+    "FENCE_SCOPE",
+    "FENCE_SIGNATURE",
+    "FENCE_TOKEN",
+    "IDEMPOTENCY_KEY",
+    "MAX_TOKEN",
     "AtomicWrite",
     "EffectResult",
     "Fence",
+    "FenceError",
     "FenceMark",
     "FencedReceiver",
     "HttpRequest",
@@ -85,6 +123,7 @@ __all__ = [
     "create_receiver_tables",
     "ensure_table",
     "fenced_wsgi_app",
+    "parse_fence",
     "payload_hash",
     "put_entry",
     "receiver_table_names",
@@ -94,17 +133,16 @@ _log = logging.getLogger(__name__)
 
 IN_FLIGHT: Final = "in_flight"
 DONE: Final = "done"
-MAX_KEY_LENGTH: Final = 255
 
 
 class FenceMark(Model):
-    """Per resource, the highest fencing token accepted. Never TTL-deleted:
+    """Per scope (a job id), the highest fencing token seen. Never TTL-deleted:
     forgetting a mark would let a stale worker through again."""
 
     class Meta:
         table_name = "sqs-lease-fences"
 
-    resource = UnicodeAttribute(hash_key=True)
+    scope = UnicodeAttribute(hash_key=True)
     token = NumberAttribute()
     updated_at = NumberAttribute()
 
@@ -121,7 +159,7 @@ class IdempotencyRecord(Model):
     status = NumberAttribute(null=True)  # HTTP status of the stored response
     response = UnicodeAttribute(null=True)  # JSON text of the stored body
     external_id = UnicodeAttribute(null=True)
-    resource = UnicodeAttribute()
+    scope = UnicodeAttribute()  # the fence of the request that created it (forensics)
     token = NumberAttribute()
     request_id = UnicodeAttribute()  # which apply() wrote it: recognises our own late commit
     created_at = NumberAttribute()
@@ -165,12 +203,29 @@ def receiver_table_names(prefix: str) -> tuple[str, str]:
 
 
 def ensure_table(settings: Settings, model: type[Model], table: str) -> str:
-    """Create ``table`` from a pynamodb model's keys (on demand) unless it exists; wait for it."""
+    """Create ``table`` from a pynamodb model's keys (on demand) unless it exists; wait for it.
+
+    An existing table with other keys is a ``ConfigError`` naming both (e.g. a
+    fences table from a version that kept marks per resource, not per scope).
+    """
     ddb = make_client(settings, "dynamodb")
+    params = create_table_params(model, table)
     with contextlib.suppress(ddb.exceptions.ResourceInUseException):  # exists: fine
-        ddb.create_table(**create_table_params(model, table))
+        ddb.create_table(**params)
     ddb.get_waiter("table_exists").wait(TableName=table, WaiterConfig={"Delay": 1})
+    have = ddb.describe_table(TableName=table)["Table"]["KeySchema"]
+    want = params["KeySchema"]
+    if sorted(map(_key_text, have)) != sorted(map(_key_text, want)):
+        raise ConfigError(
+            f"table {table!r} has key {[_key_text(k) for k in have]}, "
+            f"{model.__name__} needs {[_key_text(k) for k in want]}: "
+            "use another prefix, or delete the table and create it again"
+        )
     return table
+
+
+def _key_text(k: Mapping[str, str]) -> str:
+    return f"{k['AttributeName']} ({k['KeyType']})"
 
 
 def create_receiver_tables(settings: Settings, *, prefix: str | None = None) -> list[str]:
@@ -236,7 +291,7 @@ def _aws_error(err: Err, what: str) -> SqsLeaseError:
 
 
 class FencedReceiver:
-    """Applies effects at most once per idempotency key, and never for a stale token."""
+    """Applies effects at most once per idempotency key, never for a stale token of its scope."""
 
     def __init__(
         self,
@@ -258,16 +313,22 @@ class FencedReceiver:
 
     def apply(
         self,
-        resource: str,
+        scope: str,
         token: int,
         idem_key: str,
         payload: Mapping[str, Any] | bytes | str,
         effect: Callable[[], EffectResult],
     ) -> Reply:
-        """Admit (fence + key), run ``effect()``, store and return its response."""
-        _check(resource, token, idem_key)
+        """Admit (fence + key), run ``effect()``, store and return its response.
+
+        ``scope`` is the fence's scope (the calling job's id), ``token`` its
+        fencing token; ``payload`` is what the key promises (leave the scope
+        and token out of it: another owner or job retrying the key must get
+        the replay).
+        """
+        _check(scope, token, idem_key)
         digest, request_id, now = payload_hash(payload), uuid.uuid4().hex, self._clock()
-        record = self._record(resource, token, idem_key, digest, request_id, now, state=IN_FLIGHT)
+        record = self._record(scope, token, idem_key, digest, request_id, now, state=IN_FLIGHT)
         try:
             admitted = self._admit(record, [])
         except AwsUnavailable:
@@ -282,7 +343,7 @@ class FencedReceiver:
             result = effect()
         except RetryableEffectError as exc:
             self._delete_in_flight(idem_key, request_id)
-            self.journal("effect_retryable", resource=resource, token=token, idem_key=idem_key)
+            self.journal("effect_retryable", scope=scope, token=token, idem_key=idem_key)
             return Reply(exc.status, {"error": "effect_not_applied", "message": str(exc)})
         except Exception as exc:
             # Stored and replayed like a success (Stripe's rule): the effect may have
@@ -292,12 +353,12 @@ class FencedReceiver:
             event = "effect_failed"
         body_json = _canonical(dict(result.body))
         self._finish(idem_key, request_id, result, body_json)
-        self.journal(event, resource=resource, token=token, idem_key=idem_key)
+        self.journal(event, scope=scope, token=token, idem_key=idem_key)
         return Reply(result.status, json.loads(body_json), external_id=result.external_id)
 
     def apply_with_write(
         self,
-        resource: str,
+        scope: str,
         token: int,
         idem_key: str,
         payload: Mapping[str, Any] | bytes | str,
@@ -306,31 +367,45 @@ class FencedReceiver:
     ) -> Reply:
         """Commit the mark, the ``done`` record and ``write`` (a TransactWriteItems entry) at once.
 
-        If ``write``'s own condition fails, nothing commits and the answer is
-        ``409 write_condition_failed`` (not stored: a retry is evaluated afresh).
+        If ``write``'s own condition fails, nothing of the effect commits and the
+        answer is ``409 write_condition_failed`` (not stored: a retry is evaluated
+        afresh); a higher token still raises the scope's mark.
         """
-        _check(resource, token, idem_key)
+        _check(scope, token, idem_key)
         if not isinstance(write, Mapping) or len(write) != 1 or not set(write) <= _WRITE_OPS:
             raise ValueError(
                 f"write must be one TransactWriteItems entry, one of {sorted(_WRITE_OPS)}"
             )
         digest, request_id, now = payload_hash(payload), uuid.uuid4().hex, self._clock()
         body_json = _canonical(dict(response.body))
-        record = self._record(resource, token, idem_key, digest, request_id, now, state=DONE)
+        record = self._record(scope, token, idem_key, digest, request_id, now, state=DONE)
         record.status = response.status
         record.response = body_json
         record.external_id = response.external_id
         admitted = self._admit(record, [dict(write)])
         if isinstance(admitted, Reply):
             return admitted
-        self.journal("effect_applied", resource=resource, token=token, idem_key=idem_key)
+        self.journal("effect_applied", scope=scope, token=token, idem_key=idem_key)
         return Reply(response.status, json.loads(body_json), external_id=response.external_id)
+
+    def raise_mark(self, scope: str, token: int) -> Reply | None:
+        """Fence only: raise ``scope``'s mark to ``token`` unless it is lower.
+
+        One conditional write that also reads the mark, so nothing can slip in
+        between. None when the token is current (equal or higher: the mark is
+        now at least ``token``), else the ``412 stale_token`` reply. For answers
+        that do not go through :meth:`apply` (e.g. a 400 for a bad body), so a
+        newer owner's request raises the mark whatever the answer.
+        """
+        check_scope(scope)
+        check_token(token)
+        return self._raise_mark(scope, token, None)
 
     # --- reads and operator tools -----------------------------------------------------
 
-    def highest(self, resource: str) -> int | None:
-        """The resource's fence mark (None when no token was ever accepted)."""
-        item = self._get(self.fences_table, {"resource": {"S": resource}})
+    def highest(self, scope: str) -> int | None:
+        """The scope's fence mark (None when no token of it was ever seen)."""
+        item = self._get(self.fences_table, {"scope": {"S": scope}})
         return None if item is None else int(FenceMark.from_raw_data(item).token)
 
     def record(self, idem_key: str) -> IdempotencyRecord | None:
@@ -350,7 +425,7 @@ class FencedReceiver:
 
     def _record(
         self,
-        resource: str,
+        scope: str,
         token: int,
         idem_key: str,
         digest: str,
@@ -363,29 +438,52 @@ class FencedReceiver:
             idem_key=idem_key,
             payload_hash=digest,
             state=state,
-            resource=resource,
+            scope=scope,
             token=token,
             request_id=request_id,
             created_at=now,
             updated_at=now,
         )
 
-    def _admit(self, record: IdempotencyRecord, extra: Sequence[Mapping[str, Any]]) -> Reply | None:
-        """Run the transaction; None when it committed for this call, else the answer."""
-        resource, token = str(record.resource), int(record.token)
-        fence: dict[str, Any] = {
-            "TableName": self.fences_table,
-            "Key": {"resource": {"S": resource}},
-        }
-        fence.update(
+    def _mark_update(self, scope: str, token: int, now: float) -> dict[str, Any]:
+        """UpdateItem parameters: the scope's mark to ``token`` unless it is higher already."""
+        update: dict[str, Any] = {"TableName": self.fences_table, "Key": {"scope": {"S": scope}}}
+        update.update(
             _params(
-                _F.resource.does_not_exist() | (_F.token <= token),
-                [_F.token.set(token), _F.updated_at.set(record.updated_at)],
+                _F.scope.does_not_exist() | (_F.token <= token),
+                [_F.token.set(token), _F.updated_at.set(now)],
             )
         )
+        return update
+
+    def _raise_mark(self, scope: str, token: int, idem_key: str | None) -> Reply | None:
+        params = self._mark_update(scope, token, self._clock())
+        params["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+        try:
+            self.client.update_item(**params)
+            return None
+        except Exception as exc:
+            err = classify(exc, 0.0, 0.0)
+        if err.kind is not ErrorKind.CONDITION_FAILED:
+            raise _aws_error(err, f"raising the fence mark of {scope!r}")
+        old = err.item or {}
+        highest = int(old["token"]["N"]) if "token" in old else None
+        if highest is None:  # no ALL_OLD from this DynamoDB: read it (it only rises)
+            highest = self.highest(scope)
+        where = {} if idem_key is None else {"idem_key": idem_key}
+        self.journal("fence_rejected", scope=scope, token=token, highest=highest, **where)
+        return Reply(412, {"error": "stale_token", "highest": highest})
+
+    def _admit(self, record: IdempotencyRecord, extra: Sequence[Mapping[str, Any]]) -> Reply | None:
+        """Run the transaction; None when it committed for this call, else the answer."""
+        scope, token = str(record.scope), int(record.token)
         put: dict[str, Any] = {"TableName": self.idempotency_table, "Item": record.serialize()}
         put.update(_params(_I.idem_key.does_not_exist()))
-        items = [{"Update": fence}, {"Put": put}, *extra]
+        items: list[Mapping[str, Any]] = [
+            {"Update": self._mark_update(scope, token, record.updated_at)},
+            {"Put": put},
+            *extra,
+        ]
         for attempt in range(self._max_attempts):
             # botocore fills ClientRequestToken per call and keeps it across its own
             # retries, so AWS itself dedups a retried commit; request_id covers the rest.
@@ -412,18 +510,11 @@ class FencedReceiver:
         )
 
     def _decide(self, mine: IdempotencyRecord, write_failed: bool) -> Reply | object:
-        """After a cancelled transaction: fence first, then the key (see module doc)."""
+        """After a cancelled transaction: fence first (raising the mark), then the key."""
         token = int(mine.token)
-        highest = self.highest(str(mine.resource))
-        if highest is not None and token < highest:
-            self.journal(
-                "fence_rejected",
-                resource=mine.resource,
-                token=token,
-                highest=highest,
-                idem_key=mine.idem_key,
-            )
-            return Reply(412, {"error": "stale_token", "highest": highest})
+        stale = self._raise_mark(str(mine.scope), token, str(mine.idem_key))
+        if stale is not None:
+            return stale
         found = self.record(str(mine.idem_key))
         if found is None:
             return _WRITE_REJECTED if write_failed else _RETRY
@@ -509,13 +600,10 @@ class FencedReceiver:
         return item
 
 
-def _check(resource: str, token: int, idem_key: str) -> None:
-    if not resource:
-        raise ValueError("resource must not be empty")
-    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-        raise ValueError(f"token must be a non-negative int, got {token!r}")
-    if not idem_key or len(idem_key) > MAX_KEY_LENGTH:
-        raise ValueError(f"idempotency key must be 1..{MAX_KEY_LENGTH} characters")
+def _check(scope: str, token: int, idem_key: str) -> None:
+    check_scope(scope)
+    check_token(token)
+    check_key(idem_key)
 
 
 # --- WSGI glue ------------------------------------------------------------------------
@@ -540,15 +628,6 @@ class HttpRequest:
 
 
 @dataclass(frozen=True)
-class Fence:
-    """The fencing context of one request."""
-
-    resource: str
-    token: int
-    idem_key: str
-
-
-@dataclass(frozen=True)
 class AtomicWrite:
     """A handler's plan for ``apply_with_write``: the effect's write and the response to store."""
 
@@ -560,9 +639,6 @@ Plan: TypeAlias = Reply | AtomicWrite | Callable[[], EffectResult]
 """What a handler returns: a Reply (answered now, not stored: e.g. a 400 for a bad
 body), an AtomicWrite, or an effect to run under ``apply``."""
 
-IDEMPOTENCY_KEY: Final = "Idempotency-Key"
-EXECUTION_FENCE: Final = "X-Execution-Fence"
-FENCE_RESOURCE: Final = "X-Fence-Resource"
 REPLAYED: Final = "Idempotent-Replayed"
 
 
@@ -607,39 +683,22 @@ def _request(environ: WSGIEnvironment, max_body: int) -> HttpRequest | Reply:
     )
 
 
-def _fence_of(req: HttpRequest, resource: Callable[[HttpRequest], str] | None) -> Fence | Reply:
-    key = (req.header(IDEMPOTENCY_KEY) or "").strip()
-    if not key:
-        return _bad("missing_header", IDEMPOTENCY_KEY, f"header {IDEMPOTENCY_KEY} is required")
-    if len(key) > MAX_KEY_LENGTH:
-        return _bad("invalid_header", IDEMPOTENCY_KEY, f"at most {MAX_KEY_LENGTH} characters")
-    raw_token = (req.header(EXECUTION_FENCE) or "").strip()
-    if not raw_token:
-        return _bad("missing_header", EXECUTION_FENCE, f"header {EXECUTION_FENCE} is required")
-    if not raw_token.isdigit():
-        return _bad("invalid_header", EXECUTION_FENCE, "must be a non-negative integer")
-    if resource is None:
-        res = (req.header(FENCE_RESOURCE) or "").strip()
-        if not res:
-            return _bad("missing_header", FENCE_RESOURCE, f"header {FENCE_RESOURCE} is required")
-    else:
-        try:
-            res = resource(req)
-        except (ValueError, KeyError, TypeError) as exc:
-            return Reply(400, {"error": "invalid_request", "message": f"no fence resource: {exc}"})
-    return Fence(resource=res, token=int(raw_token), idem_key=key)
+def _fence_of(req: HttpRequest, secrets: Sequence[bytes], journal: Journal) -> Fence | Reply:
+    try:
+        return parse_fence(req.headers, secrets=secrets)
+    except FenceError as exc:
+        # Journaled without the header's value: it is the caller's text, possibly hostile.
+        journal("fence_header_rejected", header=exc.header, problem=exc.problem)
+        body = {"error": exc.problem, "header": exc.header, "message": exc.reason}
+        return Reply(exc.status, body)
 
 
-def _payload_of(req: HttpRequest, fence: Fence) -> dict[str, Any]:
-    # What the key promises: the same endpoint, resource and body. JSON bodies are
-    # compared canonically (whitespace and key order do not matter); others by bytes.
-    # The token is left out: a new owner retrying the key must get the replay.
-    payload: dict[str, Any] = {
-        "method": req.method,
-        "path": req.path,
-        "query": req.query,
-        "resource": fence.resource,
-    }
+def _payload_of(req: HttpRequest) -> dict[str, Any]:
+    # What the key promises: the same endpoint and body. JSON bodies are compared
+    # canonically (whitespace and key order do not matter); others by bytes. Scope and
+    # token are left out: another owner, or another job, retrying the key must get the
+    # replay (duplicates across jobs are the key's business, not the fence's).
+    payload: dict[str, Any] = {"method": req.method, "path": req.path, "query": req.query}
     try:
         payload["json"] = json.loads(req.body) if req.body else None
     except ValueError:
@@ -651,37 +710,53 @@ def fenced_wsgi_app(
     receiver: FencedReceiver,
     handler: Callable[[HttpRequest, Fence], Plan],
     *,
-    resource: Callable[[HttpRequest], str] | None = None,
     max_body: int = 1 << 20,
+    fence_secrets: Iterable[bytes] = (),
 ) -> WSGIApplication:
     """A WSGI app that fences every request it gets, then applies the handler's plan.
 
-    Reads ``Idempotency-Key``, ``X-Execution-Fence`` (integer token) and the
-    resource (``resource(request)`` if given, else header ``X-Fence-Resource``);
-    a missing one is ``400 {"error": "missing_header", "header": NAME}``. The
-    handler only *plans* (it must not act): it returns a :data:`Plan`. Replays
-    carry ``Idempotent-Replayed: true``. When DynamoDB fails the answer is 503
-    (retry with the same key: a committed request then replays).
+    Reads ``Idempotency-Key``, ``X-Execution-Fence-Scope`` (the caller's job id,
+    percent-encoded) and ``X-Execution-Fence`` (its token: ASCII digits, at most
+    2**63-1). A missing or malformed one is ``400 {"error": "missing_header" |
+    "invalid_header", "header": NAME, "message": why}``, before anything is
+    stored. With ``fence_secrets``, ``X-Execution-Fence-Signature`` is required
+    too, and one that does not verify is ``403 fence_signature_mismatch``. The
+    handler only *plans* (it must not act): it returns a :data:`Plan`. A
+    :class:`Reply` plan (e.g. a 400 for a bad body) is answered after the fence:
+    a stale token gets 412 instead, a newer one raises the mark. Replays carry
+    ``Idempotent-Replayed: true``. When DynamoDB fails the answer is 503 (retry
+    with the same key: a committed request then replays).
+
+    The fence is not authentication: authenticate callers before this app.
     """
+    secrets = [bytes(s) for s in fence_secrets]
+    if any(not s for s in secrets):
+        raise ConfigError("fence_secrets: a secret must not be empty")
 
     def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         req = _request(environ, max_body)
         if isinstance(req, Reply):
             return _respond(start_response, req)
-        fence = _fence_of(req, resource)
+        fence = _fence_of(req, secrets, receiver.journal)
         if isinstance(fence, Reply):
             return _respond(start_response, fence)
         plan = handler(req, fence)
-        if isinstance(plan, Reply):
-            return _respond(start_response, plan)
-        payload = _payload_of(req, fence)
         try:
-            if isinstance(plan, AtomicWrite):
+            if isinstance(plan, Reply):
+                reply = receiver.raise_mark(fence.scope, fence.token) or plan
+            elif isinstance(plan, AtomicWrite):
                 reply = receiver.apply_with_write(
-                    fence.resource, fence.token, fence.idem_key, payload, plan.write, plan.response
+                    fence.scope,
+                    fence.token,
+                    fence.idem_key,
+                    _payload_of(req),
+                    plan.write,
+                    plan.response,
                 )
             else:
-                reply = receiver.apply(fence.resource, fence.token, fence.idem_key, payload, plan)
+                reply = receiver.apply(
+                    fence.scope, fence.token, fence.idem_key, _payload_of(req), plan
+                )
         except (AwsUnavailable, AwsCallFailed, ResourceMissing) as exc:
             _log.warning("receiver unavailable for %s: %s", fence.idem_key, exc)
             reply = Reply(503, {"error": "receiver_unavailable", "message": str(exc)})

@@ -73,11 +73,11 @@ def _good() -> tuple[list[JobPlan], Evidence]:
         ],
         ledger=[
             {"idem_key": cap, "charge_id": "ch_1", "invoice": "INV-000", "amount": 120,
-             "token": 1, "applied_at": 100.0},
+             "scope": "pay-000", "token": 1, "applied_at": 100.0},
             {"idem_key": fee, "charge_id": "ch_2", "invoice": "INV-000", "amount": 7,
-             "token": 2, "applied_at": 105.0},
+             "scope": "pay-000", "token": 2, "applied_at": 105.0},
         ],
-        fences=[{"resource": "invoice:INV-000", "token": 2}],
+        fences=[{"scope": "pay-000", "token": 2}],
         journals={
             "w1-1": [
                 {"event": "heartbeat_ok", "job_id": "pay-000", "token": 1},
@@ -134,6 +134,12 @@ def test_checker_bites() -> None:
     def phantom_confirm(ev: Evidence) -> None:
         ev.intents[0]["external_id"] = "ch_other"
 
+    def mark_below_rows(ev: Evidence) -> None:
+        ev.fences[0]["token"] = 1
+
+    def stray_mark(ev: Evidence) -> None:
+        ev.fences.append({"scope": "nobody", "token": 1})
+
     cases = {
         "duplicate": duplicate,
         "stale effect": stale,
@@ -142,6 +148,8 @@ def test_checker_bites() -> None:
         "left in_progress": stuck_intent,
         "after losing it": extended_after_loss,
         "the receiver applied": phantom_confirm,
+        "fence mark of job pay-000": mark_below_rows,
+        "which is no submitted job": stray_mark,
     }
     for expected, change in cases.items():
         found = _broken(change)

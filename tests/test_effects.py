@@ -57,6 +57,7 @@ def test_success_sends_key_token_and_payload_and_returns_the_external_id(target:
     sent = _Target.seen[-1]
     assert sent["headers"]["Idempotency-Key"] == "payment:INV-1:capture"
     assert sent["headers"]["X-Execution-Fence"] == "7"
+    assert sent["headers"]["X-Execution-Fence-Scope"] == "job-1"  # tokens are ordered per job
     assert sent["body"] == {"amount": 5}
 
 
@@ -216,4 +217,23 @@ def test_botocore_fence_adds_headers_only_inside_the_block() -> None:
     inside, after = captured
     assert inside["Idempotency-Key"] == "payment:INV-1:capture"
     assert inside["X-Execution-Fence"] == "7"
+    assert inside["X-Execution-Fence-Scope"] == "job-1"
+    assert "X-Execution-Fence-Signature" not in inside
     assert "Idempotency-Key" not in after and "X-Execution-Fence" not in after
+    with botocore_fence(client, CALL, secret=b"k"), pytest.raises(RuntimeError):
+        client.list_queues()
+    signed = captured[-1]
+    assert (
+        signed["X-Execution-Fence-Signature"]
+        == CALL.signed_headers(b"k")["X-Execution-Fence-Signature"]
+    )
+
+
+def test_the_scope_header_is_the_job_id_percent_encoded() -> None:
+    call = EffectCall("k", 3, "orders/ä 1", "capture", "payments", {})
+    assert call.headers == {
+        "Idempotency-Key": "k",
+        "X-Execution-Fence-Scope": "orders%2F%C3%A4%201",
+        "X-Execution-Fence": "3",
+    }
+    assert set(call.signed_headers(b"s")) == {*call.headers, "X-Execution-Fence-Signature"}

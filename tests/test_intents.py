@@ -1012,7 +1012,7 @@ def test_receiver_rejects_a_stale_token_with_a_new_key_and_accepts_an_equal_one_
         return http_json(e, url, id_field="charge_id")
 
     def ec(key: str, token: int) -> EffectCall:
-        return EffectCall(key, token, "job-x", "charge", "payments", body)
+        return EffectCall(key, token, f"job-{invoice}", "charge", "payments", body)
 
     first = post(ec(f"{invoice}:a", 5))
     second = post(ec(f"{invoice}:b", 5))  # equal token, another key: accepted
@@ -1029,7 +1029,7 @@ def test_receiver_rejects_a_stale_token_with_a_new_key_and_accepts_an_equal_one_
         (f"{invoice}:a", 5),
         (f"{invoice}:b", 5),
     ]
-    assert env.receiver.highest(f"invoice:{invoice}") == 5
+    assert env.receiver.highest(f"job-{invoice}") == 5  # the fence's scope is the job
     assert env.receiver.record(f"{invoice}:c") is None
     assert logs.events("fence_rejected", idem_key=f"{invoice}:c")
 

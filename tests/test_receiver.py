@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import json
 import os
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping
@@ -19,14 +21,20 @@ from typing import Any
 import pytest
 from conftest import AwsTestEnv
 
+from sqs_lease import ConfigError, EffectCall
 from sqs_lease._aws import make_client
 from sqs_lease._config import Settings
+from sqs_lease.effects import fence_headers
 from sqs_lease.receiver import (
+    MAX_TOKEN,
     EffectResult,
+    Fence,
     FencedReceiver,
+    FenceError,
     Reply,
     RetryableEffectError,
     create_receiver_tables,
+    parse_fence,
     payload_hash,
 )
 
@@ -136,13 +144,15 @@ def test_higher_token_raises_mark_per_resource(rcv: FencedReceiver) -> None:
 def test_repeated_key_replays_without_running_effect(rcv: FencedReceiver) -> None:
     effect = Counter(EffectResult(201, {"id": "pay_1", "n": [1, 2]}, external_id="pay_1"))
     k = key()
-    first = rcv.apply("acct-1", 2, k, PAYLOAD, effect)
-    # Same key from a new owner (higher token), then from the same one: both replay.
-    again = rcv.apply("acct-1", 3, k, PAYLOAD, effect)
-    third = rcv.apply("acct-1", 2, k, PAYLOAD, effect)
+    first = rcv.apply("job-1", 2, k, PAYLOAD, effect)
+    # Same key from the same owner, from a new owner (higher token), from another job: replays.
+    again = rcv.apply("job-1", 2, k, PAYLOAD, effect)
+    newer = rcv.apply("job-1", 3, k, PAYLOAD, effect)
+    other_job = rcv.apply("job-2", 1, k, PAYLOAD, effect)
     assert effect.calls == 1
     assert first == Reply(201, {"id": "pay_1", "n": [1, 2]}, external_id="pay_1")
-    assert again == third == Reply(201, first.body, replayed=True, external_id="pay_1")
+    replay = Reply(201, first.body, replayed=True, external_id="pay_1")
+    assert again == newer == other_job == replay
 
 
 def test_stored_error_is_replayed(rcv: FencedReceiver) -> None:
@@ -292,7 +302,13 @@ def test_own_commit_with_lost_answer_is_recognised(settings: Settings) -> None:
 
 def _ledger_put(table: str, k: str, token: int) -> dict[str, Any]:
     row = service.LedgerEntry(
-        idem_key=k, charge_id=f"ch_{k}", invoice="inv-1", amount=5, token=token, applied_at=1.0
+        idem_key=k,
+        charge_id=f"ch_{k}",
+        invoice="inv-1",
+        amount=5,
+        scope="job-1",
+        token=token,
+        applied_at=1.0,
     )
     put: dict[str, Any] = service.put_entry(
         row, table, service.LedgerEntry.idem_key.does_not_exist()
@@ -346,17 +362,16 @@ def test_apply_with_write_stale_token_leaves_no_row(
     assert rcv.record(k) is None
 
 
-def test_apply_with_write_own_condition_failure_commits_nothing(
+def test_apply_with_write_own_condition_failure_commits_nothing_but_the_mark(
     settings: Settings, rcv: FencedReceiver, ledger: str
 ) -> None:
     k = key()
     make_client(settings, "dynamodb").put_item(**_ledger_put(ledger, k, 0)["Put"])
-    reply = rcv.apply_with_write(
-        "invoice:9", 2, k, PAYLOAD, _ledger_put(ledger, k, 2), EffectResult()
-    )
+    reply = rcv.apply_with_write("job-9", 2, k, PAYLOAD, _ledger_put(ledger, k, 2), EffectResult())
     assert reply.status == 409 and reply.body["error"] == "write_condition_failed"
-    assert rcv.highest("invoice:9") is None  # the mark moved only with the write
-    assert rcv.record(k) is None
+    assert rcv.record(k) is None  # nothing of the effect committed
+    # A newer owner's request raises the mark whatever the answer (issue 14, item 3).
+    assert rcv.highest("job-9") == 2
 
 
 def test_apply_with_write_rejects_a_malformed_write(rcv: FencedReceiver) -> None:
@@ -400,8 +415,9 @@ def service_url(settings: Settings) -> Iterator[str]:
         server.server_close()
 
 
-def _fence(k: str, token: int) -> dict[str, str]:
-    return {"Idempotency-Key": k, "X-Execution-Fence": str(token)}
+def _fence(k: str, token: int, scope: str = "job-1") -> dict[str, str]:
+    # Spelled out, not fence_headers(): the test pins the wire format itself.
+    return {"Idempotency-Key": k, "X-Execution-Fence-Scope": scope, "X-Execution-Fence": str(token)}
 
 
 def test_service_charges_once_per_key(service_url: str) -> None:
@@ -414,9 +430,10 @@ def test_service_charges_once_per_key(service_url: str) -> None:
     assert "Idempotent-Replayed" not in h1 and h2["Idempotent-Replayed"] == "true"
     status, _, ledger = _http(f"{service_url}/ledger")
     assert status == 200
-    assert [(r["idem_key"], r["invoice"], r["amount"], r["token"]) for r in ledger["rows"]] == [
-        (k, "inv-7", 1200, 3)
+    rows = [
+        (r["idem_key"], r["invoice"], r["amount"], r["scope"], r["token"]) for r in ledger["rows"]
     ]
+    assert rows == [(k, "inv-7", 1200, "job-1", 3)]
 
 
 def test_service_fences_and_validates(service_url: str) -> None:
@@ -428,23 +445,335 @@ def test_service_fences_and_validates(service_url: str) -> None:
     k = key()
     assert _http(url, "POST", charge, _fence(k, 10))[0] == 201
     assert _http(url, "POST", {**charge, "amount": 6}, _fence(k, 10))[0] == 422
-    # Another invoice has its own mark.
-    assert _http(url, "POST", {"invoice": "inv-9", "amount": 5}, _fence(key(), 1))[0] == 201
+    # Another job has its own mark.
+    assert (
+        _http(url, "POST", {"invoice": "inv-9", "amount": 5}, _fence(key(), 1, "job-2"))[0] == 201
+    )
 
     status, _, body = _http(url, "POST", charge, {"X-Execution-Fence": "10"})
     assert status == 400 and body["header"] == "Idempotency-Key"
     assert "Idempotency-Key" in body["message"]
-    status, _, body = _http(url, "POST", charge, {"Idempotency-Key": key()})
-    assert status == 400 and body["header"] == "X-Execution-Fence"
     status, _, body = _http(
-        url, "POST", charge, {"Idempotency-Key": key(), "X-Execution-Fence": "x"}
+        url, "POST", charge, {"Idempotency-Key": key(), "X-Execution-Fence-Scope": "job-1"}
     )
+    assert status == 400 and body["header"] == "X-Execution-Fence"
+    status, _, body = _http(url, "POST", charge, {**_fence(key(), 10), "X-Execution-Fence": "x"})
     assert status == 400 and body["error"] == "invalid_header"
     status, _, body = _http(url, "POST", {"invoice": "inv-8", "amount": -1}, _fence(key(), 10))
     assert status == 400 and body["error"] == "invalid_request"
 
     _, _, ledger = _http(f"{service_url}/ledger")
     assert len(ledger["rows"]) == 3
+
+
+# --- fence scope (issue 7, item 3) -----------------------------------------------------------
+
+
+def test_a_fresh_job_is_not_fenced_out_by_another_jobs_higher_token(rcv: FencedReceiver) -> None:
+    # Job A's fifth owner charged invoice 1; job B's first attempt charges it too.
+    assert rcv.apply("job-A", 5, key(), {"invoice": "inv-1"}, Counter()).status == 200
+    assert rcv.apply("job-B", 1, key(), {"invoice": "inv-1"}, Counter()).status == 200
+    assert (rcv.highest("job-A"), rcv.highest("job-B")) == (5, 1)
+
+
+def test_a_stale_owner_is_refused_although_another_job_holds_its_token(
+    rcv: FencedReceiver,
+) -> None:
+    assert rcv.apply("job-A", 4, key(), {"invoice": "inv-1"}, Counter()).status == 200
+    assert rcv.apply("job-B", 3, key(), {"invoice": "inv-2"}, Counter()).status == 200
+    effect = Counter()
+    reply = rcv.apply("job-A", 3, key(), {"invoice": "inv-2"}, effect)
+    assert reply == Reply(412, {"error": "stale_token", "highest": 4})
+    assert effect.calls == 0
+
+
+def test_service_lets_two_jobs_on_one_invoice_share_the_key_not_the_fence(service_url: str) -> None:
+    """Two jobs capture one invoice under the documented business key: one charge, one replay."""
+    url = f"{service_url}/charge"
+    charge = {"invoice": "inv-shared", "amount": 700}
+    k = f"payment:inv-shared:capture:{uuid.uuid4().hex}"
+    a = _http(url, "POST", charge, _fence(k, 5, "job-A"))  # job A after four takeovers
+    b = _http(url, "POST", charge, _fence(k, 1, "job-B"))  # job B's first attempt
+    assert (a[0], b[0]) == (201, 201)
+    assert b[2] == a[2] and b[1]["Idempotent-Replayed"] == "true"
+    # Another key of job B on the same invoice is applied: the fence never compared A and B.
+    assert _http(url, "POST", {**charge, "amount": 1}, _fence(key(), 1, "job-B"))[0] == 201
+    _, _, ledger = _http(f"{service_url}/ledger")
+    assert sorted((r["scope"], r["token"]) for r in ledger["rows"]) == [("job-A", 5), ("job-B", 1)]
+
+
+def test_service_refuses_a_stale_owner_on_an_invoice_another_job_fenced_equal(
+    service_url: str,
+) -> None:
+    url = f"{service_url}/charge"
+    assert (
+        _http(url, "POST", {"invoice": "inv-a", "amount": 1}, _fence(key(), 4, "job-A"))[0] == 201
+    )
+    assert (
+        _http(url, "POST", {"invoice": "inv-b", "amount": 1}, _fence(key(), 3, "job-B"))[0] == 201
+    )
+    stale = _http(url, "POST", {"invoice": "inv-b", "amount": 2}, _fence(key(), 3, "job-A"))
+    assert stale[0] == 412 and stale[2] == {"error": "stale_token", "highest": 4}
+    _, _, ledger = _http(f"{service_url}/ledger")
+    assert len(ledger["rows"]) == 2
+
+
+def test_service_percent_decodes_the_scope(service_url: str, rcv: FencedReceiver) -> None:
+    scope = "bestellung/ä 7"
+    headers = fence_headers(key(), scope, 2)
+    assert headers["X-Execution-Fence-Scope"] == "bestellung%2F%C3%A4%207"
+    assert (
+        _http(f"{service_url}/charge", "POST", {"invoice": "i-u", "amount": 1}, headers)[0] == 201
+    )
+    assert rcv.highest(scope) == 2
+
+
+# --- header input (issue 7, item 4) ------------------------------------------------------------
+
+BAD_TOKENS: list[tuple[str, bytes]] = [
+    ("huge", b"1" + b"0" * 100),
+    ("2**63", str(2**63).encode()),
+    ("arabic_indic_one", "\u0661".encode()),
+    ("superscript_two_latin1", b"\xb2"),
+    ("fullwidth_one", "\uff11".encode()),
+    ("plus", b"+5"),
+    ("minus", b"-5"),
+    ("inner_space", b"5 5"),
+    ("hex", b"0x10"),
+    ("exponent", b"1e3"),
+    ("float", b"5.0"),
+    ("leading_zero", b"007"),
+    ("empty", b""),
+]
+
+
+def _raw_post(url: str, headers: list[tuple[str, bytes]], body: Any) -> tuple[int, Any]:
+    """POST with header values sent as raw bytes (urllib would refuse non-latin-1 text)."""
+    parts = urllib.parse.urlsplit(url)
+    data = json.dumps(body).encode()
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=10)
+    try:
+        conn.putrequest("POST", parts.path)
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(len(data)))
+        for name, value in headers:
+            conn.putheader(name, value)
+        conn.endheaders(data)
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(("name", "raw"), BAD_TOKENS, ids=[n for n, _ in BAD_TOKENS])
+def test_service_answers_400_to_a_malformed_token_and_stores_no_mark(
+    service_url: str, rcv: FencedReceiver, name: str, raw: bytes
+) -> None:
+    scope, k = f"job-{name}", key()
+    headers = [
+        ("Idempotency-Key", k.encode()),
+        ("X-Execution-Fence-Scope", scope.encode()),
+        ("X-Execution-Fence", raw),
+    ]
+    status, body = _raw_post(f"{service_url}/charge", headers, {"invoice": "inv-x", "amount": 1})
+    assert status == 400, body
+    assert body["header"] == "X-Execution-Fence"
+    assert body["error"] == ("missing_header" if not raw else "invalid_header")
+    assert body["message"]
+    assert rcv.highest(scope) is None and rcv.record(k) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        ("missing", None),
+        ("empty", b""),
+        ("utf8_bytes", "jöb".encode()),
+        ("inner_space", b"job 1"),
+        ("bad_percent_utf8", b"job%FF"),
+        ("too_long", b"j" * 1025),
+    ],
+)
+def test_service_answers_400_to_a_missing_or_malformed_scope_and_stores_no_mark(
+    service_url: str, rcv: FencedReceiver, name: str, raw: bytes | None
+) -> None:
+    k = key()
+    headers = [("Idempotency-Key", k.encode()), ("X-Execution-Fence", b"3")]
+    if raw is not None:
+        headers.append(("X-Execution-Fence-Scope", raw))
+    status, body = _raw_post(f"{service_url}/charge", headers, {"invoice": "inv-x", "amount": 1})
+    assert status == 400, body
+    assert body["header"] == "X-Execution-Fence-Scope"
+    assert body["error"] == ("missing_header" if not raw else "invalid_header")
+    assert rcv.record(k) is None
+    for scope in ("job 1", "jöb", "job%FF", "job\xff", "j" * 1025):
+        assert rcv.highest(scope) is None
+
+
+def test_the_largest_token_is_accepted_and_one_more_is_not(rcv: FencedReceiver) -> None:
+    assert rcv.apply("job-max", MAX_TOKEN, key(), PAYLOAD, Counter()).status == 200
+    assert rcv.highest("job-max") == 2**63 - 1
+    for bad in (2**63, 10**100, -1, True, 1.0, "1"):
+        with pytest.raises(FenceError, match="X-Execution-Fence"):
+            rcv.apply("job-big", bad, key(), PAYLOAD, Counter())  # type: ignore[arg-type]
+    assert rcv.highest("job-big") is None
+
+
+def test_parse_fence_reads_the_three_headers_case_insensitively() -> None:
+    fence = parse_fence(
+        {
+            "idempotency-key": "k1",
+            "x-execution-fence-scope": "job%2F1",
+            "X-EXECUTION-FENCE": " 42\t",
+        }
+    )
+    assert fence == Fence(scope="job/1", token=42, idem_key="k1")
+    with pytest.raises(FenceError) as err:
+        parse_fence({"Idempotency-Key": "k1", "X-Execution-Fence": "42"})
+    assert (err.value.problem, err.value.header, err.value.status) == (
+        "missing_header",
+        "X-Execution-Fence-Scope",
+        400,
+    )
+
+
+# --- signed fences (optional part of issue 7, item 4) ---------------------------------------
+
+SECRET = b"s3cret-shared-by-caller-and-receiver"
+
+
+def test_signed_fence_verifies_and_any_change_breaks_it() -> None:
+    headers = fence_headers("k1", "job-1", 7, secret=SECRET)
+    assert headers["X-Execution-Fence-Signature"].startswith("v1=")
+    assert parse_fence(headers, secrets=[SECRET]) == Fence("job-1", 7, "k1")
+    # Rotation: the new secret first, the old one still accepted.
+    assert parse_fence(headers, secrets=[b"new", SECRET]).token == 7
+    for name, value in [
+        ("X-Execution-Fence", "8"),
+        ("X-Execution-Fence-Scope", "job-2"),
+        ("Idempotency-Key", "k2"),
+    ]:
+        with pytest.raises(FenceError) as err:
+            parse_fence({**headers, name: value}, secrets=[SECRET])
+        assert (err.value.problem, err.value.status) == ("fence_signature_mismatch", 403)
+    with pytest.raises(FenceError, match="X-Execution-Fence-Signature"):
+        parse_fence(fence_headers("k1", "job-1", 7), secrets=[SECRET])  # unsigned
+    with pytest.raises(FenceError, match="64 lower-case hex"):
+        parse_fence({**headers, "X-Execution-Fence-Signature": "v1=zz"}, secrets=[SECRET])
+
+
+def test_effect_call_signs_what_the_receiver_verifies() -> None:
+    call = EffectCall("payment:inv-1:capture", 3, "job/ü", "capture", "payments", {})
+    assert parse_fence(call.headers) == Fence("job/ü", 3, "payment:inv-1:capture")
+    assert parse_fence(call.signed_headers(SECRET), secrets=[SECRET]).scope == "job/ü"
+
+
+def test_service_with_a_secret_accepts_only_signed_fences(settings: Settings) -> None:
+    service.create_ledger_table(settings, settings.prefix)
+    rcv = FencedReceiver(settings)
+    server, url = service.serve(settings, settings.prefix, 0, fence_secrets=[SECRET])
+    try:
+        charge = {"invoice": "inv-s", "amount": 3}
+        unsigned = _http(f"{url}/charge", "POST", charge, _fence(key(), 2, "job-s"))
+        assert unsigned[0] == 400 and unsigned[2]["header"] == "X-Execution-Fence-Signature"
+        forged = {**fence_headers(key(), "job-s", 2, secret=b"guess"), "Content-Type": "x"}
+        assert _http(f"{url}/charge", "POST", charge, forged)[0] == 403
+        assert rcv.highest("job-s") is None  # neither left a mark
+        signed = fence_headers(key(), "job-s", 2, secret=SECRET)
+        assert _http(f"{url}/charge", "POST", charge, signed)[0] == 201
+        assert rcv.highest("job-s") == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# --- the mark rises with every answer (issue 14, item 3) --------------------------------------
+
+
+def test_a_replay_to_a_newer_owner_raises_the_mark(rcv: FencedReceiver) -> None:
+    k = key()
+    assert rcv.apply("job-1", 1, k, PAYLOAD, Counter()).status == 200
+    assert rcv.apply("job-1", 2, k, PAYLOAD, Counter()).replayed
+    assert rcv.highest("job-1") == 2
+    effect = Counter()
+    assert rcv.apply("job-1", 1, key(), PAYLOAD, effect).status == 412  # the old owner, new key
+    assert effect.calls == 0
+
+
+def test_a_422_to_a_newer_owner_raises_the_mark(rcv: FencedReceiver) -> None:
+    k = key()
+    assert rcv.apply("job-1", 1, k, PAYLOAD, Counter()).status == 200
+    assert rcv.apply("job-1", 2, k, {**PAYLOAD, "amount": 99}, Counter()).status == 422
+    assert rcv.highest("job-1") == 2
+    assert rcv.apply("job-1", 1, key(), PAYLOAD, Counter()).status == 412
+
+
+def test_a_409_to_a_newer_owner_raises_the_mark(rcv: FencedReceiver) -> None:
+    started, release = threading.Event(), threading.Event()
+    k = key()
+
+    def slow() -> EffectResult:
+        started.set()
+        assert release.wait(20)
+        return EffectResult(200, {})
+
+    t = threading.Thread(target=rcv.apply, args=("job-1", 1, k, PAYLOAD, slow))
+    t.start()
+    try:
+        assert started.wait(20)
+        assert rcv.apply("job-1", 2, k, PAYLOAD, Counter()).status == 409
+        assert rcv.highest("job-1") == 2
+        effect = Counter()
+        assert rcv.apply("job-1", 1, key(), PAYLOAD, effect).status == 412
+        assert effect.calls == 0
+    finally:
+        release.set()
+        t.join(20)
+
+
+def test_raise_mark_admits_equal_and_higher_and_refuses_lower(rcv: FencedReceiver) -> None:
+    assert rcv.raise_mark("job-r", 3) is None
+    assert rcv.raise_mark("job-r", 3) is None
+    assert rcv.raise_mark("job-r", 2) == Reply(412, {"error": "stale_token", "highest": 3})
+    assert rcv.highest("job-r") == 3
+
+
+def test_service_replay_409_422_and_400_to_a_newer_owner_raise_the_mark(
+    service_url: str, rcv: FencedReceiver
+) -> None:
+    url = f"{service_url}/charge"
+    charge = {"invoice": "inv-r", "amount": 10}
+    k = key()
+    assert _http(url, "POST", charge, _fence(k, 1, "job-r1"))[0] == 201
+    # Each answer below is not a success, yet each carries a newer token of its job.
+    replay = _http(url, "POST", charge, _fence(k, 2, "job-r1"))
+    assert replay[0] == 201 and replay[1]["Idempotent-Replayed"] == "true"
+    assert rcv.highest("job-r1") == 2
+    assert _http(url, "POST", {**charge, "amount": 11}, _fence(k, 3, "job-r1"))[0] == 422
+    assert rcv.highest("job-r1") == 3
+    assert _http(url, "POST", {"invoice": "", "amount": 1}, _fence(key(), 4, "job-r1"))[0] == 400
+    assert rcv.highest("job-r1") == 4
+    # The job's older owners are refused under any new key, and get no 400 either.
+    for token in (1, 2, 3):
+        stale = _http(url, "POST", charge, _fence(key(), token, "job-r1"))
+        assert stale[0] == 412 and stale[2]["highest"] == 4
+    assert _http(url, "POST", {"invoice": "", "amount": 1}, _fence(key(), 3, "job-r1"))[0] == 412
+
+
+# --- upgrading ------------------------------------------------------------------------------
+
+
+def test_a_fences_table_keyed_per_resource_is_refused_with_the_fix(aws: AwsTestEnv) -> None:
+    settings = Settings(endpoint_url=aws.endpoint_url, prefix=f"{aws.prefix}-old")
+    ddb = make_client(settings, "dynamodb")
+    ddb.create_table(
+        TableName=f"{settings.prefix}-fences",
+        KeySchema=[{"AttributeName": "resource", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "resource", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    with pytest.raises(ConfigError, match=r"resource \(HASH\).*scope \(HASH\).*delete the table"):
+        create_receiver_tables(settings)
 
 
 def test_service_health_and_unknown_route(service_url: str) -> None:

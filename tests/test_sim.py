@@ -641,7 +641,13 @@ def test_fenced_receiver_fence_replay_and_check() -> None:
     rx = Receivers(chaos)
     rx.add("keyed", keyed=True)
     rx.add("unkeyed", keyed=False)
-    kw: dict[str, Any] = {"resource": "r", "payload_hash": "h", "worker": "w", "now": 1.0}
+    kw: dict[str, Any] = {
+        "resource": "r",
+        "scope": "job-1",
+        "payload_hash": "h",
+        "worker": "w",
+        "now": 1.0,
+    }
     assert rx.apply("keyed", key="k", token=2, **kw).status == 200
     again = rx.apply("keyed", key="k", token=2, **kw)
     assert again.status == 200 and again.replayed  # the stored response, not a second effect
@@ -650,11 +656,40 @@ def test_fenced_receiver_fence_replay_and_check() -> None:
     assert rx.apply("unkeyed", key="k", token=1, **kw).status == 200  # no key: applies again
     assert [e.key for e in rx.ledger] == ["k", "k", "k"]
     # the check knows the truth, raises the fence, and cannot tell about a request in flight
-    assert rx.check("keyed", key="k", resource="r", token=2).verdict is Verdict.CONFIRMED
+    ck: dict[str, Any] = {"resource": "r", "scope": "job-1"}
+    assert rx.check("keyed", key="k", token=2, **ck).verdict is Verdict.CONFIRMED
     rx.sent("unkeyed", "k3", 5)
-    assert rx.check("unkeyed", key="k3", resource="r3", token=5).verdict is Verdict.CANNOT_TELL
-    assert rx.check("keyed", key="k4", resource="r4", token=7).verdict is Verdict.NOT_APPLIED
-    assert rx.apply("keyed", key="k4", token=6, **{**kw, "resource": "r4"}).status == 412
+    assert rx.check("unkeyed", key="k3", token=5, **ck).verdict is Verdict.CANNOT_TELL
+    job4 = {"resource": "r4", "scope": "job-4"}
+    assert rx.check("keyed", key="k4", token=7, **job4).verdict is Verdict.NOT_APPLIED
+    assert rx.apply("keyed", key="k4", token=6, **{**kw, **job4}).status == 412
+
+
+def test_simulated_fences_are_per_job_and_rise_with_every_answer() -> None:
+    chaos = Chaos(0)
+    chaos.cutoff = 0.0
+    rx = Receivers(chaos)
+    rx.add("keyed", keyed=True)
+    seen: list[tuple[str, str, int]] = []
+    rx.admitted.append(lambda *a: seen.append(a))
+    kw: dict[str, Any] = {"resource": "invoice-1", "payload_hash": "h", "worker": "w", "now": 1.0}
+    # Two jobs on one resource: job B's first token is not compared with job A's fifth.
+    assert rx.apply("keyed", key="a1", scope="job-A", token=5, **kw).status == 200
+    assert rx.apply("keyed", key="b1", scope="job-B", token=1, **kw).status == 200
+    # A replay and a 422 to job A's newer owner raise A's mark: its old owner is refused.
+    assert rx.apply("keyed", key="a1", scope="job-A", token=6, **kw).replayed
+    assert (
+        rx.apply("keyed", key="a1", scope="job-A", token=7, **{**kw, "payload_hash": "x"}).status
+        == 422
+    )
+    assert rx.apply("keyed", key="a2", scope="job-A", token=6, **kw).status == 412
+    assert rx.targets["keyed"].fences == {"job-A": 7, "job-B": 1}
+    assert seen == [
+        ("keyed", "job-A", 5),
+        ("keyed", "job-B", 1),
+        ("keyed", "job-A", 6),
+        ("keyed", "job-A", 7),
+    ]
 
 
 # --------------------------------------------------------------------------- against moto

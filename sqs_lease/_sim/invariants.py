@@ -2,8 +2,10 @@
 
 Each has a stable name (used in reports, replay output and tests):
 
-- ``I1_stale_effect``: no effect accepted with a token lower than one already
-  accepted for that resource.
+- ``I1_stale_effect``: no effect accepted with a token lower than one the
+  target already admitted for that fence scope (the job): by an effect, a
+  replay, a refused payload or a fenced check. Scopes, not resources: tokens
+  of different jobs are not comparable.
 - ``I2_double_effect``: no irreversible effect applied twice for one intent key.
 - ``I3_superseded_commit``: no result committed (nor any fenced end of an
   attempt: failed, parked, requeued) by a writer whose token was superseded, and
@@ -39,7 +41,7 @@ E_EXC = "E_unhandled_exception"
 E_BUDGET = "E_budget"
 
 INVARIANTS: dict[str, str] = {
-    I1: "no effect accepted with a token lower than one already accepted for its resource",
+    I1: "no effect accepted with a token lower than one already admitted for its scope (job)",
     I2: "no irreversible effect applied twice for one intent key",
     I3: "no result committed (or attempt ended) by a superseded token; nothing commits twice",
     I4: "every job ends succeeded, failed or parked with a reason; none lost or stuck",
@@ -90,16 +92,21 @@ class Checker:
 
     # ------------------------------------------------------------------ I1, I2
 
+    def request_admitted(self, target: str, scope: str, token: int) -> None:
+        """The target's fence let a request of ``scope`` at ``token`` through."""
+        key = (target, scope)
+        self._high[key] = max(self._high.get(key, 0), token)
+
     def effect_applied(self, e: Applied) -> None:
-        res = (e.target, e.resource)
-        high = self._high.get(res, 0)
+        scope = (e.target, e.scope)
+        high = self._high.get(scope, 0)
         if e.token < high:
             self.fail(
                 I1,
-                f"{e.target} applied {e.key!r} on {e.resource} with token {e.token} after "
-                f"token {high} was accepted (worker {e.worker})",
+                f"{e.target} applied {e.key!r} for job {e.scope} with token {e.token} after "
+                f"token {high} was admitted for it (worker {e.worker})",
             )
-        self._high[res] = max(high, e.token)
+        self._high[scope] = max(high, e.token)
         first = self._applied.get((e.target, e.key))
         if first is not None:
             self.fail(

@@ -1,19 +1,24 @@
 """Simulated fenced receivers (the targets of side effects) and the ledger of applied effects.
 
-A target keeps, per resource, the highest token it accepted (lower is refused with
-412, equal or higher accepted) and, when it is *keyed*, per idempotency key the
-stored response (a repeated key is replayed, not applied again). An *unkeyed*
-target has only the token fence. Each job picks one kind.
+A target keeps, per fence scope (the calling job's id: tokens are ordered per
+job, so marks of different jobs are never compared), the highest token it saw
+(lower is refused with 412, equal or higher accepted and raises the mark
+whatever the answer: an effect, a replay or a 422) and, when it is *keyed*,
+per idempotency key the stored response (a repeated key is replayed, not
+applied again). An *unkeyed* target has only the token fence. Each job picks
+one kind. The resource an effect touches is recorded but orders nothing.
 
 Every effect a target *applies* is written to the ledger: intent key, resource,
-token, virtual time, target and worker; the invariant checker reads it (I1, I2).
+scope, token, virtual time, target and worker; the invariant checker reads it
+(I1, I2). Every request the fence admits is told to ``admitted`` listeners, so
+the checker knows the highest token each scope has shown (I1).
 
 The reconciliation check knows the truth, as a good target-side lookup would:
 applied (with its external id) or not. Two details keep a "not applied" answer
 true for the future, not only for the instant of the check:
 
-- the check is *fenced*: it carries the checker's token and raises the
-  resource's mark to it, so a request from an older owner (paused between its
+- the check is *fenced*: it carries the checker's scope and token and raises
+  the scope's mark to it, so a request from an older owner (paused between its
   fenced start and its send) can no longer land afterwards;
 - on an unkeyed target, a request with that key still in the network at the
   checker's token or above makes the truth undecided: the answer is CANNOT_TELL.
@@ -37,6 +42,7 @@ class Applied:
     seq: int
     key: str
     resource: str
+    scope: str
     token: int
     time: float
     target: str
@@ -56,7 +62,7 @@ class Reply:
 class SimTarget:
     name: str
     keyed: bool
-    fences: dict[str, int] = field(default_factory=dict)
+    fences: dict[str, int] = field(default_factory=dict)  # scope -> mark
     stored: dict[str, tuple[str, Reply]] = field(default_factory=dict)
     applied: dict[str, Applied] = field(default_factory=dict)
     pending: dict[str, list[int]] = field(default_factory=dict)
@@ -80,6 +86,7 @@ class Receivers:
         self.ledger: list[Applied] = []
         self.check_mode = self.default_check_mode
         self.listeners: list[Any] = []  # callables (Applied) -> None
+        self.admitted: list[Any] = []  # callables (target, scope, token) -> None
         self.rejected = 0
         self.replayed = 0
 
@@ -106,6 +113,7 @@ class Receivers:
         *,
         key: str,
         resource: str,
+        scope: str,
         token: int,
         payload_hash: str,
         worker: str,
@@ -117,21 +125,21 @@ class Receivers:
             return Reply(429, {"error": "too_many_requests"})
         if self.chaos.roll("target_error_before", self.faults.error_before):
             return Reply(503, {"error": "unavailable"})
-        mark = t.fences.get(resource, 0)
-        if token < mark:
+        if not self._fence(t, scope, token):
             self.rejected += 1
-            return Reply(412, {"error": "stale_token", "highest": mark})
+            return Reply(412, {"error": "stale_token", "highest": t.fences[scope]})
+        self._passed(t, scope, token)
         if t.keyed and key in t.stored:
             stored_hash, reply = t.stored[key]
             if stored_hash != payload_hash:
                 return Reply(422, {"error": "payload_mismatch"})
             self.replayed += 1
             return Reply(reply.status, reply.body, True, reply.external_id)
-        t.fences[resource] = max(mark, token)
         entry = Applied(
             seq=len(self.ledger) + 1,
             key=key,
             resource=resource,
+            scope=scope,
             token=token,
             time=now,
             target=target,
@@ -154,13 +162,27 @@ class Receivers:
             return Reply(500, {"error": "internal"})
         return reply
 
+    def _fence(self, t: SimTarget, scope: str, token: int) -> bool:
+        """Admit ``token`` for ``scope`` (raising its mark) unless it is lower than the mark."""
+        mark = t.fences.get(scope, 0)
+        if token < mark:
+            return False
+        t.fences[scope] = token
+        return True
+
+    def _passed(self, t: SimTarget, scope: str, token: int) -> None:
+        # Told apart from _fence so the checker learns what passed even if the mark
+        # keeping were broken: it keeps its own high-water marks from these.
+        for listener in self.admitted:
+            listener(t.name, scope, token)
+
     # ------------------------------------------------------------------ the check
 
-    def check(self, target: str, *, key: str, resource: str, token: int) -> CheckAnswer:
+    def check(self, target: str, *, key: str, resource: str, scope: str, token: int) -> CheckAnswer:
         t = self.targets[target]
         done = t.applied.get(key)
-        if self.check_mode == "fenced":
-            t.fences[resource] = max(t.fences.get(resource, 0), token)
+        if self.check_mode == "fenced" and self._fence(t, scope, token):
+            self._passed(t, scope, token)
         if self.chaos.roll("check_cannot_tell", self.faults.cannot_tell):
             return CheckAnswer(Verdict.CANNOT_TELL, detail="the target cannot tell (seeded)")
         if done is not None:

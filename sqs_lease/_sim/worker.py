@@ -416,8 +416,10 @@ class SimWorker(Actor):
             target=target,
             payload_json=text,
             payload_hash=digest,
-            tool=SimTool(target, key, resource, claim.token, digest, self.id, p.tool_http_timeout),
-            check=SimCheck(target, key, resource, claim.token, p.tool_http_timeout),
+            tool=SimTool(
+                target, key, resource, job_id, claim.token, digest, self.id, p.tool_http_timeout
+            ),
+            check=SimCheck(target, key, resource, job_id, claim.token, p.tool_http_timeout),
             lease_check=lambda: lease.check(self.mono()),
             key_retention_seconds=_SIM_KEY_RETENTION,
         )

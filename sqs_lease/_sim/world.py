@@ -83,6 +83,7 @@ class SimTool:
     target: str
     key: str
     resource: str
+    scope: str  # the fence's scope: the job id (tokens are ordered per job)
     token: int
     payload_hash: str
     worker: str
@@ -100,6 +101,7 @@ class SimCheck:
     target: str
     key: str
     resource: str
+    scope: str
     token: int
     timeout: float
     kind: str = "check"
@@ -282,6 +284,7 @@ class World:
         self.receivers.add("keyed", keyed=True)
         self.receivers.add("unkeyed", keyed=False)
         self.receivers.listeners.append(self._on_effect)
+        self.receivers.admitted.append(self.checker.request_admitted)
         self.jobs_req = JobTable(JOBS)
         self.intents_req = IntentTable(INTENTS, ATTEMPTS)
         p = self.plan
@@ -594,6 +597,7 @@ class World:
                 r.target,
                 key=r.key,
                 resource=r.resource,
+                scope=r.scope,
                 token=r.token,
                 payload_hash=r.payload_hash,
                 worker=r.worker,
@@ -614,7 +618,9 @@ class World:
                 )
         else:
             assert isinstance(r, SimCheck)
-            answer = self.receivers.check(r.target, key=r.key, resource=r.resource, token=r.token)
+            answer = self.receivers.check(
+                r.target, key=r.key, resource=r.resource, scope=r.scope, token=r.token
+            )
             out = Ok({"value": answer}, p.sent_mono)
             if self.trace:
                 self.record(
