@@ -610,6 +610,19 @@ def test_service_answers_400_to_a_missing_or_malformed_scope_and_stores_no_mark(
         assert rcv.highest(scope) is None
 
 
+def test_service_answers_400_to_two_token_headers(service_url: str, rcv: FencedReceiver) -> None:
+    k = key()
+    headers = [
+        ("Idempotency-Key", k.encode()),
+        ("X-Execution-Fence-Scope", b"job-two-tokens"),
+        ("X-Execution-Fence", b"5"),
+        ("X-Execution-Fence", b"7"),
+    ]
+    status, body = _raw_post(f"{service_url}/charge", headers, {"invoice": "inv-x", "amount": 1})
+    assert (status, body["header"]) == (400, "X-Execution-Fence")
+    assert rcv.highest("job-two-tokens") is None and rcv.record(k) is None
+
+
 def test_the_largest_token_is_accepted_and_one_more_is_not(rcv: FencedReceiver) -> None:
     assert rcv.apply("job-max", MAX_TOKEN, key(), PAYLOAD, Counter()).status == 200
     assert rcv.highest("job-max") == 2**63 - 1
@@ -729,6 +742,16 @@ def test_a_409_to_a_newer_owner_raises_the_mark(rcv: FencedReceiver) -> None:
     finally:
         release.set()
         t.join(20)
+
+
+def test_an_effect_that_fails_for_a_newer_owner_has_raised_the_mark(rcv: FencedReceiver) -> None:
+    def boom() -> EffectResult:
+        raise RuntimeError("card network down")
+
+    assert rcv.apply("job-f", 1, key(), PAYLOAD, Counter()).status == 200
+    assert rcv.apply("job-f", 2, key(), PAYLOAD, boom).status == 500
+    assert rcv.highest("job-f") == 2
+    assert rcv.apply("job-f", 1, key(), PAYLOAD, Counter()).status == 412
 
 
 def test_raise_mark_admits_equal_and_higher_and_refuses_lower(rcv: FencedReceiver) -> None:
