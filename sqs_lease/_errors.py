@@ -30,6 +30,10 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+FenceProblem = Literal["missing_header", "invalid_header", "fence_signature_mismatch"]
+
 
 class SqsLeaseError(Exception):
     """Base of every error raised by sqs-lease."""
@@ -158,7 +162,7 @@ class FenceError(SqsLeaseError, ValueError):
     not match).
     """
 
-    def __init__(self, problem: str, header: str, message: str) -> None:
+    def __init__(self, problem: FenceProblem, header: str, message: str) -> None:
         super().__init__(f"{header}: {message}")
         self.problem = problem
         self.header = header

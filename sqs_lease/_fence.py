@@ -39,7 +39,7 @@ import re
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
 
 from ._errors import FenceError
 
@@ -59,8 +59,6 @@ _TOKEN_RE: Final = re.compile(r"(?:0|[1-9][0-9]{0,18})\Z", re.ASCII)
 _SCOPE_WIRE_RE: Final = re.compile(rf"[\x21-\x7e]{{1,{MAX_SCOPE_WIRE}}}\Z")
 _SIGNATURE_RE: Final = re.compile(r"v1=[0-9a-f]{64}\Z")
 _OWS: Final = " \t"  # HTTP's optional whitespace around a field value; nothing else is stripped
-
-Problem = Literal["missing_header", "invalid_header", "fence_signature_mismatch"]
 
 
 @dataclass(frozen=True)
