@@ -44,7 +44,38 @@ def create_tables(settings: Settings) -> list[str]:
                 if exc.code != "ResourceInUseException":
                     raise
             ddb.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1})
+        else:
+            _add_missing_indexes(ddb, model, name)
     return [name for _, name in wanted]
+
+
+def _add_missing_indexes(ddb: Any, model: type[Any], name: str) -> None:
+    """A table made by an earlier version gets the indexes this one queries (the
+    jobs table's sparse ``unsent`` index); DynamoDB backfills them."""
+    wanted = create_table_params(model, name)
+    indexes = wanted.get("GlobalSecondaryIndexes", [])
+    if not indexes:
+        return
+    described = _call(ddb, "describe_table", TableName=name)["Table"]
+    have = {i["IndexName"] for i in described.get("GlobalSecondaryIndexes", [])}
+    for index in indexes:
+        if index["IndexName"] in have:
+            continue
+        keys = {k["AttributeName"] for k in index["KeySchema"]}
+        try:
+            _call(
+                ddb,
+                "update_table",
+                TableName=name,
+                AttributeDefinitions=[
+                    d for d in wanted["AttributeDefinitions"] if d["AttributeName"] in keys
+                ],
+                GlobalSecondaryIndexUpdates=[{"Create": index}],
+            )
+        except AwsCallFailed as exc:
+            # Another `tables create` is adding it (one index change at a time).
+            if exc.code not in ("ResourceInUseException", "LimitExceededException"):
+                raise
 
 
 def create_queue(
