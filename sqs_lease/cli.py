@@ -394,6 +394,21 @@ def submit(
 )
 @click.option("--max-messages", type=click.IntRange(1), default=None, help="Exit after N received.")
 @click.option("--worker-id", default=None, help="Default: host-pid-random.")
+@click.option(
+    "--sweep-interval",
+    type=click.FloatRange(0),
+    default=60.0,
+    show_default=True,
+    help="Seconds between sweeps for jobs stranded without a message; 0 turns it off.",
+)
+@click.option(
+    "--sweep-grace",
+    type=click.FloatRange(0),
+    default=UNSENT_GRACE_SECONDS,
+    show_default=True,
+    help="Sweep only jobs without a sent message for this many seconds.",
+)
+@click.option("--sweep-limit", type=click.IntRange(1, 1000), default=25, show_default=True)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -404,6 +419,9 @@ def worker(
     idle_exit: float | None,
     max_messages: int | None,
     worker_id: str | None,
+    sweep_interval: float,
+    sweep_grace: float,
+    sweep_limit: int,
 ) -> None:
     """Run a worker for an app; journal on stderr, final stats (JSON) on stdout."""
     settings = _settings(ctx)
@@ -418,6 +436,9 @@ def worker(
         concurrency=concurrency,
         receive_wait=receive_wait,
         shutdown_grace=shutdown_grace,
+        sweep_interval=sweep_interval or None,
+        sweep_grace=sweep_grace,
+        sweep_limit=sweep_limit,
     )
     with _stop_signals(None):
         w.install_signal_handlers()

@@ -7,6 +7,7 @@ events it emitted and the value it returned.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -1271,6 +1272,21 @@ def test_retry_at_max_attempts_fails_instead() -> None:
     assert sets["reason"] == repr("attempts exhausted (3 of 3); last error: boom")
     assert s.event("job_failed")["error_code"] == "attempts_exhausted"
     assert "job_retry_scheduled" not in s.event_names()
+
+
+def test_retry_counts_attempts_an_operator_granted() -> None:
+    # A job resumed once (one attempt granted) keeps max_attempts of its own budget:
+    # attempt 3 of max 3 + 1 granted still retries; attempt 4 fails and says why.
+    granted = dataclasses.replace(job_view(token=3, attempt=3), granted_attempts=1)
+    s = Script([ok(), ok()])
+    assert _retry(s, granted, max_attempts=3).outcome == "done"
+    assert s.ops == ["dynamodb.UpdateItem", "sqs.ChangeMessageVisibility"]
+    spent = dataclasses.replace(granted, attempt=4, token=4)
+    s = Script([ok(), ok()])
+    _retry(s, spent, max_attempts=3)
+    assert update_sets(s.calls[0].params)["reason"] == repr(
+        "attempts exhausted (4 of 3 + 1 granted); last error: boom"
+    )
 
 
 def test_retry_requeue_rejected_sets_no_visibility() -> None:
