@@ -547,7 +547,7 @@ class Worker:
             )
         )
         if fin.outcome == "done":
-            if claim.attempt >= jc.max_attempts:
+            if claim.attempt >= jc.max_attempts + claim.job.granted_attempts:
                 self._count("failed")
             else:
                 self._count("retried")

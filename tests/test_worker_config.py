@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import pytest
 from conftest import AwsTestEnv
@@ -68,5 +69,6 @@ def test_a_bad_sweep_option_is_a_config_error_naming_it(
     option: str, value: float, named: str
 ) -> None:
     settings = Settings(endpoint_url="http://127.0.0.1:9", prefix="unused")
+    options: dict[str, Any] = {option: value}
     with pytest.raises(ConfigError, match=named):
-        Worker(_app(), settings, **{option: value})  # refused before any AWS call
+        Worker(_app(), settings, **options)  # refused before any AWS call

@@ -540,7 +540,8 @@ class SimWorker(Actor):
             origin,
         )
         if fin.outcome == "done":
-            self.bump("failed" if claim.attempt >= jc.max_attempts else "retried")
+            spent = claim.attempt >= jc.max_attempts + claim.job.granted_attempts
+            self.bump("failed" if spent else "retried")
         return fin
 
     def _finish_fail(
