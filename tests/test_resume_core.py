@@ -333,6 +333,7 @@ def test_a_settled_intent_whose_job_moved_on_has_nothing_to_resolve() -> None:
     s = Script([got_item(done), condition_failed(job_item(JOB, state=JobState.SUCCEEDED))])
     with pytest.raises(IntentError, match="is confirmed, not ambiguous: nothing to resolve"):
         _resolve(s, Resolution.CONFIRMED, "ch_1")
+    assert s.events == []  # the look at its job is not a resume attempt
 
 
 @pytest.mark.parametrize("state", [IntentState.PREPARED, IntentState.IN_PROGRESS])

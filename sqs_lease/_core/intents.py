@@ -1034,11 +1034,11 @@ def _finish_earlier(
     jreq: JobRequests, intent: IntentView, *, queue_url: str, wall_now: float, send_id: str
 ) -> Flow[Resolved | None]:
     """An intent an earlier resolution settled: resume its job if that half is missing."""
-    resumed = yield from resume_flow(
+    resumed = yield from _resume(
         jreq, queue_url=queue_url, job_id=intent.job_id, wall_now=wall_now, send_id=send_id
     )
     if resumed.verdict == "not_parked":
-        return None
+        return None  # nothing half done: the caller says there is nothing to resolve
     yield from emit(
         "intent_resolution_finished",
         key=intent.key,
@@ -1089,6 +1089,17 @@ def resume_flow(
     or submit whose send failed, a producer that died) is sent again now, under a
     new send id that retires any older message. ``send_id`` is unique to this call.
     """
+    resumed = yield from _resume(
+        jreq, queue_url=queue_url, job_id=job_id, wall_now=wall_now, send_id=send_id
+    )
+    if resumed.verdict == "not_parked":
+        yield from emit("job_resume_skipped", job_id=job_id, state=resumed.state.value)
+    return resumed
+
+
+def _resume(
+    jreq: JobRequests, *, queue_url: str, job_id: str, wall_now: float, send_id: str
+) -> Flow[Resumed]:
     out = yield from call(jreq.unpark(job_id, send_id, wall_now))
     if isinstance(out, Ok):
         job = jreq.parse(out.response.get("Attributes", {}))
@@ -1148,7 +1159,6 @@ def resume_flow(
             raise _unknown(took, "resume job (take over the send)", job_id)
         if took.item is not None:
             current = jreq.parse(took.item)
-    yield from emit("job_resume_skipped", job_id=job_id, state=current.state.value)
     return Resumed(job_id, "not_parked", current.state, f"job is {current.state.value}, not parked")
 
 
