@@ -26,7 +26,7 @@ from sqs_lease._schema import IntentTable, JobTable
 from sqs_lease._sim import run_seed
 from sqs_lease._sim.chaos import Chaos
 from sqs_lease._sim.cli import main, replay_command, run_seeds
-from sqs_lease._sim.ddb import DdbFaults, SimDynamo, TableSpec
+from sqs_lease._sim.ddb import DdbFaults, IndexSpec, SimDynamo, TableSpec
 from sqs_lease._sim.expr import ExpressionError, parse_condition, request_expressions
 from sqs_lease._sim.plan import FAULT_KINDS
 from sqs_lease._sim.receiver import Receivers
@@ -925,3 +925,29 @@ SOAK_1_FAILING = (
 def test_seeds_of_the_first_soak_pass_after_the_seed_1658_fix() -> None:
     failing = [seed for seed in SOAK_1_FAILING if not run_seed(seed).ok]
     assert failing == []
+
+
+def test_the_simulated_dynamodb_queries_the_sparse_unsent_index_for_the_sweep() -> None:
+    unsent = IndexSpec(
+        "unsent", "unsent", "unsent_since", ("job_class", "state", "send_id", "message_sent")
+    )
+    db = SimDynamo([TableSpec(JOBS, "job_id", indexes=(unsent,))], Chaos(0))
+    for job_id, at in (("old", 1.0), ("older", 0.5), ("young", 90.0)):
+        put = T.put_new(
+            job_id=job_id,
+            job_class="c",
+            payload_json="{}",
+            payload_hash="h",
+            wall_now=at,
+            send_id=f"{job_id}.1",
+        )
+        assert isinstance(_send(db, put), Ok)
+    assert isinstance(_send(db, T.mark_sent("old", "old.1", 2.0)), Ok)  # leaves the index
+    got = _send(db, T.unsent_query(older_than=60.0, limit=10))
+    assert isinstance(got, Ok)
+    assert [i["job_id"]["S"] for i in got.response["Items"]] == ["older"]
+    assert "payload" not in got.response["Items"][0]  # only what the index projects
+    missing = db.handle(
+        "Query", {**T.unsent_query(older_than=1, limit=1).params, "IndexName": "x"}, 0.0
+    )
+    assert isinstance(missing, Err) and "specified index" in missing.message
