@@ -260,9 +260,12 @@ def job_item(
         payload_json=text,
         payload_hash=payload_hash(text),
         wall_now=time.time(),
+        send_id=bench_send_id(job_id),
     )
     item: dict[str, Any] = dict(put.params["Item"])
     item["message_sent"] = {"BOOL": True}
+    item.pop("unsent", None)
+    item.pop("unsent_since", None)
     if running_as is not None:
         item.update(
             state={"S": "running"},
@@ -293,8 +296,13 @@ def send_bodies(sqs: Any, queue_url: str, bodies: Sequence[str]) -> None:
             raise RuntimeError(f"SendMessageBatch failed: {out['Failed'][:1]}")
 
 
+def bench_send_id(job_id: str) -> str:
+    """The send id of a benchmark job's one message (record and body agree)."""
+    return f"{job_id}.bench"
+
+
 def job_bodies(job_ids: Sequence[str], job_class: str) -> list[str]:
-    return [message_body(j, job_class) for j in job_ids]
+    return [message_body(j, job_class, send_id=bench_send_id(j)) for j in job_ids]
 
 
 def raw_clients(settings: Settings) -> tuple[Any, Any]:

@@ -152,9 +152,18 @@ def _loop_contender(
     else:
 
         def per_message(m: dict[str, Any]) -> None:
-            job_id = json.loads(m["Body"])["job_id"]
+            body = json.loads(m["Body"])
+            job_id = body["job_id"]
             now = time.time()
-            old = ddb.update_item(**jobs.claim(job_id, RAW_WORKER, now, LEASE).params)
+            claim = jobs.claim(
+                job_id,
+                RAW_WORKER,
+                now,
+                LEASE,
+                job_class=body["job_class"],
+                send_id=body.get("send_id"),
+            )
+            old = ddb.update_item(**claim.params)
             token = int(old["Attributes"]["token"]["N"]) + 1
             sqs.change_message_visibility(
                 QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=LEASE

@@ -7,13 +7,14 @@ every claim), the results and the intents of side effects.
 
 from ._aws import SyncDriver, Timeouts
 from ._config import Settings
-from ._core.flows import SubmitResult
+from ._core.flows import Stranded, SubmitResult, SweepReport
 from ._core.intents import (
     CheckAnswer,
     EffectResult,
     IntentState,
     IntentView,
     Resolution,
+    Resumed,
     ToolResult,
     Verdict,
 )
@@ -81,10 +82,13 @@ __all__ = [
     "Producer",
     "Resolution",
     "ResourceMissing",
+    "Resumed",
     "Settings",
     "SqsLeaseError",
+    "Stranded",
     "SubmitConflict",
     "SubmitResult",
+    "SweepReport",
     "SyncDriver",
     "Target",
     "Timeouts",

@@ -1,8 +1,10 @@
-"""Submitting jobs: a record (condition: new) and one message."""
+"""Submitting jobs: a record (condition: new) and one message; resuming parked
+jobs and re-sending stranded ones."""
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,23 +12,45 @@ from pydantic import BaseModel
 
 from ._aws import SyncDriver
 from ._config import Settings
-from ._core.flows import SubmitResult, cancel_flow, submit_flow
-from ._core.intents import resume_flow
+from ._core.flows import (
+    UNSENT_GRACE_SECONDS,
+    SubmitResult,
+    SweepReport,
+    cancel_flow,
+    submit_flow,
+    sweep_flow,
+)
+from ._core.intents import Resumed, resume_flow
 from ._core.records import JobView
 from ._jobs import App, canonical_json, payload_hash
 from ._resources import queue_url
 from ._schema import JobTable
 
 
+def new_send_id() -> str:
+    """A send id unique to one send (or, as a prefix, to one sweep)."""
+    return uuid.uuid4().hex
+
+
 class Producer:
-    """Submits jobs. With an ``App`` the payload is validated against its class first."""
+    """Submits jobs. With an ``App`` the payload is validated against its class first.
+
+    ``unsent_grace`` is how long a resubmission leaves a record without a sent
+    message to the submitter that created it before taking the send over.
+    """
 
     def __init__(
-        self, settings: Settings, app: App | None = None, driver: SyncDriver | None = None
+        self,
+        settings: Settings,
+        app: App | None = None,
+        driver: SyncDriver | None = None,
+        *,
+        unsent_grace: float = UNSENT_GRACE_SECONDS,
     ) -> None:
         self.settings = settings
         self.app = app
         self.driver = driver or SyncDriver(settings)
+        self.unsent_grace = unsent_grace
         self.table = JobTable(settings.jobs_table)
         self._queue_url: str | None = None
 
@@ -62,7 +86,9 @@ class Producer:
                 payload_json=text,
                 payload_hash=digest,
                 wall_now=time.time(),
+                send_id=new_send_id(),
                 delay_seconds=delay_seconds,
+                resend_after=self.unsent_grace,
             )
         )
 
@@ -72,9 +98,36 @@ class Producer:
             cancel_flow(self.table, job_id=job_id, reason=reason, wall_now=time.time())
         )
 
-    def resume(self, job_id: str) -> bool:
-        """Re-enqueue a parked job (after an operator decided); False if it was not parked."""
-        state = self.driver.run(
-            resume_flow(self.table, queue_url=self.queue_url, job_id=job_id, wall_now=time.time())
+    def resume(self, job_id: str) -> Resumed:
+        """Re-enqueue a parked job (after an operator decided), granting the attempt it
+        starts; a job queued without a sent message is sent again. Safe to repeat."""
+        return self.driver.run(
+            resume_flow(
+                self.table,
+                queue_url=self.queue_url,
+                job_id=job_id,
+                wall_now=time.time(),
+                send_id=new_send_id(),
+            )
         )
-        return state is not None
+
+    def repair(
+        self,
+        *,
+        older_than: float = UNSENT_GRACE_SECONDS,
+        limit: int = 100,
+        dry_run: bool = False,
+    ) -> SweepReport:
+        """Send again the records left without a sent message for ``older_than``
+        seconds (at most ``limit``, oldest first); ``dry_run`` only lists them."""
+        return self.driver.run(
+            sweep_flow(
+                self.table,
+                queue_url=self.queue_url,
+                wall_now=time.time(),
+                older_than=older_than,
+                limit=limit,
+                send_id_prefix=new_send_id(),
+                dry_run=dry_run,
+            )
+        )

@@ -35,16 +35,58 @@ def create_tables(settings: Settings) -> list[str]:
         (IntentRecord, settings.intents_table),
         (AttemptRecord, settings.attempts_table),
     ]
-    existing = set(_call(ddb, "list_tables").get("TableNames", []))
     for model, name in wanted:
-        if name not in existing:
+        # DescribeTable, not ListTables: the latter pages at 100 names, and a table
+        # missed there would never get the indexes added below.
+        described = _describe(ddb, name)
+        if described is None:
             try:
                 _call(ddb, "create_table", **create_table_params(model, name))
             except AwsCallFailed as exc:
                 if exc.code != "ResourceInUseException":
                     raise
             ddb.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1})
+        else:
+            _add_missing_indexes(ddb, model, name, described)
     return [name for _, name in wanted]
+
+
+def _describe(ddb: Any, name: str) -> dict[str, Any] | None:
+    try:
+        table: dict[str, Any] = _call(ddb, "describe_table", TableName=name)["Table"]
+    except AwsCallFailed as exc:
+        if exc.code == "ResourceNotFoundException":
+            return None
+        raise
+    return table
+
+
+def _add_missing_indexes(ddb: Any, model: type[Any], name: str, described: dict[str, Any]) -> None:
+    """A table made by an earlier version gets the indexes this one queries (the
+    jobs table's sparse ``unsent`` index); DynamoDB backfills them."""
+    wanted = create_table_params(model, name)
+    indexes = wanted.get("GlobalSecondaryIndexes", [])
+    if not indexes:
+        return
+    have = {i["IndexName"] for i in described.get("GlobalSecondaryIndexes", [])}
+    for index in indexes:
+        if index["IndexName"] in have:
+            continue
+        keys = {k["AttributeName"] for k in index["KeySchema"]}
+        try:
+            _call(
+                ddb,
+                "update_table",
+                TableName=name,
+                AttributeDefinitions=[
+                    d for d in wanted["AttributeDefinitions"] if d["AttributeName"] in keys
+                ],
+                GlobalSecondaryIndexUpdates=[{"Create": index}],
+            )
+        except AwsCallFailed as exc:
+            # Another `tables create` is adding it (one index change at a time).
+            if exc.code not in ("ResourceInUseException", "LimitExceededException"):
+                raise
 
 
 def create_queue(

@@ -20,11 +20,31 @@ from pynamodb.attributes import (
 )
 from pynamodb.expressions.condition import Condition
 from pynamodb.expressions.update import Action, Update
+from pynamodb.indexes import GlobalSecondaryIndex, IncludeProjection
 from pynamodb.models import Model
 
 from ._core.calls import Call
 from ._core.intents import EffectSpec, IntentState, IntentView, Resolution
 from ._core.records import JobRequests, JobState, JobView
+
+UNSENT_INDEX = "unsent"
+UNSENT_BUCKET = "unsent"
+
+
+class UnsentIndex(GlobalSecondaryIndex["JobRecord"]):  # type: ignore[no-untyped-call]
+    """Sparse index of records whose current message is not known to be sent.
+
+    Only such records carry ``unsent``/``unsent_since``, so the index holds just
+    them (a stranded-record sweep queries it, oldest first, and never scans the
+    table). One hash value: the index is small by construction.
+    """
+
+    class Meta:
+        index_name = UNSENT_INDEX
+        projection = IncludeProjection(["job_class", "state", "send_id", "message_sent"])
+
+    unsent = UnicodeAttribute(hash_key=True)
+    unsent_since = NumberAttribute(range_key=True)
 
 
 class JobRecord(Model):
@@ -42,6 +62,14 @@ class JobRecord(Model):
     payload = UnicodeAttribute()  # JSON text, immutable after submit
     payload_hash = UnicodeAttribute()
     message_sent = BooleanAttribute(default=False)
+    # The job's current message: written conditionally by the one sender that won
+    # the right to send, carried in the message body, checked by the claim.
+    send_id = UnicodeAttribute(null=True)
+    # Present only while the current message is not known to be sent (sparse index).
+    unsent = UnicodeAttribute(null=True)
+    unsent_since = NumberAttribute(null=True)
+    # Attempts an operator granted beyond the class's max_attempts (resume, resolve).
+    granted_attempts = NumberAttribute(null=True)
     stage = UnicodeAttribute(null=True)
     result = UnicodeAttribute(null=True)  # JSON text
     reason = UnicodeAttribute(null=True)
@@ -52,6 +80,8 @@ class JobRecord(Model):
     # Advisory only (for people and metrics); no decision reads them.
     lease_deadline = NumberAttribute(null=True)
     last_heartbeat = NumberAttribute(null=True)
+
+    unsent_index = UnsentIndex()
 
 
 def _params(
@@ -90,6 +120,29 @@ def _mine(token: int, worker_id: str) -> Condition:
     return cond
 
 
+_SENT: list[Action] = [R.message_sent.set(True), R.unsent.remove(), R.unsent_since.remove()]
+
+
+def _unpark(send_id: str, wall_now: float) -> tuple[Condition, list[Action]]:
+    # An operator's decision grants the attempt it starts (granted_attempts + 1), so
+    # a job parked on its last attempt runs again instead of failing at its claim.
+    # The new send id makes the resume's message the job's one current message.
+    return (
+        R.state == JobState.PARKED.value,
+        [
+            R.state.set(JobState.QUEUED.value),
+            R.reason.set("resumed after an operator's decision"),
+            R.error_code.remove(),
+            R.granted_attempts.add(1),
+            R.send_id.set(send_id),
+            R.message_sent.set(False),
+            R.unsent.set(UNSENT_BUCKET),
+            R.unsent_since.set(wall_now),
+            R.updated_at.set(wall_now),
+        ],
+    )
+
+
 @dataclass(frozen=True)
 class JobTable:
     """Implements the core's ``JobRequests`` for one job table."""
@@ -120,6 +173,7 @@ class JobTable:
         payload_json: str,
         payload_hash: str,
         wall_now: float,
+        send_id: str,
         stage: str | None = None,
     ) -> Call:
         record = JobRecord(
@@ -131,6 +185,9 @@ class JobTable:
             payload=payload_json,
             payload_hash=payload_hash,
             message_sent=False,
+            send_id=send_id,
+            unsent=UNSENT_BUCKET,
+            unsent_since=wall_now,
             stage=stage,
             created_at=wall_now,
             updated_at=wall_now,
@@ -143,13 +200,69 @@ class JobTable:
         params.update(_params(R.job_id.does_not_exist()))
         return Call("dynamodb", "PutItem", params)
 
-    def mark_sent(self, job_id: str, wall_now: float) -> Call:
-        return self._update(job_id, R.job_id.exists(), [R.message_sent.set(True)])
+    def mark_sent(self, job_id: str, send_id: str, wall_now: float) -> Call:
+        # Only the sender of the current message may say it is out: a sender whose
+        # right was taken over meanwhile fails here and learns so from ALL_OLD.
+        return self._update(job_id, R.send_id == send_id, _SENT)
 
-    def claim(self, job_id: str, worker_id: str, wall_now: float, lease_seconds: int) -> Call:
+    def take_send(
+        self, job_id: str, *, seen_send_id: str | None, new_send_id: str, wall_now: float
+    ) -> Call:
+        # One decision among every would-be sender (resubmits, resume, sweep, repair):
+        # the record is queued without a sent message and its send id is still the
+        # one the sender saw. The new id retires every older message of the job.
+        seen: Condition = (
+            R.send_id.does_not_exist() if seen_send_id is None else R.send_id == seen_send_id
+        )
+        cond: Condition = (
+            (R.state == JobState.QUEUED.value) & (R.message_sent == False) & seen  # noqa: E712
+        )
         return self._update(
             job_id,
-            R.job_id.exists() & R.state.is_in(JobState.QUEUED.value, _RUNNING),
+            cond,
+            [
+                R.send_id.set(new_send_id),
+                R.message_sent.set(False),
+                R.unsent.set(UNSENT_BUCKET),
+                R.unsent_since.set(wall_now),
+                R.updated_at.set(wall_now),
+            ],
+            returns="ALL_NEW",
+        )
+
+    def release_send(self, job_id: str, send_id: str, wall_now: float) -> Call:
+        # A send that certainly or possibly failed gives its right back at once, so
+        # the next resume or resubmit need not wait for the grace period. A message
+        # of the released id that did get out is then a stray (send_id differs).
+        cond: Condition = (R.send_id == send_id) & (R.message_sent == False)  # noqa: E712
+        return self._update(job_id, cond, [R.send_id.remove(), R.updated_at.set(wall_now)])
+
+    def claim(
+        self,
+        job_id: str,
+        worker_id: str,
+        wall_now: float,
+        lease_seconds: int,
+        *,
+        job_class: str,
+        send_id: str | None,
+    ) -> Call:
+        # The class is the record's and the message must be the job's current one:
+        # both are part of the claim's own condition, so a stray duplicate or a
+        # message naming another class claims nothing (ALL_OLD says which). A
+        # message without a send id (an older producer) claims only a record no
+        # current sender ever touched.
+        current: Condition = (
+            (R.send_id.does_not_exist() & R.unsent.does_not_exist())
+            if send_id is None
+            else R.send_id == send_id
+        )
+        return self._update(
+            job_id,
+            R.job_id.exists()
+            & R.state.is_in(JobState.QUEUED.value, _RUNNING)
+            & (R.job_class == job_class)
+            & current,
             [
                 R.state.set(_RUNNING),
                 R.owner.set(worker_id),
@@ -158,8 +271,29 @@ class JobTable:
                 R.updated_at.set(wall_now),
                 R.lease_deadline.set(wall_now + lease_seconds),
                 R.last_heartbeat.set(wall_now),
+                # A delivered message was sent, whatever its sender got to record.
+                *_SENT,
             ],
             returns="ALL_OLD",
+        )
+
+    def unsent_query(self, *, older_than: float, limit: int) -> Call:
+        """Records without a sent message since ``older_than`` (wall), oldest first."""
+        return Call(
+            "dynamodb",
+            "Query",
+            {
+                "TableName": self.table,
+                "IndexName": UNSENT_INDEX,
+                "KeyConditionExpression": "#u = :u AND #t <= :t",
+                "ExpressionAttributeNames": {"#u": "unsent", "#t": "unsent_since"},
+                "ExpressionAttributeValues": {
+                    ":u": {"S": UNSENT_BUCKET},
+                    ":t": {"N": repr(float(older_than))},
+                },
+                "ScanIndexForward": True,
+                "Limit": limit,
+            },
         )
 
     def commit(
@@ -256,19 +390,20 @@ class JobTable:
             returns="ALL_NEW",
         )
 
-    def unpark(self, job_id: str, wall_now: float) -> Call:
-        return self._update(
-            job_id,
-            R.state == JobState.PARKED.value,
-            [
-                R.state.set(JobState.QUEUED.value),
-                R.reason.set("resumed after an operator's decision"),
-                R.error_code.remove(),
-                R.message_sent.set(False),
-                R.updated_at.set(wall_now),
-            ],
-            returns="ALL_NEW",
-        )
+    def unpark(self, job_id: str, send_id: str, wall_now: float) -> Call:
+        condition, actions = _unpark(send_id, wall_now)
+        return self._update(job_id, condition, actions, returns="ALL_NEW")
+
+    def unpark_item(self, job_id: str, send_id: str, wall_now: float) -> dict[str, Any]:
+        """The same unpark as a TransactWriteItems entry (an operator's resolution)."""
+        condition, actions = _unpark(send_id, wall_now)
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": _key(job_id),
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        params.update(_params(condition, actions))
+        return {"Update": params}
 
     def fence_check(self, job_id: str, token: int) -> dict[str, Any]:
         """A TransactWriteItems entry: the job is running under exactly this token."""
@@ -349,6 +484,9 @@ def view_of(item: Mapping[str, Any]) -> JobView:
         error_code=s("error_code"),
         stage=s("stage"),
         payload_json=s("payload"),
+        send_id=s("send_id"),
+        unsent_since=f("unsent_since"),
+        granted_attempts=n("granted_attempts"),
     )
 
 
@@ -359,7 +497,8 @@ def record_of(item: Mapping[str, Any]) -> JobRecord:
 
 
 def create_table_params(model: type[Model], table: str) -> dict[str, Any]:
-    """CreateTable parameters for a model (on-demand billing), derived from its keys."""
+    """CreateTable parameters for a model (on-demand billing), derived from its keys
+    and its global secondary indexes."""
     keys: list[dict[str, str]] = []
     defs: list[dict[str, str]] = []
     for name, attr in model.get_attributes().items():
@@ -367,11 +506,44 @@ def create_table_params(model: type[Model], table: str) -> dict[str, Any]:
             keys.append({"AttributeName": name, "KeyType": "HASH" if attr.is_hash_key else "RANGE"})
             defs.append({"AttributeName": name, "AttributeType": attr.attr_type})
     keys.sort(key=lambda k: k["KeyType"] != "HASH")
-    return {
+    params: dict[str, Any] = {
         "TableName": table,
         "KeySchema": keys,
         "AttributeDefinitions": defs,
         "BillingMode": "PAY_PER_REQUEST",
+    }
+    indexes = [index_params(index) for index in _indexes(model)]
+    for index in indexes:
+        for d in index.pop("_defs"):
+            if d not in defs:
+                defs.append(d)
+    if indexes:
+        params["GlobalSecondaryIndexes"] = indexes
+    return params
+
+
+def _indexes(model: type[Model]) -> list[type[GlobalSecondaryIndex[Any]]]:
+    found = {type(v) for v in vars(model).values() if isinstance(v, GlobalSecondaryIndex)}
+    return sorted(found, key=lambda i: str(i.Meta.index_name))
+
+
+def index_params(index: type[GlobalSecondaryIndex[Any]]) -> dict[str, Any]:
+    """One GlobalSecondaryIndexes entry (with its key definitions under ``_defs``)."""
+    keys: list[dict[str, str]] = []
+    defs: list[dict[str, str]] = []
+    for name, attr in index.Meta.attributes.items():
+        if attr.is_hash_key or attr.is_range_key:
+            keys.append({"AttributeName": name, "KeyType": "HASH" if attr.is_hash_key else "RANGE"})
+            defs.append({"AttributeName": name, "AttributeType": attr.attr_type})
+    keys.sort(key=lambda k: k["KeyType"] != "HASH")
+    projection: dict[str, Any] = {"ProjectionType": index.Meta.projection.projection_type}
+    if index.Meta.projection.non_key_attributes:
+        projection["NonKeyAttributes"] = list(index.Meta.projection.non_key_attributes)
+    return {
+        "IndexName": index.Meta.index_name,
+        "KeySchema": keys,
+        "Projection": projection,
+        "_defs": defs,
     }
 
 
@@ -675,7 +847,7 @@ class IntentTable:
         params["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
         return Call("dynamodb", "UpdateItem", params)
 
-    def resolve(
+    def _resolution(
         self,
         key: str,
         *,
@@ -684,7 +856,7 @@ class IntentTable:
         who: str,
         why: str,
         wall_now: float,
-    ) -> Call:
+    ) -> dict[str, Any]:
         actions: list[Action] = [
             IR.resolution.set(resolution.value),
             IR.resolved_by.set(who),
@@ -711,9 +883,63 @@ class IntentTable:
         params = self._update_item(
             self.table, _ikey(key), IR.state == IntentState.AMBIGUOUS.value, actions
         )
-        params["ReturnValues"] = "ALL_NEW"
         params["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+        return params
+
+    def resolve(
+        self,
+        key: str,
+        *,
+        resolution: Resolution,
+        external_id: str | None,
+        who: str,
+        why: str,
+        wall_now: float,
+    ) -> Call:
+        params = self._resolution(
+            key,
+            resolution=resolution,
+            external_id=external_id,
+            who=who,
+            why=why,
+            wall_now=wall_now,
+        )
+        params["ReturnValues"] = "ALL_NEW"
         return Call("dynamodb", "UpdateItem", params)
+
+    def resolve_and_unpark(
+        self,
+        key: str,
+        *,
+        resolution: Resolution,
+        external_id: str | None,
+        who: str,
+        why: str,
+        wall_now: float,
+        jobs: JobRequests,
+        job_id: str,
+        send_id: str,
+    ) -> Call:
+        # One decision: the intent is settled and its parked job unparked, or neither.
+        intent = self._resolution(
+            key,
+            resolution=resolution,
+            external_id=external_id,
+            who=who,
+            why=why,
+            wall_now=wall_now,
+        )
+        return Call(
+            "dynamodb",
+            "TransactWriteItems",
+            {
+                "TransactItems": [
+                    {"Update": intent},
+                    dict(jobs.unpark_item(job_id, send_id, wall_now)),
+                ],
+                "ClientRequestToken": _request_token("resolve", key, job_id, send_id),
+            },
+        )
 
     def get(self, key: str) -> Call:
         return Call(
@@ -766,4 +992,6 @@ def intent_view_of(item: Mapping[str, Any]) -> IntentView:
         reason=s("reason"),
         start_id=s("start_id"),
         first_started_at=f("first_started_at"),
+        resolution=s("resolution"),
+        resolved_by=s("resolved_by"),
     )

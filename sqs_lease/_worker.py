@@ -26,6 +26,7 @@ from ._aws import SyncDriver, Timeouts
 from ._config import Settings
 from ._core.endings import EndKind, ending_for
 from ._core.flows import (
+    UNSENT_GRACE_SECONDS,
     Claimed,
     Delivery,
     Poison,
@@ -39,6 +40,7 @@ from ._core.flows import (
     receive_flow,
     release_flow,
     retry_flow,
+    sweep_flow,
 )
 from ._core.intents import EffectResult, EffectSpec, effect_flow
 from ._core.records import JobView
@@ -67,6 +69,7 @@ class WorkerStats:
     parked: int = 0
     poisoned: int = 0
     already_done: int = 0
+    stray: int = 0  # messages that were not their job's current message
     lost: int = 0
     released: int = 0
 
@@ -85,6 +88,12 @@ class Worker:
 
     ``receive_visibility`` is the lease a message gets at receive, before its claim
     sets the class's own lease; by default the shortest lease among the classes.
+
+    Every ``sweep_interval`` seconds (``None`` turns it off) a separate thread sends
+    again up to ``sweep_limit`` records left without a sent message for longer than
+    ``sweep_grace`` seconds (a producer that died between its write and its send, a
+    resume whose send failed). Many workers may sweep at once: each re-send is won
+    by one of them.
     """
 
     def __init__(
@@ -101,6 +110,9 @@ class Worker:
         journal: Journal | None = None,
         tick: float = 0.1,
         rng: random.Random | None = None,
+        sweep_interval: float | None = 60.0,
+        sweep_grace: float = UNSENT_GRACE_SECONDS,
+        sweep_limit: int = 25,
     ) -> None:
         if not app.classes:
             raise ConfigError("the app registers no job class; add one with @app.job(...)")
@@ -108,6 +120,18 @@ class Worker:
             raise ConfigError(f"concurrency={concurrency}: choose 1..1000")
         if not 0 <= receive_wait <= 20:
             raise ConfigError(f"receive_wait={receive_wait}: SQS long polls 0..20 s")
+        if sweep_interval is not None and not sweep_interval > 0:
+            raise ConfigError(
+                f"sweep_interval={sweep_interval}: give seconds > 0, or None to turn the "
+                "stranded-record sweep off"
+            )
+        if not sweep_grace >= 0:
+            raise ConfigError(f"sweep_grace={sweep_grace}: give seconds >= 0")
+        if not 1 <= sweep_limit <= 1000:
+            raise ConfigError(f"sweep_limit={sweep_limit}: choose 1..1000 records per sweep")
+        self.sweep_interval = sweep_interval
+        self.sweep_grace = sweep_grace
+        self.sweep_limit = sweep_limit
         self.app = app
         self.settings = settings
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -188,6 +212,10 @@ class Worker:
         )
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
+        sweep: threading.Thread | None = None
+        if self.sweep_interval is not None:
+            sweep = threading.Thread(target=self._sweep_loop, name="sweep", daemon=True)
+            sweep.start()
         idle_since = self._clock()
         try:
             while not self._stopping.is_set():
@@ -224,6 +252,8 @@ class Worker:
             self._shutdown()
             self._stopping.set()
             beat.join(timeout=5)
+            if sweep is not None:
+                sweep.join(timeout=5)
             self._restore_signal_handlers()
         self.journal("worker_stopped", **self.stats.__dict__)
         return self.stats
@@ -313,11 +343,14 @@ class Worker:
                 wall_now=time.time(),
                 lease_seconds=job_class.lease_seconds if job_class else self.receive_visibility,
                 max_attempts=job_class.max_attempts if job_class else 1_000_000,
+                dlq_url=self.dlq_url,
             )
         )
         if not isinstance(claim, Claimed):
             if claim.outcome in ("done", "parked"):
                 self._count("already_done")
+            elif claim.outcome == "stray":
+                self._count("stray")
             elif claim.outcome in ("missing", "class_mismatch"):
                 self._count("poisoned")
             elif claim.outcome == "exhausted":
@@ -514,7 +547,7 @@ class Worker:
             )
         )
         if fin.outcome == "done":
-            if claim.attempt >= jc.max_attempts:
+            if claim.attempt >= jc.max_attempts + claim.job.granted_attempts:
                 self._count("failed")
             else:
                 self._count("retried")
@@ -618,6 +651,40 @@ class Worker:
             changed = apply_beats(current, report, started=now, advised=plan.advise)
             for lease in changed.cancel:
                 self._held[lease.job_id].cancelled.set()
+
+    # ----------------------------------------------------------------- stranded sweep
+
+    def _sweep_loop(self) -> None:
+        assert self.sweep_interval is not None
+        # A random first wait spreads the sweeps of workers started together.
+        wait = self.sweep_interval * (0.5 + 0.5 * self.rng.random())
+        while not self._stopping.wait(wait):
+            self.sweep_once()
+            wait = self.sweep_interval
+
+    def sweep_once(self) -> int:
+        """One bounded sweep of stranded records; returns how many were sent again.
+
+        Never raises: a failed sweep is journaled (``stranded_sweep_failed``, with
+        the fix when the index is missing) and the next one tries again.
+        """
+        try:
+            report = self.driver.run(
+                sweep_flow(
+                    self.table,
+                    queue_url=self.queue_url,
+                    wall_now=time.time(),
+                    older_than=self.sweep_grace,
+                    limit=self.sweep_limit,
+                    send_id_prefix=uuid.uuid4().hex,
+                )
+            )
+        except Exception as exc:  # the sweep must never stop the worker
+            self.journal(
+                "stranded_sweep_failed", error_code=type(exc).__name__, reason=str(exc)[:300]
+            )
+            return 0
+        return sum(1 for j in report.jobs if j.verdict == "resent")
 
 
 def load_app(spec: str) -> App:

@@ -30,6 +30,7 @@ import click
 
 from ._aws import SyncDriver, make_client
 from ._config import Settings
+from ._core.flows import UNSENT_GRACE_SECONDS
 from ._core.intents import IntentState, Resolution, resolve_flow
 from ._errors import (
     AwsUnavailable,
@@ -39,7 +40,7 @@ from ._errors import (
 )
 from ._journal import Journal, configure_stderr
 from ._local import LocalAws
-from ._producer import Producer
+from ._producer import Producer, new_send_id
 from ._resources import (
     DEFAULT_MAX_RECEIVES,
     check_table,
@@ -393,6 +394,21 @@ def submit(
 )
 @click.option("--max-messages", type=click.IntRange(1), default=None, help="Exit after N received.")
 @click.option("--worker-id", default=None, help="Default: host-pid-random.")
+@click.option(
+    "--sweep-interval",
+    type=click.FloatRange(0),
+    default=60.0,
+    show_default=True,
+    help="Seconds between sweeps for jobs stranded without a message; 0 turns it off.",
+)
+@click.option(
+    "--sweep-grace",
+    type=click.FloatRange(0),
+    default=UNSENT_GRACE_SECONDS,
+    show_default=True,
+    help="Sweep only jobs without a sent message for this many seconds.",
+)
+@click.option("--sweep-limit", type=click.IntRange(1, 1000), default=25, show_default=True)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -403,6 +419,9 @@ def worker(
     idle_exit: float | None,
     max_messages: int | None,
     worker_id: str | None,
+    sweep_interval: float,
+    sweep_grace: float,
+    sweep_limit: int,
 ) -> None:
     """Run a worker for an app; journal on stderr, final stats (JSON) on stdout."""
     settings = _settings(ctx)
@@ -417,6 +436,9 @@ def worker(
         concurrency=concurrency,
         receive_wait=receive_wait,
         shutdown_grace=shutdown_grace,
+        sweep_interval=sweep_interval or None,
+        sweep_grace=sweep_grace,
+        sweep_limit=sweep_limit,
     )
     with _stop_signals(None):
         w.install_signal_handlers()
@@ -567,11 +589,56 @@ def jobs_cancel(ctx: click.Context, job_id: str, reason: str) -> None:
 @click.argument("job_id")
 @click.pass_context
 def jobs_resume(ctx: click.Context, job_id: str) -> None:
-    """Re-enqueue a parked job once you have decided (see docs/operations.md)."""
-    if Producer(_settings(ctx)).resume(job_id):
-        click.echo(f"{job_id}\tqueued\tre-enqueued")
+    """Re-enqueue a parked job once you have decided (see docs/operations.md).
+
+    The resume grants the attempt it starts (granted_attempts, shown by `jobs
+    show`). Safe to repeat: a job left queued without a sent message is sent again.
+    """
+    resumed = Producer(_settings(ctx)).resume(job_id)
+    if resumed.verdict == "not_parked":
+        raise click.ClickException(
+            f"job {job_id!r} is {resumed.state.value}, not parked, and its message is sent: "
+            "nothing to resume"
+        )
+    click.echo(f"{job_id}\tqueued\t{resumed.note}")
+
+
+@jobs.command("repair")
+@click.option(
+    "--older-than",
+    type=click.FloatRange(0),
+    default=UNSENT_GRACE_SECONDS,
+    show_default=True,
+    help="Only records without a sent message for this many seconds.",
+)
+@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
+@click.option("--dry-run", is_flag=True, help="Only list what would be sent again.")
+@click.pass_context
+def jobs_repair(ctx: click.Context, older_than: float, limit: int, dry_run: bool) -> None:
+    """Send again jobs stranded without a message (a producer died between its
+    write and its send, a resume whose send failed). Queries a sparse index."""
+    settings = _settings(ctx)
+    check_table(settings)
+    report = Producer(settings).repair(older_than=older_than, limit=limit, dry_run=dry_run)
+    for job in report.jobs:
+        what = {
+            "resent": "sent again",
+            "would_resend": "would send again",
+            "moved": "skipped: sent, claimed or taken over meanwhile",
+            "failed": f"failed: {job.detail}",
+        }[job.verdict]
+        click.echo(f"{job.job_id}\t{job.job_class}\tunsent for {_seconds(job.unsent_for)}\t{what}")
+    counts = {v: sum(1 for j in report.jobs if j.verdict == v) for v in ("resent", "failed")}
+    if dry_run:
+        summary = f"{len(report.jobs)} stranded (dry run: nothing sent)"
     else:
-        raise click.ClickException(f"job {job_id!r} is not parked: nothing to resume")
+        summary = f"{len(report.jobs)} stranded, {counts['resent']} sent again"
+        summary += f", {counts['failed']} failed" if counts["failed"] else ""
+    if report.more:
+        summary += f"; --limit {limit} reached: run again for more"
+    click.echo(summary)
+    if counts["failed"]:
+        raise click.exceptions.Exit(1)
 
 
 # --------------------------------------------------------------------------- intents
@@ -879,15 +946,12 @@ def intents_resolve(
             who=who or _default_who(),
             why=reason or "resolved by operator",
             wall_now=time.time(),
+            send_id=new_send_id(),
         )
     )
     intent = resolved.intent
-    job = (
-        f"job {intent.job_id} re-enqueued"
-        if resolved.job_requeued
-        else f"job {intent.job_id} not re-enqueued (it was not parked)"
-    )
-    click.echo(f"{intent.key}\t{intent.state.value}\t{job}")
+    state = intent.state.value
+    click.echo(f"{intent.key}\t{state}\tjob {intent.job_id} {resolved.note}")
 
 
 def _refuse_unprotected_retry(settings: Settings, key: str) -> None:

@@ -180,8 +180,14 @@ def job_item(
     reason: str | None = None,
     error_code: str | None = None,
     stage: str | None = None,
+    send_id: str | None = "send-1",
+    unsent_since: float | None = None,
+    granted_attempts: int | None = None,
 ) -> dict[str, Any]:
-    """A low-level DynamoDB item for one job, serialised by the real pynamodb model."""
+    """A low-level DynamoDB item for one job, serialised by the real pynamodb model.
+
+    ``unsent_since`` set means the record's message is not known to be sent (the
+    sparse index's attributes are present and ``message_sent`` is false)."""
     record = JobRecord(
         job_id=job_id,
         job_class=job_class,
@@ -197,7 +203,13 @@ def job_item(
         error_code=error_code,
         created_at=1_700_000_000,
         updated_at=1_700_000_000,
+        send_id=send_id,
+        granted_attempts=granted_attempts,
     )
+    if unsent_since is not None:
+        record.message_sent = False
+        record.unsent = "unsent"
+        record.unsent_since = unsent_since
     item: dict[str, Any] = record.serialize()
     return item
 
@@ -231,6 +243,7 @@ def delivery(
     received_at: float = 1000.0,
     visibility: int = 30,
     receive_count: int = 1,
+    send_id: str | None = "send-1",
 ) -> Delivery:
     return Delivery(
         message_id=f"m-{job_id}",
@@ -240,6 +253,8 @@ def delivery(
         receive_count=receive_count,
         received_at=received_at,
         visibility=visibility,
+        send_id=send_id,
+        body=f'{{"job_id":"{job_id}","job_class":"{job_class}","send_id":"{send_id}","v":1}}',
     )
 
 

@@ -37,6 +37,7 @@ async def _scenario(settings: Settings, queue_url: str) -> tuple[str, str, str, 
                 payload_json="{}",
                 payload_hash="h",
                 wall_now=time.time(),
+                send_id="a1-send",
             )
         )
         batch = await d.run(

@@ -282,7 +282,7 @@ def test_resolve_confirmed_requeues_the_job_and_journals(parked: Parked) -> None
     assert result.stdout.strip().split("\t") == [
         parked.key,
         "confirmed",
-        f"job {parked.job_id} re-enqueued",
+        f"job {parked.job_id} re-enqueued (one attempt granted)",
     ]
     events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     resolved = [e for e in events if e["event"] == "intent_resolved"]
@@ -298,6 +298,7 @@ def test_resolve_confirmed_requeues_the_job_and_journals(parked: Parked) -> None
 
     job = parked.job()
     assert job.state == "queued"
+    assert job.granted_attempts == 1  # the resume does not spend the job's own attempts
 
     msgs = parked.sqs.receive_message(
         QueueUrl=parked.queue_url(), MaxNumberOfMessages=10, WaitTimeSeconds=1
@@ -305,6 +306,7 @@ def test_resolve_confirmed_requeues_the_job_and_journals(parked: Parked) -> None
     assert len(msgs) == 1
     body = json.loads(msgs[0]["Body"])
     assert body["job_id"] == parked.job_id and body["job_class"] == parked.job_class
+    assert body["send_id"] == job.send_id and job.message_sent is True
 
     shown = run(parked.aws, "intents", "show", parked.key)
     assert shown.exit_code == 0

@@ -7,6 +7,7 @@ events it emitted and the value it returned.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -100,7 +101,8 @@ def _message(body: str, count: str | None = None) -> dict[str, Any]:
 
 
 def test_parse_message_valid() -> None:
-    got = parse_message(_message(message_body("job-1", "ocr")), received_at=12.5, visibility=30)
+    body = message_body("job-1", "ocr", send_id="s-1")
+    got = parse_message(_message(body), received_at=12.5, visibility=30)
     assert got == Delivery(
         message_id="m-1",
         receipt_handle="rh-1",
@@ -109,7 +111,26 @@ def test_parse_message_valid() -> None:
         receive_count=1,
         received_at=12.5,
         visibility=30,
+        send_id="s-1",
+        body=body,
     )
+
+
+def test_a_message_from_an_older_producer_has_no_send_id() -> None:
+    got = parse_message(_message(message_body("job-1", "ocr")), 0.0, 30)
+    assert isinstance(got, Delivery) and got.send_id is None
+
+
+@pytest.mark.parametrize("send_id", ['""', "7", 'null, "x": 1'])
+def test_a_send_id_that_is_not_a_non_empty_string_is_poison(send_id: str) -> None:
+    body = '{"job_id": "job-1", "job_class": "ocr", "send_id": ' + send_id + "}"
+    got = parse_message(_message(body), 0.0, 30)
+    if send_id.startswith("null"):
+        assert isinstance(got, Delivery) and got.send_id is None  # JSON null: no send id
+    else:
+        assert got == Poison(
+            "m-1", "rh-1", "message send_id is not a non-empty string", "job-1", body
+        )
 
 
 def test_parse_message_reads_approximate_receive_count() -> None:
@@ -126,6 +147,7 @@ def test_message_body_is_versioned_and_names_the_stage() -> None:
         "stage": "draft",
     }
     assert "stage" not in json.loads(message_body("j", "c"))
+    assert json.loads(message_body("j", "c", send_id="s-9"))["send_id"] == "s-9"
 
 
 @pytest.mark.parametrize(
@@ -161,7 +183,16 @@ def test_receive_parses_messages_with_lease_counted_from_before_the_request() ->
     s = Script([ok({"Messages": messages}, sent_at=500.0, received_at=519.0)])
     got = _receive(s)
     assert got == [
-        Delivery("m-1", "rh-1", "job-1", "ocr", 2, received_at=500.0, visibility=45),
+        Delivery(
+            "m-1",
+            "rh-1",
+            "job-1",
+            "ocr",
+            2,
+            received_at=500.0,
+            visibility=45,
+            body=messages[0]["Body"],
+        ),
         Poison("m-2", "rh-2", "message body is not JSON", body="nope"),
     ]
     params = s.calls[0].params
@@ -195,7 +226,14 @@ def test_receive_from_missing_queue_raises() -> None:
 # =========================================================================== submit
 
 
-def _submit(script: Script, payload_hash: str = "hash-aaa", job_class: str = "ocr") -> SubmitResult:
+def _submit(
+    script: Script,
+    payload_hash: str = "hash-aaa",
+    job_class: str = "ocr",
+    *,
+    send_id: str = "send-2",
+    resend_after: float = 60.0,
+) -> SubmitResult:
     return script.run(
         submit_flow(
             table(),
@@ -205,7 +243,9 @@ def _submit(script: Script, payload_hash: str = "hash-aaa", job_class: str = "oc
             payload_json='{"page": 1}',
             payload_hash=payload_hash,
             wall_now=WALL,
+            send_id=send_id,
             delay_seconds=5,
+            resend_after=resend_after,
         )
     )
 
@@ -213,7 +253,7 @@ def _submit(script: Script, payload_hash: str = "hash-aaa", job_class: str = "oc
 def test_submit_new_puts_then_sends_then_marks_sent() -> None:
     s = Script([ok(), ok({"MessageId": "mid-1"}), ok()])
     res = _submit(s)
-    assert res == SubmitResult("job-1", True, "mid-1", "submitted")
+    assert res == SubmitResult("job-1", True, "mid-1", "submitted", "send-2")
     assert s.ops == ["dynamodb.PutItem", "sqs.SendMessage", "dynamodb.UpdateItem"]
     put, send, mark = s.calls
     assert put.params["TableName"] == TABLE
@@ -226,15 +266,30 @@ def test_submit_new_puts_then_sends_then_marks_sent() -> None:
         0,
         False,
     )
+    # The record names the one send allowed, and sits in the sparse unsent index.
+    assert (item.send_id, item.unsent_since) == ("send-2", WALL)
+    assert put.params["Item"]["unsent"] == {"S": "unsent"}
     assert item.payload_hash == "hash-aaa"
     assert put.params["Item"]["payload"] == {"S": '{"page": 1}'}
     assert send.params["QueueUrl"] == QUEUE
     assert send.params["DelaySeconds"] == 5
-    assert json.loads(send.params["MessageBody"]) == {"v": 1, "job_id": "job-1", "job_class": "ocr"}
+    assert json.loads(send.params["MessageBody"]) == {
+        "v": 1,
+        "job_id": "job-1",
+        "job_class": "ocr",
+        "send_id": "send-2",
+    }
     assert mark.params["Key"] == {"job_id": {"S": "job-1"}}
+    assert condition_text(mark.params) == "send_id = 'send-2'"
     assert update_sets(mark.params) == {"message_sent": "True"}
+    assert sorted(update_removes(mark.params)) == ["unsent", "unsent_since"]
     ev = s.event("job_submitted")
-    assert (ev["message_id"], ev["resent"], ev["payload_hash"]) == ("mid-1", False, "hash-aaa")
+    assert (ev["message_id"], ev["resent"], ev["payload_hash"], ev["send_id"]) == (
+        "mid-1",
+        False,
+        "hash-aaa",
+        "send-2",
+    )
 
 
 def test_submit_duplicate_already_sent_is_a_noop() -> None:
@@ -246,18 +301,94 @@ def test_submit_duplicate_already_sent_is_a_noop() -> None:
     assert res.message_id is None
     assert "already submitted" in res.note
     assert "succeeded" in res.note
-    assert s.event("job_submit_duplicate") == {"job_id": "job-1", "state": "succeeded"}
+    assert s.event("job_submit_duplicate") == {
+        "job_id": "job-1",
+        "state": "succeeded",
+        "message": "sent",
+    }
 
 
-def test_submit_duplicate_without_message_resends() -> None:
-    existing = job_item(state=JobState.QUEUED, owner=None, token=0, attempt=0, message_sent=False)
-    s = Script([condition_failed(existing), ok({"MessageId": "mid-2"}), ok()])
+def test_two_concurrent_submits_send_one_message_and_the_second_is_told_why() -> None:
+    # The first submitter's record is there, its message not yet sent (it is at work):
+    # the second one sends nothing, and says who sends and what recovers a failure.
+    first = job_item(state=JobState.QUEUED, owner=None, token=0, attempt=0, unsent_since=WALL - 0.5)
+    s = Script([condition_failed(first)])
+    res = _submit(s)
+    assert s.ops == ["dynamodb.PutItem"]  # no SendMessage: one message for one job
+    assert (res.created, res.message_id, res.send_id) == (False, None, None)
+    assert "another submission is sending its message" in res.note
+    assert "stranded sweep" in res.note
+    ev = s.event("job_submit_duplicate")
+    assert (ev["message"], ev["send_id"]) == ("pending", "send-1")
+
+
+def test_a_resubmission_takes_over_a_send_older_than_the_grace_and_retires_the_old_id() -> None:
+    stranded = job_item(
+        state=JobState.QUEUED, owner=None, token=0, attempt=0, unsent_since=WALL - 61.0
+    )
+    s = Script([condition_failed(stranded), ok(), ok({"MessageId": "mid-2"}), ok()])
+    res = _submit(s)
+    assert s.ops == [
+        "dynamodb.PutItem",
+        "dynamodb.UpdateItem",
+        "sqs.SendMessage",
+        "dynamodb.UpdateItem",
+    ]
+    take = s.calls[1].params
+    assert condition_text(take) == (
+        "((state = 'queued' AND message_sent = False) AND send_id = 'send-1')"
+    )
+    assert update_sets(take)["send_id"] == "'send-2'"
+    assert json.loads(s.calls[2].params["MessageBody"])["send_id"] == "send-2"
+    assert res == SubmitResult(
+        "job-1", False, "mid-2", "record existed without a message: message sent", "send-2"
+    )
+    ev = s.event("job_send_taken")
+    assert (ev["previous_send_id"], ev["send_id"], ev["by"]) == ("send-1", "send-2", "submit")
+    assert s.event("job_submitted")["resent"] is True
+
+
+def test_a_resubmission_takes_over_at_once_when_the_first_sender_gave_the_send_back() -> None:
+    released = job_item(
+        state=JobState.QUEUED, owner=None, token=0, attempt=0, unsent_since=WALL, send_id=None
+    )
+    s = Script([condition_failed(released), ok(), ok({"MessageId": "mid-2"}), ok()])
+    _submit(s)
+    assert "attribute_not_exists (send_id)" in condition_text(s.calls[1].params)
+
+
+def test_a_resubmission_that_loses_the_take_over_sends_nothing() -> None:
+    stranded = job_item(
+        state=JobState.QUEUED, owner=None, token=0, attempt=0, unsent_since=WALL - 61.0
+    )
+    now = job_item(state=JobState.QUEUED, owner=None, token=0, attempt=0, send_id="send-9")
+    s = Script([condition_failed(stranded), condition_failed(now)])
+    res = _submit(s)
+    assert s.ops == ["dynamodb.PutItem", "dynamodb.UpdateItem"]
+    assert (res.created, res.message_id) == (False, None)
+    assert "another sender took the send over" in res.note
+    assert s.event("job_submit_duplicate")["message"] == "taken"
+
+
+def test_a_retried_put_that_had_applied_is_recognised_by_its_own_send_id() -> None:
+    ours = job_item(
+        state=JobState.QUEUED, owner=None, token=0, attempt=0, unsent_since=WALL, send_id="send-2"
+    )
+    s = Script([condition_failed(ours), ok({"MessageId": "mid-1"}), ok()])
     res = _submit(s)
     assert s.ops == ["dynamodb.PutItem", "sqs.SendMessage", "dynamodb.UpdateItem"]
-    assert res == SubmitResult(
-        "job-1", False, "mid-2", "record existed without a message: message sent"
+    assert (res.created, res.message_id, res.note) == (True, "mid-1", "submitted")
+
+
+def test_a_legacy_record_without_a_message_is_taken_over_at_once() -> None:
+    # Written by an older version: message_sent false, no send id, not in the index.
+    legacy = job_item(
+        state=JobState.QUEUED, owner=None, token=0, attempt=0, message_sent=False, send_id=None
     )
-    assert s.event("job_submitted")["resent"] is True
+    s = Script([condition_failed(legacy), ok(), ok({"MessageId": "mid-2"}), ok()])
+    res = _submit(s)
+    assert res.message_id == "mid-2"
+    assert "attribute_not_exists (send_id)" in condition_text(s.calls[1].params)
 
 
 def test_submit_same_id_other_payload_is_a_conflict_naming_both() -> None:
@@ -298,12 +429,18 @@ def test_submit_put_table_missing_raises_resource_missing() -> None:
         _submit(s)
 
 
-def test_submit_send_fails_says_record_kept() -> None:
-    s = Script([ok(), unreachable()])
-    with pytest.raises(AwsCallFailed, match="record kept"):
+def test_a_failed_send_gives_the_send_back_and_says_what_recovers_the_job() -> None:
+    s = Script([ok(), unreachable(), ok()])
+    with pytest.raises(AwsCallFailed, match="record is kept without a message") as caught:
         _submit(s)
-    assert s.ops == ["dynamodb.PutItem", "sqs.SendMessage"]  # never marked sent
+    assert "stranded sweep" in str(caught.value)
+    assert s.ops == ["dynamodb.PutItem", "sqs.SendMessage", "dynamodb.UpdateItem"]
+    release = s.calls[2].params
+    assert condition_text(release) == "(send_id = 'send-2' AND message_sent = False)"
+    assert update_removes(release) == ["send_id"]
     assert "job_submitted" not in s.event_names()
+    ev = s.event("job_send_failed")
+    assert (ev["send_id"], ev["released"]) == ("send-2", True)
 
 
 def test_submit_mark_sent_unanswered_is_journaled_not_fatal() -> None:
@@ -316,11 +453,13 @@ def test_submit_mark_sent_unanswered_is_journaled_not_fatal() -> None:
     }
 
 
-def test_submit_mark_sent_condition_failed_is_silent() -> None:
-    s = Script([ok(), ok({"MessageId": "mid-1"}), condition_failed(None)])
-    _submit(s)
-    assert "job_submit_flag_unset" not in s.event_names()
-    assert s.event_names() == ["job_submitted"]
+def test_a_sender_superseded_before_it_marked_its_send_is_told_its_message_is_a_stray() -> None:
+    now = job_item(state=JobState.QUEUED, owner=None, token=0, attempt=0, send_id="send-9")
+    s = Script([ok(), ok({"MessageId": "mid-1"}), condition_failed(now)])
+    res = _submit(s)
+    assert "discarded as a stray" in res.note
+    ev = s.event("job_send_superseded")
+    assert (ev["send_id"], ev["current_send_id"]) == ("send-2", "send-9")
 
 
 # =========================================================================== claim
@@ -332,6 +471,7 @@ def _claim(
     *,
     lease_seconds: int = 60,
     max_attempts: int = 5,
+    dlq_url: str | None = None,
 ) -> Claimed | NotClaimed:
     return script.run(
         claim_flow(
@@ -342,6 +482,7 @@ def _claim(
             wall_now=WALL,
             lease_seconds=lease_seconds,
             max_attempts=max_attempts,
+            dlq_url=dlq_url,
         )
     )
 
@@ -361,10 +502,14 @@ def test_claim_request_is_conditional_and_returns_old_values() -> None:
     assert claim.params["Key"] == {"job_id": {"S": "job-1"}}
     assert claim.params["ReturnValues"] == "ALL_OLD"
     assert claim.params["ReturnValuesOnConditionCheckFailure"] == "ALL_OLD"
+    # The claim lands only for the record's own class and the job's current message.
     assert condition_text(claim.params) == (
-        "(attribute_exists (job_id) AND state IN ('queued', 'running'))"
+        "(((attribute_exists (job_id) AND state IN ('queued', 'running')) "
+        "AND job_class = 'ocr') AND send_id = 'send-1')"
     )
     sets = update_sets(claim.params)
+    assert sets["message_sent"] == "True"  # a delivered message was sent
+    assert sorted(update_removes(claim.params)) == ["unsent", "unsent_since"]
     assert sets["token"] == "token + 1"
     assert sets["attempt"] == "attempt + 1"
     assert sets["owner"] == repr(WORKER)
@@ -486,18 +631,76 @@ def test_claim_unanswered_is_unknown_and_keeps_message(outcome: Err) -> None:
     assert (ev["stage"], ev["error_code"]) == ("claim", outcome.code)
 
 
-def test_claim_class_mismatch_fails_the_job() -> None:
-    s = Script([_old(job_class="browser", token=4), ok(), ok()])
-    res = _claim(s, delivery(job_class="ocr"))
+def test_a_message_whose_class_disagrees_with_its_record_claims_nothing_and_goes_to_the_dlq() -> (
+    None
+):
+    # Regression (issue 7.6): the claim used to land, move the token and fail the job,
+    # fencing out a live owner; now the class is in the claim's own condition.
+    live = job_item(job_class="browser", state=JobState.RUNNING, owner=OTHER, token=4)
+    s = Script([condition_failed(live), ok(), ok()])
+    res = _claim(s, delivery(job_class="ocr"), dlq_url=DLQ)
     assert isinstance(res, NotClaimed)
     assert res.outcome == "class_mismatch"
     assert "'ocr'" in res.reason and "'browser'" in res.reason
-    assert s.ops == ["dynamodb.UpdateItem", "dynamodb.UpdateItem", "sqs.DeleteMessage"]
-    fail = s.calls[1].params
-    assert_fenced(fail, token=5)
-    sets = update_sets(fail)
-    assert (sets["state"], sets["error_code"]) == ("'failed'", "'class_mismatch'")
-    assert s.event("job_failed")["error_code"] == "class_mismatch"
+    assert s.ops == ["dynamodb.UpdateItem", "sqs.SendMessage", "sqs.DeleteMessage"]
+    assert "job_class = 'ocr'" in condition_text(s.calls[0].params)
+    copy = s.calls[1].params
+    assert copy["QueueUrl"] == DLQ
+    assert json.loads(copy["MessageBody"])["job_class"] == "ocr"  # the original bytes
+    ev = s.event("message_poisoned")
+    assert (ev["job_id"], ev["moved_to_dlq"]) == ("job-1", True)
+    assert "job_failed" not in s.event_names()
+
+
+def test_a_stray_duplicate_is_deleted_without_taking_the_job_from_its_live_owner() -> None:
+    # Regression (issue 14.2): a second message of one job used to claim it while
+    # its first owner worked, moving the token and fencing that owner out.
+    live = job_item(state=JobState.RUNNING, owner=OTHER, token=4, send_id="send-1")
+    s = Script([condition_failed(live), ok()])
+    res = _claim(s, delivery(send_id="send-0"))
+    assert isinstance(res, NotClaimed)
+    assert res.outcome == "stray"
+    assert s.ops == ["dynamodb.UpdateItem", "sqs.DeleteMessage"]  # no second write
+    assert "send_id = 'send-0'" in condition_text(s.calls[0].params)
+    ev = s.event("message_stray")
+    assert (ev["send_id"], ev["current_send_id"], ev["state"], ev["token"]) == (
+        "send-0",
+        "send-1",
+        "running",
+        4,
+    )
+
+
+def test_sqs_redelivering_the_current_message_still_takes_over_a_lapsed_lease() -> None:
+    s = Script([_old(state=JobState.RUNNING, owner=OTHER, token=7), ok(sent_at=1001.0)])
+    res = _claim(s, delivery(send_id="send-1"))
+    assert isinstance(res, Claimed) and res.reclaimed is True
+
+
+def test_a_message_without_a_send_id_claims_only_a_record_no_current_sender_touched() -> None:
+    s = Script([_old(send_id=None), ok(sent_at=1001.0)])
+    res = _claim(s, delivery(send_id=None))
+    assert isinstance(res, Claimed)
+    assert condition_text(s.calls[0].params).endswith(
+        "AND (attribute_not_exists (send_id) AND attribute_not_exists (unsent)))"
+    )
+    newer = job_item(state=JobState.QUEUED, owner=None, token=0, send_id="send-1")
+    s = Script([condition_failed(newer), ok()])
+    res = _claim(s, delivery(send_id=None))
+    assert isinstance(res, NotClaimed) and res.outcome == "stray"
+
+
+def test_attempts_an_operator_granted_extend_the_claim_limit() -> None:
+    # Regression (issue 14.1): a job parked on its last attempt and resumed failed
+    # at its next claim ("attempts exhausted (1 of 1)") before its handler ran.
+    s = Script([_old(attempt=1, token=1, granted_attempts=1), ok(sent_at=1000.0)])
+    res = _claim(s, max_attempts=1)
+    assert isinstance(res, Claimed)
+    assert (res.attempt, res.job.granted_attempts) == (2, 1)
+    s = Script([_old(attempt=2, token=2, granted_attempts=1), ok(), ok()])
+    res = _claim(s, max_attempts=1)
+    assert isinstance(res, NotClaimed)
+    assert res.reason == "attempts exhausted (2 of 1 + 1 granted)"
 
 
 def test_claim_beyond_max_attempts_fails_and_deletes() -> None:
@@ -1069,6 +1272,21 @@ def test_retry_at_max_attempts_fails_instead() -> None:
     assert sets["reason"] == repr("attempts exhausted (3 of 3); last error: boom")
     assert s.event("job_failed")["error_code"] == "attempts_exhausted"
     assert "job_retry_scheduled" not in s.event_names()
+
+
+def test_retry_counts_attempts_an_operator_granted() -> None:
+    # A job resumed once (one attempt granted) keeps max_attempts of its own budget:
+    # attempt 3 of max 3 + 1 granted still retries; attempt 4 fails and says why.
+    granted = dataclasses.replace(job_view(token=3, attempt=3), granted_attempts=1)
+    s = Script([ok(), ok()])
+    assert _retry(s, granted, max_attempts=3).outcome == "done"
+    assert s.ops == ["dynamodb.UpdateItem", "sqs.ChangeMessageVisibility"]
+    spent = dataclasses.replace(granted, attempt=4, token=4)
+    s = Script([ok(), ok()])
+    _retry(s, spent, max_attempts=3)
+    assert update_sets(s.calls[0].params)["reason"] == repr(
+        "attempts exhausted (4 of 3 + 1 granted); last error: boom"
+    )
 
 
 def test_retry_requeue_rejected_sets_no_visibility() -> None:

@@ -1195,7 +1195,7 @@ def test_operator_resolutions_requeue_parked_jobs_and_a_worker_finishes_them(
         job_id, key = jobs[r][0], lost[r].spec.key
         before = time.time()
         out = resolve_with_cli(env, logs, key, *args, "--reason", WHY, "--who", OPERATOR)
-        assert out == f"{key}\t{state.value}\tjob {job_id} re-enqueued\n"
+        assert out == f"{key}\t{state.value}\tjob {job_id} re-enqueued (one attempt granted)\n"
         job = view_of(env.job(job_id))
         assert (job.state, job.error_code, job.message_sent) == (JobState.QUEUED, None, True)
         record = env.intent_record(key)

@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 import pytest
 from core_harness import (
-    QUEUE,
     TABLE,
     WORKER,
     Responder,
@@ -26,7 +25,6 @@ from core_harness import (
     condition_failed,
     decode,
     err,
-    job_item,
     ok,
     table,
     unreachable,
@@ -35,7 +33,6 @@ from core_harness import (
 
 from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Flow, Invoke, Ok, Outcome, Sleep
 from sqs_lease._core.endings import EndKind, ending_for
-from sqs_lease._core.flows import message_body
 from sqs_lease._core.intents import (
     HELD_WAITS,
     LOG_LIMIT,
@@ -47,20 +44,15 @@ from sqs_lease._core.intents import (
     IntentState,
     IntentView,
     Resolution,
-    Resolved,
     ToolResult,
     Verdict,
     default_key,
     effect_flow,
-    resolve_flow,
     start_id_for,
 )
-from sqs_lease._core.records import JobState
 from sqs_lease._errors import (
     IntentAmbiguous,
     IntentBusy,
-    IntentError,
-    IntentNotFound,
     IntentPayloadMismatch,
     LeaseLost,
     OwnershipUnknown,
@@ -1088,172 +1080,6 @@ def test_confirm_after_a_confirming_check_failing_is_ownership_unknown() -> None
     assert s.event("ownership_unknown")["stage"] == "intent_confirm"
 
 
-# =========================================================================== resolve_flow
-
-WHO, WHY = "alice@ops", "bank statement shows the capture"
-
-
-def _resolve(s: EffectScript, resolution: Resolution, external_id: str | None = None) -> Resolved:
-    return s.run(
-        resolve_flow(
-            itable(),
-            table(),
-            queue_url=QUEUE,
-            key=KEY,
-            resolution=resolution,
-            external_id=external_id,
-            who=WHO,
-            why=WHY,
-            wall_now=WALL,
-        )
-    )
-
-
-_AFTER = {
-    Resolution.CONFIRMED: IntentState.CONFIRMED,
-    Resolution.RETRY: IntentState.PREPARED,
-    Resolution.ABANDON: IntentState.ABANDONED,
-}
-
-
-@pytest.mark.parametrize("resolution", list(Resolution))
-def test_resolve_sets_state_records_who_and_why_then_requeues_the_job(
-    resolution: Resolution,
-) -> None:
-    external = "ch_ext" if resolution is Resolution.CONFIRMED else None
-    after = intent_item(_AFTER[resolution], attempts=1, external_id=external)
-    queued = job_item(JOB, job_class="ocr", state=JobState.QUEUED, token=2)
-    s = EffectScript([ok({"Attributes": after}), ok({"Attributes": queued}), ok(), ok()])
-
-    got = _resolve(s, resolution, external)
-
-    assert s.ops == [
-        "dynamodb.UpdateItem",
-        "dynamodb.UpdateItem",
-        "sqs.SendMessage",
-        "dynamodb.UpdateItem",
-    ]
-    params = s.calls[0].params
-    assert (params["TableName"], key_of(params)) == (INTENTS, {"intent_key": KEY})
-    assert condition_equalities(params) == {"state": "ambiguous"}
-    assert (params["ReturnValues"], params["ReturnValuesOnConditionCheckFailure"]) == (
-        "ALL_NEW",
-        "ALL_OLD",
-    )
-    written = sets(params)
-    assert written["state"] == _AFTER[resolution].value
-    assert (written["resolution"], written["resolved_by"], written["resolved_at"]) == (
-        resolution.value,
-        WHO,
-        WALL,
-    )
-    assert written["resolution_reason"] == WHY
-    if resolution is Resolution.CONFIRMED:
-        assert written["external_id"] == "ch_ext"
-        assert written["confirmed_at"] == WALL
-        assert json.loads(written["response"]) == {"external_id": "ch_ext", "resolved_by": WHO}
-    else:
-        assert "external_id" not in written
-        assert "confirmed_at" not in written
-    if resolution is Resolution.ABANDON:
-        assert written["reason"] == WHY
-
-    unpark = s.calls[1].params
-    assert (unpark["TableName"], key_of(unpark)) == (TABLE, {"job_id": JOB})
-    assert condition_equalities(unpark) == {"state": "parked"}
-    assert sets(unpark)["state"] == "queued"
-    send = s.calls[2].params
-    assert send["QueueUrl"] == QUEUE
-    assert send["MessageBody"] == message_body(JOB, "ocr")
-    body = json.loads(send["MessageBody"])
-    assert (body["job_id"], body["job_class"]) == (JOB, "ocr")
-    # The record says message_sent = false until the send is known to have happened.
-    assert sets(unpark)["message_sent"] is False
-    sent = s.calls[3].params
-    assert (sent["TableName"], key_of(sent)) == (TABLE, {"job_id": JOB})
-    assert sets(sent) == {"message_sent": True}
-    assert s.kinds.index("call:SendMessage") < s.kinds.index("emit:job_resumed")
-
-    assert got.job_requeued is True
-    assert got.job_state is JobState.PARKED
-    assert (got.intent.key, got.intent.state, got.intent.job_id) == (KEY, _AFTER[resolution], JOB)
-    ev = s.event("intent_resolved")
-    assert (ev["key"], ev["job_id"], ev["resolution"], ev["who"], ev["reason"]) == (
-        KEY,
-        JOB,
-        resolution.value,
-        WHO,
-        WHY,
-    )
-    assert ev["external_id"] == external
-    assert s.event("job_resumed")["job_id"] == JOB
-
-
-def test_resolve_confirmed_without_an_external_id_writes_none() -> None:
-    after = intent_item(IntentState.CONFIRMED, attempts=1)
-    s = EffectScript([ok({"Attributes": after}), condition_failed(None)])
-    _resolve(s, Resolution.CONFIRMED, None)
-    written = sets(s.calls[0].params)
-    assert "external_id" not in written  # no empty-string id to replay later
-    assert json.loads(written["response"]) == {"external_id": None, "resolved_by": WHO}
-
-
-@pytest.mark.parametrize(
-    "state", [IntentState.PREPARED, IntentState.IN_PROGRESS, IntentState.CONFIRMED]
-)
-def test_resolving_an_intent_that_is_not_ambiguous_names_its_state(state: IntentState) -> None:
-    s = EffectScript([condition_failed(intent_item(state, attempts=1))])
-    with pytest.raises(IntentError, match=f"is {state.value}, not ambiguous") as caught:
-        _resolve(s, Resolution.RETRY)
-    assert type(caught.value) is IntentError
-    assert s.ops == ["dynamodb.UpdateItem"]  # no unpark, no message
-    assert "intent_resolved" not in s.event_names()
-
-
-def test_resolving_a_missing_intent_is_intent_not_found() -> None:
-    s = EffectScript([condition_failed(None)])
-    with pytest.raises(IntentNotFound, match=KEY):
-        _resolve(s, Resolution.ABANDON)
-    assert s.ops == ["dynamodb.UpdateItem"]
-
-
-def test_resolve_unanswered_is_ownership_unknown() -> None:
-    s = EffectScript([unreachable()])
-    with pytest.raises(OwnershipUnknown, match="resolve intent"):
-        _resolve(s, Resolution.RETRY)
-
-
-@pytest.mark.parametrize(
-    ("job", "state"),
-    [
-        (job_item(JOB, state=JobState.RUNNING, token=3), "running"),
-        (job_item(JOB, state=JobState.SUCCEEDED, token=3), "succeeded"),
-        (None, None),
-    ],
-    ids=["running", "succeeded", "gone"],
-)
-def test_resolve_when_the_job_is_not_parked_does_not_requeue(
-    job: dict[str, Any] | None, state: str | None
-) -> None:
-    after = intent_item(IntentState.PREPARED, attempts=1)
-    s = EffectScript([ok({"Attributes": after}), condition_failed(job)])
-    got = _resolve(s, Resolution.RETRY)
-    assert (got.job_requeued, got.job_state) == (False, None)
-    assert got.intent.state is IntentState.PREPARED
-    assert s.ops == ["dynamodb.UpdateItem", "dynamodb.UpdateItem"]  # no SendMessage
-    assert s.event("job_resume_skipped")["state"] == state
-    assert "job_resumed" not in s.event_names()
-
-
-def test_resolve_when_the_message_cannot_be_sent_says_so() -> None:
-    after = intent_item(IntentState.PREPARED, attempts=1)
-    queued = job_item(JOB, state=JobState.QUEUED, token=2)
-    s = EffectScript([ok({"Attributes": after}), ok({"Attributes": queued}), unreachable()])
-    with pytest.raises(OwnershipUnknown, match="re-enqueue"):
-        _resolve(s, Resolution.RETRY)
-    assert "job_resumed" not in s.event_names()
-
-
 # =========================================================================== shared keys (7.1)
 
 OTHER_JOB = "job-other"
@@ -1523,6 +1349,9 @@ def test_a_failed_attempt_and_its_reconciliation_carry_their_own_times() -> None
         at=confirmed_at,
     )
     assert prepared_at < started_at < failed_at < confirmed_at
+
+
+WHO, WHY = "alice@ops", "bank statement shows the capture"
 
 
 @pytest.mark.parametrize("resolution", [Resolution.CONFIRMED, Resolution.RETRY])

@@ -26,7 +26,7 @@ from sqs_lease._schema import IntentTable, JobTable
 from sqs_lease._sim import run_seed
 from sqs_lease._sim.chaos import Chaos
 from sqs_lease._sim.cli import main, replay_command, run_seeds
-from sqs_lease._sim.ddb import DdbFaults, SimDynamo, TableSpec
+from sqs_lease._sim.ddb import DdbFaults, IndexSpec, SimDynamo, TableSpec
 from sqs_lease._sim.expr import ExpressionError, parse_condition, request_expressions
 from sqs_lease._sim.plan import FAULT_KINDS
 from sqs_lease._sim.receiver import Receivers
@@ -68,7 +68,14 @@ def _job(db: SimDynamo, job_id: str = "j1") -> dict[str, Any]:
 def _put_job(db: SimDynamo, job_id: str = "j1") -> None:
     out = _send(
         db,
-        T.put_new(job_id=job_id, job_class="c", payload_json="{}", payload_hash="h", wall_now=1.5),
+        T.put_new(
+            job_id=job_id,
+            job_class="c",
+            payload_json="{}",
+            payload_hash="h",
+            wall_now=1.5,
+            send_id="s1",
+        ),
     )
     assert isinstance(out, Ok)
 
@@ -319,7 +326,7 @@ def test_update_errors_as_dynamodb_reports_them() -> None:
 def test_a_broken_condition_in_a_real_request_is_caught() -> None:
     db = _ddb()
     _put_job(db)
-    _send(db, T.claim("j1", "w1", 1.0, 30))
+    _send(db, T.claim("j1", "w1", 1.0, 30, job_class="c", send_id="s1"))
     params = dict(T.commit("j1", 1, "w1", "{}", 2.0).params)
     params["ConditionExpression"] = params["ConditionExpression"].replace("#7", "#9")
     out = db.handle("UpdateItem", params, 0.0)
@@ -334,17 +341,25 @@ def test_job_requests_claim_commit_and_fence() -> None:
     db = _ddb()
     _put_job(db)
     again = _send(
-        db, T.put_new(job_id="j1", job_class="c", payload_json="{}", payload_hash="h", wall_now=2)
+        db,
+        T.put_new(
+            job_id="j1",
+            job_class="c",
+            payload_json="{}",
+            payload_hash="h",
+            wall_now=2,
+            send_id="s1",
+        ),
     )
     assert isinstance(again, Err) and again.kind is ErrorKind.CONDITION_FAILED
     assert again.item is not None and again.item["state"] == {"S": "queued"}  # ALL_OLD
-    assert isinstance(_send(db, T.mark_sent("j1", 2.0)), Ok)
-    missing = _send(db, T.mark_sent("nope", 2.0))
+    assert isinstance(_send(db, T.mark_sent("j1", "s1", 2.0)), Ok)
+    missing = _send(db, T.mark_sent("nope", "s1", 2.0))
     assert isinstance(missing, Err) and missing.item is None  # nothing to return
 
-    first = _send(db, T.claim("j1", "w1", 10.0, 30))
+    first = _send(db, T.claim("j1", "w1", 10.0, 30, job_class="c", send_id="s1"))
     assert isinstance(first, Ok) and first.response["Attributes"]["token"] == {"N": "0"}
-    second = _send(db, T.claim("j1", "w2", 11.0, 30))
+    second = _send(db, T.claim("j1", "w2", 11.0, 30, job_class="c", send_id="s1"))
     assert isinstance(second, Ok) and second.response["Attributes"]["owner"] == {"S": "w1"}
     job = _job(db)
     assert (job["token"], job["attempt"], job["owner"]) == ({"N": "2"}, {"N": "2"}, {"S": "w2"})
@@ -358,27 +373,29 @@ def test_job_requests_claim_commit_and_fence() -> None:
     job = _job(db)
     assert job["state"] == {"S": "succeeded"} and job["result"] == {"S": '{"r":2}'}
     assert "lease_deadline" not in job
-    assert isinstance(_send(db, T.claim("j1", "w3", 14.0, 30)), Err)  # terminal
+    assert isinstance(
+        _send(db, T.claim("j1", "w3", 14.0, 30, job_class="c", send_id="s1")), Err
+    )  # terminal
     assert isinstance(_send(db, T.cancel("j1", "late", 15.0)), Err)
 
 
 def test_job_requests_requeue_park_fail_cancel() -> None:
     db = _ddb()
     _put_job(db)
-    _send(db, T.claim("j1", "w1", 1.0, 30))
+    _send(db, T.claim("j1", "w1", 1.0, 30, job_class="c", send_id="s1"))
     assert isinstance(_send(db, T.requeue("j1", 1, "w1", "again", "transient", 2.0)), Ok)
     assert _job(db)["state"] == {"S": "queued"}
     assert isinstance(_send(db, T.park("j1", 1, "w1", "why", 3.0)), Err)  # not running
-    _send(db, T.claim("j1", "w1", 4.0, 30))
+    _send(db, T.claim("j1", "w1", 4.0, 30, job_class="c", send_id="s1"))
     assert isinstance(_send(db, T.park("j1", 2, "w1", "doubt", 5.0)), Ok)
-    out = _send(db, T.unpark("j1", 6.0))
+    out = _send(db, T.unpark("j1", "s2", 6.0))
     assert isinstance(out, Ok) and out.response["Attributes"]["state"] == {"S": "queued"}
     cancelled = _send(db, T.cancel("j1", "operator", 7.0))
     assert isinstance(cancelled, Ok)
     assert cancelled.response["Attributes"]["token"] == {"N": "3"}  # ALL_NEW
     assert _job(db)["error_code"] == {"S": "cancelled"}
     _put_job(db, "j2")
-    _send(db, T.claim("j2", "w1", 1.0, 30))
+    _send(db, T.claim("j2", "w1", 1.0, 30, job_class="c", send_id="s1"))
     assert isinstance(_send(db, T.finish_failed("j2", 1, "w1", "bad", "permanent", 2.0)), Ok)
     assert _job(db, "j2")["reason"] == {"S": "bad"}
 
@@ -408,7 +425,7 @@ def test_batch_get_projects_and_reports_unprocessed_keys() -> None:
 def test_intent_transactions_start_confirm_and_cancel_with_reasons() -> None:
     db = _ddb()
     _put_job(db)
-    _send(db, T.claim("j1", "w1", 1.0, 30))
+    _send(db, T.claim("j1", "w1", 1.0, 30, job_class="c", send_id="s1"))
     spec = _spec()
     assert isinstance(_send(db, I.prepare(spec, 2.0)), Ok)
     dup = _send(db, I.prepare(spec, 2.0))
@@ -452,7 +469,7 @@ def test_intent_transactions_start_confirm_and_cancel_with_reasons() -> None:
     assert attempt["ended_at"] == {"N": "4"}
 
     # A start under a token that moved on: the job's ConditionCheck fails first.
-    _send(db, T.claim("j1", "w2", 5.0, 30))
+    _send(db, T.claim("j1", "w2", 5.0, 30, job_class="c", send_id="s1"))
     spec2 = _spec("k2")
     _send(db, I.prepare(spec2, 5.0))
     stale = I.start(
@@ -473,7 +490,7 @@ def test_intent_transactions_start_confirm_and_cancel_with_reasons() -> None:
 def test_intent_failure_ambiguity_and_resolution() -> None:
     db = _ddb()
     _put_job(db)
-    _send(db, T.claim("j1", "w1", 1.0, 30))
+    _send(db, T.claim("j1", "w1", 1.0, 30, job_class="c", send_id="s1"))
     spec = _spec()
     _send(db, I.prepare(spec, 1.0))
     _send(
@@ -526,7 +543,7 @@ def test_intent_failure_ambiguity_and_resolution() -> None:
 def test_client_request_token_makes_a_retried_transaction_idempotent() -> None:
     db = _ddb()
     _put_job(db)
-    _send(db, T.claim("j1", "w1", 1.0, 30))
+    _send(db, T.claim("j1", "w1", 1.0, 30, job_class="c", send_id="s1"))
     spec = _spec()
     _send(db, I.prepare(spec, 1.0))
     c = I.start(
@@ -739,10 +756,24 @@ def test_sim_and_moto_agree_on_real_requests(aws: AwsTestEnv, ddb_client: Any) -
     db.chaos.cutoff = 0.0
     spec = _spec()
     calls = [
-        jt.put_new(job_id="j1", job_class="c", payload_json="{}", payload_hash="h", wall_now=1.5),
-        jt.put_new(job_id="j1", job_class="c", payload_json="{}", payload_hash="h", wall_now=1.5),
-        jt.claim("j1", "w1", 10.0, 30),
-        jt.claim("j1", "w2", 11.0, 30),
+        jt.put_new(
+            job_id="j1",
+            job_class="c",
+            payload_json="{}",
+            payload_hash="h",
+            wall_now=1.5,
+            send_id="s1",
+        ),
+        jt.put_new(
+            job_id="j1",
+            job_class="c",
+            payload_json="{}",
+            payload_hash="h",
+            wall_now=1.5,
+            send_id="s1",
+        ),
+        jt.claim("j1", "w1", 10.0, 30, job_class="c", send_id="s1"),
+        jt.claim("j1", "w2", 11.0, 30, job_class="c", send_id="s1"),
         it.prepare(spec, 12.0),
         it.start(
             spec,
@@ -929,3 +960,29 @@ SOAK_1_FAILING = (
 def test_seeds_of_the_first_soak_pass_after_the_seed_1658_fix() -> None:
     failing = [seed for seed in SOAK_1_FAILING if not run_seed(seed).ok]
     assert failing == []
+
+
+def test_the_simulated_dynamodb_queries_the_sparse_unsent_index_for_the_sweep() -> None:
+    unsent = IndexSpec(
+        "unsent", "unsent", "unsent_since", ("job_class", "state", "send_id", "message_sent")
+    )
+    db = SimDynamo([TableSpec(JOBS, "job_id", indexes=(unsent,))], Chaos(0))
+    for job_id, at in (("old", 1.0), ("older", 0.5), ("young", 90.0)):
+        put = T.put_new(
+            job_id=job_id,
+            job_class="c",
+            payload_json="{}",
+            payload_hash="h",
+            wall_now=at,
+            send_id=f"{job_id}.1",
+        )
+        assert isinstance(_send(db, put), Ok)
+    assert isinstance(_send(db, T.mark_sent("old", "old.1", 2.0)), Ok)  # leaves the index
+    got = _send(db, T.unsent_query(older_than=60.0, limit=10))
+    assert isinstance(got, Ok)
+    assert [i["job_id"]["S"] for i in got.response["Items"]] == ["older"]
+    assert "payload" not in got.response["Items"][0]  # only what the index projects
+    missing = db.handle(
+        "Query", {**T.unsent_query(older_than=1, limit=1).params, "IndexName": "x"}, 0.0
+    )
+    assert isinstance(missing, Err) and "specified index" in missing.message

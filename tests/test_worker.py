@@ -773,7 +773,11 @@ def test_duplicate_delivery_fences_the_first_owner_out(
     b = make_worker(app, settings, "b", concurrency=2)
     with collect_journal() as journal, running(a):
         journal.wait_for("job_claimed", job_id=job_id, worker=a.worker_id)
-        sqs_client.send_message(QueueUrl=url, MessageBody=message_body(job_id, "dup"))
+        # SQS delivering the job's current message twice: the same body, send id and all
+        # (a copy under another send id would be a stray, deleted without claiming).
+        current = read_view(ddb_client, settings, job_id).send_id
+        body = message_body(job_id, "dup", send_id=current)
+        sqs_client.send_message(QueueUrl=url, MessageBody=body)
         with running(b):
             journal.wait_for("result_committed", job_id=job_id, timeout=15)
             wait_until(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import pytest
 from conftest import AwsTestEnv
 from pydantic import BaseModel
 
 from sqs_lease import App, Settings, Worker, create_queue, create_tables
+from sqs_lease._errors import ConfigError
 from sqs_lease._journal import LOGGER_NAME
 
 pytestmark = pytest.mark.integration
@@ -53,3 +55,20 @@ def test_a_redrive_close_to_max_attempts_is_journaled(
     assert bool(tight) is warned
     if warned:
         assert (tight[0]["max_receive_count"], tight[0]["max_attempts"]) == (6, 5)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "named"),
+    [
+        ("sweep_interval", 0.0, "sweep_interval=0.0"),
+        ("sweep_grace", -1.0, "sweep_grace=-1.0"),
+        ("sweep_limit", 0, "sweep_limit=0"),
+    ],
+)
+def test_a_bad_sweep_option_is_a_config_error_naming_it(
+    option: str, value: float, named: str
+) -> None:
+    settings = Settings(endpoint_url="http://127.0.0.1:9", prefix="unused")
+    options: dict[str, Any] = {option: value}
+    with pytest.raises(ConfigError, match=named):
+        Worker(_app(), settings, **options)  # refused before any AWS call

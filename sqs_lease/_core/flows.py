@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .._errors import AwsCallFailed, JobNotFound, ResourceMissing, SqsLeaseError, SubmitConflict
 from .calls import Call, Err, ErrorKind, Flow, Ok, Outcome, Sleep, call, emit, sqs_code_is
@@ -21,6 +21,13 @@ DDB_BATCH_GET = 100
 COMMIT_TRIES = 3
 BATCH_GET_TRIES = 3
 MESSAGE_VERSION = 1
+UNSENT_GRACE_SECONDS = 60.0
+"""How long a record may stay without a sent message before another sender (a
+resubmission, a worker's stranded sweep) takes the right to send over. Taking over
+is always safe (the new send id turns any older message into a stray); the grace
+only spares a duplicate send while the first sender is still at work. It compares
+the record's ``unsent_since`` (the first sender's wall clock) with the taker's:
+clock skew shifts only when a take-over happens, never what is correct."""
 
 
 def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
@@ -53,6 +60,8 @@ class Delivery:
     receive_count: int
     received_at: float  # monotonic, taken before ReceiveMessage was sent
     visibility: int  # the visibility the receive granted
+    send_id: str | None = None  # which send of the job this is (None: an older producer)
+    body: str = ""  # the original bytes, kept for a DLQ copy should it prove poison
 
 
 @dataclass(frozen=True)
@@ -66,10 +75,15 @@ class Poison:
     body: str = ""  # kept so the DLQ copy carries the original bytes
 
 
-def message_body(job_id: str, job_class: str, stage: str | None = None) -> str:
+def message_body(
+    job_id: str, job_class: str, stage: str | None = None, send_id: str | None = None
+) -> str:
+    """The job's message: what to claim, and which send of it this is (``send_id``)."""
     body: dict[str, Any] = {"v": MESSAGE_VERSION, "job_id": job_id, "job_class": job_class}
     if stage is not None:
         body["stage"] = stage
+    if send_id is not None:
+        body["send_id"] = send_id
     return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
 
@@ -91,9 +105,12 @@ def parse_message(
         return Poison(mid, handle, "message names no job_id", body=raw)
     if not isinstance(job_class, str) or not job_class:
         return Poison(mid, handle, "message names no job_class", job_id, raw)
+    send_id = body.get("send_id")
+    if send_id is not None and (not isinstance(send_id, str) or not send_id):
+        return Poison(mid, handle, "message send_id is not a non-empty string", job_id, raw)
     attrs = message.get("Attributes") or {}
     count = int(attrs.get("ApproximateReceiveCount", "1"))
-    return Delivery(mid, handle, job_id, job_class, count, received_at, visibility)
+    return Delivery(mid, handle, job_id, job_class, count, received_at, visibility, send_id, raw)
 
 
 def receive_flow(
@@ -126,10 +143,81 @@ def receive_flow(
 
 @dataclass(frozen=True)
 class SubmitResult:
+    """What a submission did. ``message_id`` is set only when this call sent a message."""
+
     job_id: str
     created: bool
     message_id: str | None
     note: str
+    send_id: str | None = None  # the send this call made (None: it sent nothing)
+
+
+SendVerdict = Literal["sent", "superseded", "failed"]
+
+
+@dataclass(frozen=True)
+class SendOutcome:
+    """How sending the job's current message went.
+
+    ``sent``: out and recorded; ``superseded``: out, but another sender took the
+    right over meanwhile (this message will be discarded as a stray); ``failed``:
+    not sent, and the right to send was given back.
+    """
+
+    verdict: SendVerdict
+    message_id: str | None = None
+    error: Err | None = None
+
+
+def send_job_message(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job_id: str,
+    job_class: str,
+    send_id: str,
+    wall_now: float,
+    stage: str | None = None,
+    delay_seconds: int = 0,
+) -> Flow[SendOutcome]:
+    """Send the message of a send this caller won (``send_id`` is in the record),
+    then record it sent. Shared by submit, resume, resolve and the stranded sweep."""
+    params: dict[str, Any] = {
+        "QueueUrl": queue_url,
+        "MessageBody": message_body(job_id, job_class, stage, send_id),
+    }
+    if delay_seconds:
+        params["DelaySeconds"] = delay_seconds
+    sent = yield from call(Call("sqs", "SendMessage", params))
+    if isinstance(sent, Err):
+        # Whether or not it got out, give the right back now: the next resume or
+        # resubmission takes it at once, and a message that did get out is a stray.
+        released = yield from call(req.release_send(job_id, send_id, wall_now))
+        yield from emit(
+            "job_send_failed",
+            job_id=job_id,
+            send_id=send_id,
+            error_code=sent.code or sent.kind.value,
+            released=isinstance(released, Ok),
+        )
+        return SendOutcome("failed", None, sent)
+    message_id = str(sent.response.get("MessageId", ""))
+    marked = yield from call(req.mark_sent(job_id, send_id, wall_now))
+    if isinstance(marked, Err) and marked.kind is ErrorKind.CONDITION_FAILED:
+        current = req.parse(marked.item) if marked.item else None
+        yield from emit(
+            "job_send_superseded",
+            job_id=job_id,
+            send_id=send_id,
+            current_send_id=current.send_id if current else None,
+            message_id=message_id,
+        )
+        return SendOutcome("superseded", message_id)
+    if isinstance(marked, Err):
+        # The message is out; a record still marked unsent is at worst re-sent by
+        # the stranded sweep after its grace, and this message is then a stray.
+        yield from emit("job_submit_flag_unset", job_id=job_id, error_code=marked.code)
+    return SendOutcome("sent", message_id)
 
 
 def submit_flow(
@@ -141,13 +229,19 @@ def submit_flow(
     payload_json: str,
     payload_hash: str,
     wall_now: float,
+    send_id: str,
     delay_seconds: int = 0,
+    resend_after: float = UNSENT_GRACE_SECONDS,
 ) -> Flow[SubmitResult]:
-    """Write the job record (condition: new), then send its message.
+    """Write the job record (condition: new) with this submission's send id, then
+    send its message.
 
-    The record carries ``message_sent``; a crash between the two writes leaves
-    ``message_sent = false`` and a resubmission sends the message then, so no job
-    is stranded without a message.
+    "The message is sent" is one decision: the send id in the record names the one
+    sender allowed to send, and a message carrying any other id is a stray that no
+    claim accepts. A resubmission finding the record without a sent message leaves
+    it to the sender named there while that send is younger than ``resend_after``
+    (and says so); past it, or when that sender gave the right back, it takes the
+    right over with a conditional write and sends under its own id.
     """
     out = yield from call(
         req.put_new(
@@ -156,6 +250,7 @@ def submit_flow(
             payload_json=payload_json,
             payload_hash=payload_hash,
             wall_now=wall_now,
+            send_id=send_id,
         )
     )
     created = True
@@ -169,41 +264,216 @@ def submit_flow(
                 f"{existing.payload_hash[:12]}; this submission has {job_class!r} / "
                 f"{payload_hash[:12]}: use a new job id for a new intention"
             )
-        if existing.message_sent:
-            yield from emit("job_submit_duplicate", job_id=job_id, state=existing.state.value)
-            return SubmitResult(job_id, False, None, f"already submitted (state {existing.state})")
-        created = False
-    sent = yield from call(
-        Call(
-            "sqs",
-            "SendMessage",
-            {
-                "QueueUrl": queue_url,
-                "MessageBody": message_body(job_id, job_class),
-                "DelaySeconds": delay_seconds,
-            },
-        )
+        if existing.send_id == send_id and not existing.message_sent:
+            pass  # our own put, retried after its answer was lost: send now
+        else:
+            taken = yield from _take_send(
+                req, existing, send_id=send_id, wall_now=wall_now, resend_after=resend_after
+            )
+            if isinstance(taken, SubmitResult):
+                return taken
+            created = False
+    sent = yield from send_job_message(
+        req,
+        queue_url=queue_url,
+        job_id=job_id,
+        job_class=job_class,
+        send_id=send_id,
+        wall_now=wall_now,
+        delay_seconds=delay_seconds,
     )
-    if isinstance(sent, Err):
+    if sent.verdict == "failed":
+        assert sent.error is not None
         raise _fail_call(
-            f"submit {job_id}: send message (record kept; submit again to resend)", sent
+            f"submit {job_id}: send message (the record is kept without a message: submit "
+            f"again to send it, or a worker's stranded sweep sends it after "
+            f"{resend_after:g} s)",
+            sent.error,
         )
-    marked = yield from call(req.mark_sent(job_id, wall_now))
-    if isinstance(marked, Err) and marked.kind is not ErrorKind.CONDITION_FAILED:
-        # The message is out; a stale flag only makes a resubmission send a duplicate,
-        # which the fenced claim absorbs.
-        yield from emit("job_submit_flag_unset", job_id=job_id, error_code=marked.code)
-    message_id = str(sent.response.get("MessageId", ""))
     yield from emit(
         "job_submitted",
         job_id=job_id,
         job_class=job_class,
         payload_hash=payload_hash,
-        message_id=message_id,
+        message_id=sent.message_id,
+        send_id=send_id,
         resent=not created,
     )
-    note = "submitted" if created else "record existed without a message: message sent"
-    return SubmitResult(job_id, created, message_id, note)
+    if sent.verdict == "superseded":
+        note = (
+            "message sent, but another submission took the send over meanwhile: its "
+            "message is the job's, this one will be discarded as a stray"
+        )
+    else:
+        note = "submitted" if created else "record existed without a message: message sent"
+    return SubmitResult(job_id, created, sent.message_id, note, send_id)
+
+
+def _take_send(
+    req: JobRequests, existing: JobView, *, send_id: str, wall_now: float, resend_after: float
+) -> Flow[SubmitResult | None]:
+    """A resubmission met an existing record: say what is there, or win the right to
+    send (returns None: the caller sends under ``send_id``)."""
+    job_id = existing.job_id
+    if existing.message_sent or existing.state is not JobState.QUEUED:
+        yield from emit(
+            "job_submit_duplicate", job_id=job_id, state=existing.state.value, message="sent"
+        )
+        return SubmitResult(job_id, False, None, f"already submitted (state {existing.state})")
+    age = wall_now - existing.unsent_since if existing.unsent_since is not None else None
+    if existing.send_id is not None and age is not None and age < resend_after:
+        yield from emit(
+            "job_submit_duplicate",
+            job_id=job_id,
+            state=existing.state.value,
+            message="pending",
+            send_id=existing.send_id,
+        )
+        return SubmitResult(
+            job_id,
+            False,
+            None,
+            f"already submitted: another submission is sending its message (since "
+            f"{max(age, 0.0):.1f} s); nothing sent twice. Should that sender have failed, a "
+            f"worker's stranded sweep sends it after {resend_after:g} s "
+            "(or `sqs-lease jobs repair`)",
+        )
+    took = yield from call(
+        req.take_send(job_id, seen_send_id=existing.send_id, new_send_id=send_id, wall_now=wall_now)
+    )
+    if isinstance(took, Ok):
+        yield from emit(
+            "job_send_taken",
+            job_id=job_id,
+            send_id=send_id,
+            previous_send_id=existing.send_id,
+            unsent_for=None if age is None else round(age, 3),
+            by="submit",
+        )
+        return None
+    if took.kind is ErrorKind.CONDITION_FAILED and took.item is not None:
+        now = req.parse(took.item)
+        yield from emit(
+            "job_submit_duplicate", job_id=job_id, state=now.state.value, message="taken"
+        )
+        return SubmitResult(
+            job_id,
+            False,
+            None,
+            f"already submitted: another sender took the send over just now (state {now.state})",
+        )
+    raise _fail_call(f"submit {job_id}: take over the send", took)
+
+
+# --------------------------------------------------------------------------- stranded
+
+StrandedVerdict = Literal["resent", "would_resend", "moved", "failed"]
+
+
+@dataclass(frozen=True)
+class Stranded:
+    """One record found without a sent message, and what the sweep did with it."""
+
+    job_id: str
+    job_class: str
+    unsent_for: float  # seconds, by the sweeper's wall clock
+    verdict: StrandedVerdict
+    send_id: str | None = None  # the new send (resent) or the one found (otherwise)
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    jobs: tuple[Stranded, ...]
+    more: bool  # the page was full: more stranded records may be waiting
+
+
+def sweep_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    wall_now: float,
+    older_than: float,
+    limit: int,
+    send_id_prefix: str,
+    dry_run: bool = False,
+) -> Flow[SweepReport]:
+    """Find records left without a sent message for ``older_than`` seconds and send
+    them again, at most ``limit`` per run, oldest first.
+
+    The records come from the sparse ``unsent`` index (one Query, never a Scan).
+    Each re-send first takes the right to send (a conditional write of a new send
+    id, so concurrent sweepers and resubmitters send it once), which also retires
+    any message an earlier sender did get out. ``send_id_prefix`` must be unique
+    to this run (the shell makes it); the new ids are ``PREFIX.N``.
+    """
+    out = yield from call(req.unsent_query(older_than=wall_now - older_than, limit=limit))
+    if isinstance(out, Err):
+        if out.kind is ErrorKind.INVALID and "index" in out.message.lower():
+            raise ResourceMissing(
+                f"stranded sweep: the jobs table has no {'unsent'!r} index ({out.message}); "
+                "run `sqs-lease tables create` (it adds the index to an existing table)"
+            )
+        raise _fail_call("stranded sweep: query the unsent index", out)
+    items = list(out.response.get("Items", []))
+    found: list[Stranded] = []
+    for n, item in enumerate(items):
+        seen = req.parse(item)
+        age = round(wall_now - (seen.unsent_since or wall_now), 3)
+        if dry_run:
+            found.append(Stranded(seen.job_id, seen.job_class, age, "would_resend", seen.send_id))
+            continue
+        new_id = f"{send_id_prefix}.{n}"
+        took = yield from call(
+            req.take_send(
+                seen.job_id, seen_send_id=seen.send_id, new_send_id=new_id, wall_now=wall_now
+            )
+        )
+        if isinstance(took, Err):
+            if took.kind is ErrorKind.CONDITION_FAILED:
+                # Sent, claimed, or taken over by another sender since the index saw it.
+                found.append(Stranded(seen.job_id, seen.job_class, age, "moved", seen.send_id))
+            else:
+                why = f"{took.code or took.kind}: {took.message}"
+                found.append(
+                    Stranded(seen.job_id, seen.job_class, age, "failed", seen.send_id, why)
+                )
+            continue
+        job = req.parse(took.response.get("Attributes", {}))
+        yield from emit(
+            "job_send_taken",
+            job_id=job.job_id,
+            send_id=new_id,
+            previous_send_id=seen.send_id,
+            unsent_for=age,
+            by="sweep",
+        )
+        sent = yield from send_job_message(
+            req,
+            queue_url=queue_url,
+            job_id=job.job_id,
+            job_class=job.job_class,
+            send_id=new_id,
+            wall_now=wall_now,
+            stage=job.stage,
+        )
+        if sent.verdict == "failed":
+            err = sent.error
+            why = f"{err.code or err.kind}: {err.message}" if err else "send failed"
+            found.append(Stranded(job.job_id, job.job_class, age, "failed", new_id, why))
+        else:
+            found.append(Stranded(job.job_id, job.job_class, age, "resent", new_id))
+    report = SweepReport(tuple(found), more=len(items) >= limit)
+    if found:
+        counts = {v: sum(1 for j in found if j.verdict == v) for v in ("resent", "moved", "failed")}
+        yield from emit(
+            "stranded_swept",
+            found=len(found),
+            dry_run=dry_run,
+            more=report.more,
+            **counts,
+        )
+    return report
 
 
 # --------------------------------------------------------------------------- claim
@@ -220,10 +490,15 @@ class Claimed:
     deadline: float  # local lease deadline (monotonic)
 
 
+NotClaimedOutcome = Literal[
+    "done", "parked", "missing", "exhausted", "unknown", "class_mismatch", "stray"
+]
+
+
 @dataclass(frozen=True)
 class NotClaimed:
     delivery: Delivery
-    outcome: str  # "done" | "parked" | "missing" | "exhausted" | "unknown" | "class_mismatch"
+    outcome: NotClaimedOutcome
     reason: str
     job: JobView | None = None
 
@@ -240,33 +515,31 @@ def claim_flow(
     wall_now: float,
     lease_seconds: int,
     max_attempts: int,
+    dlq_url: str | None = None,
 ) -> Flow[ClaimResult]:
     """Claim the job a message names: token + 1, owner = me, then set the lease to L.
 
     Receiving the message is the right to try; this conditional write is the
-    ownership. A terminal record means the work is done: the message is deleted.
+    ownership. It lands only for the job's current message (its send id) and the
+    record's own job class, so a stray duplicate or a message naming another class
+    claims nothing and can never take the job from its live owner. Why a claim
+    failed is read from ALL_OLD: a terminal record means the work is done, a stray
+    is deleted, a class mismatch is poison (DLQ copy, then deleted).
     """
     d = delivery
-    out = yield from call(req.claim(d.job_id, worker_id, wall_now, lease_seconds))
+    out = yield from call(
+        req.claim(
+            d.job_id,
+            worker_id,
+            wall_now,
+            lease_seconds,
+            job_class=d.job_class,
+            send_id=d.send_id,
+        )
+    )
     if isinstance(out, Err):
         if out.kind is ErrorKind.CONDITION_FAILED:
-            if out.item is None:
-                yield from _delete(queue_url, d.receipt_handle)
-                reason = "no job record for the message"
-                yield from emit(
-                    "message_poisoned", job_id=d.job_id, message_id=d.message_id, reason=reason
-                )
-                return NotClaimed(d, "missing", reason)
-            current = req.parse(out.item)
-            outcome = "parked" if current.state is JobState.PARKED else "done"
-            yield from _delete(queue_url, d.receipt_handle)
-            yield from emit(
-                "job_already_done" if outcome == "done" else "job_parked_skip",
-                job_id=d.job_id,
-                state=current.state.value,
-                token=current.token,
-            )
-            return NotClaimed(d, outcome, f"job is {current.state}", current)
+            return (yield from _refused_claim(req, queue_url, d, out, dlq_url))
         yield from emit(
             "ownership_unknown", job_id=d.job_id, stage="claim", error_code=out.code or out.kind
         )
@@ -281,20 +554,17 @@ def claim_flow(
         attempt=attempt,
         owner=worker_id,
         payload_hash=old.payload_hash,
-        message_sent=old.message_sent,
+        message_sent=True,
         stage=old.stage,
         payload_json=old.payload_json,
+        send_id=old.send_id,
+        granted_attempts=old.granted_attempts,
     )
     reclaimed = old.state is JobState.RUNNING
-    refusal: tuple[str, str, str] | None = None
-    if old.job_class != d.job_class:
-        reason = f"message names job class {d.job_class!r}, record says {old.job_class!r}"
-        refusal = ("class_mismatch", reason, "class_mismatch")
-    elif attempt > max_attempts:
-        reason = f"attempts exhausted ({attempt - 1} of {max_attempts})"
-        refusal = ("exhausted", reason, "attempts_exhausted")
-    if refusal is not None:
-        outcome, reason, code = refusal
+    allowed = max_attempts + old.granted_attempts
+    if attempt > allowed:
+        granted = f" + {old.granted_attempts} granted" if old.granted_attempts else ""
+        reason = f"attempts exhausted ({attempt - 1} of {max_attempts}{granted})"
         yield from fail_flow(
             req,
             queue_url=queue_url,
@@ -303,9 +573,9 @@ def claim_flow(
             worker_id=worker_id,
             wall_now=wall_now,
             reason=reason,
-            error_code=code,
+            error_code="attempts_exhausted",
         )
-        return NotClaimed(d, outcome, reason, job)
+        return NotClaimed(d, "exhausted", reason, job)
     # The receive granted d.visibility from d.received_at; CMV moves it to L from now.
     deadline = d.received_at + d.visibility
     cmv = yield from call(
@@ -343,6 +613,53 @@ def claim_flow(
             previous_token=old.token,
         )
     return Claimed(d, job, token, attempt, reclaimed, old.owner, deadline)
+
+
+def _refused_claim(
+    req: JobRequests, queue_url: str, d: Delivery, out: Err, dlq_url: str | None
+) -> Flow[NotClaimed]:
+    """The claim's condition failed: ALL_OLD says why, and nothing was claimed."""
+    if out.item is None:
+        yield from _delete(queue_url, d.receipt_handle)
+        reason = "no job record for the message"
+        yield from emit("message_poisoned", job_id=d.job_id, message_id=d.message_id, reason=reason)
+        return NotClaimed(d, "missing", reason)
+    current = req.parse(out.item)
+    if current.job_class != d.job_class:
+        reason = f"message names job class {d.job_class!r}, record says {current.job_class!r}"
+        poison = Poison(d.message_id, d.receipt_handle, reason, d.job_id, d.body)
+        yield from poison_flow(
+            req, queue_url=queue_url, poison=poison, dlq_url=dlq_url, body=d.body
+        )
+        return NotClaimed(d, "class_mismatch", reason, current)
+    if current.state.terminal or current.state is JobState.PARKED:
+        outcome: NotClaimedOutcome = "parked" if current.state is JobState.PARKED else "done"
+        yield from _delete(queue_url, d.receipt_handle)
+        yield from emit(
+            "job_already_done" if outcome == "done" else "job_parked_skip",
+            job_id=d.job_id,
+            state=current.state.value,
+            token=current.token,
+        )
+        return NotClaimed(d, outcome, f"job is {current.state}", current)
+    # Queued or running under the same class: the message is not the job's current
+    # one (a losing sender's, or one a re-send retired). Its owner keeps the job.
+    yield from _delete(queue_url, d.receipt_handle)
+    reason = (
+        f"message send id {d.send_id!r} is not the job's current {current.send_id!r}"
+        if d.send_id is not None or current.send_id is not None
+        else "message is not the job's current message"
+    )
+    yield from emit(
+        "message_stray",
+        job_id=d.job_id,
+        message_id=d.message_id,
+        send_id=d.send_id,
+        current_send_id=current.send_id,
+        state=current.state.value,
+        token=current.token,
+    )
+    return NotClaimed(d, "stray", reason, current)
 
 
 # --------------------------------------------------------------------------- heartbeat
@@ -766,7 +1083,8 @@ def retry_flow(
 
     When the attempts are spent the job fails instead, with that reason.
     """
-    if job.attempt >= max_attempts:
+    if job.attempt >= max_attempts + job.granted_attempts:
+        granted = f" + {job.granted_attempts} granted" if job.granted_attempts else ""
         return (
             yield from fail_flow(
                 req,
@@ -776,7 +1094,8 @@ def retry_flow(
                 worker_id=worker_id,
                 wall_now=wall_now,
                 reason=(
-                    f"attempts exhausted ({job.attempt} of {max_attempts}); last error: {reason}"
+                    f"attempts exhausted ({job.attempt} of {max_attempts}{granted}); "
+                    f"last error: {reason}"
                 ),
                 error_code="attempts_exhausted",
             )

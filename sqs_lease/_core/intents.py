@@ -20,7 +20,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from .._errors import (
     IntentAmbiguous,
@@ -34,8 +34,8 @@ from .._errors import (
     TransientError,
 )
 from .calls import Call, Err, ErrorKind, Flow, Invoke, Ok, Sleep, call, emit
-from .flows import _fail_call, message_body
-from .records import JobRequests, JobState
+from .flows import UNSENT_GRACE_SECONDS, SendOutcome, _fail_call, send_job_message
+from .records import JobRequests, JobState, JobView
 
 MAX_REPEATS = 3
 """Repeats of one effect (same key, same payload) inside one attempt, after the
@@ -77,6 +77,8 @@ class IntentView:
     reason: str | None = None
     start_id: str | None = None  # who wrote the current start (see ``start_id_for``)
     first_started_at: float | None = None  # wall time of the first start
+    resolution: str | None = None  # an operator's decision, once made
+    resolved_by: str | None = None
 
 
 class Verdict(StrEnum):
@@ -788,16 +790,48 @@ class ResolveRequests(Protocol):
         wall_now: float,
     ) -> Call: ...
 
+    def resolve_and_unpark(
+        self,
+        key: str,
+        *,
+        resolution: Resolution,
+        external_id: str | None,
+        who: str,
+        why: str,
+        wall_now: float,
+        jobs: JobRequests,
+        job_id: str,
+        send_id: str,
+    ) -> Call: ...
+
     def get(self, key: str) -> Call: ...
 
     def parse(self, item: Mapping[str, Any]) -> IntentView: ...
+
+
+ResumeVerdict = Literal["resumed", "resent", "not_parked"]
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a resume did: ``resumed`` (parked -> queued, message sent), ``resent``
+    (it was queued without a sent message: sent now), ``not_parked`` (nothing to do)."""
+
+    job_id: str
+    verdict: ResumeVerdict
+    state: JobState
+    note: str
+    send_id: str | None = None
+    message_id: str | None = None
 
 
 @dataclass(frozen=True)
 class Resolved:
     intent: IntentView
     job_requeued: bool
-    job_state: JobState | None
+    job_state: JobState | None  # the job's state before the resolution touched it
+    note: str = ""  # what happened to the job, in the operator's words
+    finished_earlier: bool = False  # an earlier resolution's job half was finished now
 
 
 def resolve_flow(
@@ -811,10 +845,162 @@ def resolve_flow(
     who: str,
     why: str,
     wall_now: float,
+    send_id: str,
 ) -> Flow[Resolved]:
-    """An operator's decision on an ambiguous intent; the parked job is re-enqueued."""
+    """An operator's decision on an ambiguous intent, and the parked job's resume,
+    as one decision.
+
+    Settling the intent and unparking its job (granting the attempt the resume
+    starts) are one TransactWriteItems: either both happen or neither. The message
+    is sent after it; should that fail, the job is queued without a message, and
+    ``jobs resume``, a second ``resolve`` or the workers' stranded sweep sends it.
+    A ``resolve`` of an intent an earlier resolution settled finishes that
+    resolution's job half (a parked job or an unsent message) instead of saying
+    there is nothing to resolve. ``send_id`` is unique to this call.
+    """
     from .._errors import IntentError, IntentNotFound
 
+    got = yield from call(ireq.get(key))
+    if isinstance(got, Err):
+        raise _unknown(got, "read intent", key)
+    item = got.response.get("Item")
+    if not item:
+        raise IntentNotFound(f"no intent {key!r}")
+    intent = ireq.parse(item)
+    if intent.state is not IntentState.AMBIGUOUS:
+        if intent.resolution is not None:
+            finished = yield from _finish_earlier(
+                jreq, intent, queue_url=queue_url, wall_now=wall_now, send_id=send_id
+            )
+            if finished is not None:
+                return finished
+        raise IntentError(f"intent {key!r} is {intent.state}, not ambiguous: nothing to resolve")
+    out = yield from call(
+        ireq.resolve_and_unpark(
+            key,
+            resolution=resolution,
+            external_id=external_id,
+            who=who,
+            why=why,
+            wall_now=wall_now,
+            jobs=jreq,
+            job_id=intent.job_id,
+            send_id=send_id,
+        )
+    )
+    if isinstance(out, Err):
+        if out.kind is not ErrorKind.TRANSACTION_CANCELLED:
+            raise OwnershipUnknown(
+                f"resolve intent {key!r}: no answer ({out.code or out.kind}): run the same "
+                "`sqs-lease intents resolve` again; it finishes whatever was applied"
+            )
+        codes = [str(r.get("Code", "")) for r in out.reasons]
+        if not codes or codes[0] == "ConditionalCheckFailed":
+            reread = yield from call(ireq.get(key))
+            now_item = reread.response.get("Item") if isinstance(reread, Ok) else None
+            now = ireq.parse(now_item) if now_item else None
+            state = now.state.value if now else "gone"
+            by = f" by {now.resolved_by}" if now is not None and now.resolved_by else ""
+            raise IntentError(
+                f"intent {key!r} changed meanwhile (now {state}{by}): nothing resolved; "
+                "look at `sqs-lease intents show` and decide again"
+            )
+        # The intent is ambiguous but its job is not parked (cancelled, failed, or
+        # still on its way to parking): settle the intent alone, and say so.
+        return (
+            yield from _resolve_intent_only(
+                ireq,
+                jreq,
+                out,
+                key=key,
+                resolution=resolution,
+                external_id=external_id,
+                who=who,
+                why=why,
+                wall_now=wall_now,
+                job_id=intent.job_id,
+            )
+        )
+    resolved = _as_resolved(intent, resolution, external_id, who)
+    yield from emit(
+        "intent_resolved",
+        key=key,
+        job_id=intent.job_id,
+        resolution=resolution.value,
+        external_id=external_id,
+        who=who,
+        reason=why,
+    )
+    yield from emit("job_resumed", job_id=intent.job_id, send_id=send_id, by="resolve")
+    sent = yield from _send_resumed(
+        jreq,
+        queue_url=queue_url,
+        job_id=intent.job_id,
+        send_id=send_id,
+        wall_now=wall_now,
+        what=f"is queued (intent {key!r} resolved: {resolution.value})",
+    )
+    return Resolved(
+        resolved,
+        True,
+        JobState.PARKED,
+        _sent_note(sent, "re-enqueued (one attempt granted)"),
+    )
+
+
+def _as_resolved(
+    intent: IntentView, resolution: Resolution, external_id: str | None, who: str
+) -> IntentView:
+    state = {
+        Resolution.CONFIRMED: IntentState.CONFIRMED,
+        Resolution.RETRY: IntentState.PREPARED,
+        Resolution.ABANDON: IntentState.ABANDONED,
+    }[resolution]
+    return IntentView(
+        key=intent.key,
+        job_id=intent.job_id,
+        action=intent.action,
+        target=intent.target,
+        state=state,
+        payload_hash=intent.payload_hash,
+        attempts=intent.attempts,
+        payload_json=intent.payload_json,
+        response_json=intent.response_json,
+        external_id=external_id if resolution is Resolution.CONFIRMED else intent.external_id,
+        last_token=intent.last_token,
+        reason=intent.reason,
+        resolution=resolution.value,
+        resolved_by=who,
+    )
+
+
+def _sent_note(sent: SendOutcome, done: str) -> str:
+    if sent.verdict == "superseded":
+        return f"{done}; another sender sent its message meanwhile"
+    return done
+
+
+def _resolve_intent_only(
+    ireq: ResolveRequests,
+    jreq: JobRequests,
+    cancelled: Err,
+    *,
+    key: str,
+    resolution: Resolution,
+    external_id: str | None,
+    who: str,
+    why: str,
+    wall_now: float,
+    job_id: str,
+) -> Flow[Resolved]:
+    from .._errors import IntentError
+
+    job_item = cancelled.reasons[1].get("Item") if len(cancelled.reasons) > 1 else None
+    job: JobView | None = jreq.parse(job_item) if job_item else None
+    if job is None:
+        read = yield from call(jreq.get(job_id))
+        if isinstance(read, Ok) and read.response.get("Item"):
+            job = jreq.parse(read.response["Item"])
     out = yield from call(
         ireq.resolve(
             key, resolution=resolution, external_id=external_id, who=who, why=why, wall_now=wall_now
@@ -822,12 +1008,7 @@ def resolve_flow(
     )
     if isinstance(out, Err):
         if out.kind is ErrorKind.CONDITION_FAILED:
-            if out.item is None:
-                raise IntentNotFound(f"no intent {key!r}")
-            current = ireq.parse(out.item)
-            raise IntentError(
-                f"intent {key!r} is {current.state}, not ambiguous: nothing to resolve"
-            )
+            raise IntentError(f"intent {key!r} changed meanwhile: nothing resolved; decide again")
         raise _unknown(out, "resolve intent", key)
     intent = ireq.parse(out.response.get("Attributes", {}))
     yield from emit(
@@ -839,35 +1020,154 @@ def resolve_flow(
         who=who,
         reason=why,
     )
-    requeued = yield from resume_flow(
+    state = job.state if job is not None else None
+    yield from emit("job_resume_skipped", job_id=job_id, state=state.value if state else None)
+    where = f"is {state.value}" if state is not None else "has no record"
+    note = (
+        f"not re-enqueued: it {where}, not parked (should it park later, run "
+        "this resolve again to resume it)"
+    )
+    return Resolved(intent, False, state, note)
+
+
+def _finish_earlier(
+    jreq: JobRequests, intent: IntentView, *, queue_url: str, wall_now: float, send_id: str
+) -> Flow[Resolved | None]:
+    """An intent an earlier resolution settled: resume its job if that half is missing."""
+    resumed = yield from _resume(
+        jreq, queue_url=queue_url, job_id=intent.job_id, wall_now=wall_now, send_id=send_id
+    )
+    if resumed.verdict == "not_parked":
+        return None  # nothing half done: the caller says there is nothing to resolve
+    yield from emit(
+        "intent_resolution_finished",
+        key=intent.key,
+        job_id=intent.job_id,
+        resolution=intent.resolution,
+        verdict=resumed.verdict,
+    )
+    note = (
+        f"the intent was already resolved ({intent.resolution}"
+        f"{' by ' + intent.resolved_by if intent.resolved_by else ''}); its job was "
+        + ("still parked: " if resumed.verdict == "resumed" else "queued without a message: ")
+        + resumed.note
+    )
+    return Resolved(intent, True, resumed.state, note, finished_earlier=True)
+
+
+def _send_resumed(
+    jreq: JobRequests, *, queue_url: str, job_id: str, send_id: str, wall_now: float, what: str
+) -> Flow[SendOutcome]:
+    got = yield from call(jreq.get(job_id))
+    if isinstance(got, Err) or not got.response.get("Item"):
+        # The unpark is applied (it carries our send id); the sweep or a resume sends it.
+        raise OwnershipUnknown(
+            f"job {job_id!r} {what}, but it could not be read to send its message: run "
+            f"`sqs-lease jobs resume {job_id}`, or a worker's stranded sweep sends it after "
+            f"{UNSENT_GRACE_SECONDS:g} s"
+        )
+    job = jreq.parse(got.response["Item"])
+    sent = yield from send_job_message(
         jreq,
         queue_url=queue_url,
-        job_id=intent.job_id,
+        job_id=job_id,
+        job_class=job.job_class,
+        send_id=send_id,
         wall_now=wall_now,
+        stage=job.stage,
     )
-    return Resolved(intent, requeued is not None, requeued)
+    _raise_unsent(sent, job_id, what)
+    return sent
 
 
 def resume_flow(
-    jreq: JobRequests, *, queue_url: str, job_id: str, wall_now: float
-) -> Flow[JobState | None]:
-    """Parked -> queued, then send its message. Returns the state it left, or None."""
-    out = yield from call(jreq.unpark(job_id, wall_now))
-    if isinstance(out, Err):
-        if out.kind is ErrorKind.CONDITION_FAILED:
-            state = jreq.parse(out.item).state if out.item else None
-            yield from emit(
-                "job_resume_skipped", job_id=job_id, state=state.value if state else None
-            )
-            return None
+    jreq: JobRequests, *, queue_url: str, job_id: str, wall_now: float, send_id: str
+) -> Flow[Resumed]:
+    """Parked -> queued with one attempt granted, then send its message.
+
+    Retryable: a record that is queued without a sent message (an earlier resume
+    or submit whose send failed, a producer that died) is sent again now, under a
+    new send id that retires any older message. ``send_id`` is unique to this call.
+    """
+    resumed = yield from _resume(
+        jreq, queue_url=queue_url, job_id=job_id, wall_now=wall_now, send_id=send_id
+    )
+    if resumed.verdict == "not_parked":
+        yield from emit("job_resume_skipped", job_id=job_id, state=resumed.state.value)
+    return resumed
+
+
+def _resume(
+    jreq: JobRequests, *, queue_url: str, job_id: str, wall_now: float, send_id: str
+) -> Flow[Resumed]:
+    out = yield from call(jreq.unpark(job_id, send_id, wall_now))
+    if isinstance(out, Ok):
+        job = jreq.parse(out.response.get("Attributes", {}))
+        yield from emit("job_resumed", job_id=job_id, send_id=send_id, by="resume")
+        sent = yield from send_job_message(
+            jreq,
+            queue_url=queue_url,
+            job_id=job_id,
+            job_class=job.job_class,
+            send_id=send_id,
+            wall_now=wall_now,
+            stage=job.stage,
+        )
+        _raise_unsent(sent, job_id, "resumed (one attempt granted)")
+        note = _sent_note(sent, "re-enqueued (one attempt granted)")
+        return Resumed(job_id, "resumed", JobState.PARKED, note, send_id, sent.message_id)
+    if out.kind is not ErrorKind.CONDITION_FAILED:
         raise _unknown(out, "resume job", job_id)
-    job = jreq.parse(out.response.get("Attributes", {}))
-    body = message_body(job.job_id, job.job_class)
-    sent = yield from call(Call("sqs", "SendMessage", {"QueueUrl": queue_url, "MessageBody": body}))
-    if isinstance(sent, Err):
-        # The record says message_sent = false, so resubmitting the job (same id,
-        # class and payload) sends the message then.
-        raise _unknown(sent, "re-enqueue job (record is queued; resubmit it to resend)", job_id)
-    yield from call(jreq.mark_sent(job_id, wall_now))
-    yield from emit("job_resumed", job_id=job_id)
-    return JobState.PARKED
+    if out.item is None:
+        from .._errors import JobNotFound
+
+        raise JobNotFound(f"no job {job_id!r}")
+    current = jreq.parse(out.item)
+    if current.state is JobState.QUEUED and not current.message_sent:
+        took = yield from call(
+            jreq.take_send(
+                job_id, seen_send_id=current.send_id, new_send_id=send_id, wall_now=wall_now
+            )
+        )
+        if isinstance(took, Ok):
+            job = jreq.parse(took.response.get("Attributes", {}))
+            yield from emit(
+                "job_send_taken",
+                job_id=job_id,
+                send_id=send_id,
+                previous_send_id=current.send_id,
+                unsent_for=(
+                    None
+                    if current.unsent_since is None
+                    else round(wall_now - current.unsent_since, 3)
+                ),
+                by="resume",
+            )
+            sent = yield from send_job_message(
+                jreq,
+                queue_url=queue_url,
+                job_id=job_id,
+                job_class=job.job_class,
+                send_id=send_id,
+                wall_now=wall_now,
+                stage=job.stage,
+            )
+            _raise_unsent(sent, job_id, "queued")
+            note = _sent_note(sent, "it was queued without a message: message sent")
+            return Resumed(job_id, "resent", JobState.QUEUED, note, send_id, sent.message_id)
+        if took.kind is not ErrorKind.CONDITION_FAILED:
+            raise _unknown(took, "resume job (take over the send)", job_id)
+        if took.item is not None:
+            current = jreq.parse(took.item)
+    return Resumed(job_id, "not_parked", current.state, f"job is {current.state.value}, not parked")
+
+
+def _raise_unsent(sent: SendOutcome, job_id: str, what: str) -> None:
+    if sent.verdict == "failed":
+        assert sent.error is not None
+        raise _fail_call(
+            f"job {job_id!r} {what}, but its message was not sent: run `sqs-lease jobs resume "
+            f"{job_id}` again, or a worker's stranded sweep sends it after "
+            f"{UNSENT_GRACE_SECONDS:g} s; send",
+            sent.error,
+        )

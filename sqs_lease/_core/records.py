@@ -43,6 +43,9 @@ class JobView:
     error_code: str | None = None
     stage: str | None = None
     payload_json: str | None = None  # present when the full item was read
+    send_id: str | None = None  # the job's current message (None: an older record)
+    unsent_since: float | None = None  # wall time; set while no message is known sent
+    granted_attempts: int = 0  # attempts an operator granted beyond max_attempts
 
 
 class JobRequests(Protocol):
@@ -56,12 +59,30 @@ class JobRequests(Protocol):
         payload_json: str,
         payload_hash: str,
         wall_now: float,
+        send_id: str,
         stage: str | None = None,
     ) -> Call: ...
 
-    def mark_sent(self, job_id: str, wall_now: float) -> Call: ...
+    def mark_sent(self, job_id: str, send_id: str, wall_now: float) -> Call: ...
 
-    def claim(self, job_id: str, worker_id: str, wall_now: float, lease_seconds: int) -> Call: ...
+    def take_send(
+        self, job_id: str, *, seen_send_id: str | None, new_send_id: str, wall_now: float
+    ) -> Call: ...
+
+    def release_send(self, job_id: str, send_id: str, wall_now: float) -> Call: ...
+
+    def claim(
+        self,
+        job_id: str,
+        worker_id: str,
+        wall_now: float,
+        lease_seconds: int,
+        *,
+        job_class: str,
+        send_id: str | None,
+    ) -> Call: ...
+
+    def unsent_query(self, *, older_than: float, limit: int) -> Call: ...
 
     def commit(
         self, job_id: str, token: int, worker_id: str, result_json: str, wall_now: float
@@ -91,7 +112,9 @@ class JobRequests(Protocol):
 
     def cancel(self, job_id: str, reason: str, wall_now: float) -> Call: ...
 
-    def unpark(self, job_id: str, wall_now: float) -> Call: ...
+    def unpark(self, job_id: str, send_id: str, wall_now: float) -> Call: ...
+
+    def unpark_item(self, job_id: str, send_id: str, wall_now: float) -> Mapping[str, Any]: ...
 
     def fence_check(self, job_id: str, token: int) -> Mapping[str, Any]: ...
 

@@ -1,7 +1,9 @@
 """Simulated DynamoDB: tables of DynamoDB-JSON items, conditional writes applied in order.
 
-Operations: PutItem, UpdateItem, DeleteItem, GetItem, BatchGetItem and
-TransactWriteItems (ConditionCheck/Put/Update/Delete, all or nothing,
+Operations: PutItem, UpdateItem, DeleteItem, GetItem, BatchGetItem, Query (of a
+sparse global secondary index: items without its keys are not in it; always
+consistent here, where DynamoDB's index may lag) and TransactWriteItems
+(ConditionCheck/Put/Update/Delete, all or nothing,
 ``TransactionCanceledException`` with per-item ``CancellationReasons``).
 Conditions and updates are evaluated from the request's own expressions
 (:mod:`sqs_lease._sim.expr`), so a wrong expression in a request is caught.
@@ -31,10 +33,21 @@ WriteHook = Callable[[str, Key, "Item | None", "Item | None", Any], None]
 
 
 @dataclass(frozen=True)
+class IndexSpec:
+    """A global secondary index: its keys, and the attributes it projects (None: all)."""
+
+    name: str
+    hash_key: str
+    range_key: str | None = None
+    projects: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
 class TableSpec:
     name: str
     hash_key: str
     range_key: str | None = None
+    indexes: tuple[IndexSpec, ...] = ()
 
 
 @dataclass
@@ -269,6 +282,46 @@ class SimDynamo:
                 rest = {n: v for n, v in spec.items() if n != "Keys"}
                 unprocessed[table] = {"Keys": skipped, **rest}
         return Ok({"Responses": responses, "UnprocessedKeys": unprocessed})
+
+    def _op_Query(self, params: Mapping[str, Any], origin: Any) -> Outcome:
+        table = params["TableName"]
+        spec = self.specs.get(table)
+        if spec is None:
+            raise _Invalid("table")
+        name = params.get("IndexName")
+        index = next((i for i in spec.indexes if i.name == name), None)
+        if name is None or index is None:
+            raise ExpressionError(f"The table does not have the specified index: {name}")
+        ex = request_expressions(params, condition_key="KeyConditionExpression")
+        keys = [index.hash_key] + ([index.range_key] if index.range_key else [])
+        found = [
+            item
+            for item in self.items[table].values()
+            if all(k in item for k in keys) and ex.check(item)
+        ]
+
+        def order(item: Item) -> Any:
+            if index.range_key is None:
+                return 0
+            t, v = next(iter(item[index.range_key].items()))
+            return float(v) if t == "N" else v
+
+        found.sort(key=order, reverse=not params.get("ScanIndexForward", True))
+        limit = params.get("Limit")
+        page = found[: int(limit)] if limit else found
+        keep = None if index.projects is None else set(index.projects) | set(keys)
+        if keep is not None:
+            keep |= {spec.hash_key} | ({spec.range_key} if spec.range_key else set())
+        out: dict[str, Any] = {
+            "Items": [
+                dict(i) if keep is None else {k: v for k, v in i.items() if k in keep} for i in page
+            ],
+            "Count": len(page),
+        }
+        if limit and len(found) > len(page):
+            last = page[-1]
+            out["LastEvaluatedKey"] = {k: last[k] for k in [*keys, spec.hash_key] if k in last}
+        return Ok(out)
 
     # ---------------------------------------------------------------- transactions
 

@@ -298,12 +298,15 @@ class SimWorker(Actor):
                 wall_now=self.wall(),
                 lease_seconds=job_class.lease_seconds if job_class else self.receive_visibility,
                 max_attempts=job_class.max_attempts if job_class else 1_000_000,
+                dlq_url=self.dlq_url,
             ),
             origin,
         )
         if not isinstance(claim, Claimed):
             if claim.outcome in ("done", "parked"):
                 self.bump("already_done")
+            elif claim.outcome == "stray":
+                self.bump("stray")
             elif claim.outcome in ("missing", "class_mismatch"):
                 self.bump("poisoned")
             elif claim.outcome == "exhausted":
@@ -539,7 +542,8 @@ class SimWorker(Actor):
             origin,
         )
         if fin.outcome == "done":
-            self.bump("failed" if claim.attempt >= jc.max_attempts else "retried")
+            spent = claim.attempt >= jc.max_attempts + claim.job.granted_attempts
+            self.bump("failed" if spent else "retried")
         return fin
 
     def _finish_fail(

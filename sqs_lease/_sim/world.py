@@ -716,6 +716,10 @@ class World:
             payload_json=text,
             payload_hash=payload_hash(text),
             wall_now=self.producer.wall(),
+            send_id=f"{job_id}.{tries}",
+            # No stranded sweep runs in the simulation yet: a resubmission takes the
+            # send over at once instead of waiting for the sweep's grace.
+            resend_after=0.0,
         )
         origin = Origin("producer", f"submit-{job_id}", "producer")
 

@@ -1,0 +1,522 @@
+"""Operator flows and the stranded-record sweep, driven by hand (no AWS, no network).
+
+``resume_flow``, ``resolve_flow`` and ``sweep_flow``: the calls they make (built
+by the real ``JobTable``/``IntentTable``), the events, and what they tell the
+operator, for every answer DynamoDB and SQS can give.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from core_harness import (
+    QUEUE,
+    TABLE,
+    Script,
+    condition_failed,
+    condition_text,
+    err,
+    job_item,
+    ok,
+    table,
+    unreachable,
+    update_removes,
+    update_sets,
+)
+
+from sqs_lease._core.calls import Err, ErrorKind
+from sqs_lease._core.flows import SweepReport, sweep_flow
+from sqs_lease._core.intents import (
+    IntentState,
+    Resolution,
+    Resolved,
+    Resumed,
+    resolve_flow,
+    resume_flow,
+)
+from sqs_lease._core.records import JobState
+from sqs_lease._errors import (
+    AwsCallFailed,
+    IntentError,
+    IntentNotFound,
+    JobNotFound,
+    OwnershipUnknown,
+    ResourceMissing,
+)
+from sqs_lease._schema import IntentRecord, IntentTable
+
+WALL = 1_700_000_500.0
+JOB = "job-1"
+KEY = "payment:inv-1:capture"
+INTENTS, ATTEMPTS = "intents-test", "attempts-test"
+WHO, WHY = "alice@ops", "bank statement shows the capture"
+
+
+def itable() -> IntentTable:
+    return IntentTable(INTENTS, ATTEMPTS)
+
+
+def intent_item(
+    state: IntentState, *, resolution: str | None = None, resolved_by: str | None = None
+) -> dict[str, Any]:
+    record = IntentRecord(
+        intent_key=KEY,
+        job_id=JOB,
+        stage="main",
+        action="capture",
+        target="payments",
+        state=state.value,
+        payload="{}",
+        payload_hash="h",
+        attempts=1,
+        last_token=1,
+        created_at=WALL - 100,
+        updated_at=WALL - 50,
+        resolution=resolution,
+        resolved_by=resolved_by,
+    )
+    item: dict[str, Any] = record.serialize()
+    return item
+
+
+def got_item(item: Mapping[str, Any] | None) -> Any:
+    return ok({"Item": dict(item)} if item is not None else {})
+
+
+def cancelled(*codes: str, job: Mapping[str, Any] | None = None) -> Err:
+    reasons: list[dict[str, Any]] = [{"Code": c} for c in codes]
+    if job is not None:
+        reasons[1]["Item"] = dict(job)
+    return Err(
+        ErrorKind.TRANSACTION_CANCELLED,
+        code="TransactionCanceledException",
+        reasons=tuple(reasons),
+    )
+
+
+def parked(**kw: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {"state": JobState.PARKED, "token": 1, "attempt": 1}
+    fields.update(kw)
+    return job_item(JOB, **fields)
+
+
+def queued_after_unpark(**kw: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "state": JobState.QUEUED,
+        "token": 1,
+        "attempt": 1,
+        "send_id": "send-new",
+        "unsent_since": WALL,
+        "granted_attempts": 1,
+    }
+    fields.update(kw)
+    return job_item(JOB, **fields)
+
+
+# =========================================================================== resume_flow
+
+
+def _resume(s: Script) -> Resumed:
+    return s.run(
+        resume_flow(table(), queue_url=QUEUE, job_id=JOB, wall_now=WALL, send_id="send-new")
+    )
+
+
+def test_resume_unparks_granting_an_attempt_then_sends_under_a_new_send_id() -> None:
+    s = Script([ok({"Attributes": queued_after_unpark()}), ok({"MessageId": "mid-1"}), ok()])
+    got = _resume(s)
+    assert s.ops == ["dynamodb.UpdateItem", "sqs.SendMessage", "dynamodb.UpdateItem"]
+    unpark = s.calls[0].params
+    assert condition_text(unpark) == "state = 'parked'"
+    written = update_sets(unpark)
+    assert (written["state"], written["send_id"], written["message_sent"]) == (
+        "'queued'",
+        "'send-new'",
+        "False",
+    )
+    assert written["unsent_since"] == repr(WALL)  # findable by the sweep until sent
+    assert "ADD #" in unpark["UpdateExpression"]  # granted_attempts + 1
+    names = unpark["ExpressionAttributeNames"]
+    assert "granted_attempts" in names.values()
+    assert json.loads(s.calls[1].params["MessageBody"])["send_id"] == "send-new"
+    assert condition_text(s.calls[2].params) == "send_id = 'send-new'"
+    assert (got.verdict, got.state, got.message_id) == ("resumed", JobState.PARKED, "mid-1")
+    assert "one attempt granted" in got.note
+    assert s.event("job_resumed") == {"job_id": JOB, "send_id": "send-new", "by": "resume"}
+
+
+def test_a_resume_whose_send_failed_can_be_resumed_again() -> None:
+    # Regression (issue 7.8): the first resume's send failed; the second said "not
+    # parked" and the job stayed queued with no message, found by nobody.
+    s = Script([ok({"Attributes": queued_after_unpark()}), unreachable(), ok()])
+    with pytest.raises(AwsCallFailed, match="run `sqs-lease jobs resume job-1` again"):
+        _resume(s)
+    assert s.ops[-1] == "dynamodb.UpdateItem"  # the send given back
+    assert update_removes(s.calls[2].params) == ["send_id"]
+
+    left = queued_after_unpark(send_id=None)  # released, still unsent
+    s = Script(
+        [
+            condition_failed(left),
+            ok({"Attributes": queued_after_unpark(send_id="send-new")}),
+            ok({"MessageId": "mid-2"}),
+            ok(),
+        ]
+    )
+    got = _resume(s)
+    assert s.ops == [
+        "dynamodb.UpdateItem",
+        "dynamodb.UpdateItem",
+        "sqs.SendMessage",
+        "dynamodb.UpdateItem",
+    ]
+    assert "attribute_not_exists (send_id)" in condition_text(s.calls[1].params)
+    assert (got.verdict, got.message_id) == ("resent", "mid-2")
+    assert s.event("job_send_taken")["by"] == "resume"
+
+
+def test_resume_takes_over_an_unsent_record_whatever_its_age() -> None:
+    # The operator named the job: no grace. The older send id is retired.
+    left = queued_after_unpark(send_id="send-old", unsent_since=WALL - 1)
+    s = Script([condition_failed(left), ok({"Attributes": left}), ok(), ok()])
+    got = _resume(s)
+    assert "send_id = 'send-old'" in condition_text(s.calls[1].params)
+    assert got.verdict == "resent"
+
+
+@pytest.mark.parametrize("state", [JobState.RUNNING, JobState.SUCCEEDED, JobState.QUEUED])
+def test_resume_of_a_job_with_a_sent_message_does_nothing(state: JobState) -> None:
+    s = Script([condition_failed(job_item(JOB, state=state))])
+    got = _resume(s)
+    assert s.ops == ["dynamodb.UpdateItem"]
+    assert (got.verdict, got.state) == ("not_parked", state)
+    assert s.event("job_resume_skipped")["state"] == state.value
+
+
+def test_resume_that_loses_the_take_over_does_nothing() -> None:
+    left = queued_after_unpark(send_id=None)
+    s = Script([condition_failed(left), condition_failed(job_item(JOB, state=JobState.RUNNING))])
+    got = _resume(s)
+    assert (got.verdict, got.state) == ("not_parked", JobState.RUNNING)
+
+
+def test_resume_of_a_missing_job_is_job_not_found() -> None:
+    with pytest.raises(JobNotFound, match=JOB):
+        _resume(Script([condition_failed(None)]))
+
+
+def test_resume_unanswered_is_ownership_unknown() -> None:
+    with pytest.raises(OwnershipUnknown, match="resume job"):
+        _resume(Script([unreachable()]))
+
+
+# =========================================================================== resolve_flow
+
+
+def _resolve(s: Script, resolution: Resolution, external_id: str | None = None) -> Resolved:
+    return s.run(
+        resolve_flow(
+            itable(),
+            table(),
+            queue_url=QUEUE,
+            key=KEY,
+            resolution=resolution,
+            external_id=external_id,
+            who=WHO,
+            why=WHY,
+            wall_now=WALL,
+            send_id="send-new",
+        )
+    )
+
+
+_AFTER = {
+    Resolution.CONFIRMED: IntentState.CONFIRMED,
+    Resolution.RETRY: IntentState.PREPARED,
+    Resolution.ABANDON: IntentState.ABANDONED,
+}
+
+
+@pytest.mark.parametrize("resolution", list(Resolution))
+def test_resolve_settles_the_intent_and_unparks_the_job_in_one_transaction(
+    resolution: Resolution,
+) -> None:
+    external = "ch_1" if resolution is Resolution.CONFIRMED else None
+    s = Script(
+        [
+            got_item(intent_item(IntentState.AMBIGUOUS)),
+            ok(),
+            got_item(queued_after_unpark()),
+            ok({"MessageId": "mid-1"}),
+            ok(),
+        ]
+    )
+    got = _resolve(s, resolution, external)
+    assert s.ops == [
+        "dynamodb.GetItem",
+        "dynamodb.TransactWriteItems",
+        "dynamodb.GetItem",
+        "sqs.SendMessage",
+        "dynamodb.UpdateItem",
+    ]
+    tx = s.calls[1].params
+    intent, job = (next(iter(i.values())) for i in tx["TransactItems"])
+    assert [next(iter(i)) for i in tx["TransactItems"]] == ["Update", "Update"]
+    assert intent["TableName"] == INTENTS
+    assert condition_text(intent) == "state = 'ambiguous'"
+    assert update_sets(intent)["state"] == repr(_AFTER[resolution].value)
+    assert update_sets(intent)["resolved_by"] == repr(WHO)
+    assert job["TableName"] == TABLE
+    assert condition_text(job) == "state = 'parked'"
+    assert update_sets(job)["send_id"] == "'send-new'"
+    assert "granted_attempts" in job["ExpressionAttributeNames"].values()
+    assert len(tx["ClientRequestToken"]) <= 36
+    assert json.loads(s.calls[3].params["MessageBody"])["send_id"] == "send-new"
+    assert got.job_requeued is True
+    assert got.job_state is JobState.PARKED
+    assert (got.intent.state, got.intent.resolution) == (_AFTER[resolution], resolution.value)
+    ev = s.event("intent_resolved")
+    assert (ev["resolution"], ev["who"], ev["external_id"]) == (resolution.value, WHO, external)
+    assert s.event("job_resumed")["by"] == "resolve"
+
+
+def test_a_resolution_whose_answer_was_lost_is_finished_by_resolving_again() -> None:
+    # Regression (issue 14.6): the intent was settled, the job's unpark got no
+    # answer, and a second resolve said "nothing to resolve" with the job parked.
+    done = intent_item(IntentState.CONFIRMED, resolution="confirmed", resolved_by=WHO)
+    s = Script(
+        [
+            got_item(done),
+            ok({"Attributes": queued_after_unpark()}),
+            ok({"MessageId": "mid-1"}),
+            ok(),
+        ]
+    )
+    got = _resolve(s, Resolution.CONFIRMED, "ch_1")
+    assert s.ops == [
+        "dynamodb.GetItem",
+        "dynamodb.UpdateItem",
+        "sqs.SendMessage",
+        "dynamodb.UpdateItem",
+    ]
+    assert condition_text(s.calls[1].params) == "state = 'parked'"
+    assert got.finished_earlier is True and got.job_requeued is True
+    assert "already resolved (confirmed by alice@ops)" in got.note
+    assert "still parked" in got.note
+    ev = s.event("intent_resolution_finished")
+    assert (ev["resolution"], ev["verdict"]) == ("confirmed", "resumed")
+
+
+def test_resolving_again_sends_the_message_a_resolution_could_not_send() -> None:
+    done = intent_item(IntentState.CONFIRMED, resolution="confirmed", resolved_by=WHO)
+    left = queued_after_unpark(send_id=None)
+    s = Script(
+        [
+            got_item(done),
+            condition_failed(left),
+            ok({"Attributes": queued_after_unpark()}),
+            ok({"MessageId": "mid-1"}),
+            ok(),
+        ]
+    )
+    got = _resolve(s, Resolution.CONFIRMED, "ch_1")
+    assert got.finished_earlier is True
+    assert "queued without a message" in got.note
+    assert s.event("intent_resolution_finished")["verdict"] == "resent"
+
+
+def test_a_settled_intent_whose_job_moved_on_has_nothing_to_resolve() -> None:
+    done = intent_item(IntentState.CONFIRMED, resolution="confirmed")
+    s = Script([got_item(done), condition_failed(job_item(JOB, state=JobState.SUCCEEDED))])
+    with pytest.raises(IntentError, match="is confirmed, not ambiguous: nothing to resolve"):
+        _resolve(s, Resolution.CONFIRMED, "ch_1")
+    assert s.events == []  # the look at its job is not a resume attempt
+
+
+@pytest.mark.parametrize("state", [IntentState.PREPARED, IntentState.IN_PROGRESS])
+def test_resolving_an_open_intent_names_its_state(state: IntentState) -> None:
+    s = Script([got_item(intent_item(state))])
+    with pytest.raises(IntentError, match=f"is {state.value}, not ambiguous"):
+        _resolve(s, Resolution.RETRY)
+    assert s.ops == ["dynamodb.GetItem"]
+
+
+def test_resolving_a_missing_intent_is_intent_not_found() -> None:
+    with pytest.raises(IntentNotFound, match=KEY):
+        _resolve(Script([got_item(None)]), Resolution.ABANDON)
+
+
+@pytest.mark.parametrize(
+    ("job", "state"),
+    [
+        (job_item(JOB, state=JobState.RUNNING, token=3), JobState.RUNNING),
+        (job_item(JOB, state=JobState.FAILED, token=3), JobState.FAILED),
+        (None, None),
+    ],
+    ids=["running", "failed", "gone"],
+)
+def test_an_intent_whose_job_is_not_parked_is_settled_alone_and_the_operator_told(
+    job: dict[str, Any] | None, state: JobState | None
+) -> None:
+    after = intent_item(IntentState.PREPARED, resolution="retry")
+    s = Script(
+        [
+            got_item(intent_item(IntentState.AMBIGUOUS)),
+            cancelled("None", "ConditionalCheckFailed", job=job),
+            *([] if job is not None else [got_item(None)]),
+            ok({"Attributes": after}),
+        ]
+    )
+    got = _resolve(s, Resolution.RETRY)
+    assert (got.job_requeued, got.job_state) == (False, state)
+    assert "not re-enqueued" in got.note
+    assert s.ops[-1] == "dynamodb.UpdateItem"  # the intent alone, no SendMessage
+    assert condition_text(s.calls[-1].params) == "state = 'ambiguous'"
+    assert s.event("intent_resolved")["resolution"] == "retry"
+    assert s.event("job_resume_skipped")["state"] == (state.value if state else None)
+
+
+def test_an_intent_resolved_meanwhile_by_someone_else_is_reported() -> None:
+    now = intent_item(IntentState.ABANDONED, resolution="abandon", resolved_by="bob@ops")
+    s = Script(
+        [
+            got_item(intent_item(IntentState.AMBIGUOUS)),
+            cancelled("ConditionalCheckFailed", "None"),
+            got_item(now),
+        ]
+    )
+    with pytest.raises(IntentError, match=r"changed meanwhile \(now abandoned by bob@ops\)"):
+        _resolve(s, Resolution.CONFIRMED, "ch_1")
+
+
+def test_a_resolution_without_an_answer_says_to_run_it_again() -> None:
+    s = Script([got_item(intent_item(IntentState.AMBIGUOUS)), unreachable()])
+    with pytest.raises(OwnershipUnknown, match="run the same `sqs-lease intents resolve` again"):
+        _resolve(s, Resolution.RETRY)
+
+
+def test_a_resolution_whose_send_failed_says_the_job_is_queued_and_how_it_is_sent() -> None:
+    s = Script(
+        [
+            got_item(intent_item(IntentState.AMBIGUOUS)),
+            ok(),
+            got_item(queued_after_unpark()),
+            unreachable(),
+            ok(),
+        ]
+    )
+    with pytest.raises(AwsCallFailed, match=r"is queued \(intent .* resolved: retry\)") as caught:
+        _resolve(s, Resolution.RETRY)
+    assert "jobs resume job-1" in str(caught.value)
+    assert "stranded sweep" in str(caught.value)
+    assert s.event("intent_resolved")["resolution"] == "retry"
+
+
+# =========================================================================== sweep_flow
+
+
+def _sweep(s: Script, *, dry_run: bool = False, limit: int = 3) -> SweepReport:
+    return s.run(
+        sweep_flow(
+            table(),
+            queue_url=QUEUE,
+            wall_now=WALL,
+            older_than=60.0,
+            limit=limit,
+            send_id_prefix="sweep-a",
+            dry_run=dry_run,
+        )
+    )
+
+
+def _unsent(job_id: str, since: float, send_id: str | None = "send-1") -> dict[str, Any]:
+    # What the index projects: keys, class, state, send id, message_sent.
+    item = job_item(
+        job_id,
+        state=JobState.QUEUED,
+        owner=None,
+        token=0,
+        attempt=0,
+        send_id=send_id,
+        unsent_since=since,
+    )
+    keep = ("job_id", "unsent", "unsent_since", "job_class", "state", "send_id", "message_sent")
+    return {k: v for k, v in item.items() if k in keep}
+
+
+def test_the_sweep_queries_the_sparse_index_oldest_first_and_never_scans() -> None:
+    s = Script([ok({"Items": []})])
+    report = _sweep(s)
+    assert report == SweepReport((), more=False)
+    q = s.calls[0]
+    assert (q.op, q.params["IndexName"], q.params["Limit"]) == ("Query", "unsent", 3)
+    assert q.params["ScanIndexForward"] is True
+    assert q.params["ExpressionAttributeValues"][":t"] == {"N": repr(WALL - 60.0)}
+    assert s.events == []
+
+
+def test_the_sweep_resends_each_stranded_record_under_a_new_send_id() -> None:
+    items = [_unsent("j-a", WALL - 300), _unsent("j-b", WALL - 90, send_id=None)]
+    s = Script(
+        [
+            ok({"Items": items}),
+            ok({"Attributes": job_item("j-a", state=JobState.QUEUED, send_id="sweep-a.0")}),
+            ok({"MessageId": "m-a"}),
+            ok(),
+            condition_failed(job_item("j-b", state=JobState.RUNNING)),
+        ]
+    )
+    report = _sweep(s)
+    assert [(j.job_id, j.verdict, j.send_id) for j in report.jobs] == [
+        ("j-a", "resent", "sweep-a.0"),
+        ("j-b", "moved", None),
+    ]
+    assert report.jobs[0].unsent_for == 300.0
+    take = s.calls[1].params
+    assert "send_id = 'send-1'" in condition_text(take)
+    assert update_sets(take)["send_id"] == "'sweep-a.0'"
+    assert json.loads(s.calls[2].params["MessageBody"])["send_id"] == "sweep-a.0"
+    assert "attribute_not_exists (send_id)" in condition_text(s.calls[4].params)
+    ev = s.event("stranded_swept")
+    assert (ev["found"], ev["resent"], ev["moved"], ev["failed"], ev["more"]) == (2, 1, 1, 0, False)
+
+
+def test_a_full_page_says_more_may_wait_and_a_dry_run_sends_nothing() -> None:
+    items = [_unsent(f"j-{i}", WALL - 100 - i) for i in range(3)]
+    s = Script([ok({"Items": items})])
+    report = _sweep(s, dry_run=True)
+    assert s.ops == ["dynamodb.Query"]
+    assert report.more is True
+    assert {j.verdict for j in report.jobs} == {"would_resend"}
+
+
+def test_a_sweep_whose_send_fails_reports_it_and_gives_the_send_back() -> None:
+    s = Script(
+        [
+            ok({"Items": [_unsent("j-a", WALL - 300)]}),
+            ok({"Attributes": job_item("j-a", state=JobState.QUEUED, send_id="sweep-a.0")}),
+            unreachable(),
+            ok(),
+        ]
+    )
+    report = _sweep(s)
+    assert report.jobs[0].verdict == "failed"
+    assert "EndpointConnectionError" in report.jobs[0].detail
+    assert s.event("job_send_failed")["send_id"] == "sweep-a.0"
+
+
+def test_a_table_without_the_index_is_told_how_to_add_it() -> None:
+    s = Script(
+        [
+            err(
+                ErrorKind.INVALID,
+                "ValidationException",
+                message="The table does not have the specified index: unsent",
+            )
+        ]
+    )
+    with pytest.raises(ResourceMissing, match="sqs-lease tables create"):
+        _sweep(s)
