@@ -45,6 +45,7 @@ _THROTTLED = (
     "Throttling",
     "RequestThrottled",
 )
+_VALIDATION = ("ValidationException",)
 _UNREACHABLE = (
     botocore.exceptions.EndpointConnectionError,
     botocore.exceptions.ConnectionClosedError,
@@ -75,6 +76,11 @@ def classify(exc: BaseException, sent_at: float, received_at: float) -> Err:
             kind = ErrorKind.THROTTLED
         elif status >= 500:
             kind = ErrorKind.SERVER
+        elif code in _VALIDATION or query in _VALIDATION:
+            # DynamoDB's answer for a request that can never succeed as sent (item or
+            # key size, a malformed value, an update on an attribute the item lacks):
+            # permanent for that job, never "ownership unknown".
+            kind = ErrorKind.VALIDATION
         else:
             kind = ErrorKind.INVALID
         return Err(

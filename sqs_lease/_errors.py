@@ -6,6 +6,8 @@
     ├── ConfigError                   bad settings, names the field and the fix
     │   └── JobClassError             a job class breaks the lease timing rules
     ├── PayloadError                  a payload fails its job class's model
+    ├── LimitExceeded                 a value breaks a DynamoDB size limit (named)
+    ├── RecordUnreadable              a stored record this version cannot read
     ├── SubmitConflict                same job id submitted with another payload
     ├── JobNotFound                   no job record for that id
     ├── ResourceMissing               queue or table does not exist
@@ -49,6 +51,19 @@ class JobClassError(ConfigError):
 
 class PayloadError(SqsLeaseError):
     """A payload does not validate against its job class's model."""
+
+
+class LimitExceeded(SqsLeaseError):
+    """A value the toolkit would store breaks a DynamoDB limit; the message names it."""
+
+
+class RecordUnreadable(SqsLeaseError):
+    """A stored job record this version cannot read (an unknown state, a malformed
+    value): written by hand or by a newer version. It affects only its own job."""
+
+    def __init__(self, message: str, job_id: str = "") -> None:
+        super().__init__(message)
+        self.job_id = job_id
 
 
 class SubmitConflict(SqsLeaseError):

@@ -12,8 +12,9 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ._core.intents import CheckAnswer, EffectResult, EffectSpec, IntentView
+from ._core.intents import RESPONSE_LIMIT, CheckAnswer, EffectResult, EffectSpec, IntentView
 from ._core.intents import default_key as _default_key
+from ._core.limits import check_intent
 from ._core.timing import LocalLease, check_timing
 from ._errors import ConfigError, PayloadError
 from ._fence import fence_headers
@@ -305,6 +306,9 @@ class JobContext(Generic[P]):
         ikey = key or _default_key(self.job_id, self.stage, action, target, version)
         if not ikey or len(ikey) > 1024:
             raise ConfigError(f"intent key must be 1..1024 characters, got {len(ikey)}")
+        # Keys count in UTF-8 bytes (2048 for a partition key), and the intent holds
+        # the payload next to a bounded response: DynamoDB's limits, named up front.
+        check_intent(ikey, text, RESPONSE_LIMIT)
         ec = EffectCall(ikey, self.token, self.job_id, action, target, data)
         spec = EffectSpec(
             key=ikey,

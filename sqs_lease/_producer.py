@@ -21,6 +21,7 @@ from ._core.flows import (
     sweep_flow,
 )
 from ._core.intents import Resumed, resume_flow
+from ._core.limits import check_payload
 from ._core.records import JobView
 from ._jobs import App, canonical_json, payload_hash
 from ._resources import queue_url
@@ -69,7 +70,10 @@ class Producer:
         delay_seconds: int = 0,
     ) -> SubmitResult:
         """Submit once. The id should come from the source event; by default it is
-        derived from class + payload, so submitting the same thing twice is a no-op."""
+        derived from class + payload, so submitting the same thing twice is a no-op.
+
+        Raises ``LimitExceeded`` when the job id (over 2048 UTF-8 bytes) or the
+        payload (over what a 400 KB DynamoDB item leaves for it) cannot be stored."""
         if self.app is not None:
             text, digest = self.app.prepare(job_class, payload)
         else:
@@ -77,6 +81,8 @@ class Producer:
             text = canonical_json(data)
             digest = payload_hash(text)
         jid = job_id or f"{job_class}-{digest[:24]}"
+        # DynamoDB would refuse these with a ValidationException: say which limit now.
+        check_payload(jid, text)
         return self.driver.run(
             submit_flow(
                 self.table,

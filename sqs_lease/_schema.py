@@ -26,6 +26,7 @@ from pynamodb.models import Model
 from ._core.calls import Call
 from ._core.intents import EffectSpec, IntentState, IntentView, Resolution
 from ._core.records import JobRequests, JobState, JobView
+from ._errors import RecordUnreadable
 
 UNSENT_INDEX = "unsent"
 UNSENT_BUCKET = "unsent"
@@ -456,7 +457,11 @@ class JobTable:
 
 
 def view_of(item: Mapping[str, Any]) -> JobView:
-    """Read a low-level item (possibly projected) into the core's view."""
+    """Read a low-level item (possibly projected) into the core's view.
+
+    Raises :class:`RecordUnreadable` (naming the job where its id can be read) for a
+    record this version cannot read: an unknown state, a value of the wrong type.
+    """
 
     def s(name: str) -> str | None:
         v = item.get(name)
@@ -470,24 +475,34 @@ def view_of(item: Mapping[str, Any]) -> JobView:
         v = item.get(name)
         return None if v is None or "NULL" in v else float(v["N"])
 
-    sent = item.get("message_sent")
-    return JobView(
-        job_id=s("job_id") or "",
-        job_class=s("job_class") or "",
-        state=JobState(s("state") or JobState.QUEUED.value),
-        token=n("token"),
-        attempt=n("attempt"),
-        owner=s("owner"),
-        payload_hash=s("payload_hash") or "",
-        message_sent=True if sent is None else bool(sent.get("BOOL", False)),
-        reason=s("reason"),
-        error_code=s("error_code"),
-        stage=s("stage"),
-        payload_json=s("payload"),
-        send_id=s("send_id"),
-        unsent_since=f("unsent_since"),
-        granted_attempts=n("granted_attempts"),
-    )
+    job_id = ""
+    try:
+        job_id = s("job_id") or ""
+        sent = item.get("message_sent")
+        return JobView(
+            job_id=job_id,
+            job_class=s("job_class") or "",
+            state=JobState(s("state") or JobState.QUEUED.value),
+            token=n("token"),
+            attempt=n("attempt"),
+            owner=s("owner"),
+            payload_hash=s("payload_hash") or "",
+            message_sent=True if sent is None else bool(sent.get("BOOL", False)),
+            reason=s("reason"),
+            error_code=s("error_code"),
+            stage=s("stage"),
+            payload_json=s("payload"),
+            send_id=s("send_id"),
+            unsent_since=f("unsent_since"),
+            granted_attempts=n("granted_attempts"),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        detail = f"{type(exc).__name__}: {exc}"[:300]
+        raise RecordUnreadable(
+            f"job record {job_id or '<no readable job_id>'!r} cannot be read by this version "
+            f"({detail}); fix the record by hand or run a version that knows it",
+            job_id,
+        ) from None
 
 
 def record_of(item: Mapping[str, Any]) -> JobRecord:

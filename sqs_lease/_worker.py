@@ -24,20 +24,28 @@ from pydantic import BaseModel
 
 from ._aws import SyncDriver, Timeouts
 from ._config import Settings
+from ._core.calls import Emit
 from ._core.endings import EndKind, ending_for
 from ._core.flows import (
+    UNKNOWN_CLASS_RECEIVES,
     UNSENT_GRACE_SECONDS,
     Claimed,
     Delivery,
+    Finish,
+    LossSource,
     Poison,
+    admit_flow,
     apply_beats,
-    claim_flow,
     commit_flow,
     fail_flow,
+    gave_back,
     heartbeat_flow,
+    lose,
+    lost_event,
     park_flow,
     poison_flow,
     receive_flow,
+    rejected_loss,
     release_flow,
     retry_flow,
     sweep_flow,
@@ -47,14 +55,13 @@ from ._core.records import JobView
 from ._core.timing import OPEN, Drop, LeaseStatus, LocalLease, backoff_delay, plan_heartbeat
 from ._errors import (
     ConfigError,
+    LeaseLost,
     PayloadError,
 )
 from ._jobs import App, JobClass, JobContext, canonical_json
 from ._journal import Journal
 from ._resources import check_table, queue_url, redrive
 from ._schema import IntentTable, JobTable
-
-_RESULT_LIMIT = 350_000  # DynamoDB items stop at 400 KB; leave room for the rest
 
 
 @dataclass
@@ -72,6 +79,7 @@ class WorkerStats:
     stray: int = 0  # messages that were not their job's current message
     lost: int = 0
     released: int = 0
+    deferred: int = 0
 
 
 @dataclass
@@ -94,6 +102,12 @@ class Worker:
     ``sweep_grace`` seconds (a producer that died between its write and its send, a
     resume whose send failed). Many workers may sweep at once: each re-send is won
     by one of them.
+
+    A message naming a job class this worker's app does not know (another version
+    of the app on the same queue) is never claimed: it is left for a worker that
+    knows the class, with a growing visibility backoff, and after
+    ``unknown_class_receives`` receives (or one before the queue's own redrive)
+    moved to the DLQ with the reason.
     """
 
     def __init__(
@@ -113,6 +127,7 @@ class Worker:
         sweep_interval: float | None = 60.0,
         sweep_grace: float = UNSENT_GRACE_SECONDS,
         sweep_limit: int = 25,
+        unknown_class_receives: int = UNKNOWN_CLASS_RECEIVES,
     ) -> None:
         if not app.classes:
             raise ConfigError("the app registers no job class; add one with @app.job(...)")
@@ -132,6 +147,11 @@ class Worker:
         self.sweep_interval = sweep_interval
         self.sweep_grace = sweep_grace
         self.sweep_limit = sweep_limit
+        if unknown_class_receives < 1:
+            raise ConfigError(
+                f"unknown_class_receives={unknown_class_receives}: choose 1 or more receives "
+                "before a message of an unknown job class goes to the DLQ"
+            )
         self.app = app
         self.settings = settings
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -169,6 +189,12 @@ class Worker:
                 fix="raise the queue's maxReceiveCount well above max_attempts "
                 "(sqs-lease queue create --max-receives N)",
             )
+        # Our DLQ copy (with the reason) must come before SQS's own redrive (without).
+        self.unknown_class_receives = (
+            unknown_class_receives
+            if max_receives is None
+            else max(1, min(unknown_class_receives, max_receives - 1))
+        )
         self.stats = WorkerStats()
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
@@ -316,6 +342,11 @@ class Worker:
                 )
             )
             self._count("released", released)
+            with self._lock:
+                # Handed back, or found taken (release_flow journaled that loss): a
+                # late end write of these attempts reports no second loss.
+                for h in left:
+                    gave_back(h.lease, "shutdown")
 
     # ----------------------------------------------------------------- one job
 
@@ -335,15 +366,18 @@ class Worker:
         reg = self.app.get(item.job_class)
         job_class = reg.job_class if reg else None
         claim = self.driver.run(
-            claim_flow(
+            admit_flow(
                 self.table,
                 queue_url=self.queue_url,
+                dlq_url=self.dlq_url,
                 delivery=item,
+                known_class=job_class is not None,
                 worker_id=self.worker_id,
                 wall_now=time.time(),
                 lease_seconds=job_class.lease_seconds if job_class else self.receive_visibility,
                 max_attempts=job_class.max_attempts if job_class else 1_000_000,
-                dlq_url=self.dlq_url,
+                unknown_class_receives=self.unknown_class_receives,
+                rand=self.rng.random(),
             )
         )
         if not isinstance(claim, Claimed):
@@ -351,18 +385,22 @@ class Worker:
                 self._count("already_done")
             elif claim.outcome == "stray":
                 self._count("stray")
-            elif claim.outcome in ("missing", "class_mismatch"):
+            elif claim.outcome in (
+                "missing",
+                "class_mismatch",
+                "unknown_class",
+                "unreadable",
+                "invalid",
+            ):
                 self._count("poisoned")
             elif claim.outcome == "exhausted":
                 self._count("failed")
+            elif claim.outcome == "deferred":
+                self._count("deferred")
             return
         self._count("claimed")
         self._count("reclaimed", claim.reclaimed)
-        if reg is None or job_class is None:
-            self._count("poisoned")
-            self._finish_fail(
-                claim, None, f"unknown job class {item.job_class!r}", "unknown_class", poisoned=True
-            )
+        if reg is None or job_class is None:  # pragma: no cover - admit_flow never claims it
             return
         try:
             payload = job_class.validate_payload(claim.job.payload_json or "")
@@ -398,16 +436,42 @@ class Worker:
             advised_at=now,
         )
         held = _Held(lease, claim.job, claim.delivery)
+        ev: Emit | None = None
         with self._lock:
             earlier = self._held.get(lease.job_id)
             if earlier is not None:
                 # Our own new claim moved the token past the earlier attempt (a retry
                 # or a duplicate delivery reached this worker): that attempt is lost.
-                earlier.lease.status = LeaseStatus.LOST
-                earlier.lease.reason = f"token moved to {claim.token} by this worker"
+                ev = lose(
+                    earlier.lease,
+                    LossSource.OWN_CLAIM,
+                    f"token moved to {claim.token} by this worker",
+                )
                 earlier.cancelled.set()
             self._held[lease.job_id] = held
+        self._journal_event(ev)
         return held
+
+    def _journal_event(self, ev: Emit | None) -> None:
+        if ev is not None:
+            self.journal.write(ev.event, ev.fields)
+
+    def _lose(self, held: _Held | None, claim: Claimed, fin: Finish, source: LossSource) -> None:
+        """A fenced write of this attempt was rejected: its lease is gone. Journal that
+        once per attempt (the heartbeat, or another write, may have seen it first)."""
+        loss = rejected_loss(fin)
+        if loss is None:
+            return
+        reason, cancelled = loss
+        if held is None:  # a write right after the claim, before the lease was held
+            self._journal_event(
+                lost_event(claim.job.job_id, claim.token, LossSource.CLAIM, reason, cancelled)
+            )
+            return
+        with self._lock:
+            ev = lose(held.lease, source, reason, cancelled=cancelled)
+            held.cancelled.set()
+        self._journal_event(ev)
 
     def _run_handler(
         self, held: _Held, claim: Claimed, jc: JobClass, handler: Any, payload: BaseModel
@@ -425,7 +489,7 @@ class Worker:
             cancelled=held.cancelled,
             clock=self._clock,
             journal=self.journal,
-            run_effect=lambda spec: self._run_effect(spec, claim.token),
+            run_effect=lambda spec: self._run_effect(spec, held),
             targets=self.app.targets,
             stage=claim.job.stage or "main",
         )
@@ -437,9 +501,9 @@ class Worker:
         except Exception as exc:
             error = exc
         self._mark(held, LeaseStatus.DONE)
-        end = ending_for(error)
+        end = ending_for(error, claim.job.payload_json)
         if end.kind is EndKind.COMMIT:
-            self._commit(claim, result, self._clock() - start)
+            self._commit(claim, held, result, self._clock() - start)
         elif end.kind is EndKind.ABANDON:
             # The handler stopped before an irreversible step; nothing may be written
             # for this attempt. The message comes back when its visibility lapses.
@@ -457,7 +521,7 @@ class Worker:
             # Nobody can tell whether the effect applied: stop automatic retries of
             # this job and keep everything for an operator (sqs-lease intents ...).
             self._count("parked")
-            self.driver.run(
+            fin = self.driver.run(
                 park_flow(
                     self.table,
                     queue_url=self.queue_url,
@@ -468,49 +532,57 @@ class Worker:
                     reason=end.reason,
                 )
             )
+            self._lose(held, claim, fin, LossSource.PARK)
         else:
-            self._retry(claim, jc, end.reason, end.code)
+            self._retry(claim, held, jc, end.reason, end.code)
 
-    def _run_effect(self, spec: EffectSpec, token: int) -> EffectResult:
-        return self.driver.run(
-            effect_flow(
-                self.intents,
-                self.table,
-                spec=spec,
-                token=token,
-                worker_id=self.worker_id,
-                wall_clock=time.time,
-                flow_id=uuid.uuid4().hex,
+    def _run_effect(self, spec: EffectSpec, held: _Held) -> EffectResult:
+        try:
+            return self.driver.run(
+                effect_flow(
+                    self.intents,
+                    self.table,
+                    spec=spec,
+                    token=held.lease.token,
+                    worker_id=self.worker_id,
+                    wall_clock=time.time,
+                    flow_id=uuid.uuid4().hex,
+                )
             )
-        )
+        except LeaseLost as exc:
+            # Raised while the local lease was still open, it came from the fenced
+            # intent start that found the token moved: the first news of the loss.
+            with self._lock:
+                ev = (
+                    lose(held.lease, LossSource.INTENT_START, str(exc))
+                    if held.lease.status in OPEN
+                    else None
+                )
+                if ev is not None:
+                    held.cancelled.set()
+            self._journal_event(ev)
+            raise
 
     def _mark(self, held: _Held, status: LeaseStatus) -> None:
         with self._lock:
             if held.lease.status in OPEN:
                 held.lease.status = status
 
-    def _commit(self, claim: Claimed, result: Any, duration: float) -> None:
+    def _commit(self, claim: Claimed, held: _Held, result: Any, duration: float) -> None:
         if isinstance(result, BaseModel):
             result = result.model_dump(mode="json")
         try:
             text = canonical_json(result)
         except (TypeError, ValueError):
             self._finish_fail(
-                claim, None, "handler returned a result that is not JSON", "bad_result"
+                claim, held, "handler returned a result that is not JSON", "bad_result"
             )
             return
-        if len(text.encode()) > _RESULT_LIMIT:
-            self._finish_fail(
-                claim,
-                None,
-                f"result is {len(text.encode())} bytes; the limit is {_RESULT_LIMIT} "
-                "(store large results elsewhere and return a reference)",
-                "result_too_large",
-            )
-            return
-        # Always attempt the fenced commit, even when the heartbeat already saw the
-        # lease lost: DynamoDB's condition is the only arbiter, and a rejected
-        # commit is the record forensics needs (result_rejected).
+        # A result over DynamoDB's item limit (with the payload) is never sent: the
+        # core's commit_flow fails the job naming the limit. Always attempt the fenced
+        # commit, even when the heartbeat already saw the lease lost: DynamoDB's
+        # condition is the only arbiter, and a rejected commit is the record forensics
+        # needs (result_rejected).
         fin = self.driver.run(
             commit_flow(
                 self.table,
@@ -527,8 +599,13 @@ class Worker:
             self._count("committed")
         elif fin.outcome == "rejected":
             self._count("rejected")
+        elif fin.outcome == "failed":
+            self._count("failed")
+        self._lose(held, claim, fin, LossSource.COMMIT)
 
-    def _retry(self, claim: Claimed, jc: JobClass, reason: str, code: str) -> None:
+    def _retry(
+        self, claim: Claimed, held: _Held | None, jc: JobClass, reason: str, code: str
+    ) -> Finish:
         delay = backoff_delay(
             claim.attempt, jc.backoff_base_seconds, jc.backoff_max_seconds, self.rng.random()
         )
@@ -551,6 +628,10 @@ class Worker:
                 self._count("failed")
             else:
                 self._count("retried")
+        elif fin.outcome == "failed":
+            self._count("failed")
+        self._lose(held, claim, fin, LossSource.RETRY)
+        return fin
 
     def _finish_fail(
         self, claim: Claimed, held: _Held | None, reason: str, code: str, poisoned: bool = False
@@ -577,6 +658,7 @@ class Worker:
         )
         if fin.outcome == "done" and not poisoned:
             self._count("failed")
+        self._lose(held, claim, fin, LossSource.FAIL)
 
     # ----------------------------------------------------------------- heartbeat
 
@@ -623,7 +705,10 @@ class Worker:
                     None,
                     lease.deadline,
                 )
-                self._retry(claim, jc, f"watchdog: {why.value}", why.value)
+                fin = self._retry(claim, held, jc, f"watchdog: {why.value}", why.value)
+                if fin.outcome in ("done", "failed"):
+                    with self._lock:
+                        gave_back(lease, f"watchdog: {why.value}")
         with self._lock:
             # The drops' writes above can take long (a partition): a handler that
             # ended meanwhile must not get its visibility extended.
@@ -651,6 +736,8 @@ class Worker:
             changed = apply_beats(current, report, started=now, advised=plan.advise)
             for lease in changed.cancel:
                 self._held[lease.job_id].cancelled.set()
+        for ev in changed.events:
+            self._journal_event(ev)
 
     # ----------------------------------------------------------------- stranded sweep
 

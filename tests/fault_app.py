@@ -75,8 +75,9 @@ def _gate(name: str, ctx: JobContext[Any] | None = None) -> bool:
 def charge(ctx: JobContext[Any], p: Charge) -> dict[str, Any]:
     me = os.environ.get("WORKER_NAME", "?")
     ctx.check()
-    status1, body1 = _post(ctx, "/charge", f"{ctx.job_id}:charge",
-                           {"invoice": p.invoice, "amount": p.amount})
+    status1, body1 = _post(
+        ctx, "/charge", f"{ctx.job_id}:charge", {"invoice": p.invoice, "amount": p.amount}
+    )
     ctx.note("step_done", step="charge", status=status1)
     ctx.check()
     sent_step2 = True
@@ -85,8 +86,12 @@ def charge(ctx: JobContext[Any], p: Charge) -> dict[str, Any]:
         checking = os.environ.get("CHECK_WHILE_WAITING") == "1"
         sent_step2 = _gate(f"{me}.step2", ctx if checking else None)
     if sent_step2:
-        status2, _ = _post(ctx, "/charge", f"{ctx.job_id}:receipt",
-                           {"invoice": f"{p.invoice}-receipt", "amount": 1})
+        status2, _ = _post(
+            ctx,
+            "/charge",
+            f"{ctx.job_id}:receipt",
+            {"invoice": f"{p.invoice}-receipt", "amount": 1},
+        )
         ctx.note("step_done", step="receipt", status=status2)
     if os.environ.get("GATE_BEFORE_RETURN"):
         _gate(f"{me}.return")

@@ -57,8 +57,10 @@ def main() -> int:
         shutdown_grace=120,
     )
     worker.install_signal_handlers()
-    worker.run(max_messages=int(os.environ.get("MAX_MESSAGES", "1")),
-               idle_exit=float(os.environ.get("IDLE_EXIT", "60")))
+    worker.run(
+        max_messages=int(os.environ.get("MAX_MESSAGES", "1")),
+        idle_exit=float(os.environ.get("IDLE_EXIT", "60")),
+    )
     return 0
 
 

@@ -35,7 +35,7 @@ from core_harness import (
     update_sets,
 )
 
-from sqs_lease._core.calls import Call, Err, ErrorKind, Ok, Outcome, sqs_code_is
+from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Ok, Outcome, sqs_code_is
 from sqs_lease._core.flows import (
     Beat,
     Claimed,
@@ -765,6 +765,13 @@ def _beat(
     )
 
 
+def _lost(leases: Sequence[LocalLease], report: HeartbeatReport) -> list[Mapping[str, Any]]:
+    """The heartbeat_lost events the round's verdicts produce (journaled by the shell)."""
+    out = apply_beats(leases, report, started=WALL, advised=frozenset())
+    assert all(e.event == "heartbeat_lost" for e in out.events)
+    return [e.fields for e in out.events]
+
+
 def _running(job_id: str, token: int = 2, **kw: Any) -> dict[str, Any]:
     return job_item(job_id, state=JobState.RUNNING, owner=WORKER, token=token, **kw)
 
@@ -840,8 +847,9 @@ def test_heartbeat_per_entry_lease_gone_codes_are_lost(code: str) -> None:
     # record is not there, so SQS's word stands
     keys = s.calls[1].params["RequestItems"][TABLE]["Keys"]
     assert [_key_id(k) for k in keys] == ["job-a", "job-b"]
-    lost = s.event("heartbeat_lost")
-    assert (lost["job_id"], lost["cancelled"]) == ("job-b", False)
+    assert "heartbeat_lost" not in s.event_names()  # the lease's change journals it
+    (lost,) = _lost(leases, report)
+    assert (lost["job_id"], lost["cancelled"], lost["detected_by"]) == ("job-b", False, "heartbeat")
 
 
 def test_heartbeat_other_per_entry_code_is_unknown() -> None:
@@ -885,7 +893,10 @@ def _one_beat(
             ok({"Responses": {TABLE: found}, "UnprocessedKeys": {}}),
         ]
     )
-    beat = _beat(s, [lease]).beats["job-1"]
+    report = _beat(s, [lease])
+    beat = report.beats["job-1"]
+    for ev in _lost([lease], report):
+        s.events.append(Emit("heartbeat_lost", ev))
     return s, (beat.status, beat.reason, beat.deadline)
 
 
@@ -1053,10 +1064,12 @@ def test_heartbeat_advise_condition_failure_turns_ok_into_lost() -> None:
         return FakeAws({"job-1": _running("job-1")})(c)
 
     s = Script(respond)
-    report = _beat(s, [local_lease("job-1")], advise=frozenset({"job-1"}))
+    lease = local_lease("job-1")
+    report = _beat(s, [lease], advise=frozenset({"job-1"}))
     beat = report.beats["job-1"]
     assert (beat.status, beat.reason, beat.deadline) == ("lost", "token moved to 3", None)
-    assert s.event_names() == ["heartbeat_lost"]
+    assert s.event_names() == []
+    assert [e["reason"] for e in _lost([lease], report)] == ["token moved to 3"]
 
 
 def test_heartbeat_advise_condition_failure_without_item_is_lost() -> None:

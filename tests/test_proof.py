@@ -41,8 +41,16 @@ Event = dict[str, Any]
 class WorkerProc:
     """A real worker process whose journal (stderr) goes to a file we can read."""
 
-    def __init__(self, name: str, endpoint: str, prefix: str, receiver: str, gates: Path,
-                 log_dir: Path, extra: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        endpoint: str,
+        prefix: str,
+        receiver: str,
+        gates: Path,
+        log_dir: Path,
+        extra: dict[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.log = log_dir / f"{name}.log"
         env = {
@@ -57,7 +65,9 @@ class WorkerProc:
         self._fh = self.log.open("w")
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "fault_worker.py")],
-            env=env, stdout=subprocess.DEVNULL, stderr=self._fh,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=self._fh,
         )
 
     def events(self) -> list[Event]:
@@ -80,8 +90,9 @@ class WorkerProc:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.05)
-        raise AssertionError(f"{self.name}: no {what} within {timeout}s; log:\n"
-                             + self.log.read_text()[-4000:])
+        raise AssertionError(
+            f"{self.name}: no {what} within {timeout}s; log:\n" + self.log.read_text()[-4000:]
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -142,17 +153,30 @@ def proof_env(moto_endpoint: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     gates = tmp_path / "gates"
     gates.mkdir()
     procs: list[WorkerProc] = []
-    yield {"settings": settings, "prefix": prefix, "receiver": url, "gates": gates,
-           "tmp": tmp_path, "procs": procs, "endpoint": moto_endpoint}
+    yield {
+        "settings": settings,
+        "prefix": prefix,
+        "receiver": url,
+        "gates": gates,
+        "tmp": tmp_path,
+        "procs": procs,
+        "endpoint": moto_endpoint,
+    }
     for p in procs:
         p.stop()
     server.shutdown()
 
 
-def _spawn(env: dict[str, Any], name: str, endpoint: str | None = None,
-           **extra: str) -> WorkerProc:
-    w = WorkerProc(name, endpoint or env["endpoint"], env["prefix"], env["receiver"],
-                   env["gates"], env["tmp"], extra)
+def _spawn(env: dict[str, Any], name: str, endpoint: str | None = None, **extra: str) -> WorkerProc:
+    w = WorkerProc(
+        name,
+        endpoint or env["endpoint"],
+        env["prefix"],
+        env["receiver"],
+        env["gates"],
+        env["tmp"],
+        extra,
+    )
     env["procs"].append(w)
     return w
 
@@ -164,8 +188,9 @@ def _open(env: dict[str, Any], gate: str) -> None:
 def _outcome(env: dict[str, Any], job_id: str, w1: WorkerProc, w2: WorkerProc) -> Outcome:
     settings: Settings = env["settings"]
     ddb = boto3.client("dynamodb", endpoint_url=settings.endpoint_url, region_name="us-east-1")
-    item = ddb.get_item(TableName=settings.jobs_table, Key={"job_id": {"S": job_id}},
-                        ConsistentRead=True)["Item"]
+    item = ddb.get_item(
+        TableName=settings.jobs_table, Key={"job_id": {"S": job_id}}, ConsistentRead=True
+    )["Item"]
     result = json.loads(item["result"]["S"]) if "result" in item else None
     with urlopen(env["receiver"] + "/ledger", timeout=10) as resp:
         ledger = json.loads(resp.read())["rows"]
@@ -177,8 +202,9 @@ def _wait_record(env: dict[str, Any], job_id: str, state: str, timeout: float = 
     ddb = boto3.client("dynamodb", endpoint_url=settings.endpoint_url, region_name="us-east-1")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        item = ddb.get_item(TableName=settings.jobs_table, Key={"job_id": {"S": job_id}},
-                            ConsistentRead=True).get("Item")
+        item = ddb.get_item(
+            TableName=settings.jobs_table, Key={"job_id": {"S": job_id}}, ConsistentRead=True
+        ).get("Item")
         if item and item["state"]["S"] == state:
             return
         time.sleep(0.1)
@@ -186,8 +212,9 @@ def _wait_record(env: dict[str, Any], job_id: str, state: str, timeout: float = 
 
 
 def run_pause(env: dict[str, Any], mutation: str = "") -> Outcome:
-    job = Producer(env["settings"]).submit("charge", {"invoice": "inv-1", "amount": 100},
-                                           job_id="order-1")
+    job = Producer(env["settings"]).submit(
+        "charge", {"invoice": "inv-1", "amount": 100}, job_id="order-1"
+    )
     mut = {"SQS_LEASE_MUTATION": mutation} if mutation else {}
     w1 = _spawn(env, "W1", GATE_BEFORE_STEP2="1", **mut)
     w1.wait_for(named("step_done", step="charge"), "charge step")
@@ -199,24 +226,28 @@ def run_pause(env: dict[str, Any], mutation: str = "") -> Outcome:
     # arrives late and its handler returns a late success.
     w1.proc.send_signal(signal.SIGCONT)
     _open(env, "W1.step2")
-    w1.wait_for(lambda e: e.get("event") in ("result_rejected", "result_committed"),
-                "W1's commit attempt")
+    w1.wait_for(
+        lambda e: e.get("event") in ("result_rejected", "result_committed"), "W1's commit attempt"
+    )
     _open(env, "W2.return")
-    w2.wait_for(lambda e: e.get("event") in ("result_committed", "result_rejected"),
-                "W2's commit attempt")
+    w2.wait_for(
+        lambda e: e.get("event") in ("result_committed", "result_rejected"), "W2's commit attempt"
+    )
     for w in (w1, w2):
         w.proc.wait(30)
     return _outcome(env, job.job_id, w1, w2)
 
 
 def run_partition(env: dict[str, Any], mutation: str = "") -> Outcome:
-    job = Producer(env["settings"]).submit("charge", {"invoice": "inv-9", "amount": 250},
-                                           job_id="order-9")
+    job = Producer(env["settings"]).submit(
+        "charge", {"invoice": "inv-9", "amount": 250}, job_id="order-9"
+    )
     mut = {"SQS_LEASE_MUTATION": mutation} if mutation else {}
     upstream = urlparse(env["endpoint"])
     with FaultProxy(upstream.hostname or "127.0.0.1", upstream.port or 80) as proxy:
-        w1 = _spawn(env, "W1", endpoint=proxy.url, GATE_BEFORE_STEP2="1",
-                    CHECK_WHILE_WAITING="1", **mut)
+        w1 = _spawn(
+            env, "W1", endpoint=proxy.url, GATE_BEFORE_STEP2="1", CHECK_WHILE_WAITING="1", **mut
+        )
         w1.wait_for(named("step_done", step="charge"), "charge step")
         proxy.cut()  # W1 can no longer reach SQS or DynamoDB; the receiver still can
         w1.wait_for(named("ownership_unknown"), "ownership_unknown", timeout=20)
@@ -227,11 +258,16 @@ def run_partition(env: dict[str, Any], mutation: str = "") -> Outcome:
         w2.wait_for(named("step_done", step="receipt"), "W2's receipt step")
         proxy.heal()
         _open(env, "W1.step2")
-        w1.wait_for(lambda e: e.get("event") in ("result_rejected", "result_committed"),
-                    "W1's commit attempt", timeout=30)
+        w1.wait_for(
+            lambda e: e.get("event") in ("result_rejected", "result_committed"),
+            "W1's commit attempt",
+            timeout=30,
+        )
         _open(env, "W2.return")
-        w2.wait_for(lambda e: e.get("event") in ("result_committed", "result_rejected"),
-                    "W2's commit attempt")
+        w2.wait_for(
+            lambda e: e.get("event") in ("result_committed", "result_rejected"),
+            "W2's commit attempt",
+        )
         for w in (w1, w2):
             w.proc.wait(30)
     return _outcome(env, job.job_id, w1, w2)

@@ -57,7 +57,9 @@ class ErrorKind(StrEnum):
     NOT_FOUND = "not_found"
     THROTTLED = "throttled"
     UNREACHABLE = "unreachable"
-    INVALID = "invalid"
+    INVALID = "invalid"  # refused for a reason that is not the job's (access, an unknown op)
+    VALIDATION = "validation"  # this request can never succeed as sent (a size limit, a
+    # malformed value, an attribute the update needs that the record lacks): permanent
     SERVER = "server"
     RAISED = "raised"  # an Invoke'd function raised ``exc``
 

@@ -6,20 +6,33 @@ then run the flow it names; the classification is written once.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from .._errors import (
+    ConfigError,
     HandlerSignal,
     IntentAmbiguous,
     IntentBusy,
     IntentPayloadMismatch,
     LeaseError,
+    LimitExceeded,
+    PayloadError,
     PermanentError,
     ToolNotApplied,
     ToolOutcomeUnknown,
     TransientError,
 )
+from .limits import ERROR_TEXT_LIMIT, bounded
+
+_PERMANENT_TYPES: tuple[type[BaseException], ...] = (ConfigError, PayloadError, LimitExceeded)
+"""Raised in a handler, these are configuration or input errors (an undeclared target,
+a mistyped option, a payload or key over a limit): no retry can fix them."""
+
+_MIN_REDACTED = 4  # shorter payload strings are too common in ordinary text to hide
 
 
 class EndKind(StrEnum):
@@ -37,8 +50,44 @@ class Ending:
     code: str = ""
 
 
-def ending_for(error: BaseException | None) -> Ending:
-    """The end of an attempt whose handler raised ``error`` (None: it returned)."""
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():  # field names are the model's, not the payload's
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def error_text(error: BaseException, payload_json: str | None = None) -> str:
+    """``Type: message`` of an exception, bounded, with the payload's text taken out.
+
+    Exception messages often quote their input (``could not parse note 'x'``); the
+    message is kept for the operator (on the record, in the journal, in ``jobs
+    show``), but every string of the payload in it becomes ``<payload>``, and the
+    whole is cut to ``ERROR_TEXT_LIMIT`` characters.
+    """
+    message = str(error)
+    if payload_json:
+        try:
+            data = json.loads(payload_json)
+        except ValueError:
+            data = payload_json
+        needles = {payload_json, *_strings(data)}
+        for needle in sorted(needles, key=len, reverse=True):
+            if len(needle) >= _MIN_REDACTED:
+                message = message.replace(needle, "<payload>")
+    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    return bounded(text, ERROR_TEXT_LIMIT)
+
+
+def ending_for(error: BaseException | None, payload_json: str | None = None) -> Ending:
+    """The end of an attempt whose handler raised ``error`` (None: it returned).
+
+    ``payload_json`` is the job's payload, taken out of any exception text kept.
+    """
     if error is None:
         return Ending(EndKind.COMMIT)
     if isinstance(error, LeaseError):
@@ -55,7 +104,9 @@ def ending_for(error: BaseException | None) -> Ending:
         return Ending(EndKind.PARK, f"tool outcome unknown: {error}", error.code)
     if isinstance(error, PermanentError):
         return Ending(EndKind.FAIL, str(error), error.code)
-    # Arbitrary exception text may quote the payload: keep only its type.
-    reason = str(error) if isinstance(error, HandlerSignal) else f"{type(error).__name__} raised"
-    code = error.code if isinstance(error, TransientError) else type(error).__name__
-    return Ending(EndKind.RETRY, reason, code)
+    if isinstance(error, _PERMANENT_TYPES):
+        return Ending(EndKind.FAIL, error_text(error, payload_json), type(error).__name__)
+    if isinstance(error, HandlerSignal):
+        code = error.code if isinstance(error, TransientError) else type(error).__name__
+        return Ending(EndKind.RETRY, str(error), code)
+    return Ending(EndKind.RETRY, error_text(error, payload_json), type(error).__name__)

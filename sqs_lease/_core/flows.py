@@ -9,10 +9,19 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
-from .._errors import AwsCallFailed, JobNotFound, ResourceMissing, SqsLeaseError, SubmitConflict
-from .calls import Call, Err, ErrorKind, Flow, Ok, Outcome, Sleep, call, emit, sqs_code_is
+from .._errors import (
+    AwsCallFailed,
+    JobNotFound,
+    RecordUnreadable,
+    ResourceMissing,
+    SqsLeaseError,
+    SubmitConflict,
+)
+from .calls import Call, Emit, Err, ErrorKind, Flow, Ok, Outcome, Sleep, call, emit, sqs_code_is
+from .limits import REASON_LIMIT, bounded, result_problem
 from .records import JobRequests, JobState, JobView
 from .timing import OPEN, LeaseStatus, LocalLease
 
@@ -491,7 +500,18 @@ class Claimed:
 
 
 NotClaimedOutcome = Literal[
-    "done", "parked", "missing", "exhausted", "unknown", "class_mismatch", "stray"
+    "done",
+    "parked",
+    "missing",
+    "exhausted",
+    "unknown",
+    "class_mismatch",
+    "stray",
+    # from admit_flow:
+    "deferred",
+    "unknown_class",
+    "unreadable",
+    "invalid",
 ]
 
 
@@ -540,6 +560,10 @@ def claim_flow(
     if isinstance(out, Err):
         if out.kind is ErrorKind.CONDITION_FAILED:
             return (yield from _refused_claim(req, queue_url, d, out, dlq_url))
+        if out.kind is ErrorKind.VALIDATION:
+            # The claim can never apply (a record lacking an attribute the claim
+            # updates, a malformed value): permanent for this job, not "unknown".
+            return NotClaimed(d, "invalid", _refusal("claim", out))
         yield from emit(
             "ownership_unknown", job_id=d.job_id, stage="claim", error_code=out.code or out.kind
         )
@@ -662,6 +686,131 @@ def _refused_claim(
     return NotClaimed(d, "stray", reason, current)
 
 
+UNKNOWN_CLASS_RECEIVES = 20
+"""Default bound: receives of a message whose job class this worker does not know,
+after which it goes to the DLQ with the reason (kept below the redrive's 50)."""
+
+UNKNOWN_CLASS_BACKOFF = (4.0, 300.0)
+"""Base and cap (seconds) of the visibility backoff for such a message."""
+
+
+def defer_delay(receive_count: int, rand: float) -> int:
+    """Visibility for a message left for another worker: exponential in its receives,
+    half of it jittered, never 0 (an immediate redelivery would reach us again)."""
+    base, cap = UNKNOWN_CLASS_BACKOFF
+    ceiling = min(cap, base * (2.0 ** min(max(0, receive_count - 1), 30)))
+    return max(1, int(ceiling / 2 + ceiling / 2 * rand))
+
+
+def admit_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    dlq_url: str | None,
+    delivery: Delivery,
+    known_class: bool,
+    worker_id: str,
+    wall_now: float,
+    lease_seconds: int,
+    max_attempts: int,
+    unknown_class_receives: int = UNKNOWN_CLASS_RECEIVES,
+    rand: float = 0.5,
+) -> Flow[ClaimResult]:
+    """Decide whether this worker may claim a delivery, and claim it.
+
+    - A job class this worker does not know (another version of the app, during a
+      rolling deploy) is never claimed: a claim would move the token and fence out
+      a live owner that knows it. The message is left for a worker that knows it
+      (visibility backoff, ``job_class_unknown``); after ``unknown_class_receives``
+      receives it goes to the DLQ with the reason (the record stays as it is, so a
+      redrive once such a worker runs picks the job up again).
+    - A record this version cannot read, or a claim DynamoDB refuses as invalid,
+      makes the message poison: journaled with the job id, copied to the DLQ with
+      the reason; nothing crashes, and no other job is affected.
+    """
+    d = delivery
+    if not known_class:
+        if d.receive_count >= unknown_class_receives:
+            reason = (
+                f"no worker that knows job class {d.job_class!r} took the message in "
+                f"{d.receive_count} receives (bound {unknown_class_receives}); redrive it from "
+                "the DLQ once workers that know the class run"
+            )
+            yield from emit(
+                "job_class_unknown",
+                job_id=d.job_id,
+                job_class=d.job_class,
+                receive_count=d.receive_count,
+                bound=unknown_class_receives,
+                moved_to_dlq=True,
+            )
+            yield from _poison_delivery(queue_url, dlq_url, d, reason)
+            return NotClaimed(d, "unknown_class", reason)
+        delay = defer_delay(d.receive_count, rand)
+        cmv = yield from call(
+            Call(
+                "sqs",
+                "ChangeMessageVisibility",
+                {
+                    "QueueUrl": queue_url,
+                    "ReceiptHandle": d.receipt_handle,
+                    "VisibilityTimeout": delay,
+                },
+            )
+        )
+        yield from emit(
+            "job_class_unknown",
+            job_id=d.job_id,
+            job_class=d.job_class,
+            receive_count=d.receive_count,
+            bound=unknown_class_receives,
+            delay=delay,
+            visibility_set=isinstance(cmv, Ok),
+        )
+        return NotClaimed(d, "deferred", f"job class {d.job_class!r} unknown to this worker")
+    try:
+        result = yield from claim_flow(
+            req,
+            queue_url=queue_url,
+            delivery=d,
+            worker_id=worker_id,
+            wall_now=wall_now,
+            lease_seconds=lease_seconds,
+            max_attempts=max_attempts,
+            dlq_url=dlq_url,
+        )
+    except RecordUnreadable as exc:
+        reason = str(exc)
+        yield from emit(
+            "job_record_unreadable",
+            job_id=d.job_id,
+            stage="claim",
+            message_id=d.message_id,
+            reason=reason,
+        )
+        yield from _poison_delivery(queue_url, dlq_url, d, reason)
+        return NotClaimed(d, "unreadable", reason)
+    if isinstance(result, NotClaimed) and result.outcome == "invalid":
+        yield from _poison_delivery(queue_url, dlq_url, d, result.reason)
+    return result
+
+
+def _poison_delivery(queue_url: str, dlq_url: str | None, d: Delivery, reason: str) -> Flow[None]:
+    body = d.body or message_body(d.job_id, d.job_class)
+    yield from poison_flow(
+        None,
+        queue_url=queue_url,
+        poison=Poison(d.message_id, d.receipt_handle, bounded(reason), d.job_id, body),
+        dlq_url=dlq_url,
+        body=body,
+    )
+
+
+def _refusal(what: str, err: Err) -> str:
+    message = f"{err.code or err.kind}: {err.message}"
+    return bounded(f"DynamoDB refused the {what}: {message}{_limit_hint(message)}")
+
+
 # --------------------------------------------------------------------------- heartbeat
 
 
@@ -738,6 +887,7 @@ def heartbeat_flow(
     # finished attempt, not a lost lease.
     pending = [job_id for job_id in by_id if job_id in extended or job_id in gone]
     seen: dict[str, JobView] = {}
+    unreadable: dict[str, str] = {}
     for chunk in _chunks(pending, DDB_BATCH_GET):
         out = yield from call(req.batch_get(chunk))
         calls += 1
@@ -746,7 +896,13 @@ def heartbeat_flow(
             if isinstance(out, Err):
                 break
             for item in req.batch_items(out.response):
-                view = req.parse(item)
+                try:
+                    view = req.parse(item)
+                except RecordUnreadable as exc:
+                    # One record this version cannot read affects only its own job.
+                    if exc.job_id in by_id:
+                        unreadable[exc.job_id] = str(exc)
+                    continue
                 seen[view.job_id] = view
             unprocessed = out.response.get("UnprocessedKeys") or {}
             if not unprocessed or tries >= BATCH_GET_TRIES:
@@ -758,6 +914,17 @@ def heartbeat_flow(
         for job_id in chunk:
             lease = by_id[job_id]
             found = seen.get(job_id)
+            if job_id in unreadable:
+                yield from emit(
+                    "job_record_unreadable",
+                    job_id=job_id,
+                    token=lease.token,
+                    stage="heartbeat",
+                    reason=unreadable[job_id],
+                )
+                if job_id not in gone:
+                    beats[job_id] = Beat(job_id, "unknown", reason="job record unreadable")
+                continue
             if job_id in gone:
                 if found is not None and _finished_by(lease, found):
                     beats[job_id] = Beat(job_id, "done", reason=f"job is {found.state}")
@@ -779,7 +946,18 @@ def heartbeat_flow(
         )
         calls += 1
         if isinstance(out, Err) and out.kind is ErrorKind.CONDITION_FAILED:
-            now_view = req.parse(out.item) if out.item else None
+            try:
+                now_view = req.parse(out.item) if out.item else None
+            except RecordUnreadable as exc:
+                yield from emit(
+                    "job_record_unreadable",
+                    job_id=job_id,
+                    token=lease.token,
+                    stage="heartbeat",
+                    reason=str(exc),
+                )
+                beats[job_id] = Beat(job_id, "unknown", reason="job record unreadable")
+                continue
             beats[job_id] = (
                 _verdict(lease, now_view, worker_id, extended[job_id])
                 if now_view is not None
@@ -794,16 +972,10 @@ def heartbeat_flow(
                 token=lease.token,
                 lease_left=round((beat.deadline or 0.0) - extended[job_id], 3),
             )
-        elif beat.status == "done":
-            continue  # this attempt already ended itself; nothing was lost
-        elif beat.status in ("lost", "cancelled"):
-            yield from emit(
-                "heartbeat_lost",
-                job_id=job_id,
-                token=lease.token,
-                reason=beat.reason,
-                cancelled=beat.status == "cancelled",
-            )
+        elif beat.status in ("done", "lost", "cancelled"):
+            # done: this attempt already ended itself, nothing was lost. A loss is
+            # journaled once per attempt where the lease changes (apply_beats, lose).
+            continue
         else:
             yield from emit(
                 "ownership_unknown",
@@ -818,10 +990,81 @@ def heartbeat_flow(
 
 @dataclass(frozen=True)
 class BeatOutcome:
-    """What a heartbeat round changed: leases extended, and handlers to cancel."""
+    """What a heartbeat round changed: leases extended, handlers to cancel, and the
+    ``heartbeat_lost`` events to journal (one per attempt, see :func:`lose`)."""
 
     extended: tuple[LocalLease, ...]
     cancel: tuple[LocalLease, ...]
+    events: tuple[Emit, ...] = ()
+
+
+class LossSource(StrEnum):
+    """How an attempt learned that its lease is gone (the ``detected_by`` field)."""
+
+    HEARTBEAT = "heartbeat"  # the heartbeat's ownership read or advisory write
+    COMMIT = "commit"  # a fenced end write was rejected: the token had moved
+    FAIL = "fail"
+    RETRY = "retry"
+    PARK = "park"
+    RELEASE = "release"  # the shutdown hand-back was rejected
+    INTENT_START = "intent_start"  # the fenced intent start was refused: token moved
+    OWN_CLAIM = "own_claim"  # this worker's own newer claim of the job superseded it
+    CLAIM = "claim"  # a write right after the claim, before the lease was held
+
+
+LOSS_KNOWN = frozenset({LeaseStatus.LOST, LeaseStatus.CANCELLED})
+"""Statuses of an attempt whose loss was already journaled (or that gave the job back)."""
+
+
+def lost_event(
+    job_id: str, token: int, source: LossSource, reason: str, cancelled: bool = False
+) -> Emit:
+    """The one event for a lost lease: ``heartbeat_lost`` (its documented name, kept for
+    alerting), whatever detected it."""
+    return Emit(
+        "heartbeat_lost",
+        {
+            "job_id": job_id,
+            "token": token,
+            "reason": reason,
+            "cancelled": cancelled,
+            "detected_by": source.value,
+        },
+    )
+
+
+def lose(
+    lease: LocalLease, source: LossSource, reason: str, *, cancelled: bool = False
+) -> Emit | None:
+    """The attempt learned that its lease is gone: mark it, and return the event to
+    journal, or None when this attempt's loss is already known (once per attempt).
+
+    Any status but lost/cancelled can learn it: a running handler (ok/unknown), one
+    that returned (done) and meets a rejected commit, one the watchdog dropped
+    (expired) whose late write finds the token moved.
+    """
+    if lease.status in LOSS_KNOWN:
+        return None
+    lease.status = LeaseStatus.CANCELLED if cancelled else LeaseStatus.LOST
+    lease.reason = reason
+    return lost_event(lease.job_id, lease.token, source, reason, cancelled)
+
+
+def gave_back(lease: LocalLease, reason: str) -> None:
+    """This attempt handed its job back itself (a watchdog retry, a release): nothing
+    it learns later is a lost lease, and nothing may be done for it any more."""
+    if lease.status not in LOSS_KNOWN:
+        lease.status = LeaseStatus.LOST
+        lease.reason = f"given back: {reason}"
+
+
+def rejected_loss(fin: Finish) -> tuple[str, bool] | None:
+    """For a rejected end write: the loss reason and whether it was a cancel."""
+    if fin.outcome != "rejected":
+        return None
+    cur = fin.current
+    cancelled = cur is not None and cur.state is JobState.FAILED and cur.error_code == "cancelled"
+    return fin.reason, cancelled
 
 
 def apply_beats(
@@ -841,6 +1084,7 @@ def apply_beats(
     """
     extended: list[LocalLease] = []
     cancel: list[LocalLease] = []
+    events: list[Emit] = []
     for lease in leases:
         beat = report.beats.get(lease.job_id)
         if beat is None or beat.status == "done":
@@ -856,14 +1100,17 @@ def apply_beats(
                 lease.advised_at = started
             extended.append(lease)
         elif beat.status in ("lost", "cancelled"):
-            lease.status = LeaseStatus.CANCELLED if beat.status == "cancelled" else LeaseStatus.LOST
-            lease.reason = beat.reason
+            ev = lose(
+                lease, LossSource.HEARTBEAT, beat.reason, cancelled=beat.status == "cancelled"
+            )
+            if ev is not None:
+                events.append(ev)
             cancel.append(lease)
         else:
             lease.status = LeaseStatus.UNKNOWN
             lease.reason = beat.reason
             lease.next_beat = started + min(lease.heartbeat_seconds, 1.0)
-    return BeatOutcome(tuple(extended), tuple(cancel))
+    return BeatOutcome(tuple(extended), tuple(cancel), tuple(events))
 
 
 def _finished_by(lease: LocalLease, view: JobView) -> bool:
@@ -891,7 +1138,9 @@ def _verdict(lease: LocalLease, view: JobView, worker_id: str, sent_at: float) -
 
 @dataclass(frozen=True)
 class Finish:
-    """How a write that ends an attempt went: ``done`` | ``rejected`` | ``unknown``."""
+    """How a write that ends an attempt went: ``done`` | ``rejected`` | ``unknown``, or
+    ``invalid`` (DynamoDB can never apply it as sent) | ``failed`` (the job was ended
+    ``failed`` instead, naming the limit it broke)."""
 
     outcome: str
     reason: str = ""
@@ -930,7 +1179,19 @@ def _fenced_write(
             return Finish("done")
         last = out
         if out.kind is ErrorKind.CONDITION_FAILED:
-            current = req.parse(out.item) if out.item else None
+            try:
+                current = req.parse(out.item) if out.item else None
+            except RecordUnreadable as exc:
+                # The condition failed, so the record is not running under our token:
+                # not ours, whatever else it holds.
+                yield from emit(
+                    "job_record_unreadable",
+                    job_id=job.job_id,
+                    token=job.token,
+                    stage="end",
+                    reason=str(exc),
+                )
+                return Finish("rejected", "job record unreadable")
             if (
                 current is not None
                 and current.state is applied
@@ -939,12 +1200,23 @@ def _fenced_write(
             ):
                 return Finish("done", "an earlier try applied", current)
             return Finish("rejected", _why_rejected(current, job), current)
+        if out.kind is ErrorKind.VALIDATION:
+            return Finish("invalid", f"{out.code or out.kind}: {out.message}")
         if not out.unknown:
             return Finish("unknown", f"{out.code or out.kind}: {out.message}")
         if attempt + 1 < COMMIT_TRIES:
             yield Sleep(0.2 * (attempt + 1))
     assert last is not None
     return Finish("unknown", f"no answer: {last.code or last.kind}")
+
+
+def _limit_hint(message: str) -> str:
+    low = message.lower()
+    if "size" in low and "item" in low:
+        return " (DynamoDB's item limit is 400 KB, payload and result together)"
+    if "key" in low and ("size" in low or "length" in low):
+        return " (DynamoDB's partition key limit is 2048 bytes)"
+    return ""
 
 
 def _why_rejected(current: JobView | None, job: JobView) -> str:
@@ -965,6 +1237,7 @@ def _end_attempt(
     write: Call,
     applied: JobState,
     stage: str,
+    wall_now: float,
     delete: bool = True,
 ) -> Flow[Finish]:
     """A fenced write that ends this attempt; then delete the message (if asked).
@@ -973,6 +1246,33 @@ def _end_attempt(
     unanswered one ``ownership_unknown``; both leave the message alone.
     """
     fin = yield from _fenced_write(req, write, job=job, worker_id=worker_id, applied=applied)
+    if fin.outcome == "invalid":
+        # DynamoDB refused the write as it can never apply (a size limit, a malformed
+        # value, an attribute the record lacks): retrying cannot help, and it is not a
+        # question of ownership. End the job failed with the refusal as the reason.
+        reason = bounded(
+            f"DynamoDB refused the {stage} write: {fin.reason}{_limit_hint(fin.reason)}"
+        )
+        yield from emit(
+            "job_write_refused",
+            job_id=job.job_id,
+            token=job.token,
+            stage=stage,
+            reason=reason,
+        )
+        if stage == "fail":
+            return fin  # nothing smaller to write; the message comes back, attempts count
+        failed = yield from fail_flow(
+            req,
+            queue_url=queue_url,
+            job=job,
+            delivery=delivery,
+            worker_id=worker_id,
+            wall_now=wall_now,
+            reason=reason,
+            error_code="dynamodb_validation",
+        )
+        return Finish("failed", reason) if failed.outcome == "done" else failed
     if fin.outcome == "done":
         if delete:
             yield from _delete(queue_url, delivery.receipt_handle)
@@ -1007,7 +1307,24 @@ def commit_flow(
     wall_now: float,
     duration: float,
 ) -> Flow[Finish]:
-    """Write the result on condition of the token; then delete the message."""
+    """Write the result on condition of the token; then delete the message.
+
+    A result that would make the record break DynamoDB's item limit (payload and
+    result together) is never sent: the job fails with a reason naming the limit.
+    """
+    problem = result_problem(job.job_id, job.payload_json, result_json)
+    if problem is not None:
+        failed = yield from fail_flow(
+            req,
+            queue_url=queue_url,
+            job=job,
+            delivery=delivery,
+            worker_id=worker_id,
+            wall_now=wall_now,
+            reason=problem,
+            error_code="result_too_large",
+        )
+        return Finish("failed", problem) if failed.outcome == "done" else failed
     fin = yield from _end_attempt(
         req,
         queue_url=queue_url,
@@ -1017,6 +1334,7 @@ def commit_flow(
         write=req.commit(job.job_id, job.token, worker_id, result_json, wall_now),
         applied=JobState.SUCCEEDED,
         stage="commit",
+        wall_now=wall_now,
     )
     if fin.outcome == "done":
         yield from emit(
@@ -1049,9 +1367,12 @@ def fail_flow(
         job=job,
         delivery=delivery,
         worker_id=worker_id,
-        write=req.finish_failed(job.job_id, job.token, worker_id, reason, error_code, wall_now),
+        write=req.finish_failed(
+            job.job_id, job.token, worker_id, bounded(reason, REASON_LIMIT), error_code, wall_now
+        ),
         applied=JobState.FAILED,
         stage="fail",
+        wall_now=wall_now,
     )
     if fin.outcome == "done":
         yield from emit(
@@ -1106,9 +1427,12 @@ def retry_flow(
         job=job,
         delivery=delivery,
         worker_id=worker_id,
-        write=req.requeue(job.job_id, job.token, worker_id, reason, error_code, wall_now),
+        write=req.requeue(
+            job.job_id, job.token, worker_id, bounded(reason, REASON_LIMIT), error_code, wall_now
+        ),
         applied=JobState.QUEUED,
         stage="retry",
+        wall_now=wall_now,
         delete=False,
     )
     if fin.outcome != "done":
@@ -1155,9 +1479,10 @@ def park_flow(
         job=job,
         delivery=delivery,
         worker_id=worker_id,
-        write=req.park(job.job_id, job.token, worker_id, reason, wall_now),
+        write=req.park(job.job_id, job.token, worker_id, bounded(reason, REASON_LIMIT), wall_now),
         applied=JobState.PARKED,
         stage="park",
+        wall_now=wall_now,
     )
     if fin.outcome == "done":
         yield from emit("job_parked", job_id=job.job_id, token=job.token, reason=reason)
@@ -1196,6 +1521,12 @@ def release_flow(
             yield from emit(
                 "job_release_skipped", job_id=job.job_id, token=job.token, reason=fin.reason
             )
+            loss = rejected_loss(fin)
+            if loss is not None:
+                # The shell stopped the attempt for shutdown before this write, so no
+                # other path has journaled this loss.
+                ev = lost_event(job.job_id, job.token, LossSource.RELEASE, *loss)
+                yield from emit(ev.event, **ev.fields)
     released = 0
     for chunk in _chunks(handback, SQS_BATCH):
         out = yield from call(

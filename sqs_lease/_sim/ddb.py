@@ -63,7 +63,7 @@ class _Invalid(Exception):
 
 
 def _validation(msg: str) -> Err:
-    return Err(ErrorKind.INVALID, "ValidationException", "", msg)
+    return Err(ErrorKind.VALIDATION, "ValidationException", "", msg)
 
 
 def _diff_attrs(a: Item | None, b: Item | None) -> Item:

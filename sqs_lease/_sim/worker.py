@@ -28,18 +28,24 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .._core.calls import Call, Emit, Err, ErrorKind, Flow, Invoke, Ok, Outcome, Sleep
 from .._core.endings import EndKind, ending_for
 from .._core.flows import (
+    UNKNOWN_CLASS_RECEIVES,
     Claimed,
     Delivery,
     Finish,
+    LossSource,
     Poison,
+    admit_flow,
     apply_beats,
-    claim_flow,
     commit_flow,
     fail_flow,
+    gave_back,
     heartbeat_flow,
+    lose,
+    lost_event,
     park_flow,
     poison_flow,
     receive_flow,
+    rejected_loss,
     release_flow,
     retry_flow,
 )
@@ -47,6 +53,7 @@ from .._core.intents import EffectResult, EffectSpec, default_key, effect_flow
 from .._core.records import JobView
 from .._core.timing import OPEN, Drop, LeaseStatus, LocalLease, backoff_delay, plan_heartbeat
 from .._errors import (
+    LeaseLost,
     PayloadError,
     PermanentError,
     ToolOutcomeUnknown,
@@ -74,7 +81,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 _LOOP_LIMIT = 1_000_000  # every loop is bounded; the world's clock and event budget end it first
-_RESULT_LIMIT = 350_000
 _OPEN = (LeaseStatus.OK, LeaseStatus.UNKNOWN)
 # The simulated receivers keep idempotency keys for good: a repeat after the check
 # said "not applied" stays protected for longer than any simulated run.
@@ -269,6 +275,8 @@ class SimWorker(Actor):
                 origin,
             )
             self.bump("released", n)
+            for h in left:
+                gave_back(h.lease, "shutdown")
 
     # ------------------------------------------------------------------ one job (_process)
 
@@ -289,16 +297,21 @@ class SimWorker(Actor):
             )
             return
         job_class = self.classes.get(item.job_class)
+        max_receive = self.world.plan.max_receive
         claim = yield from self.drive(
-            claim_flow(
+            admit_flow(
                 self.table,
                 queue_url=self.queue_url,
+                dlq_url=self.dlq_url,
                 delivery=item,
+                known_class=job_class is not None,
                 worker_id=self.id,
                 wall_now=self.wall(),
                 lease_seconds=job_class.lease_seconds if job_class else self.receive_visibility,
                 max_attempts=job_class.max_attempts if job_class else 1_000_000,
-                dlq_url=self.dlq_url,
+                unknown_class_receives=max(1, min(UNKNOWN_CLASS_RECEIVES, max_receive - 1)),
+                # Drawn only when needed, so known-class schedules keep their seeds.
+                rand=self.world.chaos.random() if job_class is None else 0.5,
             ),
             origin,
         )
@@ -307,28 +320,30 @@ class SimWorker(Actor):
                 self.bump("already_done")
             elif claim.outcome == "stray":
                 self.bump("stray")
-            elif claim.outcome in ("missing", "class_mismatch"):
+            elif claim.outcome in (
+                "missing",
+                "class_mismatch",
+                "unknown_class",
+                "unreadable",
+                "invalid",
+            ):
                 self.bump("poisoned")
             elif claim.outcome == "exhausted":
                 self.bump("failed")
+            elif claim.outcome == "deferred":
+                self.bump("deferred")
             return
         self.bump("claimed")
         self.bump("reclaimed", int(claim.reclaimed))
-        if job_class is None:
-            self.bump("poisoned")
-            yield from self._finish_fail(
-                claim,
-                f"unknown job class {item.job_class!r}",
-                "unknown_class",
-                origin,
-                poisoned=True,
-            )
+        if job_class is None:  # pragma: no cover - admit_flow never claims it
             return
         try:
             job_class.validate_payload(claim.job.payload_json or "")
         except PayloadError as exc:
             self.bump("poisoned")
-            yield from self._finish_fail(claim, str(exc), "invalid_payload", origin, poisoned=True)
+            yield from self._finish_fail(
+                claim, None, str(exc), "invalid_payload", origin, poisoned=True
+            )
             return
         held = self._hold(claim, job_class, origin)
         fin: Finish | None = None
@@ -367,12 +382,35 @@ class SimWorker(Actor):
             # Our own new claim moved the token past the earlier attempt (a retry or a
             # duplicate delivery reached this worker): that attempt is lost.
             self.bump("own_claim_superseded")
-            earlier.lease.status = LeaseStatus.LOST
-            earlier.lease.reason = f"token moved to {claim.token} by this worker"
+            self._journal_event(
+                lose(
+                    earlier.lease,
+                    LossSource.OWN_CLAIM,
+                    f"token moved to {claim.token} by this worker",
+                )
+            )
             earlier.cancelled = True
         self.held[lease.job_id] = held
         self.world.interrupt(self.heartbeat_task)
         return held
+
+    def _journal_event(self, ev: Emit | None) -> None:
+        if ev is not None:
+            self.world.record(self.id, ev.event, dict(ev.fields))
+
+    def _lose(self, held: SimHeld | None, claim: Claimed, fin: Finish, source: LossSource) -> None:
+        """As ``_worker.Worker._lose``: a rejected write journals the loss, once."""
+        loss = rejected_loss(fin)
+        if loss is None:
+            return
+        reason, cancelled = loss
+        if held is None:
+            self._journal_event(
+                lost_event(claim.job.job_id, claim.token, LossSource.CLAIM, reason, cancelled)
+            )
+            return
+        self._journal_event(lose(held.lease, source, reason, cancelled=cancelled))
+        held.cancelled = True
 
     def _mark(self, held: SimHeld, status: LeaseStatus) -> None:
         if held.lease.status in _OPEN:
@@ -426,20 +464,28 @@ class SimWorker(Actor):
             lease_check=lambda: lease.check(self.mono()),
             key_retention_seconds=_SIM_KEY_RETENTION,
         )
-        return (
-            yield from self.drive(
-                effect_flow(
-                    self.intents,
-                    self.table,
-                    spec=spec,
-                    token=claim.token,
-                    worker_id=self.id,
-                    wall_clock=self.wall,
-                    flow_id=f"{origin.task}@{self.world.now:.6f}",
-                ),
-                origin,
+        try:
+            return (
+                yield from self.drive(
+                    effect_flow(
+                        self.intents,
+                        self.table,
+                        spec=spec,
+                        token=claim.token,
+                        worker_id=self.id,
+                        wall_clock=self.wall,
+                        flow_id=f"{origin.task}@{self.world.now:.6f}",
+                    ),
+                    origin,
+                )
             )
-        )
+        except LeaseLost as exc:
+            # As ``_worker.Worker._run_effect``: raised while the lease was open, it
+            # came from the intent start that found the token moved.
+            if lease.status in _OPEN:
+                self._journal_event(lose(lease, LossSource.INTENT_START, str(exc)))
+                held.cancelled = True
+            raise
 
     def _run_handler(
         self, held: SimHeld, claim: Claimed, jc: JobClass, origin: Origin
@@ -453,9 +499,9 @@ class SimWorker(Actor):
             error = exc
         origin.handler_ended = True  # the truth the checker uses for I5 (not patched)
         self._mark(held, LeaseStatus.DONE)
-        end = ending_for(error)
+        end = ending_for(error, claim.job.payload_json)
         if end.kind is EndKind.COMMIT:
-            return (yield from self._commit(claim, result, self.mono() - start, origin))
+            return (yield from self._commit(claim, held, result, self.mono() - start, origin))
         if end.kind is EndKind.ABANDON:
             self.bump("lost")
             self.journal(
@@ -467,35 +513,31 @@ class SimWorker(Actor):
             )
             return None
         if end.kind is EndKind.FAIL:
-            return (yield from self._finish_fail(claim, end.reason, end.code, origin))
+            return (yield from self._finish_fail(claim, held, end.reason, end.code, origin))
         if end.kind is EndKind.PARK:
             self.bump("parked")
-            return (
-                yield from self.drive(
-                    park_flow(
-                        self.table,
-                        queue_url=self.queue_url,
-                        job=claim.job,
-                        delivery=claim.delivery,
-                        worker_id=self.id,
-                        wall_now=self.wall(),
-                        reason=end.reason,
-                    ),
-                    origin,
-                )
+            fin = yield from self.drive(
+                park_flow(
+                    self.table,
+                    queue_url=self.queue_url,
+                    job=claim.job,
+                    delivery=claim.delivery,
+                    worker_id=self.id,
+                    wall_now=self.wall(),
+                    reason=end.reason,
+                ),
+                origin,
             )
-        return (yield from self._retry(claim, jc, end.reason, end.code, origin))
+            self._lose(held, claim, fin, LossSource.PARK)
+            return fin
+        return (yield from self._retry(claim, held, jc, end.reason, end.code, origin))
 
     # ------------------------------------------------------------------ ends of an attempt
 
     def _commit(
-        self, claim: Claimed, result: Any, duration: float, origin: Origin
+        self, claim: Claimed, held: SimHeld, result: Any, duration: float, origin: Origin
     ) -> SimGen[Finish]:
         text = canonical_json(result)
-        if len(text.encode()) > _RESULT_LIMIT:  # pragma: no cover - sim results are small
-            return (
-                yield from self._finish_fail(claim, "result too large", "result_too_large", origin)
-            )
         fin = yield from self.drive(
             commit_flow(
                 self.table,
@@ -513,12 +555,21 @@ class SimWorker(Actor):
             self.bump("committed")
         elif fin.outcome == "rejected":
             self.bump("rejected")
+        elif fin.outcome == "failed":
+            self.bump("failed")
         else:
             self.bump("commit_unknown")
+        self._lose(held, claim, fin, LossSource.COMMIT)
         return fin
 
     def _retry(
-        self, claim: Claimed, jc: JobClass, reason: str, code: str, origin: Origin
+        self,
+        claim: Claimed,
+        held: SimHeld | None,
+        jc: JobClass,
+        reason: str,
+        code: str,
+        origin: Origin,
     ) -> SimGen[Finish]:
         delay = backoff_delay(
             claim.attempt,
@@ -544,10 +595,19 @@ class SimWorker(Actor):
         if fin.outcome == "done":
             spent = claim.attempt >= jc.max_attempts + claim.job.granted_attempts
             self.bump("failed" if spent else "retried")
+        elif fin.outcome == "failed":
+            self.bump("failed")
+        self._lose(held, claim, fin, LossSource.RETRY)
         return fin
 
     def _finish_fail(
-        self, claim: Claimed, reason: str, code: str, origin: Origin, poisoned: bool = False
+        self,
+        claim: Claimed,
+        held: SimHeld | None,
+        reason: str,
+        code: str,
+        origin: Origin,
+        poisoned: bool = False,
     ) -> SimGen[Finish]:
         if poisoned:
             self.journal(
@@ -572,6 +632,7 @@ class SimWorker(Actor):
         )
         if fin.outcome == "done" and not poisoned:
             self.bump("failed")
+        self._lose(held, claim, fin, LossSource.FAIL)
         return fin
 
     # ------------------------------------------------------------------ heartbeat
@@ -631,7 +692,11 @@ class SimWorker(Actor):
                     lease.deadline,
                 )
                 watchdog = Origin(self.id, "heartbeat", "heartbeat", {lease.job_id: lease.token})
-                yield from self._retry(claim, jc, f"watchdog: {why.value}", why.value, watchdog)
+                fin = yield from self._retry(
+                    claim, held, jc, f"watchdog: {why.value}", why.value, watchdog
+                )
+                if fin.outcome in ("done", "failed"):
+                    gave_back(lease, f"watchdog: {why.value}")
         # As the real worker: the drops' writes can take long; a handler that ended
         # meanwhile must not get its visibility extended (seed 1658).
         extend = [lease for lease in plan.extend if lease.status in OPEN]
@@ -666,6 +731,8 @@ class SimWorker(Actor):
             elif h is not None:
                 self.bump("verdict_for_superseded_attempt")
         changed = apply_beats(current, report, started=now, advised=plan.advise)
+        for ev in changed.events:
+            self._journal_event(ev)
         self.world.checker.now = self.world.now
         for lease in changed.extended:
             self.world.checker.lease_extended(

@@ -1,0 +1,316 @@
+"""The sync worker against a real moto server: mixed versions on one queue, handler
+errors an operator can read, one lease-loss event per attempt, records the code
+cannot read, and DynamoDB's permanent refusals."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from click.testing import CliRunner
+from conftest import AwsTestEnv
+from pydantic import BaseModel
+from worker_helpers import (
+    FAST,
+    collect_journal,
+    drain,
+    prepare,
+    read_record,
+    running,
+    wait_until,
+)
+
+from sqs_lease import App, JobContext, Producer, Worker
+from sqs_lease.cli import cli
+
+if TYPE_CHECKING:
+    from types_boto3_dynamodb import DynamoDBClient
+    from types_boto3_sqs import SQSClient
+
+pytestmark = pytest.mark.integration
+
+
+class Work(BaseModel):
+    n: int
+    note: str = ""
+
+
+def make_worker(app: App, settings: Any, name: str, **kw: Any) -> Worker:
+    kw.setdefault("receive_wait", 1)
+    kw.setdefault("shutdown_grace", 3.0)
+    return Worker(app, settings, worker_id=f"{name}-{settings.prefix}", **kw)
+
+
+# --------------------------------------------------------------------------- 7.6
+
+
+def test_a_worker_that_does_not_know_a_job_class_leaves_the_job_for_one_that_does(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient, sqs_client: SQSClient
+) -> None:
+    settings, _, dlq = prepare(aws.endpoint_url, aws.prefix)
+    old, new = App(), App()
+
+    @old.job("work", payload=Work, **FAST)
+    def work(ctx: JobContext[Any], p: Work) -> dict[str, int]:
+        return {"n": p.n}
+
+    @new.job("work", payload=Work, **FAST)
+    def work2(ctx: JobContext[Any], p: Work) -> dict[str, int]:
+        return {"n": p.n}
+
+    @new.job("report", payload=Work, **FAST)
+    def report(ctx: JobContext[Any], p: Work) -> dict[str, str]:
+        return {"made_by": "new"}
+
+    job_id = Producer(settings, new).submit("report", Work(n=1), job_id=f"{aws.prefix}-r").job_id
+    old_worker = make_worker(old, settings, "old")
+    with collect_journal() as journal, running(old_worker) as (runner,):
+        journal.wait_for("job_class_unknown", job_id=job_id, timeout=15)
+        stats = runner.stop()
+    # Not claimed, not failed: the record is as the producer wrote it.
+    rec = read_record(ddb_client, settings, job_id)
+    assert (rec.state, rec.token, rec.attempt) == ("queued", 0, 0) and rec.error_code is None
+    assert stats.claimed == 0 and stats.failed == 0 and stats.deferred >= 1
+    (first, *_) = journal.events("job_class_unknown", job_id=job_id)
+    assert first["job_class"] == "report" and first["delay"] >= 1
+    assert journal.events("job_failed", job_id=job_id) == []
+
+    # The new version's worker takes it (once the backoff lapses) and runs it.
+    new_worker = make_worker(new, settings, "new")
+    with collect_journal() as journal, running(new_worker) as (runner,):
+        journal.wait_for("result_committed", job_id=job_id, timeout=20)
+        runner.stop()
+    rec = read_record(ddb_client, settings, job_id)
+    assert (rec.state, rec.token) == ("succeeded", 1)
+    assert drain(sqs_client, dlq, timeout=1, want=1) == []
+
+
+def test_a_message_of_an_unknown_class_goes_to_the_dlq_with_the_reason_after_the_bound(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient, sqs_client: SQSClient
+) -> None:
+    settings, _, dlq = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+
+    @app.job("work", payload=Work, **FAST)
+    def work(ctx: JobContext[Any], p: Work) -> None:
+        return None
+
+    job_id = Producer(settings).submit("mystery", {"n": 1}, job_id=f"{aws.prefix}-m").job_id
+    worker = make_worker(app, settings, "w", unknown_class_receives=2)
+    with collect_journal() as journal, running(worker) as (runner,):
+        journal.wait_for("message_poisoned", job_id=job_id, timeout=20)
+        runner.stop()
+    moved = journal.events("job_class_unknown", job_id=job_id, moved_to_dlq=True)
+    assert [e["receive_count"] for e in moved] == [2]
+    (dead,) = drain(sqs_client, dlq, timeout=3, want=1)
+    reason = dead["MessageAttributes"]["sqs_lease_reason"]["StringValue"]
+    assert "'mystery'" in reason and "2 receives" in reason
+    rec = read_record(ddb_client, settings, job_id)  # kept, for a redrive later
+    assert (rec.state, rec.token) == ("queued", 0)
+
+
+# --------------------------------------------------------------------------- 7.10
+
+
+def test_a_handler_error_keeps_its_type_and_message_on_the_record_and_in_jobs_show(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+
+    @app.job("q", payload=Work, **FAST, max_attempts=2, backoff_base_seconds=0.0)
+    def q(ctx: JobContext[Any], p: Work) -> None:
+        raise ValueError(f"upstream quota exceeded for tenant {p.note}")
+
+    job_id = (
+        Producer(settings, app)
+        .submit("q", Work(n=1, note="SECRET-tenant"), job_id=f"{aws.prefix}-q")
+        .job_id
+    )
+    worker = make_worker(app, settings, "w")
+    with collect_journal() as journal, running(worker) as (runner,):
+        journal.wait_for("job_failed", job_id=job_id, timeout=15)
+        runner.stop()
+    want = "ValueError: upstream quota exceeded for tenant <payload>"
+    (retry,) = journal.events("job_retry_scheduled", job_id=job_id)
+    assert (retry["reason"], retry["error_code"]) == (want, "ValueError")
+    rec = read_record(ddb_client, settings, job_id)
+    assert rec.state == "failed" and rec.reason is not None and want in rec.reason
+    shown = CliRunner().invoke(
+        cli, ["--endpoint-url", aws.endpoint_url, "--prefix", aws.prefix, "jobs", "show", job_id]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert want in shown.output
+    assert "SECRET-tenant" not in str(journal.events())
+
+
+def test_a_configuration_error_in_a_handler_fails_the_job_at_once(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+
+    @app.job("pay", payload=Work, **FAST, max_attempts=4, backoff_base_seconds=0.0)
+    def pay(ctx: JobContext[Any], p: Work) -> None:
+        ctx.effect("capture", "psp-typo", {"n": p.n}, lambda call: {"ok": True})
+
+    job_id = Producer(settings, app).submit("pay", Work(n=1), job_id=f"{aws.prefix}-c").job_id
+    worker = make_worker(app, settings, "w")
+    with collect_journal() as journal, running(worker) as (runner,):
+        journal.wait_for("job_failed", job_id=job_id, timeout=15)
+        runner.stop()
+    rec = read_record(ddb_client, settings, job_id)
+    assert (rec.state, rec.attempt, rec.error_code) == ("failed", 1, "ConfigError")
+    assert rec.reason is not None and "'psp-typo' is not declared" in rec.reason
+    assert journal.events("job_retry_scheduled", job_id=job_id) == []
+
+
+# --------------------------------------------------------------------------- 7.14
+
+
+def test_a_worker_that_learns_after_a_pause_that_its_job_was_taken_journals_one_loss(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+    release = threading.Event()
+
+    @app.job("slow", payload=Work, **FAST)
+    def slow(ctx: JobContext[Any], p: Work) -> dict[str, int]:
+        if ctx.token == 1:
+            release.wait(30)  # a blocked call: the process is paused meanwhile
+        return {"token": ctx.token}
+
+    job_id = Producer(settings, app).submit("slow", Work(n=1), job_id=f"{aws.prefix}-p").job_id
+    a = make_worker(app, settings, "a", concurrency=1)
+    paused = threading.Event()
+    beat = a._beat_once
+
+    def stalled() -> None:  # the heartbeat thread of a paused process does nothing
+        while paused.is_set():
+            time.sleep(0.05)
+        beat()
+
+    a._beat_once = stalled  # type: ignore[method-assign]
+    b = make_worker(app, settings, "b")
+    with collect_journal() as journal, running(a):
+        journal.wait_for("job_claimed", job_id=job_id, worker=a.worker_id)
+        paused.set()
+        with running(b):
+            journal.wait_for("result_committed", job_id=job_id, worker=b.worker_id, timeout=20)
+        paused.clear()
+        release.set()
+        journal.wait_for("result_rejected", job_id=job_id, worker=a.worker_id, timeout=15)
+        wait_until(
+            lambda: bool(journal.events("heartbeat_lost", job_id=job_id, worker=a.worker_id)),
+            5,
+            "the loss journaled",
+        )
+        time.sleep(1.5)  # a second report would come within a heartbeat or two
+    lost = journal.events("heartbeat_lost", job_id=job_id, worker=a.worker_id)
+    assert len(lost) == 1, lost
+    assert lost[0]["token"] == 1 and lost[0]["detected_by"] in ("commit", "heartbeat")
+    rec = read_record(ddb_client, settings, job_id)
+    assert (rec.state, rec.token, rec.owner) == ("succeeded", 2, b.worker_id)
+
+
+# --------------------------------------------------------------------------- 14.4
+
+
+def test_one_unreadable_record_does_not_cost_the_other_jobs_their_leases(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+    go = threading.Event()
+
+    @app.job("hold", payload=Work, **FAST, max_attempts=1)
+    def hold(ctx: JobContext[Any], p: Work) -> dict[str, int]:
+        go.wait(20)
+        ctx.wait(4.0)  # more than a lease after the edit, kept alive by the heartbeat
+        return {"n": p.n}
+
+    producer = Producer(settings, app)
+    ids = [producer.submit("hold", Work(n=i), job_id=f"{aws.prefix}-h{i}").job_id for i in range(3)]
+    worker = make_worker(app, settings, "w", concurrency=3)
+    weird = ids[1]
+    with collect_journal() as journal, running(worker) as (runner,):
+        for job_id in ids:
+            journal.wait_for("job_claimed", job_id=job_id, timeout=15)
+        ddb_client.update_item(
+            TableName=settings.jobs_table,
+            Key={"job_id": {"S": weird}},
+            UpdateExpression="SET #s = :w",
+            ExpressionAttributeNames={"#s": "state"},
+            ExpressionAttributeValues={":w": {"S": "weird"}},
+        )
+        edited = time.monotonic()
+        go.set()
+        for job_id in (ids[0], ids[2]):
+            journal.wait_for("result_committed", job_id=job_id, timeout=20)
+        journal.wait_for("job_record_unreadable", job_id=weird, timeout=5)
+        runner.stop()
+    assert journal.events("heartbeat_error") == []
+    for job_id in (ids[0], ids[2]):
+        beats = [e for e in journal.events("heartbeat_ok", job_id=job_id) if e["_mono"] > edited]
+        assert len(beats) >= 2, f"{job_id}: the heartbeat stopped after the edit"
+        assert journal.events("lease_dropped", job_id=job_id) == []
+        rec = read_record(ddb_client, settings, job_id)
+        assert (rec.state, rec.token) == ("succeeded", 1)
+    assert journal.events("result_committed", job_id=weird) == []
+
+
+# --------------------------------------------------------------------------- 14.5
+
+
+def test_a_result_that_with_its_payload_breaks_the_item_limit_fails_the_job_naming_it(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+
+    @app.job("big", payload=Work, **FAST, max_attempts=3)
+    def big(ctx: JobContext[Any], p: Work) -> dict[str, str]:
+        return {"text": "r" * 200_000}  # alone under the old 350,000-byte rule
+
+    note = "p" * 250_000
+    job_id = Producer(settings, app).submit("big", Work(n=1, note=note), job_id=f"{aws.prefix}-b")
+    worker = make_worker(app, settings, "w")
+    with collect_journal() as journal, running(worker) as (runner,):
+        journal.wait_for("job_failed", job_id=job_id.job_id, timeout=15)
+        runner.stop()
+    rec = read_record(ddb_client, settings, job_id.job_id)
+    assert (rec.state, rec.attempt, rec.error_code) == ("failed", 1, "result_too_large")
+    assert rec.reason is not None and "409600" in rec.reason
+    assert journal.events("ownership_unknown", job_id=job_id.job_id) == []
+
+
+def test_a_record_lacking_an_attribute_the_claim_needs_is_poison_not_ownership_unknown(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient, sqs_client: SQSClient
+) -> None:
+    settings, _, dlq = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+
+    @app.job("work", payload=Work, **FAST)
+    def work(ctx: JobContext[Any], p: Work) -> None:
+        return None
+
+    job_id = Producer(settings, app).submit("work", Work(n=1), job_id=f"{aws.prefix}-t").job_id
+    ddb_client.update_item(
+        TableName=settings.jobs_table,
+        Key={"job_id": {"S": job_id}},
+        UpdateExpression="SET #t = :bad",
+        ExpressionAttributeNames={"#t": "token"},
+        ExpressionAttributeValues={":bad": {"S": "not a number"}},
+    )
+    worker = make_worker(app, settings, "w")
+    with collect_journal() as journal, running(worker) as (runner,):
+        journal.wait_for("message_poisoned", job_id=job_id, timeout=15)
+        runner.stop()
+    assert journal.events("ownership_unknown", job_id=job_id) == []
+    (dead,) = drain(sqs_client, dlq, timeout=3, want=1)
+    assert (
+        "DynamoDB refused the claim" in dead["MessageAttributes"]["sqs_lease_reason"]["StringValue"]
+    )
