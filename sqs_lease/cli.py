@@ -30,7 +30,7 @@ import click
 
 from ._aws import SyncDriver, make_client
 from ._config import Settings
-from ._core.flows import UNSENT_GRACE_SECONDS
+from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
 from ._core.intents import IntentState, Resolution, resolve_flow
 from ._errors import (
     AwsUnavailable,
@@ -409,6 +409,14 @@ def submit(
     help="Sweep only jobs without a sent message for this many seconds.",
 )
 @click.option("--sweep-limit", type=click.IntRange(1, 1000), default=25, show_default=True)
+@click.option(
+    "--unknown-class-receives",
+    type=click.IntRange(1),
+    default=UNKNOWN_CLASS_RECEIVES,
+    show_default=True,
+    help="Receives of a message whose job class this app does not know (another version "
+    "on the queue) before it goes to the DLQ; until then it is left for other workers.",
+)
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -422,6 +430,7 @@ def worker(
     sweep_interval: float,
     sweep_grace: float,
     sweep_limit: int,
+    unknown_class_receives: int,
 ) -> None:
     """Run a worker for an app; journal on stderr, final stats (JSON) on stdout."""
     settings = _settings(ctx)
@@ -439,6 +448,7 @@ def worker(
         sweep_interval=sweep_interval or None,
         sweep_grace=sweep_grace,
         sweep_limit=sweep_limit,
+        unknown_class_receives=unknown_class_receives,
     )
     with _stop_signals(None):
         w.install_signal_handlers()
