@@ -314,3 +314,49 @@ def test_a_record_lacking_an_attribute_the_claim_needs_is_poison_not_ownership_u
     assert (
         "DynamoDB refused the claim" in dead["MessageAttributes"]["sqs_lease_reason"]["StringValue"]
     )
+
+
+def test_a_refused_intent_start_after_a_takeover_journals_the_loss_once(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+    app.target("psp")
+    taken = threading.Event()
+    called: list[int] = []
+    slow = {"lease_seconds": 20, "heartbeat_seconds": 5.0, "jitter_seconds": 2.0}
+
+    @app.job("pay", payload=Work, **slow, max_attempts=1)
+    def pay(ctx: JobContext[Any], p: Work) -> None:
+        taken.wait(20)
+        ctx.effect("capture", "psp", {"n": p.n}, lambda call: called.append(call.token))
+
+    job_id = Producer(settings, app).submit("pay", Work(n=1), job_id=f"{aws.prefix}-i").job_id
+    w = make_worker(app, settings, "w", concurrency=1)
+    paused = threading.Event()
+    paused.set()
+    beat = w._beat_once
+
+    def stalled() -> None:  # keep the heartbeat out of it: the intent start learns first
+        while paused.is_set():
+            time.sleep(0.05)
+        beat()
+
+    w._beat_once = stalled  # type: ignore[method-assign]
+    with collect_journal() as journal, running(w):
+        journal.wait_for("job_claimed", job_id=job_id)
+        # Another owner's claim (by hand): the token moves on under the handler.
+        ddb_client.update_item(
+            TableName=settings.jobs_table,
+            Key={"job_id": {"S": job_id}},
+            UpdateExpression="SET #t = :t, #o = :o",
+            ExpressionAttributeNames={"#t": "token", "#o": "owner"},
+            ExpressionAttributeValues={":t": {"N": "2"}, ":o": {"S": "other"}},
+        )
+        taken.set()
+        journal.wait_for("job_abandoned", job_id=job_id, timeout=15)
+        paused.clear()
+        time.sleep(1.0)
+    assert called == []
+    lost = journal.events("heartbeat_lost", job_id=job_id)
+    assert [(e["token"], e["detected_by"]) for e in lost] == [(1, "intent_start")]
