@@ -377,7 +377,8 @@ class Worker:
                 lease_seconds=job_class.lease_seconds if job_class else self.receive_visibility,
                 max_attempts=job_class.max_attempts if job_class else 1_000_000,
                 unknown_class_receives=self.unknown_class_receives,
-                rand=self.rng.random(),
+                # Drawn only when needed: the rng's stream stays the retries' own.
+                rand=self.rng.random() if job_class is None else 0.5,
             )
         )
         if not isinstance(claim, Claimed):
