@@ -93,7 +93,6 @@ def _hold(moto: Moto, m: int) -> tuple[Settings, str, list[LocalLease], float]:
             deadline=now + LEASE,
             started_at=now,
             stage_deadline=now + 10 * LEASE,
-            tool_timeout=10.0 * LEASE,
         )
         for j in ids
     ]

@@ -20,6 +20,7 @@ from ._core.intents import (
 )
 from ._core.records import JobState, JobView
 from ._errors import (
+    AttemptTimedOut,
     AwsCallFailed,
     AwsUnavailable,
     ConfigError,
@@ -43,6 +44,7 @@ from ._errors import (
     ToolNotApplied,
     ToolOutcomeUnknown,
     TransientError,
+    WorkerShuttingDown,
 )
 from ._jobs import App, EffectCall, JobClass, JobContext, Target
 from ._journal import Journal
@@ -52,6 +54,7 @@ from ._worker import Worker, WorkerStats, load_app
 
 __all__ = [
     "App",
+    "AttemptTimedOut",
     "AwsCallFailed",
     "AwsUnavailable",
     "CheckAnswer",
@@ -98,6 +101,7 @@ __all__ = [
     "TransientError",
     "Verdict",
     "Worker",
+    "WorkerShuttingDown",
     "WorkerStats",
     "create_queue",
     "create_tables",
