@@ -42,7 +42,7 @@ class JobClass(BaseModel):
     Rules (checked at definition, a ``JobClassError`` names the numbers and the
     fix): ``lease > missed x heartbeat + jitter``, ``heartbeat <= lease / 2``,
     ``lease <= 43200``, ``lease <= stage budget <= 12 h - 15 min``,
-    ``0 < effect timeout + EFFECT_MARGIN <= stage budget``,
+    ``0 < effect timeout``, ``effect timeout + EFFECT_MARGIN <= stage budget``,
     ``0 < progress timeout <= stage budget``; every number finite.
     """
 

@@ -488,8 +488,9 @@ class Worker:
         elif end.kind is EndKind.COMMIT:
             self._commit(claim, result, self._clock() - start)
         elif end.kind is EndKind.ABANDON:
-            # The handler stopped before an irreversible step; nothing may be written
-            # for this attempt. The message comes back when its visibility lapses.
+            # The handler stopped before an irreversible step, or returned after its
+            # attempt was told to stop (result_discarded): nothing may be written for
+            # this attempt. The message comes back when its visibility lapses.
             self._count("lost")
             self.journal(
                 "result_discarded" if end.code == "result_discarded" else "job_abandoned",

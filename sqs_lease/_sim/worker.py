@@ -488,6 +488,7 @@ class SimWorker(Actor):
                 error = exc
         origin.handler_ended = True  # the truth the checker uses for I5 (not patched)
         stop = self._mark(held, LeaseStatus.DONE)
+        origin.told_to_stop = stop is not None  # the truth the checker uses for I3
         end = stopped_ending(ending_for(error), stop)
         if end.kind is EndKind.RELEASE:
             n = yield from self.drive(
