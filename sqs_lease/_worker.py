@@ -322,7 +322,9 @@ class Worker:
             self._count("released", released)
 
     def _shutdown(self) -> None:
-        self._request_stop()
+        if self._stopping.is_set():
+            # Asked to stop (not just done: max_messages or idle_exit let handlers finish).
+            self._request_stop()
         deadline = self._clock() + self.shutdown_grace
         for t in list(self._threads):
             t.join(timeout=max(0.0, deadline - self._clock()))

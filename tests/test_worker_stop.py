@@ -305,3 +305,43 @@ def test_a_wait_after_the_stop_raises_at_once_and_cancelled_reads_true(
         assert started.wait(20)
         runner.stop(timeout=60)
     assert seen == {"cancelled": True, "done": True}
+
+
+def test_a_worker_done_after_max_messages_lets_its_running_handlers_finish(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    # Reaching max_messages ends the receive loop; it is not a stop request: the
+    # handler still running gets its grace to finish and its result is committed.
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+    first_running = threading.Event()
+    finish = threading.Event()
+    seen: list[str] = []
+
+    @app.job("drain", payload=Work, **FAST)
+    def drain_job(ctx: JobContext[Any], p: Work) -> dict[str, int]:
+        if p.n == 1:
+            first_running.set()
+            try:
+                while not finish.is_set():
+                    ctx.wait(0.1)
+            except LeaseError as exc:
+                seen.append(type(exc).__name__)
+                raise
+        return {"n": p.n}
+
+    producer = Producer(settings, app)
+    first = producer.submit("drain", Work(n=1), job_id=f"{aws.prefix}-d1").job_id
+    worker = _worker(app, settings, "w", concurrency=2, shutdown_grace=60.0)
+    with collect_journal() as journal, running(worker, max_messages=2) as (runner,):
+        assert first_running.wait(20)
+        second = producer.submit("drain", Work(n=2), job_id=f"{aws.prefix}-d2").job_id
+        journal.wait_for("job_claimed", job_id=second, timeout=20)  # the loop is done now
+        journal.wait_for("result_committed", job_id=second, timeout=20)
+        finish.set()
+        runner.join(60)
+    assert seen == []
+    for job_id, n in ((first, 1), (second, 2)):
+        rec = read_record(ddb_client, settings, job_id)
+        assert (rec.state, rec.attempt) == ("succeeded", 1)
+        assert result_of(rec) == {"n": n}

@@ -271,7 +271,8 @@ class SimWorker(Actor):
             self.bump("released", n)
 
     def _shutdown(self) -> SimGen[None]:
-        self._request_stop()
+        if self.stopping:
+            self._request_stop()
         deadline = self.mono() + self.shutdown_grace
         for _ in range(_LOOP_LIMIT):
             if not self._alive_jobs() or self.mono() >= deadline:
