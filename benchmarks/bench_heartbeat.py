@@ -38,6 +38,7 @@ from benchmarks.bench_common import (
 )
 from sqs_lease import Settings
 from sqs_lease._aio import AsyncDriver
+from sqs_lease._clock import lease_clock
 from sqs_lease._core.calls import Call, Ok
 from sqs_lease._core.flows import HeartbeatReport, heartbeat_flow
 from sqs_lease._core.timing import LocalLease
@@ -81,7 +82,7 @@ def _hold(moto: Moto, m: int) -> tuple[Settings, str, list[LocalLease], float]:
             for msg in out.get("Messages") or []:
                 handles[json.loads(msg["Body"])["job_id"]] = msg["ReceiptHandle"]
                 want -= 1
-    now = time.monotonic()
+    now = lease_clock()  # the clock the drivers stamp outcomes with
     leases = [
         LocalLease(
             job_id=j,
@@ -93,7 +94,6 @@ def _hold(moto: Moto, m: int) -> tuple[Settings, str, list[LocalLease], float]:
             deadline=now + LEASE,
             started_at=now,
             stage_deadline=now + 10 * LEASE,
-            tool_timeout=10.0 * LEASE,
         )
         for j in ids
     ]

@@ -38,7 +38,16 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from sqs_lease import App, CheckAnswer, EffectCall, IntentView, JobContext, Settings, Verdict
+from sqs_lease import (
+    App,
+    CheckAnswer,
+    EffectCall,
+    IntentView,
+    JobContext,
+    LeaseError,
+    Settings,
+    Verdict,
+)
 from sqs_lease.effects import ToolResult, http_json
 from sqs_lease.receiver import FencedReceiver
 
@@ -109,10 +118,16 @@ class Compute(BaseModel):
 
 
 def _work(ctx: JobContext[Any], seconds: float) -> bool:
-    """Work for ``seconds`` in small steps; False once the attempt was cancelled."""
+    """Work for ``seconds`` in small steps; False once the attempt was told to stop.
+
+    A handler that swallows the stop (as this one does, on purpose) and returns
+    anyway gets its result discarded, never committed.
+    """
     end = time.monotonic() + seconds
     while (left := end - time.monotonic()) > 0:
-        if ctx.wait(min(0.1, left)):
+        try:
+            ctx.wait(min(0.1, left))
+        except LeaseError:
             return False
         ctx.progress()
     return True
@@ -143,7 +158,8 @@ def _mine(ctx: JobContext[Any]) -> dict[str, Any]:
     heartbeat_seconds=1.0,
     jitter_seconds=1.0,
     missed_heartbeats=2,
-    tool_timeout_seconds=30,
+    effect_timeout_seconds=30,
+    progress_timeout_seconds=30,
     max_attempts=12,
     backoff_base_seconds=0.5,
     backoff_max_seconds=2.0,
@@ -169,7 +185,8 @@ def pay(ctx: JobContext[Any], p: Pay) -> dict[str, Any]:
     heartbeat_seconds=1.0,
     jitter_seconds=1.0,
     missed_heartbeats=2,
-    tool_timeout_seconds=30,
+    effect_timeout_seconds=30,
+    progress_timeout_seconds=30,
     max_attempts=12,
     backoff_base_seconds=0.5,
     backoff_max_seconds=2.0,
@@ -189,12 +206,13 @@ def notify(ctx: JobContext[Any], p: Notify) -> dict[str, Any]:
     heartbeat_seconds=1.5,
     jitter_seconds=1.0,
     missed_heartbeats=2,
-    tool_timeout_seconds=30,
+    effect_timeout_seconds=30,
+    progress_timeout_seconds=30,
     max_attempts=12,
     backoff_base_seconds=0.5,
     backoff_max_seconds=2.0,
 )
 def compute(ctx: JobContext[Any], p: Compute) -> dict[str, Any]:
-    # A cancelled attempt still returns: its fenced commit must then be rejected.
+    # A stopped attempt still returns: its result must be discarded, never committed.
     finished = _work(ctx, p.work)
     return {**_mine(ctx), "items": p.items, "finished": finished}

@@ -93,7 +93,7 @@ app.target("erp", check=erp_check, key_retention_seconds=None, success="accepted
     heartbeat_seconds=1.5,
     jitter_seconds=1.0,
     missed_heartbeats=2,
-    tool_timeout_seconds=30,
+    progress_timeout_seconds=30,
 )
 def ocr(ctx: JobContext[Any], p: Page) -> dict[str, Any]:
     ctx.wait(0.05 + (p.page % 5) * 0.05)
@@ -108,7 +108,7 @@ def ocr(ctx: JobContext[Any], p: Page) -> dict[str, Any]:
     heartbeat_seconds=2.0,
     jitter_seconds=1.5,
     missed_heartbeats=3,
-    tool_timeout_seconds=60,
+    progress_timeout_seconds=60,
     max_attempts=4,
     backoff_base_seconds=1.0,
     backoff_max_seconds=3.0,
@@ -117,8 +117,7 @@ def export(ctx: JobContext[Any], p: Export) -> dict[str, Any]:
     if p.flaky and ctx.attempt == 1:
         raise TransientError("export service answered 503", code="upstream_503")
     for _ in range(max(1, p.rows // 500)):
-        if ctx.wait(0.3):
-            break
+        ctx.wait(0.3)  # raises once the attempt must stop: no partial export returned
         ctx.progress()
     return {"report": p.report, "rows": p.rows}
 
@@ -130,7 +129,7 @@ def export(ctx: JobContext[Any], p: Export) -> dict[str, Any]:
     heartbeat_seconds=1.0,
     jitter_seconds=1.0,
     missed_heartbeats=2,
-    tool_timeout_seconds=60,
+    effect_timeout_seconds=30,  # http_json's socket timeout (EffectCall.timeout)
     max_attempts=5,
 )
 def charge(ctx: JobContext[Any], p: Payment) -> dict[str, Any]:
@@ -163,7 +162,7 @@ def charge(ctx: JobContext[Any], p: Payment) -> dict[str, Any]:
     heartbeat_seconds=1.5,
     jitter_seconds=1.0,
     missed_heartbeats=2,
-    tool_timeout_seconds=60,
+    effect_timeout_seconds=30,
     max_attempts=3,
 )
 def erp_post(ctx: JobContext[Any], p: ErpPosting) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from ._core.intents import (
 )
 from ._core.records import JobState, JobView
 from ._errors import (
+    AttemptTimedOut,
     AwsCallFailed,
     AwsUnavailable,
     ConfigError,
@@ -45,6 +46,7 @@ from ._errors import (
     ToolNotApplied,
     ToolOutcomeUnknown,
     TransientError,
+    WorkerShuttingDown,
 )
 from ._jobs import App, EffectCall, JobClass, JobContext, Target
 from ._journal import Journal
@@ -54,6 +56,7 @@ from ._worker import Worker, WorkerStats, load_app
 
 __all__ = [
     "App",
+    "AttemptTimedOut",
     "AwsCallFailed",
     "AwsUnavailable",
     "CheckAnswer",
@@ -102,6 +105,7 @@ __all__ = [
     "TransientError",
     "Verdict",
     "Worker",
+    "WorkerShuttingDown",
     "WorkerStats",
     "create_queue",
     "create_tables",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
@@ -17,6 +16,7 @@ import botocore.config
 from aiobotocore.session import get_session
 
 from ._aws import Timeouts, classify, client_kwargs
+from ._clock import lease_clock
 from ._config import Settings
 from ._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
 from ._journal import Journal
@@ -32,7 +32,7 @@ class AsyncDriver:
         settings: Settings,
         journal: Journal | None = None,
         timeouts: Timeouts | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = lease_clock,
     ) -> None:
         self.settings = settings
         self.journal = journal or Journal()

@@ -18,6 +18,7 @@ import botocore.config
 import botocore.exceptions
 from botocore import xform_name
 
+from ._clock import lease_clock
 from ._config import Settings
 from ._core.calls import (
     Call,
@@ -159,7 +160,7 @@ class SyncDriver:
         settings: Settings,
         journal: Journal | None = None,
         timeouts: Timeouts = Timeouts(),
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = lease_clock,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.settings = settings

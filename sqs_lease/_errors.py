@@ -13,10 +13,13 @@
     ├── ResourceMissing               queue or table does not exist
     ├── AwsUnavailable                AWS (or the local emulator) did not answer
     ├── AwsCallFailed                 an AWS call failed in a way the flow cannot handle
-    ├── LeaseError                    raised in handlers by ``ctx.check()``
+    ├── LeaseError                    raised in handlers by ``ctx.check()``/``ctx.wait()``
     │   ├── LeaseLost                 the token moved on: stop, never commit success
     │   │   └── JobCancelled          an operator or the session cancelled the job
-    │   └── OwnershipUnknown          cannot confirm ownership: start no irreversible step
+    │   ├── OwnershipUnknown          cannot confirm ownership: start no irreversible step
+    │   ├── AttemptTimedOut           the watchdog stopped the attempt (effect call, progress,
+    │   │                             stage budget): it was given back for a counted retry
+    │   └── WorkerShuttingDown        the worker is stopping: the job goes back to the queue
     ├── HandlerSignal                 raised by handlers to steer the worker
     │   ├── TransientError            retry with backoff (counted attempts)
     │   ├── PermanentError            fail now, with the reason
@@ -104,6 +107,17 @@ class JobCancelled(LeaseLost):
 
 class OwnershipUnknown(LeaseError):
     """Ownership could not be confirmed recently enough for an irreversible step."""
+
+
+class AttemptTimedOut(LeaseError):
+    """The watchdog stopped the attempt: an effect call ran past its timeout, the
+    handler made no progress, or the stage budget is spent. The job was given
+    back for a counted retry; nothing this attempt returns is committed."""
+
+
+class WorkerShuttingDown(LeaseError):
+    """The worker is shutting down: stop now. The job goes back to the queue at
+    once without spending an attempt; nothing this attempt returns is committed."""
 
 
 class HandlerSignal(SqsLeaseError):

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ._core.intents import RESPONSE_LIMIT, CheckAnswer, EffectResult, EffectSpec, IntentView
 from ._core.intents import default_key as _default_key
 from ._core.limits import check_intent
-from ._core.timing import LocalLease, check_timing
-from ._errors import ConfigError, PayloadError
+from ._core.timing import EFFECT_MARGIN, LocalLease, check_timing
+from ._errors import ConfigError, JobClassError, LeaseError, PayloadError
 from ._fence import fence_headers
 from ._journal import Journal
 
@@ -26,8 +26,25 @@ P = TypeVar("P", bound=BaseModel)
 class JobClass(BaseModel):
     """Timing and retry policy of one kind of job; the payload never sets any of it.
 
-    Rules (checked at definition): ``lease > missed x heartbeat + jitter``,
-    ``heartbeat <= lease / 2``, ``lease <= 43200`` and a stage budget under 12 h.
+    Three timeouts, each for its own failure:
+
+    - ``effect_timeout_seconds``: one effect call (``ctx.effect``). It is handed
+      to the call (``EffectCall.timeout``; ``effects.http_json`` uses it as its
+      socket timeout), and the watchdog stops an attempt whose call runs
+      ``EFFECT_MARGIN`` seconds past it: that call's outcome is unknown, and the
+      next attempt reconciles its intent with the target.
+    - ``progress_timeout_seconds``: the longest the handler may go without
+      calling ``ctx.progress()`` (None: no such limit). Each call resets it; an
+      effect call in flight is governed by its own timeout instead, and its end
+      counts as progress.
+    - ``stage_budget_seconds``: the whole attempt, from the message's receive;
+      progress does not extend it. It stays under SQS's 12-hour cap less 15 min.
+
+    Rules (checked at definition, a ``JobClassError`` names the numbers and the
+    fix): ``lease > missed x heartbeat + jitter``, ``heartbeat <= lease / 2``,
+    ``lease <= 43200``, ``lease <= stage budget <= 12 h - 15 min``,
+    ``0 < effect timeout``, ``effect timeout + EFFECT_MARGIN <= stage budget``,
+    ``0 < progress timeout <= stage budget``; every number finite.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -38,12 +55,26 @@ class JobClass(BaseModel):
     heartbeat_seconds: float = 5.0
     jitter_seconds: float = 2.0
     missed_heartbeats: int = 3
-    tool_timeout_seconds: float = 600.0
+    effect_timeout_seconds: float = 60.0
     progress_timeout_seconds: float | None = None
     max_attempts: int = Field(default=5, ge=1, le=1000)
     backoff_base_seconds: float = Field(default=2.0, ge=0)
     backoff_max_seconds: float = Field(default=300.0, ge=0, le=43_200)
     stage_budget_seconds: float = 3600.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_fields(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "tool_timeout_seconds" in data:
+            name = data.get("name", "?")
+            raise JobClassError(
+                f"job class {name!r}: tool_timeout_seconds="
+                f"{data['tool_timeout_seconds']!r} is gone: it limited the whole attempt, and "
+                "progress did not reset it. Say which limit you mean: effect_timeout_seconds "
+                "(one effect call), progress_timeout_seconds (no ctx.progress() for that "
+                "long) or stage_budget_seconds (the whole attempt)"
+            )
+        return data
 
     @model_validator(mode="after")
     def _timing(self) -> JobClass:
@@ -54,6 +85,8 @@ class JobClass(BaseModel):
             self.jitter_seconds,
             self.missed_heartbeats,
             self.stage_budget_seconds,
+            effect_timeout=self.effect_timeout_seconds,
+            progress_timeout=self.progress_timeout_seconds,
         )
         return self
 
@@ -116,7 +149,13 @@ class Target:
 
 @dataclass(frozen=True)
 class EffectCall:
-    """What a tool function gets: the key, the token and the payload to send."""
+    """What a tool function gets: the key, the token, the payload to send, and its timeout.
+
+    ``timeout`` is how long the call may take, in seconds (the job class's
+    ``effect_timeout_seconds`` unless ``ctx.effect(timeout=...)`` says otherwise):
+    give it to the transport. The watchdog stops an attempt whose call runs
+    past it by more than ``EFFECT_MARGIN``.
+    """
 
     key: str
     token: int
@@ -124,6 +163,7 @@ class EffectCall:
     action: str
     target: str
     payload: Mapping[str, Any]
+    timeout: float = 60.0
 
     @property
     def headers(self) -> dict[str, str]:
@@ -197,6 +237,25 @@ class JobContext(Generic[P]):
     Call :meth:`check` right before every irreversible step; it raises
     ``LeaseLost``/``JobCancelled`` when the token moved on and ``OwnershipUnknown``
     when ownership is not confirmed with enough reserve left.
+
+    **A handler told to stop must stop.** The worker tells an attempt to stop
+    when it shuts down, when the lease is lost or the job cancelled, and when
+    the watchdog stops it. From then on :meth:`wait` and :meth:`check` raise the
+    matching :class:`~sqs_lease.LeaseError` (``WorkerShuttingDown``,
+    ``LeaseLost``, ``JobCancelled``, ``AttemptTimedOut``, ``OwnershipUnknown``),
+    so a loop of waits cannot fall through to ``return partial_result``; and
+    whatever the handler returns after the stop is *not* committed as success
+    (at shutdown the job goes back to the queue without spending an attempt;
+    otherwise the result is discarded and journaled ``result_discarded``)::
+
+        @app.job("export", payload=Export)
+        def export(ctx, p):
+            rows = []
+            while (page := fetch_next(p, len(rows))) is not None:
+                rows.extend(page)
+                ctx.progress()
+                ctx.wait(0.2)  # raises once the attempt must stop: no partial return
+            return {"rows": len(rows)}
     """
 
     def __init__(
@@ -230,26 +289,43 @@ class JobContext(Generic[P]):
         self.worker_id = worker_id
         self._lease = lease
         self._lock = lock
-        self._cancelled = cancelled
+        self._stopped = cancelled  # set by the worker with every stop request
         self._clock = clock
         self._journal = journal
 
     def check(self) -> None:
-        """Raise unless a new irreversible step may start now."""
+        """Raise unless a new irreversible step may start now (see the class docstring)."""
         with self._lock:
             self._lease.check(self._clock())
 
     @property
     def cancelled(self) -> bool:
-        """True once the worker stopped this attempt (lease lost, cancelled, watchdog)."""
-        return self._cancelled.is_set()
+        """True once the worker told this attempt to stop (shutdown, lease lost,
+        cancelled, watchdog). Reading it never raises; a handler that sees it
+        should raise (``ctx.check()`` does), since a result returned after the
+        stop is not committed as success."""
+        return self._stopped.is_set()
 
     def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; return True early if the attempt was cancelled."""
-        return self._cancelled.wait(seconds)
+        """Sleep up to ``seconds``; raise the stop's ``LeaseError`` as soon as the
+        attempt is told to stop (also if it already was).
+
+        Returns False once the time has passed (it never returns True: a stop
+        raises), so ``while not ctx.wait(s): ...`` loops stay correct.
+        """
+        if self._stopped.wait(seconds):
+            self._raise_stop()
+        return False
+
+    def _raise_stop(self) -> None:
+        with self._lock:
+            error = self._lease.stop_error()
+        if error is None:  # pragma: no cover - the worker sets the event with a stop
+            error = LeaseError(f"job {self.job_id} token {self.token}: the attempt was stopped")
+        raise error
 
     def progress(self) -> None:
-        """Tell the watchdog the handler is making progress."""
+        """Tell the watchdog the handler is making progress (resets the no-progress timeout)."""
         with self._lock:
             self._lease.last_progress = self._clock()
 
@@ -257,6 +333,20 @@ class JobContext(Generic[P]):
     def lease_left(self) -> float:
         with self._lock:
             return self._lease.conservative_deadline - self._clock()
+
+    def _timed(self, call: Callable[[EffectCall], Any], ec: EffectCall) -> Callable[[], Any]:
+        """The tool as the effect flow runs it: its call is watched by the watchdog."""
+
+        def tool() -> Any:
+            with self._lock:
+                handle = self._lease.begin_call(self._clock(), ec.timeout)
+            try:
+                return call(ec)
+            finally:
+                with self._lock:
+                    self._lease.end_call(handle, self._clock())
+
+        return tool
 
     def fence_headers(self, idempotency_key: str, *, secret: bytes | None = None) -> dict[str, str]:
         """Headers for a fenced receiver: the key, the fence's scope (this job) and token.
@@ -275,6 +365,7 @@ class JobContext(Generic[P]):
         *,
         key: str | None = None,
         version: str | None = None,
+        timeout: float | None = None,
     ) -> EffectResult:
         """Apply one side effect through a durable intent.
 
@@ -290,6 +381,11 @@ class JobContext(Generic[P]):
 
         A confirmed intent is replayed without calling the target; an intent left
         ``in_progress`` by an earlier attempt is reconciled with the target's check.
+
+        ``timeout`` (default: the class's ``effect_timeout_seconds``) is handed to
+        ``call`` as ``EffectCall.timeout``; a call that runs ``EFFECT_MARGIN``
+        seconds past it makes the watchdog stop the attempt (outcome unknown:
+        the next attempt reconciles the intent).
         """
         if self._run_effect is None:
             raise ConfigError("this context has no effect runner (run it under a Worker)")
@@ -309,7 +405,14 @@ class JobContext(Generic[P]):
         # Keys count in UTF-8 bytes (2048 for a partition key), and the intent holds
         # the payload next to a bounded response: DynamoDB's limits, named up front.
         check_intent(ikey, text, RESPONSE_LIMIT)
-        ec = EffectCall(ikey, self.token, self.job_id, action, target, data)
+        limit = self.job_class.effect_timeout_seconds if timeout is None else timeout
+        budget = self.job_class.stage_budget_seconds
+        if not 0 < limit <= budget - EFFECT_MARGIN:  # also refuses NaN
+            raise ConfigError(
+                f"effect {action!r}: timeout={limit!r} must be > 0 and at most "
+                f"stage_budget_seconds - {EFFECT_MARGIN:g} = {budget - EFFECT_MARGIN:g}"
+            )
+        ec = EffectCall(ikey, self.token, self.job_id, action, target, data, limit)
         spec = EffectSpec(
             key=ikey,
             job_id=self.job_id,
@@ -318,7 +421,7 @@ class JobContext(Generic[P]):
             target=target,
             payload_json=text,
             payload_hash=digest,
-            tool=lambda: call(ec),
+            tool=self._timed(call, ec),
             check=tgt.check,
             lease_check=self.check,
             log_bodies=tgt.log_bodies,

@@ -352,6 +352,24 @@ class JobTable:
             ],
         )
 
+    def release(
+        self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float
+    ) -> Call:
+        # The worker, not the job, stopped this attempt (shutdown): back to queued
+        # and the attempt the claim counted is given back.
+        return self._update(
+            job_id,
+            _mine(token, worker_id),
+            [
+                R.state.set(JobState.QUEUED.value),
+                R.attempt.set(R.attempt - 1),
+                R.reason.set(reason),
+                R.error_code.set("released"),
+                R.updated_at.set(wall_now),
+                R.lease_deadline.remove(),
+            ],
+        )
+
     def park(self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float) -> Call:
         return self._update(
             job_id,

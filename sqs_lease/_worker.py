@@ -23,9 +23,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from ._aws import SyncDriver, Timeouts
+from ._clock import lease_clock
 from ._config import Settings
 from ._core.calls import Emit
-from ._core.endings import EndKind, ending_for
+from ._core.endings import EndKind, ending_for, stopped_ending
 from ._core.flows import (
     UNKNOWN_CLASS_RECEIVES,
     UNSENT_GRACE_SECONDS,
@@ -52,7 +53,15 @@ from ._core.flows import (
 )
 from ._core.intents import EffectResult, EffectSpec, effect_flow
 from ._core.records import JobView
-from ._core.timing import OPEN, Drop, LeaseStatus, LocalLease, backoff_delay, plan_heartbeat
+from ._core.timing import (
+    OPEN,
+    Drop,
+    LeaseStatus,
+    LocalLease,
+    Stop,
+    backoff_delay,
+    plan_heartbeat,
+)
 from ._errors import (
     ConfigError,
     LeaseLost,
@@ -168,9 +177,14 @@ class Worker:
         heartbeat = min(r.job_class.heartbeat_seconds for r in app.classes.values())
         # A heartbeat call must give up well inside the reserve (jitter) of a lease.
         read = max(0.5, min(5.0, heartbeat))
-        self.driver = SyncDriver(settings, self.journal, timeouts or Timeouts(read=read))
+        # Every lease measurement of this worker (its drivers' stamps, its heartbeat,
+        # its handlers' contexts) is on the one lease clock (CLOCK_BOOTTIME if any).
+        self._clock: Callable[[], float] = lease_clock
+        self.driver = SyncDriver(
+            settings, self.journal, timeouts or Timeouts(read=read), clock=self._clock
+        )
         self.poll_driver = SyncDriver(
-            settings, self.journal, Timeouts(read=receive_wait + 5.0, attempts=1)
+            settings, self.journal, Timeouts(read=receive_wait + 5.0, attempts=1), clock=self._clock
         )
         self.table = JobTable(settings.jobs_table)
         self.intents = IntentTable(settings.intents_table, settings.attempts_table)
@@ -201,14 +215,28 @@ class Worker:
         self._slots = threading.Semaphore(concurrency)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._clock: Callable[[], float] = time.monotonic
         self._saved_signals: dict[int, Any] = {}
 
     # ----------------------------------------------------------------- running
 
     def stop(self) -> None:
-        """Stop receiving; running handlers get ``shutdown_grace`` seconds to finish."""
+        """Stop receiving and tell every running attempt to stop.
+
+        Their ``ctx.wait()``/``ctx.check()`` raise ``WorkerShuttingDown``; each job
+        goes back to the queue (attempt not spent) as its handler ends. Handlers
+        get ``shutdown_grace`` seconds for that; the rest are released anyway.
+        Safe from a signal handler: it only sets a flag (the heartbeat thread
+        passes the request on within a tick).
+        """
         self._stopping.set()
+
+    def _request_stop(self) -> None:
+        """Pass a shutdown on to every attempt still held (idempotent)."""
+        with self._lock:
+            for h in self._held.values():
+                if h.lease.status in OPEN and not h.lease.shutdown:
+                    h.lease.shutdown = True
+                    h.cancelled.set()
 
     def install_signal_handlers(self) -> None:
         """Stop gracefully on SIGTERM/SIGINT; the previous handlers return when run() ends."""
@@ -320,14 +348,16 @@ class Worker:
             self._count("released", released)
 
     def _shutdown(self) -> None:
+        if self._stopping.is_set():
+            # Asked to stop (not just done: max_messages or idle_exit let handlers finish).
+            self._request_stop()
         deadline = self._clock() + self.shutdown_grace
         for t in list(self._threads):
             t.join(timeout=max(0.0, deadline - self._clock()))
         with self._lock:
             left = [h for h in self._held.values() if h.lease.status in OPEN]
             for h in left:
-                h.lease.status = LeaseStatus.EXPIRED
-                h.lease.reason = "shutdown"
+                h.lease.drop(Drop.SHUTDOWN)
                 h.cancelled.set()
         if left:
             # No claimed job leaves without a decision: it goes back to queued, at once.
@@ -429,7 +459,6 @@ class Worker:
             deadline=claim.deadline,
             started_at=now,
             stage_deadline=claim.delivery.received_at + jc.stage_budget_seconds,
-            tool_timeout=jc.tool_timeout_seconds,
             progress_timeout=jc.progress_timeout_seconds,
             last_progress=now,
             next_beat=now + jc.heartbeat_seconds,
@@ -449,6 +478,10 @@ class Worker:
                     f"token moved to {claim.token} by this worker",
                 )
                 earlier.cancelled.set()
+            if self._stopping.is_set():
+                # Claimed while the worker stops: the attempt is told at once.
+                lease.shutdown = True
+                held.cancelled.set()
             self._held[lease.job_id] = held
         self._journal_event(ev)
         return held
@@ -497,23 +530,41 @@ class Worker:
         start = self._clock()
         error: Exception | None = None
         result: Any = None
-        try:
-            result = handler(ctx, payload)
-        except Exception as exc:
-            error = exc
-        self._mark(held, LeaseStatus.DONE)
-        end = ending_for(error, claim.job.payload_json)
-        if end.kind is EndKind.COMMIT:
+        with self._lock:
+            told = held.lease.stop  # claimed while the worker stops: do not start
+        if told is None:
+            try:
+                result = handler(ctx, payload)
+            except Exception as exc:
+                error = exc
+        stop = self._mark(held, LeaseStatus.DONE)
+        # A handler told to stop may return a partial result: never committed.
+        end = stopped_ending(ending_for(error, claim.job.payload_json), stop)
+        if end.kind is EndKind.RELEASE:
+            released = self.driver.run(
+                release_flow(
+                    self.table,
+                    queue_url=self.queue_url,
+                    held=[(claim.job, claim.delivery)],
+                    worker_id=self.worker_id,
+                    wall_now=time.time(),
+                    reason=end.reason,
+                )
+            )
+            self._count("released", released)
+        elif end.kind is EndKind.COMMIT:
             self._commit(claim, held, result, self._clock() - start)
         elif end.kind is EndKind.ABANDON:
-            # The handler stopped before an irreversible step; nothing may be written
-            # for this attempt. The message comes back when its visibility lapses.
+            # The handler stopped before an irreversible step, or returned after its
+            # attempt was told to stop (result_discarded): nothing may be written for
+            # this attempt. The message comes back when its visibility lapses.
             self._count("lost")
             self.journal(
-                "job_abandoned",
+                "result_discarded" if end.code == "result_discarded" else "job_abandoned",
                 job_id=claim.job.job_id,
                 token=claim.token,
                 error_code=end.code,
+                stop=stop.value if stop is not None else None,
                 duration=round(self._clock() - start, 3),
             )
         elif end.kind is EndKind.FAIL:
@@ -564,10 +615,13 @@ class Worker:
             self._journal_event(ev)
             raise
 
-    def _mark(self, held: _Held, status: LeaseStatus) -> None:
+    def _mark(self, held: _Held, status: LeaseStatus) -> Stop | None:
+        """Mark the attempt's end; return the stop it was told before (None: none)."""
         with self._lock:
+            stop = held.lease.stop
             if held.lease.status in OPEN:
                 held.lease.status = status
+            return stop
 
     def _commit(self, claim: Claimed, held: _Held, result: Any, duration: float) -> None:
         if isinstance(result, BaseModel):
@@ -666,6 +720,8 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         while not (self._stopping.is_set() and not self._held and not self._alive()):
             try:
+                if self._stopping.is_set():
+                    self._request_stop()
                 self._beat_once()
             except Exception as exc:  # the heartbeat thread must survive anything
                 self.journal("heartbeat_error", error_code=type(exc).__name__)
@@ -681,8 +737,7 @@ class Worker:
             plan = plan_heartbeat([h.lease for h in self._held.values()], now)
             dropped = {lease.job_id: self._held[lease.job_id] for lease, _ in plan.drop}
             for lease, why in plan.drop:
-                lease.status = LeaseStatus.EXPIRED
-                lease.reason = why.value
+                lease.drop(why)
                 dropped[lease.job_id].cancelled.set()
         for lease, why in plan.drop:
             held = dropped[lease.job_id]

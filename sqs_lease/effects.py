@@ -68,11 +68,14 @@ def http_json(
     *,
     method: str = "POST",
     body: Mapping[str, Any] | None = None,
-    timeout: float = 30.0,
+    timeout: float | None = None,
     id_field: str | None = "id",
     headers: Mapping[str, str] | None = None,
 ) -> ToolResult:
     """Send ``body`` (default: the intent's payload) as JSON with the fence headers.
+
+    ``timeout`` (default: ``call.timeout``, the effect's timeout from its job
+    class or ``ctx.effect(timeout=...)``) is the socket timeout.
 
     The rule: "not applied" only where the request provably never left, or the
     target said it refused it; everything after the request was sent is unknown.
@@ -89,8 +92,9 @@ def http_json(
     data = json.dumps(dict(body if body is not None else call.payload)).encode()
     hdrs = {"Content-Type": "application/json", **call.headers, **dict(headers or {})}
     req = urllib.request.Request(url, data, hdrs, method=method)
+    seconds = call.timeout if timeout is None else timeout
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=seconds) as resp:
             raw = resp.read()
             status = resp.status
     except urllib.error.HTTPError as err:

@@ -69,7 +69,6 @@ def _gate(name: str, ctx: JobContext[Any] | None = None) -> bool:
     heartbeat_seconds=1.0,
     jitter_seconds=1.0,
     missed_heartbeats=2,
-    tool_timeout_seconds=120,
     max_attempts=5,
 )
 def charge(ctx: JobContext[Any], p: Charge) -> dict[str, Any]:

@@ -1,8 +1,11 @@
 """Run one real worker process for the fault tests (``python tests/fault_worker.py``).
 
 Environment: ``AWS_ENDPOINT_URL``, ``SQS_LEASE_PREFIX``, ``WORKER_NAME``; optional
-``SQS_LEASE_MUTATION`` breaks one protocol rule on purpose, so a test can show
-that its checks catch the broken variant (the checker bites).
+``SQS_LEASE_MUTATION`` (comma-separated) breaks protocol rules on purpose, so a
+test can show that its checks catch the broken variant (the checker bites):
+``no_commit_token`` drops the token from the commit's condition;
+``commit_after_stop`` commits what a handler returns after its attempt was told
+to stop (the worker's own guard, in front of the token condition).
 """
 
 from __future__ import annotations
@@ -19,11 +22,21 @@ from sqs_lease import Settings, Worker
 from sqs_lease._journal import configure_stderr
 
 
-def _mutate(name: str) -> None:
+def _mutate(names: str) -> None:
+    for name in names.split(","):
+        if name == "no_commit_token":
+            _no_commit_token()
+        elif name == "commit_after_stop":
+            from sqs_lease import _worker
+
+            setattr(_worker, "stopped_ending", lambda end, stop: end)  # noqa: B010
+        else:
+            raise SystemExit(f"unknown mutation {name!r}")
+
+
+def _no_commit_token() -> None:
     from sqs_lease import _schema
 
-    if name != "no_commit_token":
-        raise SystemExit(f"unknown mutation {name!r}")
     original = _schema.JobTable.commit
 
     def unfenced(token: int, worker_id: str) -> Any:

@@ -17,9 +17,11 @@ from sqs_lease import (
     PermanentError,
     ToolOutcomeUnknown,
     TransientError,
+    WorkerShuttingDown,
 )
-from sqs_lease._core.endings import Ending, EndKind, ending_for
+from sqs_lease._core.endings import Ending, EndKind, ending_for, stopped_ending
 from sqs_lease._core.limits import ERROR_TEXT_LIMIT
+from sqs_lease._core.timing import Stop
 
 
 @pytest.mark.parametrize(
@@ -87,3 +89,55 @@ def test_a_whole_payload_quoted_in_an_error_is_taken_out() -> None:
     payload = '{"n":1}'
     end = ending_for(KeyError(f"bad input {payload}"), payload)
     assert end.reason == "KeyError: 'bad input <payload>'"
+
+
+# --------------------------------------------------------------------------- told to stop
+
+_ALL_STOPS = [Stop.SHUTDOWN, Stop.LEASE_LOST, Stop.CANCELLED, Stop.LET_GO]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [None, WorkerShuttingDown("stop"), TransientError("503"), ValueError("x"), LeaseLost("l")],
+)
+def test_an_attempt_the_worker_stopped_goes_back_to_the_queue_whatever_the_handler_did(
+    error: BaseException | None,
+) -> None:
+    # A partial result returned after the shutdown is not committed, and the attempt
+    # is not spent: the worker, not the job, stopped it.
+    end = stopped_ending(ending_for(error), Stop.SHUTDOWN)
+    assert end == Ending(EndKind.RELEASE, "shutdown: the worker stopped the attempt", "released")
+
+
+@pytest.mark.parametrize("stop", [Stop.LEASE_LOST, Stop.CANCELLED, Stop.LET_GO])
+def test_a_result_returned_after_a_lost_cancelled_or_dropped_lease_is_discarded(
+    stop: Stop,
+) -> None:
+    end = stopped_ending(ending_for(None), stop)
+    assert end.kind is EndKind.ABANDON
+    assert end.code == "result_discarded"
+    assert stop.value in end.reason
+
+
+@pytest.mark.parametrize("stop", _ALL_STOPS)
+@pytest.mark.parametrize(
+    "error",
+    [ToolOutcomeUnknown("timeout", code="t"), IntentAmbiguous("?"), PermanentError("declined")],
+)
+def test_a_park_or_a_failure_stands_after_any_stop(stop: Stop, error: BaseException) -> None:
+    # They are facts about the outside world or the job: releasing a job whose call's
+    # outcome is unknown would repeat that call blindly.
+    assert stopped_ending(ending_for(error), stop) == ending_for(error)
+
+
+@pytest.mark.parametrize("stop", [Stop.LEASE_LOST, Stop.CANCELLED, Stop.LET_GO])
+@pytest.mark.parametrize("error", [LeaseLost("moved"), TransientError("503")])
+def test_other_endings_after_a_lost_lease_stand_and_stay_fenced(
+    stop: Stop, error: BaseException
+) -> None:
+    assert stopped_ending(ending_for(error), stop) == ending_for(error)
+
+
+@pytest.mark.parametrize("error", [None, ValueError("x"), PermanentError("p")])
+def test_without_a_stop_the_ending_is_unchanged(error: BaseException | None) -> None:
+    assert stopped_ending(ending_for(error), None) == ending_for(error)

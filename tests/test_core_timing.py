@@ -9,19 +9,23 @@ from core_harness import local_lease
 
 from sqs_lease._core.timing import (
     CAP_MARGIN,
+    EFFECT_MARGIN,
     SQS_MAX_VISIBILITY,
     Drop,
     LeaseStatus,
     LocalLease,
+    Stop,
     backoff_delay,
     check_timing,
     plan_heartbeat,
 )
 from sqs_lease._errors import (
+    AttemptTimedOut,
     JobCancelled,
     JobClassError,
     LeaseLost,
     OwnershipUnknown,
+    WorkerShuttingDown,
 )
 
 # =========================================================================== check_timing
@@ -87,6 +91,90 @@ def test_check_timing_refuses_stage_budget_past_the_12h_cap_less_margin() -> Non
 def test_check_timing_refuses_stage_budget_below_onelocal_lease() -> None:
     with pytest.raises(JobClassError, match=r"stage_budget_seconds=119 is below lease_seconds=120"):
         check_timing("ocr", lease=120, heartbeat=30, jitter=5, missed=3, stage_budget=119)
+
+
+# ------------------------------------------------------------- the three timeouts
+
+
+def _timeouts(
+    stage_budget: float = 3600.0,
+    effect: float | None = 60.0,
+    progress: float | None = None,
+    lease: float = 120,
+) -> None:
+    check_timing(
+        "ocr",
+        lease=lease,
+        heartbeat=30,
+        jitter=5,
+        missed=3,
+        stage_budget=stage_budget,
+        effect_timeout=effect,
+        progress_timeout=progress,
+    )
+
+
+def test_the_three_timeouts_are_accepted_at_their_boundaries() -> None:
+    _timeouts(stage_budget=3600, effect=3600 - EFFECT_MARGIN, progress=3600)
+    _timeouts(stage_budget=120, effect=0.001, progress=0.001)  # the smallest stage: one lease
+    _timeouts(progress=None)  # no no-progress limit: the stage budget bounds the attempt
+    _timeouts(effect=None)  # check_timing alone: the effect timeout is not asked about
+
+
+def test_an_effect_timeout_that_does_not_fit_the_stage_budget_is_refused() -> None:
+    with pytest.raises(JobClassError) as caught:
+        _timeouts(stage_budget=600, effect=596)
+    text = str(caught.value)
+    assert "'ocr'" in text
+    assert "effect_timeout_seconds=596" in text
+    assert f"margin {EFFECT_MARGIN:g} = 601" in text
+    assert "stage_budget_seconds=600" in text
+    assert f"at most {600 - EFFECT_MARGIN:g}" in text  # the fix, with its number
+
+
+def test_a_progress_timeout_above_the_stage_budget_is_refused() -> None:
+    with pytest.raises(JobClassError) as caught:
+        _timeouts(stage_budget=600, progress=600.5)
+    text = str(caught.value)
+    assert "progress_timeout_seconds=600.5 exceeds stage_budget_seconds=600" in text
+    assert "lower it" in text
+
+
+@pytest.mark.parametrize("effect", [0, -1])
+def test_a_non_positive_effect_timeout_is_refused(effect: float) -> None:
+    with pytest.raises(JobClassError, match=r"effect_timeout_seconds=-?[01] must be > 0"):
+        _timeouts(effect=effect)
+
+
+@pytest.mark.parametrize("progress", [0, -5])
+def test_a_non_positive_progress_timeout_is_refused(progress: float) -> None:
+    with pytest.raises(JobClassError, match=r"progress_timeout_seconds=-?\d+ must be > 0"):
+        _timeouts(progress=progress)
+
+
+@pytest.mark.parametrize(
+    ("kw", "name"),
+    [
+        ({"effect": float("nan")}, "effect_timeout_seconds"),
+        ({"effect": float("inf")}, "effect_timeout_seconds"),
+        ({"progress": float("nan")}, "progress_timeout_seconds"),
+        ({"progress": float("inf")}, "progress_timeout_seconds"),
+        ({"stage_budget": float("nan")}, "stage_budget_seconds"),
+        ({"stage_budget": float("inf")}, "stage_budget_seconds"),
+        ({"lease": float("inf")}, "lease_seconds"),
+    ],
+)
+def test_a_timeout_that_is_not_a_finite_number_is_refused(kw: dict[str, float], name: str) -> None:
+    # NaN compares false with everything: without this rule it passed every check.
+    with pytest.raises(JobClassError, match=rf"{name}=(nan|inf) must be a finite number"):
+        _timeouts(**kw)
+
+
+def test_a_stage_budget_at_the_cap_less_margin_fits_any_effect_timeout_below_it() -> None:
+    limit = SQS_MAX_VISIBILITY - CAP_MARGIN
+    _timeouts(stage_budget=limit, effect=limit - EFFECT_MARGIN, progress=limit)
+    with pytest.raises(JobClassError, match="stage_budget_seconds"):
+        _timeouts(stage_budget=limit + 1, effect=60)
 
 
 # =========================================================================== backoff
@@ -169,6 +257,65 @@ def test_lease_check_unconfirmed_states_raise_ownership_unknown(
         _held(status).check(1000.0)  # well inside the deadline: the status alone decides
 
 
+# ------------------------------------------------------------- stops
+
+
+def test_a_held_lease_has_no_stop_and_no_stop_error() -> None:
+    lease = _held()
+    assert (lease.stop, lease.stop_error()) == (None, None)
+    unknown = _held(LeaseStatus.UNKNOWN)  # not told to stop: the heartbeat still tries
+    assert (unknown.stop, unknown.stop_error()) == (None, None)
+
+
+def test_shutdown_tells_an_open_attempt_to_stop_with_worker_shutting_down() -> None:
+    lease = _held()
+    lease.shutdown = True
+    assert lease.stop is Stop.SHUTDOWN
+    with pytest.raises(WorkerShuttingDown, match="job-1 token 4: the worker is shutting down"):
+        lease.check(1000.0)
+    assert lease.status is LeaseStatus.OK  # still held: the heartbeat keeps extending it
+
+
+def test_a_lost_or_cancelled_lease_outranks_a_shutdown() -> None:
+    lost = _held(LeaseStatus.LOST)
+    lost.shutdown = True
+    assert lost.stop is Stop.LEASE_LOST
+    assert type(lost.stop_error()) is LeaseLost
+    cancelled = _held(LeaseStatus.CANCELLED)
+    cancelled.shutdown = True
+    assert cancelled.stop is Stop.CANCELLED
+    assert type(cancelled.stop_error()) is JobCancelled
+
+
+@pytest.mark.parametrize(
+    ("why", "error"),
+    [
+        (Drop.EFFECT_TIMEOUT, AttemptTimedOut),
+        (Drop.NO_PROGRESS, AttemptTimedOut),
+        (Drop.STAGE_BUDGET, AttemptTimedOut),
+        (Drop.RESERVE_SPENT, OwnershipUnknown),
+        (Drop.SHUTDOWN, WorkerShuttingDown),
+    ],
+)
+def test_a_dropped_lease_is_let_go_and_raises_what_dropped_it(
+    why: Drop, error: type[Exception]
+) -> None:
+    lease = _held()
+    lease.drop(why)
+    assert (lease.status, lease.dropped, lease.reason) == (LeaseStatus.EXPIRED, why, why.value)
+    assert lease.stop is Stop.LET_GO
+    with pytest.raises(error, match=r"job-1 token 4"):
+        lease.check(1000.0)
+    assert type(lease.stop_error()) is error
+
+
+def test_a_finished_attempt_is_not_a_stop() -> None:
+    lease = _held(LeaseStatus.DONE)
+    assert lease.stop is None
+    with pytest.raises(OwnershipUnknown, match="lease no longer held"):
+        lease.check(1000.0)
+
+
 # =========================================================================== plan_heartbeat
 
 
@@ -209,10 +356,45 @@ def test_plan_drops_when_reserve_spent() -> None:
     assert plan_heartbeat([lease], now=1054.9).extend == (lease,)
 
 
-def test_plan_drops_on_tool_timeout() -> None:
-    lease = local_lease("t", tool_timeout=30.0)
-    assert plan_heartbeat([lease], now=1030.0).extend == (lease,)  # exactly at the limit
-    assert plan_heartbeat([lease], now=1030.5).drop == ((lease, Drop.TOOL_TIMEOUT),)
+def test_plan_drops_an_attempt_whose_effect_call_ran_past_its_timeout_and_margin() -> None:
+    lease = local_lease("t", deadline=10_000.0)
+    lease.begin_call(1000.0, 30.0)
+    limit = 1030.0 + EFFECT_MARGIN
+    assert plan_heartbeat([lease], now=limit).extend == (lease,)  # exactly at the limit
+    assert plan_heartbeat([lease], now=limit + 0.5).drop == ((lease, Drop.EFFECT_TIMEOUT),)
+
+
+def test_the_effect_timeout_limits_one_call_not_the_whole_attempt() -> None:
+    # The old tool timeout counted from the attempt's start: a handler that had run
+    # longer than it was dropped even between calls. Calls now carry their own limit.
+    lease = local_lease("a", deadline=100_000.0, next_beat=0.0)
+    first = lease.begin_call(1000.0, 30.0)
+    lease.end_call(first, 1020.0)
+    lease.begin_call(5000.0, 30.0)  # 4000 s into the attempt, a fresh 30 s call
+    assert plan_heartbeat([lease], now=5020.0).extend == (lease,)
+    assert plan_heartbeat([lease], now=5036.0).drop == ((lease, Drop.EFFECT_TIMEOUT),)
+
+
+def test_the_earliest_of_two_calls_in_flight_decides() -> None:
+    lease = local_lease("two", deadline=10_000.0)
+    long_call = lease.begin_call(1000.0, 300.0)
+    short_call = lease.begin_call(1010.0, 10.0)
+    assert plan_heartbeat([lease], now=1026.0).drop == ((lease, Drop.EFFECT_TIMEOUT),)
+    lease.end_call(short_call, 1012.0)
+    assert plan_heartbeat([lease], now=1026.0).extend == (lease,)
+    lease.end_call(long_call, 1030.0)
+    assert lease.calls == {}
+
+
+def test_no_progress_is_not_counted_while_an_effect_call_runs() -> None:
+    lease = local_lease("c", progress_timeout=20.0, deadline=10_000.0)
+    lease.last_progress = 1000.0
+    handle = lease.begin_call(1001.0, 60.0)
+    assert plan_heartbeat([lease], now=1050.0).extend == (lease,)  # the call's limit governs
+    lease.end_call(handle, 1050.0)  # a finished call is progress
+    assert lease.last_progress == 1050.0
+    assert plan_heartbeat([lease], now=1070.0).extend == (lease,)
+    assert plan_heartbeat([lease], now=1070.5).drop == ((lease, Drop.NO_PROGRESS),)
 
 
 def test_plan_drops_without_progress() -> None:
@@ -238,12 +420,14 @@ def test_plan_drops_when_next_extension_crosses_stage_budget() -> None:
 
 def test_plan_drops_even_when_not_due() -> None:
     # The watchdog lets a job go at once; it does not wait for its next beat.
-    lease = local_lease("d", next_beat=2000.0, tool_timeout=10.0)
-    assert plan_heartbeat([lease], now=1020.0).drop == ((lease, Drop.TOOL_TIMEOUT),)
+    lease = local_lease("d", next_beat=2000.0)
+    lease.begin_call(1000.0, 10.0)
+    assert plan_heartbeat([lease], now=1020.0).drop == ((lease, Drop.EFFECT_TIMEOUT),)
 
 
 def test_plan_reserve_spent_wins_over_other_drop_reasons() -> None:
-    lease = local_lease("w", tool_timeout=1.0, stage_deadline=1001.0)
+    lease = local_lease("w", stage_deadline=1001.0)
+    lease.begin_call(1000.0, 1.0)
     assert plan_heartbeat([lease], now=1058.0).drop == ((lease, Drop.RESERVE_SPENT),)
 
 
@@ -252,7 +436,8 @@ def test_plan_advises_about_twice_a_lease_and_only_extended_leases() -> None:
     fresh.advised_at = 1000.0
     stale = local_lease("stale", lease_seconds=60)
     stale.advised_at = 980.0
-    dropped = local_lease("dropped", lease_seconds=60, tool_timeout=1.0)
+    dropped = local_lease("dropped", lease_seconds=60)
+    dropped.begin_call(1000.0, 1.0)
     not_due = local_lease("not-due", lease_seconds=60, next_beat=2000.0)
     plan = plan_heartbeat([fresh, stale, dropped, not_due], now=1010.0)
     assert [lease.job_id for lease in plan.extend] == ["fresh", "stale"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import socketserver
@@ -85,6 +86,16 @@ def test_status_codes_map_to_the_three_outcomes(
 def test_a_timeout_after_sending_is_outcome_unknown(target: str) -> None:
     with pytest.raises(ToolOutcomeUnknown):
         http_json(CALL, target + "/slow", timeout=0.3)
+
+
+def test_the_effect_calls_timeout_is_the_socket_timeout_unless_one_is_given(target: str) -> None:
+    # /slow answers after 1.5 s: past a 0.3 s effect timeout, well inside the default.
+    short = dataclasses.replace(CALL, timeout=0.3)
+    with pytest.raises(ToolOutcomeUnknown):
+        http_json(short, target + "/slow")
+    assert CALL.timeout == 60.0
+    assert http_json(CALL, target + "/slow").external_id == "ch_9"
+    assert http_json(short, target + "/slow", timeout=30).external_id == "ch_9"
 
 
 def test_a_refused_connection_sent_nothing_so_it_is_not_applied() -> None:

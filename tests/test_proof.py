@@ -106,6 +106,9 @@ class WorkerProc:
         self._fh.close()
 
 
+W1_ENDS = ("result_rejected", "result_committed", "result_discarded")
+
+
 def named(name: str, **fields: Any) -> Callable[[Event], bool]:
     return lambda ev: ev.get("event") == name and all(ev.get(k) == v for k, v in fields.items())
 
@@ -126,8 +129,11 @@ def violations(o: Outcome) -> list[str]:
         bad.append(f"record is {o.record.state} token {o.record.token}, want succeeded token 2")
     if not o.result or o.result.get("by") != "W2":
         bad.append(f"stored result is from {o.result and o.result.get('by')}, want W2's")
-    if not any(named("result_rejected", token=1)(e) for e in o.w1):
-        bad.append("W1's late commit was not rejected and journaled")
+    # W1's late result ends fenced: discarded by W1 itself (it knew it was told to
+    # stop), or its commit rejected by DynamoDB (it did not know yet).
+    late_end = ("result_rejected", "result_discarded")
+    if not any(e.get("event") in late_end and e.get("token") == 1 for e in o.w1):
+        bad.append("W1's late result was neither rejected nor discarded, and not journaled")
     if any(named("result_committed")(e) for e in o.w1):
         bad.append("W1 committed a result after losing its lease")
     keys = [r["idem_key"] for r in o.ledger]
@@ -226,9 +232,7 @@ def run_pause(env: dict[str, Any], mutation: str = "") -> Outcome:
     # arrives late and its handler returns a late success.
     w1.proc.send_signal(signal.SIGCONT)
     _open(env, "W1.step2")
-    w1.wait_for(
-        lambda e: e.get("event") in ("result_rejected", "result_committed"), "W1's commit attempt"
-    )
+    w1.wait_for(lambda e: e.get("event") in W1_ENDS, "W1's end")
     _open(env, "W2.return")
     w2.wait_for(
         lambda e: e.get("event") in ("result_committed", "result_rejected"), "W2's commit attempt"
@@ -258,11 +262,7 @@ def run_partition(env: dict[str, Any], mutation: str = "") -> Outcome:
         w2.wait_for(named("step_done", step="receipt"), "W2's receipt step")
         proxy.heal()
         _open(env, "W1.step2")
-        w1.wait_for(
-            lambda e: e.get("event") in ("result_rejected", "result_committed"),
-            "W1's commit attempt",
-            timeout=30,
-        )
+        w1.wait_for(lambda e: e.get("event") in W1_ENDS, "W1's end", timeout=30)
         _open(env, "W2.return")
         w2.wait_for(
             lambda e: e.get("event") in ("result_committed", "result_rejected"),
@@ -300,6 +300,8 @@ def test_partition_w1_stops_and_is_fenced_out(proof_env: dict[str, Any]) -> None
 def test_checks_bite_without_commit_token_condition(
     proof_env: dict[str, Any], scenario: Callable[..., Outcome]
 ) -> None:
-    o = scenario(proof_env, mutation="no_commit_token")
+    # Both guards of W1's late result go: the worker's own (a result returned after
+    # a stop is discarded) and DynamoDB's (the commit's token condition).
+    o = scenario(proof_env, mutation="no_commit_token,commit_after_stop")
     found = violations(o)
     assert any("W1" in v for v in found), found

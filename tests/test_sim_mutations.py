@@ -11,7 +11,9 @@ Each mutation monkeypatches one piece inside this process (``sqs_lease._sim.muta
 - ``wall_clock_fence``: the commit is fenced by the advisory ``lease_deadline``
   against the committing worker's own wall clock instead of by token;
 - ``extend_after_end``: a job stays in the heartbeat set after its handler ended
-  (when the attempt did not end with a clean commit).
+  (when the attempt did not end with a clean commit);
+- ``commit_after_stop``: the shell commits what a handler returns after its
+  attempt was told to stop (shutdown, lost lease, cancel, watchdog).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ EXPECTED = {
     "blind_retry": I2,
     "wall_clock_fence": I3,
     "extend_after_end": I5,
+    "commit_after_stop": I3,
 }
 
 _correct: dict[int, bool] = {}

@@ -40,6 +40,7 @@ from worker_helpers import (
 
 from sqs_lease import (
     App,
+    JobCancelled,
     JobClass,
     JobClassError,
     JobContext,
@@ -349,12 +350,14 @@ def test_cancel_fences_the_running_owner_out(
     @app.job("long", payload=Work, **FAST)
     def long(ctx: JobContext[Any], p: Work) -> dict[str, bool]:
         deadline = time.monotonic() + 15
-        while not ctx.wait(0.1) and time.monotonic() < deadline:
-            pass
-        seen["cancelled"] = ctx.cancelled
-        if ending == "check":
-            ctx.check()  # about to commit an irreversible step: raises JobCancelled
-        return {"finished": True}
+        try:
+            while not ctx.wait(0.1) and time.monotonic() < deadline:
+                pass  # the wait raises JobCancelled once the heartbeat sees the cancel
+        except JobCancelled:
+            seen["cancelled"] = ctx.cancelled
+            if ending == "check":
+                raise
+        return {"finished": True}  # returned after the stop: discarded, never committed
 
     producer = Producer(settings, app)
     job_id = producer.submit("long", Work(n=1), job_id=f"{aws.prefix}-cancel").job_id
@@ -363,17 +366,16 @@ def test_cancel_fences_the_running_owner_out(
         journal.wait_for("job_claimed", job_id=job_id)
         view = producer.cancel(job_id, "user closed the session")
         assert (view.state, view.token, view.error_code) == (JobState.FAILED, 2, "cancelled")
-        end = "result_rejected" if ending == "return" else "job_abandoned"
+        end = "result_discarded" if ending == "return" else "job_abandoned"
         (last,) = journal.wait_for(end, job_id=job_id, timeout=10)
         runner.stop()
 
     assert seen == {"cancelled": True}
     (lost,) = journal.events("heartbeat_lost", job_id=job_id)
     assert (lost["token"], lost["cancelled"]) == (1, True)
-    assert last["token"] == 1
+    assert (last["token"], last["stop"]) == (1, "cancelled")
     if ending == "return":
-        assert (last["current_state"], last["current_token"]) == ("failed", 2)
-        assert last["reason"] == "token moved from 1 to 2"
+        assert last["error_code"] == "result_discarded"
     else:
         assert last["error_code"] == "JobCancelled"
     assert journal.events("result_committed", job_id=job_id) == []
@@ -389,11 +391,11 @@ def test_cancel_fences_the_running_owner_out(
 @pytest.mark.parametrize(
     ("why", "policy"),
     [
-        ("tool_timeout", {"tool_timeout_seconds": 2.0}),
+        ("stage_budget_exceeded", {"stage_budget_seconds": 5.5, "effect_timeout_seconds": 0.5}),
         ("no_progress", {"progress_timeout_seconds": 1.5}),
     ],
 )
-def test_watchdog_drops_an_overrunning_attempt_and_rejects_its_late_result(
+def test_watchdog_drops_an_overrunning_attempt_and_discards_its_late_result(
     why: str, policy: dict[str, float], aws: AwsTestEnv, ddb_client: DynamoDBClient
 ) -> None:
     settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
@@ -412,7 +414,7 @@ def test_watchdog_drops_an_overrunning_attempt_and_rejects_its_late_result(
     job_id = Producer(settings, app).submit("stuck", Work(n=1), job_id=f"{aws.prefix}-st").job_id
     worker = make_worker(app, settings, "w", concurrency=2)
     with collect_journal() as journal, running(worker) as (runner,):
-        journal.wait_for("result_rejected", job_id=job_id, token=1, timeout=15)
+        journal.wait_for("result_discarded", job_id=job_id, token=1, timeout=15)
         journal.wait_for("result_committed", job_id=job_id, timeout=10)
         runner.stop()
 
@@ -428,8 +430,10 @@ def test_watchdog_drops_an_overrunning_attempt_and_rejects_its_late_result(
     assert saw_cancel == {1: True}
     committed = journal.events("result_committed", job_id=job_id)
     assert [e["token"] for e in committed] == [2]
-    (rejected,) = journal.events("result_rejected", job_id=job_id)
-    assert rejected["token"] == 1 and rejected["reason"]
+    (discarded,) = journal.events("result_discarded", job_id=job_id)
+    # Let go by the watchdog, then superseded by this worker's own claim of token 2.
+    assert discarded["token"] == 1 and discarded["stop"] in ("let_go", "lease_lost")
+    assert journal.events("result_rejected", job_id=job_id) == []  # never even tried
     rec = read_record(ddb_client, settings, job_id)
     assert (rec.state, rec.token, rec.attempt) == ("succeeded", 2, 2)
     assert result_of(rec) == {"attempt": 2}
@@ -571,11 +575,13 @@ def test_stop_releases_running_jobs_at_once(
         stopped_in = time.monotonic() - t0
     assert stopped_in < 1.0 + 1 + 3  # grace + one receive wait + slack
     assert stats.released == 2
-    (released,) = journal.events("messages_released")
-    assert released["count"] == 2 and "shutdown" in released["reason"]
+    released = journal.events("messages_released")
+    assert sum(e["count"] for e in released) == 2
+    assert all("shutdown" in e["reason"] for e in released)
     for job_id in ids:
         rec = read_record(ddb_client, settings, job_id)
         assert (rec.state, rec.token, rec.error_code) == ("queued", 1, "released")
+        assert rec.attempt == 0  # the worker stopped it: the attempt is given back
         assert rec.reason is not None and "shutdown" in rec.reason
         assert journal.events("result_committed", job_id=job_id) == []
     t1 = time.monotonic()
@@ -660,15 +666,13 @@ def test_sigterm_stops_a_worker_process_with_a_decision_for_its_job(
     assert "worker_stopped" in names
     view = read_view(ddb_client, settings, job_id)
     assert view.token == 1
-    # Released (queued, message visible at once) or, if the handler's commit won the
-    # race with the release, succeeded; never left running without a decision.
-    assert view.state in (JobState.QUEUED, JobState.SUCCEEDED), view
-    if view.state is JobState.QUEUED:
-        assert view.reason is not None and "shutdown" in view.reason
-        got = drain(sqs_client, url, timeout=3, want=1)
-        assert [json.loads(m["Body"])["job_id"] for m in got] == [job_id]
-    else:
-        assert "result_committed" in names
+    # Released (queued, message visible at once, the attempt given back); never the
+    # handler's partial work committed as success, never left running undecided.
+    assert (view.state, view.attempt) == (JobState.QUEUED, 0), view
+    assert view.reason is not None and "shutdown" in view.reason
+    assert "result_committed" not in names
+    got = drain(sqs_client, url, timeout=3, want=1)
+    assert [json.loads(m["Body"])["job_id"] for m in got] == [job_id]
 
 
 # --------------------------------------------------------------------------- 10/11. timing

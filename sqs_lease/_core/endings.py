@@ -27,6 +27,7 @@ from .._errors import (
     TransientError,
 )
 from .limits import ERROR_TEXT_LIMIT, bounded
+from .timing import Stop
 
 _PERMANENT_TYPES: tuple[type[BaseException], ...] = (ConfigError, PayloadError, LimitExceeded)
 """Raised in a handler, these are configuration or input errors (an undeclared target,
@@ -41,6 +42,7 @@ class EndKind(StrEnum):
     FAIL = "fail"  # retrying cannot help
     PARK = "park"  # nobody can tell whether an effect applied: wait for an operator
     RETRY = "retry"  # try again later, with backoff, counted
+    RELEASE = "release"  # the worker stopped it: back to queued at once, attempt not spent
 
 
 @dataclass(frozen=True)
@@ -110,3 +112,31 @@ def ending_for(error: BaseException | None, payload_json: str | None = None) -> 
         code = error.code if isinstance(error, TransientError) else type(error).__name__
         return Ending(EndKind.RETRY, str(error), code)
     return Ending(EndKind.RETRY, error_text(error, payload_json), type(error).__name__)
+
+
+def stopped_ending(end: Ending, stop: Stop | None) -> Ending:
+    """How an attempt ends when it was told to stop (``stop``) before its handler ended.
+
+    ``end`` is what :func:`ending_for` decided from the handler's return or
+    exception. A handler told to stop may return a partial result (its waits
+    were cut short): nothing returned after a stop is committed as success.
+
+    - Shutdown (the worker, not the job, stopped it): the job goes back to
+      queued at once and the attempt is not spent, whatever the handler did,
+      except a park or a failure, which are facts about the outside world or
+      the job and stand.
+    - Lease lost, cancelled, or let go (watchdog, spent reserve): a returned
+      result is discarded (``result_discarded``); other endings stand, and their
+      fenced writes are refused where the token moved on.
+    """
+    if stop is None or end.kind in (EndKind.PARK, EndKind.FAIL):
+        return end
+    if stop is Stop.SHUTDOWN:
+        return Ending(EndKind.RELEASE, "shutdown: the worker stopped the attempt", "released")
+    if end.kind is EndKind.COMMIT:
+        return Ending(
+            EndKind.ABANDON,
+            f"the handler returned after the attempt was stopped ({stop.value})",
+            "result_discarded",
+        )
+    return end

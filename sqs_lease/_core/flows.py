@@ -1500,7 +1500,9 @@ def release_flow(
 ) -> Flow[int]:
     """Hand messages back at once (shutdown): claimed records -> queued, visibility -> 0.
 
-    Returns how many messages SQS confirmed released.
+    The worker, not the job, ended these attempts, so each claimed record gets
+    back the attempt its claim counted. Returns how many messages SQS confirmed
+    released.
     """
     handback: list[Delivery] = []
     for job, d in held:
@@ -1509,7 +1511,7 @@ def release_flow(
             continue
         fin = yield from _fenced_write(
             req,
-            req.requeue(job.job_id, job.token, worker_id, reason, "released", wall_now),
+            req.release(job.job_id, job.token, worker_id, reason, wall_now),
             job=job,
             worker_id=worker_id,
             applied=JobState.QUEUED,

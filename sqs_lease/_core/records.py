@@ -102,6 +102,10 @@ class JobRequests(Protocol):
         self, job_id: str, token: int, worker_id: str, reason: str, error_code: str, wall_now: float
     ) -> Call: ...
 
+    def release(
+        self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float
+    ) -> Call: ...
+
     def park(
         self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float
     ) -> Call: ...

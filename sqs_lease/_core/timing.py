@@ -5,17 +5,34 @@ All times are seconds on the caller's monotonic clock; nothing here reads a cloc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
-from .._errors import JobCancelled, JobClassError, LeaseLost, OwnershipUnknown
+from .._errors import (
+    AttemptTimedOut,
+    JobCancelled,
+    JobClassError,
+    LeaseError,
+    LeaseLost,
+    OwnershipUnknown,
+    WorkerShuttingDown,
+)
 
 SQS_MAX_VISIBILITY = 43_200
 """SQS caps a receipt's total visibility at 12 h (AWS: from first receive; moto: from send)."""
 
 CAP_MARGIN = 900.0
 """Distance kept from the 12-hour cap, covering the gap between send and our receive."""
+
+EFFECT_MARGIN = 5.0
+"""How long an effect call may run past its timeout before the watchdog stops the attempt.
+
+The timeout is handed to the call (``EffectCall.timeout``, a socket timeout in
+``effects.http_json``), which should give up first and say "outcome unknown"
+itself; the watchdog is the backstop for a call that does not.
+"""
 
 
 def check_timing(
@@ -25,8 +42,31 @@ def check_timing(
     jitter: float,
     missed: int,
     stage_budget: float,
+    *,
+    effect_timeout: float | None = None,
+    progress_timeout: float | None = None,
 ) -> None:
-    """Refuse a job class whose lease cannot survive its own heartbeat schedule."""
+    """Refuse a job class whose timing cannot hold.
+
+    The lease must survive its own heartbeat schedule; the three timeouts must
+    fit each other: one effect call (``effect_timeout``, plus the watchdog's
+    margin) and the no-progress limit (``progress_timeout``) each fit inside the
+    attempt's budget (``stage_budget``), which holds at least one lease and stays
+    under SQS's 12-hour cap less :data:`CAP_MARGIN`.
+    """
+    named = {
+        "lease_seconds": lease,
+        "heartbeat_seconds": heartbeat,
+        "jitter_seconds": jitter,
+        "stage_budget_seconds": stage_budget,
+        "effect_timeout_seconds": effect_timeout,
+        "progress_timeout_seconds": progress_timeout,
+    }
+    for field_name, value in named.items():
+        if value is not None and not math.isfinite(value):
+            raise JobClassError(
+                f"job class {name!r}: {field_name}={value} must be a finite number of seconds"
+            )
     if lease > SQS_MAX_VISIBILITY:
         raise JobClassError(
             f"job class {name!r}: lease_seconds={lease:g} exceeds SQS's 43200 s visibility cap; "
@@ -65,6 +105,32 @@ def check_timing(
             f"job class {name!r}: stage_budget_seconds={stage_budget:g} is below "
             f"lease_seconds={lease:g}; give the stage at least one lease"
         )
+    if effect_timeout is not None:
+        if effect_timeout <= 0:
+            raise JobClassError(
+                f"job class {name!r}: effect_timeout_seconds={effect_timeout:g} must be > 0 "
+                "(the longest one effect call may take)"
+            )
+        if effect_timeout + EFFECT_MARGIN > stage_budget:
+            raise JobClassError(
+                f"job class {name!r}: effect_timeout_seconds={effect_timeout:g} + the watchdog's "
+                f"margin {EFFECT_MARGIN:g} = {effect_timeout + EFFECT_MARGIN:g} exceeds "
+                f"stage_budget_seconds={stage_budget:g}; one effect call must fit in the stage: "
+                f"lower effect_timeout_seconds to at most {stage_budget - EFFECT_MARGIN:g} "
+                "or raise stage_budget_seconds"
+            )
+    if progress_timeout is not None:
+        if progress_timeout <= 0:
+            raise JobClassError(
+                f"job class {name!r}: progress_timeout_seconds={progress_timeout:g} must be > 0 "
+                "(or None: no limit apart from the stage budget)"
+            )
+        if progress_timeout > stage_budget:
+            raise JobClassError(
+                f"job class {name!r}: progress_timeout_seconds={progress_timeout:g} exceeds "
+                f"stage_budget_seconds={stage_budget:g}, so it could never fire; lower it to at "
+                "most the stage budget, or leave it None"
+            )
 
 
 def backoff_delay(attempt: int, base: float, cap: float, rand: float) -> int:
@@ -79,7 +145,7 @@ class LeaseStatus(StrEnum):
     UNKNOWN = "unknown"  # last heartbeat round could not confirm ownership
     LOST = "lost"  # token moved on, job left running, or SQS says the lease is gone
     CANCELLED = "cancelled"
-    EXPIRED = "expired"  # conservative deadline passed; the worker let the message go
+    EXPIRED = "expired"  # the worker let the message go (``LocalLease.dropped`` says why)
     DONE = "done"  # handler returned; nothing more to extend
 
 
@@ -87,11 +153,32 @@ OPEN = frozenset({LeaseStatus.OK, LeaseStatus.UNKNOWN})
 """Statuses of an attempt the heartbeat may still extend."""
 
 
+class Drop(StrEnum):
+    """Why the worker stops extending a job (the watchdog's reasons, and shutdown)."""
+
+    RESERVE_SPENT = "lease_reserve_spent"
+    EFFECT_TIMEOUT = "effect_timeout"  # one effect call ran past its timeout + EFFECT_MARGIN
+    NO_PROGRESS = "no_progress"
+    STAGE_BUDGET = "stage_budget_exceeded"
+    SHUTDOWN = "shutdown"  # the handler overran the worker's shutdown grace
+
+
+class Stop(StrEnum):
+    """Why an attempt was told to stop; decides how it ends (``endings.stopped_ending``)."""
+
+    SHUTDOWN = "shutdown"  # the worker is stopping and still holds the job: give it back
+    LEASE_LOST = "lease_lost"  # another claim moved the token on, or SQS took the message
+    CANCELLED = "cancelled"  # an operator or the session cancelled the job
+    LET_GO = "let_go"  # the worker let the message go (watchdog, reserve spent, shutdown)
+
+
 @dataclass
 class LocalLease:
     """One held job's lease as its worker sees it (mutable; owned by the worker shell).
 
     ``deadline`` is counted from *before* the request that granted it was sent.
+    ``calls`` holds the deadline of every effect call in flight (start + its
+    timeout), by a handle from :meth:`begin_call`.
     """
 
     job_id: str
@@ -103,7 +190,6 @@ class LocalLease:
     deadline: float
     started_at: float
     stage_deadline: float
-    tool_timeout: float
     progress_timeout: float | None = None
     last_progress: float = 0.0
     next_beat: float = 0.0
@@ -111,19 +197,73 @@ class LocalLease:
     reason: str = ""
     last_confirmed: float = 0.0
     advised_at: float = 0.0
+    shutdown: bool = False  # the worker asked this attempt to stop (it still holds the job)
+    dropped: Drop | None = None
+    calls: dict[int, float] = field(default_factory=dict)
+    _next_call: int = 0
 
     @property
     def conservative_deadline(self) -> float:
         """Past this point no irreversible step may start, and the heartbeat stops."""
         return self.deadline - self.jitter_seconds
 
+    def begin_call(self, now: float, timeout: float) -> int:
+        """An effect call starts now and may take ``timeout``; returns its handle."""
+        self._next_call += 1
+        self.calls[self._next_call] = now + timeout
+        return self._next_call
+
+    def end_call(self, handle: int, now: float) -> None:
+        """The call ended (however): a finished call is progress."""
+        self.calls.pop(handle, None)
+        self.last_progress = now
+
+    def drop(self, why: Drop) -> None:
+        """The worker lets the message go: nothing more is extended for this attempt."""
+        self.status = LeaseStatus.EXPIRED
+        self.dropped = why
+        self.reason = why.value
+
+    @property
+    def stop(self) -> Stop | None:
+        """Why this attempt was told to stop, or None while it may go on."""
+        if self.status is LeaseStatus.CANCELLED:
+            return Stop.CANCELLED
+        if self.status is LeaseStatus.LOST:
+            return Stop.LEASE_LOST
+        if self.status is LeaseStatus.EXPIRED:
+            return Stop.LET_GO
+        if self.shutdown and self.status in OPEN:
+            return Stop.SHUTDOWN
+        return None
+
+    def stop_error(self) -> LeaseError | None:
+        """The exception a handler's wait or check raises once the attempt was told to stop."""
+        where = f"job {self.job_id} token {self.token}"
+        stop = self.stop
+        if stop is Stop.CANCELLED:
+            return JobCancelled(f"job {self.job_id} was cancelled: {self.reason}")
+        if stop is Stop.LEASE_LOST:
+            return LeaseLost(f"{where}: lease lost ({self.reason})")
+        if stop is Stop.SHUTDOWN or self.dropped is Drop.SHUTDOWN:
+            return WorkerShuttingDown(
+                f"{where}: the worker is shutting down; the job goes back to the queue"
+            )
+        if stop is Stop.LET_GO and self.dropped not in (None, Drop.RESERVE_SPENT):
+            return AttemptTimedOut(
+                f"{where}: stopped by the watchdog ({self.reason}); the job was given back "
+                "for a counted retry"
+            )
+        if stop is Stop.LET_GO:
+            return OwnershipUnknown(f"{where}: lease no longer held ({self.reason})")
+        return None
+
     def check(self, now: float) -> None:
         """Raise unless a new irreversible step may start now."""
-        if self.status is LeaseStatus.CANCELLED:
-            raise JobCancelled(f"job {self.job_id} was cancelled: {self.reason}")
-        if self.status is LeaseStatus.LOST:
-            raise LeaseLost(f"job {self.job_id} token {self.token}: lease lost ({self.reason})")
-        if self.status in (LeaseStatus.EXPIRED, LeaseStatus.DONE):
+        error = self.stop_error()
+        if error is not None:
+            raise error
+        if self.status is LeaseStatus.DONE:
             raise OwnershipUnknown(
                 f"job {self.job_id} token {self.token}: lease no longer held ({self.status})"
             )
@@ -138,15 +278,6 @@ class LocalLease:
             )
 
 
-class Drop(StrEnum):
-    """Why the watchdog stops extending a job."""
-
-    RESERVE_SPENT = "lease_reserve_spent"
-    TOOL_TIMEOUT = "tool_timeout"
-    NO_PROGRESS = "no_progress"
-    STAGE_BUDGET = "stage_budget_exceeded"
-
-
 @dataclass(frozen=True)
 class BeatPlan:
     extend: tuple[LocalLease, ...]
@@ -157,9 +288,12 @@ class BeatPlan:
 def plan_heartbeat(leases: Iterable[LocalLease], now: float) -> BeatPlan:
     """Pick the jobs due for extension now, and those the watchdog must let go.
 
-    A finished, lost or cancelled job is never extended; one whose handler overran
-    its tool timeout, stopped making progress, or whose next extension would cross
-    the stage budget is dropped, never silently extended.
+    A finished, lost or cancelled job is never extended. The watchdog drops,
+    never silently extends, a job that has spent its lease reserve, whose effect
+    call ran past its timeout (plus :data:`EFFECT_MARGIN`), whose handler made no
+    progress for ``progress_timeout`` (not counted while an effect call is in
+    flight: the call's own timeout governs it), or whose next extension would
+    cross the stage budget.
     """
     extend: list[LocalLease] = []
     drop: list[tuple[LocalLease, Drop]] = []
@@ -168,10 +302,11 @@ def plan_heartbeat(leases: Iterable[LocalLease], now: float) -> BeatPlan:
             continue
         if now >= lease.conservative_deadline:
             drop.append((lease, Drop.RESERVE_SPENT))
-        elif now - lease.started_at > lease.tool_timeout:
-            drop.append((lease, Drop.TOOL_TIMEOUT))
+        elif lease.calls and now > min(lease.calls.values()) + EFFECT_MARGIN:
+            drop.append((lease, Drop.EFFECT_TIMEOUT))
         elif (
             lease.progress_timeout is not None
+            and not lease.calls
             and now - lease.last_progress > lease.progress_timeout
         ):
             drop.append((lease, Drop.NO_PROGRESS))

@@ -9,7 +9,8 @@ Each has a stable name (used in reports, replay output and tests):
 - ``I2_double_effect``: no irreversible effect applied twice for one intent key.
 - ``I3_superseded_commit``: no result committed (nor any fenced end of an
   attempt: failed, parked, requeued) by a writer whose token was superseded, and
-  nothing commits twice or rewrites a finished record.
+  nothing commits twice or rewrites a finished record; no result committed that
+  its handler returned after the attempt was told to stop (it may be partial).
 - ``I4_unfinished_job``: every job ends succeeded, failed with a reason, or
   parked with a reason; none lost, none stuck once faults stop (at the end).
 - ``I5_extended_lost_lease``: a heartbeat round may move a worker's local lease
@@ -60,6 +61,7 @@ class Origin:
     kind: str  # job | heartbeat | release | producer | operator
     tokens: dict[str, int] = field(default_factory=dict)  # job id -> token it acts under
     handler_ended: bool = False
+    told_to_stop: bool = False  # the attempt was told to stop before its handler ended
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,12 @@ class Checker:
                 self.fail(I3, f"{job} committed twice (by {_who(origin)})")
         if not isinstance(origin, Origin):
             return
+        if n.state is JobState.SUCCEEDED and origin.kind == "job" and origin.told_to_stop:
+            self.fail(
+                I3,
+                f"{_who(origin)} committed a result its handler returned after the attempt "
+                "was told to stop",
+            )
         if (
             origin.kind == "job"
             and n.state is JobState.RUNNING

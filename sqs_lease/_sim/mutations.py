@@ -130,6 +130,16 @@ def extend_after_end() -> Iterator[None]:
 
 
 @contextmanager
+def commit_after_stop() -> Iterator[None]:
+    """The shell ignores that an attempt was told to stop: what its handler returns
+    afterwards (maybe partial) is committed, fenced by token only."""
+    from . import worker
+
+    with _patch(worker, "stopped_ending", lambda end, stop: end):
+        yield
+
+
+@contextmanager
 def tight_redrive() -> Iterator[None]:
     """A queue whose ``maxReceiveCount`` is only one above the job class's
     ``max_attempts`` (nothing in the library compares the two)."""
@@ -159,6 +169,7 @@ MUTATIONS: dict[str, Callable[[], Any]] = {
     "blind_retry": blind_retry,
     "wall_clock_fence": wall_clock_fence,
     "extend_after_end": extend_after_end,
+    "commit_after_stop": commit_after_stop,
 }
 VARIANTS: dict[str, Callable[[], Any]] = {
     **MUTATIONS,

@@ -53,7 +53,7 @@ class RunPlan:
     lease: int
     heartbeat: float
     jitter: float
-    tool_timeout: float
+    progress_timeout: float | None  # the job class's no-progress limit (None: none)
     stage_budget: float
     max_attempts: int
     backoff_base: float
@@ -102,11 +102,12 @@ def draw_plan(chaos: Chaos, *, workers: int | None = None, jobs: int | None = No
     if profile == "long":
         cutoff = round(c.uniform(3600.0, 12 * 3600.0), 1)
         stage_budget = 43_200.0 - 900.0
-        tool_timeout = 50_000.0
+        progress_timeout: float | None = None  # hours-long steps report no progress
     else:
         cutoff = round(c.uniform(90.0, 420.0), 1)
         stage_budget = round(lease * c.uniform(2.0, 6.0)) if profile == "budget" else 3600.0
-        tool_timeout = c.choice([120.0, 240.0, 600.0])
+        # Never above the stage budget (the job class refuses that).
+        progress_timeout = min(c.choice([120.0, 240.0, 600.0]), stage_budget)
     plan = RunPlan(
         seed=chaos.seed,
         profile=profile,
@@ -118,7 +119,7 @@ def draw_plan(chaos: Chaos, *, workers: int | None = None, jobs: int | None = No
         lease=lease,
         heartbeat=heartbeat,
         jitter=jitter,
-        tool_timeout=tool_timeout,
+        progress_timeout=progress_timeout,
         stage_budget=stage_budget,
         max_attempts=c.randint(2, 3) if profile == "long" else c.randint(3, 6),
         backoff_base=round(c.uniform(0.5, 3.0), 2),
@@ -187,8 +188,8 @@ def _draw_job(c: Chaos, plan: RunPlan, job_id: str) -> JobPlan:
             secs = c.uniform(plan.heartbeat, 3.0 * plan.lease)
         elif r < 0.98:
             secs = c.uniform(3.0 * plan.lease, 6.0 * plan.lease)
-        else:  # a hung tool: the watchdog must stop extending it
-            secs = plan.tool_timeout + c.uniform(10.0, 120.0)
+        else:  # a hung step: the watchdog must stop extending it
+            secs = (plan.progress_timeout or plan.stage_budget) + c.uniform(10.0, 120.0)
         steps.append(Step("work", round(secs, 3)))
         if i < n_effects:
             steps.append(Step("effect", action=f"act{i}"))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core.calls import Call, Emit, Err, ErrorKind, Flow, Invoke, Ok, Outcome, Sleep
-from .._core.endings import EndKind, ending_for
+from .._core.endings import EndKind, ending_for, stopped_ending
 from .._core.flows import (
     UNKNOWN_CLASS_RECEIVES,
     Claimed,
@@ -51,7 +51,16 @@ from .._core.flows import (
 )
 from .._core.intents import EffectResult, EffectSpec, default_key, effect_flow
 from .._core.records import JobView
-from .._core.timing import OPEN, Drop, LeaseStatus, LocalLease, backoff_delay, plan_heartbeat
+from .._core.timing import (
+    EFFECT_MARGIN,
+    OPEN,
+    Drop,
+    LeaseStatus,
+    LocalLease,
+    Stop,
+    backoff_delay,
+    plan_heartbeat,
+)
 from .._errors import (
     LeaseLost,
     PayloadError,
@@ -87,8 +96,14 @@ _OPEN = (LeaseStatus.OK, LeaseStatus.UNKNOWN)
 _SIM_KEY_RETENTION = 30 * 86_400.0
 
 
-def drive(world: World, actor: Actor, flow: Flow[T], origin: Origin) -> SimGen[T]:
-    """Step a core flow: calls and remote invokes go to the world, sleeps advance the clock."""
+def drive(
+    world: World, actor: Actor, flow: Flow[T], origin: Origin, watch: LocalLease | None = None
+) -> SimGen[T]:
+    """Step a core flow: calls and remote invokes go to the world, sleeps advance the clock.
+
+    With ``watch``, a tool call is marked on that lease while it runs, as
+    ``JobContext`` marks the real one, so the watchdog sees its timeout.
+    """
     instr = next(flow)
     for _ in range(_LOOP_LIMIT):
         out: Outcome | None
@@ -105,7 +120,12 @@ def drive(world: World, actor: Actor, flow: Flow[T], origin: Origin) -> SimGen[T
             try:
                 out = _invoke_local(actor, instr)
             except RemoteCall as remote:
+                handle = None
+                if watch is not None and remote.remote.kind == "tool":
+                    handle = watch.begin_call(actor.mono(), remote.remote.timeout)
                 out = yield RemoteOp(remote.remote)
+                if watch is not None and handle is not None:
+                    watch.end_call(handle, actor.mono())
         else:  # pragma: no cover - the core yields nothing else
             raise TypeError(f"unknown instruction {instr!r}")
         try:
@@ -175,8 +195,8 @@ class SimWorker(Actor):
     def journal(self, event: str, **fields: Any) -> None:
         self.world.record(self.id, event, fields)
 
-    def drive(self, flow: Flow[T], origin: Origin) -> SimGen[T]:
-        return drive(self.world, self, flow, origin)
+    def drive(self, flow: Flow[T], origin: Origin, watch: LocalLease | None = None) -> SimGen[T]:
+        return drive(self.world, self, flow, origin, watch)
 
     def start(self) -> None:
         self.receive_task = self.spawn("receive", self.receive_loop())
@@ -184,7 +204,15 @@ class SimWorker(Actor):
 
     def begin_shutdown(self) -> None:
         self.stopping = True
+        self._request_stop()
         self.world.interrupt(self.receive_task)
+
+    def _request_stop(self) -> None:
+        """As ``_worker.Worker._request_stop``: every attempt still held is told to stop."""
+        for h in self.held.values():
+            if h.lease.status in _OPEN and not h.lease.shutdown:
+                h.lease.shutdown = True
+                h.cancelled = True
 
     def _alive_jobs(self) -> int:
         return sum(1 for t in self.job_tasks if not t.done)
@@ -249,6 +277,8 @@ class SimWorker(Actor):
             self.bump("released", n)
 
     def _shutdown(self) -> SimGen[None]:
+        if self.stopping:
+            self._request_stop()
         deadline = self.mono() + self.shutdown_grace
         for _ in range(_LOOP_LIMIT):
             if not self._alive_jobs() or self.mono() >= deadline:
@@ -256,8 +286,7 @@ class SimWorker(Actor):
             yield SleepOp(max(0.01, deadline - self.mono()), wakeable=True)
         left = [h for h in self.held.values() if h.lease.status in _OPEN]
         for h in left:
-            h.lease.status = LeaseStatus.EXPIRED
-            h.lease.reason = "shutdown"
+            h.lease.drop(Drop.SHUTDOWN)
             h.cancelled = True
         if left:
             origin = Origin(
@@ -369,7 +398,6 @@ class SimWorker(Actor):
             deadline=claim.deadline,
             started_at=now,
             stage_deadline=claim.delivery.received_at + jc.stage_budget_seconds,
-            tool_timeout=jc.tool_timeout_seconds,
             progress_timeout=jc.progress_timeout_seconds,
             last_progress=now,
             next_beat=now + jc.heartbeat_seconds,
@@ -390,6 +418,9 @@ class SimWorker(Actor):
                 )
             )
             earlier.cancelled = True
+        if self.stopping:
+            lease.shutdown = True
+            held.cancelled = True
         self.held[lease.job_id] = held
         self.world.interrupt(self.heartbeat_task)
         return held
@@ -412,9 +443,11 @@ class SimWorker(Actor):
         self._journal_event(lose(held.lease, source, reason, cancelled=cancelled))
         held.cancelled = True
 
-    def _mark(self, held: SimHeld, status: LeaseStatus) -> None:
+    def _mark(self, held: SimHeld, status: LeaseStatus) -> Stop | None:
+        stop = held.lease.stop
         if held.lease.status in _OPEN:
             held.lease.status = status
+        return stop
 
     # ------------------------------------------------------------------ the handler
 
@@ -426,8 +459,10 @@ class SimWorker(Actor):
         for step in plan.steps:
             if step.kind == "work":
                 yield SleepOp(step.seconds)
-                if plan.cooperative and held.cancelled:
-                    held.lease.check(self.mono())  # ctx.check(): raises once the lease is gone
+                if plan.cooperative:
+                    held.lease.last_progress = self.mono()  # ctx.progress()
+                    if held.cancelled:
+                        held.lease.check(self.mono())  # ctx.wait(): raises once told to stop
             else:
                 yield from self._effect(held, claim, step, plan.target, origin)
         if r < plan.p_unknown:
@@ -449,6 +484,7 @@ class SimWorker(Actor):
         resource = f"{target}:{job_id}"
         p = self.world.plan
         lease = held.lease
+        timeout = self.classes[claim.job.job_class].effect_timeout_seconds  # EffectCall.timeout
         spec = EffectSpec(
             key=key,
             job_id=job_id,
@@ -457,9 +493,7 @@ class SimWorker(Actor):
             target=target,
             payload_json=text,
             payload_hash=digest,
-            tool=SimTool(
-                target, key, resource, job_id, claim.token, digest, self.id, p.tool_http_timeout
-            ),
+            tool=SimTool(target, key, resource, job_id, claim.token, digest, self.id, timeout),
             check=SimCheck(target, key, resource, job_id, claim.token, p.tool_http_timeout),
             lease_check=lambda: lease.check(self.mono()),
             key_retention_seconds=_SIM_KEY_RETENTION,
@@ -477,6 +511,7 @@ class SimWorker(Actor):
                         flow_id=f"{origin.task}@{self.world.now:.6f}",
                     ),
                     origin,
+                    watch=lease,
                 )
             )
         except LeaseLost as exc:
@@ -493,22 +528,39 @@ class SimWorker(Actor):
         start = self.mono()
         error: Exception | None = None
         result: Any = None
-        try:
-            result = yield from self._handler(held, claim, origin)
-        except Exception as exc:
-            error = exc
+        if held.lease.stop is None:  # claimed while the worker stops: do not start
+            try:
+                result = yield from self._handler(held, claim, origin)
+            except Exception as exc:
+                error = exc
         origin.handler_ended = True  # the truth the checker uses for I5 (not patched)
-        self._mark(held, LeaseStatus.DONE)
-        end = ending_for(error, claim.job.payload_json)
+        stop = self._mark(held, LeaseStatus.DONE)
+        origin.told_to_stop = stop is not None  # the truth the checker uses for I3
+        end = stopped_ending(ending_for(error, claim.job.payload_json), stop)
+        if end.kind is EndKind.RELEASE:
+            n = yield from self.drive(
+                release_flow(
+                    self.table,
+                    queue_url=self.queue_url,
+                    held=[(claim.job, claim.delivery)],
+                    worker_id=self.id,
+                    wall_now=self.wall(),
+                    reason=end.reason,
+                ),
+                origin,
+            )
+            self.bump("released", n)
+            return None
         if end.kind is EndKind.COMMIT:
             return (yield from self._commit(claim, held, result, self.mono() - start, origin))
         if end.kind is EndKind.ABANDON:
             self.bump("lost")
             self.journal(
-                "job_abandoned",
+                "result_discarded" if end.code == "result_discarded" else "job_abandoned",
                 job_id=claim.job.job_id,
                 token=claim.token,
                 error_code=end.code,
+                stop=stop.value if stop is not None else None,
                 duration=round(self.mono() - start, 3),
             )
             return None
@@ -642,6 +694,8 @@ class SimWorker(Actor):
         for _ in range(_LOOP_LIMIT):
             if self.stopping and not self.held and not self._alive_jobs():
                 return
+            if self.stopping:
+                self._request_stop()
             yield from self._beat_once(origin)
             yield SleepOp(self._next_wake(), wakeable=True)
 
@@ -656,9 +710,10 @@ class SimWorker(Actor):
             due += [
                 lease.next_beat,
                 lease.conservative_deadline,
-                lease.started_at + lease.tool_timeout,
                 lease.stage_deadline - lease.lease_seconds,
             ]
+            if lease.calls:
+                due.append(min(lease.calls.values()) + EFFECT_MARGIN)
             if lease.progress_timeout is not None:
                 due.append(lease.last_progress + lease.progress_timeout)
         return max(self.tick, min(due) - now + 1e-6)
@@ -668,8 +723,7 @@ class SimWorker(Actor):
         plan = plan_heartbeat([h.lease for h in self.held.values()], now)
         dropped = {lease.job_id: self.held[lease.job_id] for lease, _ in plan.drop}
         for lease, why in plan.drop:
-            lease.status = LeaseStatus.EXPIRED
-            lease.reason = why.value
+            lease.drop(why)
             dropped[lease.job_id].cancelled = True
         for lease, why in plan.drop:
             held = dropped[lease.job_id]
