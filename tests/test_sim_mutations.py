@@ -22,6 +22,7 @@ from sqs_lease._sim import run_seed
 from sqs_lease._sim.cli import replay_command
 from sqs_lease._sim.invariants import I2, I3, I5
 from sqs_lease._sim.mutations import MUTATIONS
+from sqs_lease._sim.plan import PASSING_FEATURES
 
 SEED_LIMIT = 200  # each mutation must be caught within this many seeds
 
@@ -39,7 +40,7 @@ _correct: dict[int, bool] = {}
 
 def _correct_protocol_passes(seed: int) -> bool:
     if seed not in _correct:
-        _correct[seed] = run_seed(seed).ok
+        _correct[seed] = run_seed(seed, features=PASSING_FEATURES).ok
     return _correct[seed]
 
 
@@ -51,7 +52,7 @@ def test_every_mutation_has_an_expectation() -> None:
 def test_mutation_is_caught_and_the_protocol_passes_the_same_seeds(name: str) -> None:
     caught: int | None = None
     for seed in range(SEED_LIMIT):
-        result = run_seed(seed, mutation=name)
+        result = run_seed(seed, mutation=name, features=PASSING_FEATURES)
         if not result.ok:
             caught = seed
             violation = result.violations[0]
@@ -59,11 +60,12 @@ def test_mutation_is_caught_and_the_protocol_passes_the_same_seeds(name: str) ->
     assert caught is not None, f"{name} was not caught in {SEED_LIMIT} seeds"
     assert violation.name == EXPECTED[name], (
         f"{name} broke {violation.name} first (seed {caught}): {violation.message}; "
-        f"replay: {replay_command(caught, name)}"
+        f"replay: {replay_command(caught, name, features=PASSING_FEATURES)}"
     )
     failing = [s for s in range(caught + 1) if not _correct_protocol_passes(s)]
     assert not failing, (
-        f"the unmutated protocol fails seeds {failing}; replay: {replay_command(failing[0], None)}"
+        f"the unmutated protocol fails seeds {failing}; replay: "
+        f"{replay_command(failing[0], None, features=PASSING_FEATURES)}"
     )
 
 
