@@ -169,17 +169,41 @@ def _require(owner: Any, name: str, defect: str) -> None:
         )
 
 
+class _AnyJob(str):
+    """A job id equal to every job id: the intent looks like the caller's own."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str)
+
+    def __ne__(self, other: object) -> bool:
+        return not isinstance(other, str)
+
+    __hash__ = str.__hash__
+
+
 @contextmanager
-def start_id_without_job() -> Iterator[None]:
-    """Issue 7 item 1: an intent start is recognised as one's own by an identity that
-    does not name the job (token and attempt only): two jobs' first attempts under a
-    shared key collide, and the second calls the target too. Expected: I2 (shared_keys)."""
+def shared_key_as_own() -> Iterator[None]:
+    """Issue 7 item 1: a job meeting an intent that another job holds under a shared
+    key takes it for its own (the holder is not looked at), and recognises a refused
+    start as its own by token and attempt (which repeat across jobs). The second job
+    then calls the target too. Expected: I2 (shared_keys, unkeyed targets)."""
     _require(intents, "start_id_for", "item 1 (shared keys)")
+    import dataclasses
+
+    from .._schema import IntentTable
+
+    parse = IntentTable.parse
+
+    def parse_as_own(self: IntentTable, item: Any) -> Any:
+        view = parse(self, item)
+        return dataclasses.replace(view, job_id=_AnyJob(view.job_id))
 
     def start_id(job_id: str, token: int, attempt: int, worker_id: str, flow_id: str) -> str:
         return f"{token}:{attempt}"
 
-    with _patch(intents, "start_id_for", start_id):
+    with ExitStack() as stack:
+        stack.enter_context(_patch(IntentTable, "parse", parse_as_own))
+        stack.enter_context(_patch(intents, "start_id_for", start_id))
         yield
 
 
@@ -246,7 +270,7 @@ def fence_per_resource() -> Iterator[None]:
 
 PENDING: dict[str, tuple[Callable[[], Any], str, str]] = {
     # name: (mutation, widened feature that exposes it, invariant expected first)
-    "start_id_without_job": (start_id_without_job, "shared_keys", "I2_double_effect"),
+    "shared_key_as_own": (shared_key_as_own, "shared_keys", "I2_double_effect"),
     "plain_error_not_applied": (plain_error_not_applied, "cut_responses", "I2_double_effect"),
     "transient_cancel_as_refusal": (
         transient_cancel_as_refusal,

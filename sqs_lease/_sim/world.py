@@ -456,6 +456,8 @@ class World:
                 f"{c.service} {c.op}: no answer within {timeout:g} s",
                 sent_at=p.sent_mono,
             )
+            if c.op == "TransactWriteItems":
+                op.origin.transient_cancel = False  # what ends the attempt now is a timeout
             if self.trace:
                 self.record(actor.id, "call_timeout", {"op": c.op, "key": _summary(c)})
             self.resume(p.task, err)
