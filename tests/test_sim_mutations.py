@@ -11,7 +11,14 @@ Each mutation monkeypatches one piece inside this process (``sqs_lease._sim.muta
 - ``wall_clock_fence``: the commit is fenced by the advisory ``lease_deadline``
   against the committing worker's own wall clock instead of by token;
 - ``extend_after_end``: a job stays in the heartbeat set after its handler ended
-  (when the attempt did not end with a clean commit).
+  (when the attempt did not end with a clean commit);
+- ``plain_error_not_applied`` (issue 7 item 2): any exception from a tool but a
+  timeout reads "not applied", so a response cut after the target applied is repeated;
+- ``transient_cancel_as_refusal`` (issue 7 item 5): a transaction cancelled for
+  throttling or a conflict reads as a failed condition.
+
+They run in the world of ``plan.PASSING_FEATURES`` (the widened features whose
+defects are fixed).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import pytest
 
 from sqs_lease._sim import run_seed
 from sqs_lease._sim.cli import replay_command
-from sqs_lease._sim.invariants import I2, I3, I5
+from sqs_lease._sim.invariants import I2, I3, I5, I8
 from sqs_lease._sim.mutations import MUTATIONS
 from sqs_lease._sim.plan import PASSING_FEATURES
 
@@ -33,6 +40,8 @@ EXPECTED = {
     "blind_retry": I2,
     "wall_clock_fence": I3,
     "extend_after_end": I5,
+    "plain_error_not_applied": I2,  # in the cut_responses world
+    "transient_cancel_as_refusal": I8,  # in the txn_transient world
 }
 
 _correct: dict[int, bool] = {}
@@ -75,8 +84,18 @@ def test_mutations_are_undone_on_exit() -> None:
     from sqs_lease._sim.mutations import applied
     from sqs_lease._sim.worker import SimWorker
 
-    before = (JobTable.commit, flows._verdict, intents._reconcile, SimWorker._mark)
+    def state() -> tuple[object, ...]:
+        return (
+            JobTable.commit,
+            flows._verdict,
+            intents._reconcile,
+            SimWorker._mark,
+            intents.__dict__["ToolNotApplied"],
+            intents._transient_cancel,
+        )
+
+    before = state()
     for name in MUTATIONS:
         with applied(name):
-            pass
-    assert (JobTable.commit, flows._verdict, intents._reconcile, SimWorker._mark) == before
+            assert state() != before, name
+    assert state() == before
