@@ -12,6 +12,8 @@ Each mutation monkeypatches one piece inside this process (``sqs_lease._sim.muta
   against the committing worker's own wall clock instead of by token;
 - ``extend_after_end``: a job stays in the heartbeat set after its handler ended
   (when the attempt did not end with a clean commit);
+- ``shared_key_as_own`` (issue 7 item 1): an intent another job holds under a shared
+  key is taken for one's own, and a refused start is recognised by token and attempt;
 - ``plain_error_not_applied`` (issue 7 item 2): any exception from a tool but a
   timeout reads "not applied", so a response cut after the target applied is repeated;
 - ``transient_cancel_as_refusal`` (issue 7 item 5): a transaction cancelled for
@@ -40,6 +42,7 @@ EXPECTED = {
     "blind_retry": I2,
     "wall_clock_fence": I3,
     "extend_after_end": I5,
+    "shared_key_as_own": I2,  # in the shared_keys world
     "plain_error_not_applied": I2,  # in the cut_responses world
     "transient_cancel_as_refusal": I8,  # in the txn_transient world
 }
@@ -92,6 +95,7 @@ def test_mutations_are_undone_on_exit() -> None:
             SimWorker._mark,
             intents.__dict__["ToolNotApplied"],
             intents._transient_cancel,
+            intents.start_id_for,
         )
 
     before = state()

@@ -30,7 +30,7 @@ WIDE_FEATURES = (
     "producer_death",  # the producer dies between the job record and its message
 )
 
-PASSING_FEATURES: frozenset[str] = frozenset({"cut_responses", "txn_transient"})
+PASSING_FEATURES: frozenset[str] = frozenset({"shared_keys", "cut_responses", "txn_transient"})
 """The widened features the fixed-seed tests and the mutation check run with: those
 whose defects are fixed in the protocol. A feature joins when the fixes for the
 invariants it breaks land (and its ``xfail`` seeds in tests/test_sim.py turn into
