@@ -14,6 +14,15 @@ Each mutation monkeypatches one piece inside this process (``sqs_lease._sim.muta
   (when the attempt did not end with a clean commit);
 - ``commit_after_stop``: the shell commits what a handler returns after its
   attempt was told to stop (shutdown, lost lease, cancel, watchdog).
+- ``shared_key_as_own`` (issue 7 item 1): an intent another job holds under a shared
+  key is taken for one's own, and a refused start is recognised by token and attempt;
+- ``plain_error_not_applied`` (issue 7 item 2): any exception from a tool but a
+  timeout reads "not applied", so a response cut after the target applied is repeated;
+- ``transient_cancel_as_refusal`` (issue 7 item 5): a transaction cancelled for
+  throttling or a conflict reads as a failed condition.
+
+They run in the world of ``plan.PASSING_FEATURES`` (the widened features whose
+defects are fixed).
 """
 
 from __future__ import annotations
@@ -22,8 +31,9 @@ import pytest
 
 from sqs_lease._sim import run_seed
 from sqs_lease._sim.cli import replay_command
-from sqs_lease._sim.invariants import I2, I3, I5
+from sqs_lease._sim.invariants import I2, I3, I5, I8
 from sqs_lease._sim.mutations import MUTATIONS
+from sqs_lease._sim.plan import PASSING_FEATURES
 
 SEED_LIMIT = 200  # each mutation must be caught within this many seeds
 
@@ -35,6 +45,9 @@ EXPECTED = {
     "wall_clock_fence": I3,
     "extend_after_end": I5,
     "commit_after_stop": I3,
+    "shared_key_as_own": I2,  # in the shared_keys world
+    "plain_error_not_applied": I2,  # in the cut_responses world
+    "transient_cancel_as_refusal": I8,  # in the txn_transient world
 }
 
 _correct: dict[int, bool] = {}
@@ -42,7 +55,7 @@ _correct: dict[int, bool] = {}
 
 def _correct_protocol_passes(seed: int) -> bool:
     if seed not in _correct:
-        _correct[seed] = run_seed(seed).ok
+        _correct[seed] = run_seed(seed, features=PASSING_FEATURES).ok
     return _correct[seed]
 
 
@@ -54,7 +67,7 @@ def test_every_mutation_has_an_expectation() -> None:
 def test_mutation_is_caught_and_the_protocol_passes_the_same_seeds(name: str) -> None:
     caught: int | None = None
     for seed in range(SEED_LIMIT):
-        result = run_seed(seed, mutation=name)
+        result = run_seed(seed, mutation=name, features=PASSING_FEATURES)
         if not result.ok:
             caught = seed
             violation = result.violations[0]
@@ -62,11 +75,12 @@ def test_mutation_is_caught_and_the_protocol_passes_the_same_seeds(name: str) ->
     assert caught is not None, f"{name} was not caught in {SEED_LIMIT} seeds"
     assert violation.name == EXPECTED[name], (
         f"{name} broke {violation.name} first (seed {caught}): {violation.message}; "
-        f"replay: {replay_command(caught, name)}"
+        f"replay: {replay_command(caught, name, features=PASSING_FEATURES)}"
     )
     failing = [s for s in range(caught + 1) if not _correct_protocol_passes(s)]
     assert not failing, (
-        f"the unmutated protocol fails seeds {failing}; replay: {replay_command(failing[0], None)}"
+        f"the unmutated protocol fails seeds {failing}; replay: "
+        f"{replay_command(failing[0], None, features=PASSING_FEATURES)}"
     )
 
 
@@ -76,8 +90,19 @@ def test_mutations_are_undone_on_exit() -> None:
     from sqs_lease._sim.mutations import applied
     from sqs_lease._sim.worker import SimWorker
 
-    before = (JobTable.commit, flows._verdict, intents._reconcile, SimWorker._mark)
+    def state() -> tuple[object, ...]:
+        return (
+            JobTable.commit,
+            flows._verdict,
+            intents._reconcile,
+            SimWorker._mark,
+            intents.__dict__["ToolNotApplied"],
+            intents._transient_cancel,
+            intents.start_id_for,
+        )
+
+    before = state()
     for name in MUTATIONS:
         with applied(name):
-            pass
-    assert (JobTable.commit, flows._verdict, intents._reconcile, SimWorker._mark) == before
+            assert state() != before, name
+    assert state() == before

@@ -20,8 +20,12 @@ def run_seed(
     jobs: int | None = None,
     mutation: str | None = None,
     trace: bool = False,
+    features: frozenset[str] | None = None,
 ) -> RunResult:
-    """Run one schedule (optionally under a mutation) and return what happened."""
+    """Run one schedule (optionally under a mutation) and return what happened.
+
+    ``features`` limits the widened world (``plan.WIDE_FEATURES``; None: all of them).
+    """
     from .mutations import applied
 
     # A run allocates many short-lived generators and closures; collecting the young
@@ -30,7 +34,14 @@ def run_seed(
     gc.set_threshold(20_000, 20, 100)
     try:
         with applied(mutation):
-            world = World(seed, workers=workers, jobs=jobs, mutation=mutation, trace=trace)
+            world = World(
+                seed,
+                workers=workers,
+                jobs=jobs,
+                mutation=mutation,
+                trace=trace,
+                features=features,
+            )
             return world.run()
     finally:
         gc.set_threshold(*thresholds)

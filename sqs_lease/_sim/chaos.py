@@ -4,6 +4,11 @@ Everything random in a run comes from one ``random.Random(seed)``: this object.
 Fault decisions go through :meth:`Chaos.roll`, which is always ``False`` once
 faults have stopped (the cut-off), and counts every fault it injects by kind, so
 a soak can report coverage.
+
+The *widened world* (docs/simulation.md, "The widened world") draws from a
+second stream, :attr:`Chaos.wide`, seeded from the same seed: a run whose widened
+features are all off draws exactly what it drew before they existed, so every
+seed pinned in the tests keeps its schedule.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ class Chaos:
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
+        self.wide = random.Random(f"wide-{seed}")  # str seeds hash with sha512: stable
         self.now = 0.0
         self.cutoff = float("inf")
         self.injected: dict[str, int] = {}
@@ -34,6 +40,16 @@ class Chaos:
         depend on which faults are enabled.
         """
         hit = self.rng.random() < p
+        if hit and self.active:
+            self.count(kind)
+            return True
+        return False
+
+    def roll_wide(self, kind: str, p: float) -> bool:
+        """:meth:`roll` on the widened world's stream (drawn only where a feature is on)."""
+        if p <= 0.0:
+            return False
+        hit = self.wide.random() < p
         if hit and self.active:
             self.count(kind)
             return True

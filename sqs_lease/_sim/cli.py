@@ -4,6 +4,9 @@
 - ``soak --seeds 100000 [--processes 2]``: the same, with progress lines and a final report
 - ``replay --seed N [--mutation NAME]``: the full event log of one schedule and its violation
 
+``--widen F1,F2`` (or ``none``) limits the widened world to those features
+(default: all of ``plan.WIDE_FEATURES``); a replay needs the same ``--widen``.
+
 Exit status 1 when any invariant failed.
 """
 
@@ -20,6 +23,9 @@ from typing import Any, TextIO
 
 from .invariants import INVARIANTS
 from .mutations import VARIANTS
+from .plan import WIDE_FEATURES
+
+Args = tuple[int, int | None, int | None, str | None, frozenset[str] | None]
 
 
 @dataclass(frozen=True)
@@ -60,11 +66,13 @@ class Summary:
         return self.seeds / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
 
-def run_one(args: tuple[int, int | None, int | None, str | None]) -> SeedOutcome:
+def run_one(args: Args) -> SeedOutcome:
     from . import run_seed
 
-    seed, workers, jobs, mutation = args
-    r = run_seed(seed, workers=workers, jobs=jobs, mutation=mutation, trace=False)
+    seed, workers, jobs, mutation, features = args
+    r = run_seed(
+        seed, workers=workers, jobs=jobs, mutation=mutation, trace=False, features=features
+    )
     return SeedOutcome(
         seed,
         tuple((v.name, v.time, v.message) for v in r.violations),
@@ -76,16 +84,41 @@ def run_one(args: tuple[int, int | None, int | None, str | None]) -> SeedOutcome
 
 
 def replay_command(
-    seed: int, mutation: str | None, workers: int | None = None, jobs: int | None = None
+    seed: int,
+    mutation: str | None,
+    workers: int | None = None,
+    jobs: int | None = None,
+    features: frozenset[str] | None = None,
 ) -> str:
     cmd = f"python -m sqs_lease._sim replay --seed {seed}"
     if mutation:
         cmd += f" --mutation {mutation}"
+    if features is not None and features != frozenset(WIDE_FEATURES):
+        cmd += f" --widen {widen_arg(features)}"
     if workers is not None:
         cmd += f" --workers {workers}"
     if jobs is not None:
         cmd += f" --jobs {jobs}"
     return cmd
+
+
+def widen_arg(features: frozenset[str]) -> str:
+    return ",".join(f for f in WIDE_FEATURES if f in features) or "none"
+
+
+def parse_widen(text: str | None) -> frozenset[str] | None:
+    """``--widen``: None (all features), "none", or a comma-separated list."""
+    if text is None or text == "all":
+        return None
+    if text == "none":
+        return frozenset()
+    names = frozenset(t.strip() for t in text.split(",") if t.strip())
+    unknown = sorted(names - set(WIDE_FEATURES))
+    if unknown:
+        raise ValueError(
+            f"--widen: unknown feature(s) {', '.join(unknown)}; known: {', '.join(WIDE_FEATURES)}"
+        )
+    return names
 
 
 def iterate(
@@ -95,8 +128,9 @@ def iterate(
     jobs: int | None,
     mutation: str | None,
     processes: int,
+    features: frozenset[str] | None = None,
 ) -> Iterator[SeedOutcome]:
-    tasks = [(s, workers, jobs, mutation) for s in seeds]
+    tasks: list[Args] = [(s, workers, jobs, mutation, features) for s in seeds]
     if processes <= 1:
         for t in tasks:
             yield run_one(t)
@@ -115,11 +149,17 @@ def run_seeds(
     processes: int = 1,
     progress: TextIO | None = None,
     every: int = 0,
+    features: frozenset[str] | None = None,
 ) -> Summary:
     summary = Summary()
     start = time.perf_counter()
     for outcome in iterate(
-        seeds, workers=workers, jobs=jobs, mutation=mutation, processes=processes
+        seeds,
+        workers=workers,
+        jobs=jobs,
+        mutation=mutation,
+        processes=processes,
+        features=features,
     ):
         summary.add(outcome)
         if progress is not None and every and summary.seeds % every == 0:
@@ -143,13 +183,15 @@ def report(
     processes: int,
     workers: int | None = None,
     jobs: int | None = None,
+    features: frozenset[str] | None = None,
 ) -> None:
     w = out.write
     last = first + summary.seeds - 1
     w(
         f"seeds {first}..{last}: {summary.seeds} schedules in {summary.wall_seconds:.1f} s = "
         f"{summary.rate:.1f} schedules/s ({processes} process{'es' if processes > 1 else ''})"
-        f"{'  mutation: ' + mutation if mutation else ''}\n"
+        f"{'  mutation: ' + mutation if mutation else ''}"
+        f"{'  widened: ' + widen_arg(features) if features is not None else ''}\n"
     )
     w(
         f"events {summary.events} ({summary.events / max(1, summary.seeds):.0f} per schedule), "
@@ -171,18 +213,24 @@ def report(
     for o in summary.failures[:50]:
         name, t, message = o.violations[0]
         w(f"  seed {o.seed}: {name} at t={t:.3f}: {message}\n")
-        w(f"    replay: {replay_command(o.seed, mutation, workers, jobs)}\n")
+        w(f"    replay: {replay_command(o.seed, mutation, workers, jobs, features)}\n")
     if len(summary.failures) > 50:
         w(f"  ... and {len(summary.failures) - 50} more\n")
 
 
 def summary_json(
-    summary: Summary, *, first: int, mutation: str | None, processes: int
+    summary: Summary,
+    *,
+    first: int,
+    mutation: str | None,
+    processes: int,
+    features: frozenset[str] | None = None,
 ) -> dict[str, Any]:
     return {
         "first_seed": first,
         "seeds": summary.seeds,
         "mutation": mutation,
+        "widened": widen_arg(features) if features is not None else "all",
         "processes": processes,
         "wall_seconds": round(summary.wall_seconds, 2),
         "schedules_per_second": round(summary.rate, 2),
@@ -196,18 +244,24 @@ def summary_json(
                 "seed": o.seed,
                 "violation": o.violations[0][0],
                 "message": o.violations[0][2],
-                "replay": replay_command(o.seed, mutation),
+                "replay": replay_command(o.seed, mutation, features=features),
             }
             for o in summary.failures
         ],
     }
 
 
-def _replay(seed: int, mutation: str | None, workers: int | None, jobs: int | None) -> int:
+def _replay(
+    seed: int,
+    mutation: str | None,
+    workers: int | None,
+    jobs: int | None,
+    features: frozenset[str] | None = None,
+) -> int:
     from . import run_seed
     from .world import render_entry
 
-    r = run_seed(seed, workers=workers, jobs=jobs, mutation=mutation, trace=True)
+    r = run_seed(seed, workers=workers, jobs=jobs, mutation=mutation, trace=True, features=features)
     for entry in r.log:
         sys.stdout.write(render_entry(entry) + "\n")
     sys.stdout.write(
@@ -222,6 +276,12 @@ def _replay(seed: int, mutation: str | None, workers: int | None, jobs: int | No
     return 1
 
 
+_WIDEN_HELP = (
+    "widened-world features to allow: all (default), none, or a comma list of "
+    + ", ".join(WIDE_FEATURES)
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sqs_lease._sim", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -234,14 +294,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--mutation", choices=sorted(VARIANTS), default=None)
         p.add_argument("--processes", type=int, default=1 if name == "run" else 2)
         p.add_argument("--json", dest="json_path", default=None, help="also write the summary here")
+        p.add_argument("--widen", default=None, help=_WIDEN_HELP)
     rp = sub.add_parser("replay")
+    rp.add_argument("--widen", default=None, help=_WIDEN_HELP)
     rp.add_argument("--seed", type=int, required=True)
     rp.add_argument("--mutation", choices=sorted(VARIANTS), default=None)
     rp.add_argument("--workers", type=int, default=None)
     rp.add_argument("--jobs", type=int, default=None)
     args = parser.parse_args(argv)
+    try:
+        features = parse_widen(args.widen)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.cmd == "replay":
-        return _replay(args.seed, args.mutation, args.workers, args.jobs)
+        return _replay(args.seed, args.mutation, args.workers, args.jobs, features)
     if args.seeds < 1 or args.processes < 1:
         parser.error("--seeds and --processes must be >= 1")
     seeds = range(args.start, args.start + args.seeds)
@@ -258,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         processes=args.processes,
         progress=sys.stdout if soak else None,
         every=max(1000, args.seeds // 50) if soak else 0,
+        features=features,
     )
     report(
         summary,
@@ -267,12 +334,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         processes=args.processes,
         workers=args.workers,
         jobs=args.jobs,
+        features=features,
     )
     if args.json_path:
         with open(args.json_path, "w") as fh:
             json.dump(
                 summary_json(
-                    summary, first=args.start, mutation=args.mutation, processes=args.processes
+                    summary,
+                    first=args.start,
+                    mutation=args.mutation,
+                    processes=args.processes,
+                    features=features,
                 ),
                 fh,
                 indent=2,

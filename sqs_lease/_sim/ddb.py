@@ -11,10 +11,12 @@ Conditions and updates are evaluated from the request's own expressions
 ``ReturnValuesOnConditionCheckFailure=ALL_OLD`` behave as in DynamoDB.
 
 Faults (seeded, only while faults are on): ``UnprocessedKeys`` in BatchGetItem,
-throttling (nothing applied), and eventually consistent reads (a read without
-``ConsistentRead`` may see the previous version of an item written in the last
-second). Each applied change of an item is reported to ``on_write`` (the
-invariant checker listens there).
+throttling (nothing applied), transactions cancelled for a transient reason
+(``ThrottlingError``, ``TransactionConflict``, ``ProvisionedThroughputExceeded``
+on one item, ``None`` on the others; nothing applied), and eventually
+consistent reads (a read without ``ConsistentRead`` may see the previous version
+of an item written in the last second). Each applied change of an item is
+reported to ``on_write`` (the invariant checker listens there).
 """
 
 from __future__ import annotations
@@ -56,6 +58,20 @@ class DdbFaults:
     unprocessed: float = 0.0  # per BatchGetItem call
     throttle: float = 0.0  # per call
     stale_read_window: float = 1.0  # seconds an eventually consistent read may lag
+    # widened world (txn_transient): a TransactWriteItems cancelled for throttling or a
+    # conflicting transaction on one of its items; nothing applied, reasons per item
+    txn_transient: float = 0.0
+
+
+TRANSIENT_REASONS = ("ThrottlingError", "TransactionConflict", "ProvisionedThroughputExceeded")
+_TRANSIENT_MESSAGES = {
+    "ThrottlingError": "Throughput exceeds the current capacity for one or more global "
+    "secondary indexes. DynamoDB is automatically scaling your index so please try again "
+    "shortly.",
+    "TransactionConflict": "Transaction is ongoing for the item",
+    "ProvisionedThroughputExceeded": "The level of configured provisioned throughput for the "
+    "table was exceeded",
+}
 
 
 class _Invalid(Exception):
@@ -326,6 +342,8 @@ class SimDynamo:
     # ---------------------------------------------------------------- transactions
 
     def _op_TransactWriteItems(self, params: Mapping[str, Any], origin: Any) -> Outcome:
+        if self.chaos.roll_wide("ddb_txn_transient", self.faults.txn_transient):
+            return self._transient_cancel(params)
         token = params.get("ClientRequestToken")
         if token and self.faults.idempotent_tokens:
             # Idempotent for 10 minutes, as in DynamoDB: a repeat of an applied request
@@ -351,6 +369,26 @@ class SimDynamo:
                 self._tokens[str(token)] = (digest, self.now)
             return out
         return self._transact(params, origin)
+
+    def _transient_cancel(self, params: Mapping[str, Any]) -> Err:
+        """Cancelled as DynamoDB cancels under contention: one item's reason is transient."""
+        n = len(list(params.get("TransactItems", [])))
+        which = self.chaos.wide.randrange(max(1, n))
+        code = self.chaos.wide.choice(TRANSIENT_REASONS)
+        reasons = tuple(
+            {"Code": code, "Message": _TRANSIENT_MESSAGES[code]} if i == which else {"Code": "None"}
+            for i in range(n)
+        )
+        codes = ", ".join(r["Code"] for r in reasons)
+        return Err(
+            ErrorKind.TRANSACTION_CANCELLED,
+            "TransactionCanceledException",
+            "",
+            f"Transaction cancelled, please refer cancellation reasons for specific "
+            f"reasons [{codes}]",
+            None,
+            reasons,
+        )
 
     def _transact(self, params: Mapping[str, Any], origin: Any) -> Outcome:
         entries = list(params.get("TransactItems", []))

@@ -18,6 +18,25 @@ Each has a stable name (used in reports, replay output and tests):
   moved, and the job was still running, when the round started; and no round
   includes a job whose handler has already ended.
 
+The widened world (issue 7) adds:
+
+- ``I6_unrecorded_success``: no job reports an effect success the target did not
+  record: every confirmed or replayed effect names the external id the target
+  recorded for that intent key (checked when the flow confirms or replays it).
+- ``I7_live_owner_fenced``: a target never refuses (412) the current owner of a
+  job: a request whose token is the job's token while the job is running. (A
+  fence orders the tokens of one job; another job's tokens must not block it.)
+- ``I8_transient_cancel_lost``: an attempt is not given up as lost (lease lost,
+  ownership unknown) because a transaction was cancelled for throttling or a
+  conflict while the job was still its own and its local lease still ran.
+- ``I9_unknown_class``: a worker that does not know a job's class never writes its
+  record (no claim that fences out a live owner, no failure "unknown job class"),
+  and no job fails because a message named another class than its record.
+- ``I10_stranded_record``: at the end no job is ``queued`` with no message for it
+  (the producer died between the record and the message); the message names them.
+
+``I1`` is scoped to what a token orders: the tokens of one job (its fence scope).
+
 Two more names report a broken run rather than a broken protocol:
 ``E_unhandled_exception`` (a worker task raised where the real worker's thread
 would have died) and ``E_budget`` (the run hit its event budget).
@@ -25,7 +44,7 @@ would have died) and ``E_budget`` (the run hit its event budget).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +57,11 @@ I2 = "I2_double_effect"
 I3 = "I3_superseded_commit"
 I4 = "I4_unfinished_job"
 I5 = "I5_extended_lost_lease"
+I6 = "I6_unrecorded_success"
+I7 = "I7_live_owner_fenced"
+I8 = "I8_transient_cancel_lost"
+I9 = "I9_unknown_class"
+I10 = "I10_stranded_record"
 E_EXC = "E_unhandled_exception"
 E_BUDGET = "E_budget"
 
@@ -47,7 +71,16 @@ INVARIANTS: dict[str, str] = {
     I3: "no result committed (or attempt ended) by a superseded token; nothing commits twice",
     I4: "every job ends succeeded, failed or parked with a reason; none lost or stuck",
     I5: "no lease extended by a worker that knows (or should know) it lost it",
+    I6: "no job reports an effect success that the target did not record",
+    I7: "no target refuses the current owner of a job (fence scoped to the job)",
+    I8: "no attempt given up as lost for a throttled or conflicting transaction",
+    I9: "no job written (claimed, failed) by a worker that does not know its class",
+    I10: "no job left queued without a message (stranded)",
 }
+
+TRANSIENT_REASONS = frozenset(
+    {"ThrottlingError", "TransactionConflict", "ProvisionedThroughputExceeded"}
+)
 
 _FINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.PARKED)
 
@@ -62,6 +95,9 @@ class Origin:
     tokens: dict[str, int] = field(default_factory=dict)  # job id -> token it acts under
     handler_ended: bool = False
     told_to_stop: bool = False  # the attempt was told to stop before its handler ended
+    # the last transaction answer this task got was a cancellation for transient
+    # reasons only (throttling, a conflict): the checker's view for I8
+    transient_cancel: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,6 +120,8 @@ class Checker:
         self._commits: dict[str, int] = {}
         self.final_jobs: set[str] = set()
         self.counts: dict[str, int] = {}
+        # worker id -> the job classes its app knows (None: not a worker); set by the world
+        self.known_classes: Any = lambda worker: None
 
     def fail(self, name: str, message: str) -> None:
         self.violations.append(Violation(name, self.now, message))
@@ -136,10 +174,36 @@ class Checker:
             self.final_jobs.add(n.job_id)
         else:
             self.final_jobs.discard(n.job_id)
+        if n.state is JobState.FAILED and new.get("error_code", {}).get("S") == "class_mismatch":
+            self.fail(
+                I9,
+                f"{n.job_id} (class {n.job_class}) failed by {_who(origin)} because a message "
+                f"named another class: {n.reason}",
+            )
+            return
         if old is None:
             return
         o = view_of(old)
         job = o.job_id
+        if isinstance(origin, Origin):
+            known = self.known_classes(origin.worker)
+            if (
+                known is not None
+                and o.job_class not in known
+                and ((n.token, n.state) != (o.token, o.state))
+            ):
+                what = (
+                    f"claimed it from its live owner {o.owner} (token {o.token} -> {n.token})"
+                    if o.state is JobState.RUNNING and n.token != o.token
+                    else f"moved it from {o.state} token {o.token} to {n.state} token {n.token}"
+                    + (f" ({n.reason})" if n.reason and n.state in _FINAL else "")
+                )
+                self.fail(
+                    I9,
+                    f"{origin.worker}, whose app does not know class {o.job_class!r}, "
+                    f"wrote {job}: {what}",
+                )
+                return
         if o.state in (JobState.SUCCEEDED, JobState.FAILED):
             if (n.state, n.token, new.get("result")) != (o.state, o.token, old.get("result")):
                 self.fail(
@@ -208,12 +272,83 @@ class Checker:
                 f"at token {t}, state {state}, before the heartbeat round started",
             )
 
-    # ------------------------------------------------------------------ I4
+    # ------------------------------------------------------------------ I6, I7, I8
+
+    def effect_reported(
+        self, worker: str, job_id: str, key: str, external_id: Any, recorded: Applied | None
+    ) -> None:
+        """A flow confirmed or replayed an effect: the target must have recorded it so."""
+        if recorded is None:
+            self.fail(
+                I6,
+                f"{worker} reported intent {key!r} of {job_id} done (external id "
+                f"{external_id}) but no target recorded an effect under that key",
+            )
+        elif external_id != recorded.external_id:
+            self.fail(
+                I6,
+                f"{worker} reported intent {key!r} of {job_id} done as {external_id}; the "
+                f"target recorded {recorded.external_id} (token {recorded.token} of "
+                f"{recorded.scope})",
+            )
+
+    def owner_fenced(
+        self,
+        target: str,
+        key: str,
+        resource: str,
+        job_id: str,
+        token: int,
+        worker: str,
+        truth: tuple[int, str] | None,
+        mark: Any,
+    ) -> None:
+        if truth is None:
+            return
+        t, state = truth
+        if t == token and state == JobState.RUNNING.value:
+            self.fail(
+                I7,
+                f"{target} refused {worker}, the live owner of {job_id} (token {token}), "
+                f"for {key!r} on {resource}: the resource's mark was {mark}",
+            )
+
+    def attempt_abandoned(
+        self,
+        worker: str,
+        job_id: str,
+        token: int,
+        error: str,
+        truth: tuple[int, str] | None,
+        lease_running: bool,
+    ) -> None:
+        """An attempt gave itself up right after a transiently cancelled transaction."""
+        if truth is None or not lease_running:
+            return
+        t, state = truth
+        if t == token and state == JobState.RUNNING.value:
+            self.fail(
+                I8,
+                f"{worker} gave up {job_id} (token {token}, still its own, lease running) "
+                f"as {error} after a transaction cancelled for a transient reason",
+            )
+
+    # ------------------------------------------------------------------ I4, I10
 
     def finish(
-        self, records: Mapping[str, Mapping[str, Any] | None], detail: Mapping[str, str]
+        self,
+        records: Mapping[str, Mapping[str, Any] | None],
+        detail: Mapping[str, str],
+        stranded: Sequence[str] = (),
     ) -> None:
+        if stranded:
+            self.fail(
+                I10,
+                f"{len(stranded)} job(s) queued with no message at the end: " + ", ".join(stranded),
+            )
         for job_id, item in records.items():
+            if job_id in stranded:
+                continue
             if item is None:
                 self.fail(I4, f"{job_id}: no job record (lost)")
                 continue

@@ -163,6 +163,138 @@ def naive_check() -> Iterator[None]:
         yield
 
 
+# ----------------------------------------------------------------------------- pending
+#
+# Mutations for the defect classes of issue 7 that the widened world finds. Each
+# re-introduces one defect into the *fixed* code, so each names what the fix is
+# expected to provide and raises a clear error while that is missing. They join
+# MUTATIONS (and tests/test_sim_mutations.py's expectations) when the fixes land.
+
+
+def _require(owner: Any, name: str, defect: str) -> None:
+    if not hasattr(owner, name):
+        raise RuntimeError(
+            f"mutation for {defect} patches {getattr(owner, '__name__', owner)}.{name}, "
+            "which this code does not have yet (the fix has not landed)"
+        )
+
+
+class _AnyJob(str):
+    """A job id equal to every job id: the intent looks like the caller's own."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str)
+
+    def __ne__(self, other: object) -> bool:
+        return not isinstance(other, str)
+
+    __hash__ = str.__hash__
+
+
+@contextmanager
+def shared_key_as_own() -> Iterator[None]:
+    """Issue 7 item 1: a job meeting an intent that another job holds under a shared
+    key takes it for its own (the holder is not looked at), and recognises a refused
+    start as its own by token and attempt (which repeat across jobs). The second job
+    then calls the target too. Expected: I2 (shared_keys, unkeyed targets)."""
+    _require(intents, "start_id_for", "item 1 (shared keys)")
+    import dataclasses
+
+    from .._schema import IntentTable
+
+    parse = IntentTable.parse
+
+    def parse_as_own(self: IntentTable, item: Any) -> Any:
+        view = parse(self, item)
+        return dataclasses.replace(view, job_id=_AnyJob(view.job_id))
+
+    def start_id(job_id: str, token: int, attempt: int, worker_id: str, flow_id: str) -> str:
+        return f"{token}:{attempt}"
+
+    with ExitStack() as stack:
+        stack.enter_context(_patch(IntentTable, "parse", parse_as_own))
+        stack.enter_context(_patch(intents, "start_id_for", start_id))
+        yield
+
+
+@contextmanager
+def plain_error_not_applied() -> Iterator[None]:
+    """Issue 7 item 2: any exception from a tool other than a timeout or
+    ToolOutcomeUnknown reads as "certainly not applied" (the old rule): a response
+    cut after the target applied reopens the intent and a later attempt repeats it.
+    Expected: I2 (cut_responses, unkeyed targets)."""
+    _require(intents, "ToolNotApplied", "item 2 (errors after the request left)")
+    from .. import _errors
+
+    not_applied: Any = getattr(_errors, "ToolNotApplied")  # noqa: B009 - absent before the fix
+
+    class _OldRule(type):
+        def __instancecheck__(cls, obj: object) -> bool:
+            return isinstance(obj, Exception) and not isinstance(
+                obj, (_errors.ToolOutcomeUnknown, TimeoutError, _errors.LeaseError)
+            )
+
+    # Built by a call: a subclass of the real class (so the flow may raise it) whose
+    # isinstance() says yes to every plain exception, as the old rule did.
+    plain_not_applied = _OldRule("PlainNotApplied", (not_applied,), {})
+
+    with _patch(intents, "ToolNotApplied", plain_not_applied):
+        yield
+
+
+@contextmanager
+def transient_cancel_as_refusal() -> Iterator[None]:
+    """Issue 7 item 5: a transaction cancelled for ThrottlingError/TransactionConflict
+    reads as a failed condition (another owner, a lost lease). Expected: I8
+    (txn_transient)."""
+    _require(intents, "_transient_cancel", "item 5 (transient cancellations)")
+    with _patch(intents, "_transient_cancel", lambda err: False):
+        yield
+
+
+@contextmanager
+def fence_per_resource() -> Iterator[None]:
+    """Issue 7 item 3 (an environment variant, as naive_check): the targets keep one
+    fence mark per business resource instead of per scope (the job): another job's
+    higher token refuses a live owner. Expected: I7 (shared_keys)."""
+    import inspect
+
+    params = inspect.signature(receiver.Receivers.apply).parameters
+    if "scope" not in params:
+        raise RuntimeError(
+            "fence_per_resource needs the scoped fence in _sim/receiver.py (item 3 not landed)"
+        )
+    apply, check = receiver.Receivers.apply, receiver.Receivers.check
+
+    def apply_by_resource(self: Any, target: str, **kw: Any) -> Any:
+        return apply(self, target, **{**kw, "scope": kw["resource"]})
+
+    def check_by_resource(self: Any, target: str, **kw: Any) -> Any:
+        return check(self, target, **{**kw, "scope": kw["resource"]})
+
+    with ExitStack() as stack:
+        stack.enter_context(_patch(receiver.Receivers, "apply", apply_by_resource))
+        stack.enter_context(_patch(receiver.Receivers, "check", check_by_resource))
+        yield
+
+
+PENDING: dict[str, tuple[Callable[[], Any], str, str]] = {
+    # name: (mutation, widened feature that exposes it, invariant expected first)
+    "fence_per_resource": (fence_per_resource, "shared_keys", "I7_live_owner_fenced"),
+    # moved to MUTATIONS once their fixes landed (kept here for the table in the docs)
+    "shared_key_as_own": (shared_key_as_own, "shared_keys", "I2_double_effect"),
+    "plain_error_not_applied": (plain_error_not_applied, "cut_responses", "I2_double_effect"),
+    "transient_cancel_as_refusal": (
+        transient_cancel_as_refusal,
+        "txn_transient",
+        "I8_transient_cancel_lost",
+    ),
+}
+"""Not yet in MUTATIONS: each needs the fix it breaks. Move one into MUTATIONS (and
+its expectation into tests/test_sim_mutations.py, which then runs it with its
+feature in ``PASSING_FEATURES``) when its fix is merged."""
+
+
 MUTATIONS: dict[str, Callable[[], Any]] = {
     "no_commit_token": no_commit_token,
     "no_ownership_check": no_ownership_check,
@@ -170,6 +302,10 @@ MUTATIONS: dict[str, Callable[[], Any]] = {
     "wall_clock_fence": wall_clock_fence,
     "extend_after_end": extend_after_end,
     "commit_after_stop": commit_after_stop,
+    # issue 7 (need their widened features in plan.PASSING_FEATURES)
+    "shared_key_as_own": shared_key_as_own,
+    "plain_error_not_applied": plain_error_not_applied,
+    "transient_cancel_as_refusal": transient_cancel_as_refusal,
 }
 VARIANTS: dict[str, Callable[[], Any]] = {
     **MUTATIONS,
@@ -192,4 +328,4 @@ def applied(name: str | None) -> Iterator[None]:
         yield
 
 
-__all__ = ["MUTATIONS", "VARIANTS", "applied"]
+__all__ = ["MUTATIONS", "PENDING", "VARIANTS", "applied"]

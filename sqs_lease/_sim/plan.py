@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .chaos import Chaos
 from .ddb import DdbFaults
@@ -20,12 +20,43 @@ FAULT_KINDS = (
     "poison_message",
 )
 
+# The widened world (issue 7): each feature is drawn per seed from the second random
+# stream (``Chaos.wide``), so a seed with every feature off runs as it always did.
+WIDE_FEATURES = (
+    "shared_keys",  # 2-3 jobs share a business intent key and a target resource
+    "cut_responses",  # the target applied, the answer is cut; user parsing raises on success
+    "txn_transient",  # TransactWriteItems cancelled for ThrottlingError / TransactionConflict
+    "mixed_versions",  # workers of two app versions on one queue; stray class messages
+    "producer_death",  # the producer dies between the job record and its message
+)
+
+PASSING_FEATURES: frozenset[str] = frozenset({"shared_keys", "cut_responses", "txn_transient"})
+"""The widened features the fixed-seed tests and the mutation check run with: those
+whose defects are fixed in the protocol. A feature joins when the fixes for the
+invariants it breaks land (and its ``xfail`` seeds in tests/test_sim.py turn into
+passing regression tests). ``make soak`` and the CLI run every feature."""
+
+# What the widened world injects while faults are on (coverage names, as FAULT_KINDS).
+WIDE_FAULT_KINDS = (
+    "tool_cut_response",
+    "tool_parse_bug",
+    "ddb_txn_transient",
+    "stray_class_message",
+    "producer_died",
+)
+
 
 @dataclass(frozen=True)
 class Step:
     kind: str  # work | effect
     seconds: float = 0.0
     action: str = ""
+    # widened world (shared_keys): a business intent key shared with other jobs, the
+    # target and resource it acts on, and the amount in its payload ("": per job)
+    key: str = ""
+    target: str = ""
+    resource: str = ""
+    amount: int = 0
 
 
 @dataclass(frozen=True)
@@ -38,6 +69,22 @@ class JobPlan:
     p_transient: float
     p_permanent: float
     p_unknown: float
+    job_class: str = "sim"  # mixed_versions: some jobs are of the class old workers lack
+    producer_dies: bool = False  # producer_death: the record is written, the message never sent
+
+
+@dataclass(frozen=True)
+class Widening:
+    """The widened world of one run (all zero when no feature is on)."""
+
+    features: frozenset[str] = frozenset()
+    cut_response: float = 0.0  # per applied tool call: the answer is cut (IncompleteRead...)
+    parse_bug: float = 0.0  # per successful tool call: the user's parsing raises
+    txn_transient: float = 0.0  # per TransactWriteItems: cancelled for throttling/conflict
+    old_workers: int = 0  # of the first workers, how many run the old app version
+    deploy_at: float = 0.0  # when the old workers are replaced (graceful stop, new version)
+    stray_messages: tuple[float, ...] = ()  # times a message names a job with the wrong class
+    tool_work: float = 0.0  # shared_keys: a target takes up to this long to apply a call
 
 
 @dataclass
@@ -76,9 +123,16 @@ class RunPlan:
     fault_events: int
     fault_weights: dict[str, float] = field(default_factory=dict)
     job_plans: list[JobPlan] = field(default_factory=list)
+    wide: Widening = field(default_factory=Widening)
 
 
-def draw_plan(chaos: Chaos, *, workers: int | None = None, jobs: int | None = None) -> RunPlan:
+def draw_plan(
+    chaos: Chaos,
+    *,
+    workers: int | None = None,
+    jobs: int | None = None,
+    features: frozenset[str] | None = None,
+) -> RunPlan:
     c = chaos
     # Most runs: leases of seconds, handlers of seconds to minutes. Some runs give
     # the stage a budget the longer handlers overrun (the watchdog must stop them);
@@ -172,7 +226,127 @@ def draw_plan(chaos: Chaos, *, workers: int | None = None, jobs: int | None = No
     }
     for i in range(n_jobs):
         plan.job_plans.append(_draw_job(c, plan, f"job-{i:03d}"))
+    _widen(c, plan, calm, frozenset(WIDE_FEATURES) if features is None else features)
     return plan
+
+
+def _widen(c: Chaos, plan: RunPlan, calm: bool, allowed: frozenset[str]) -> None:
+    """Draw the widened world from the second stream; mask what ``allowed`` leaves out.
+
+    Everything is drawn whatever is allowed, so a feature's schedule does not depend
+    on which other features a batch allows. Faults stay off in calm runs; the shapes
+    (shared keys, mixed versions) do not.
+    """
+    w = c.wide
+    on = {name: w.random() < 0.3 for name in WIDE_FEATURES}
+    for name in ("cut_responses", "txn_transient", "producer_death"):
+        on[name] = on[name] and not calm
+    # shared_keys: business keys "payment:inv{k}:capture" on resource "invoice:inv{k}"
+    n_keys = max(1, len(plan.job_plans) // 3)
+    # Per invoice: its target, amount, and whether its jobs arrive together (one
+    # business event fanned out to several jobs, a webhook delivered twice...).
+    invoices = [
+        (
+            w.choice(["keyed", "unkeyed"]),
+            w.randint(1, 9) * 100,
+            round(w.uniform(0.0, 0.6 * plan.cutoff), 3),
+            w.random() < 0.8,
+        )
+        for _ in range(n_keys)
+    ]
+    shared = [
+        (
+            w.randrange(n_keys) if w.random() < 0.75 else -1,
+            w.randrange(1 << 16),
+            w.random() < 0.5,  # its other effects act on the invoice's resource too
+            w.random() < 0.1,  # another amount under the same key (a mismatch)
+            round(w.uniform(0.0, 0.2), 3),  # arrival jitter when together
+        )
+        for _ in plan.job_plans
+    ]
+    tool_work = w.uniform(0.2, 3.0)
+    cut_response = w.uniform(0.02, 0.2)
+    parse_bug = w.uniform(0.0, 0.1)
+    txn_transient = w.uniform(0.02, 0.15)
+    old_workers = w.randint(1, max(1, plan.workers - 1))
+    deploy_at = round(w.uniform(0.2, 0.9) * plan.cutoff, 3)
+    strays = tuple(sorted(round(w.uniform(0.0, plan.cutoff), 3) for _ in range(w.randint(0, 3))))
+    v2 = [w.random() < 0.5 for _ in plan.job_plans]
+    dies = [w.random() < 0.25 for _ in plan.job_plans]
+
+    features = frozenset(n for n in WIDE_FEATURES if on[n] and n in allowed)
+    if "mixed_versions" in features and plan.workers < 2:
+        features -= {"mixed_versions"}
+    if not features:
+        return
+    for name in sorted(features):
+        c.count(f"world_{name}")
+    jobs = list(plan.job_plans)
+    for i, jp in enumerate(jobs):
+        changes: dict[str, object] = {}
+        k, salt, whole, other_amount, jitter = shared[i]
+        if "shared_keys" in features and k >= 0:
+            target, amount, base, together = invoices[k]
+            changes["steps"] = _share(
+                jp.steps, k, target, amount, salt, whole, other_amount, together
+            )
+            if together:
+                changes["submit_at"] = round(base + jitter, 3)
+        if "mixed_versions" in features and v2[i]:
+            changes["job_class"] = "sim-v2"
+        if "producer_death" in features and dies[i]:
+            changes["producer_dies"] = True
+        if changes:
+            jobs[i] = replace(jp, **changes)  # type: ignore[arg-type]
+    plan.job_plans = jobs
+    plan.wide = Widening(
+        features=features,
+        cut_response=cut_response if "cut_responses" in features else 0.0,
+        parse_bug=parse_bug if "cut_responses" in features else 0.0,
+        txn_transient=txn_transient if "txn_transient" in features else 0.0,
+        old_workers=old_workers if "mixed_versions" in features else 0,
+        deploy_at=deploy_at if "mixed_versions" in features else 0.0,
+        stray_messages=strays if "mixed_versions" in features else (),
+        tool_work=tool_work if "shared_keys" in features else 0.0,
+    )
+
+
+def _share(
+    steps: tuple[Step, ...],
+    k: int,
+    target: str,
+    amount: int,
+    salt: int,
+    whole: bool,
+    other_amount: bool,
+    together: bool,
+) -> tuple[Step, ...]:
+    """One effect of the job becomes the shared capture of invoice ``k``; with
+    ``whole`` its other effects act on that invoice's resource too (own keys). Jobs
+    that arrive together capture first, after a short step, so their starts race."""
+    resource = f"invoice:inv{k}"
+    capture = Step(
+        "effect",
+        action="capture",
+        key=f"payment:inv{k}:capture",
+        target=target,
+        resource=resource,
+        amount=amount + (1 if other_amount else 0),  # rarely: another payload, same key
+    )
+    effects = [i for i, s in enumerate(steps) if s.kind == "effect"]
+    out = list(steps)
+    if not effects:
+        out += [capture, Step("work", round(0.05 + (salt % 100) / 40.0, 3))]
+    else:
+        out[effects[0] if together else effects[salt % len(effects)]] = capture
+    if together:
+        out[0] = Step("work", 0.05)
+    if whole:
+        out = [
+            replace(s, target=target, resource=resource) if s.kind == "effect" and not s.key else s
+            for s in out
+        ]
+    return tuple(out)
 
 
 def _draw_job(c: Chaos, plan: RunPlan, job_id: str) -> JobPlan:

@@ -10,7 +10,7 @@ one kind. The resource an effect touches is recorded but orders nothing.
 
 Every effect a target *applies* is written to the ledger: intent key, resource,
 scope, token, virtual time, target and worker; the invariant checker reads it
-(I1, I2). Every request the fence admits is told to ``admitted`` listeners, so
+(I1, I2, I6). Every request the fence admits is told to ``admitted`` listeners, so
 the checker knows the highest token each scope has shown (I1).
 
 The reconciliation check knows the truth, as a good target-side lookup would:

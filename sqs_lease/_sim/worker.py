@@ -478,10 +478,15 @@ class SimWorker(Actor):
     ) -> SimGen[EffectResult]:
         job_id = claim.job.job_id
         stage = claim.job.stage or "main"
-        key = default_key(job_id, stage, step.action, target, None)
-        text = canonical_json({"job": job_id, "action": step.action, "amount": len(step.action)})
+        target = step.target or target  # widened world: a shared invoice's target
+        key = step.key or default_key(job_id, stage, step.action, target, None)
+        text = canonical_json(
+            {"key": step.key, "amount": step.amount}
+            if step.key
+            else {"job": job_id, "action": step.action, "amount": len(step.action)}
+        )
         digest = payload_hash(text)
-        resource = f"{target}:{job_id}"
+        resource = step.resource or f"{target}:{job_id}"
         p = self.world.plan
         lease = held.lease
         timeout = self.classes[claim.job.job_class].effect_timeout_seconds  # EffectCall.timeout

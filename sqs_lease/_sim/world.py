@@ -12,6 +12,7 @@ paused process sees its answers only when it resumes, a crashed one never.
 from __future__ import annotations
 
 import heapq
+import http.client
 import json
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
@@ -22,13 +23,14 @@ from pydantic import BaseModel
 from .._core.calls import Call, Err, ErrorKind, Ok, Outcome
 from .._core.flows import cancel_flow, message_body, submit_flow
 from .._core.intents import ToolResult
+from .._core.timing import LeaseStatus
 from .._errors import LeaseLost, ToolNotApplied, ToolOutcomeUnknown
 from .._jobs import JobClass, canonical_json, payload_hash
 from .._schema import IntentTable, JobTable
 from . import plan as plans
 from .chaos import Chaos
 from .ddb import SimDynamo, TableSpec
-from .invariants import E_BUDGET, E_EXC, Checker, Origin, Violation
+from .invariants import E_BUDGET, E_EXC, TRANSIENT_REASONS, Checker, Origin, Violation
 from .plan import FAULT_KINDS, RunPlan
 from .receiver import Receivers, Reply
 from .sqs import Message, SimSQS, Wait
@@ -41,6 +43,7 @@ ATTEMPTS = "sim-attempts"
 QUEUE = "https://sqs.sim.local/000000000000/sim-work"
 DLQ = "https://sqs.sim.local/000000000000/sim-work-dlq"
 JOB_CLASS = "sim"
+JOB_CLASS_V2 = "sim-v2"  # mixed_versions: the class the old app version does not know
 EPOCH_S = 1_767_225_600.0
 MAX_EVENTS = 3_000_000
 
@@ -250,6 +253,7 @@ class World:
         jobs: int | None = None,
         mutation: str | None = None,
         trace: bool = True,
+        features: frozenset[str] | None = None,
     ) -> None:
         self.seed = seed
         self.mutation = mutation
@@ -259,10 +263,13 @@ class World:
         self._seq = 0
         self.events = 0
         self.chaos = Chaos(seed)
-        self.plan: RunPlan = plans.draw_plan(self.chaos, workers=workers, jobs=jobs)
+        self.plan: RunPlan = plans.draw_plan(
+            self.chaos, workers=workers, jobs=jobs, features=features
+        )
         self.chaos.cutoff = self.plan.cutoff
         self.log: list[tuple[float, str, str, Any]] = []
         self.checker = Checker(JOBS)
+        self.checker.known_classes = self._known_classes
         self.counts = self.checker.counts
         self.ddb = SimDynamo(
             [
@@ -274,6 +281,7 @@ class World:
             self.plan.ddb,
             on_write=self._on_write,
         )
+        self.ddb.faults.txn_transient = self.plan.wide.txn_transient
         self.sqs = SimSQS(self.chaos, self.plan.sqs)
         self.sqs.create_queue(DLQ, visibility=self.plan.lease)
         self.sqs.create_queue(
@@ -302,7 +310,26 @@ class World:
             backoff_base_seconds=p.backoff_base,
             backoff_max_seconds=p.backoff_max,
         )
+        self.job_class_v2 = JobClass(
+            name=JOB_CLASS_V2,
+            payload_model=SimPayload,
+            lease_seconds=p.lease,
+            heartbeat_seconds=p.heartbeat,
+            jitter_seconds=p.jitter,
+            missed_heartbeats=3,
+            tool_timeout_seconds=p.tool_timeout,
+            stage_budget_seconds=p.stage_budget,
+            max_attempts=p.max_attempts,
+            backoff_base_seconds=p.backoff_base,
+            backoff_max_seconds=p.backoff_max,
+        )
         self.job_plans = {jp.job_id: jp for jp in p.job_plans}
+        self._old_left = p.wide.old_workers  # mixed_versions: first workers on the old app
+        self._journal_hooks: dict[str, Callable[[str, Any], None]] = {
+            "intent_confirmed": self._effect_reported,
+            "intent_replayed": self._effect_reported,
+            "job_abandoned": self._attempt_abandoned,
+        }
         self.workers: dict[str, Any] = {}
         self._worker_seq = 0
         # The producer's calls may be slow, lose their answer and be retried by its SDK
@@ -320,6 +347,9 @@ class World:
 
     def record(self, who: str, kind: str, data: Any) -> None:
         self.log.append((round(self.now, 6), who, kind, data))
+        hook = self._journal_hooks.get(kind)
+        if hook is not None and who in self.workers:
+            hook(who, data)
 
     def resume(self, task: Task, value: Any) -> None:
         actor = task.actor
@@ -427,6 +457,8 @@ class World:
                 f"{c.service} {c.op}: no answer within {timeout:g} s",
                 sent_at=p.sent_mono,
             )
+            if c.op == "TransactWriteItems":
+                op.origin.transient_cancel = False  # what ends the attempt now is a timeout
             if self.trace:
                 self.record(actor.id, "call_timeout", {"op": c.op, "key": _summary(c)})
             self.resume(p.task, err)
@@ -548,6 +580,8 @@ class World:
                 return
             p.done = True
             p.on_timeout = None
+            if c.op == "TransactWriteItems":
+                op.origin.transient_cancel = _transient_cancel(out)
             self.resume(p.task, _stamped(out, p.sent_mono, 0.0))
 
         self.at(t_back, deliver)
@@ -582,9 +616,13 @@ class World:
             p.armed = True
             self.at(t0 + timeout, on_timeout)
             return
+        lat = self.latency(actor)
         if isinstance(r, SimTool):
             self.receivers.sent(r.target, r.key, r.token)
-        lat = self.latency(actor)
+            if self.plan.wide.tool_work:
+                # widened world: the target takes its time (a capture is not instant),
+                # which is the window two jobs sharing a key can race in
+                lat += self.chaos.wide.uniform(0.0, self.plan.wide.tool_work)
         self.at(t0 + lat, lambda: self._remote_apply(p, r, t0, timeout))
         if lat >= timeout:
             p.armed = True
@@ -605,6 +643,20 @@ class World:
                 now=self.now,
             )
             out = _tool_outcome(r, reply, p.sent_mono)
+            if reply.status == 412:
+                self.checker.now = self.now
+                self.checker.owner_fenced(
+                    r.target,
+                    r.key,
+                    r.resource,
+                    r.scope,
+                    r.token,
+                    r.worker,
+                    self.truth(r.scope),
+                    reply.body.get("highest"),
+                )
+            elif 200 <= reply.status < 300:
+                out = self._after_success(r, out, p.sent_mono)
             if self.trace:
                 self.record(
                     r.target,
@@ -646,6 +698,26 @@ class World:
             return
         self.at(t_back, lambda: self._deliver_remote(p, r, out))
 
+    def _after_success(self, r: SimTool, out: Outcome, sent: float) -> Outcome:
+        """Widened world (cut_responses): the target applied, yet the caller sees an error.
+
+        Either the answer is cut on its way back (the HTTP client raises what
+        ``urllib``/``http.client`` raise then, and ``effects.http_json`` lets through)
+        or the user's code parsing the success response raises.
+        """
+        w = self.plan.wide
+        if self.chaos.roll_wide("tool_cut_response", w.cut_response):
+            exc: Exception = self.chaos.wide.choice(
+                [
+                    http.client.IncompleteRead(b'{"id": "', 64),
+                    http.client.BadStatusLine(""),
+                ]
+            )
+            return _raised(exc, sent)
+        if self.chaos.roll_wide("tool_parse_bug", w.parse_bug):
+            return _raised(KeyError("charge_id"), sent)
+        return out
+
     def _deliver_remote(self, p: _Pending, r: Remote, out: Outcome) -> None:
         if p.done:
             return
@@ -673,6 +745,35 @@ class World:
     def _on_redrive(self, m: Message) -> None:
         self.record("sqs", "redrive_to_dlq", {"message": m.message_id, "body": m.body})
 
+    def _known_classes(self, worker: str) -> frozenset[str] | None:
+        w = self.workers.get(worker)
+        return frozenset(w.classes) if w is not None else None
+
+    def _effect_reported(self, worker: str, data: Any) -> None:
+        """``intent_confirmed``/``intent_replayed``: the effect flow returns this result."""
+        key = str(data.get("key", ""))
+        recorded = None
+        for target in self.receivers.targets.values():
+            recorded = recorded or target.applied.get(key)
+        self.checker.now = self.now
+        self.checker.effect_reported(
+            worker, str(data.get("job_id")), key, data.get("external_id"), recorded
+        )
+
+    def _attempt_abandoned(self, worker: str, data: Any) -> None:
+        """``job_abandoned``: was the attempt given up right after a transient cancellation?"""
+        w = self.workers[worker]
+        job_id, token = str(data.get("job_id")), data.get("token")
+        held = w.held.get(job_id)
+        if held is None or held.lease.token != token or not held.origin.transient_cancel:
+            return
+        lease = held.lease
+        running = lease.status is LeaseStatus.DONE and w.mono() < lease.deadline
+        self.checker.now = self.now
+        self.checker.attempt_abandoned(
+            worker, job_id, token, str(data.get("error_code")), self.truth(job_id), running
+        )
+
     def truth(self, job_id: str) -> tuple[int, str] | None:
         """The job's token and state as the table holds them now (no latency, no fault)."""
         item = self.ddb.get(JOBS, {"job_id": {"S": job_id}})
@@ -697,8 +798,17 @@ class World:
         )
         if self.chaos.active and abs(w.wall_offset) > 1.0:
             self.chaos.count("clock_drift")
+        info: dict[str, Any] = {"rate": w.rate, "wall_offset": w.wall_offset}
+        if "mixed_versions" in self.plan.wide.features:
+            # The first workers run the old app (no sim-v2); every later start is new.
+            old = self._old_left > 0
+            self._old_left -= 1
+            w.classes = {JOB_CLASS: self.job_class}
+            if not old:
+                w.classes[JOB_CLASS_V2] = self.job_class_v2
+            info["app"] = "old" if old else "new"
         self.workers[wid] = w
-        self.record(wid, "worker_started", {"rate": w.rate, "wall_offset": w.wall_offset})
+        self.record(wid, "worker_started", info)
         w.start()
         return w
 
@@ -709,11 +819,12 @@ class World:
 
     def _submit(self, job_id: str, tries: int = 1) -> None:
         text = canonical_json({"n": int(job_id.rsplit("-", 1)[1])})
-        flow = submit_flow(
+        jp = self.job_plans[job_id]
+        flow: Any = submit_flow(
             self.jobs_req,
             queue_url=QUEUE,
             job_id=job_id,
-            job_class=JOB_CLASS,
+            job_class=jp.job_class,
             payload_json=text,
             payload_hash=payload_hash(text),
             wall_now=self.producer.wall(),
@@ -722,6 +833,8 @@ class World:
             # send over at once instead of waiting for the sweep's grace.
             resend_after=0.0,
         )
+        if jp.producer_dies:
+            flow = self._dies_before_send(flow, job_id)
         origin = Origin("producer", f"submit-{job_id}", "producer")
 
         def again() -> None:  # a producer resubmits (submit is idempotent by job id)
@@ -731,6 +844,48 @@ class World:
         self.producer.spawn(
             f"submit-{job_id}", _drive_plain(self, self.producer, flow, origin, again)
         )
+
+    def _dies_before_send(self, flow: Any, job_id: str) -> Any:
+        """producer_death: the submission stops where the message would be sent (the
+        record is written; the process that wrote it is gone, nobody resubmits)."""
+        instr = next(flow)
+        while True:
+            if isinstance(instr, Call) and instr.op == "SendMessage":
+                flow.close()
+                if self.chaos.active:
+                    self.chaos.count("producer_died")
+                self.record("producer", "producer_died", {"job_id": job_id})
+                return None
+            out = yield instr
+            try:
+                instr = flow.send(out)
+            except StopIteration as stop:
+                return stop.value
+
+    def _deploy(self) -> None:
+        """mixed_versions: the rolling deploy reaches the old workers (graceful stop;
+        they restart on the new version)."""
+        for w in list(self.workers.values()):
+            if w.alive and not w.stopping and JOB_CLASS_V2 not in w.classes:
+                self.record("world", "deploy", {"worker": w.id})
+                w.begin_shutdown()
+
+    def _stray(self) -> None:
+        """mixed_versions: a message names a submitted job with the other class (an old
+        producer, a hand-sent message): poison, it must claim nothing."""
+        if not self.chaos.active:
+            return
+        ids = sorted(self.job_plans)
+        job_id = self.chaos.wide.choice(ids)
+        record = self.ddb.get(JOBS, {"job_id": {"S": job_id}})
+        if record is None:
+            return
+        cls = record["job_class"]["S"]
+        other = JOB_CLASS if cls == JOB_CLASS_V2 else JOB_CLASS_V2
+        self.chaos.count("stray_class_message")
+        self.record("faults", "stray_class_message", {"job_id": job_id, "job_class": other})
+        self.sqs.now = self.now
+        self.sqs.send(self.sqs.queues[QUEUE], message_body(job_id, other))
 
     def _cancel(self) -> None:
         job_id = self.chaos.choice(sorted(self.job_plans))
@@ -818,6 +973,10 @@ class World:
         times = sorted(self.chaos.uniform(0.0, p.cutoff) for _ in range(p.fault_events))
         for t in times:
             self.at(t, self._fault)
+        if "mixed_versions" in p.wide.features:
+            self.at(p.wide.deploy_at, self._deploy)
+            for t in p.wide.stray_messages:
+                self.at(t, self._stray)
         n_jobs = len(p.job_plans)
         self._last_submit = max((jp.submit_at for jp in p.job_plans), default=0.0)
         settle_end: float | None = None
@@ -846,7 +1005,7 @@ class World:
             records = {
                 jp.job_id: self.ddb.get(JOBS, {"job_id": {"S": jp.job_id}}) for jp in p.job_plans
             }
-            self.checker.finish(records, self._stuck_detail(records))
+            self.checker.finish(records, self._stuck_detail(records), self._stranded(records))
         for v in self.checker.violations:
             self.record("checker", "violation", {"name": v.name, "message": v.message})
         return RunResult(
@@ -859,6 +1018,17 @@ class World:
             counts=dict(self.counts),
             log=self.log,
         )
+
+    def _stranded(self, records: Mapping[str, Mapping[str, Any] | None]) -> list[str]:
+        """Jobs whose record is ``queued`` and no message (queue or DLQ) names them."""
+        named = {m.body for url in (QUEUE, DLQ) for m in self.sqs.live(url)}
+        out = []
+        for job_id, item in records.items():
+            if item is None or item["state"]["S"] != "queued":
+                continue
+            if not any(f'"job_id":"{job_id}"' in body for body in named):
+                out.append(job_id)
+        return out
 
     def _stuck_detail(self, records: Mapping[str, Mapping[str, Any] | None]) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -896,6 +1066,7 @@ def _plan_summary(p: RunPlan) -> dict[str, Any]:
         "max_receive": p.max_receive,
         "ddb_idempotent_tokens": p.ddb.idempotent_tokens,
         "fault_events": p.fault_events,
+        **({"widened": sorted(p.wide.features)} if p.wide.features else {}),
     }
 
 
@@ -914,6 +1085,14 @@ def _stamped(out: Outcome, sent: float, received: float) -> Outcome:
         received,
         out.exc,
     )
+
+
+def _transient_cancel(out: Outcome) -> bool:
+    """A transaction cancelled only for transient reasons (throttling, a conflict)."""
+    if not isinstance(out, Err) or out.kind is not ErrorKind.TRANSACTION_CANCELLED:
+        return False
+    codes = {str(r.get("Code", "")) for r in out.reasons} - {"None"}
+    return bool(codes) and codes <= TRANSIENT_REASONS
 
 
 def _raised(exc: Exception, sent: float) -> Err:
