@@ -88,6 +88,7 @@ def test_mutations_are_undone_on_exit() -> None:
     from sqs_lease._core import flows, intents
     from sqs_lease._schema import JobTable
     from sqs_lease._sim.mutations import applied
+    from sqs_lease._sim import worker as sim_worker
     from sqs_lease._sim.worker import SimWorker
 
     def state() -> tuple[object, ...]:
@@ -99,6 +100,7 @@ def test_mutations_are_undone_on_exit() -> None:
             intents.__dict__["ToolNotApplied"],
             intents._transient_cancel,
             intents.start_id_for,
+            sim_worker.stopped_ending,
         )
 
     before = state()
