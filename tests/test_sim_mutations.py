@@ -87,8 +87,8 @@ def test_mutation_is_caught_and_the_protocol_passes_the_same_seeds(name: str) ->
 def test_mutations_are_undone_on_exit() -> None:
     from sqs_lease._core import flows, intents
     from sqs_lease._schema import JobTable
-    from sqs_lease._sim.mutations import applied
     from sqs_lease._sim import worker as sim_worker
+    from sqs_lease._sim.mutations import applied
     from sqs_lease._sim.worker import SimWorker
 
     def state() -> tuple[object, ...]:
@@ -100,7 +100,7 @@ def test_mutations_are_undone_on_exit() -> None:
             intents.__dict__["ToolNotApplied"],
             intents._transient_cancel,
             intents.start_id_for,
-            sim_worker.stopped_ending,
+            sim_worker.__dict__["stopped_ending"],
         )
 
     before = state()
