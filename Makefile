@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit soak chaos bench clean
+.PHONY: demo test lint typecheck unit soak chaos bench dist clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,10 +21,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# pytest includes tests/test_packaging.py: it builds the sdist and the wheel and
+# runs the wheel from a fresh virtualenv. --durations keeps the slow ones in view.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10
 
 soak: $(STAMP)
 	$(BIN)/python -m sqs_lease._sim soak --seeds 100000
@@ -36,5 +38,9 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[bench]'
 	$(BIN)/python benchmarks/run.py
 
+# The sdist, and the wheel built from it, in dist/.
+dist: $(STAMP)
+	$(BIN)/python -m build --no-isolation --outdir dist .
+
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache *.egg-info build dist

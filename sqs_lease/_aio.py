@@ -13,12 +13,12 @@ from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
 import botocore.config
-from aiobotocore.session import get_session
 
-from ._aws import Timeouts, classify, client_kwargs
+from ._aws import Timeouts, classify, client_kwargs, endpoint_of
 from ._clock import lease_clock
 from ._config import Settings
 from ._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
+from ._errors import ConfigError
 from ._journal import Journal
 
 T = TypeVar("T")
@@ -43,6 +43,14 @@ class AsyncDriver:
         self.calls = 0
 
     async def __aenter__(self) -> AsyncDriver:
+        # Imported here: aiobotocore is the optional extra ``async`` (it pins
+        # botocore narrowly), so the rest of the package must import without it.
+        try:
+            from aiobotocore.session import get_session
+        except ImportError as exc:
+            raise ConfigError(
+                "the async driver needs aiobotocore: pip install 'sqs-lease[async]'"
+            ) from exc
         session = get_session()
         config = botocore.config.Config(
             connect_timeout=self.timeouts.connect,
@@ -52,7 +60,9 @@ class AsyncDriver:
         )
         for service in ("sqs", "dynamodb"):
             self.clients[service] = await self._stack.enter_async_context(
-                session.create_client(service, config=config, **client_kwargs(self.settings))
+                session.create_client(
+                    service, config=config, **client_kwargs(self.settings, service)
+                )
             )
         return self
 
@@ -67,7 +77,7 @@ class AsyncDriver:
         try:
             response = await method(**c.params)
         except Exception as exc:
-            return classify(exc, sent, self.clock())
+            return classify(exc, sent, self.clock(), where=endpoint_of(self.clients[c.service]))
         finally:
             self.calls += 1
         return Ok(response, sent, self.clock())

@@ -19,7 +19,7 @@ import botocore.exceptions
 from botocore import xform_name
 
 from ._clock import lease_clock
-from ._config import Settings
+from ._config import Settings, is_local_url
 from ._core.calls import (
     Call,
     Emit,
@@ -57,8 +57,14 @@ _UNREACHABLE = (
 )
 
 
-def classify(exc: BaseException, sent_at: float, received_at: float) -> Err:
-    """Turn a botocore exception into an outcome value (shared with the async driver)."""
+def classify(
+    exc: BaseException, sent_at: float, received_at: float, *, where: str | None = None
+) -> Err:
+    """Turn a botocore exception into an outcome value (shared with the async driver).
+
+    ``where`` names the service and endpoint the call went to (see
+    :func:`endpoint_of`) for the one error raised here, missing credentials.
+    """
     if isinstance(exc, botocore.exceptions.ClientError):
         resp: dict[str, Any] = dict(exc.response)
         error = resp.get("Error", {})
@@ -89,8 +95,9 @@ def classify(exc: BaseException, sent_at: float, received_at: float) -> Err:
         )
     if isinstance(exc, botocore.exceptions.NoCredentialsError):
         raise AwsUnavailable(
-            "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
-            "(or point AWS_ENDPOINT_URL at the local emulator)"
+            f"no AWS credentials for {where or 'AWS'}: set AWS_PROFILE or "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or point AWS_ENDPOINT_URL, or "
+            "AWS_ENDPOINT_URL_SQS / AWS_ENDPOINT_URL_DYNAMODB, at the local emulator)"
         ) from None
     if isinstance(exc, _UNREACHABLE):
         return Err(
@@ -108,18 +115,31 @@ class Timeouts:
     attempts: int = 2
 
 
-def client_kwargs(settings: Settings) -> dict[str, Any]:
-    """Endpoint, region and (for the local emulator only) dummy credentials."""
+def endpoint_of(client: Any) -> str:
+    """The service and the endpoint a client really talks to, for error messages:
+    ``SQS at http://127.0.0.1:5000``, ``DynamoDB at https://dynamodb.us-east-1.amazonaws.com``."""
+    model = client.meta.service_model
+    name = {"sqs": "SQS", "dynamodb": "DynamoDB"}.get(model.service_name, model.service_name)
+    return f"{name} at {client.meta.endpoint_url}"
+
+
+def client_kwargs(settings: Settings, service: str) -> dict[str, Any]:
+    """Endpoint, region and (for a local emulator only) dummy credentials for ``service``."""
     kw: dict[str, Any] = {"region_name": settings.region}
-    if settings.endpoint_url:
-        kw["endpoint_url"] = settings.endpoint_url
-    if settings.is_local:
-        with _SESSION_LOCK:
-            missing = _shared_session().get_credentials() is None
-        if missing:
-            kw["aws_access_key_id"] = "testing"
-            kw["aws_secret_access_key"] = "testing"
+    endpoint = settings.endpoint_for(service)
+    if endpoint:
+        kw["endpoint_url"] = endpoint
+    if is_local_url(endpoint):
+        kw.update(_local_credentials())
     return kw
+
+
+def _local_credentials() -> dict[str, str]:
+    # moto wants some credentials, and has no use for real ones: supply dummies
+    # only when the chain finds none, so a configured profile still works.
+    with _SESSION_LOCK:
+        missing = _shared_session().get_credentials() is None
+    return {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"} if missing else {}
 
 
 _SESSION_LOCK = threading.Lock()
@@ -147,9 +167,17 @@ def make_client(settings: Settings, service: str, timeouts: Timeouts = Timeouts(
         retries={"total_max_attempts": timeouts.attempts, "mode": "standard"},
         max_pool_connections=50,
     )
-    kwargs = client_kwargs(settings)
+    kwargs = client_kwargs(settings, service)
     with _SESSION_LOCK:
-        return _shared_session().client(service, config=config, **kwargs)
+        client = _shared_session().client(service, config=config, **kwargs)
+    if "endpoint_url" not in kwargs and is_local_url(client.meta.endpoint_url):
+        # boto3 found a loopback endpoint the settings do not name (its own
+        # AWS_ENDPOINT_URL_* variables, or its config file): it is an emulator too.
+        creds = _local_credentials()
+        if creds:
+            with _SESSION_LOCK:
+                client = _shared_session().client(service, config=config, **kwargs, **creds)
+    return client
 
 
 class SyncDriver:
@@ -179,7 +207,7 @@ class SyncDriver:
         try:
             response = method(**c.params)
         except Exception as exc:
-            return classify(exc, sent, self.clock())
+            return classify(exc, sent, self.clock(), where=endpoint_of(self.clients[c.service]))
         finally:
             self.calls += 1
         return Ok(response, sent, self.clock())

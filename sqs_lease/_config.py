@@ -4,33 +4,85 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ._errors import ConfigError
+
+Service = Literal["sqs", "dynamodb"]
+"""The two AWS services the toolkit talks to (boto3's service names)."""
+
+SERVICES: tuple[Service, ...] = ("sqs", "dynamodb")
+
+_SERVICE_NAMES: dict[str, str] = {"sqs": "SQS", "dynamodb": "DynamoDB"}
+# boto3's own convention: AWS_ENDPOINT_URL_<SERVICE ID>, upper case.
+_SERVICE_ENV: dict[Service, str] = {
+    "sqs": "AWS_ENDPOINT_URL_SQS",
+    "dynamodb": "AWS_ENDPOINT_URL_DYNAMODB",
+}
+_LOCAL_HOSTS = ("localhost", "::1")
+
+
+def is_local_url(url: str | None) -> bool:
+    """Whether ``url`` points at this machine (loopback): the local emulator, never AWS."""
+    if not url:
+        return False
+    host = (urlsplit(url).hostname or "").lower()
+    return host in _LOCAL_HOSTS or host.startswith("127.")
 
 
 class Settings(BaseModel):
     """Where to find AWS and the toolkit's resources.
 
     The same code runs against the local emulator or real AWS; only these change.
-    ``endpoint_url=None`` means real AWS (the default credential chain and region).
+    ``endpoint_url`` applies to both services; ``sqs_endpoint_url`` and
+    ``dynamodb_endpoint_url`` override it for one service (e.g. SQS on one
+    emulator, DynamoDB on another). A service with no endpoint is real AWS (the
+    default credential chain and region). Use :meth:`endpoint_for` to read the
+    endpoint a service actually gets.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     endpoint_url: str | None = None
+    sqs_endpoint_url: str | None = None
+    dynamodb_endpoint_url: str | None = None
     region: str = "us-east-1"
     prefix: str = Field(default="sqs-lease", pattern=r"^[A-Za-z0-9_.-]{1,60}$")
     queue_name: str | None = None
 
-    @field_validator("endpoint_url")
+    @field_validator("endpoint_url", "sqs_endpoint_url", "dynamodb_endpoint_url")
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
         if v is not None and not v.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return v or None
+
+    def endpoint_for(self, service: str) -> str | None:
+        """The endpoint ``service`` (boto3's name) talks to: its own if set, else
+        ``endpoint_url``; ``None`` means AWS's public endpoint for the region."""
+        own = {"sqs": self.sqs_endpoint_url, "dynamodb": self.dynamodb_endpoint_url}.get(service)
+        return own or self.endpoint_url
+
+    def is_local_for(self, service: str) -> bool:
+        """Whether ``service`` talks to an emulator on this machine (loopback)."""
+        return is_local_url(self.endpoint_for(service))
+
+    def describe_endpoint(self, service: str) -> str:
+        """``service`` and where it is, for error messages: ``SQS at http://...``."""
+        url = self.endpoint_for(service)
+        where = url or f"AWS's public endpoint in {self.region} (no endpoint set)"
+        return f"{_SERVICE_NAMES.get(service, service)} at {where}"
+
+    def describe_endpoints(self) -> str:
+        """Both services' endpoints in one phrase, for messages about either."""
+        sqs, ddb = self.endpoint_for("sqs"), self.endpoint_for("dynamodb")
+        if sqs == ddb:
+            where = sqs or f"AWS's public endpoints in {self.region} (no endpoint set)"
+            return f"SQS and DynamoDB at {where}"
+        return f"{self.describe_endpoint('sqs')}, {self.describe_endpoint('dynamodb')}"
 
     @property
     def jobs_table(self) -> str:
@@ -54,21 +106,37 @@ class Settings(BaseModel):
 
     @property
     def is_local(self) -> bool:
-        host = (self.endpoint_url or "").split("//", 1)[-1]
-        return host.startswith(("127.", "localhost", "[::1]"))
+        """Whether both services talk to emulators on this machine."""
+        return all(self.is_local_for(s) for s in SERVICES)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Read ``AWS_ENDPOINT_URL``, ``AWS_REGION``/``AWS_DEFAULT_REGION``,
-        ``SQS_LEASE_PREFIX`` and ``SQS_LEASE_QUEUE``; explicit overrides win."""
+        """Read ``AWS_ENDPOINT_URL``, ``AWS_ENDPOINT_URL_SQS``,
+        ``AWS_ENDPOINT_URL_DYNAMODB`` (boto3's names), ``AWS_REGION``/
+        ``AWS_DEFAULT_REGION``, ``SQS_LEASE_PREFIX`` and ``SQS_LEASE_QUEUE``.
+
+        Explicit overrides win over the environment, and a service's own endpoint
+        wins over the general one at the same level: an explicit ``endpoint_url``
+        therefore also replaces the service endpoints found in the environment
+        (as boto3's ``endpoint_url=`` does). ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true``
+        makes boto3 ignore the endpoint variables, and so does this.
+        """
         e = os.environ if env is None else env
+        ignore = (e.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS") or "").lower() == "true"
         values: dict[str, Any] = {
-            "endpoint_url": e.get("AWS_ENDPOINT_URL") or None,
             "region": e.get("AWS_REGION") or e.get("AWS_DEFAULT_REGION") or "us-east-1",
             "prefix": e.get("SQS_LEASE_PREFIX") or "sqs-lease",
             "queue_name": e.get("SQS_LEASE_QUEUE") or None,
         }
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        if not ignore:
+            values["endpoint_url"] = e.get("AWS_ENDPOINT_URL") or None
+            for service, name in _SERVICE_ENV.items():
+                values[f"{service}_endpoint_url"] = e.get(name) or None
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if "endpoint_url" in given:
+            for service in SERVICES:
+                values.pop(f"{service}_endpoint_url", None)
+        values.update(given)
         try:
             return cls(**values)
         except ValidationError as exc:

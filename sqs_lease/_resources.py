@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ._aws import classify, make_client
+from ._aws import classify, endpoint_of, make_client
 from ._config import Settings
 from ._core.calls import ErrorKind
 from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
@@ -21,10 +21,11 @@ def _call(client: Any, op: str, **params: Any) -> Any:
     try:
         return getattr(client, op)(**params)
     except Exception as exc:
-        err = classify(exc, 0.0, 0.0)
+        where = endpoint_of(client)
+        err = classify(exc, 0.0, 0.0, where=where)
         if err.kind is ErrorKind.UNREACHABLE:
-            raise AwsUnavailable(f"{op}: endpoint did not answer ({err.code})") from None
-        raise AwsCallFailed(f"{op}: {err.code}: {err.message}", err.code) from None
+            raise AwsUnavailable(f"{op}: {where} did not answer ({err.code})") from None
+        raise AwsCallFailed(f"{op} on {where}: {err.code}: {err.message}", err.code) from None
 
 
 def create_tables(settings: Settings) -> list[str]:
@@ -122,14 +123,17 @@ def queue_url(settings: Settings, name: str | None = None) -> str:
     try:
         return str(sqs.get_queue_url(QueueName=qname)["QueueUrl"])
     except Exception as exc:
-        err = classify(exc, 0.0, 0.0)
+        where = endpoint_of(sqs)
+        err = classify(exc, 0.0, 0.0, where=where)
         if err.kind is ErrorKind.NOT_FOUND:
             raise ResourceMissing(
-                f"queue {qname!r} does not exist: run `sqs-lease queue create`"
+                f"queue {qname!r} does not exist on {where}: run `sqs-lease queue create`"
             ) from None
         if err.kind is ErrorKind.UNREACHABLE:
-            raise AwsUnavailable(f"SQS endpoint did not answer ({err.code})") from None
-        raise AwsCallFailed(f"GetQueueUrl: {err.code}: {err.message}", err.code) from None
+            raise AwsUnavailable(f"{where} did not answer ({err.code})") from None
+        raise AwsCallFailed(
+            f"GetQueueUrl on {where}: {err.code}: {err.message}", err.code
+        ) from None
 
 
 def redrive(settings: Settings, url: str) -> tuple[str | None, int | None]:
@@ -155,11 +159,14 @@ def _check_one(ddb: Any, table: str) -> None:
     try:
         ddb.describe_table(TableName=table)
     except Exception as exc:
-        err = classify(exc, 0.0, 0.0)
+        where = endpoint_of(ddb)
+        err = classify(exc, 0.0, 0.0, where=where)
         if err.kind is ErrorKind.NOT_FOUND:
             raise ResourceMissing(
-                f"table {table!r} does not exist: run `sqs-lease tables create`"
+                f"table {table!r} does not exist on {where}: run `sqs-lease tables create`"
             ) from None
         if err.kind is ErrorKind.UNREACHABLE:
-            raise AwsUnavailable(f"DynamoDB endpoint did not answer ({err.code})") from None
-        raise AwsCallFailed(f"DescribeTable: {err.code}: {err.message}", err.code) from None
+            raise AwsUnavailable(f"{where} did not answer ({err.code})") from None
+        raise AwsCallFailed(
+            f"DescribeTable on {where}: {err.code}: {err.message}", err.code
+        ) from None

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
@@ -33,6 +34,7 @@ from ._config import Settings
 from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
 from ._core.intents import IntentState, Resolution, resolve_flow
 from ._errors import (
+    AwsCallFailed,
     AwsUnavailable,
     PayloadError,
     ResourceMissing,
@@ -54,6 +56,16 @@ from ._worker import Worker, load_app
 __all__ = ["cli", "main"]
 
 _REASON_WIDTH = 40
+
+
+def _package_version() -> str:
+    try:
+        return metadata.version("sqs-lease")
+    except metadata.PackageNotFoundError:  # a source tree on sys.path, never installed
+        return "unknown (not installed)"
+
+
+_VERSION = _package_version()
 _LIST_FIELDS = (
     "job_id",
     "job_class",
@@ -82,24 +94,31 @@ def _one_line(text: str) -> str:
 
 
 def _error_text(exc: Exception, settings: Settings | None) -> str:
-    """The one line to print for an expected failure."""
-    endpoint = (settings.endpoint_url if settings else None) or "real AWS"
-    local_hint = (
-        " (start the local emulator with `sqs-lease local`, or fix --endpoint-url)"
-        if settings is not None and settings.is_local
-        else " (check --endpoint-url / AWS_ENDPOINT_URL and the network)"
+    """The one line to print for an expected failure; AWS failures name the endpoints."""
+    endpoints = settings.describe_endpoints() if settings is not None else "AWS"
+    hint = (
+        " (start the local emulator with `sqs-lease local`, or fix --endpoint-url,"
+        " --sqs-endpoint-url or --dynamodb-endpoint-url)"
+        if settings is not None and any(settings.is_local_for(s) for s in ("sqs", "dynamodb"))
+        else " (check --endpoint-url / --sqs-endpoint-url / --dynamodb-endpoint-url,"
+        " AWS_ENDPOINT_URL[_SQS|_DYNAMODB] and the network)"
     )
+    text = str(exc)
+    # The library's own resource errors already say where; flows' errors do not.
+    named = " at http" in text
     if isinstance(exc, AwsUnavailable):
-        text = str(exc)
         if "credentials" in text:
             return text
-        return f"{text}; endpoint {endpoint}{local_hint}"
+        return f"{text}{'' if named else '; ' + endpoints}{hint}"
+    if isinstance(exc, ResourceMissing | AwsCallFailed):
+        return text if named else f"{text} ({endpoints})"
     if isinstance(exc, SqsLeaseError):
-        return str(exc)
+        return text
     if isinstance(exc, botocore.exceptions.NoCredentialsError):
         return (
-            "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
-            "(or use --endpoint-url with the local emulator, `sqs-lease local`)"
+            f"no AWS credentials for {endpoints}: set AWS_PROFILE or "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or use --endpoint-url with the local "
+            "emulator, `sqs-lease local`)"
         )
     if isinstance(
         exc,
@@ -109,12 +128,15 @@ def _error_text(exc: Exception, settings: Settings | None) -> str:
         | botocore.exceptions.ReadTimeoutError
         | botocore.exceptions.HTTPClientError,
     ):
-        return f"endpoint {endpoint} did not answer ({type(exc).__name__}){local_hint}"
+        # botocore names the URL it tried: the endpoint actually used.
+        url = getattr(exc, "kwargs", {}).get("endpoint_url")
+        where = f"endpoint {url}" if url else endpoints
+        return f"{where} did not answer ({type(exc).__name__}){hint}"
     if isinstance(exc, botocore.exceptions.ClientError):
         error = exc.response.get("Error", {})
         op = getattr(exc, "operation_name", "AWS call")
-        return f"{op}: {error.get('Code', 'error')}: {error.get('Message', '')}"
-    return f"AWS client: {type(exc).__name__}: {exc}"
+        return f"{op}: {error.get('Code', 'error')}: {error.get('Message', '')} ({endpoints})"
+    return f"AWS client: {type(exc).__name__}: {exc} ({endpoints})"
 
 
 class _Cli(click.Group):
@@ -232,10 +254,23 @@ def _settings(ctx: click.Context) -> Settings:
 
 
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(
+    _VERSION, "-V", "--version", prog_name="sqs-lease", message="%(prog)s %(version)s"
+)
 @click.option(
     "--endpoint-url",
     default=None,
-    help="AWS endpoint (default: env AWS_ENDPOINT_URL; unset means real AWS).",
+    help="Endpoint of both services (default: env AWS_ENDPOINT_URL; unset means AWS).",
+)
+@click.option(
+    "--sqs-endpoint-url",
+    default=None,
+    help="SQS endpoint, overrides --endpoint-url (default: env AWS_ENDPOINT_URL_SQS).",
+)
+@click.option(
+    "--dynamodb-endpoint-url",
+    default=None,
+    help="DynamoDB endpoint, overrides --endpoint-url (default: env AWS_ENDPOINT_URL_DYNAMODB).",
 )
 @click.option(
     "--region", default=None, help="AWS region (default: env AWS_REGION/AWS_DEFAULT_REGION)."
@@ -252,13 +287,20 @@ def _settings(ctx: click.Context) -> Settings:
 def cli(
     ctx: click.Context,
     endpoint_url: str | None,
+    sqs_endpoint_url: str | None,
+    dynamodb_endpoint_url: str | None,
     region: str | None,
     prefix: str | None,
     queue_name: str | None,
 ) -> None:
     """Long tool calls on AWS, made safe: SQS leases, DynamoDB fencing tokens."""
     ctx.obj = Settings.from_env(
-        endpoint_url=endpoint_url, region=region, prefix=prefix, queue_name=queue_name
+        endpoint_url=endpoint_url,
+        sqs_endpoint_url=sqs_endpoint_url,
+        dynamodb_endpoint_url=dynamodb_endpoint_url,
+        region=region,
+        prefix=prefix,
+        queue_name=queue_name,
     )
 
 
@@ -284,7 +326,14 @@ def local(ctx: click.Context, port: int, init: bool) -> None:
         try:
             endpoint = server.endpoint_url
             if init:
-                settings = _settings(ctx).model_copy(update={"endpoint_url": endpoint})
+                # Both services on this emulator, whatever the environment says.
+                settings = _settings(ctx).model_copy(
+                    update={
+                        "endpoint_url": endpoint,
+                        "sqs_endpoint_url": None,
+                        "dynamodb_endpoint_url": None,
+                    }
+                )
                 for name in create_tables(settings):
                     click.echo(f"table {name}")
                 url, dlq = create_queue(settings)

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.integration
 @pytest.mark.fault
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)  # hang guards only: a calm machine takes about 20 s
 def test_quick_bench_run_completes(tmp_path: Path) -> None:
     out, md = tmp_path / "results.json", tmp_path / "block.md"
     proc = subprocess.run(
@@ -38,7 +38,7 @@ def test_quick_bench_run_completes(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=570,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data: dict[str, Any] = json.loads(out.read_text())

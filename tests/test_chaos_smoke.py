@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.integration
 @pytest.mark.fault
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(400)  # hang guards only: a calm machine takes about 20 s
 def test_one_short_chaos_run(tmp_path: Path) -> None:
     report = tmp_path / "report.md"
     cmd = [
@@ -35,11 +35,11 @@ def test_one_short_chaos_run(tmp_path: Path) -> None:
         "--workers", "2",
         "--jobs", "8",
         "--fault-seconds", "8",
-        "--drain-seconds", "25",
+        "--drain-seconds", "90",  # the largest bound; a drained run ends at once
         "--artefacts", str(tmp_path / "chaos"),
         "--report", str(report),
     ]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=45)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=360)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "chaos: OK" in out

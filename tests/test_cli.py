@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -223,12 +222,10 @@ def test_worker_processes_a_submitted_job(
     assert sub.exit_code == 0, sub.output
 
     before = signal.getsignal(signal.SIGINT)
-    started = time.monotonic()
     result = run(
         aws, "worker", spec, "--idle-exit", "2", "--receive-wait", "1", "--worker-id", "cli-w"
     )
     assert result.exit_code == 0, (result.output, result.exception)
-    assert time.monotonic() - started < 30
     assert signal.getsignal(signal.SIGINT) is before
     stats = json.loads(result.stdout.strip().splitlines()[-1])
     assert stats["claimed"] == 1 and stats["committed"] == 1

@@ -317,7 +317,7 @@ def test_one_way_up_never_reaches_upstream(proxy: FaultProxy, echo: _EchoServer)
     assert proxy.stats.accepted == 1  # the upstream connection itself was still made
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(120)
 def test_cli_controls_proxy_over_stdin(echo: _EchoServer) -> None:
     proc = subprocess.Popen(
         [
@@ -385,7 +385,7 @@ def test_cli_controls_proxy_over_stdin(echo: _EchoServer) -> None:
         stdout.close()
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(180)
 def test_botocore_to_moto_through_proxy() -> None:
     """Real botocore -> moto traffic: concurrency, partition and lost response."""
     moto_server = pytest.importorskip("moto.server")

@@ -546,7 +546,7 @@ def test_stop_releases_running_jobs_at_once(
     settings, url, _ = prepare(aws.endpoint_url, aws.prefix)
     app = App()
     started = threading.Semaphore(0)
-    lease = 20  # long, so "visible at once" cannot be the lease lapsing
+    lease = 120  # long, so "visible before the lease" cannot be the lease lapsing
 
     @app.job(
         "slow",
@@ -573,7 +573,7 @@ def test_stop_releases_running_jobs_at_once(
         t0 = time.monotonic()
         stats = runner.stop(timeout=10)
         stopped_in = time.monotonic() - t0
-    assert stopped_in < 1.0 + 1 + 3  # grace + one receive wait + slack
+    assert stopped_in < lease  # released, not held until the lease ran out
     assert stats.released == 2
     released = journal.events("messages_released")
     assert sum(e["count"] for e in released) == 2
@@ -584,10 +584,8 @@ def test_stop_releases_running_jobs_at_once(
         assert rec.attempt == 0  # the worker stopped it: the attempt is given back
         assert rec.reason is not None and "shutdown" in rec.reason
         assert journal.events("result_committed", job_id=job_id) == []
-    t1 = time.monotonic()
-    got = drain(sqs_client, url, timeout=3, want=2)
+    got = drain(sqs_client, url, timeout=lease / 2, want=2)  # returns once both came
     assert sorted(json.loads(m["Body"])["job_id"] for m in got) == sorted(ids)
-    assert time.monotonic() - t1 < 4 < lease
 
 
 _WORKER_SCRIPT = """
@@ -651,7 +649,7 @@ def test_sigterm_stops_a_worker_process_with_a_decision_for_its_job(
         time.sleep(0.5)  # the handler is inside its tool call
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=grace + 8)
+        code = proc.wait(timeout=120)  # a hang guard
         exited_in = time.monotonic() - t0
     finally:
         if proc.poll() is None:
@@ -661,7 +659,8 @@ def test_sigterm_stops_a_worker_process_with_a_decision_for_its_job(
     events = [json.loads(line) for line in lines if line.startswith("{")]
     names = [e.get("event") for e in events]
     assert code == 0, lines[-20:]
-    assert exited_in < grace + 5, f"exit took {exited_in:.1f} s"
+    # The handler runs 30 s unless told to stop: the worker did not wait for it.
+    assert exited_in < 30, f"exit took {exited_in:.1f} s"
     assert any(e.get("signal") == "SIGTERM" for e in events if e.get("event") == "worker_stopping")
     assert "worker_stopped" in names
     view = read_view(ddb_client, settings, job_id)
