@@ -91,7 +91,7 @@ class Origin:
 
     worker: str
     task: str
-    kind: str  # job | heartbeat | release | producer | operator
+    kind: str  # job | heartbeat | release | sweep | producer | operator
     tokens: dict[str, int] = field(default_factory=dict)  # job id -> token it acts under
     handler_ended: bool = False
     told_to_stop: bool = False  # the attempt was told to stop before its handler ended

@@ -27,6 +27,7 @@ from .._core.records import JobState
 from .._core.timing import LeaseStatus, LocalLease
 from .._schema import JobTable, R
 from . import receiver
+from . import worker as sim_worker
 from .worker import SimHeld, SimWorker
 
 
@@ -278,6 +279,63 @@ def fence_per_resource() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def unknown_class_claims() -> Iterator[None]:
+    """Issue 7 item 6, as before the fix: a worker whose app does not know a job's
+    class claims the job anyway (moving its token, fencing out a live owner) and fails
+    it "unknown job class". Patches the shell's ``admit_flow`` (its unknown-class
+    branch). Expected: I9 (mixed_versions)."""
+    _require(sim_worker, "admit_flow", "item 6 (unknown classes left for another version)")
+    admit = sim_worker.__dict__["admit_flow"]
+
+    def claims_unknown(req: Any, *, known_class: bool, **kw: Any) -> Flow[flows.ClaimResult]:
+        if known_class:
+            out: flows.ClaimResult = yield from admit(req, known_class=True, **kw)
+            return out
+        claim = yield from flows.claim_flow(
+            req,
+            queue_url=kw["queue_url"],
+            delivery=kw["delivery"],
+            worker_id=kw["worker_id"],
+            wall_now=kw["wall_now"],
+            lease_seconds=kw["lease_seconds"],
+            max_attempts=kw["max_attempts"],
+            dlq_url=kw["dlq_url"],
+        )
+        if not isinstance(claim, flows.Claimed):
+            return claim
+        reason = f"unknown job class {claim.job.job_class!r}"
+        yield from flows.fail_flow(
+            req,
+            queue_url=kw["queue_url"],
+            job=claim.job,
+            delivery=claim.delivery,
+            worker_id=kw["worker_id"],
+            wall_now=kw["wall_now"],
+            reason=reason,
+            error_code="unknown_job_class",
+        )
+        return flows.NotClaimed(claim.delivery, "unknown_class", reason, claim.job)
+
+    with _patch(sim_worker, "admit_flow", claims_unknown):
+        yield
+
+
+@contextmanager
+def no_stranded_sweep() -> Iterator[None]:
+    """Issue 7 item 8, as before the fix: the workers' periodic sweep of records left
+    without a sent message finds nothing (the shell's ``sweep_flow`` makes no call).
+    Expected: I10 (producer_death)."""
+    _require(sim_worker, "sweep_flow", "item 8 (the stranded-record sweep)")
+
+    def finds_nothing(req: Any, **kw: Any) -> Flow[flows.SweepReport]:
+        return flows.SweepReport((), False)
+        yield  # a generator, as the real flow
+
+    with _patch(sim_worker, "sweep_flow", finds_nothing):
+        yield
+
+
 PENDING: dict[str, tuple[Callable[[], Any], str, str]] = {
     # name: (mutation, widened feature that exposes it, invariant expected first)
     "fence_per_resource": (fence_per_resource, "shared_keys", "I7_live_owner_fenced"),
@@ -306,7 +364,15 @@ MUTATIONS: dict[str, Callable[[], Any]] = {
     "shared_key_as_own": shared_key_as_own,
     "plain_error_not_applied": plain_error_not_applied,
     "transient_cancel_as_refusal": transient_cancel_as_refusal,
+    "unknown_class_claims": unknown_class_claims,  # in the mixed_versions world
+    "no_stranded_sweep": no_stranded_sweep,  # in the producer_death world
 }
+WORLDS: dict[str, frozenset[str]] = {
+    "unknown_class_claims": frozenset({"mixed_versions"}),
+    "no_stranded_sweep": frozenset({"producer_death"}),
+}
+"""The widened features a mutation needs beyond ``plan.PASSING_FEATURES`` (the
+mutation check runs it with both)."""
 VARIANTS: dict[str, Callable[[], Any]] = {
     **MUTATIONS,
     "naive_check": naive_check,
@@ -328,4 +394,4 @@ def applied(name: str | None) -> Iterator[None]:
         yield
 
 
-__all__ = ["MUTATIONS", "PENDING", "VARIANTS", "applied"]
+__all__ = ["MUTATIONS", "PENDING", "VARIANTS", "WORLDS", "applied"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from .._core.flows import UNSENT_GRACE_SECONDS
 from .chaos import Chaos
 from .ddb import DdbFaults
 from .receiver import TargetFaults
@@ -44,6 +45,11 @@ WIDE_FAULT_KINDS = (
     "stray_class_message",
     "producer_died",
 )
+
+
+# The real worker's stranded-sweep defaults (``sqs_lease._worker.Worker``).
+SWEEP_INTERVAL = 60.0
+SWEEP_LIMIT = 25
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,18 @@ class Widening:
     tool_work: float = 0.0  # shared_keys: a target takes up to this long to apply a call
 
 
+@dataclass(frozen=True)
+class SweepPlan:
+    """The stranded-record sweep of every simulated worker (issue 7 item 8): the real
+    ``Worker``'s defaults (``sweep_interval``, ``sweep_grace``, ``sweep_limit``; a
+    test keeps them in step). Simulated time runs in real seconds, so they apply as
+    they are."""
+
+    interval: float = SWEEP_INTERVAL
+    grace: float = UNSENT_GRACE_SECONDS
+    limit: int = SWEEP_LIMIT
+
+
 @dataclass
 class RunPlan:
     seed: int
@@ -124,6 +142,7 @@ class RunPlan:
     fault_weights: dict[str, float] = field(default_factory=dict)
     job_plans: list[JobPlan] = field(default_factory=list)
     wide: Widening = field(default_factory=Widening)
+    sweep: SweepPlan | None = None  # the workers' stranded-record sweep (None: off)
 
 
 def draw_plan(
@@ -227,7 +246,22 @@ def draw_plan(
     for i in range(n_jobs):
         plan.job_plans.append(_draw_job(c, plan, f"job-{i:03d}"))
     _widen(c, plan, calm, frozenset(WIDE_FEATURES) if features is None else features)
+    _sweep(plan)
     return plan
+
+
+def _sweep(plan: RunPlan) -> None:
+    """The workers sweep stranded records where the world can strand one.
+
+    The real worker always sweeps. Here it runs in the ``producer_death`` world (the
+    producer also waits the real grace before taking over another submission's
+    send, as ``submit_flow``'s default does); elsewhere it is off and the producer
+    takes over at once, so the narrow world's schedules (and every seed pinned in
+    it) stay byte for byte as they were: the sweep's calls would draw from the
+    seed's stream and move them.
+    """
+    if "producer_death" in plan.wide.features:
+        plan.sweep = SweepPlan()
 
 
 def _widen(c: Chaos, plan: RunPlan, calm: bool, allowed: frozenset[str]) -> None:

@@ -48,6 +48,7 @@ from .._core.flows import (
     rejected_loss,
     release_flow,
     retry_flow,
+    sweep_flow,
 )
 from .._core.intents import EffectResult, EffectSpec, default_key, effect_flow
 from .._core.records import JobView
@@ -185,6 +186,8 @@ class SimWorker(Actor):
         self.heartbeat_task: Task | None = None
         self._jobs_started = 0
         self.stats: dict[str, int] = {}
+        self.sweep_task: Task | None = None
+        self._sweeps = 0
 
     # ------------------------------------------------------------------ plumbing
 
@@ -201,6 +204,8 @@ class SimWorker(Actor):
     def start(self) -> None:
         self.receive_task = self.spawn("receive", self.receive_loop())
         self.heartbeat_task = self.spawn("heartbeat", self.heartbeat_loop())
+        if self.world.plan.sweep is not None:
+            self.sweep_task = self.spawn("sweep", self._sweep_loop())
 
     def begin_shutdown(self) -> None:
         self.stopping = True
@@ -799,3 +804,47 @@ class SimWorker(Actor):
             )
         for lease in changed.cancel:
             self.held[lease.job_id].cancelled = True
+
+    # ------------------------------------------------------------------ stranded sweep
+
+    def _sweep_loop(self) -> SimGen[None]:
+        """As ``_worker.Worker._sweep_loop``: a random first wait (spreading the sweeps
+        of workers started together), then one bounded sweep every interval until the
+        worker stops."""
+        sweep = self.world.plan.sweep
+        assert sweep is not None
+        wait = sweep.interval * (0.5 + 0.5 * self.world.chaos.random())
+        for _ in range(_LOOP_LIMIT):
+            yield SleepOp(wait)
+            if self.stopping:
+                return
+            yield from self.sweep_once()
+            wait = sweep.interval
+
+    def sweep_once(self) -> SimGen[int]:
+        """As ``_worker.Worker.sweep_once``: never raises; a failed sweep is journaled
+        and the next one tries again."""
+        sweep = self.world.plan.sweep
+        assert sweep is not None
+        self._sweeps += 1
+        try:
+            report = yield from self.drive(
+                sweep_flow(
+                    self.table,
+                    queue_url=self.queue_url,
+                    wall_now=self.wall(),
+                    older_than=sweep.grace,
+                    limit=sweep.limit,
+                    # unique per run, as the real worker's uuid4 (worker ids are)
+                    send_id_prefix=f"{self.id}-sweep{self._sweeps}",
+                ),
+                Origin(self.id, "sweep", "sweep"),
+            )
+        except Exception as exc:  # the sweep must never stop the worker
+            self.journal(
+                "stranded_sweep_failed", error_code=type(exc).__name__, reason=str(exc)[:300]
+            )
+            return 0
+        resent = sum(1 for j in report.jobs if j.verdict == "resent")
+        self.bump("stranded_resent", resent)
+        return resent

@@ -26,10 +26,10 @@ from .._core.intents import ToolResult
 from .._core.timing import LeaseStatus
 from .._errors import LeaseLost, ToolNotApplied, ToolOutcomeUnknown
 from .._jobs import JobClass, canonical_json, payload_hash
-from .._schema import IntentTable, JobTable
+from .._schema import UNSENT_INDEX, IntentTable, JobTable, UnsentIndex
 from . import plan as plans
 from .chaos import Chaos
-from .ddb import SimDynamo, TableSpec
+from .ddb import IndexSpec, SimDynamo, TableSpec
 from .invariants import E_BUDGET, E_EXC, TRANSIENT_REASONS, Checker, Origin, Violation
 from .plan import FAULT_KINDS, RunPlan
 from .receiver import Receivers, Reply
@@ -273,7 +273,7 @@ class World:
         self.counts = self.checker.counts
         self.ddb = SimDynamo(
             [
-                TableSpec(JOBS, "job_id"),
+                _jobs_table_spec(),
                 TableSpec(INTENTS, "intent_key"),
                 TableSpec(ATTEMPTS, "intent_key", "attempt"),
             ],
@@ -830,9 +830,7 @@ class World:
             payload_hash=payload_hash(text),
             wall_now=self.producer.wall(),
             send_id=f"{job_id}.{tries}",
-            # No stranded sweep runs in the simulation yet: a resubmission takes the
-            # send over at once instead of waiting for the sweep's grace.
-            resend_after=0.0,
+            resend_after=self._resend_after(),
         )
         if jp.producer_dies:
             flow = self._dies_before_send(flow, job_id)
@@ -845,6 +843,13 @@ class World:
         self.producer.spawn(
             f"submit-{job_id}", _drive_plain(self, self.producer, flow, origin, again)
         )
+
+    def _resend_after(self) -> float:
+        """As the real producer (``submit_flow``'s default grace) where the workers
+        sweep stranded records; without a sweep, a resubmission must take the send
+        over at once or a record whose first send died is never sent."""
+        sweep = self.plan.sweep
+        return sweep.grace if sweep is not None else 0.0
 
     def _dies_before_send(self, flow: Any, job_id: str) -> Any:
         """producer_death: the submission stops where the message would be sent (the
@@ -1042,6 +1047,14 @@ class World:
                         where.append(f"{name} {m.message_id} {state} receives={m.receive_count}")
             out[job_id] = "; messages: " + (", ".join(where) if where else "none")
         return out
+
+
+def _jobs_table_spec() -> TableSpec:
+    """The jobs table with the sparse ``unsent`` index the stranded sweep queries
+    (as ``_schema.UnsentIndex``: keys ``unsent``/``unsent_since``, its projection)."""
+    projects = UnsentIndex.Meta.projection.non_key_attributes
+    unsent = IndexSpec(UNSENT_INDEX, "unsent", "unsent_since", tuple(projects or ()))
+    return TableSpec(JOBS, "job_id", indexes=(unsent,))
 
 
 def _plan_summary(p: RunPlan) -> dict[str, Any]:
