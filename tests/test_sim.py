@@ -1159,8 +1159,8 @@ WIDE_FAILING: list[tuple[str, int, str, str]] = [
 ]
 # Fixed on main: 1, 2, 5 (the intents work), 3 (fences scoped to the job, d270572),
 # 6b (a claim checks the record's class), 6 (a worker that does not know a class leaves
-# its message). Open: 8 (no stranded sweep in the simulated worker yet).
-OPEN_ITEMS = {"8"}
+# its message), 8 (the simulated workers run the real stranded-record sweep).
+OPEN_ITEMS: set[str] = set()
 
 
 def _scenario(feature: str, seed: int, r: Any) -> bool:
@@ -1223,3 +1223,33 @@ def test_widened_world_seed_holds_every_invariant(
     r = _wide(seed, feature)
     assert not r.violations or r.violations[0].name != "E_unhandled_exception"
     assert r.ok, _verdict(r, seed, feature)
+
+
+# ------------------------------------------------------------------ the stranded sweep
+
+
+def test_the_simulated_sweep_uses_the_real_workers_defaults() -> None:
+    import inspect
+
+    from sqs_lease._core.flows import UNSENT_GRACE_SECONDS
+    from sqs_lease._sim.plan import SweepPlan
+    from sqs_lease._worker import Worker
+
+    defaults = inspect.signature(Worker.__init__).parameters
+    sweep = SweepPlan()
+    assert sweep.interval == defaults["sweep_interval"].default
+    assert sweep.grace == defaults["sweep_grace"].default == UNSENT_GRACE_SECONDS
+    assert sweep.limit == defaults["sweep_limit"].default
+
+
+def test_workers_resend_a_record_whose_producer_died_before_its_message() -> None:
+    """Seed 54 (producer_death): the producer writes four records and dies before
+    their messages; the workers' sweep finds them in the unsent index after the
+    grace and sends them (before the sweep was mirrored they stayed queued: I10).
+    Replay: python -m sqs_lease._sim replay --seed 54 --widen producer_death"""
+    r = _wide(54, "producer_death")
+    assert r.injected.get("producer_died", 0) >= 1
+    assert r.ok, _verdict(r, 54, "producer_death")
+    assert r.counts.get("stranded_resent", 0) >= r.injected["producer_died"]
+    swept = [data for _t, _who, kind, data in r.log if kind == "job_send_taken"]
+    assert swept and all(d["by"] == "sweep" for d in swept)

@@ -19,10 +19,16 @@ Each mutation monkeypatches one piece inside this process (``sqs_lease._sim.muta
 - ``plain_error_not_applied`` (issue 7 item 2): any exception from a tool but a
   timeout reads "not applied", so a response cut after the target applied is repeated;
 - ``transient_cancel_as_refusal`` (issue 7 item 5): a transaction cancelled for
-  throttling or a conflict reads as a failed condition.
+  throttling or a conflict reads as a failed condition;
+- ``unknown_class_claims`` (issue 7 item 6): a worker that does not know a job's
+  class claims it and fails it;
+- ``no_stranded_sweep`` (issue 7 item 8): the workers' stranded-record sweep does
+  nothing;
+- ``fence_per_resource`` (issue 7 item 3, a variant of the targets): the receivers
+  keep one fence mark per business resource instead of per job.
 
 They run in the world of ``plan.PASSING_FEATURES`` (the widened features whose
-defects are fixed).
+defects are fixed), plus the features ``mutations.WORLDS`` names for a mutation.
 """
 
 from __future__ import annotations
@@ -31,8 +37,8 @@ import pytest
 
 from sqs_lease._sim import run_seed
 from sqs_lease._sim.cli import replay_command
-from sqs_lease._sim.invariants import I2, I3, I5, I8
-from sqs_lease._sim.mutations import MUTATIONS
+from sqs_lease._sim.invariants import I2, I3, I5, I7, I8, I9, I10
+from sqs_lease._sim.mutations import MUTATIONS, WORLDS
 from sqs_lease._sim.plan import PASSING_FEATURES
 
 SEED_LIMIT = 200  # each mutation must be caught within this many seeds
@@ -48,15 +54,22 @@ EXPECTED = {
     "shared_key_as_own": I2,  # in the shared_keys world
     "plain_error_not_applied": I2,  # in the cut_responses world
     "transient_cancel_as_refusal": I8,  # in the txn_transient world
+    "unknown_class_claims": I9,  # in the mixed_versions world
+    "no_stranded_sweep": I10,  # in the producer_death world
+    "fence_per_resource": I7,  # in the shared_keys world (a busy shared resource)
 }
 
-_correct: dict[int, bool] = {}
+_correct: dict[tuple[int, frozenset[str]], bool] = {}
 
 
-def _correct_protocol_passes(seed: int) -> bool:
-    if seed not in _correct:
-        _correct[seed] = run_seed(seed, features=PASSING_FEATURES).ok
-    return _correct[seed]
+def _world(name: str) -> frozenset[str]:
+    return PASSING_FEATURES | WORLDS.get(name, frozenset())
+
+
+def _correct_protocol_passes(seed: int, features: frozenset[str]) -> bool:
+    if (seed, features) not in _correct:
+        _correct[seed, features] = run_seed(seed, features=features).ok
+    return _correct[seed, features]
 
 
 def test_every_mutation_has_an_expectation() -> None:
@@ -66,8 +79,9 @@ def test_every_mutation_has_an_expectation() -> None:
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
 def test_mutation_is_caught_and_the_protocol_passes_the_same_seeds(name: str) -> None:
     caught: int | None = None
+    features = _world(name)
     for seed in range(SEED_LIMIT):
-        result = run_seed(seed, mutation=name, features=PASSING_FEATURES)
+        result = run_seed(seed, mutation=name, features=features)
         if not result.ok:
             caught = seed
             violation = result.violations[0]
@@ -75,18 +89,19 @@ def test_mutation_is_caught_and_the_protocol_passes_the_same_seeds(name: str) ->
     assert caught is not None, f"{name} was not caught in {SEED_LIMIT} seeds"
     assert violation.name == EXPECTED[name], (
         f"{name} broke {violation.name} first (seed {caught}): {violation.message}; "
-        f"replay: {replay_command(caught, name, features=PASSING_FEATURES)}"
+        f"replay: {replay_command(caught, name, features=features)}"
     )
-    failing = [s for s in range(caught + 1) if not _correct_protocol_passes(s)]
+    failing = [s for s in range(caught + 1) if not _correct_protocol_passes(s, features)]
     assert not failing, (
         f"the unmutated protocol fails seeds {failing}; replay: "
-        f"{replay_command(failing[0], None, features=PASSING_FEATURES)}"
+        f"{replay_command(failing[0], None, features=features)}"
     )
 
 
 def test_mutations_are_undone_on_exit() -> None:
     from sqs_lease._core import flows, intents
     from sqs_lease._schema import JobTable
+    from sqs_lease._sim import receiver
     from sqs_lease._sim import worker as sim_worker
     from sqs_lease._sim.mutations import applied
     from sqs_lease._sim.worker import SimWorker
@@ -101,6 +116,9 @@ def test_mutations_are_undone_on_exit() -> None:
             intents._transient_cancel,
             intents.start_id_for,
             sim_worker.__dict__["stopped_ending"],
+            sim_worker.__dict__["admit_flow"],
+            sim_worker.__dict__["sweep_flow"],
+            receiver.Receivers.__dict__["apply"],
         )
 
     before = state()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field, replace
 
 from .._core.flows import UNSENT_GRACE_SECONDS
@@ -246,8 +247,39 @@ def draw_plan(
     for i in range(n_jobs):
         plan.job_plans.append(_draw_job(c, plan, f"job-{i:03d}"))
     _widen(c, plan, calm, frozenset(WIDE_FEATURES) if features is None else features)
+    _dense(plan)
     _sweep(plan)
     return plan
+
+
+def _dense(plan: RunPlan) -> None:
+    """shared_keys, one run in three: a busy shared resource (issue 7 item 3).
+
+    Every job acts on one ledger resource with its own keys: its effects that have no
+    business key move there, and each job appends one more effect there. Tokens
+    order one job's owners only, so a fence kept per resource instead of per job
+    refuses a job's live first attempt once another job's later attempt reached the
+    resource (``fence_per_resource``); a correct fence never does. Drawn from its
+    own stream, so every other run, and every other feature's draws, stay as they
+    were.
+    """
+    if "shared_keys" not in plan.wide.features:
+        return
+    r = random.Random(f"dense-{plan.seed}")
+    if r.random() >= 1 / 3:
+        return
+    target = r.choice(["keyed", "unkeyed"])
+    resource = "ledger:shared"
+    jobs = []
+    for jp in plan.job_plans:
+        steps = [
+            replace(s, target=target, resource=resource) if s.kind == "effect" and not s.key else s
+            for s in jp.steps
+        ]
+        ledger = Step("effect", action="ledger", target=target, resource=resource)
+        steps[-1:-1] = [ledger]  # before the last work step
+        jobs.append(replace(jp, steps=tuple(steps)))
+    plan.job_plans = jobs
 
 
 def _sweep(plan: RunPlan) -> None:
