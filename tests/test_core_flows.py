@@ -370,6 +370,36 @@ def test_a_resubmission_that_loses_the_take_over_sends_nothing() -> None:
     assert s.event("job_submit_duplicate")["message"] == "taken"
 
 
+def test_a_retried_take_over_that_had_applied_sends_the_message() -> None:
+    # The take-over applied, its answer was lost, the SDK's second try is refused: the
+    # record names this submission's own send id and no message, so it sends (found by
+    # the simulation, concurrent_submits seed 129: the job was left without a message).
+    stranded = job_item(
+        state=JobState.QUEUED, owner=None, token=0, attempt=0, unsent_since=WALL - 61.0
+    )
+    ours = job_item(
+        state=JobState.QUEUED,
+        owner=None,
+        token=0,
+        attempt=0,
+        unsent_since=WALL,
+        send_id="send-2",
+        message_sent=False,
+    )
+    s = Script(
+        [condition_failed(stranded), condition_failed(ours), ok({"MessageId": "mid-2"}), ok()]
+    )
+    res = _submit(s)
+    assert s.ops == [
+        "dynamodb.PutItem",
+        "dynamodb.UpdateItem",
+        "sqs.SendMessage",
+        "dynamodb.UpdateItem",
+    ]
+    assert (res.message_id, res.send_id) == ("mid-2", "send-2")
+    assert s.event("job_send_taken")["send_id"] == "send-2"
+
+
 def test_a_retried_put_that_had_applied_is_recognised_by_its_own_send_id() -> None:
     ours = job_item(
         state=JobState.QUEUED, owner=None, token=0, attempt=0, unsent_since=WALL, send_id="send-2"

@@ -28,7 +28,13 @@ from sqs_lease._sim.chaos import Chaos
 from sqs_lease._sim.cli import main, replay_command, run_seeds
 from sqs_lease._sim.ddb import DdbFaults, IndexSpec, SimDynamo, TableSpec
 from sqs_lease._sim.expr import ExpressionError, parse_condition, request_expressions
-from sqs_lease._sim.plan import FAULT_KINDS, PASSING_FEATURES, WIDE_FEATURES, draw_plan
+from sqs_lease._sim.plan import (
+    FAULT_KINDS,
+    ISSUE14_FEATURES,
+    PASSING_FEATURES,
+    WIDE_FEATURES,
+    draw_plan,
+)
 from sqs_lease._sim.receiver import Receivers
 from sqs_lease._sim.sqs import SimSQS, SqsBehaviour, Wait
 
@@ -1253,3 +1259,63 @@ def test_workers_resend_a_record_whose_producer_died_before_its_message() -> Non
     assert r.counts.get("stranded_resent", 0) >= r.injected["producer_died"]
     swept = [data for _t, _who, kind, data in r.log if kind == "job_send_taken"]
     assert swept and all(d["by"] == "sweep" for d in swept)
+# ------------------------------------------------------------------ issue 14's world
+#
+# Concurrent producers of one job id, an operator resuming and resolving parked jobs
+# while workers run, records an outside writer makes unreadable for a while, and a
+# result over DynamoDB's item limit. Drawn from a third random stream
+# (``Chaos.wide14``), after everything else, so no earlier schedule moved. Not in
+# PASSING_FEATURES (the fixed-seed batch stays as it was); seeds 0-199 of each pass,
+# and each has a mutation in tests/test_sim_mutations.py.
+
+_ISSUE14 = frozenset(ISSUE14_FEATURES)
+
+
+def _issue14(seed: int, feature: str) -> Any:
+    r = _wide(seed, *sorted(PASSING_FEATURES | {feature}))
+    assert r.injected.get(f"world_{feature}"), f"seed {seed} no longer draws {feature}"
+    return r
+
+
+def _events_of(r: Any, kind: str) -> list[dict[str, Any]]:
+    return [e[3] for e in r.log if e[2] == kind]
+
+
+def test_issue_14_features_leave_the_schedules_of_the_others_alone() -> None:
+    for s in range(60):
+        full = draw_plan(Chaos(s))
+        masked = draw_plan(Chaos(s), features=frozenset(WIDE_FEATURES) - _ISSUE14)
+        assert full.wide.features - _ISSUE14 == masked.wide.features
+        if not full.wide.features & _ISSUE14:
+            assert full == masked, s
+    assert any(draw_plan(Chaos(s)).wide.features & _ISSUE14 for s in range(20))
+
+
+def test_concurrent_producers_send_strays_that_claim_nothing() -> None:
+    r = _issue14(1, "concurrent_submits")
+    assert r.ok, _verdict(r, 1, *PASSING_FEATURES, "concurrent_submits")
+    assert _events_of(r, "message_stray") and _events_of(r, "job_send_superseded")
+
+
+def test_an_operator_resolving_a_parked_job_while_workers_run_grants_its_attempt() -> None:
+    r = _issue14(41, "operator_races")
+    assert r.ok, _verdict(r, 41, *PASSING_FEATURES, "operator_races")
+    resolved = _events_of(r, "intent_resolved")
+    assert resolved and _events_of(r, "job_resumed")
+    job = resolved[0]["job_id"]
+    assert not [e for e in _events_of(r, "job_failed") if e["job_id"] == job]
+
+
+def test_an_unreadable_record_leaves_the_other_jobs_heartbeats_alone() -> None:
+    r = _issue14(2, "unreadable_records")
+    assert r.ok, _verdict(r, 2, *PASSING_FEATURES, "unreadable_records")
+    assert [e for e in _events_of(r, "job_record_unreadable") if e["stage"] == "heartbeat"]
+    assert not _events_of(r, "heartbeat_error")
+
+
+def test_a_result_over_the_item_limit_fails_its_job_naming_the_limit() -> None:
+    r = _issue14(0, "oversize")
+    assert r.ok, _verdict(r, 0, *PASSING_FEATURES, "oversize")
+    failed = [e for e in _events_of(r, "job_failed") if e["error_code"] == "result_too_large"]
+    assert failed and "item limit" in failed[0]["reason"]
+    assert not [e for e in _events_of(r, "ownership_unknown") if "Validation" in str(e)]

@@ -318,6 +318,12 @@ def submit_flow(
     return SubmitResult(job_id, created, sent.message_id, note, send_id)
 
 
+def _own_unsent_take(now: JobView, send_id: str) -> bool:
+    """A refused take-over whose record names ``send_id`` (unique to the caller) and
+    has no message yet: the caller's earlier try applied."""
+    return now.send_id == send_id and now.state is JobState.QUEUED and not now.message_sent
+
+
 def _take_send(
     req: JobRequests, existing: JobView, *, send_id: str, wall_now: float, resend_after: float
 ) -> Flow[SubmitResult | None]:
@@ -350,6 +356,15 @@ def _take_send(
     took = yield from call(
         req.take_send(job_id, seen_send_id=existing.send_id, new_send_id=send_id, wall_now=wall_now)
     )
+    if (
+        isinstance(took, Err)
+        and took.kind is ErrorKind.CONDITION_FAILED
+        and took.item is not None
+        and _own_unsent_take(req.parse(took.item), send_id)
+    ):
+        # Our own take-over, retried after its answer was lost (the SDK's second
+        # try): the record names this call's send id, so the send is ours to make.
+        took = Ok({}, took.sent_at, took.received_at)
     if isinstance(took, Ok):
         yield from emit(
             "job_send_taken",

@@ -25,6 +25,9 @@ class Chaos:
         self.seed = seed
         self.rng = random.Random(seed)
         self.wide = random.Random(f"wide-{seed}")  # str seeds hash with sha512: stable
+        # issue 14's features draw from a third stream, so adding them changed no
+        # draw of the second (whose values the issue-7 features also use mid-run)
+        self.wide14 = random.Random(f"wide14-{seed}")
         self.now = 0.0
         self.cutoff = float("inf")
         self.injected: dict[str, int] = {}

@@ -82,6 +82,20 @@ def _validation(msg: str) -> Err:
     return Err(ErrorKind.VALIDATION, "ValidationException", "", msg)
 
 
+ITEM_LIMIT = 400 * 1024
+_TOO_LARGE = "Item size has exceeded the maximum allowed size"
+
+
+def _item_size(item: Item) -> int:
+    """DynamoDB's item size, near enough: names and values in UTF-8."""
+    total = 0
+    for name, value in item.items():
+        total += len(name.encode("utf-8"))
+        for kind, v in value.items():
+            total += len(v.encode("utf-8")) if kind in ("S", "N") else len(json.dumps(v))
+    return total
+
+
 def _diff_attrs(a: Item | None, b: Item | None) -> Item:
     a = a or {}
     b = b or {}
@@ -105,6 +119,8 @@ class SimDynamo:
         self.now = 0.0
         self.calls: dict[str, int] = {}
         self._tokens: dict[str, tuple[str, float]] = {}
+        # oversize: refuse items over 400 KB as DynamoDB does (off: no cost elsewhere)
+        self.item_limit = False
 
     # ---------------------------------------------------------------- helpers
 
@@ -227,6 +243,8 @@ class SimDynamo:
             return self._cond_failed(params, old)
         if params.get("ReturnValues", "NONE") not in ("NONE", "ALL_OLD"):
             raise ExpressionError("ReturnValues for PutItem must be NONE or ALL_OLD")
+        if self.item_limit and _item_size(item) > ITEM_LIMIT:
+            return _validation(_TOO_LARGE)
         self._write(table, k, item, origin)
         return Ok(self._returns(params, old, item))
 
@@ -238,6 +256,8 @@ class SimDynamo:
         if not ex.check(old):
             return self._cond_failed(params, old)
         new = ex.apply(old, self.key_dict(table, k))
+        if self.item_limit and new is not None and _item_size(new) > ITEM_LIMIT:
+            return _validation(_TOO_LARGE)  # nothing applied (AWS; moto applies part)
         self._write(table, k, new, origin)
         return Ok(self._returns(params, old, new))
 

@@ -35,6 +35,22 @@ The widened world (issue 7) adds:
 - ``I10_stranded_record``: at the end no job is ``queued`` with no message for it
   (the producer died between the record and the message); the message names them.
 
+Issue 14 adds:
+
+- ``I11_stray_claim``: a job is claimed only through its current message: the
+  claiming delivery's send id is the record's (concurrent producers of one job id
+  send messages that one send wins; the others are strays and claim nothing, so
+  none takes the job from its live owner).
+- ``I12_resume_exhausted``: an operator's resume or resolution grants the attempt
+  it starts: the first claim after a job left ``parked`` never fails it "attempts
+  exhausted" (before its handler ran).
+- ``I13_heartbeat_round_failed``: no heartbeat round fails as a whole
+  (``heartbeat_error``): a job record this version cannot read (an unknown state
+  written by hand or by a newer version) affects only its own job.
+- ``I14_oversize_result``: a DynamoDB validation error (a result over the 400 KB
+  item limit) is never taken for ownership unknown, and a job whose handler returned
+  such a result ends failed with a reason naming the limit (not "attempts exhausted").
+
 ``I1`` is scoped to what a token orders: the tokens of one job (its fence scope).
 
 Two more names report a broken run rather than a broken protocol:
@@ -62,6 +78,10 @@ I7 = "I7_live_owner_fenced"
 I8 = "I8_transient_cancel_lost"
 I9 = "I9_unknown_class"
 I10 = "I10_stranded_record"
+I11 = "I11_stray_claim"
+I12 = "I12_resume_exhausted"
+I13 = "I13_heartbeat_round_failed"
+I14 = "I14_oversize_result"
 E_EXC = "E_unhandled_exception"
 E_BUDGET = "E_budget"
 
@@ -76,6 +96,10 @@ INVARIANTS: dict[str, str] = {
     I8: "no attempt given up as lost for a throttled or conflicting transaction",
     I9: "no job written (claimed, failed) by a worker that does not know its class",
     I10: "no job left queued without a message (stranded)",
+    I11: "no job claimed through a message that is not its current one (a stray send)",
+    I12: "no job an operator resumed fails 'attempts exhausted' at the resume's claim",
+    I13: "no heartbeat round fails as a whole (one unreadable record affects its own job)",
+    I14: "a result over the item limit fails its job naming the limit; never 'unknown'",
 }
 
 TRANSIENT_REASONS = frozenset(
@@ -83,6 +107,7 @@ TRANSIENT_REASONS = frozenset(
 )
 
 _FINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.PARKED)
+_KNOWN_STATES = frozenset(s.value for s in JobState)
 
 
 @dataclass
@@ -98,6 +123,8 @@ class Origin:
     # the last transaction answer this task got was a cancellation for transient
     # reasons only (throttling, a conflict): the checker's view for I8
     transient_cancel: bool = False
+    # job tasks: the send id of the message they were given (I11)
+    send_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +147,7 @@ class Checker:
         self._commits: dict[str, int] = {}
         self.final_jobs: set[str] = set()
         self.counts: dict[str, int] = {}
+        self._resumed: dict[str, int] = {}  # I12: job -> its attempt when unparked
         # worker id -> the job classes its app knows (None: not a worker); set by the world
         self.known_classes: Any = lambda worker: None
 
@@ -169,6 +197,8 @@ class Checker:
     ) -> None:
         if table != self.jobs_table or new is None:
             return
+        if _unreadable(new) or (old is not None and _unreadable(old)):
+            return  # unreadable_records: a record no version here reads is no evidence
         n = view_of(new)
         if n.state in _FINAL:
             self.final_jobs.add(n.job_id)
@@ -185,6 +215,7 @@ class Checker:
             return
         o = view_of(old)
         job = o.job_id
+        self._resume_exhausted(o.state, n.state, n.attempt, n.reason, job, origin)
         if isinstance(origin, Origin):
             known = self.known_classes(origin.worker)
             if (
@@ -230,6 +261,9 @@ class Checker:
             and n.token == o.token + 1
             and n.owner == origin.worker
         ):
+            if origin.send_id != o.send_id:
+                self._stray_claim(origin, job, o.state, o.token, o.send_id)
+                return
             origin.tokens[job] = n.token  # a claim: this task now acts under the new token
             return
         if o.state is JobState.RUNNING and n.state is not JobState.RUNNING:
@@ -248,6 +282,78 @@ class Checker:
                     f"was {o.token}",
                 )
 
+    def _stray_claim(
+        self, origin: Origin, job: str, state: JobState, token: int, current: str | None
+    ) -> None:
+        """I11: a claim through a message whose send id is not the record's."""
+        whom = "from its live owner " if state is JobState.RUNNING else ""
+        self.fail(
+            I11,
+            f"{_who(origin)} claimed {job} ({state}, token {token}) {whom}through message "
+            f"send {origin.send_id!r}; the job's current send is {current!r}",
+        )
+
+    def validation_as_unknown(self, worker: str, job_id: str, reason: str) -> None:
+        """I14: ``ownership_unknown`` journaled for a write refused as invalid."""
+        self.fail(
+            I14,
+            f"{worker} reported ownership of {job_id} unknown after DynamoDB refused a "
+            f"write as invalid ({reason[:200]}): retrying can never help",
+        )
+
+    def oversize_ended(
+        self, records: Mapping[str, Mapping[str, Any] | None], returned: set[str]
+    ) -> None:
+        """I14 at the end: each job that returned an oversize result failed naming the limit."""
+        for job_id in sorted(returned):
+            item = records.get(job_id)
+            if item is None:
+                continue
+            v = view_of(item)
+            if v.state is JobState.FAILED and "item limit" in (v.reason or ""):
+                continue
+            if v.state is JobState.FAILED and v.error_code in ("cancelled", "class_mismatch"):
+                continue
+            self.fail(
+                I14,
+                f"{job_id} returned a result over the item limit and ended {v.state} "
+                f"({v.error_code}: {(v.reason or '')[:200]}), not failed naming the limit",
+            )
+
+    def round_failed(self, worker: str, exc: Exception) -> None:
+        """I13: a heartbeat round raised (the worker journals ``heartbeat_error``)."""
+        self.fail(
+            I13,
+            f"{worker}'s heartbeat round failed as a whole ({type(exc).__name__}: "
+            f"{str(exc)[:200]}): no job of the round got a verdict",
+        )
+
+    def _resume_exhausted(
+        self,
+        old: JobState,
+        new: JobState,
+        attempt: int,
+        reason: str | None,
+        job: str,
+        origin: Any,
+    ) -> None:
+        """I12: the first claim after an operator's unpark must not exhaust the job."""
+        if old is JobState.PARKED and new is JobState.QUEUED:
+            self._resumed[job] = attempt
+            return
+        text = reason or ""
+        if (
+            new is JobState.FAILED
+            and text.startswith("attempts exhausted")
+            and "last error" not in text  # a retry's end: the handler did run
+            and self._resumed.get(job) == attempt - 1
+        ):
+            self.fail(
+                I12,
+                f"{job} failed by {_who(origin)} at the first claim after an operator "
+                f"resumed it (attempt {attempt}): {text}",
+            )
+
     # ------------------------------------------------------------------ I5
 
     def beat_planned(self, worker: str, job_id: str, token: int, handler_ended: bool) -> None:
@@ -265,6 +371,8 @@ class Checker:
             self.fail(I5, f"{worker} extended {job_id} (token {token}) whose record is gone")
             return
         t, state = truth
+        if state not in _KNOWN_STATES:
+            return  # unreadable_records: an outside writer's state, put back meanwhile
         if t != token or state != JobState.RUNNING.value:
             self.fail(
                 I5,
@@ -362,6 +470,11 @@ class Checker:
                 )
             elif v.state in (JobState.FAILED, JobState.PARKED) and not (v.reason or "").strip():
                 self.fail(I4, f"{job_id} is {v.state} without a reason")
+
+
+def _unreadable(item: Mapping[str, Any]) -> bool:
+    """unreadable_records: the outside writer's edit (a state no version knows)."""
+    return item.get("state", {}).get("S") not in _KNOWN_STATES
 
 
 def _who(origin: Any) -> str:

@@ -336,6 +336,112 @@ def no_stranded_sweep() -> Iterator[None]:
         yield
 
 
+# ------------------------------------------------------------------ issue 14
+
+
+@contextmanager
+def stray_claims() -> Iterator[None]:
+    """Issue 14 item 2: the claim's condition forgets the job's current send, so a
+    message of a losing (or retired) send claims the job, from its live owner too."""
+    from .. import _schema
+
+    _require(JobTable, "claim", "issue 14 item 2 (send ids)")
+    original = JobTable.claim
+
+    def claim(
+        self: JobTable,
+        job_id: str,
+        worker_id: str,
+        wall_now: float,
+        lease_seconds: int,
+        *,
+        job_class: str,
+        send_id: str | None,
+    ) -> Call:
+        real = original(
+            self, job_id, worker_id, wall_now, lease_seconds, job_class=job_class, send_id=send_id
+        )
+        loose = self._update(
+            job_id,
+            R.job_id.exists()
+            & R.state.is_in(JobState.QUEUED.value, _schema._RUNNING)
+            & (R.job_class == job_class),
+            [
+                R.state.set(_schema._RUNNING),
+                R.owner.set(worker_id),
+                R.token.set(R.token + 1),
+                R.attempt.set(R.attempt + 1),
+                R.updated_at.set(wall_now),
+                R.lease_deadline.set(wall_now + lease_seconds),
+                R.last_heartbeat.set(wall_now),
+                *_schema._SENT,
+            ],
+            returns="ALL_OLD",
+        )
+        assert real.op == loose.op
+        return loose
+
+    with _patch(JobTable, "claim", claim):
+        yield
+
+
+@contextmanager
+def resume_keeps_attempts() -> Iterator[None]:
+    """Issue 14 item 1: an operator's unpark (resume, resolve) grants no attempt, so a
+    job parked on its last attempt fails "attempts exhausted" at its next claim."""
+    from .. import _schema
+
+    _require(_schema, "_unpark", "issue 14 item 1 (granted attempts)")
+    original = _schema._unpark
+
+    def unpark(send_id: str, wall_now: float) -> Any:
+        condition, actions = original(send_id, wall_now)
+        grant = str(_schema.R.granted_attempts.add(1))
+        return condition, [a for a in actions if str(a) != grant]
+
+    with _patch(_schema, "_unpark", unpark):
+        yield
+
+
+@contextmanager
+def unreadable_aborts_round() -> Iterator[None]:
+    """Issue 14 item 4: a record this version cannot read raises a plain error out of
+    the parse (as before ``RecordUnreadable``), so it aborts the whole heartbeat round
+    (and the claim) instead of affecting only its own job."""
+    from .._errors import RecordUnreadable
+    from .._schema import view_of
+
+    _require(JobTable, "parse", "issue 14 item 4 (unreadable records)")
+
+    def parse(self: JobTable, item: Any) -> Any:
+        try:
+            return view_of(item)
+        except RecordUnreadable as exc:
+            raise ValueError(str(exc)) from None
+
+    with _patch(JobTable, "parse", parse):
+        yield
+
+
+@contextmanager
+def validation_as_unknown() -> Iterator[None]:
+    """Issue 14 item 5: no size check before sending, and a write DynamoDB refuses as
+    invalid (the item limit) read as ownership unknown, as before the fix."""
+    _require(flows, "result_problem", "issue 14 item 5 (size checks)")
+    original = flows._fenced_write
+
+    def fenced_write(*args: Any, **kwargs: Any) -> Flow[Finish]:
+        fin = yield from original(*args, **kwargs)
+        if fin.outcome == "invalid":
+            return Finish("unknown", fin.reason)
+        return fin
+
+    with ExitStack() as stack:
+        stack.enter_context(_patch(flows, "result_problem", lambda *a, **k: None))
+        stack.enter_context(_patch(flows, "_fenced_write", fenced_write))
+        yield
+
+
 PENDING: dict[str, tuple[Callable[[], Any], str, str]] = {
     # name: (mutation, widened feature that exposes it, invariant expected first)
     # moved to MUTATIONS once their fixes landed (kept here for the table in the docs)
@@ -367,10 +473,19 @@ MUTATIONS: dict[str, Callable[[], Any]] = {
     "unknown_class_claims": unknown_class_claims,  # in the mixed_versions world
     "no_stranded_sweep": no_stranded_sweep,  # in the producer_death world
     "fence_per_resource": fence_per_resource,  # in the shared_keys world (its busy ledger)
+    # issue 14 (in the concurrent_submits world)
+    "stray_claims": stray_claims,
+    "resume_keeps_attempts": resume_keeps_attempts,
+    "unreadable_aborts_round": unreadable_aborts_round,
+    "validation_as_unknown": validation_as_unknown,
 }
 WORLDS: dict[str, frozenset[str]] = {
     "unknown_class_claims": frozenset({"mixed_versions"}),
     "no_stranded_sweep": frozenset({"producer_death"}),
+    "stray_claims": frozenset({"concurrent_submits"}),
+    "resume_keeps_attempts": frozenset({"operator_races"}),
+    "unreadable_aborts_round": frozenset({"unreadable_records"}),
+    "validation_as_unknown": frozenset({"oversize"}),
 }
 """The widened features a mutation needs beyond ``plan.PASSING_FEATURES`` (the
 mutation check runs it with both)."""

@@ -24,13 +24,21 @@ FAULT_KINDS = (
 
 # The widened world (issue 7): each feature is drawn per seed from the second random
 # stream (``Chaos.wide``), so a seed with every feature off runs as it always did.
-WIDE_FEATURES = (
+ISSUE7_FEATURES = (
     "shared_keys",  # 2-3 jobs share a business intent key and a target resource
     "cut_responses",  # the target applied, the answer is cut; user parsing raises on success
     "txn_transient",  # TransactWriteItems cancelled for ThrottlingError / TransactionConflict
     "mixed_versions",  # workers of two app versions on one queue; stray class messages
     "producer_death",  # the producer dies between the job record and its message
 )
+# Issue 14's features, drawn from a third stream (``Chaos.wide14``) after the others.
+ISSUE14_FEATURES = (
+    "concurrent_submits",  # 2-3 producers submit one job id within milliseconds
+    "operator_races",  # an operator resumes and resolves parked jobs while workers run
+    "unreadable_records",  # an outside writer gives a job record an unknown state a while
+    "oversize",  # one job's result breaks DynamoDB's 400 KB item limit
+)
+WIDE_FEATURES = ISSUE7_FEATURES + ISSUE14_FEATURES
 
 PASSING_FEATURES: frozenset[str] = frozenset({"shared_keys", "cut_responses", "txn_transient"})
 """The widened features the fixed-seed tests and the mutation check run with: those
@@ -45,6 +53,7 @@ WIDE_FAULT_KINDS = (
     "ddb_txn_transient",
     "stray_class_message",
     "producer_died",
+    "concurrent_submit",
 )
 
 
@@ -78,6 +87,9 @@ class JobPlan:
     p_unknown: float
     job_class: str = "sim"  # mixed_versions: some jobs are of the class old workers lack
     producer_dies: bool = False  # producer_death: the record is written, the message never sent
+    # concurrent_submits: more producers submit this job id, these seconds after the first
+    extra_submits: tuple[float, ...] = ()
+    result_bytes: int = 0  # oversize: the handler's result pads to this many bytes
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,8 @@ class Widening:
     deploy_at: float = 0.0  # when the old workers are replaced (graceful stop, new version)
     stray_messages: tuple[float, ...] = ()  # times a message names a job with the wrong class
     tool_work: float = 0.0  # shared_keys: a target takes up to this long to apply a call
+    # unreadable_records: (when, for how long) a job record has a state no version knows
+    unreadable: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -246,7 +260,9 @@ def draw_plan(
     }
     for i in range(n_jobs):
         plan.job_plans.append(_draw_job(c, plan, f"job-{i:03d}"))
-    _widen(c, plan, calm, frozenset(WIDE_FEATURES) if features is None else features)
+    allowed = frozenset(WIDE_FEATURES) if features is None else features
+    _widen(c, plan, calm, allowed)
+    _widen14(c, plan, calm, allowed)
     _dense(plan)
     _sweep(plan)
     return plan
@@ -304,7 +320,7 @@ def _widen(c: Chaos, plan: RunPlan, calm: bool, allowed: frozenset[str]) -> None
     (shared keys, mixed versions) do not.
     """
     w = c.wide
-    on = {name: w.random() < 0.3 for name in WIDE_FEATURES}
+    on = {name: w.random() < 0.3 for name in ISSUE7_FEATURES}
     for name in ("cut_responses", "txn_transient", "producer_death"):
         on[name] = on[name] and not calm
     # shared_keys: business keys "payment:inv{k}:capture" on resource "invoice:inv{k}"
@@ -340,7 +356,7 @@ def _widen(c: Chaos, plan: RunPlan, calm: bool, allowed: frozenset[str]) -> None
     v2 = [w.random() < 0.5 for _ in plan.job_plans]
     dies = [w.random() < 0.25 for _ in plan.job_plans]
 
-    features = frozenset(n for n in WIDE_FEATURES if on[n] and n in allowed)
+    features = frozenset(n for n in ISSUE7_FEATURES if on[n] and n in allowed)
     if "mixed_versions" in features and plan.workers < 2:
         features -= {"mixed_versions"}
     if not features:
@@ -374,6 +390,63 @@ def _widen(c: Chaos, plan: RunPlan, calm: bool, allowed: frozenset[str]) -> None
         deploy_at=deploy_at if "mixed_versions" in features else 0.0,
         stray_messages=strays if "mixed_versions" in features else (),
         tool_work=tool_work if "shared_keys" in features else 0.0,
+    )
+
+
+def _widen14(c: Chaos, plan: RunPlan, calm: bool, allowed: frozenset[str]) -> None:
+    """Issue 14's features, from the third stream (``Chaos.wide14``): drawn whatever is
+    allowed, after every other draw, so they change no schedule of the others."""
+    w = c.wide14
+    on = {name: w.random() < 0.3 for name in ISSUE14_FEATURES}
+    # concurrent_submits: about half the jobs get 1-2 more producers (an upstream
+    # source delivering its event twice), each a few milliseconds after the first
+    extra = [
+        tuple(round(w.uniform(0.0, 0.01), 4) for _ in range(w.randint(1, 2)))
+        if w.random() < 0.5
+        else ()
+        for _ in plan.job_plans
+    ]
+    # operator_races: one or two attempts (parked on the last one is then common), and
+    # a check that often cannot tell (parks are what the operator acts on)
+    op_attempts = w.choice([1, 1, 2])
+    op_cannot_tell = w.uniform(0.3, 0.8)
+    unreadable = tuple(
+        sorted(
+            (
+                round(w.uniform(0.1, 0.9) * plan.cutoff, 3),
+                round(w.uniform(1.0, 3.0 * plan.lease), 3),
+            )
+            for _ in range(w.randint(1, 2))
+        )
+    )
+    # oversize: one job returns a result just over the item limit (up to 100 KB over)
+    big_job = w.randrange(len(plan.job_plans)) if plan.job_plans else 0
+    big_bytes = w.randint(400 * 1024 + 1, 500 * 1024)
+    features = frozenset(n for n in ISSUE14_FEATURES if on[n] and n in allowed)
+    if "operator_races" in features and calm:
+        features -= {"operator_races"}  # nothing parks without faults
+    if not features:
+        return
+    for name in sorted(features):
+        c.count(f"world_{name}")
+    if "concurrent_submits" in features:
+        plan.job_plans = [
+            replace(jp, extra_submits=extra[i]) if extra[i] else jp
+            for i, jp in enumerate(plan.job_plans)
+        ]
+    if "oversize" in features and plan.job_plans:
+        jobs = list(plan.job_plans)
+        jobs[big_job] = replace(jobs[big_job], result_bytes=big_bytes)
+        plan.job_plans = jobs
+    if "operator_races" in features:
+        plan.max_attempts = op_attempts
+        plan.targets = replace(
+            plan.targets, cannot_tell=max(plan.targets.cannot_tell, op_cannot_tell)
+        )
+    plan.wide = replace(
+        plan.wide,
+        features=plan.wide.features | features,
+        unreadable=unreadable if "unreadable_records" in features else (),
     )
 
 

@@ -317,6 +317,8 @@ class SimWorker(Actor):
     def _process(self, item: Delivery | Poison, holder: list[Task]) -> SimGen[None]:
         task_name = holder[0].name if holder else "job"
         origin = Origin(self.id, task_name, "job")
+        if isinstance(item, Delivery):
+            origin.send_id = item.send_id  # the checker's I11: which send this task claims with
         if isinstance(item, Poison):
             self.bump("poisoned")
             yield from self.drive(
@@ -476,7 +478,10 @@ class SimWorker(Actor):
             raise PermanentError("scripted permanent failure", code="sim_permanent")
         if r < plan.p_unknown + plan.p_permanent + plan.p_transient:
             raise TransientError("scripted transient failure", code="sim_transient")
-        return {"job": claim.job.job_id, "attempt": claim.attempt, "worker": self.id}
+        result = {"job": claim.job.job_id, "attempt": claim.attempt, "worker": self.id}
+        if plan.result_bytes:  # oversize: a result over DynamoDB's item limit
+            result["blob"] = "x" * plan.result_bytes
+        return result
 
     def _effect(
         self, held: SimHeld, claim: Claimed, step: Step, target: str, origin: Origin
@@ -600,6 +605,8 @@ class SimWorker(Actor):
         self, claim: Claimed, held: SimHeld, result: Any, duration: float, origin: Origin
     ) -> SimGen[Finish]:
         text = canonical_json(result)
+        if len(text) > 400 * 1024:  # oversize: the checker's I14 follows this job
+            self.world.oversize_returned.add(claim.job.job_id)
         fin = yield from self.drive(
             commit_flow(
                 self.table,
@@ -706,7 +713,12 @@ class SimWorker(Actor):
                 return
             if self.stopping:
                 self._request_stop()
-            yield from self._beat_once(origin)
+            try:
+                yield from self._beat_once(origin)
+            except Exception as exc:  # as the real loop: the heartbeat survives anything
+                self.journal("heartbeat_error", error_code=type(exc).__name__)
+                self.world.checker.now = self.world.now
+                self.world.checker.round_failed(self.id, exc)
             yield SleepOp(self._next_wake(), wakeable=True)
 
     def _next_wake(self) -> float:

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from .._core.calls import Call, Err, ErrorKind, Ok, Outcome
 from .._core.flows import cancel_flow, message_body, submit_flow
-from .._core.intents import ToolResult
+from .._core.intents import IntentState, Resolution, ToolResult, resolve_flow, resume_flow
 from .._core.timing import LeaseStatus
 from .._errors import LeaseLost, ToolNotApplied, ToolOutcomeUnknown
 from .._jobs import JobClass, canonical_json, payload_hash
@@ -282,6 +282,7 @@ class World:
             on_write=self._on_write,
         )
         self.ddb.faults.txn_transient = self.plan.wide.txn_transient
+        self.ddb.item_limit = "oversize" in self.plan.wide.features
         self.sqs = SimSQS(self.chaos, self.plan.sqs)
         self.sqs.create_queue(DLQ, visibility=self.plan.lease)
         self.sqs.create_queue(
@@ -330,6 +331,7 @@ class World:
             "intent_confirmed": self._effect_reported,
             "intent_replayed": self._effect_reported,
             "job_abandoned": self._attempt_abandoned,
+            "ownership_unknown": self._ownership_unknown,
         }
         self.workers: dict[str, Any] = {}
         self._worker_seq = 0
@@ -338,6 +340,9 @@ class World:
         self.producer = Actor(self, "producer", faulty=True)
         self.operator = Actor(self, "operator")
         self.done_at: float | None = None
+        self._decisions: dict[str, int] = {}  # operator_races: decisions per job
+        self._edited: set[str] = set()  # unreadable_records: jobs an outside writer edited
+        self.oversize_returned: set[str] = set()  # oversize: jobs whose handler returned it
         self.failed_tasks = 0
 
     # ------------------------------------------------------------------ scheduling
@@ -738,6 +743,8 @@ class World:
     ) -> None:
         self.checker.now = self.now
         self.checker.item_written(table, old, new, origin)
+        if table == JOBS and "operator_races" in self.plan.wide.features:
+            self._operator_sees(old, new)
 
     def _on_effect(self, entry: Any) -> None:
         self.checker.now = self.now
@@ -774,6 +781,13 @@ class World:
         self.checker.attempt_abandoned(
             worker, job_id, token, str(data.get("error_code")), self.truth(job_id), running
         )
+
+    def _ownership_unknown(self, worker: str, data: Any) -> None:
+        """I14: a write DynamoDB refused as invalid is not a question of ownership."""
+        reason = str(data.get("reason", ""))
+        if "ValidationException" in reason:
+            self.checker.now = self.now
+            self.checker.validation_as_unknown(worker, str(data.get("job_id")), reason)
 
     def truth(self, job_id: str) -> tuple[int, str] | None:
         """The job's token and state as the table holds them now (no latency, no fault)."""
@@ -818,7 +832,9 @@ class World:
         self.record(w.id, "worker_exited", {})
         self.at(self.now + restart_after, self.new_worker)
 
-    def _submit(self, job_id: str, tries: int = 1) -> None:
+    def _submit(self, job_id: str, tries: int = 1, producer: str = "") -> None:
+        """Submit ``job_id`` as the producer would (``producer``: concurrent_submits'
+        extra producers, "p1", "p2": their own send ids and tasks)."""
         text = canonical_json({"n": int(job_id.rsplit("-", 1)[1])})
         jp = self.job_plans[job_id]
         flow: Any = submit_flow(
@@ -829,20 +845,19 @@ class World:
             payload_json=text,
             payload_hash=payload_hash(text),
             wall_now=self.producer.wall(),
-            send_id=f"{job_id}.{tries}",
+            send_id=f"{job_id}{'.' + producer if producer else ''}.{tries}",
             resend_after=self._resend_after(),
         )
         if jp.producer_dies:
             flow = self._dies_before_send(flow, job_id)
-        origin = Origin("producer", f"submit-{job_id}", "producer")
+        name = f"submit-{job_id}" + (f"-{producer}" if producer else "")
+        origin = Origin("producer", name, "producer")
 
         def again() -> None:  # a producer resubmits (submit is idempotent by job id)
             if tries < 30:
-                self.at(self.now + 1.0, lambda: self._submit(job_id, tries + 1))
+                self.at(self.now + 1.0, lambda: self._submit(job_id, tries + 1, producer))
 
-        self.producer.spawn(
-            f"submit-{job_id}", _drive_plain(self, self.producer, flow, origin, again)
-        )
+        self.producer.spawn(name, _drive_plain(self, self.producer, flow, origin, again))
 
     def _resend_after(self) -> float:
         """As the real producer (``submit_flow``'s default grace) where the workers
@@ -979,6 +994,7 @@ class World:
         times = sorted(self.chaos.uniform(0.0, p.cutoff) for _ in range(p.fault_events))
         for t in times:
             self.at(t, self._fault)
+        self._schedule_issue14()
         if "mixed_versions" in p.wide.features:
             self.at(p.wide.deploy_at, self._deploy)
             for t in p.wide.stray_messages:
@@ -1001,17 +1017,24 @@ class World:
             if self.checker.violations:
                 break
             if settle_end is None:
-                if len(self.checker.final_jobs) == n_jobs and t >= self._last_submit:
+                if self._finished() == n_jobs and t >= self._last_submit:
                     self.done_at = t
                     settle_end = t + p.settle
+            elif self._finished() < n_jobs:
+                settle_end = None  # operator_races: a resumed job runs again
             elif t >= settle_end:
                 break
         if not self.checker.violations:
             self.checker.now = self.now
+            # unreadable_records: a job whose record an outside writer made unreadable
+            # is the operator's (its message went to the DLQ as poison): not checked
             records = {
-                jp.job_id: self.ddb.get(JOBS, {"job_id": {"S": jp.job_id}}) for jp in p.job_plans
+                jp.job_id: self.ddb.get(JOBS, {"job_id": {"S": jp.job_id}})
+                for jp in p.job_plans
+                if jp.job_id not in self._edited
             }
             self.checker.finish(records, self._stuck_detail(records), self._stranded(records))
+            self.checker.oversize_ended(records, self.oversize_returned)
         for v in self.checker.violations:
             self.record("checker", "violation", {"name": v.name, "message": v.message})
         return RunResult(
@@ -1024,6 +1047,124 @@ class World:
             counts=dict(self.counts),
             log=self.log,
         )
+
+    def _schedule_issue14(self) -> None:
+        """Issue 14's features (docs/simulation.md, "The widened world")."""
+        for when, seconds in self.plan.wide.unreadable:
+            self.at(when, lambda d=seconds: self._make_unreadable(d))  # type: ignore[misc]
+        for jp in self.plan.job_plans:
+            for k, delay in enumerate(jp.extra_submits, 1):
+                # concurrent_submits: another producer of the same job id, milliseconds
+                # later: both may see the record without a sent message
+                def extra(j: str = jp.job_id, who: str = f"p{k}") -> None:
+                    if self.chaos.active:
+                        self.chaos.count("concurrent_submit")
+                    self._submit(j, producer=who)
+
+                self.at(jp.submit_at + delay, extra)
+
+    def _finished(self) -> int:
+        """Jobs the drain waits no more for: finished ones and (unreadable_records) the
+        ones an outside writer edited, which are the operator's."""
+        if not self._edited:
+            return len(self.checker.final_jobs)
+        return len(self.checker.final_jobs | self._edited)
+
+    def _make_unreadable(self, seconds: float) -> None:
+        """unreadable_records: an outside writer (a hand edit, a newer version) gives a
+        running job's record a state this version does not know, and puts it back
+        ``seconds`` later. Written around the API: no worker request is involved."""
+        table = self.ddb.items[JOBS]
+        running = sorted(
+            (str(item["job_id"]["S"]), key)
+            for key, item in table.items()
+            if item["state"]["S"] == "running"
+        )
+        if not running:
+            return
+        job_id, key = self.chaos.wide14.choice(running)
+        self._edited.add(job_id)
+        saved = table[key]["state"]
+        table[key] = {**table[key], "state": {"S": "archived"}}
+        if self.chaos.active:
+            self.chaos.count("record_unreadable")
+        self.record("world", "record_unreadable", {"job_id": job_id, "seconds": seconds})
+
+        def restore() -> None:
+            item = table.get(key)
+            if item is not None and item["state"] == {"S": "archived"}:
+                table[key] = {**item, "state": saved}
+                self.record("world", "record_readable", {"job_id": job_id})
+
+        self.at(self.now + seconds, restore)
+
+    def _operator_sees(self, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
+        """operator_races: a job that parks gets an operator's decision a little later
+        (at most two per job), while the workers go on with the others."""
+        if new is None or new["state"]["S"] != "parked":
+            return
+        if old is not None and old["state"]["S"] == "parked":
+            return
+        job_id = str(new["job_id"]["S"])
+        n = self._decisions.get(job_id, 0)
+        if n >= 2:
+            return
+        self._decisions[job_id] = n + 1
+        delay = self.chaos.wide14.uniform(0.5, 20.0)
+        self.at(self.now + delay, lambda: self._operator_decides(job_id, n + 1))
+
+    def _operator_decides(self, job_id: str, n: int, waited: int = 0) -> None:
+        """Resolve the job's ambiguous intent as the target's truth says (confirmed with
+        its id, or retry), or resume the job when it parked for another reason."""
+        record = self.ddb.get(JOBS, {"job_id": {"S": job_id}})
+        if record is None or record["state"]["S"] != "parked":
+            return
+        ambiguous = [
+            v
+            for v in (self.intents_req.parse(i) for i in self.ddb.items[INTENTS].values())
+            if v.job_id == job_id and v.state is IntentState.AMBIGUOUS
+        ]
+        send_id = f"{job_id}.op{n}"
+        origin = Origin("operator", f"decide-{job_id}-{n}", "operator")
+        if ambiguous:
+            intent = min(ambiguous, key=lambda v: v.key)
+            applied = None
+            in_flight = False
+            for target in self.receivers.targets.values():
+                applied = applied or target.applied.get(intent.key)
+                in_flight = in_flight or bool(target.pending.get(intent.key))
+            if applied is None and in_flight:
+                # An operator who cannot tell yet asks the provider again later.
+                if waited < 20:
+                    self.at(self.now + 5.0, lambda: self._operator_decides(job_id, n, waited + 1))
+                return
+            self.record(
+                "operator",
+                "operator_resolves",
+                {"job_id": job_id, "key": intent.key, "applied": applied is not None},
+            )
+            flow: Any = resolve_flow(
+                self.intents_req,
+                self.jobs_req,
+                queue_url=QUEUE,
+                key=intent.key,
+                resolution=Resolution.CONFIRMED if applied is not None else Resolution.RETRY,
+                external_id=applied.external_id if applied is not None else None,
+                who="operator (simulated)",
+                why="checked with the provider",
+                wall_now=self.operator.wall(),
+                send_id=send_id,
+            )
+        else:
+            self.record("operator", "operator_resumes", {"job_id": job_id})
+            flow = resume_flow(
+                self.jobs_req,
+                queue_url=QUEUE,
+                job_id=job_id,
+                wall_now=self.operator.wall(),
+                send_id=send_id,
+            )
+        self.operator.spawn(origin.task, _drive_plain(self, self.operator, flow, origin))
 
     def _stranded(self, records: Mapping[str, Mapping[str, Any] | None]) -> list[str]:
         """Jobs whose record is ``queued`` and no message (queue or DLQ) names them."""
