@@ -17,7 +17,7 @@ typed ``ToolNotApplied``; anything else may have applied and is reconciled.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal, Protocol
@@ -429,6 +429,19 @@ def _cancel_codes(err: Err) -> list[str]:
     return [str(r.get("Code") or "None") for r in err.reasons]
 
 
+TRANSIENT_TRIES = 200
+"""Hang guard on retries of one transiently cancelled intent write; the local lease
+is what really bounds them (a lease that is not confirmed ends the retries)."""
+
+
+def _next_wait(ctx: _Ctx, waits: Iterator[float], try_no: int) -> float | None:
+    """The pause before the next try of a transiently cancelled write: the schedule's
+    next step, then its last step again, until the hang guard (None: give up)."""
+    if try_no + 1 >= TRANSIENT_TRIES or not ctx.retry_waits:
+        return None
+    return next(waits, ctx.retry_waits[-1])
+
+
 def _transient_cancel(err: Err) -> bool:
     """A cancelled transaction whose reasons name no failed condition but something
     transient (throttling, a conflicting transaction, capacity): nothing applied."""
@@ -510,8 +523,9 @@ def _start(ctx: _Ctx, expected: IntentState, attempts: int) -> Flow[float | Effe
             return now
         if _transient_cancel(out):
             # Throttled or in conflict: nothing applied, the lease is not lost and
-            # no attempt is spent. Try again after a pause, a bounded number of times.
-            wait = next(waits, None)
+            # no attempt is spent. Try again after a pause while the local lease
+            # holds (the lease check above ends it); the cap is only a hang guard.
+            wait = _next_wait(ctx, waits, try_no)
             yield from emit(
                 "intent_write_retried",
                 job_id=spec.job_id,
@@ -604,7 +618,7 @@ def _confirm(
         if _transient_cancel(out):
             # Throttled or in conflict: retry (the confirm is idempotent) while the
             # local lease lasts; after that the next owner reconciles.
-            wait = next(waits, None)
+            wait = _next_wait(ctx, waits, try_no)
             holds = wait is not None and (yield from _lease_holds(spec))
             yield from emit(
                 "intent_write_retried",
