@@ -298,6 +298,10 @@ class JobContext(Generic[P]):
         with self._lock:
             self._lease.check(self._clock())
 
+    def _may_record(self) -> bool:
+        with self._lock:
+            return self._lease.may_record(self._clock())
+
     @property
     def cancelled(self) -> bool:
         """True once the worker told this attempt to stop (shutdown, lease lost,
@@ -424,6 +428,7 @@ class JobContext(Generic[P]):
             tool=self._timed(call, ec),
             check=tgt.check,
             lease_check=self.check,
+            may_record=self._may_record,
             log_bodies=tgt.log_bodies,
             key_retention_seconds=tgt.key_retention_seconds,
         )

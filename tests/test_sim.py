@@ -1259,6 +1259,8 @@ def test_workers_resend_a_record_whose_producer_died_before_its_message() -> Non
     assert r.counts.get("stranded_resent", 0) >= r.injected["producer_died"]
     swept = [data for _t, _who, kind, data in r.log if kind == "job_send_taken"]
     assert swept and all(d["by"] == "sweep" for d in swept)
+
+
 # ------------------------------------------------------------------ issue 14's world
 #
 # Concurrent producers of one job id, an operator resuming and resolving parked jobs
@@ -1319,3 +1321,17 @@ def test_a_result_over_the_item_limit_fails_its_job_naming_the_limit() -> None:
     failed = [e for e in _events_of(r, "job_failed") if e["error_code"] == "result_too_large"]
     assert failed and "item limit" in failed[0]["reason"]
     assert not [e for e in _events_of(r, "ownership_unknown") if "Validation" in str(e)]
+
+
+def test_soak_seed_206454_a_confirm_is_retried_through_an_unanswered_heartbeat() -> None:
+    # Found by the soak after issue 7 landed: a confirm cancelled for throughput was
+    # given up (ownership_unknown, I8) because the heartbeat's last round had gone
+    # unanswered, although the lease had time left. Recording a call that applied
+    # starts nothing irreversible: it is retried while the lease has time.
+    features = ("shared_keys", "cut_responses", "txn_transient", "mixed_versions")
+    r = _wide(206454, *features)
+    assert r.ok, _verdict(r, 206454, *features)
+    retried = [
+        e[3] for e in r.log if e[2] == "intent_write_retried" and e[3].get("op") == "confirm"
+    ]
+    assert retried, "seed 206454 no longer retries a confirm"

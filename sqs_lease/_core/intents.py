@@ -126,6 +126,9 @@ class EffectSpec:
     tool: Callable[[], Any]  # returns ToolResult (or a mapping); raises on failure
     check: Callable[[IntentView], CheckAnswer] | None = None
     lease_check: Callable[[], None] | None = None
+    # True while a retry of a fact-recording write (a confirm) may go on: the attempt
+    # is open and its lease has time left, even if the last heartbeat went unanswered.
+    may_record: Callable[[], bool] | None = None
     log_bodies: bool = False
     key_retention_seconds: float | None = None  # how long the target keeps keys; None: not at all
 
@@ -408,6 +411,11 @@ def _lease_check(spec: EffectSpec) -> Flow[None]:
 
 
 def _lease_holds(spec: EffectSpec) -> Flow[bool]:
+    """May a confirm be retried? By the lease's time (``may_record``) where the shell
+    gives it, else by the ordinary lease check."""
+    if spec.may_record is not None:
+        out = yield from call(Invoke("may_record", spec.may_record))
+        return isinstance(out, Ok) and out.response.get("value") is True
     if spec.lease_check is None:
         return True
     lc = yield from call(Invoke("lease_check", spec.lease_check))

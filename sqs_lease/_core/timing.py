@@ -224,6 +224,13 @@ class LocalLease:
         self.dropped = why
         self.reason = why.value
 
+    def may_record(self, now: float) -> bool:
+        """Whether a write that records a fact (a confirm of a call that applied) may
+        still be retried: the attempt is open (ownership confirmed or merely unknown)
+        and its conservative deadline has not passed. Unlike :meth:`check`, an
+        unanswered heartbeat does not end it: recording starts nothing irreversible."""
+        return self.status in OPEN and now < self.conservative_deadline
+
     @property
     def stop(self) -> Stop | None:
         """Why this attempt was told to stop, or None while it may go on."""

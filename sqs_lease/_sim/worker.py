@@ -511,6 +511,7 @@ class SimWorker(Actor):
             tool=SimTool(target, key, resource, job_id, claim.token, digest, self.id, timeout),
             check=SimCheck(target, key, resource, job_id, claim.token, p.tool_http_timeout),
             lease_check=lambda: lease.check(self.mono()),
+            may_record=lambda: lease.may_record(self.mono()),
             key_retention_seconds=_SIM_KEY_RETENTION,
         )
         try:
