@@ -617,17 +617,7 @@ def claim_flow(
         return NotClaimed(d, "exhausted", reason, job)
     # The receive granted d.visibility from d.received_at; CMV moves it to L from now.
     deadline = d.received_at + d.visibility
-    cmv = yield from call(
-        Call(
-            "sqs",
-            "ChangeMessageVisibility",
-            {
-                "QueueUrl": queue_url,
-                "ReceiptHandle": d.receipt_handle,
-                "VisibilityTimeout": lease_seconds,
-            },
-        )
-    )
+    cmv = yield from _set_visibility(queue_url, d.receipt_handle, lease_seconds)
     if isinstance(cmv, Ok):
         deadline = cmv.sent_at + lease_seconds
     yield from emit(
@@ -762,17 +752,7 @@ def admit_flow(
             yield from _poison_delivery(queue_url, dlq_url, d, reason)
             return NotClaimed(d, "unknown_class", reason)
         delay = defer_delay(d.receive_count, rand)
-        cmv = yield from call(
-            Call(
-                "sqs",
-                "ChangeMessageVisibility",
-                {
-                    "QueueUrl": queue_url,
-                    "ReceiptHandle": d.receipt_handle,
-                    "VisibilityTimeout": delay,
-                },
-            )
-        )
+        cmv = yield from _set_visibility(queue_url, d.receipt_handle, delay)
         yield from emit(
             "job_class_unknown",
             job_id=d.job_id,
@@ -1162,6 +1142,23 @@ class Finish:
     current: JobView | None = None
 
 
+def _set_visibility(queue_url: str, receipt_handle: str, seconds: int) -> Flow[Outcome]:
+    """One ChangeMessageVisibility: a new timeout counted from the call (it does not add)."""
+    return (
+        yield from call(
+            Call(
+                "sqs",
+                "ChangeMessageVisibility",
+                {
+                    "QueueUrl": queue_url,
+                    "ReceiptHandle": receipt_handle,
+                    "VisibilityTimeout": seconds,
+                },
+            )
+        )
+    )
+
+
 def _delete(queue_url: str, receipt_handle: str) -> Flow[Outcome]:
     out = yield from call(
         Call("sqs", "DeleteMessage", {"QueueUrl": queue_url, "ReceiptHandle": receipt_handle})
@@ -1452,17 +1449,7 @@ def retry_flow(
     )
     if fin.outcome != "done":
         return fin
-    cmv = yield from call(
-        Call(
-            "sqs",
-            "ChangeMessageVisibility",
-            {
-                "QueueUrl": queue_url,
-                "ReceiptHandle": delivery.receipt_handle,
-                "VisibilityTimeout": delay,
-            },
-        )
-    )
+    cmv = yield from _set_visibility(queue_url, delivery.receipt_handle, delay)
     yield from emit(
         "job_retry_scheduled",
         job_id=job.job_id,
