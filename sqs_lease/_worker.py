@@ -1,8 +1,12 @@
 """The sync worker: a thin thread shell around the core flows.
 
-Threads: the caller's thread receives; one thread per running job runs claim,
-handler and commit; one heartbeat thread extends every held lease in batches.
-Every decision is made by a flow or a pure function of ``sqs_lease._core``.
+Threads: the caller's thread receives; one thread per running job drives the
+core's ``attempt_flow`` (claim, hold, handler, ending) with a ``SyncDriver``; one
+heartbeat thread drives ``heartbeat_round_flow`` every tick; a sweep thread
+``sweep_once_flow``. The held leases live in the core's ``LeaseBook`` (guarded by
+this worker's lock). This module only schedules and performs instructions (the
+handler runs in its job thread, as ``Invoke("handler")``); every decision is made
+by a flow or a pure function of ``sqs_lease._core``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -25,49 +29,29 @@ from pydantic import BaseModel
 from ._aws import SyncDriver, Timeouts
 from ._clock import lease_clock
 from ._config import Settings
-from ._core.calls import Emit
-from ._core.endings import EndKind, ending_for, stopped_ending
+from ._core.attempt import (
+    AttemptEnv,
+    HandlerRun,
+    Now,
+    attempt_flow,
+    heartbeat_round_flow,
+    held_effect_flow,
+    redrive_rules,
+    release_unstarted_flow,
+    shutdown_flow,
+    sweep_once_flow,
+)
 from ._core.flows import (
     UNKNOWN_CLASS_RECEIVES,
     UNSENT_GRACE_SECONDS,
-    Claimed,
     Delivery,
-    Finish,
-    LossSource,
     Poison,
-    admit_flow,
-    apply_beats,
-    commit_flow,
-    fail_flow,
-    gave_back,
-    heartbeat_flow,
-    lose,
-    lost_event,
-    park_flow,
-    poison_flow,
     receive_flow,
-    rejected_loss,
-    release_flow,
-    retry_flow,
-    sweep_flow,
 )
-from ._core.intents import EffectResult, EffectSpec, effect_flow
-from ._core.records import JobView
-from ._core.timing import (
-    OPEN,
-    Drop,
-    LeaseStatus,
-    LocalLease,
-    Stop,
-    backoff_delay,
-    plan_heartbeat,
-)
-from ._errors import (
-    ConfigError,
-    LeaseLost,
-    PayloadError,
-)
-from ._jobs import App, JobClass, JobContext, canonical_json
+from ._core.intents import EffectResult, EffectSpec
+from ._core.leasebook import LeaseBook
+from ._errors import ConfigError
+from ._jobs import App, JobClass, JobContext
 from ._journal import Journal
 from ._resources import check_table, queue_url, redrive
 from ._schema import IntentTable, JobTable
@@ -91,13 +75,7 @@ class WorkerStats:
     deferred: int = 0
 
 
-@dataclass
-class _Held:
-    lease: LocalLease
-    job: JobView
-    delivery: Delivery
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    started: bool = False
+_STAT_NAMES = frozenset(WorkerStats.__dataclass_fields__)
 
 
 class Worker:
@@ -192,26 +170,32 @@ class Worker:
         self.queue_url = queue_url(settings)
         self.dlq_url, max_receives = redrive(settings, self.queue_url)
         most = max(r.job_class.max_attempts for r in app.classes.values())
-        if max_receives is not None and max_receives <= 2 * most:
-            # Receives that end in no claim (unanswered claims, duplicates) count too:
-            # a redrive this tight can move a live job's message to the DLQ and leave
-            # its record without a message (found by the simulation, tight_redrive).
-            self.journal(
-                "redrive_too_tight",
-                max_receive_count=max_receives,
-                max_attempts=most,
-                fix="raise the queue's maxReceiveCount well above max_attempts "
-                "(sqs-lease queue create --max-receives N)",
-            )
-        # Our DLQ copy (with the reason) must come before SQS's own redrive (without).
-        self.unknown_class_receives = (
-            unknown_class_receives
-            if max_receives is None
-            else max(1, min(unknown_class_receives, max_receives - 1))
+        self.unknown_class_receives, warning = redrive_rules(
+            max_receives, most, unknown_class_receives
         )
+        if warning is not None:
+            self.journal.write(warning.event, warning.fields)
         self.stats = WorkerStats()
-        self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
+        # The leases this worker holds; job threads and the heartbeat thread share it.
+        self.book = LeaseBook(self._lock)
+        self._stats_lock = threading.Lock()
+        self.env = AttemptEnv(
+            table=self.table,
+            intents=self.intents,
+            queue_url=self.queue_url,
+            dlq_url=self.dlq_url,
+            worker_id=self.worker_id,
+            book=self.book,
+            rules_of=self._rules_of,
+            receive_visibility=self.receive_visibility,
+            unknown_class_receives=self.unknown_class_receives,
+            now=self._now,
+            random=self.rng.random,
+            tally=self._count,
+            new_signal=threading.Event,
+            run_handler=self._run_handler,
+        )
         self._slots = threading.Semaphore(concurrency)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -225,18 +209,11 @@ class Worker:
         Their ``ctx.wait()``/``ctx.check()`` raise ``WorkerShuttingDown``; each job
         goes back to the queue (attempt not spent) as its handler ends. Handlers
         get ``shutdown_grace`` seconds for that; the rest are released anyway.
-        Safe from a signal handler: it only sets a flag (the heartbeat thread
+        Safe from a signal handler: it only sets flags (the heartbeat thread
         passes the request on within a tick).
         """
         self._stopping.set()
-
-    def _request_stop(self) -> None:
-        """Pass a shutdown on to every attempt still held (idempotent)."""
-        with self._lock:
-            for h in self._held.values():
-                if h.lease.status in OPEN and not h.lease.shutdown:
-                    h.lease.shutdown = True
-                    h.cancelled.set()
+        self.book.stopping = True
 
     def install_signal_handlers(self) -> None:
         """Stop gracefully on SIGTERM/SIGINT; the previous handlers return when run() ends."""
@@ -290,7 +267,7 @@ class Worker:
                         visibility=self.receive_visibility,
                     )
                 )
-                if batch or self._held or self._alive():
+                if batch or len(self.book) or self._alive():
                     # Idle counts from when the last job finished, not from the last
                     # receive: a retry a job just scheduled comes back within its backoff.
                     idle_since = self._clock()
@@ -313,9 +290,20 @@ class Worker:
         return self.stats
 
     def _count(self, name: str, n: int | bool = 1) -> None:
+        """``env.tally``: count what a flow names (the simulator's own counters, which
+        these stats do not have, are skipped)."""
+        if name not in _STAT_NAMES:
+            return
         # Job threads and the heartbeat thread all count; += on an attribute is not atomic.
-        with self._lock:
+        with self._stats_lock:
             setattr(self.stats, name, getattr(self.stats, name) + int(n))
+
+    def _now(self) -> Now:
+        return Now(self._clock(), time.time())
+
+    def _rules_of(self, job_class: str) -> JobClass | None:
+        reg = self.app.get(job_class)
+        return reg.job_class if reg else None
 
     def _free_slots(self) -> int:
         with self._lock:
@@ -334,466 +322,72 @@ class Worker:
         t.start()
 
     def _release_unstarted(self, item: Delivery | Poison) -> None:
-        if isinstance(item, Delivery):
-            released = self.driver.run(
-                release_flow(
-                    self.table,
-                    queue_url=self.queue_url,
-                    held=[(None, item)],
-                    worker_id=self.worker_id,
-                    wall_now=time.time(),
-                    reason="shutdown",
-                )
-            )
-            self._count("released", released)
+        self.driver.run(release_unstarted_flow(self.env, item))
 
     def _shutdown(self) -> None:
         if self._stopping.is_set():
             # Asked to stop (not just done: max_messages or idle_exit let handlers finish).
-            self._request_stop()
+            self.book.request_stop()
         deadline = self._clock() + self.shutdown_grace
         for t in list(self._threads):
             t.join(timeout=max(0.0, deadline - self._clock()))
-        with self._lock:
-            left = [h for h in self._held.values() if h.lease.status in OPEN]
-            for h in left:
-                h.lease.drop(Drop.SHUTDOWN)
-                h.cancelled.set()
-        if left:
-            # No claimed job leaves without a decision: it goes back to queued, at once.
-            released = self.driver.run(
-                release_flow(
-                    self.table,
-                    queue_url=self.queue_url,
-                    held=[(h.job, h.delivery) for h in left],
-                    worker_id=self.worker_id,
-                    wall_now=time.time(),
-                    reason="shutdown: handler overran the grace period",
-                )
-            )
-            self._count("released", released)
-            with self._lock:
-                # Handed back, or found taken (release_flow journaled that loss): a
-                # late end write of these attempts reports no second loss.
-                for h in left:
-                    gave_back(h.lease, "shutdown")
+        self.driver.run(shutdown_flow(self.env))
 
     # ----------------------------------------------------------------- one job
 
     def _process(self, item: Delivery | Poison) -> None:
-        if isinstance(item, Poison):
-            self._count("poisoned")
-            self.driver.run(
-                poison_flow(
-                    self.table,
-                    queue_url=self.queue_url,
-                    poison=item,
-                    dlq_url=self.dlq_url,
-                    body=item.body,
-                )
-            )
-            return
-        reg = self.app.get(item.job_class)
-        job_class = reg.job_class if reg else None
-        claim = self.driver.run(
-            admit_flow(
-                self.table,
-                queue_url=self.queue_url,
-                dlq_url=self.dlq_url,
-                delivery=item,
-                known_class=job_class is not None,
-                worker_id=self.worker_id,
-                wall_now=time.time(),
-                lease_seconds=job_class.lease_seconds if job_class else self.receive_visibility,
-                max_attempts=job_class.max_attempts if job_class else 1_000_000,
-                unknown_class_receives=self.unknown_class_receives,
-                # Drawn only when needed: the rng's stream stays the retries' own.
-                rand=self.rng.random() if job_class is None else 0.5,
-            )
-        )
-        if not isinstance(claim, Claimed):
-            if claim.outcome in ("done", "parked"):
-                self._count("already_done")
-            elif claim.outcome == "stray":
-                self._count("stray")
-            elif claim.outcome in (
-                "missing",
-                "class_mismatch",
-                "unknown_class",
-                "unreadable",
-                "invalid",
-            ):
-                self._count("poisoned")
-            elif claim.outcome == "exhausted":
-                self._count("failed")
-            elif claim.outcome == "deferred":
-                self._count("deferred")
-            return
-        self._count("claimed")
-        self._count("reclaimed", claim.reclaimed)
-        if reg is None or job_class is None:  # pragma: no cover - admit_flow never claims it
-            return
-        try:
-            payload = job_class.validate_payload(claim.job.payload_json or "")
-        except PayloadError as exc:
-            self._count("poisoned")
-            self._finish_fail(claim, None, str(exc), "invalid_payload", poisoned=True)
-            return
-        held = self._hold(claim, job_class)
-        try:
-            self._run_handler(held, claim, job_class, reg.handler, payload)
-        finally:
-            with self._lock:
-                if self._held.get(item.job_id) is held:  # not a newer attempt's entry
-                    del self._held[item.job_id]
+        self.driver.run(attempt_flow(self.env, item))
 
-    def _hold(self, claim: Claimed, jc: JobClass) -> _Held:
-        now = self._clock()
-        lease = LocalLease(
-            job_id=claim.job.job_id,
-            token=claim.token,
-            receipt_handle=claim.delivery.receipt_handle,
-            lease_seconds=jc.lease_seconds,
-            heartbeat_seconds=jc.heartbeat_seconds,
-            jitter_seconds=jc.jitter_seconds,
-            deadline=claim.deadline,
-            started_at=now,
-            stage_deadline=claim.delivery.received_at + jc.stage_budget_seconds,
-            progress_timeout=jc.progress_timeout_seconds,
-            last_progress=now,
-            next_beat=now + jc.heartbeat_seconds,
-            last_confirmed=now,
-            advised_at=now,
-        )
-        held = _Held(lease, claim.job, claim.delivery)
-        ev: Emit | None = None
-        with self._lock:
-            earlier = self._held.get(lease.job_id)
-            if earlier is not None:
-                # Our own new claim moved the token past the earlier attempt (a retry
-                # or a duplicate delivery reached this worker): that attempt is lost.
-                ev = lose(
-                    earlier.lease,
-                    LossSource.OWN_CLAIM,
-                    f"token moved to {claim.token} by this worker",
-                )
-                earlier.cancelled.set()
-            if self._stopping.is_set():
-                # Claimed while the worker stops: the attempt is told at once.
-                lease.shutdown = True
-                held.cancelled.set()
-            self._held[lease.job_id] = held
-        self._journal_event(ev)
-        return held
-
-    def _journal_event(self, ev: Emit | None) -> None:
-        if ev is not None:
-            self.journal.write(ev.event, ev.fields)
-
-    def _lose(self, held: _Held | None, claim: Claimed, fin: Finish, source: LossSource) -> None:
-        """A fenced write of this attempt was rejected: its lease is gone. Journal that
-        once per attempt (the heartbeat, or another write, may have seen it first)."""
-        loss = rejected_loss(fin)
-        if loss is None:
-            return
-        reason, cancelled = loss
-        if held is None:  # a write right after the claim, before the lease was held
-            self._journal_event(
-                lost_event(claim.job.job_id, claim.token, LossSource.CLAIM, reason, cancelled)
-            )
-            return
-        with self._lock:
-            ev = lose(held.lease, source, reason, cancelled=cancelled)
-            held.cancelled.set()
-        self._journal_event(ev)
-
-    def _run_handler(
-        self, held: _Held, claim: Claimed, jc: JobClass, handler: Any, payload: BaseModel
-    ) -> None:
+    def _run_handler(self, run: HandlerRun) -> Any:
+        """``Invoke("handler")``, in the job's thread: build its context, call the handler."""
+        held, claim = run.held, run.claim
+        reg = self.app.get(claim.job.job_class)
+        assert reg is not None  # attempt_flow runs a handler only for a known class
         ctx: JobContext[Any] = JobContext(
             job_id=claim.job.job_id,
-            job_class=jc,
-            payload=payload,
+            job_class=reg.job_class,
+            payload=run.payload,
             payload_hash=claim.job.payload_hash,
             token=claim.token,
             attempt=claim.attempt,
             worker_id=self.worker_id,
             lease=held.lease,
             lock=self._lock,
-            cancelled=held.cancelled,
+            cancelled=held.cancelled,  # type: ignore[arg-type]  # a threading.Event
             clock=self._clock,
             journal=self.journal,
-            run_effect=lambda spec: self._run_effect(spec, held),
+            run_effect=lambda spec: self._run_effect(spec, run),
             targets=self.app.targets,
             stage=claim.job.stage or "main",
         )
-        start = self._clock()
-        error: Exception | None = None
-        result: Any = None
-        with self._lock:
-            told = held.lease.stop  # claimed while the worker stops: do not start
-        if told is None:
-            try:
-                result = handler(ctx, payload)
-            except Exception as exc:
-                error = exc
-        stop = self._mark(held, LeaseStatus.DONE)
-        # A handler told to stop may return a partial result: never committed.
-        end = stopped_ending(ending_for(error, claim.job.payload_json), stop)
-        if end.kind is EndKind.RELEASE:
-            released = self.driver.run(
-                release_flow(
-                    self.table,
-                    queue_url=self.queue_url,
-                    held=[(claim.job, claim.delivery)],
-                    worker_id=self.worker_id,
-                    wall_now=time.time(),
-                    reason=end.reason,
-                )
-            )
-            self._count("released", released)
-        elif end.kind is EndKind.COMMIT:
-            self._commit(claim, held, result, self._clock() - start)
-        elif end.kind is EndKind.ABANDON:
-            # The handler stopped before an irreversible step, or returned after its
-            # attempt was told to stop (result_discarded): nothing may be written for
-            # this attempt. The message comes back when its visibility lapses.
-            self._count("lost")
-            self.journal(
-                "result_discarded" if end.code == "result_discarded" else "job_abandoned",
-                job_id=claim.job.job_id,
-                token=claim.token,
-                error_code=end.code,
-                stop=stop.value if stop is not None else None,
-                duration=round(self._clock() - start, 3),
-            )
-        elif end.kind is EndKind.FAIL:
-            self._finish_fail(claim, held, end.reason, end.code)
-        elif end.kind is EndKind.PARK:
-            # Nobody can tell whether the effect applied: stop automatic retries of
-            # this job and keep everything for an operator (sqs-lease intents ...).
-            self._count("parked")
-            fin = self.driver.run(
-                park_flow(
-                    self.table,
-                    queue_url=self.queue_url,
-                    job=claim.job,
-                    delivery=claim.delivery,
-                    worker_id=self.worker_id,
-                    wall_now=time.time(),
-                    reason=end.reason,
-                )
-            )
-            self._lose(held, claim, fin, LossSource.PARK)
-        else:
-            self._retry(claim, held, jc, end.reason, end.code)
+        result = reg.handler(ctx, run.payload)
+        return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
 
-    def _run_effect(self, spec: EffectSpec, held: _Held) -> EffectResult:
-        try:
-            return self.driver.run(
-                effect_flow(
-                    self.intents,
-                    self.table,
-                    spec=spec,
-                    token=held.lease.token,
-                    worker_id=self.worker_id,
-                    wall_clock=time.time,
-                    flow_id=uuid.uuid4().hex,
-                )
-            )
-        except LeaseLost as exc:
-            # Raised while the local lease was still open, it came from the fenced
-            # intent start that found the token moved: the first news of the loss.
-            with self._lock:
-                ev = (
-                    lose(held.lease, LossSource.INTENT_START, str(exc))
-                    if held.lease.status in OPEN
-                    else None
-                )
-                if ev is not None:
-                    held.cancelled.set()
-            self._journal_event(ev)
-            raise
-
-    def _mark(self, held: _Held, status: LeaseStatus) -> Stop | None:
-        """Mark the attempt's end; return the stop it was told before (None: none)."""
-        with self._lock:
-            stop = held.lease.stop
-            if held.lease.status in OPEN:
-                held.lease.status = status
-            return stop
-
-    def _commit(self, claim: Claimed, held: _Held, result: Any, duration: float) -> None:
-        if isinstance(result, BaseModel):
-            result = result.model_dump(mode="json")
-        try:
-            text = canonical_json(result)
-        except (TypeError, ValueError):
-            self._finish_fail(
-                claim, held, "handler returned a result that is not JSON", "bad_result"
-            )
-            return
-        # A result over DynamoDB's item limit (with the payload) is never sent: the
-        # core's commit_flow fails the job naming the limit. Always attempt the fenced
-        # commit, even when the heartbeat already saw the lease lost: DynamoDB's
-        # condition is the only arbiter, and a rejected commit is the record forensics
-        # needs (result_rejected).
-        fin = self.driver.run(
-            commit_flow(
-                self.table,
-                queue_url=self.queue_url,
-                job=claim.job,
-                delivery=claim.delivery,
-                worker_id=self.worker_id,
-                result_json=text,
-                wall_now=time.time(),
-                duration=duration,
+    def _run_effect(self, spec: EffectSpec, run: HandlerRun) -> EffectResult:
+        return self.driver.run(
+            held_effect_flow(
+                self.env, run.held, spec, wall_clock=time.time, flow_id=uuid.uuid4().hex
             )
         )
-        if fin.outcome == "done":
-            self._count("committed")
-        elif fin.outcome == "rejected":
-            self._count("rejected")
-        elif fin.outcome == "failed":
-            self._count("failed")
-        self._lose(held, claim, fin, LossSource.COMMIT)
-
-    def _retry(
-        self, claim: Claimed, held: _Held | None, jc: JobClass, reason: str, code: str
-    ) -> Finish:
-        delay = backoff_delay(
-            claim.attempt, jc.backoff_base_seconds, jc.backoff_max_seconds, self.rng.random()
-        )
-        fin = self.driver.run(
-            retry_flow(
-                self.table,
-                queue_url=self.queue_url,
-                job=claim.job,
-                delivery=claim.delivery,
-                worker_id=self.worker_id,
-                wall_now=time.time(),
-                reason=reason,
-                error_code=code,
-                delay=delay,
-                max_attempts=jc.max_attempts,
-            )
-        )
-        if fin.outcome == "done":
-            if claim.attempt >= jc.max_attempts + claim.job.granted_attempts:
-                self._count("failed")
-            else:
-                self._count("retried")
-        elif fin.outcome == "failed":
-            self._count("failed")
-        self._lose(held, claim, fin, LossSource.RETRY)
-        return fin
-
-    def _finish_fail(
-        self, claim: Claimed, held: _Held | None, reason: str, code: str, poisoned: bool = False
-    ) -> None:
-        if poisoned:
-            self.journal(
-                "message_poisoned",
-                job_id=claim.job.job_id,
-                token=claim.token,
-                error_code=code,
-                reason=reason,
-            )
-        fin = self.driver.run(
-            fail_flow(
-                self.table,
-                queue_url=self.queue_url,
-                job=claim.job,
-                delivery=claim.delivery,
-                worker_id=self.worker_id,
-                wall_now=time.time(),
-                reason=reason,
-                error_code=code,
-            )
-        )
-        if fin.outcome == "done" and not poisoned:
-            self._count("failed")
-        self._lose(held, claim, fin, LossSource.FAIL)
 
     # ----------------------------------------------------------------- heartbeat
 
     def _heartbeat_loop(self) -> None:
-        while not (self._stopping.is_set() and not self._held and not self._alive()):
+        while not (self._stopping.is_set() and not len(self.book) and not self._alive()):
             try:
                 if self._stopping.is_set():
-                    self._request_stop()
+                    self.book.request_stop()
                 self._beat_once()
             except Exception as exc:  # the heartbeat thread must survive anything
                 self.journal("heartbeat_error", error_code=type(exc).__name__)
             time.sleep(self.tick)
 
+    def _beat_once(self) -> None:
+        self.driver.run(heartbeat_round_flow(self.env))
+
     def _alive(self) -> bool:
         with self._lock:
             return any(t.is_alive() for t in self._threads)
-
-    def _beat_once(self) -> None:
-        now = self._clock()
-        with self._lock:
-            plan = plan_heartbeat([h.lease for h in self._held.values()], now)
-            dropped = {lease.job_id: self._held[lease.job_id] for lease, _ in plan.drop}
-            for lease, why in plan.drop:
-                lease.drop(why)
-                dropped[lease.job_id].cancelled.set()
-        for lease, why in plan.drop:
-            held = dropped[lease.job_id]
-            self.journal(
-                "lease_dropped",
-                job_id=lease.job_id,
-                token=lease.token,
-                reason=why.value,
-                lease_left=round(lease.deadline - now, 3),
-            )
-            if why is not Drop.RESERVE_SPENT:
-                # The watchdog gives the job back for a counted retry; the handler's
-                # late result will meet a moved record and be rejected.
-                jc = self.app.classes[held.job.job_class].job_class
-                claim = Claimed(
-                    held.delivery,
-                    held.job,
-                    lease.token,
-                    held.job.attempt,
-                    False,
-                    None,
-                    lease.deadline,
-                )
-                fin = self._retry(claim, held, jc, f"watchdog: {why.value}", why.value)
-                if fin.outcome in ("done", "failed"):
-                    with self._lock:
-                        gave_back(lease, f"watchdog: {why.value}")
-        with self._lock:
-            # The drops' writes above can take long (a partition): a handler that
-            # ended meanwhile must not get its visibility extended.
-            extend = [lease for lease in plan.extend if lease.status in OPEN]
-        if not extend:
-            return
-        report = self.driver.run(
-            heartbeat_flow(
-                self.table,
-                queue_url=self.queue_url,
-                leases=extend,
-                worker_id=self.worker_id,
-                wall_now=time.time(),
-                advise=plan.advise,
-            )
-        )
-        with self._lock:
-            # Only the leases this worker still holds (a newer own claim may have
-            # replaced one while the round was in flight).
-            current = [
-                lease
-                for lease in extend
-                if (h := self._held.get(lease.job_id)) is not None and h.lease is lease
-            ]
-            changed = apply_beats(current, report, started=now, advised=plan.advise)
-            for lease in changed.cancel:
-                self._held[lease.job_id].cancelled.set()
-        for ev in changed.events:
-            self._journal_event(ev)
 
     # ----------------------------------------------------------------- stranded sweep
 
@@ -811,23 +405,14 @@ class Worker:
         Never raises: a failed sweep is journaled (``stranded_sweep_failed``, with
         the fix when the index is missing) and the next one tries again.
         """
-        try:
-            report = self.driver.run(
-                sweep_flow(
-                    self.table,
-                    queue_url=self.queue_url,
-                    wall_now=time.time(),
-                    older_than=self.sweep_grace,
-                    limit=self.sweep_limit,
-                    send_id_prefix=uuid.uuid4().hex,
-                )
+        return self.driver.run(
+            sweep_once_flow(
+                self.env,
+                older_than=self.sweep_grace,
+                limit=self.sweep_limit,
+                send_id_prefix=uuid.uuid4().hex,
             )
-        except Exception as exc:  # the sweep must never stop the worker
-            self.journal(
-                "stranded_sweep_failed", error_code=type(exc).__name__, reason=str(exc)[:300]
-            )
-            return 0
-        return sum(1 for j in report.jobs if j.verdict == "resent")
+        )
 
 
 def load_app(spec: str) -> App:

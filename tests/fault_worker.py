@@ -27,9 +27,9 @@ def _mutate(names: str) -> None:
         if name == "no_commit_token":
             _no_commit_token()
         elif name == "commit_after_stop":
-            from sqs_lease import _worker
+            from sqs_lease._core import attempt
 
-            setattr(_worker, "stopped_ending", lambda end, stop: end)  # noqa: B010
+            setattr(attempt, "stopped_ending", lambda end, stop: end)  # noqa: B010
         else:
             raise SystemExit(f"unknown mutation {name!r}")
 

@@ -38,9 +38,11 @@ from core_harness import (
 from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Ok, Outcome, sqs_code_is
 from sqs_lease._core.flows import (
     Beat,
+    BeatStatus,
     Claimed,
     Delivery,
     Finish,
+    FinishOutcome,
     HeartbeatReport,
     NotClaimed,
     Poison,
@@ -1159,7 +1161,7 @@ def test_commit_request_is_fenced_on_token_owner_and_state() -> None:
 def test_commit_ok_deletes_and_journals() -> None:
     s = Script([ok(), ok()])
     fin = _commit(s)
-    assert fin == Finish("done")
+    assert fin == Finish(FinishOutcome.DONE)
     assert s.ops == ["dynamodb.UpdateItem", "sqs.DeleteMessage"]
     assert s.calls[1].params == {"QueueUrl": QUEUE, "ReceiptHandle": "rh-c"}
     ev = s.event("result_committed")
@@ -1276,7 +1278,7 @@ def _retry(script: Script, job: JobView, max_attempts: int = 3, delay: int = 17)
 def test_retry_requeues_then_sets_visibility_to_delay() -> None:
     s = Script([ok(), ok()])
     fin = _retry(s, job_view(token=2, attempt=1))
-    assert fin == Finish("done")
+    assert fin == Finish(FinishOutcome.DONE)
     assert s.ops == ["dynamodb.UpdateItem", "sqs.ChangeMessageVisibility"]
     requeue = s.calls[0].params
     assert_fenced(requeue, token=2)
@@ -1694,12 +1696,12 @@ def test_apply_beats_moves_each_lease_by_its_verdict() -> None:
     fin_l.status = LeaseStatus.DONE  # the handler returned while the round was in flight
     report = HeartbeatReport(
         {
-            "job-ok": Beat("job-ok", "ok", deadline=1180.0),
-            "job-lost": Beat("job-lost", "lost", reason="token moved to 3"),
-            "job-canc": Beat("job-canc", "cancelled", reason="cancelled: stop"),
-            "job-unk": Beat("job-unk", "unknown", reason="dynamodb: timeout"),
-            "job-done": Beat("job-done", "done", reason="job is succeeded"),
-            "job-fin": Beat("job-fin", "lost", reason="sqs: ReceiptHandleIsInvalid"),
+            "job-ok": Beat("job-ok", BeatStatus.OK, deadline=1180.0),
+            "job-lost": Beat("job-lost", BeatStatus.LOST, reason="token moved to 3"),
+            "job-canc": Beat("job-canc", BeatStatus.CANCELLED, reason="cancelled: stop"),
+            "job-unk": Beat("job-unk", BeatStatus.UNKNOWN, reason="dynamodb: timeout"),
+            "job-done": Beat("job-done", BeatStatus.DONE, reason="job is succeeded"),
+            "job-fin": Beat("job-fin", BeatStatus.LOST, reason="sqs: ReceiptHandleIsInvalid"),
         }
     )
     out = apply_beats(

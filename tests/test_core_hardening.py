@@ -27,6 +27,7 @@ from sqs_lease._aws import classify
 from sqs_lease._core.calls import Err, ErrorKind, Outcome
 from sqs_lease._core.flows import (
     Beat,
+    BeatStatus,
     HeartbeatReport,
     LossSource,
     NotClaimed,
@@ -353,7 +354,7 @@ def test_an_unknown_job_class_goes_to_the_dlq_with_the_reason_at_the_bound() -> 
 
 def test_a_lost_lease_is_journaled_once_per_attempt_however_it_is_learned() -> None:
     lease = local_lease("job-1", token=2)
-    report = HeartbeatReport({"job-1": Beat("job-1", "lost", reason="token moved to 3")})
+    report = HeartbeatReport({"job-1": Beat("job-1", BeatStatus.LOST, reason="token moved to 3")})
     out = apply_beats([lease], report, started=1000.0, advised=frozenset())
     (ev,) = out.events
     assert ev.event == "heartbeat_lost"

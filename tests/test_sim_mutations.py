@@ -126,25 +126,25 @@ def test_mutation_is_caught_and_the_protocol_passes_the_same_seeds(name: str) ->
 
 def test_mutations_are_undone_on_exit() -> None:
     from sqs_lease import _schema
-    from sqs_lease._core import flows, intents
+    from sqs_lease._core import attempt, flows, intents
+    from sqs_lease._core.leasebook import LeaseBook
     from sqs_lease._schema import JobTable
     from sqs_lease._sim import receiver
-    from sqs_lease._sim import worker as sim_worker
     from sqs_lease._sim.mutations import applied
-    from sqs_lease._sim.worker import SimWorker
 
     def state() -> tuple[object, ...]:
         return (
             JobTable.commit,
             flows._verdict,
             intents._reconcile,
-            SimWorker._mark,
+            LeaseBook.mark,
+            LeaseBook.forget,
             intents.__dict__["ToolNotApplied"],
             intents._transient_cancel,
             intents.start_id_for,
-            sim_worker.__dict__["stopped_ending"],
-            sim_worker.__dict__["admit_flow"],
-            sim_worker.__dict__["sweep_flow"],
+            attempt.__dict__["stopped_ending"],
+            attempt.__dict__["admit_flow"],
+            attempt.__dict__["sweep_flow"],
             receiver.Receivers.__dict__["apply"],
             JobTable.__dict__["claim"],
             JobTable.__dict__["parse"],

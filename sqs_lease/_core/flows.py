@@ -809,15 +809,27 @@ def _refusal(what: str, err: Err) -> str:
 # --------------------------------------------------------------------------- heartbeat
 
 
+class BeatStatus(StrEnum):
+    """The heartbeat's verdict on one job."""
+
+    OK = "ok"  # extended, and the record says this attempt still owns the job
+    LOST = "lost"  # the token, owner or state moved on: the lease is gone
+    CANCELLED = "cancelled"  # an operator cancelled the job
+    UNKNOWN = "unknown"  # no answer: keep the old deadline, try again soon
+    DONE = "done"  # this attempt already ended itself: nothing to extend, nothing lost
+
+
 @dataclass(frozen=True)
 class Beat:
-    """The heartbeat's verdict on one job: ``ok`` | ``lost`` | ``cancelled`` | ``unknown``,
-    or ``done`` when the attempt had already ended itself (nothing to extend, nothing lost)."""
+    """The heartbeat's verdict on one job (a :class:`BeatStatus`)."""
 
     job_id: str
-    status: str
+    status: BeatStatus
     deadline: float | None = None  # new local deadline when ok
     reason: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", BeatStatus(self.status))
 
 
 @dataclass(frozen=True)
@@ -865,7 +877,8 @@ def heartbeat_flow(
         calls += 1
         if isinstance(out, Err):
             for lease in chunk:
-                beats[lease.job_id] = Beat(lease.job_id, "unknown", reason=out.code or out.kind)
+                why = out.code or out.kind
+                beats[lease.job_id] = Beat(lease.job_id, BeatStatus.UNKNOWN, reason=why)
             continue
         for ok in out.response.get("Successful", []):
             extended[chunk[int(ok["Id"])].job_id] = out.sent_at
@@ -874,10 +887,10 @@ def heartbeat_flow(
             lease = chunk[int(bad["Id"])]
             code = str(bad.get("Code", ""))
             if any(sqs_code_is(name, code) for name in _LEASE_GONE_CODES):
-                beats[lease.job_id] = Beat(lease.job_id, "lost", reason=f"sqs: {code}")
+                beats[lease.job_id] = Beat(lease.job_id, BeatStatus.LOST, reason=f"sqs: {code}")
                 gone.add(lease.job_id)
             else:
-                beats[lease.job_id] = Beat(lease.job_id, "unknown", reason=f"sqs: {code}")
+                beats[lease.job_id] = Beat(lease.job_id, BeatStatus.UNKNOWN, reason=f"sqs: {code}")
     # Jobs SQS calls gone are read too: a message our own commit just deleted is a
     # finished attempt, not a lost lease.
     pending = [job_id for job_id in by_id if job_id in extended or job_id in gone]
@@ -918,23 +931,23 @@ def heartbeat_flow(
                     reason=unreadable[job_id],
                 )
                 if job_id not in gone:
-                    beats[job_id] = Beat(job_id, "unknown", reason="job record unreadable")
+                    beats[job_id] = Beat(job_id, BeatStatus.UNKNOWN, reason="job record unreadable")
                 continue
             if job_id in gone:
                 if found is not None and _finished_by(lease, found):
-                    beats[job_id] = Beat(job_id, "done", reason=f"job is {found.state}")
+                    beats[job_id] = Beat(job_id, BeatStatus.DONE, reason=f"job is {found.state}")
                 continue
             if found is None:
                 why = out.code or out.kind if isinstance(out, Err) else "not read"
                 if isinstance(out, Ok) and not out.response.get("UnprocessedKeys"):
-                    beats[job_id] = Beat(job_id, "lost", reason="job record is gone")
+                    beats[job_id] = Beat(job_id, BeatStatus.LOST, reason="job record is gone")
                 else:
-                    beats[job_id] = Beat(job_id, "unknown", reason=f"dynamodb: {why}")
+                    beats[job_id] = Beat(job_id, BeatStatus.UNKNOWN, reason=f"dynamodb: {why}")
                 continue
             beats[job_id] = _verdict(lease, found, worker_id, extended[job_id])
     for job_id in sorted(advise):
         lease = by_id.get(job_id)
-        if lease is None or beats.get(job_id, Beat(job_id, "")).status != "ok":
+        if lease is None or (b := beats.get(job_id)) is None or b.status != BeatStatus.OK:
             continue
         out = yield from call(
             req.advise(job_id, lease.token, worker_id, wall_now, lease.lease_seconds)
@@ -951,23 +964,23 @@ def heartbeat_flow(
                     stage="heartbeat",
                     reason=str(exc),
                 )
-                beats[job_id] = Beat(job_id, "unknown", reason="job record unreadable")
+                beats[job_id] = Beat(job_id, BeatStatus.UNKNOWN, reason="job record unreadable")
                 continue
             beats[job_id] = (
                 _verdict(lease, now_view, worker_id, extended[job_id])
                 if now_view is not None
-                else Beat(job_id, "lost", reason="job record is gone")
+                else Beat(job_id, BeatStatus.LOST, reason="job record is gone")
             )
     for job_id, beat in beats.items():
         lease = by_id[job_id]
-        if beat.status == "ok":
+        if beat.status is BeatStatus.OK:
             yield from emit(
                 "heartbeat_ok",
                 job_id=job_id,
                 token=lease.token,
                 lease_left=round((beat.deadline or 0.0) - extended[job_id], 3),
             )
-        elif beat.status in ("done", "lost", "cancelled"):
+        elif beat.status in (BeatStatus.DONE, BeatStatus.LOST, BeatStatus.CANCELLED):
             # done: this attempt already ended itself, nothing was lost. A loss is
             # journaled once per attempt where the lease changes (apply_beats, lose).
             continue
@@ -1055,7 +1068,7 @@ def gave_back(lease: LocalLease, reason: str) -> None:
 
 def rejected_loss(fin: Finish) -> tuple[str, bool] | None:
     """For a rejected end write: the loss reason and whether it was a cancel."""
-    if fin.outcome != "rejected":
+    if fin.outcome is not FinishOutcome.REJECTED:
         return None
     cur = fin.current
     cancelled = cur is not None and cur.state is JobState.FAILED and cur.error_code == "cancelled"
@@ -1082,11 +1095,11 @@ def apply_beats(
     events: list[Emit] = []
     for lease in leases:
         beat = report.beats.get(lease.job_id)
-        if beat is None or beat.status == "done":
+        if beat is None or beat.status is BeatStatus.DONE:
             continue
         if lease.status not in OPEN:
             continue
-        if beat.status == "ok" and beat.deadline is not None:
+        if beat.status is BeatStatus.OK and beat.deadline is not None:
             lease.deadline = beat.deadline
             lease.status = LeaseStatus.OK
             lease.last_confirmed = started
@@ -1094,9 +1107,12 @@ def apply_beats(
             if lease.job_id in advised:
                 lease.advised_at = started
             extended.append(lease)
-        elif beat.status in ("lost", "cancelled"):
+        elif beat.status in (BeatStatus.LOST, BeatStatus.CANCELLED):
             ev = lose(
-                lease, LossSource.HEARTBEAT, beat.reason, cancelled=beat.status == "cancelled"
+                lease,
+                LossSource.HEARTBEAT,
+                beat.reason,
+                cancelled=beat.status is BeatStatus.CANCELLED,
             )
             if ev is not None:
                 events.append(ev)
@@ -1116,30 +1132,41 @@ def _finished_by(lease: LocalLease, view: JobView) -> bool:
 
 def _verdict(lease: LocalLease, view: JobView, worker_id: str, sent_at: float) -> Beat:
     if view.state is JobState.FAILED and view.error_code == "cancelled":
-        return Beat(lease.job_id, "cancelled", reason=view.reason or "cancelled")
+        return Beat(lease.job_id, BeatStatus.CANCELLED, reason=view.reason or "cancelled")
     if _finished_by(lease, view):
-        return Beat(lease.job_id, "done", reason=f"job is {view.state}")
+        return Beat(lease.job_id, BeatStatus.DONE, reason=f"job is {view.state}")
     if view.token != lease.token:
-        return Beat(lease.job_id, "lost", reason=f"token moved to {view.token}")
+        return Beat(lease.job_id, BeatStatus.LOST, reason=f"token moved to {view.token}")
     if view.state is not JobState.RUNNING:
-        return Beat(lease.job_id, "lost", reason=f"job is {view.state}")
+        return Beat(lease.job_id, BeatStatus.LOST, reason=f"job is {view.state}")
     if view.owner != worker_id:
-        return Beat(lease.job_id, "lost", reason=f"owner is {view.owner}")
-    return Beat(lease.job_id, "ok", deadline=sent_at + lease.lease_seconds)
+        return Beat(lease.job_id, BeatStatus.LOST, reason=f"owner is {view.owner}")
+    return Beat(lease.job_id, BeatStatus.OK, deadline=sent_at + lease.lease_seconds)
 
 
 # --------------------------------------------------------------------------- finish
 
 
+class FinishOutcome(StrEnum):
+    """How a write that ends an attempt went."""
+
+    DONE = "done"  # applied (by this try or an earlier one)
+    REJECTED = "rejected"  # the condition failed: the token moved, the lease is gone
+    UNKNOWN = "unknown"  # no answer: it may or may not have applied
+    INVALID = "invalid"  # DynamoDB can never apply it as sent
+    FAILED = "failed"  # the job was ended ``failed`` instead, naming the limit it broke
+
+
 @dataclass(frozen=True)
 class Finish:
-    """How a write that ends an attempt went: ``done`` | ``rejected`` | ``unknown``, or
-    ``invalid`` (DynamoDB can never apply it as sent) | ``failed`` (the job was ended
-    ``failed`` instead, naming the limit it broke)."""
+    """How a write that ends an attempt went (a :class:`FinishOutcome`)."""
 
-    outcome: str
+    outcome: FinishOutcome
     reason: str = ""
     current: JobView | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outcome", FinishOutcome(self.outcome))
 
 
 def _set_visibility(queue_url: str, receipt_handle: str, seconds: int) -> Flow[Outcome]:
@@ -1188,7 +1215,7 @@ def _fenced_write(
     for attempt in range(COMMIT_TRIES):
         out = yield from call(build)
         if isinstance(out, Ok):
-            return Finish("done")
+            return Finish(FinishOutcome.DONE)
         last = out
         if out.kind is ErrorKind.CONDITION_FAILED:
             try:
@@ -1203,23 +1230,23 @@ def _fenced_write(
                     stage="end",
                     reason=str(exc),
                 )
-                return Finish("rejected", "job record unreadable")
+                return Finish(FinishOutcome.REJECTED, "job record unreadable")
             if (
                 current is not None
                 and current.state is applied
                 and current.token == job.token
                 and current.owner == worker_id
             ):
-                return Finish("done", "an earlier try applied", current)
-            return Finish("rejected", _why_rejected(current, job), current)
+                return Finish(FinishOutcome.DONE, "an earlier try applied", current)
+            return Finish(FinishOutcome.REJECTED, _why_rejected(current, job), current)
         if out.kind is ErrorKind.VALIDATION:
-            return Finish("invalid", f"{out.code or out.kind}: {out.message}")
+            return Finish(FinishOutcome.INVALID, f"{out.code or out.kind}: {out.message}")
         if not out.unknown:
-            return Finish("unknown", f"{out.code or out.kind}: {out.message}")
+            return Finish(FinishOutcome.UNKNOWN, f"{out.code or out.kind}: {out.message}")
         if attempt + 1 < COMMIT_TRIES:
             yield Sleep(0.2 * (attempt + 1))
     assert last is not None
-    return Finish("unknown", f"no answer: {last.code or last.kind}")
+    return Finish(FinishOutcome.UNKNOWN, f"no answer: {last.code or last.kind}")
 
 
 def _limit_hint(message: str) -> str:
@@ -1284,7 +1311,7 @@ def _end_attempt(
             reason=reason,
             error_code="dynamodb_validation",
         )
-        return Finish("failed", reason) if failed.outcome == "done" else failed
+        return Finish(FinishOutcome.FAILED, reason) if failed.outcome == "done" else failed
     if fin.outcome == "done":
         if delete:
             yield from _delete(queue_url, delivery.receipt_handle)
@@ -1336,7 +1363,7 @@ def commit_flow(
             reason=problem,
             error_code="result_too_large",
         )
-        return Finish("failed", problem) if failed.outcome == "done" else failed
+        return Finish(FinishOutcome.FAILED, problem) if failed.outcome == "done" else failed
     fin = yield from _end_attempt(
         req,
         queue_url=queue_url,

@@ -1,7 +1,9 @@
 """Deliberately broken variants of the protocol, for checking that the checker bites.
 
 Each mutation is a context manager that monkeypatches one piece of the real code
-(or of the simulated worker shell) inside this process and restores it on exit.
+(the core, the schema; never the simulated shell) inside this process and restores
+it on exit: the simulated workers run the core's attempt flow and lease book, the
+very code the thread worker runs, so each is caught through the real worker's path.
 ``tests/test_sim_mutations.py`` asserts every one is caught within a bounded
 number of seeds, and that the unmutated protocol passes the same seeds.
 
@@ -20,15 +22,14 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from .._core import flows, intents
+from .._core import attempt, flows, intents
 from .._core.calls import Call, Flow
-from .._core.flows import Beat, Finish
+from .._core.flows import Beat, BeatStatus, Finish, FinishOutcome
+from .._core.leasebook import Held, LeaseBook
 from .._core.records import JobState
 from .._core.timing import LeaseStatus, LocalLease
 from .._schema import JobTable, R
 from . import receiver
-from . import worker as sim_worker
-from .worker import SimHeld, SimWorker
 
 
 @contextmanager
@@ -91,7 +92,7 @@ def no_ownership_check() -> Iterator[None]:
     ownership read's verdict is always ``ok``."""
 
     def verdict(lease: LocalLease, view: Any, worker_id: str, sent_at: float) -> Beat:
-        return Beat(lease.job_id, "ok", deadline=sent_at + lease.lease_seconds)
+        return Beat(lease.job_id, BeatStatus.OK, deadline=sent_at + lease.lease_seconds)
 
     with _patch(flows, "_verdict", verdict):
         yield
@@ -114,19 +115,20 @@ def extend_after_end() -> Iterator[None]:
     """The worker keeps a job in its heartbeat set after the handler ended, unless
     the attempt ended with a clean commit (e.g. when the commit's outcome was unknown)."""
 
-    def mark(self: SimWorker, held: SimHeld, status: LeaseStatus) -> None:
-        if status is LeaseStatus.DONE:
-            return
-        if held.lease.status in (LeaseStatus.OK, LeaseStatus.UNKNOWN):
-            held.lease.status = status
+    mark_real, forget_real = LeaseBook.mark, LeaseBook.forget
 
-    def forget(self: SimWorker, held: SimHeld, item: Any, fin: Finish | None) -> None:
-        if fin is not None and fin.outcome == "done":
-            self.held.pop(item.job_id, None)
+    def mark(self: LeaseBook, held: Held, status: LeaseStatus) -> Any:
+        if status is LeaseStatus.DONE:
+            return self.told(held)
+        return mark_real(self, held, status)
+
+    def forget(self: LeaseBook, held: Held, end: Finish | None) -> None:
+        if end is not None and end.outcome is FinishOutcome.DONE:
+            forget_real(self, held, end)
 
     with ExitStack() as stack:
-        stack.enter_context(_patch(SimWorker, "_mark", mark))
-        stack.enter_context(_patch(SimWorker, "_forget", forget))
+        stack.enter_context(_patch(LeaseBook, "mark", mark))
+        stack.enter_context(_patch(LeaseBook, "forget", forget))
         yield
 
 
@@ -134,9 +136,7 @@ def extend_after_end() -> Iterator[None]:
 def commit_after_stop() -> Iterator[None]:
     """The shell ignores that an attempt was told to stop: what its handler returns
     afterwards (maybe partial) is committed, fenced by token only."""
-    from . import worker
-
-    with _patch(worker, "stopped_ending", lambda end, stop: end):
+    with _patch(attempt, "stopped_ending", lambda end, stop: end):
         yield
 
 
@@ -283,10 +283,10 @@ def fence_per_resource() -> Iterator[None]:
 def unknown_class_claims() -> Iterator[None]:
     """Issue 7 item 6, as before the fix: a worker whose app does not know a job's
     class claims the job anyway (moving its token, fencing out a live owner) and fails
-    it "unknown job class". Patches the shell's ``admit_flow`` (its unknown-class
-    branch). Expected: I9 (mixed_versions)."""
-    _require(sim_worker, "admit_flow", "item 6 (unknown classes left for another version)")
-    admit = sim_worker.__dict__["admit_flow"]
+    it "unknown job class". Patches the attempt flow's ``admit_flow`` (its
+    unknown-class branch). Expected: I9 (mixed_versions)."""
+    _require(attempt, "admit_flow", "item 6 (unknown classes left for another version)")
+    admit = attempt.__dict__["admit_flow"]
 
     def claims_unknown(req: Any, *, known_class: bool, **kw: Any) -> Flow[flows.ClaimResult]:
         if known_class:
@@ -317,22 +317,22 @@ def unknown_class_claims() -> Iterator[None]:
         )
         return flows.NotClaimed(claim.delivery, "unknown_class", reason, claim.job)
 
-    with _patch(sim_worker, "admit_flow", claims_unknown):
+    with _patch(attempt, "admit_flow", claims_unknown):
         yield
 
 
 @contextmanager
 def no_stranded_sweep() -> Iterator[None]:
     """Issue 7 item 8, as before the fix: the workers' periodic sweep of records left
-    without a sent message finds nothing (the shell's ``sweep_flow`` makes no call).
+    without a sent message finds nothing (the core sweep's ``sweep_flow`` makes no call).
     Expected: I10 (producer_death)."""
-    _require(sim_worker, "sweep_flow", "item 8 (the stranded-record sweep)")
+    _require(attempt, "sweep_flow", "item 8 (the stranded-record sweep)")
 
     def finds_nothing(req: Any, **kw: Any) -> Flow[flows.SweepReport]:
         return flows.SweepReport((), False)
         yield  # a generator, as the real flow
 
-    with _patch(sim_worker, "sweep_flow", finds_nothing):
+    with _patch(attempt, "sweep_flow", finds_nothing):
         yield
 
 
@@ -433,7 +433,7 @@ def validation_as_unknown() -> Iterator[None]:
     def fenced_write(*args: Any, **kwargs: Any) -> Flow[Finish]:
         fin = yield from original(*args, **kwargs)
         if fin.outcome == "invalid":
-            return Finish("unknown", fin.reason)
+            return Finish(FinishOutcome.UNKNOWN, fin.reason)
         return fin
 
     with ExitStack() as stack:

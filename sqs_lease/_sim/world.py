@@ -772,8 +772,8 @@ class World:
         """``job_abandoned``: was the attempt given up right after a transient cancellation?"""
         w = self.workers[worker]
         job_id, token = str(data.get("job_id")), data.get("token")
-        held = w.held.get(job_id)
-        if held is None or held.lease.token != token or not held.origin.transient_cancel:
+        held = w.book.get(job_id)
+        if held is None or held.lease.token != token or not held.tag.transient_cancel:
             return
         lease = held.lease
         running = lease.status is LeaseStatus.DONE and w.mono() < lease.deadline

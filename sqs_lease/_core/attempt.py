@@ -1,0 +1,672 @@
+"""One attempt, from a received message to a decided end; and the worker's other rounds.
+
+Every worker shell (the thread worker, the asyncio worker, the simulator) runs
+these flows and decides no protocol step itself. A shell *schedules* (a thread,
+a task or a simulated task per attempt; a heartbeat loop; a sweep loop) and
+*performs* the instructions the flows yield, exactly as for every other flow:
+
+``attempt_flow(env, item)``
+    receive -> (poison: DLQ) -> admit/claim -> validate the payload -> hold the
+    lease in the :class:`~sqs_lease._core.leasebook.LeaseBook` -> run the
+    handler (unless the attempt was told to stop first) -> mark its end ->
+    decide the ending (``ending_for`` + ``stopped_ending``) -> commit / retry
+    with backoff / park / fail / release / abandon -> forget the lease.
+``heartbeat_round_flow(env)``
+    one round: the watchdog's drops (a counted retry for each, but a spent
+    reserve) -> extend the leases still open (``heartbeat_flow``) -> apply the
+    verdicts to the book.
+``shutdown_flow(env)``, ``release_unstarted_flow(env, item)``, ``sweep_once_flow(env, ...)``
+    the hand-back of what is still held when the grace is over, of a message
+    received while stopping, and one bounded stranded-record sweep.
+
+The instruction contract (what a shell must perform):
+
+- ``Call``: one AWS call, answered with ``Ok``/``Err`` (the drivers' ``execute``).
+- ``Sleep``: wait on the shell's clock (never used by an attempt itself; the
+  flows it runs may back off).
+- ``Emit``: write the journal event.
+- ``Invoke(what, fn)``: run caller code and answer ``Ok({"value": v})``, or
+  ``Err(ErrorKind.RAISED, exc=e)`` when it raised an ``Exception``. The ``what``
+  names are:
+
+  - ``"now"``: ``fn`` is the shell's ``env.now`` -> :class:`Now` (the monotonic
+    lease clock and the wall clock, read together; the core reads no clock).
+  - ``"random"``: ``env.random`` -> a float in [0, 1) (backoff, deferral jitter).
+  - ``"validate"``: the job class's payload validation (may raise ``PayloadError``).
+  - ``"handler"``: ``fn`` is a :class:`HandlerRun`. A sync shell just calls it (in
+    the attempt's thread: it calls ``env.run_handler``, which builds the job
+    context and calls the handler). An async shell may look at ``fn`` itself
+    (``held``, ``claim``, ``payload``, ``rules``) and await a coroutine handler or
+    run a sync one in its pool; the simulator runs its scripted handler in
+    simulated time. The answer is the handler's return value, or its exception.
+    A handler's side effects (``ctx.effect``) are the shell's to drive, each with
+    :func:`held_effect_flow` (which tells the book of a refused intent start).
+  - ``"act_for"``: ``fn`` is an :class:`ActFor`: the calls that follow, until the
+    next ``act_for``, are made on behalf of other attempts (a watchdog's retry,
+    the shutdown release). A no-op for every shell but one that attributes calls
+    (the simulator's checker).
+
+What a shell supplies is an :class:`AttemptEnv` (the worker's identity, requests,
+book, clocks, counter). Counters are the shell's (``env.tally``): the flows name
+what to count. Optional :class:`Observer` hooks let the simulator's checker see
+the truth at the moments it needs (a handler ended, a result about to be
+committed, a round planned and applied); real shells pass none.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .._errors import LeaseLost, PayloadError
+from .calls import Emit, Err, Flow, Invoke, Ok
+from .endings import EndKind, ending_for, stopped_ending
+from .flows import (
+    Claimed,
+    Delivery,
+    Finish,
+    FinishOutcome,
+    LossSource,
+    NotClaimedOutcome,
+    Poison,
+    SweepReport,
+    admit_flow,
+    commit_flow,
+    fail_flow,
+    heartbeat_flow,
+    park_flow,
+    poison_flow,
+    release_flow,
+    retry_flow,
+    sweep_flow,
+)
+from .intents import EffectResult, EffectSpec, IntentRequests, effect_flow
+from .leasebook import Held, LeaseBook, LeaseRules, Signal
+from .records import JobRequests
+from .timing import Drop, LeaseStatus, LocalLease, Stop, backoff_delay
+
+UNKNOWN_CLASS_MAX_ATTEMPTS = 1_000_000  # an unknown class is never claimed: no bound applies
+
+
+class ClassRules(LeaseRules, Protocol):
+    """A job class as the attempt flow sees it (``JobClass`` satisfies it)."""
+
+    def validate_payload(self, payload_json: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Now:
+    """The shell's two clocks, read together: ``mono`` (the lease clock) and ``wall``."""
+
+    mono: float
+    wall: float
+
+
+@dataclass(frozen=True)
+class HandlerRun:
+    """``Invoke("handler").fn``: the attempt whose handler to run, and the shell's runner.
+
+    Calling it runs ``runner(self)`` (a sync shell's way); an async shell or the
+    simulator reads the fields and runs the handler its own way.
+    """
+
+    held: Held
+    claim: Claimed
+    rules: ClassRules
+    payload: Any
+    runner: Callable[[HandlerRun], Any]
+
+    def __call__(self) -> Any:
+        return self.runner(self)
+
+
+@dataclass(frozen=True)
+class ActFor:
+    """``Invoke("act_for").fn``: the following calls act for these attempts' tokens
+    (``kind`` names the task; ``tokens`` None: back to the flow's own)."""
+
+    kind: str
+    tokens: Mapping[str, int] | None = None
+
+    def __call__(self) -> None:
+        return None
+
+
+class Observer(Protocol):
+    """Moments a checker may watch (the simulator's); shells that do not watch pass None."""
+
+    def handler_ended(self, held: Held, stop: Stop | None) -> None: ...
+
+    def committing(self, claim: Claimed, result_json: str) -> None: ...
+
+    def round_planned(self, leases: list[LocalLease]) -> None: ...
+
+    def round_applied(self, extended: tuple[LocalLease, ...]) -> None: ...
+
+
+@dataclass
+class AttemptEnv:
+    """What a shell gives the flows: who it is, where, its book, clocks and counters."""
+
+    table: JobRequests
+    intents: IntentRequests
+    queue_url: str
+    dlq_url: str | None
+    worker_id: str
+    book: LeaseBook
+    rules_of: Callable[[str], ClassRules | None]
+    receive_visibility: int
+    unknown_class_receives: int
+    now: Callable[[], Now]
+    random: Callable[[], float]
+    tally: Callable[[str, int], None]
+    new_signal: Callable[[], Signal]
+    run_handler: Callable[[HandlerRun], Any]
+    observer: Observer | None = None
+
+
+# What a delivery that was not claimed counts as, by its outcome.
+NOT_CLAIMED_COUNTS: dict[NotClaimedOutcome, str] = {
+    "done": "already_done",
+    "parked": "already_done",
+    "stray": "stray",
+    "missing": "poisoned",
+    "class_mismatch": "poisoned",
+    "unknown_class": "poisoned",
+    "unreadable": "poisoned",
+    "invalid": "poisoned",
+    "exhausted": "failed",
+    "deferred": "deferred",
+}
+
+# What an end write counts as, by its outcome (a commit's; the others count apart).
+COMMIT_COUNTS: dict[FinishOutcome, str] = {
+    FinishOutcome.DONE: "committed",
+    FinishOutcome.REJECTED: "rejected",
+    FinishOutcome.FAILED: "failed",
+}
+
+
+def _value(what: str, fn: Callable[[], Any]) -> Flow[Any]:
+    out = yield Invoke(what, fn)
+    if isinstance(out, Err):
+        if out.exc is not None:
+            raise out.exc
+        raise RuntimeError(f"{what} failed: {out.message}")  # pragma: no cover
+    assert isinstance(out, Ok)
+    return out.response["value"]
+
+
+def _now(env: AttemptEnv) -> Flow[Now]:
+    now: Now = yield from _value("now", env.now)
+    return now
+
+
+def result_json(result: Any) -> str | None:
+    """The handler's result as canonical JSON, or None when it is not JSON."""
+    try:
+        return json.dumps(result, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+
+
+# ----------------------------------------------------------------------------- attempt
+
+
+def attempt_flow(
+    env: AttemptEnv, item: Delivery | Poison, *, tag: Any = None
+) -> Flow[Finish | None]:
+    """One received message, to its decided end (see the module doc).
+
+    ``tag`` is kept on the book's entry for the shell (the simulator's task origin).
+    Returns the end write, or None when the attempt wrote no end of its own.
+    """
+    if isinstance(item, Poison):
+        env.tally("poisoned", 1)
+        yield from poison_flow(
+            env.table, queue_url=env.queue_url, poison=item, dlq_url=env.dlq_url, body=item.body
+        )
+        return None
+    rules = env.rules_of(item.job_class)
+    now = yield from _now(env)
+    # Drawn only when needed: the random stream stays the retries' own.
+    rand = 0.5 if rules is not None else (yield from _value("random", env.random))
+    claim = yield from admit_flow(
+        env.table,
+        queue_url=env.queue_url,
+        dlq_url=env.dlq_url,
+        delivery=item,
+        known_class=rules is not None,
+        worker_id=env.worker_id,
+        wall_now=now.wall,
+        lease_seconds=rules.lease_seconds if rules else env.receive_visibility,
+        max_attempts=rules.max_attempts if rules else UNKNOWN_CLASS_MAX_ATTEMPTS,
+        unknown_class_receives=env.unknown_class_receives,
+        rand=rand,
+    )
+    if not isinstance(claim, Claimed):
+        counter = NOT_CLAIMED_COUNTS.get(claim.outcome)
+        if counter is not None:
+            env.tally(counter, 1)
+        return None
+    env.tally("claimed", 1)
+    env.tally("reclaimed", int(claim.reclaimed))
+    if rules is None:  # pragma: no cover - admit_flow never claims it
+        return None
+    text = claim.job.payload_json or ""
+    checked = yield Invoke("validate", lambda: rules.validate_payload(text))
+    if isinstance(checked, Err):
+        if not isinstance(checked.exc, PayloadError):
+            raise checked.exc if checked.exc is not None else RuntimeError(checked.message)
+        env.tally("poisoned", 1)
+        return (
+            yield from _fail(env, claim, None, str(checked.exc), "invalid_payload", poisoned=True)
+        )
+    assert isinstance(checked, Ok)
+    payload = checked.response["value"]
+    now = yield from _now(env)
+    holding = env.book.hold(claim, rules, now.mono, env.new_signal(), tag)
+    if holding.superseded:
+        env.tally("own_claim_superseded", 1)
+    if holding.event is not None:
+        yield holding.event
+    fin: Finish | None = None
+    try:
+        fin = yield from _run(env, holding.held, claim, rules, payload, now.mono)
+    finally:
+        env.book.forget(holding.held, fin)
+    return fin
+
+
+def _run(
+    env: AttemptEnv, held: Held, claim: Claimed, rules: ClassRules, payload: Any, start: float
+) -> Flow[Finish | None]:
+    error: Exception | None = None
+    result: Any = None
+    if env.book.told(held) is None:  # claimed while the worker stops: do not start
+        out = yield Invoke("handler", HandlerRun(held, claim, rules, payload, env.run_handler))
+        if isinstance(out, Err):
+            exc = out.exc
+            if not isinstance(exc, Exception):
+                raise exc if exc is not None else RuntimeError(out.message)
+            error = exc
+        elif out is not None:
+            result = out.response["value"]
+    stop = env.book.mark(held, LeaseStatus.DONE)
+    if env.observer is not None:
+        env.observer.handler_ended(held, stop)
+    # A handler told to stop may return a partial result: never committed.
+    end = stopped_ending(ending_for(error, claim.job.payload_json), stop)
+    now = yield from _now(env)
+    if end.kind is EndKind.RELEASE:
+        released = yield from release_flow(
+            env.table,
+            queue_url=env.queue_url,
+            held=[(claim.job, claim.delivery)],
+            worker_id=env.worker_id,
+            wall_now=now.wall,
+            reason=end.reason,
+        )
+        env.tally("released", released)
+        return None
+    if end.kind is EndKind.COMMIT:
+        return (yield from _commit(env, claim, held, result, now, now.mono - start))
+    if end.kind is EndKind.ABANDON:
+        # The handler stopped before an irreversible step, or returned after its
+        # attempt was told to stop (result_discarded): nothing may be written for
+        # this attempt. The message comes back when its visibility lapses.
+        env.tally("lost", 1)
+        yield Emit(
+            "result_discarded" if end.code == "result_discarded" else "job_abandoned",
+            {
+                "job_id": claim.job.job_id,
+                "token": claim.token,
+                "error_code": end.code,
+                "stop": stop.value if stop is not None else None,
+                "duration": round(now.mono - start, 3),
+            },
+        )
+        return None
+    if end.kind is EndKind.FAIL:
+        return (yield from _fail(env, claim, held, end.reason, end.code, now=now))
+    if end.kind is EndKind.PARK:
+        # Nobody can tell whether the effect applied: stop automatic retries of
+        # this job and keep everything for an operator (sqs-lease intents ...).
+        env.tally("parked", 1)
+        fin = yield from park_flow(
+            env.table,
+            **_end_args(env, claim, now),
+            reason=end.reason,
+        )
+        yield from _rejected(env, held, claim, fin, LossSource.PARK)
+        return fin
+    return (yield from _retry(env, claim, held, rules, end.reason, end.code, now=now))
+
+
+def _end_args(env: AttemptEnv, claim: Claimed, now: Now) -> dict[str, Any]:
+    """The arguments every end write of an attempt shares."""
+    return {
+        "queue_url": env.queue_url,
+        "job": claim.job,
+        "delivery": claim.delivery,
+        "worker_id": env.worker_id,
+        "wall_now": now.wall,
+    }
+
+
+def _rejected(
+    env: AttemptEnv, held: Held | None, claim: Claimed, fin: Finish, source: LossSource
+) -> Flow[None]:
+    ev = env.book.rejected(held, claim, fin, source)
+    if ev is not None:
+        yield ev
+
+
+def _commit(
+    env: AttemptEnv, claim: Claimed, held: Held, result: Any, now: Now, duration: float
+) -> Flow[Finish]:
+    text = result_json(result)
+    if text is None:
+        return (
+            yield from _fail(
+                env,
+                claim,
+                held,
+                "handler returned a result that is not JSON",
+                "bad_result",
+                now=now,
+            )
+        )
+    if env.observer is not None:
+        env.observer.committing(claim, text)
+    # A result over DynamoDB's item limit (with the payload) is never sent: the
+    # core's commit_flow fails the job naming the limit. Always attempt the fenced
+    # commit, even when the heartbeat already saw the lease lost: DynamoDB's
+    # condition is the only arbiter, and a rejected commit is the record forensics
+    # needs (result_rejected).
+    fin = yield from commit_flow(
+        env.table,
+        **_end_args(env, claim, now),
+        result_json=text,
+        duration=duration,
+    )
+    env.tally(COMMIT_COUNTS.get(fin.outcome, "commit_unknown"), 1)
+    yield from _rejected(env, held, claim, fin, LossSource.COMMIT)
+    return fin
+
+
+def _retry(
+    env: AttemptEnv,
+    claim: Claimed,
+    held: Held | None,
+    rules: ClassRules,
+    reason: str,
+    code: str,
+    *,
+    now: Now | None = None,
+) -> Flow[Finish]:
+    rand: float = yield from _value("random", env.random)
+    delay = backoff_delay(
+        claim.attempt, rules.backoff_base_seconds, rules.backoff_max_seconds, rand
+    )
+    if now is None:
+        now = yield from _now(env)
+    fin = yield from retry_flow(
+        env.table,
+        **_end_args(env, claim, now),
+        reason=reason,
+        error_code=code,
+        delay=delay,
+        max_attempts=rules.max_attempts,
+    )
+    if fin.outcome is FinishOutcome.DONE:
+        spent = claim.attempt >= rules.max_attempts + claim.job.granted_attempts
+        env.tally("failed" if spent else "retried", 1)
+    elif fin.outcome is FinishOutcome.FAILED:
+        env.tally("failed", 1)
+    yield from _rejected(env, held, claim, fin, LossSource.RETRY)
+    return fin
+
+
+def _fail(
+    env: AttemptEnv,
+    claim: Claimed,
+    held: Held | None,
+    reason: str,
+    code: str,
+    *,
+    poisoned: bool = False,
+    now: Now | None = None,
+) -> Flow[Finish]:
+    if poisoned:
+        yield Emit(
+            "message_poisoned",
+            {
+                "job_id": claim.job.job_id,
+                "token": claim.token,
+                "error_code": code,
+                "reason": reason,
+            },
+        )
+    if now is None:
+        now = yield from _now(env)
+    fin = yield from fail_flow(
+        env.table,
+        **_end_args(env, claim, now),
+        reason=reason,
+        error_code=code,
+    )
+    if fin.outcome is FinishOutcome.DONE and not poisoned:
+        env.tally("failed", 1)
+    yield from _rejected(env, held, claim, fin, LossSource.FAIL)
+    return fin
+
+
+# ----------------------------------------------------------------------------- effects
+
+
+def held_effect_flow(
+    env: AttemptEnv,
+    held: Held,
+    spec: EffectSpec,
+    *,
+    wall_clock: Callable[[], float],
+    flow_id: str,
+) -> Flow[EffectResult]:
+    """One side effect of a held attempt (``ctx.effect``): ``effect_flow`` under its
+    token; a refused intent start while the lease was open is the first news of
+    its loss, told to the book (and journaled) before ``LeaseLost`` reaches the
+    handler."""
+    try:
+        return (
+            yield from effect_flow(
+                env.intents,
+                env.table,
+                spec=spec,
+                token=held.lease.token,
+                worker_id=env.worker_id,
+                wall_clock=wall_clock,
+                flow_id=flow_id,
+            )
+        )
+    except LeaseLost as exc:
+        ev = env.book.intent_refused(held, str(exc))
+        if ev is not None:
+            yield ev
+        raise
+
+
+# ----------------------------------------------------------------------------- heartbeat
+
+
+def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
+    """One heartbeat round over the book (the shell decides only when to run it)."""
+    book = env.book
+    clock = yield from _now(env)
+    now = clock.mono
+    plan, dropped = book.plan_round(now)
+    for held, why in dropped:
+        lease = held.lease
+        yield Emit(
+            "lease_dropped",
+            {
+                "job_id": lease.job_id,
+                "token": lease.token,
+                "reason": why.value,
+                "lease_left": round(lease.deadline - now, 3),
+            },
+        )
+        rules = env.rules_of(held.job.job_class)
+        if why is Drop.RESERVE_SPENT or rules is None:
+            continue
+        # The watchdog gives the job back for a counted retry; the handler's late
+        # result will meet a moved record and be rejected.
+        claim = Claimed(
+            held.delivery, held.job, lease.token, held.job.attempt, False, None, lease.deadline
+        )
+        yield Invoke("act_for", ActFor("heartbeat", {lease.job_id: lease.token}))
+        fin = yield from _retry(env, claim, held, rules, f"watchdog: {why.value}", why.value)
+        yield Invoke("act_for", ActFor("heartbeat"))
+        if fin.outcome in (FinishOutcome.DONE, FinishOutcome.FAILED):
+            book.gave_back([held], f"watchdog: {why.value}")
+    extend = book.still_open(plan.extend)
+    if not extend:
+        return
+    if env.observer is not None:
+        env.observer.round_planned(extend)
+    wall = (yield from _now(env)).wall
+    report = yield from heartbeat_flow(
+        env.table,
+        queue_url=env.queue_url,
+        leases=extend,
+        worker_id=env.worker_id,
+        wall_now=wall,
+        advise=plan.advise,
+    )
+    changed, superseded = book.apply_round(extend, report, started=now, advised=plan.advise)
+    if superseded:
+        env.tally("verdict_for_superseded_attempt", superseded)
+    yield from changed.events
+    if env.observer is not None:
+        env.observer.round_applied(changed.extended)
+
+
+# ----------------------------------------------------------------------------- shutdown
+
+
+def release_unstarted_flow(env: AttemptEnv, item: Delivery | Poison) -> Flow[None]:
+    """A message received while the worker stops: handed back unclaimed at once."""
+    if not isinstance(item, Delivery):
+        return
+    now = yield from _now(env)
+    released = yield from release_flow(
+        env.table,
+        queue_url=env.queue_url,
+        held=[(None, item)],
+        worker_id=env.worker_id,
+        wall_now=now.wall,
+        reason="shutdown",
+    )
+    env.tally("released", released)
+
+
+def shutdown_flow(env: AttemptEnv) -> Flow[None]:
+    """The shutdown grace is over: every attempt still held goes back to queued, at
+    once (no claimed job leaves without a decision)."""
+    left = env.book.let_go()
+    if not left:
+        return
+    yield Invoke("act_for", ActFor("release", {h.job.job_id: h.lease.token for h in left}))
+    now = yield from _now(env)
+    released = yield from release_flow(
+        env.table,
+        queue_url=env.queue_url,
+        held=[(h.job, h.delivery) for h in left],
+        worker_id=env.worker_id,
+        wall_now=now.wall,
+        reason="shutdown: handler overran the grace period",
+    )
+    env.tally("released", released)
+    # Handed back, or found taken (release_flow journaled that loss): a late end
+    # write of these attempts reports no second loss.
+    env.book.gave_back(left, "shutdown")
+
+
+# ----------------------------------------------------------------------------- sweep
+
+
+def sweep_once_flow(
+    env: AttemptEnv, *, older_than: float, limit: int, send_id_prefix: str
+) -> Flow[int]:
+    """One bounded sweep of stranded records; how many were sent again. Never raises:
+    a failed sweep is journaled (``stranded_sweep_failed``) and the next one tries."""
+    try:
+        now = yield from _now(env)
+        report: SweepReport = yield from sweep_flow(
+            env.table,
+            queue_url=env.queue_url,
+            wall_now=now.wall,
+            older_than=older_than,
+            limit=limit,
+            send_id_prefix=send_id_prefix,
+        )
+    except Exception as exc:  # the sweep must never stop the worker
+        yield Emit(
+            "stranded_sweep_failed", {"error_code": type(exc).__name__, "reason": str(exc)[:300]}
+        )
+        return 0
+    resent = sum(1 for j in report.jobs if j.verdict == "resent")
+    env.tally("stranded_resent", resent)
+    return resent
+
+
+# ----------------------------------------------------------------------------- startup
+
+
+def redrive_rules(
+    max_receives: int | None, most_attempts: int, unknown_class_receives: int
+) -> tuple[int, Emit | None]:
+    """The queue's redrive against the classes' attempts, at startup: the receives an
+    unknown class may have before our DLQ copy, and the warning for a redrive so
+    tight that it can move a live job's message to the DLQ."""
+    warning: Emit | None = None
+    if max_receives is not None and max_receives <= 2 * most_attempts:
+        # Receives that end in no claim (unanswered claims, duplicates) count too:
+        # a redrive this tight can move a live job's message to the DLQ and leave
+        # its record without a message (found by the simulation, tight_redrive).
+        warning = Emit(
+            "redrive_too_tight",
+            {
+                "max_receive_count": max_receives,
+                "max_attempts": most_attempts,
+                "fix": "raise the queue's maxReceiveCount well above max_attempts "
+                "(sqs-lease queue create --max-receives N)",
+            },
+        )
+    # Our DLQ copy (with the reason) must come before SQS's own redrive (without).
+    bound = (
+        unknown_class_receives
+        if max_receives is None
+        else max(1, min(unknown_class_receives, max_receives - 1))
+    )
+    return bound, warning
+
+
+__all__ = [
+    "ActFor",
+    "AttemptEnv",
+    "ClassRules",
+    "HandlerRun",
+    "Now",
+    "Observer",
+    "attempt_flow",
+    "heartbeat_round_flow",
+    "held_effect_flow",
+    "redrive_rules",
+    "release_unstarted_flow",
+    "result_json",
+    "shutdown_flow",
+    "sweep_once_flow",
+]

@@ -1,0 +1,353 @@
+"""The lease book: the leases one worker holds, and every transition of a local lease.
+
+One book per worker process, shared by its attempts (``attempt_flow``) and its
+heartbeat round (``heartbeat_round_flow``). It owns what used to live in each
+worker shell: holding a claimed lease (with the stage deadline), telling an
+attempt to stop, marking its end, the loss a rejected write or a refused intent
+start reveals, the watchdog's drops, applying a heartbeat round's verdicts, the
+shutdown hand-back, and forgetting an attempt when it ends.
+
+The book is pure: no I/O, no clock (times are passed in). Two things come from
+the shell that runs it:
+
+- ``lock``: a context manager guarding the book's state. The thread worker gives
+  a ``threading.Lock`` (job threads and the heartbeat thread share the book); a
+  single-threaded shell (asyncio, the simulator) gives nothing.
+- each held attempt's ``cancelled`` :class:`Signal` (``set()``/``is_set()``): a
+  ``threading.Event`` wakes a job thread's ``ctx.wait()``, an ``asyncio.Event`` a
+  task, a :class:`Flag` the simulator's scripted handler. The book sets it with
+  every stop it tells an attempt (never clears it).
+
+Methods take the lock themselves and never call back into the shell while holding
+it (``on_hold`` runs after it is released).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .calls import Emit
+from .flows import (
+    BeatOutcome,
+    Claimed,
+    Delivery,
+    Finish,
+    HeartbeatReport,
+    LossSource,
+    apply_beats,
+    gave_back,
+    lose,
+    lost_event,
+    rejected_loss,
+)
+from .records import JobView
+from .timing import OPEN, BeatPlan, Drop, LeaseStatus, LocalLease, Stop, plan_heartbeat
+
+
+class Signal(Protocol):
+    """How a running attempt is told to stop (a ``threading.Event``, an ``asyncio.Event``)."""
+
+    def set(self) -> None: ...
+
+    def is_set(self) -> bool: ...
+
+
+class Flag:
+    """A plain :class:`Signal` for a shell whose handlers look at a flag (the simulator)."""
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+class Guard(Protocol):
+    """The book's lock: any context manager (``threading.Lock``, or :class:`NoLock`)."""
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any, /) -> Any: ...
+
+
+class NoLock:
+    """The lock of a book used by one thread only (asyncio, the simulator)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any, /) -> None:
+        return None
+
+
+class LeaseRules(Protocol):
+    """What the book and the attempt flow read of a job class (``JobClass`` has it all)."""
+
+    @property
+    def lease_seconds(self) -> int: ...
+    @property
+    def heartbeat_seconds(self) -> float: ...
+    @property
+    def jitter_seconds(self) -> float: ...
+    @property
+    def stage_budget_seconds(self) -> float: ...
+    @property
+    def progress_timeout_seconds(self) -> float | None: ...
+    @property
+    def max_attempts(self) -> int: ...
+    @property
+    def backoff_base_seconds(self) -> float: ...
+    @property
+    def backoff_max_seconds(self) -> float: ...
+
+
+@dataclass(eq=False)
+class Held:
+    """One attempt the worker holds: its lease, the record as claimed, its message."""
+
+    lease: LocalLease
+    job: JobView
+    delivery: Delivery
+    cancelled: Signal
+    tag: Any = None  # the shell's own (the simulator keeps the job task's origin here)
+
+
+def new_lease(claim: Claimed, rules: LeaseRules, now: float) -> LocalLease:
+    """The local lease of a fresh claim, at monotonic ``now``.
+
+    The stage deadline counts from the receive (``received_at``), not the claim:
+    the time a message waited in this worker before its claim is the stage's too.
+    """
+    return LocalLease(
+        job_id=claim.job.job_id,
+        token=claim.token,
+        receipt_handle=claim.delivery.receipt_handle,
+        lease_seconds=rules.lease_seconds,
+        heartbeat_seconds=rules.heartbeat_seconds,
+        jitter_seconds=rules.jitter_seconds,
+        deadline=claim.deadline,
+        started_at=now,
+        stage_deadline=claim.delivery.received_at + rules.stage_budget_seconds,
+        progress_timeout=rules.progress_timeout_seconds,
+        last_progress=now,
+        next_beat=now + rules.heartbeat_seconds,
+        last_confirmed=now,
+        advised_at=now,
+    )
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What :meth:`LeaseBook.hold` did: the new entry, and the earlier attempt of the
+    same job it superseded (its loss event to journal, if any)."""
+
+    held: Held
+    superseded: bool
+    event: Emit | None
+
+
+class LeaseBook:
+    """The leases one worker holds (see the module doc)."""
+
+    def __init__(
+        self, lock: Guard | None = None, on_hold: Callable[[], None] | None = None
+    ) -> None:
+        self.lock: Guard = lock if lock is not None else NoLock()
+        self._held: dict[str, Held] = {}
+        # Set without the lock (a signal handler may set it): every lease held from
+        # now on is told to stop as it is held.
+        self.stopping = False
+        self._on_hold = on_hold  # a shell whose heartbeat sleeps until due wakes it
+
+    # ------------------------------------------------------------------ reading
+
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self._held)
+
+    def entries(self) -> list[Held]:
+        """A snapshot of the held attempts."""
+        with self.lock:
+            return list(self._held.values())
+
+    def get(self, job_id: str) -> Held | None:
+        with self.lock:
+            return self._held.get(job_id)
+
+    # ------------------------------------------------------------------ one attempt
+
+    def hold(
+        self, claim: Claimed, rules: LeaseRules, now: float, cancelled: Signal, tag: Any = None
+    ) -> Holding:
+        """Hold a fresh claim's lease. An earlier attempt of the same job in this book
+        lost its lease to this claim (our own claim moved the token): it is told."""
+        held = Held(new_lease(claim, rules, now), claim.job, claim.delivery, cancelled, tag)
+        ev: Emit | None = None
+        with self.lock:
+            earlier = self._held.get(claim.job.job_id)
+            if earlier is not None:
+                # A retry or a duplicate delivery reached this worker: that attempt is lost.
+                ev = lose(
+                    earlier.lease,
+                    LossSource.OWN_CLAIM,
+                    f"token moved to {claim.token} by this worker",
+                )
+                earlier.cancelled.set()
+            if self.stopping:
+                # Claimed while the worker stops: the attempt is told at once.
+                held.lease.shutdown = True
+                held.cancelled.set()
+            self._held[claim.job.job_id] = held
+        if self._on_hold is not None:
+            self._on_hold()
+        return Holding(held, earlier is not None, ev)
+
+    def told(self, held: Held) -> Stop | None:
+        """The stop this attempt was told so far (None: it may go on)."""
+        with self.lock:
+            return held.lease.stop
+
+    def mark(self, held: Held, status: LeaseStatus) -> Stop | None:
+        """Mark the attempt's end (its handler returned); return the stop it was told
+        before (None: none). A lease that ended is never extended again."""
+        with self.lock:
+            stop = held.lease.stop
+            if held.lease.status in OPEN:
+                held.lease.status = status
+            return stop
+
+    def forget(self, held: Held, end: Finish | None) -> None:
+        """The attempt is over (``end``: its end write, if any): drop its entry, not a
+        newer attempt's. Every attempt goes, however it ended."""
+        with self.lock:
+            if self._held.get(held.job.job_id) is held:
+                del self._held[held.job.job_id]
+
+    def rejected(
+        self, held: Held | None, claim: Claimed, fin: Finish, source: LossSource
+    ) -> Emit | None:
+        """A fenced end write of this attempt was (maybe) rejected: its lease is gone.
+        The loss event to journal, once per attempt (None: nothing new)."""
+        loss = rejected_loss(fin)
+        if loss is None:
+            return None
+        reason, cancelled = loss
+        if held is None:  # a write right after the claim, before the lease was held
+            return lost_event(claim.job.job_id, claim.token, LossSource.CLAIM, reason, cancelled)
+        with self.lock:
+            ev = lose(held.lease, source, reason, cancelled=cancelled)
+            held.cancelled.set()
+        return ev
+
+    def intent_refused(self, held: Held, reason: str) -> Emit | None:
+        """The fenced intent start found the token moved. While the lease was still
+        open that is the first news of the loss: tell the attempt, return the event."""
+        with self.lock:
+            if held.lease.status not in OPEN:
+                return None
+            ev = lose(held.lease, LossSource.INTENT_START, reason)
+            if ev is not None:
+                held.cancelled.set()
+        return ev
+
+    def gave_back(self, helds: Sequence[Held], reason: str) -> None:
+        """These attempts handed their jobs back (a watchdog retry, a shutdown release):
+        a late end write of theirs reports no second loss."""
+        with self.lock:
+            for h in helds:
+                gave_back(h.lease, reason)
+
+    # ------------------------------------------------------------------ the worker
+
+    def request_stop(self) -> None:
+        """Tell every attempt still held to stop (the worker shuts down; idempotent)."""
+        self.stopping = True
+        with self.lock:
+            for h in self._held.values():
+                if h.lease.status in OPEN and not h.lease.shutdown:
+                    h.lease.shutdown = True
+                    h.cancelled.set()
+
+    def let_go(self) -> list[Held]:
+        """The shutdown grace is over: drop every lease still open and return them,
+        for the release that hands their jobs back."""
+        with self.lock:
+            left = [h for h in self._held.values() if h.lease.status in OPEN]
+            for h in left:
+                h.lease.drop(Drop.SHUTDOWN)
+                h.cancelled.set()
+        return left
+
+    # ------------------------------------------------------------------ the heartbeat
+
+    def plan_round(self, now: float) -> tuple[BeatPlan, list[tuple[Held, Drop]]]:
+        """Plan a heartbeat round at ``now``; the watchdog's drops are applied (their
+        attempts told) and returned with their reasons."""
+        with self.lock:
+            plan = plan_heartbeat([h.lease for h in self._held.values()], now)
+            dropped = [(self._held[lease.job_id], why) for lease, why in plan.drop]
+            for held, why in dropped:
+                held.lease.drop(why)
+                held.cancelled.set()
+        return plan, dropped
+
+    def still_open(self, leases: Sequence[LocalLease]) -> list[LocalLease]:
+        """The planned leases still open: the drops' writes can take long (a partition),
+        and a handler that ended meanwhile must not get its visibility extended."""
+        with self.lock:
+            return [lease for lease in leases if lease.status in OPEN]
+
+    def held_of(self, lease: LocalLease) -> Held | None:
+        """The entry holding this very lease (None: it was forgotten or superseded)."""
+        with self.lock:
+            h = self._held.get(lease.job_id)
+            return h if h is not None and h.lease is lease else None
+
+    def apply_round(
+        self,
+        leases: Sequence[LocalLease],
+        report: HeartbeatReport,
+        *,
+        started: float,
+        advised: frozenset[str],
+    ) -> tuple[BeatOutcome, int]:
+        """Move the leases this worker still holds by the round's verdicts, and tell the
+        attempts that lost theirs. Returns the changes and how many verdicts were for
+        an attempt a newer own claim had replaced while the round was in flight."""
+        with self.lock:
+            current: list[LocalLease] = []
+            superseded = 0
+            for lease in leases:
+                h = self._held.get(lease.job_id)
+                if h is not None and h.lease is lease:
+                    current.append(lease)
+                elif h is not None:
+                    superseded += 1
+            changed = apply_beats(current, report, started=started, advised=advised)
+            for lease in changed.cancel:
+                self._held[lease.job_id].cancelled.set()
+        return changed, superseded
+
+
+def is_open(held: Held) -> bool:
+    """True while the attempt's lease may still be extended."""
+    return held.lease.status in OPEN
+
+
+__all__ = [
+    "Flag",
+    "Guard",
+    "Held",
+    "Holding",
+    "LeaseBook",
+    "LeaseRules",
+    "NoLock",
+    "Signal",
+    "is_open",
+    "new_lease",
+]

@@ -1,0 +1,374 @@
+"""The core's attempt flow and lease book, driven by hand (no AWS, no clock, no threads).
+
+``attempt_flow`` is the one sequence every worker shell runs: these tests play the
+shell with :class:`Script`, answer its calls, run a scripted handler for its
+``Invoke("handler")``, and read what it wrote, counted and journaled, for each
+way an attempt can end.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from core_harness import (
+    DLQ,
+    QUEUE,
+    WORKER,
+    Script,
+    condition_failed,
+    delivery,
+    job_item,
+    ok,
+    table,
+)
+
+from sqs_lease._core.attempt import (
+    ActFor,
+    AttemptEnv,
+    HandlerRun,
+    Now,
+    attempt_flow,
+    heartbeat_round_flow,
+    redrive_rules,
+    result_json,
+    shutdown_flow,
+)
+from sqs_lease._core.calls import Call, Flow, Invoke, Outcome
+from sqs_lease._core.flows import (
+    Delivery,
+    Finish,
+    FinishOutcome,
+    Poison,
+)
+from sqs_lease._core.leasebook import Flag, LeaseBook
+from sqs_lease._core.records import JobState
+from sqs_lease._core.timing import Drop, LeaseStatus, Stop, backoff_delay
+from sqs_lease._errors import (
+    PayloadError,
+    PermanentError,
+    ToolOutcomeUnknown,
+    TransientError,
+)
+from sqs_lease._schema import IntentTable
+
+MONO = 1000.0
+WALL = 1_700_000_100.0
+
+
+class Rules:
+    """A job class as the attempt flow reads it."""
+
+    lease_seconds = 60
+    heartbeat_seconds = 10.0
+    jitter_seconds = 5.0
+    stage_budget_seconds = 3600.0
+    progress_timeout_seconds: float | None = None
+    max_attempts = 3
+    backoff_base_seconds = 4.0
+    backoff_max_seconds = 300.0
+
+    def validate_payload(self, payload_json: str) -> Any:
+        data = json.loads(payload_json)
+        if "page" not in data:
+            raise PayloadError("payload: field 'page' is required")
+        return data
+
+
+class Shell:
+    """The test's shell: a book, counters, a fixed clock and a scripted handler."""
+
+    def __init__(
+        self,
+        handler: Callable[[HandlerRun], Any] = lambda run: {"text": "ok"},
+        *,
+        known: bool = True,
+        rand: float = 0.5,
+    ) -> None:
+        self.book = LeaseBook()
+        self.counts: Counter[str] = Counter()
+        self.mono = MONO
+        self.rules = Rules()
+        self.env = AttemptEnv(
+            table=table(),
+            intents=IntentTable("intents-test", "attempts-test"),
+            queue_url=QUEUE,
+            dlq_url=DLQ,
+            worker_id=WORKER,
+            book=self.book,
+            rules_of=lambda name: self.rules if known else None,
+            receive_visibility=30,
+            unknown_class_receives=5,
+            now=lambda: Now(self.mono, WALL),
+            random=lambda: rand,
+            tally=self.tally,
+            new_signal=Flag,
+            run_handler=handler,
+        )
+
+    def tally(self, name: str, n: int) -> None:
+        if n:
+            self.counts[name] += n
+
+
+RELEASED = ok({"Successful": [{"Id": "0"}]})
+
+
+def _claimed(token: int = 4, attempt: int = 1, **kw: Any) -> Outcome:
+    """The claim's answer (ALL_OLD: the record before the claim moved the token)."""
+    return ok(
+        {
+            "Attributes": job_item(
+                state=JobState.QUEUED, owner=None, token=token, attempt=attempt, **kw
+            )
+        }
+    )
+
+
+def _answers(*rest: Outcome) -> list[Outcome]:
+    """A claim that lands, its visibility change, then ``rest``."""
+    return [_claimed(), ok(sent_at=MONO), *rest]
+
+
+def _run(shell: Shell, answers: list[Outcome], item: Delivery | Poison | None = None) -> Script:
+    s = Script(answers)
+    s.result = s.run(attempt_flow(shell.env, item or delivery()))  # type: ignore[attr-defined]
+    return s
+
+
+def _ops(s: Script) -> list[str]:
+    return [c.op for c in s.calls]
+
+
+# ----------------------------------------------------------------------------- endings
+
+
+def test_a_handler_that_returns_commits_its_result_fenced_and_forgets_the_lease() -> None:
+    seen: list[HandlerRun] = []
+
+    def handler(run: HandlerRun) -> Any:
+        seen.append(run)
+        assert shell.book.get("job-1") is run.held  # held while it runs
+        return {"text": "ok"}
+
+    shell = Shell(handler)
+    s = _run(shell, _answers(ok(), ok()))
+    assert _ops(s) == ["UpdateItem", "ChangeMessageVisibility", "UpdateItem", "DeleteMessage"]
+    assert s.result == Finish(FinishOutcome.DONE)  # type: ignore[attr-defined]
+    assert seen[0].payload == {"page": 1} and seen[0].claim.token == 5
+    values = s.calls[2].params["ExpressionAttributeValues"].values()
+    assert {"S": '{"text":"ok"}'} in values  # the canonical JSON of what it returned
+    assert shell.counts == Counter(claimed=1, committed=1)
+    assert len(shell.book) == 0
+    assert seen[0].held.lease.status is LeaseStatus.DONE
+    kinds = s.kinds
+    assert kinds.index("invoke:validate") < kinds.index("invoke:handler")
+
+
+def test_a_rejected_commit_counts_rejected_and_journals_the_loss_once() -> None:
+    shell = Shell()
+    moved = condition_failed(job_item(token=9, owner="w-2"))
+    s = _run(shell, _answers(moved))
+    assert s.result.outcome is FinishOutcome.REJECTED  # type: ignore[attr-defined]
+    lost = s.event("heartbeat_lost")
+    assert (lost["detected_by"], lost["token"]) == ("commit", 5)
+    assert shell.counts == Counter(claimed=1, rejected=1)
+
+
+def test_a_transient_error_retries_with_the_backoff_the_random_draw_gives() -> None:
+    def handler(run: HandlerRun) -> Any:
+        raise TransientError("flaky", code="flaky")
+
+    shell = Shell(handler, rand=0.25)
+    s = _run(shell, _answers(ok(), ok()))
+    assert _ops(s)[2:] == ["UpdateItem", "ChangeMessageVisibility"]  # attempt 2 of 3
+    delay = backoff_delay(2, Rules.backoff_base_seconds, Rules.backoff_max_seconds, 0.25)
+    assert s.calls[3].params["VisibilityTimeout"] == delay
+    assert shell.counts == Counter(claimed=1, retried=1)
+    assert "invoke:random" in s.kinds
+
+
+def test_an_unknown_tool_outcome_parks_the_job() -> None:
+    def handler(run: HandlerRun) -> Any:
+        raise ToolOutcomeUnknown("timed out", code="timeout")
+
+    shell = Shell(handler)
+    s = _run(shell, _answers(ok(), ok()))
+    assert shell.counts == Counter(claimed=1, parked=1)
+    assert "PARKED" in json.dumps(s.calls[2].params).upper()
+
+
+def test_a_permanent_error_fails_the_job() -> None:
+    def handler(run: HandlerRun) -> Any:
+        raise PermanentError("no such page", code="no_page")
+
+    shell = Shell(handler)
+    s = _run(shell, _answers(ok(), ok()))
+    assert _ops(s)[2:] == ["UpdateItem", "DeleteMessage"]
+    assert shell.counts == Counter(claimed=1, failed=1)
+    assert "no_page" in json.dumps(s.calls[2].params)
+
+
+def test_a_result_that_is_not_json_fails_the_job_as_bad_result() -> None:
+    shell = Shell(lambda run: {"when": object()})
+    s = _run(shell, _answers(ok(), ok()))
+    assert "bad_result" in json.dumps(s.calls[2].params)
+    assert shell.counts == Counter(claimed=1, failed=1)
+
+
+def test_a_poison_message_goes_to_the_dlq_without_a_claim() -> None:
+    shell = Shell()
+    poison = Poison("m-1", "rh-1", "not JSON", None, "garbage")
+    s = _run(shell, [ok(), ok()], poison)
+    assert _ops(s) == ["SendMessage", "DeleteMessage"]
+    assert s.calls[0].params["QueueUrl"] == DLQ
+    assert shell.counts == Counter(poisoned=1)
+
+
+class StrictRules(Rules):
+    def validate_payload(self, payload_json: str) -> Any:
+        raise PayloadError("payload: field 'pages' is required")
+
+
+def test_an_invalid_payload_is_poisoned_and_failed_without_running_the_handler() -> None:
+    ran: list[HandlerRun] = []
+    shell = Shell(ran.append)
+    shell.rules = StrictRules()
+    s = _run(shell, _answers(ok(), ok()))
+    assert ran == []
+    assert s.event("message_poisoned")["error_code"] == "invalid_payload"
+    assert _ops(s)[2:] == ["UpdateItem", "DeleteMessage"]  # failed, fenced
+    assert shell.counts == Counter(claimed=1, poisoned=1)
+    assert len(shell.book) == 0  # never held
+
+
+def test_an_unknown_class_is_left_for_another_worker_with_a_drawn_backoff() -> None:
+    shell = Shell(known=False, rand=0.0)
+    s = _run(shell, [ok()])
+    assert _ops(s) == ["ChangeMessageVisibility"]  # never claimed
+    assert s.kinds[:2] == ["invoke:now", "invoke:random"]
+    assert shell.counts == Counter(deferred=1)
+    assert s.result is None  # type: ignore[attr-defined]
+
+
+def test_a_stop_told_during_the_handler_releases_the_job_and_spends_no_attempt() -> None:
+    def handler(run: HandlerRun) -> Any:
+        shell.book.request_stop()  # the worker shuts down while the handler runs
+        assert run.held.cancelled.is_set()
+        return {"partial": True}
+
+    shell = Shell(handler)
+    s = _run(shell, _answers(ok(), RELEASED))
+    assert _ops(s)[2:] == ["UpdateItem", "ChangeMessageVisibilityBatch"]  # back to queued
+    assert shell.counts == Counter(claimed=1, released=1)
+    assert "partial" not in json.dumps([c.params for c in s.calls])  # never committed
+    assert s.result is None  # type: ignore[attr-defined]
+
+
+def test_a_result_returned_after_the_lease_was_lost_is_discarded_unwritten() -> None:
+    def handler(run: HandlerRun) -> Any:
+        shell.book.intent_refused(run.held, "token moved to 6")
+        return {"late": True}
+
+    shell = Shell(handler)
+    s = _run(shell, _answers())
+    assert _ops(s) == ["UpdateItem", "ChangeMessageVisibility"]  # nothing after the handler
+    ev = s.event("result_discarded")
+    assert (ev["stop"], ev["error_code"]) == (Stop.LEASE_LOST.value, "result_discarded")
+    assert shell.counts == Counter(claimed=1, lost=1)
+
+
+def test_an_attempt_claimed_while_stopping_never_starts_its_handler() -> None:
+    ran: list[HandlerRun] = []
+    shell = Shell(ran.append)
+    shell.book.stopping = True
+    s = _run(shell, _answers(ok(), RELEASED))
+    assert ran == []
+    assert shell.counts == Counter(claimed=1, released=1)
+    assert "invoke:handler" not in s.kinds
+
+
+# ----------------------------------------------------------------------------- the book
+
+
+def _up_to_handler(shell: Shell) -> tuple[HandlerRun, Flow[Any]]:
+    """Drive an attempt until its handler would run; return that run (the lease held)
+    and the suspended flow (keep it: a flow collected forgets its lease)."""
+    flow = attempt_flow(shell.env, delivery())
+    answers = iter(_answers())
+    instr = next(flow)
+    while not (isinstance(instr, Invoke) and instr.what == "handler"):
+        out: Any = None
+        if isinstance(instr, Call):
+            out = next(answers)
+        elif isinstance(instr, Invoke):
+            out = ok({"value": instr.fn()})
+        instr = flow.send(out)
+    assert isinstance(instr.fn, HandlerRun)
+    return instr.fn, flow
+
+
+def test_a_newer_own_claim_supersedes_the_held_attempt_of_the_same_job() -> None:
+    shell = Shell()
+    run, _flow = _up_to_handler(shell)
+    held = run.held  # the first attempt runs; a second claim lands
+    s2 = _run(shell, [_claimed(token=5), ok(sent_at=MONO), ok(), ok()])
+    assert held.lease.status is LeaseStatus.LOST and held.cancelled.is_set()
+    assert s2.event("heartbeat_lost")["detected_by"] == "own_claim"
+    assert shell.counts["own_claim_superseded"] == 1
+
+
+def test_the_watchdog_drop_retries_the_job_and_gives_the_lease_back() -> None:
+    shell = Shell(lambda run: None)
+    shell.rules.progress_timeout_seconds = 5.0
+    run, _flow = _up_to_handler(shell)
+    held = run.held
+    shell.mono = MONO + 30  # no progress for 30 s
+    s = Script([ok(), ok()])
+    s.run(heartbeat_round_flow(shell.env))
+    dropped = s.event("lease_dropped")
+    assert dropped["reason"] == Drop.NO_PROGRESS.value
+    assert _ops(s) == ["UpdateItem", "ChangeMessageVisibility"]  # the counted retry
+    acts = [i.fn for i in s.invoked if isinstance(i.fn, ActFor)]
+    assert [a.tokens for a in acts] == [{"job-1": 5}, None]
+    assert held.lease.status is LeaseStatus.LOST and held.cancelled.is_set()
+    assert shell.counts == Counter(claimed=1, retried=1)
+
+
+def test_shutdown_lets_go_of_every_open_lease_and_releases_them() -> None:
+    shell = Shell()
+    s0 = Script([])
+    assert s0.run(shutdown_flow(shell.env)) is None  # nothing held: nothing to do
+    run, _flow = _up_to_handler(shell)
+    held = run.held
+    s = Script(lambda call: ok())
+    s.run(shutdown_flow(shell.env))
+    assert held.lease.dropped is Drop.SHUTDOWN and held.cancelled.is_set()
+    assert held.lease.reason == "given back: shutdown"  # a late write reports no loss
+    assert s.invoked[0].fn == ActFor("release", {"job-1": 5})
+    assert "UpdateItem" in _ops(s)  # the record goes back to queued
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+@pytest.mark.parametrize(
+    ("max_receives", "bound", "warned"),
+    [(None, 20, False), (100, 20, False), (6, 5, True), (1, 1, True)],
+)
+def test_the_redrive_bounds_unknown_class_receives_and_warns_when_tight(
+    max_receives: int | None, bound: int, warned: bool
+) -> None:
+    got, warning = redrive_rules(max_receives, 3, 20)
+    assert got == bound
+    assert (warning is not None) is warned
+    if warning is not None:
+        assert warning.event == "redrive_too_tight"
+
+
+def test_result_json_is_canonical_or_none() -> None:
+    assert result_json({"b": 1, "a": "é"}) == '{"a":"é","b":1}'
+    assert result_json({1, 2}) is None
