@@ -34,7 +34,8 @@ from ._core.attempt import (
     HandlerRun,
     Now,
     attempt_flow,
-    heartbeat_round_flow,
+    first_sweep_wait,
+    heartbeat_tick_flow,
     held_effect_flow,
     redrive_rules,
     release_unstarted_flow,
@@ -375,15 +376,13 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         while not (self._stopping.is_set() and not len(self.book) and not self._alive()):
             try:
-                if self._stopping.is_set():
-                    self.book.request_stop()
                 self._beat_once()
-            except Exception as exc:  # the heartbeat thread must survive anything
+            except Exception as exc:  # the driver's own failure: the thread survives it too
                 self.journal("heartbeat_error", error_code=type(exc).__name__)
             time.sleep(self.tick)
 
     def _beat_once(self) -> None:
-        self.driver.run(heartbeat_round_flow(self.env))
+        self.driver.run(heartbeat_tick_flow(self.env, stopping=self._stopping.is_set()))
 
     def _alive(self) -> bool:
         with self._lock:
@@ -393,8 +392,7 @@ class Worker:
 
     def _sweep_loop(self) -> None:
         assert self.sweep_interval is not None
-        # A random first wait spreads the sweeps of workers started together.
-        wait = self.sweep_interval * (0.5 + 0.5 * self.rng.random())
+        wait = first_sweep_wait(self.sweep_interval, self.rng.random())
         while not self._stopping.wait(wait):
             self.sweep_once()
             wait = self.sweep_interval

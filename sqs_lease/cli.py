@@ -32,7 +32,13 @@ import click
 from ._aws import SyncDriver, make_client
 from ._config import Settings
 from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
-from ._core.intents import IntentState, Resolution, resolve_flow
+from ._core.intents import (
+    IntentState,
+    Resolution,
+    Unprotected,
+    repeat_unprotected,
+    resolve_flow,
+)
 from ._errors import (
     AwsCallFailed,
     AwsUnavailable,
@@ -1022,13 +1028,14 @@ def _refuse_unprotected_retry(settings: Settings, key: str) -> None:
     if item is None:
         return  # resolve_flow says "no intent" in its own words
     rec = _intent_of(item)
-    if rec.key_retention is None:
+    started = rec.first_started_at or rec.created_at
+    why = repeat_unprotected(rec.key_retention, started, time.time())
+    if why is Unprotected.NO_KEYS:
         raise click.UsageError(
             f"target {rec.target!r} does not keep idempotency keys: a repeat of {key!r} is "
             "not protected by the target; make sure it did not apply, then add --force"
         )
-    started = rec.first_started_at or rec.created_at
-    if time.time() > started + rec.key_retention:
+    if why is Unprotected.EXPIRED:
         raise click.UsageError(
             f"the first attempt of {key!r} is older than the {rec.key_retention:g} s the target "
             "keeps keys: a repeat is no longer protected; make sure it did not apply, then add "

@@ -44,6 +44,7 @@ from sqs_lease._core.flows import (
     FinishOutcome,
     Poison,
 )
+from sqs_lease._core.intents import Unprotected, repeat_unprotected
 from sqs_lease._core.leasebook import Flag, LeaseBook
 from sqs_lease._core.records import JobState
 from sqs_lease._core.timing import Drop, LeaseStatus, Stop, backoff_delay
@@ -372,3 +373,18 @@ def test_the_redrive_bounds_unknown_class_receives_and_warns_when_tight(
 def test_result_json_is_canonical_or_none() -> None:
     assert result_json({"b": 1, "a": "é"}) == '{"a":"é","b":1}'
     assert result_json({1, 2}) is None
+
+
+@pytest.mark.parametrize(
+    ("retention", "first_started", "now", "why"),
+    [
+        (None, None, 100.0, Unprotected.NO_KEYS),
+        (60.0, None, 100.0, None),  # never started: nothing to repeat yet
+        (60.0, 50.0, 100.0, None),
+        (60.0, 30.0, 100.0, Unprotected.EXPIRED),
+    ],
+)
+def test_key_retention_is_one_rule_for_the_effect_flow_and_the_operator(
+    retention: float | None, first_started: float | None, now: float, why: Unprotected | None
+) -> None:
+    assert repeat_unprotected(retention, first_started, now) is why

@@ -11,8 +11,9 @@ a task or a simulated task per attempt; a heartbeat loop; a sweep loop) and
     handler (unless the attempt was told to stop first) -> mark its end ->
     decide the ending (``ending_for`` + ``stopped_ending``) -> commit / retry
     with backoff / park / fail / release / abandon -> forget the lease.
-``heartbeat_round_flow(env)``
-    one round: the watchdog's drops (a counted retry for each, but a spent
+``heartbeat_tick_flow(env, stopping=...)`` / ``heartbeat_round_flow(env)``
+    every tick of the heartbeat loop (a shutdown passed on, a failed round
+    journaled); one round: the watchdog's drops (a counted retry for each, but a spent
     reserve) -> extend the leases still open (``heartbeat_flow``) -> apply the
     verdicts to the book.
 ``shutdown_flow(env)``, ``release_unstarted_flow(env, item)``, ``sweep_once_flow(env, ...)``
@@ -144,6 +145,8 @@ class Observer(Protocol):
     def round_planned(self, leases: list[LocalLease]) -> None: ...
 
     def round_applied(self, extended: tuple[LocalLease, ...]) -> None: ...
+
+    def round_failed(self, exc: Exception) -> None: ...
 
 
 @dataclass
@@ -553,6 +556,26 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
         env.observer.round_applied(changed.extended)
 
 
+def heartbeat_tick_flow(env: AttemptEnv, *, stopping: bool) -> Flow[None]:
+    """What the heartbeat loop does every tick: pass a shutdown on to every attempt
+    still held, then one round. A round that raises is journaled
+    (``heartbeat_error``) and the loop goes on: the heartbeat survives anything."""
+    if stopping:
+        env.book.request_stop()
+    try:
+        yield from heartbeat_round_flow(env)
+    except Exception as exc:
+        yield Emit("heartbeat_error", {"error_code": type(exc).__name__})
+        if env.observer is not None:
+            env.observer.round_failed(exc)
+
+
+def first_sweep_wait(interval: float, rand: float) -> float:
+    """The wait before a worker's first stranded sweep: a random part of the interval
+    spreads the sweeps of workers started together."""
+    return interval * (0.5 + 0.5 * rand)
+
+
 # ----------------------------------------------------------------------------- shutdown
 
 
@@ -662,7 +685,9 @@ __all__ = [
     "Now",
     "Observer",
     "attempt_flow",
+    "first_sweep_wait",
     "heartbeat_round_flow",
+    "heartbeat_tick_flow",
     "held_effect_flow",
     "redrive_rules",
     "release_unstarted_flow",

@@ -1285,7 +1285,7 @@ def _end_attempt(
     unanswered one ``ownership_unknown``; both leave the message alone.
     """
     fin = yield from _fenced_write(req, write, job=job, worker_id=worker_id, applied=applied)
-    if fin.outcome == "invalid":
+    if fin.outcome is FinishOutcome.INVALID:
         # DynamoDB refused the write as it can never apply (a size limit, a malformed
         # value, an attribute the record lacks): retrying cannot help, and it is not a
         # question of ownership. End the job failed with the refusal as the reason.
@@ -1311,11 +1311,13 @@ def _end_attempt(
             reason=reason,
             error_code="dynamodb_validation",
         )
-        return Finish(FinishOutcome.FAILED, reason) if failed.outcome == "done" else failed
-    if fin.outcome == "done":
+        return (
+            Finish(FinishOutcome.FAILED, reason) if failed.outcome is FinishOutcome.DONE else failed
+        )
+    if fin.outcome is FinishOutcome.DONE:
         if delete:
             yield from _delete(queue_url, delivery.receipt_handle)
-    elif fin.outcome == "rejected":
+    elif fin.outcome is FinishOutcome.REJECTED:
         cur = fin.current
         yield from emit(
             "result_rejected",
@@ -1363,7 +1365,11 @@ def commit_flow(
             reason=problem,
             error_code="result_too_large",
         )
-        return Finish(FinishOutcome.FAILED, problem) if failed.outcome == "done" else failed
+        return (
+            Finish(FinishOutcome.FAILED, problem)
+            if failed.outcome is FinishOutcome.DONE
+            else failed
+        )
     fin = yield from _end_attempt(
         req,
         queue_url=queue_url,
@@ -1375,7 +1381,7 @@ def commit_flow(
         stage="commit",
         wall_now=wall_now,
     )
-    if fin.outcome == "done":
+    if fin.outcome is FinishOutcome.DONE:
         yield from emit(
             "result_committed",
             job_id=job.job_id,
@@ -1413,7 +1419,7 @@ def fail_flow(
         stage="fail",
         wall_now=wall_now,
     )
-    if fin.outcome == "done":
+    if fin.outcome is FinishOutcome.DONE:
         yield from emit(
             "job_failed",
             job_id=job.job_id,
@@ -1513,7 +1519,7 @@ def park_flow(
         stage="park",
         wall_now=wall_now,
     )
-    if fin.outcome == "done":
+    if fin.outcome is FinishOutcome.DONE:
         yield from emit("job_parked", job_id=job.job_id, token=job.token, reason=reason)
     return fin
 
@@ -1545,7 +1551,7 @@ def release_flow(
             worker_id=worker_id,
             applied=JobState.QUEUED,
         )
-        if fin.outcome == "done":
+        if fin.outcome is FinishOutcome.DONE:
             handback.append(d)
         else:
             # Not ours any more (or unknown): its visibility belongs to the new owner.

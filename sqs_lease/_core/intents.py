@@ -683,12 +683,34 @@ def _confirm(
     return EffectResult(dict(response), external_id, False, reconciled, spec.key)
 
 
+class Unprotected(StrEnum):
+    """Why a repeat with the same key is not protected by the target."""
+
+    NO_KEYS = "no_keys"  # the target keeps no idempotency keys
+    EXPIRED = "expired"  # the first attempt is older than the target keeps keys
+
+
+def repeat_unprotected(
+    retention: float | None, first_started: float | None, now: float
+) -> Unprotected | None:
+    """Key retention, the one rule (the effect flow and the operator's ``intents
+    retry``): whether a repeat of a key first started at ``first_started`` (wall
+    seconds; None: never started) is still protected by a target that keeps keys
+    for ``retention`` seconds (None: not at all). None: protected."""
+    if retention is None:
+        return Unprotected.NO_KEYS
+    if first_started is not None and now > first_started + retention:
+        return Unprotected.EXPIRED
+    return None
+
+
 def _unprotected(spec: EffectSpec, first_started: float | None, now: float) -> str | None:
     """Why a repeat with the same key would not be protected by the target, or None."""
     retention = spec.key_retention_seconds
-    if retention is None:
+    why = repeat_unprotected(retention, first_started, now)
+    if why is Unprotected.NO_KEYS:
         return f"target {spec.target!r} keeps no idempotency keys"
-    if first_started is not None and now > first_started + retention:
+    if why is Unprotected.EXPIRED and first_started is not None:
         return (
             f"its first attempt started {now - first_started:.0f} s ago, past the "
             f"{retention:g} s target {spec.target!r} keeps keys"

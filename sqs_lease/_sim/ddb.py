@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core.calls import Err, ErrorKind, Ok, Outcome
+from .._core.limits import ITEM_LIMIT  # DynamoDB's item limit: the one constant
 from .chaos import Chaos
 from .expr import ExpressionError, Item, request_expressions, stored
 
@@ -82,7 +83,6 @@ def _validation(msg: str) -> Err:
     return Err(ErrorKind.VALIDATION, "ValidationException", "", msg)
 
 
-ITEM_LIMIT = 400 * 1024
 _TOO_LARGE = "Item size has exceeded the maximum allowed size"
 
 

@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass, field, replace
 
 from .._core.flows import UNSENT_GRACE_SECONDS
+from .._core.limits import ITEM_LIMIT
 from .chaos import Chaos
 from .ddb import DdbFaults
 from .receiver import TargetFaults
@@ -421,7 +422,7 @@ def _widen14(c: Chaos, plan: RunPlan, calm: bool, allowed: frozenset[str]) -> No
     )
     # oversize: one job returns a result just over the item limit (up to 100 KB over)
     big_job = w.randrange(len(plan.job_plans)) if plan.job_plans else 0
-    big_bytes = w.randint(400 * 1024 + 1, 500 * 1024)
+    big_bytes = w.randint(ITEM_LIMIT + 1, 500 * 1024)
     features = frozenset(n for n in ISSUE14_FEATURES if on[n] and n in allowed)
     if "operator_races" in features and calm:
         features -= {"operator_races"}  # nothing parks without faults

@@ -26,14 +26,15 @@ from .._core.attempt import (
     HandlerRun,
     Now,
     attempt_flow,
-    heartbeat_round_flow,
+    first_sweep_wait,
+    heartbeat_tick_flow,
     held_effect_flow,
     redrive_rules,
     release_unstarted_flow,
     shutdown_flow,
     sweep_once_flow,
 )
-from .._core.calls import Call, Emit, Err, ErrorKind, Flow, Invoke, Ok, Outcome, Sleep
+from .._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
 from .._core.flows import UNKNOWN_CLASS_RECEIVES, Claimed, Delivery, Poison, receive_flow
 from .._core.intents import EffectResult, EffectSpec, default_key
 from .._core.leasebook import Flag, Held, LeaseBook
@@ -118,17 +119,7 @@ def drive(
                 try:
                     value = yield from handler(instr.fn)
                 except Exception as exc:
-                    out = Err(
-                        ErrorKind.RAISED,
-                        type(exc).__name__,
-                        "",
-                        str(exc),
-                        None,
-                        (),
-                        start,
-                        actor.mono(),
-                        exc,
-                    )
+                    out = raised(exc, start, actor.mono())
                 else:
                     out = Ok({"value": value}, start, actor.mono())
             elif isinstance(instr, Invoke):
@@ -161,9 +152,7 @@ def _invoke_local(actor: Actor, inv: Invoke) -> Outcome:
     try:
         value = inv.fn()
     except Exception as exc:
-        return Err(
-            ErrorKind.RAISED, type(exc).__name__, "", str(exc), None, (), start, actor.mono(), exc
-        )
+        return raised(exc, start, actor.mono())
     return Ok({"value": value}, start, actor.mono())
 
 
@@ -263,6 +252,10 @@ class SimWorker(Actor):
             self.world.checker.now = self.world.now
             self.world.checker.beat_planned(self.id, lease.job_id, lease.token, ended)
             self._truth[lease.job_id] = self.world.truth(lease.job_id)
+
+    def round_failed(self, exc: Exception) -> None:
+        self.world.checker.now = self.world.now
+        self.world.checker.round_failed(self.id, exc)
 
     def round_applied(self, extended: tuple[LocalLease, ...]) -> None:
         self.world.checker.now = self.world.now
@@ -418,14 +411,7 @@ class SimWorker(Actor):
         for _ in range(_LOOP_LIMIT):
             if self.stopping and not len(self.book) and not self._alive_jobs():
                 return
-            if self.stopping:
-                self.book.request_stop()
-            try:
-                yield from self.drive(heartbeat_round_flow(self.env), origin)
-            except Exception as exc:  # as the real loop: the heartbeat survives anything
-                self.journal("heartbeat_error", error_code=type(exc).__name__)
-                self.world.checker.now = self.world.now
-                self.world.checker.round_failed(self.id, exc)
+            yield from self.drive(heartbeat_tick_flow(self.env, stopping=self.stopping), origin)
             yield SleepOp(self._next_wake(), wakeable=True)
 
     def _next_wake(self) -> float:
@@ -455,7 +441,7 @@ class SimWorker(Actor):
         worker stops."""
         sweep = self.world.plan.sweep
         assert sweep is not None
-        wait = sweep.interval * (0.5 + 0.5 * self.world.chaos.random())
+        wait = first_sweep_wait(sweep.interval, self.world.chaos.random())
         for _ in range(_LOOP_LIMIT):
             yield SleepOp(wait)
             if self.stopping:
