@@ -63,7 +63,7 @@ from typing import Any, Protocol
 
 from .._errors import LeaseLost, PayloadError
 from .calls import Emit, Err, Flow, Invoke, Ok
-from .endings import EndKind, ending_for, stopped_ending
+from .endings import Ending, EndKind, ending_for, stopped_ending
 from .flows import (
     Claimed,
     Delivery,
@@ -264,9 +264,8 @@ def attempt_flow(
         if not isinstance(checked.exc, PayloadError):
             raise checked.exc if checked.exc is not None else RuntimeError(checked.message)
         env.tally("poisoned", 1)
-        return (
-            yield from _fail(env, claim, None, str(checked.exc), "invalid_payload", poisoned=True)
-        )
+        invalid = Ending(EndKind.FAIL, str(checked.exc), "invalid_payload")
+        return (yield from _fail(_At(env, claim, rules), invalid, poisoned=True))
     assert isinstance(checked, Ok)
     payload = checked.response["value"]
     now = yield from _now(env)
@@ -277,19 +276,47 @@ def attempt_flow(
         yield holding.event
     fin: Finish | None = None
     try:
-        fin = yield from _run(env, holding.held, claim, rules, payload, now.mono)
+        at = _At(env, claim, rules, holding.held)
+        fin = yield from _run(at, holding.held, payload, now.mono)
     finally:
         env.book.forget(holding.held, fin)
     return fin
 
 
-def _run(
-    env: AttemptEnv, held: Held, claim: Claimed, rules: ClassRules, payload: Any, start: float
-) -> Flow[Finish | None]:
+@dataclass(frozen=True)
+class _At:
+    """One attempt as its ending steps see it: the shell's env, the claim, the class,
+    and the book's entry (None: a write right after the claim, before it was held)."""
+
+    env: AttemptEnv
+    claim: Claimed
+    rules: ClassRules
+    held: Held | None = None
+
+    def end_args(self, now: Now) -> dict[str, Any]:
+        """The arguments every end write of an attempt shares."""
+        return {
+            "queue_url": self.env.queue_url,
+            "job": self.claim.job,
+            "delivery": self.claim.delivery,
+            "worker_id": self.env.worker_id,
+            "wall_now": now.wall,
+        }
+
+    def rejected(self, fin: Finish, source: LossSource) -> Flow[None]:
+        """A rejected end write: the loss, journaled once."""
+        ev = self.env.book.rejected(self.held, self.claim, fin, source)
+        if ev is not None:
+            yield ev
+
+
+def _run(at: _At, held: Held, payload: Any, start: float) -> Flow[Finish | None]:
+    env, claim = at.env, at.claim
     error: Exception | None = None
     result: Any = None
     if env.book.told(held) is None:  # claimed while the worker stops: do not start
-        out = yield Invoke("handler", HandlerRun(held, claim, rules, payload, env.run_handler))
+        run = HandlerRun(held, claim, at.rules, payload, env.run_handler)
+        out = yield Invoke("handler", run)
         if isinstance(out, Err):
             exc = out.exc
             if not isinstance(exc, Exception):
@@ -315,7 +342,7 @@ def _run(
         env.tally("released", released)
         return None
     if end.kind is EndKind.COMMIT:
-        return (yield from _commit(env, claim, held, result, now, now.mono - start))
+        return (yield from _commit(at, result, now, now.mono - start))
     if end.kind is EndKind.ABANDON:
         # The handler stopped before an irreversible step, or returned after its
         # attempt was told to stop (result_discarded): nothing may be written for
@@ -333,83 +360,39 @@ def _run(
         )
         return None
     if end.kind is EndKind.FAIL:
-        return (yield from _fail(env, claim, held, end.reason, end.code, now=now))
+        return (yield from _fail(at, end, now))
     if end.kind is EndKind.PARK:
         # Nobody can tell whether the effect applied: stop automatic retries of
         # this job and keep everything for an operator (sqs-lease intents ...).
         env.tally("parked", 1)
-        fin = yield from park_flow(
-            env.table,
-            **_end_args(env, claim, now),
-            reason=end.reason,
-        )
-        yield from _rejected(env, held, claim, fin, LossSource.PARK)
+        fin = yield from park_flow(env.table, **at.end_args(now), reason=end.reason)
+        yield from at.rejected(fin, LossSource.PARK)
         return fin
-    return (yield from _retry(env, claim, held, rules, end.reason, end.code, now=now))
+    return (yield from _retry(at, end, now))
 
 
-def _end_args(env: AttemptEnv, claim: Claimed, now: Now) -> dict[str, Any]:
-    """The arguments every end write of an attempt shares."""
-    return {
-        "queue_url": env.queue_url,
-        "job": claim.job,
-        "delivery": claim.delivery,
-        "worker_id": env.worker_id,
-        "wall_now": now.wall,
-    }
-
-
-def _rejected(
-    env: AttemptEnv, held: Held | None, claim: Claimed, fin: Finish, source: LossSource
-) -> Flow[None]:
-    ev = env.book.rejected(held, claim, fin, source)
-    if ev is not None:
-        yield ev
-
-
-def _commit(
-    env: AttemptEnv, claim: Claimed, held: Held, result: Any, now: Now, duration: float
-) -> Flow[Finish]:
+def _commit(at: _At, result: Any, now: Now, duration: float) -> Flow[Finish]:
+    env = at.env
     text = result_json(result)
     if text is None:
-        return (
-            yield from _fail(
-                env,
-                claim,
-                held,
-                "handler returned a result that is not JSON",
-                "bad_result",
-                now=now,
-            )
-        )
+        bad = Ending(EndKind.FAIL, "handler returned a result that is not JSON", "bad_result")
+        return (yield from _fail(at, bad, now))
     if env.observer is not None:
-        env.observer.committing(claim, text)
+        env.observer.committing(at.claim, text)
     # A result over DynamoDB's item limit (with the payload) is never sent: the
     # core's commit_flow fails the job naming the limit. Always attempt the fenced
     # commit, even when the heartbeat already saw the lease lost: DynamoDB's
     # condition is the only arbiter, and a rejected commit is the record forensics
     # needs (result_rejected).
-    fin = yield from commit_flow(
-        env.table,
-        **_end_args(env, claim, now),
-        result_json=text,
-        duration=duration,
-    )
+    fin = yield from commit_flow(env.table, **at.end_args(now), result_json=text, duration=duration)
     env.tally(COMMIT_COUNTS.get(fin.outcome, "commit_unknown"), 1)
-    yield from _rejected(env, held, claim, fin, LossSource.COMMIT)
+    yield from at.rejected(fin, LossSource.COMMIT)
     return fin
 
 
-def _retry(
-    env: AttemptEnv,
-    claim: Claimed,
-    held: Held | None,
-    rules: ClassRules,
-    reason: str,
-    code: str,
-    *,
-    now: Now | None = None,
-) -> Flow[Finish]:
+def _retry(at: _At, end: Ending, now: Now | None = None) -> Flow[Finish]:
+    """A counted retry after a backoff drawn now (or, past the attempts, a failure)."""
+    env, claim, rules = at.env, at.claim, at.rules
     rand: float = yield from _value("random", env.random)
     delay = backoff_delay(
         claim.attempt, rules.backoff_base_seconds, rules.backoff_max_seconds, rand
@@ -418,9 +401,9 @@ def _retry(
         now = yield from _now(env)
     fin = yield from retry_flow(
         env.table,
-        **_end_args(env, claim, now),
-        reason=reason,
-        error_code=code,
+        **at.end_args(now),
+        reason=end.reason,
+        error_code=end.code,
         delay=delay,
         max_attempts=rules.max_attempts,
     )
@@ -429,41 +412,31 @@ def _retry(
         env.tally("failed" if spent else "retried", 1)
     elif fin.outcome is FinishOutcome.FAILED:
         env.tally("failed", 1)
-    yield from _rejected(env, held, claim, fin, LossSource.RETRY)
+    yield from at.rejected(fin, LossSource.RETRY)
     return fin
 
 
-def _fail(
-    env: AttemptEnv,
-    claim: Claimed,
-    held: Held | None,
-    reason: str,
-    code: str,
-    *,
-    poisoned: bool = False,
-    now: Now | None = None,
-) -> Flow[Finish]:
+def _fail(at: _At, end: Ending, now: Now | None = None, *, poisoned: bool = False) -> Flow[Finish]:
+    """The job fails for good (``poisoned``: its message carried an invalid payload)."""
+    env, claim = at.env, at.claim
     if poisoned:
         yield Emit(
             "message_poisoned",
             {
                 "job_id": claim.job.job_id,
                 "token": claim.token,
-                "error_code": code,
-                "reason": reason,
+                "error_code": end.code,
+                "reason": end.reason,
             },
         )
     if now is None:
         now = yield from _now(env)
     fin = yield from fail_flow(
-        env.table,
-        **_end_args(env, claim, now),
-        reason=reason,
-        error_code=code,
+        env.table, **at.end_args(now), reason=end.reason, error_code=end.code
     )
     if fin.outcome is FinishOutcome.DONE and not poisoned:
         env.tally("failed", 1)
-    yield from _rejected(env, held, claim, fin, LossSource.FAIL)
+    yield from at.rejected(fin, LossSource.FAIL)
     return fin
 
 
@@ -510,30 +483,7 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
     clock = yield from _now(env)
     now = clock.mono
     plan, dropped = book.plan_round(now)
-    for held, why in dropped:
-        lease = held.lease
-        yield Emit(
-            "lease_dropped",
-            {
-                "job_id": lease.job_id,
-                "token": lease.token,
-                "reason": why.value,
-                "lease_left": round(lease.deadline - now, 3),
-            },
-        )
-        rules = env.rules_of(held.job.job_class)
-        if why is Drop.RESERVE_SPENT or rules is None:
-            continue
-        # The watchdog gives the job back for a counted retry; the handler's late
-        # result will meet a moved record and be rejected.
-        claim = Claimed(
-            held.delivery, held.job, lease.token, held.job.attempt, False, None, lease.deadline
-        )
-        yield Invoke("act_for", ActFor("heartbeat", {lease.job_id: lease.token}))
-        fin = yield from _retry(env, claim, held, rules, f"watchdog: {why.value}", why.value)
-        yield Invoke("act_for", ActFor("heartbeat"))
-        if fin.outcome in (FinishOutcome.DONE, FinishOutcome.FAILED):
-            book.gave_back([held], f"watchdog: {why.value}")
+    yield from watchdog_drops_flow(env, dropped, now)
     extend = book.still_open(plan.extend)
     if not extend:
         return
@@ -554,6 +504,40 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
     yield from changed.events
     if env.observer is not None:
         env.observer.round_applied(changed.extended)
+
+
+def watchdog_drops_flow(
+    env: AttemptEnv, dropped: list[tuple[Held, Drop]], now: float
+) -> Flow[None]:
+    """Leases the worker let go (the book already dropped them and told their
+    attempts): journal each, and give its job back for a counted retry unless the
+    reserve was spent (then the message simply comes back)."""
+    book = env.book
+    for held, why in dropped:
+        lease = held.lease
+        yield Emit(
+            "lease_dropped",
+            {
+                "job_id": lease.job_id,
+                "token": lease.token,
+                "reason": why.value,
+                "lease_left": round(lease.deadline - now, 3),
+            },
+        )
+        rules = env.rules_of(held.job.job_class)
+        if why is Drop.RESERVE_SPENT or rules is None:
+            continue
+        # The watchdog gives the job back for a counted retry; the handler's late
+        # result will meet a moved record and be rejected.
+        claim = Claimed(
+            held.delivery, held.job, lease.token, held.job.attempt, False, None, lease.deadline
+        )
+        yield Invoke("act_for", ActFor("heartbeat", {lease.job_id: lease.token}))
+        watchdog = Ending(EndKind.RETRY, f"watchdog: {why.value}", why.value)
+        fin = yield from _retry(_At(env, claim, rules, held), watchdog)
+        yield Invoke("act_for", ActFor("heartbeat"))
+        if fin.outcome in (FinishOutcome.DONE, FinishOutcome.FAILED):
+            book.gave_back([held], f"watchdog: {why.value}")
 
 
 def heartbeat_tick_flow(env: AttemptEnv, *, stopping: bool) -> Flow[None]:
@@ -694,4 +678,5 @@ __all__ = [
     "result_json",
     "shutdown_flow",
     "sweep_once_flow",
+    "watchdog_drops_flow",
 ]

@@ -20,20 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-from .._core.attempt import (
-    ActFor,
-    AttemptEnv,
-    HandlerRun,
-    Now,
-    attempt_flow,
-    first_sweep_wait,
-    heartbeat_tick_flow,
-    held_effect_flow,
-    redrive_rules,
-    release_unstarted_flow,
-    shutdown_flow,
-    sweep_once_flow,
-)
+from .._core import attempt as core
+from .._core.attempt import ActFor, AttemptEnv, HandlerRun, Now
 from .._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
 from .._core.flows import UNKNOWN_CLASS_RECEIVES, Claimed, Delivery, Poison, receive_flow
 from .._core.intents import EffectResult, EffectSpec, default_key
@@ -186,7 +174,7 @@ class SimWorker(Actor):
         self._sweeps = 0
         self._truth: dict[str, tuple[int, str] | None] = {}
         most = max(c.max_attempts for c in self.classes.values())
-        unknown_bound, _ = redrive_rules(p.max_receive, most, UNKNOWN_CLASS_RECEIVES)
+        unknown_bound, _ = core.redrive_rules(p.max_receive, most, UNKNOWN_CLASS_RECEIVES)
         # A heartbeat that sleeps until the next due moment is woken by a new lease.
         self.book = LeaseBook(on_hold=lambda: self.world.interrupt(self.heartbeat_task))
         self.env = AttemptEnv(
@@ -288,7 +276,7 @@ class SimWorker(Actor):
                 self.bump("received")
                 if self.stopping:
                     yield from self.drive(
-                        release_unstarted_flow(self.env, item),
+                        core.release_unstarted_flow(self.env, item),
                         Origin(self.id, "release", "release"),
                     )
                     continue
@@ -319,7 +307,7 @@ class SimWorker(Actor):
             if not self._alive_jobs() or self.mono() >= deadline:
                 break
             yield SleepOp(max(0.01, deadline - self.mono()), wakeable=True)
-        yield from self.drive(shutdown_flow(self.env), Origin(self.id, "release", "release"))
+        yield from self.drive(core.shutdown_flow(self.env), Origin(self.id, "release", "release"))
 
     # ------------------------------------------------------------------ one job
 
@@ -328,7 +316,7 @@ class SimWorker(Actor):
         origin = Origin(self.id, task_name, "job")
         if isinstance(item, Delivery):
             origin.send_id = item.send_id  # the checker's I11: which send this task claims with
-        yield from self.drive(attempt_flow(self.env, item, tag=origin), origin)
+        yield from self.drive(core.attempt_flow(self.env, item, tag=origin), origin)
 
     # ------------------------------------------------------------------ the handler
 
@@ -392,7 +380,7 @@ class SimWorker(Actor):
         )
         return (
             yield from self.drive(
-                held_effect_flow(
+                core.held_effect_flow(
                     self.env,
                     held,
                     spec,
@@ -411,7 +399,9 @@ class SimWorker(Actor):
         for _ in range(_LOOP_LIMIT):
             if self.stopping and not len(self.book) and not self._alive_jobs():
                 return
-            yield from self.drive(heartbeat_tick_flow(self.env, stopping=self.stopping), origin)
+            yield from self.drive(
+                core.heartbeat_tick_flow(self.env, stopping=self.stopping), origin
+            )
             yield SleepOp(self._next_wake(), wakeable=True)
 
     def _next_wake(self) -> float:
@@ -441,7 +431,7 @@ class SimWorker(Actor):
         worker stops."""
         sweep = self.world.plan.sweep
         assert sweep is not None
-        wait = first_sweep_wait(sweep.interval, self.world.chaos.random())
+        wait = core.first_sweep_wait(sweep.interval, self.world.chaos.random())
         for _ in range(_LOOP_LIMIT):
             yield SleepOp(wait)
             if self.stopping:
@@ -456,7 +446,7 @@ class SimWorker(Actor):
         self._sweeps += 1
         return (
             yield from self.drive(
-                sweep_once_flow(
+                core.sweep_once_flow(
                     self.env,
                     older_than=sweep.grace,
                     limit=sweep.limit,
