@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import inspect
 import json
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
@@ -231,32 +233,10 @@ class App:
         return text, payload_hash(text)
 
 
-class JobContext(Generic[P]):
-    """What a handler gets: ids, its fencing token, the payload, and the lease check.
-
-    Call :meth:`check` right before every irreversible step; it raises
-    ``LeaseLost``/``JobCancelled`` when the token moved on and ``OwnershipUnknown``
-    when ownership is not confirmed with enough reserve left.
-
-    **A handler told to stop must stop.** The worker tells an attempt to stop
-    when it shuts down, when the lease is lost or the job cancelled, and when
-    the watchdog stops it. From then on :meth:`wait` and :meth:`check` raise the
-    matching :class:`~sqs_lease.LeaseError` (``WorkerShuttingDown``,
-    ``LeaseLost``, ``JobCancelled``, ``AttemptTimedOut``, ``OwnershipUnknown``),
-    so a loop of waits cannot fall through to ``return partial_result``; and
-    whatever the handler returns after the stop is *not* committed as success
-    (at shutdown the job goes back to the queue without spending an attempt;
-    otherwise the result is discarded and journaled ``result_discarded``)::
-
-        @app.job("export", payload=Export)
-        def export(ctx, p):
-            rows = []
-            while (page := fetch_next(p, len(rows))) is not None:
-                rows.extend(page)
-                ctx.progress()
-                ctx.wait(0.2)  # raises once the attempt must stop: no partial return
-            return {"rows": len(rows)}
-    """
+class _ContextBase(Generic[P]):
+    """What both job contexts share: ids, token, payload, lease reads, the journal,
+    and the building of an effect's intent (the sync and async contexts differ
+    only in how they wait and run the effect)."""
 
     def __init__(
         self,
@@ -273,11 +253,9 @@ class JobContext(Generic[P]):
         cancelled: threading.Event,
         clock: Callable[[], float],
         journal: Journal,
-        run_effect: Callable[[EffectSpec], EffectResult] | None = None,
         targets: Mapping[str, Target] | None = None,
         stage: str = "main",
     ) -> None:
-        self._run_effect = run_effect
         self._targets = dict(targets or {})
         self.stage = stage
         self.job_id = job_id
@@ -293,8 +271,7 @@ class JobContext(Generic[P]):
         self._clock = clock
         self._journal = journal
 
-    def check(self) -> None:
-        """Raise unless a new irreversible step may start now (see the class docstring)."""
+    def _check_now(self) -> None:
         with self._lock:
             self._lease.check(self._clock())
 
@@ -309,17 +286,6 @@ class JobContext(Generic[P]):
         should raise (``ctx.check()`` does), since a result returned after the
         stop is not committed as success."""
         return self._stopped.is_set()
-
-    def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; raise the stop's ``LeaseError`` as soon as the
-        attempt is told to stop (also if it already was).
-
-        Returns False once the time has passed (it never returns True: a stop
-        raises), so ``while not ctx.wait(s): ...`` loops stay correct.
-        """
-        if self._stopped.wait(seconds):
-            self._raise_stop()
-        return False
 
     def _raise_stop(self) -> None:
         with self._lock:
@@ -338,19 +304,13 @@ class JobContext(Generic[P]):
         with self._lock:
             return self._lease.conservative_deadline - self._clock()
 
-    def _timed(self, call: Callable[[EffectCall], Any], ec: EffectCall) -> Callable[[], Any]:
-        """The tool as the effect flow runs it: its call is watched by the watchdog."""
+    def _begin_call(self, timeout: float) -> int:
+        with self._lock:
+            return self._lease.begin_call(self._clock(), timeout)
 
-        def tool() -> Any:
-            with self._lock:
-                handle = self._lease.begin_call(self._clock(), ec.timeout)
-            try:
-                return call(ec)
-            finally:
-                with self._lock:
-                    self._lease.end_call(handle, self._clock())
-
-        return tool
+    def _end_call(self, handle: int) -> None:
+        with self._lock:
+            self._lease.end_call(handle, self._clock())
 
     def fence_headers(self, idempotency_key: str, *, secret: bytes | None = None) -> dict[str, str]:
         """Headers for a fenced receiver: the key, the fence's scope (this job) and token.
@@ -360,39 +320,19 @@ class JobContext(Generic[P]):
         """
         return fence_headers(idempotency_key, self.job_id, self.token, secret=secret)
 
-    def effect(
+    def _effect_spec(
         self,
         action: str,
         target: str,
         payload: BaseModel | Mapping[str, Any],
-        call: Callable[[EffectCall], Any],
+        timed: Callable[[EffectCall], Callable[[], Any]],
         *,
-        key: str | None = None,
-        version: str | None = None,
-        timeout: float | None = None,
-    ) -> EffectResult:
-        """Apply one side effect through a durable intent.
-
-        The key defaults to job id + stage + action + target (+ version); pass an
-        explicit business key (``f"payment:{invoice}:capture"``) built in code,
-        never taken from model output. ``call`` gets an :class:`EffectCall` and
-        returns a ``ToolResult`` (or a mapping). It raises ``ToolNotApplied`` only
-        where the target certainly did not apply the call (never sent: connection
-        refused, name not resolved, a check of yours before sending; or the target
-        refused it); then a later attempt repeats it with the same key. Any other
-        exception (``ToolOutcomeUnknown``, a timeout, a bug reading a success) means
-        "cannot tell" and goes to the target's check.
-
-        A confirmed intent is replayed without calling the target; an intent left
-        ``in_progress`` by an earlier attempt is reconciled with the target's check.
-
-        ``timeout`` (default: the class's ``effect_timeout_seconds``) is handed to
-        ``call`` as ``EffectCall.timeout``; a call that runs ``EFFECT_MARGIN``
-        seconds past it makes the watchdog stop the attempt (outcome unknown:
-        the next attempt reconciles the intent).
-        """
-        if self._run_effect is None:
-            raise ConfigError("this context has no effect runner (run it under a Worker)")
+        key: str | None,
+        version: str | None,
+        timeout: float | None,
+    ) -> EffectSpec:
+        """Validate one effect and describe it for ``effect_flow``; ``timed(ec)`` is the
+        tool as the flow runs it (watched by the watchdog while it runs)."""
         tgt = self._targets.get(target)
         if tgt is None:
             known = ", ".join(sorted(self._targets)) or "none"
@@ -417,7 +357,7 @@ class JobContext(Generic[P]):
                 f"stage_budget_seconds - {EFFECT_MARGIN:g} = {budget - EFFECT_MARGIN:g}"
             )
         ec = EffectCall(ikey, self.token, self.job_id, action, target, data, limit)
-        spec = EffectSpec(
+        return EffectSpec(
             key=ikey,
             job_id=self.job_id,
             stage=self.stage,
@@ -425,14 +365,13 @@ class JobContext(Generic[P]):
             target=target,
             payload_json=text,
             payload_hash=digest,
-            tool=self._timed(call, ec),
+            tool=timed(ec),
             check=tgt.check,
-            lease_check=self.check,
+            lease_check=self._check_now,
             may_record=self._may_record,
             log_bodies=tgt.log_bodies,
             key_retention_seconds=tgt.key_retention_seconds,
         )
-        return self._run_effect(spec)
 
     def note(self, event: str, **fields: Any) -> None:
         """Journal a handler's own event, tagged with job id and token (no payloads)."""
@@ -459,3 +398,212 @@ class JobContext(Generic[P]):
         self._journal.write(
             "tool_request_finished", {**base, "duration": round(self._clock() - start, 3)}
         )
+
+
+_EFFECT_DOC = """Apply one side effect through a durable intent.
+
+        The key defaults to job id + stage + action + target (+ version); pass an
+        explicit business key (``f"payment:{invoice}:capture"``) built in code,
+        never taken from model output. ``call`` gets an :class:`EffectCall` and
+        returns a ``ToolResult`` (or a mapping). It raises ``ToolNotApplied`` only
+        where the target certainly did not apply the call (never sent: connection
+        refused, name not resolved, a check of yours before sending; or the target
+        refused it); then a later attempt repeats it with the same key. Any other
+        exception (``ToolOutcomeUnknown``, a timeout, a bug reading a success) means
+        "cannot tell" and goes to the target's check.
+
+        A confirmed intent is replayed without calling the target; an intent left
+        ``in_progress`` by an earlier attempt is reconciled with the target's check.
+
+        ``timeout`` (default: the class's ``effect_timeout_seconds``) is handed to
+        ``call`` as ``EffectCall.timeout``; a call that runs ``EFFECT_MARGIN``
+        seconds past it makes the watchdog stop the attempt (outcome unknown:
+        the next attempt reconciles the intent).
+        """
+
+
+class JobContext(_ContextBase[P]):
+    """What a handler gets: ids, its fencing token, the payload, and the lease check.
+
+    Call :meth:`check` right before every irreversible step; it raises
+    ``LeaseLost``/``JobCancelled`` when the token moved on and ``OwnershipUnknown``
+    when ownership is not confirmed with enough reserve left.
+
+    **A handler told to stop must stop.** The worker tells an attempt to stop
+    when it shuts down, when the lease is lost or the job cancelled, and when
+    the watchdog stops it. From then on :meth:`wait` and :meth:`check` raise the
+    matching :class:`~sqs_lease.LeaseError` (``WorkerShuttingDown``,
+    ``LeaseLost``, ``JobCancelled``, ``AttemptTimedOut``, ``OwnershipUnknown``),
+    so a loop of waits cannot fall through to ``return partial_result``; and
+    whatever the handler returns after the stop is *not* committed as success
+    (at shutdown the job goes back to the queue without spending an attempt;
+    otherwise the result is discarded and journaled ``result_discarded``)::
+
+        @app.job("export", payload=Export)
+        def export(ctx, p):
+            rows = []
+            while (page := fetch_next(p, len(rows))) is not None:
+                rows.extend(page)
+                ctx.progress()
+                ctx.wait(0.2)  # raises once the attempt must stop: no partial return
+            return {"rows": len(rows)}
+
+    An ``async def`` handler gets an :class:`AsyncJobContext` instead (the async
+    worker runs it); a plain handler under the async worker still gets this one,
+    in the worker's thread pool.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_effect: Callable[[EffectSpec], EffectResult] | None = None,
+        **fields: Any,
+    ) -> None:
+        super().__init__(**fields)
+        self._run_effect = run_effect
+
+    def check(self) -> None:
+        """Raise unless a new irreversible step may start now (see the class docstring)."""
+        self._check_now()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; raise the stop's ``LeaseError`` as soon as the
+        attempt is told to stop (also if it already was).
+
+        Returns False once the time has passed (it never returns True: a stop
+        raises), so ``while not ctx.wait(s): ...`` loops stay correct.
+        """
+        if self._stopped.wait(seconds):
+            self._raise_stop()
+        return False
+
+    def _timed(self, call: Callable[[EffectCall], Any], ec: EffectCall) -> Callable[[], Any]:
+        """The tool as the effect flow runs it: its call is watched by the watchdog."""
+
+        def tool() -> Any:
+            handle = self._begin_call(ec.timeout)
+            try:
+                return call(ec)
+            finally:
+                self._end_call(handle)
+
+        return tool
+
+    def effect(
+        self,
+        action: str,
+        target: str,
+        payload: BaseModel | Mapping[str, Any],
+        call: Callable[[EffectCall], Any],
+        *,
+        key: str | None = None,
+        version: str | None = None,
+        timeout: float | None = None,
+    ) -> EffectResult:
+        if self._run_effect is None:
+            raise ConfigError("this context has no effect runner (run it under a Worker)")
+        spec = self._effect_spec(
+            action,
+            target,
+            payload,
+            lambda ec: self._timed(call, ec),
+            key=key,
+            version=version,
+            timeout=timeout,
+        )
+        return self._run_effect(spec)
+
+    effect.__doc__ = _EFFECT_DOC
+
+
+class AsyncJobContext(_ContextBase[P]):
+    """What an ``async def`` handler gets from the async worker: the same API as
+    :class:`JobContext`, with the calls that wait or talk to AWS as awaitables::
+
+        @app.job("capture", payload=Capture)
+        async def capture(ctx, p):
+            await ctx.check()
+            done = await ctx.effect("capture", "payments", p, charge)  # charge: sync or async
+            await ctx.wait(0.2)  # raises once the attempt must stop
+            return {"charge_id": done.external_id}
+
+    ``check``, ``wait`` and ``effect`` are awaited; ``progress``, ``note``,
+    ``fence_headers``, ``tool_request``, ``lease_left`` and ``cancelled`` are the
+    same plain calls as on :class:`JobContext`. An effect's ``call`` may be an
+    ``async def`` (awaited on the loop) or a plain function (run in the worker's
+    thread pool, so a blocking tool never holds the event loop).
+
+    **Never block the event loop in an async handler.** The heartbeat runs on
+    the loop: a handler step that holds it longer than the worker's
+    ``max_loop_lag`` loses its lease (journaled ``loop_blocked``, the attempt
+    given back for a counted retry). Blocking work belongs in a plain ``def``
+    handler, or in ``await asyncio.to_thread(...)``.
+    """
+
+    def __init__(
+        self,
+        *,
+        stopped: asyncio.Event,
+        run_effect: Callable[[EffectSpec], Awaitable[EffectResult]],
+        run_blocking: Callable[[Callable[[], Any]], Awaitable[Any]],
+        **fields: Any,
+    ) -> None:
+        super().__init__(**fields)
+        self._astopped = stopped
+        self._run_effect = run_effect
+        self._run_blocking = run_blocking
+
+    async def check(self) -> None:
+        """Raise unless a new irreversible step may start now (see :class:`JobContext`)."""
+        self._check_now()
+
+    async def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; raise the stop's ``LeaseError`` as soon as the
+        attempt is told to stop (also if it already was). Returns False otherwise."""
+        if not self._astopped.is_set():
+            try:
+                await asyncio.wait_for(self._astopped.wait(), seconds)
+            except TimeoutError:
+                return False
+        self._raise_stop()
+        return False  # pragma: no cover - _raise_stop raises
+
+    def _timed(self, call: Callable[[EffectCall], Any], ec: EffectCall) -> Callable[[], Any]:
+        """The tool as the effect flow runs it: awaited if ``call`` is a coroutine
+        function, else run in the worker's thread pool; watched while it runs."""
+
+        async def tool() -> Any:
+            handle = self._begin_call(ec.timeout)
+            try:
+                if inspect.iscoroutinefunction(call):
+                    return await call(ec)
+                value = await self._run_blocking(lambda: call(ec))
+                return await value if inspect.isawaitable(value) else value
+            finally:
+                self._end_call(handle)
+
+        return tool
+
+    async def effect(
+        self,
+        action: str,
+        target: str,
+        payload: BaseModel | Mapping[str, Any],
+        call: Callable[[EffectCall], Any],
+        *,
+        key: str | None = None,
+        version: str | None = None,
+        timeout: float | None = None,
+    ) -> EffectResult:
+        spec = self._effect_spec(
+            action,
+            target,
+            payload,
+            lambda ec: self._timed(call, ec),
+            key=key,
+            version=version,
+            timeout=timeout,
+        )
+        return await self._run_effect(spec)
+
+    effect.__doc__ = _EFFECT_DOC

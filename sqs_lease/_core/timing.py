@@ -12,6 +12,7 @@ from enum import StrEnum
 
 from .._errors import (
     AttemptTimedOut,
+    ConfigError,
     JobCancelled,
     JobClassError,
     LeaseError,
@@ -161,6 +162,7 @@ class Drop(StrEnum):
     NO_PROGRESS = "no_progress"
     STAGE_BUDGET = "stage_budget_exceeded"
     SHUTDOWN = "shutdown"  # the handler overran the worker's shutdown grace
+    LOOP_BLOCKED = "loop_blocked"  # its handler held the event loop past the tolerated lag
 
 
 class Stop(StrEnum):
@@ -327,3 +329,99 @@ def plan_heartbeat(leases: Iterable[LocalLease], now: float) -> BeatPlan:
         lease.job_id for lease in extend if now - lease.advised_at >= lease.lease_seconds / 2
     )
     return BeatPlan(tuple(extend), tuple(drop), advise)
+
+
+# --------------------------------------------------------------------------- the event loop
+
+DEFAULT_LOOP_LAG = 1.0
+"""The async worker's default tolerated loop lag (seconds), lowered to fit short leases."""
+
+
+def loop_lag_limit(lease_seconds: float, heartbeat_seconds: float, jitter_seconds: float) -> float:
+    """The longest stall of the event loop a lease of this timing survives unobserved.
+
+    The heartbeat runs on the loop: a lease extended (counted from the send) just
+    before a stall is next due ``heartbeat_seconds`` later, and must go out before
+    its conservative deadline (``lease - jitter``). So a stall shorter than
+    ``lease - heartbeat - jitter`` costs no lease; a longer one may.
+    """
+    return lease_seconds - heartbeat_seconds - jitter_seconds
+
+
+def tolerated_loop_lag(
+    requested: float | None, timings: Iterable[tuple[str, float, float, float]]
+) -> float:
+    """The loop lag an async worker tolerates, for job classes given as
+    ``(name, lease, heartbeat, jitter)``; raise ``ConfigError`` naming the numbers.
+
+    A stall within the tolerated lag is attributed to nobody and costs no lease, so
+    it must stay under every class's :func:`loop_lag_limit`. The default is
+    :data:`DEFAULT_LOOP_LAG`, or half the tightest limit when that is smaller.
+    """
+    limits = {name: loop_lag_limit(lease, beat, jitter) for name, lease, beat, jitter in timings}
+    if not limits:
+        raise ConfigError("the app registers no job class; add one with @app.job(...)")
+    tightest = min(limits, key=lambda n: limits[n])
+    limit = limits[tightest]
+    if requested is None:
+        return min(DEFAULT_LOOP_LAG, limit / 2)
+    if not (math.isfinite(requested) and 0 < requested < limit):
+        raise ConfigError(
+            f"max_loop_lag={requested!r}: give seconds > 0 and below {limit:g}, the longest "
+            f"loop stall job class {tightest!r} survives (lease_seconds - heartbeat_seconds - "
+            "jitter_seconds); a stall the worker tolerates must never cost a lease"
+        )
+    return requested
+
+
+@dataclass(frozen=True)
+class Stall:
+    """What one stall of the event loop costs (see :func:`judge_stall`).
+
+    ``drop`` is the blocker's lease when the worker must stop extending it (its
+    handler held the loop past the tolerated lag: a loop it blocks cannot tell it
+    from a hung handler); ``lapsed`` are the other leases whose reserve the stall
+    spent (the heartbeat lets them go, journaled); ``event`` the ``loop_blocked``
+    fields to journal, or None for a stall within tolerance.
+    """
+
+    drop: LocalLease | None
+    lapsed: tuple[LocalLease, ...]
+    event: dict[str, object] | None
+
+
+def judge_stall(
+    leases: Iterable[LocalLease],
+    *,
+    blocker: LocalLease | None,
+    blocker_job: str | None,
+    began: float,
+    ended: float,
+    tolerated: float,
+) -> Stall:
+    """Judge a stall of the event loop from ``began`` to ``ended`` (the lease clock).
+
+    Within ``tolerated`` seconds nothing happens. Past it, the handler that held
+    the loop (``blocker``, when a job's step did) loses its lease: the worker stops
+    extending it and its attempt is given back for a counted retry; every other
+    open lease whose conservative deadline the stall crossed is named as lapsed
+    (nobody extended it while the loop was held), so no lease lapses unjournaled.
+    """
+    blocked_for = ended - began
+    if blocked_for <= tolerated:
+        return Stall(None, (), None)
+    drop = blocker if blocker is not None and blocker.status in OPEN else None
+    lapsed = tuple(
+        lease
+        for lease in leases
+        if lease is not blocker and lease.status in OPEN and ended >= lease.conservative_deadline
+    )
+    event: dict[str, object] = {
+        "job_id": blocker_job,
+        "token": blocker.token if blocker is not None else None,
+        "blocked_for": round(blocked_for, 3),
+        "tolerated": tolerated,
+        "blocker_dropped": drop is not None,
+        "lapsed": len(lapsed),
+    }
+    return Stall(drop, lapsed, event)
