@@ -5,6 +5,8 @@ conditional writes hold the ownership order (a fencing token that rises at
 every claim), the results and the intents of side effects.
 """
 
+from ._aio import AsyncDriver
+from ._aio_worker import AsyncWorker
 from ._aws import SyncDriver, Timeouts
 from ._config import Settings
 from ._core.flows import Stranded, SubmitResult, SweepReport
@@ -48,14 +50,18 @@ from ._errors import (
     TransientError,
     WorkerShuttingDown,
 )
-from ._jobs import App, EffectCall, JobClass, JobContext, Target
+from ._jobs import App, AsyncJobContext, EffectCall, JobClass, JobContext, Target
 from ._journal import Journal
 from ._producer import Producer
 from ._resources import create_queue, create_tables
-from ._worker import Worker, WorkerStats, load_app
+from ._shell import WorkerStats
+from ._worker import Worker, load_app
 
 __all__ = [
     "App",
+    "AsyncDriver",
+    "AsyncJobContext",
+    "AsyncWorker",
     "AttemptTimedOut",
     "AwsCallFailed",
     "AwsUnavailable",

@@ -56,24 +56,7 @@ from ._jobs import App, JobClass, JobContext
 from ._journal import Journal
 from ._resources import check_table, queue_url, redrive
 from ._schema import IntentTable, JobTable
-
-
-@dataclass
-class WorkerStats:
-    received: int = 0
-    claimed: int = 0
-    reclaimed: int = 0
-    committed: int = 0
-    rejected: int = 0
-    failed: int = 0
-    retried: int = 0
-    parked: int = 0
-    poisoned: int = 0
-    already_done: int = 0
-    stray: int = 0  # messages that were not their job's current message
-    lost: int = 0
-    released: int = 0
-    deferred: int = 0
+from ._shell import WorkerStats, async_handlers
 
 
 _STAT_NAMES = frozenset(WorkerStats.__dataclass_fields__)
@@ -121,6 +104,11 @@ class Worker:
             raise ConfigError("the app registers no job class; add one with @app.job(...)")
         if not 1 <= concurrency <= 1000:
             raise ConfigError(f"concurrency={concurrency}: choose 1..1000")
+        if async_handlers(app):
+            raise ConfigError(
+                f"job classes {', '.join(async_handlers(app))} have async handlers: run them "
+                "with AsyncWorker (sqs-lease worker picks it, or give --async)"
+            )
         if not 0 <= receive_wait <= 20:
             raise ConfigError(f"receive_wait={receive_wait}: SQS long polls 0..20 s")
         if sweep_interval is not None and not sweep_interval > 0:
