@@ -6,6 +6,8 @@ test can show that its checks catch the broken variant (the checker bites):
 ``no_commit_token`` drops the token from the commit's condition;
 ``commit_after_stop`` commits what a handler returns after its attempt was told
 to stop (the worker's own guard, in front of the token condition).
+``SQS_LEASE_SHELL``: ``thread`` (default) runs the thread worker, ``async`` the
+async worker.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqs_lease import Settings, Worker
+from sqs_lease import AsyncWorker, Settings, Worker
 from sqs_lease._journal import configure_stderr
 
 
@@ -61,7 +63,8 @@ def main() -> int:
     from fault_app import app
 
     settings = Settings.from_env()
-    worker = Worker(
+    shell = {"thread": Worker, "async": AsyncWorker}[os.environ.get("SQS_LEASE_SHELL", "thread")]
+    worker = shell(
         app,
         settings,
         worker_id=os.environ["WORKER_NAME"],

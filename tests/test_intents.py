@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
+from worker_helpers import SHELLS
 
 from examples import receiver_service as service
 from sqs_lease import (
@@ -426,13 +427,19 @@ def submit(env: Env, app: App, invoice: str, amount: int = 100) -> tuple[str, Ch
     return job_id, payload
 
 
-def build(env: Env, app: App, name: str) -> Future[Worker]:
+@pytest.fixture(scope="module", params=sorted(SHELLS, reverse=True))
+def shell(request: pytest.FixtureRequest) -> Any:
+    """Each worker shell in turn: the thread worker and the async worker."""
+    return SHELLS[request.param]
+
+
+def build(env: Env, app: App, name: str, shell: Any = Worker) -> Future[Any]:
     """Construct a Worker in the background (eight boto3 clients and four calls: seconds
     on a loaded machine), so that it overlaps with W1's part of the test."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"build-{name}")
     try:
         return pool.submit(
-            Worker,
+            shell,
             app,
             env.settings,
             worker_id=f"{name}-{env.settings.queue}",
@@ -445,7 +452,7 @@ def build(env: Env, app: App, name: str) -> Future[Worker]:
 
 
 @contextmanager
-def running(built: Future[Worker]) -> Iterator[Worker]:
+def running(built: Future[Any]) -> Iterator[Any]:
     """Run a real Worker in a thread for the block; stop (and join) it at the end."""
     worker = built.result(timeout=30)
     errors: list[BaseException] = []
@@ -598,7 +605,7 @@ def intent_names(logs: LogCapture, key: str) -> list[str]:
 
 
 def test_effect_goes_prepared_in_progress_confirmed_with_every_attempt_logged(
-    env: Env, logs: LogCapture
+    env: Env, logs: LogCapture, shell: Any
 ) -> None:
     charger = Charger(env.url)
     in_tool: list[tuple[int, IntentView, dict[int, AttemptRecord]]] = []
@@ -626,7 +633,7 @@ def test_effect_goes_prepared_in_progress_confirmed_with_every_attempt_logged(
     key = charge_key(invoice)
     digest = payload_hash(canonical_json(effect_payload(p)))
     t0 = time.time()
-    with running(build(env, app, "w")) as worker:
+    with running(build(env, app, "w", shell)) as worker:
         assert env.wait_job(job_id, JobState.SUCCEEDED, JobState.FAILED) is JobState.SUCCEEDED
     t1 = time.time()
 
@@ -701,7 +708,7 @@ def test_effect_goes_prepared_in_progress_confirmed_with_every_attempt_logged(
 
 
 def test_same_key_with_another_payload_is_refused_and_the_target_called_once(
-    env: Env, logs: LogCapture
+    env: Env, logs: LogCapture, shell: Any
 ) -> None:
     charger = Charger(env.url)
 
@@ -716,7 +723,7 @@ def test_same_key_with_another_payload_is_refused_and_the_target_called_once(
     invoice = invoice_id()
     job_id, p = submit(env, app, invoice)
     key = charge_key(invoice)
-    with running(build(env, app, "w")):
+    with running(build(env, app, "w", shell)):
         assert env.wait_job(job_id, JobState.SUCCEEDED, JobState.FAILED) is JobState.FAILED
 
     job = view_of(env.job(job_id))
@@ -735,7 +742,9 @@ def test_same_key_with_another_payload_is_refused_and_the_target_called_once(
     assert_journal_clean(logs, "intent_refused")
 
 
-def test_a_confirmed_intent_replays_without_calling_the_target(env: Env, logs: LogCapture) -> None:
+def test_a_confirmed_intent_replays_without_calling_the_target(
+    env: Env, logs: LogCapture, shell: Any
+) -> None:
     charger = Charger(env.url)
 
     def handler(ctx: JobContext[Any], p: ChargePayload) -> Any:
@@ -752,7 +761,7 @@ def test_a_confirmed_intent_replays_without_calling_the_target(env: Env, logs: L
     invoice = invoice_id()
     job_id, _ = submit(env, app, invoice)
     key = charge_key(invoice)
-    with running(build(env, app, "w")):
+    with running(build(env, app, "w", shell)):
         assert env.wait_job(job_id, JobState.SUCCEEDED, JobState.FAILED) is JobState.SUCCEEDED
 
     assert len(charger.calls) == 1
@@ -833,7 +842,7 @@ TAKEOVER_CASES = {
 
 @pytest.fixture(scope="module")
 def takeover(
-    shared: Shared, ddb_client: DynamoDBClient, sqs_client: SQSClient
+    shared: Shared, ddb_client: DynamoDBClient, sqs_client: SQSClient, shell: Any
 ) -> Iterator[Takeover]:
     """W1 (by hand) claims each job (token 1), starts its effect, maybe applies it at
     the receiver, and stops; its 1 s lease lapses. Then a real Worker W2 takes over."""
@@ -856,7 +865,7 @@ def takeover(
             return ledger(view)
 
         app = make_app(one_charge(charger), check)
-        w2_built = build(env, app, "w2")  # while W1 works
+        w2_built = build(env, app, "w2", shell)  # while W1 works
         submitted = {name: submit(env, app, invoice_id()) for name in TAKEOVER_CASES}
         deliveries = receive_all(env, len(submitted), visibility=10)
         lost: dict[str, Lost] = {}
@@ -1158,13 +1167,13 @@ OPERATOR, WHY = "ops@example.com", "checked the bank's settlement report"
 
 
 def test_operator_resolutions_requeue_parked_jobs_and_a_worker_finishes_them(
-    env: Env, logs: LogCapture
+    env: Env, logs: LogCapture, shell: Any
 ) -> None:
     """One parked job per decision, all parked by W2 and finished by W3 (to save time)."""
     charger, seen = Charger(env.url), list[IntentView]()
     app = make_app(one_charge(charger), cannot_tell(seen))
-    w2_built = build(env, app, "w2")  # while W1 works
-    w3_built = build(env, app, "w3")
+    w2_built = build(env, app, "w2", shell)  # while W1 works
+    w3_built = build(env, app, "w3", shell)
     jobs: dict[Resolution, tuple[str, ChargePayload]] = {
         r: submit(env, app, invoice_id()) for r in Resolution
     }

@@ -147,8 +147,10 @@ def violations(o: Outcome) -> list[str]:
     return bad
 
 
-@pytest.fixture
-def proof_env(moto_endpoint: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
+@pytest.fixture(params=["thread", "async"])
+def proof_env(
+    moto_endpoint: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[dict[str, Any]]:
     prefix = "p" + uuid.uuid4().hex[:10]
     settings = Settings(endpoint_url=moto_endpoint, prefix=prefix)
     create_tables(settings)
@@ -167,6 +169,7 @@ def proof_env(moto_endpoint: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
         "tmp": tmp_path,
         "procs": procs,
         "endpoint": moto_endpoint,
+        "shell": request.param,
     }
     for p in procs:
         p.stop()
@@ -181,7 +184,7 @@ def _spawn(env: dict[str, Any], name: str, endpoint: str | None = None, **extra:
         env["receiver"],
         env["gates"],
         env["tmp"],
-        extra,
+        {"SQS_LEASE_SHELL": env["shell"], **extra},
     )
     env["procs"].append(w)
     return w

@@ -35,6 +35,7 @@ from worker_helpers import (
     read_view,
     result_of,
     running,
+    use_shell,
     wait_until,
 )
 
@@ -60,6 +61,9 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 
+Shell: Any = Worker  # each worker shell in turn (use_shell)
+shell = use_shell(__name__)
+
 
 class Work(BaseModel):
     n: int
@@ -76,10 +80,10 @@ class FixedRandom(random.Random):
         return JITTER
 
 
-def make_worker(app: App, settings: Settings, name: str, **kw: Any) -> Worker:
+def make_worker(app: App, settings: Settings, name: str, **kw: Any) -> Any:
     kw.setdefault("receive_wait", 1)
     kw.setdefault("shutdown_grace", 5.0)
-    return Worker(app, settings, worker_id=f"{name}-{settings.prefix}", **kw)
+    return Shell(app, settings, worker_id=f"{name}-{settings.prefix}", **kw)
 
 
 def job_events(events: list[dict[str, Any]], job_id: str) -> list[dict[str, Any]]:
@@ -593,7 +597,7 @@ import time
 
 from pydantic import BaseModel
 
-from sqs_lease import App, Settings, Worker
+from sqs_lease import App, Settings, SHELL
 from sqs_lease._journal import configure_stderr
 
 
@@ -615,7 +619,7 @@ def slow(ctx, p):
 
 
 configure_stderr()
-worker = Worker(app, Settings.from_env(), receive_wait=1, shutdown_grace=GRACE)
+worker = SHELL(app, Settings.from_env(), receive_wait=1, shutdown_grace=GRACE)
 worker.install_signal_handlers()
 worker.run()
 """
@@ -627,7 +631,11 @@ def test_sigterm_stops_a_worker_process_with_a_decision_for_its_job(
     grace = 2.0
     settings, url, _ = prepare(aws.endpoint_url, aws.prefix)
     script = tmp_path / "worker_main.py"
-    script.write_text(textwrap.dedent(_WORKER_SCRIPT).replace("GRACE", repr(grace)))
+    script.write_text(
+        textwrap.dedent(_WORKER_SCRIPT)
+        .replace("GRACE", repr(grace))
+        .replace("SHELL", Shell.__name__)
+    )
     job_id = Producer(settings).submit("slow", {"n": 1}, job_id=f"{aws.prefix}-sig").job_id
     env = {
         **os.environ,

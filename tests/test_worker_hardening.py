@@ -16,9 +16,11 @@ from worker_helpers import (
     FAST,
     collect_journal,
     drain,
+    hold_heartbeat,
     prepare,
     read_record,
     running,
+    use_shell,
     wait_until,
 )
 
@@ -31,16 +33,19 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 
+Shell: Any = Worker  # each worker shell in turn (use_shell)
+shell = use_shell(__name__)
+
 
 class Work(BaseModel):
     n: int
     note: str = ""
 
 
-def make_worker(app: App, settings: Any, name: str, **kw: Any) -> Worker:
+def make_worker(app: App, settings: Any, name: str, **kw: Any) -> Any:
     kw.setdefault("receive_wait", 1)
     kw.setdefault("shutdown_grace", 3.0)
-    return Worker(app, settings, worker_id=f"{name}-{settings.prefix}", **kw)
+    return Shell(app, settings, worker_id=f"{name}-{settings.prefix}", **kw)
 
 
 # --------------------------------------------------------------------------- 7.6
@@ -186,14 +191,7 @@ def test_a_worker_that_learns_after_a_pause_that_its_job_was_taken_journals_one_
     job_id = Producer(settings, app).submit("slow", Work(n=1), job_id=f"{aws.prefix}-p").job_id
     a = make_worker(app, settings, "a", concurrency=1)
     paused = threading.Event()
-    beat = a._beat_once
-
-    def stalled() -> None:  # the heartbeat thread of a paused process does nothing
-        while paused.is_set():
-            time.sleep(0.05)
-        beat()
-
-    a._beat_once = stalled  # type: ignore[method-assign]
+    hold_heartbeat(a, paused)  # the heartbeat of a paused process does nothing
     b = make_worker(app, settings, "b")
     with collect_journal() as journal, running(a):
         journal.wait_for("job_claimed", job_id=job_id, worker=a.worker_id)
@@ -335,14 +333,7 @@ def test_a_refused_intent_start_after_a_takeover_journals_the_loss_once(
     w = make_worker(app, settings, "w", concurrency=1)
     paused = threading.Event()
     paused.set()
-    beat = w._beat_once
-
-    def stalled() -> None:  # keep the heartbeat out of it: the intent start learns first
-        while paused.is_set():
-            time.sleep(0.05)
-        beat()
-
-    w._beat_once = stalled  # type: ignore[method-assign]
+    hold_heartbeat(w, paused)  # keep the heartbeat out of it: the intent start learns first
     with collect_journal() as journal, running(w):
         journal.wait_for("job_claimed", job_id=job_id)
         # Another owner's claim (by hand): the token moves on under the handler.

@@ -25,6 +25,7 @@ from worker_helpers import (
     read_view,
     result_of,
     running,
+    use_shell,
     wait_until,
 )
 
@@ -51,14 +52,17 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 
+Shell: Any = Worker  # each worker shell in turn (use_shell)
+shell = use_shell(__name__)
+
 
 class Work(BaseModel):
     n: int
 
 
-def _worker(app: App, settings: Any, name: str, **kw: Any) -> Worker:
+def _worker(app: App, settings: Any, name: str, **kw: Any) -> Any:
     kw.setdefault("receive_wait", 1)
-    return Worker(app, settings, worker_id=f"{name}-{settings.prefix}", **kw)
+    return Shell(app, settings, worker_id=f"{name}-{settings.prefix}", **kw)
 
 
 def _looping_handler(app: App, seen: list[str], started: threading.Event, **policy: Any) -> None:

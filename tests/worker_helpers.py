@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from sqs_lease import Settings, Worker, WorkerStats, create_queue, create_tables
+import pytest
+
+from sqs_lease import AsyncWorker, Settings, Worker, WorkerStats, create_queue, create_tables
 from sqs_lease._core.records import JobView
 from sqs_lease._journal import LOGGER_NAME
 from sqs_lease._schema import JobRecord, record_of, view_of
@@ -28,6 +32,24 @@ FAST: dict[str, Any] = {
 """A short lease that keeps the timing rule: 3 > 2 x 1 + 0.5 and 1 <= 3 / 2."""
 
 Event = dict[str, Any]
+
+SHELLS: dict[str, Any] = {"thread": Worker, "async": AsyncWorker}
+"""The worker shells every integration test runs against (same constructor, same run/stop)."""
+
+
+def use_shell(module: str) -> Any:
+    """An autouse fixture for a test module: its ``Shell`` is each worker shell in turn.
+
+    The module builds workers with ``Shell(app, settings, ...)``; tests run once with
+    the thread worker and once with the async worker (``-k thread`` / ``-k async``).
+    """
+
+    @pytest.fixture(autouse=True, params=sorted(SHELLS, reverse=True))
+    def shell(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+        monkeypatch.setattr(sys.modules[module], "Shell", SHELLS[request.param])
+        return str(request.param)
+
+    return shell
 
 
 def prepare(endpoint_url: str, prefix: str) -> tuple[Settings, str, str]:
@@ -134,7 +156,7 @@ class TextCapture(logging.Handler):
 class WorkerRunner:
     """Runs ``worker.run(**kwargs)`` in a thread; ``stop``/``join`` re-raise its error."""
 
-    def __init__(self, worker: Worker, **run_kwargs: Any) -> None:
+    def __init__(self, worker: Worker | AsyncWorker, **run_kwargs: Any) -> None:
         self.worker = worker
         self.run_kwargs = run_kwargs
         self.stats: WorkerStats | None = None
@@ -168,7 +190,7 @@ class WorkerRunner:
 
 
 @contextmanager
-def running(*workers: Worker, **run_kwargs: Any) -> Iterator[list[WorkerRunner]]:
+def running(*workers: Worker | AsyncWorker, **run_kwargs: Any) -> Iterator[list[WorkerRunner]]:
     """Run workers in threads for the block; always stop them at the end."""
     runners = [WorkerRunner(w, **run_kwargs).start() for w in workers]
     try:
@@ -232,3 +254,25 @@ def drain(sqs: SQSClient, url: str, *, timeout: float, want: int) -> list[dict[s
         )
         got.extend(dict(m) for m in out.get("Messages", []))
     return got
+
+
+def hold_heartbeat(worker: Worker | AsyncWorker, paused: threading.Event) -> None:
+    """Keep ``worker``'s heartbeat from running while ``paused`` is set (as a paused
+    process's would), in the way of its shell: a thread waits, a task awaits."""
+    beat = worker._beat_once
+    if isinstance(worker, AsyncWorker):
+
+        async def stalled_task() -> None:
+            while paused.is_set():
+                await asyncio.sleep(0.05)
+            await beat()  # type: ignore[misc]
+
+        worker._beat_once = stalled_task  # type: ignore[method-assign]
+        return
+
+    def stalled() -> None:
+        while paused.is_set():
+            time.sleep(0.05)
+        beat()
+
+    worker._beat_once = stalled  # type: ignore[method-assign]
