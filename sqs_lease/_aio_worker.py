@@ -116,7 +116,8 @@ class _Held:
 class _Step:
     job_id: str | None
     began: float
-    reported: bool = False
+    reported: bool = False  # loop_blocked journaled (by the watch thread, or on the loop)
+    judged: bool = False  # judge_stall applied (at the step's end, or at a check within it)
 
 
 class _Watch:
@@ -458,7 +459,7 @@ class AsyncWorker:
                 finally:
                     self._watch.current = None
                     ended = self._clock()
-                    if ended - step.began > self.max_loop_lag:
+                    if ended - step.began > self.max_loop_lag and not step.judged:
                         self._stalled(step, ended)
                 try:
                     value, error = (yield yielded), None
@@ -470,8 +471,20 @@ class AsyncWorker:
 
         return run()
 
+    def _judge_now(self) -> None:
+        """Judge the running step now if it already held the loop past the tolerated
+        lag: a handler that blocked and then checks, or returns, within the same step
+        must meet the verdict (a lease check, the ending), not slip past it."""
+        step = self._watch.current
+        if step is None or step.judged:
+            return
+        now = self._clock()
+        if now - step.began > self.max_loop_lag:
+            self._stalled(step, now)
+
     def _stalled(self, step: _Step, ended: float) -> None:
         """A job's step held the loop past the tolerated lag: ask the core what it cost."""
+        step.judged = True
         with self._lock:
             held = self._held.get(step.job_id) if step.job_id is not None else None
             blocker = held.lease if held is not None else None
@@ -487,8 +500,17 @@ class AsyncWorker:
                 stall.drop.drop(Drop.LOOP_BLOCKED)
         with self._watch.lock:
             reported, step.reported = step.reported, True
-        if stall.event is not None and not reported:
-            self.journal.write("loop_blocked", stall.event)
+        if stall.event is not None:
+            if not reported:  # a stall too short for the watch thread to see
+                self.journal(
+                    "loop_blocked",
+                    job_id=step.job_id,
+                    token=blocker.token if blocker is not None else None,
+                    blocked_for=stall.event["blocked_for"],
+                    tolerated=self.max_loop_lag,
+                    held=len(self._held),
+                )
+            self.journal.write("loop_unblocked", stall.event)
         if stall.drop is not None and held is not None:
             held.tell_stop()
             self.journal(
@@ -525,7 +547,6 @@ class AsyncWorker:
                 token=token,
                 blocked_for=round(held_for, 3),
                 tolerated=self.max_loop_lag,
-                still_blocked=True,
                 held=held,
             )
 
@@ -589,6 +610,7 @@ class AsyncWorker:
                     result = await self._call_handler(held, claim, job_class, reg.handler, payload)
                 except Exception as exc:
                     error = exc
+                self._judge_now()  # a handler that blocked, then returned at once
             with self._lock:
                 stop = held.lease.stop
                 if held.lease.status in OPEN:
@@ -718,6 +740,7 @@ class AsyncWorker:
         if claim.job.job_class in self._async_classes:
             actx: AsyncJobContext[Any] = AsyncJobContext(
                 stopped=held.astopped,
+                before_check=self._judge_now,
                 run_effect=lambda spec: self._effect(spec, held),
                 run_blocking=self._blocking,
                 **fields,

@@ -116,7 +116,11 @@ def payload_hash(payload_json: str) -> str:
     return hashlib.sha256(payload_json.encode()).hexdigest()
 
 
-Handler = Callable[["JobContext[Any]", Any], Any]
+Handler = Callable[[Any, Any], Any]
+"""``handler(ctx, payload)``: a plain function gets a :class:`JobContext`; an
+``async def`` gets an :class:`AsyncJobContext` (and needs the async worker)."""
+
+H = TypeVar("H", bound=Handler)
 
 
 @dataclass(frozen=True)
@@ -207,11 +211,11 @@ class App:
 
     def job(
         self, name: str, *, payload: type[BaseModel], **policy: Any
-    ) -> Callable[[Callable[[JobContext[Any], Any], Any]], Callable[[JobContext[Any], Any], Any]]:
+    ) -> Callable[[H], H]:
         """Decorator: ``@app.job("ocr", payload=OcrPayload, lease_seconds=60)``."""
         job_class = JobClass(name=name, payload_model=payload, **policy)
 
-        def deco(fn: Handler) -> Handler:
+        def deco(fn: H) -> H:
             self.register(job_class, fn)
             return fn
 
@@ -546,9 +550,11 @@ class AsyncJobContext(_ContextBase[P]):
         stopped: asyncio.Event,
         run_effect: Callable[[EffectSpec], Awaitable[EffectResult]],
         run_blocking: Callable[[Callable[[], Any]], Awaitable[Any]],
+        before_check: Callable[[], None] = lambda: None,
         **fields: Any,
     ) -> None:
         super().__init__(**fields)
+        self._before_check = before_check  # the worker judges a loop stall first
         self._astopped = stopped
         self._run_effect = run_effect
         self._run_blocking = run_blocking
@@ -557,9 +563,14 @@ class AsyncJobContext(_ContextBase[P]):
         """Raise unless a new irreversible step may start now (see :class:`JobContext`)."""
         self._check_now()
 
+    def _check_now(self) -> None:
+        self._before_check()
+        super()._check_now()
+
     async def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; raise the stop's ``LeaseError`` as soon as the
         attempt is told to stop (also if it already was). Returns False otherwise."""
+        self._before_check()
         if not self._astopped.is_set():
             try:
                 await asyncio.wait_for(self._astopped.wait(), seconds)

@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 import botocore.exceptions
 import click
 
+from ._aio_worker import AsyncWorker
 from ._aws import SyncDriver, make_client
 from ._config import Settings
 from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
@@ -42,6 +43,7 @@ from ._core.intents import (
 from ._errors import (
     AwsCallFailed,
     AwsUnavailable,
+    ConfigError,
     PayloadError,
     ResourceMissing,
     SqsLeaseError,
@@ -57,6 +59,7 @@ from ._resources import (
     queue_url,
 )
 from ._schema import AttemptRecord, IntentRecord, IntentTable, JobRecord, JobTable, record_of
+from ._shell import async_handlers
 from ._worker import Worker, load_app
 
 __all__ = ["cli", "main"]
@@ -439,7 +442,26 @@ def submit(
 
 @cli.command()
 @click.argument("app_spec", metavar="MODULE:OBJECT")
-@click.option("--concurrency", type=click.IntRange(1, 1000), default=4, show_default=True)
+@click.option(
+    "--async/--threads",
+    "use_async",
+    default=None,
+    help="The shell: one event loop (async handlers; plain ones in a thread pool) or a "
+    "thread per job. Default: async if any handler is an async def, else threads.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 100_000),
+    default=None,
+    help="Jobs held at once. Default: 4 (threads, at most 1000), 1000 (async).",
+)
+@click.option(
+    "--max-loop-lag",
+    type=click.FloatRange(0, min_open=True),
+    default=None,
+    help="Async: seconds a handler may hold the event loop before it loses its lease "
+    "(default 1, lowered to fit the shortest lease).",
+)
 @click.option("--receive-wait", type=click.IntRange(0, 20), default=2, show_default=True)
 @click.option(
     "--shutdown-grace", type=click.FloatRange(0), default=20.0, show_default=True, help="Seconds."
@@ -476,7 +498,9 @@ def submit(
 def worker(
     ctx: click.Context,
     app_spec: str,
-    concurrency: int,
+    use_async: bool | None,
+    concurrency: int | None,
+    max_loop_lag: float | None,
     receive_wait: int,
     shutdown_grace: float,
     idle_exit: float | None,
@@ -493,18 +517,24 @@ def worker(
     app = load_app(app_spec)
     configure_stderr()
     check_table(settings)
-    w = Worker(
-        app,
-        settings,
-        worker_id=worker_id,
-        concurrency=concurrency,
-        receive_wait=receive_wait,
-        shutdown_grace=shutdown_grace,
-        sweep_interval=sweep_interval or None,
-        sweep_grace=sweep_grace,
-        sweep_limit=sweep_limit,
-        unknown_class_receives=unknown_class_receives,
-    )
+    common: dict[str, Any] = {
+        "worker_id": worker_id,
+        "receive_wait": receive_wait,
+        "shutdown_grace": shutdown_grace,
+        "sweep_interval": sweep_interval or None,
+        "sweep_grace": sweep_grace,
+        "sweep_limit": sweep_limit,
+        "unknown_class_receives": unknown_class_receives,
+    }
+    w: Worker | AsyncWorker
+    if use_async or (use_async is None and async_handlers(app)):
+        w = AsyncWorker(
+            app, settings, concurrency=concurrency or 1000, max_loop_lag=max_loop_lag, **common
+        )
+    else:
+        if max_loop_lag is not None:
+            raise ConfigError("--max-loop-lag is for the async worker: add --async")
+        w = Worker(app, settings, concurrency=concurrency or 4, **common)
     with _stop_signals(None):
         w.install_signal_handlers()
         stats = w.run(max_messages=max_messages, idle_exit=idle_exit)

@@ -340,3 +340,62 @@ def test_jobs_resume_requeues_a_parked_job_and_sends_its_message(aws: AwsTestEnv
     assert [json.loads(m["Body"])["job_id"] for m in got] == ["p1"]
     again = run(aws, "jobs", "resume", "p1")  # queued, not parked: a clear refusal
     assert again.exit_code != 0 and "not parked" in again.output
+
+
+ASYNC_APP_SOURCE = """
+import asyncio
+from pydantic import BaseModel
+from sqs_lease import App, AsyncJobContext
+
+app = App()
+
+
+class Doc(BaseModel):
+    doc: str
+
+
+@app.job("lower", payload=Doc, lease_seconds=10, heartbeat_seconds=2, jitter_seconds=1)
+async def lower(ctx: AsyncJobContext[Doc], payload: Doc) -> dict[str, str]:
+    await ctx.check()
+    await asyncio.sleep(0.1)
+    return {"text": payload.doc.lower(), "ctx": type(ctx).__name__}
+"""
+
+
+@pytest.mark.integration
+def test_worker_picks_the_async_shell_for_async_handlers_and_refuses_threads_for_them(
+    aws: AwsTestEnv,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    restore_journal: None,
+) -> None:
+    module = f"cli_async_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(ASYNC_APP_SOURCE))
+    plain = f"cli_plain_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{plain}.py").write_text(textwrap.dedent(APP_SOURCE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ready(aws)
+    line = assert_one_line_error(run(aws, "worker", f"{module}:app", "--threads"))
+    assert "lower" in line and "AsyncWorker" in line
+
+    sub = run(aws, "submit", "lower", "--payload", '{"doc": "ABC"}', "--id", "a1")
+    assert sub.exit_code == 0, sub.output
+    args = ("--idle-exit", "2", "--receive-wait", "1")
+    result = run(aws, "worker", f"{module}:app", *args)
+    assert result.exit_code == 0, (result.output, result.exception)
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    started = [e for e in events if e["event"] == "worker_started"]
+    assert [(e["shell"], e["concurrency"]) for e in started] == [("async", 1000)]
+    record = json.loads(run(aws, "jobs", "show", "a1", "--result", "--json").stdout)
+    assert record["result"] == {"text": "abc", "ctx": "AsyncJobContext"}
+
+    # --async runs plain handlers under the async shell too (in its thread pool).
+    sub = run(aws, "submit", "upper", "--payload", '{"doc": "abc"}', "--id", "p1")
+    assert sub.exit_code == 0, sub.output
+    result = run(aws, "worker", f"{plain}:app", "--async", "--concurrency", "7", *args)
+    assert result.exit_code == 0, (result.output, result.exception)
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    started = [e for e in events if e["event"] == "worker_started"]
+    assert [(e["shell"], e["concurrency"]) for e in started] == [("async", 7)]
+    record = json.loads(run(aws, "jobs", "show", "p1", "--result", "--json").stdout)
+    assert record["result"] == {"text": "ABC"}
