@@ -17,10 +17,14 @@ from sqs_lease._core.timing import (
     Stop,
     backoff_delay,
     check_timing,
+    judge_stall,
+    loop_lag_limit,
     plan_heartbeat,
+    tolerated_loop_lag,
 )
 from sqs_lease._errors import (
     AttemptTimedOut,
+    ConfigError,
     JobCancelled,
     JobClassError,
     LeaseLost,
@@ -445,3 +449,70 @@ def test_plan_advises_about_twice_a_lease_and_only_extended_leases() -> None:
     fresh_later = plan_heartbeat([fresh], now=1030.0)
     assert fresh_later.advise == frozenset({"fresh"})
     assert plan_heartbeat([fresh], now=1029.9).advise == frozenset()
+
+
+# --------------------------------------------------------------------------- loop lag
+
+
+def test_the_loop_lag_a_lease_survives_is_lease_less_heartbeat_less_jitter() -> None:
+    assert loop_lag_limit(60, 10.0, 5.0) == 45.0
+    assert loop_lag_limit(3, 1.0, 0.5) == 1.5
+
+
+def test_the_default_tolerated_lag_is_one_second_or_half_the_tightest_limit() -> None:
+    assert tolerated_loop_lag(None, [("slow", 60, 10.0, 5.0)]) == 1.0
+    assert tolerated_loop_lag(None, [("slow", 60, 10.0, 5.0), ("fast", 3, 1.0, 0.5)]) == 0.75
+    assert tolerated_loop_lag(0.2, [("fast", 3, 1.0, 0.5)]) == 0.2
+
+
+@pytest.mark.parametrize("requested", [1.5, 2.0, 0.0, -1.0, float("nan"), float("inf")])
+def test_a_tolerated_lag_a_lease_could_not_survive_is_refused_naming_the_class(
+    requested: float,
+) -> None:
+    with pytest.raises(ConfigError, match=r"max_loop_lag=.*below 1\.5.*'fast'"):
+        tolerated_loop_lag(requested, [("slow", 60, 10.0, 5.0), ("fast", 3, 1.0, 0.5)])
+
+
+def test_a_stall_within_the_tolerated_lag_costs_nothing() -> None:
+    blocker = local_lease("a")
+    stall = judge_stall(
+        [blocker], blocker=blocker, blocker_job="a", began=1000.0, ended=1000.9, tolerated=1.0
+    )
+    assert (stall.drop, stall.lapsed, stall.event) == (None, (), None)
+
+
+def test_a_stall_past_the_tolerated_lag_drops_the_blocker_and_names_the_lapsed_leases() -> None:
+    blocker = local_lease("a", deadline=1060.0)
+    lapsed = local_lease("b", deadline=1020.0)  # conservative deadline 1015: crossed
+    alive = local_lease("c", deadline=1050.0)  # conservative deadline 1045: not crossed
+    done = local_lease("d", deadline=1010.0)
+    done.status = LeaseStatus.DONE  # ended before: nothing to lapse
+    stall = judge_stall(
+        [blocker, lapsed, alive, done],
+        blocker=blocker,
+        blocker_job="a",
+        began=1000.0,
+        ended=1016.0,
+        tolerated=1.0,
+    )
+    assert stall.drop is blocker
+    assert stall.lapsed == (lapsed,)
+    assert stall.event == {
+        "job_id": "a",
+        "token": 2,
+        "blocked_for": 16.0,
+        "tolerated": 1.0,
+        "blocker_dropped": True,
+        "lapsed": 1,
+    }
+
+
+def test_a_stall_by_a_job_not_yet_held_or_already_ended_drops_nothing_but_is_reported() -> None:
+    ended = local_lease("a")
+    ended.status = LeaseStatus.DONE
+    for blocker in (None, ended):
+        stall = judge_stall(
+            [ended], blocker=blocker, blocker_job="a", began=0.0, ended=5.0, tolerated=1.0
+        )
+        assert stall.drop is None
+        assert stall.event is not None and stall.event["blocker_dropped"] is False
