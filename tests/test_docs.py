@@ -107,18 +107,27 @@ def test_no_document_refers_to_a_file_outside_the_repository() -> None:
     assert not problems, "\n".join(problems)
 
 
-def _readme_example() -> str:
+def _readme_example(which: int = 0) -> str:
+    """The README's python blocks: the thread worker's example, then the async one."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
-    assert len(blocks) == 1, f"expected one python block in README.md, found {len(blocks)}"
-    return str(blocks[0])
+    assert len(blocks) == 2, f"expected two python blocks in README.md, found {len(blocks)}"
+    return str(blocks[which])
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize(
+    ("which", "job_id", "result"),
+    [
+        (0, "order-1", {"charge_id": "ch_1"}),
+        (1, "notice-1", {"mail_id": "mail-notice-1:main:mail:mailer"}),
+    ],
+    ids=["threads", "async"],
+)
 def test_the_readme_example_runs_as_written_on_the_embedded_emulator(
-    aws: AwsTestEnv, ddb_client: Any, tmp_path: Path
+    aws: AwsTestEnv, ddb_client: Any, tmp_path: Path, which: int, job_id: str, result: Any
 ) -> None:
-    code = _readme_example()
+    code = _readme_example(which)
     assert 15 <= len([line for line in code.splitlines() if line.strip()]) <= 30
     env = {
         **os.environ,
@@ -138,7 +147,7 @@ def test_the_readme_example_runs_as_written_on_the_embedded_emulator(
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     item = ddb_client.get_item(
-        TableName=f"{aws.prefix}-jobs", Key={"job_id": {"S": "order-1"}}, ConsistentRead=True
+        TableName=f"{aws.prefix}-jobs", Key={"job_id": {"S": job_id}}, ConsistentRead=True
     )["Item"]
     assert item["state"]["S"] == "succeeded", item
-    assert json.loads(item["result"]["S"]) == {"charge_id": "ch_1"}
+    assert json.loads(item["result"]["S"]) == result
