@@ -209,9 +209,7 @@ class App:
             raise ConfigError(f"job class {job_class.name!r} is registered twice; rename one")
         self.classes[job_class.name] = Registered(job_class, handler)
 
-    def job(
-        self, name: str, *, payload: type[BaseModel], **policy: Any
-    ) -> Callable[[H], H]:
+    def job(self, name: str, *, payload: type[BaseModel], **policy: Any) -> Callable[[H], H]:
         """Decorator: ``@app.job("ocr", payload=OcrPayload, lease_seconds=60)``."""
         job_class = JobClass(name=name, payload_model=payload, **policy)
 

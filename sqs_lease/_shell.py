@@ -2,7 +2,7 @@
 
 The thread worker (``_worker.py``) and the async worker (``_aio_worker.py``)
 differ in how they schedule; the checks of their options, the queue and
-redrive they find, and how an admission's outcome is counted live here once.
+redrive they find and their counters live here once.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 
 from ._config import Settings
-from ._core.flows import NotClaimed
+from ._core.attempt import redrive_rules
 from ._errors import ConfigError
 from ._jobs import App
 from ._journal import Journal
@@ -23,7 +23,8 @@ from ._resources import check_table, queue_url, redrive
 
 @dataclass
 class WorkerStats:
-    """A worker's counters, returned by ``run()`` and journaled as ``worker_stopped``."""
+    """A worker's counters, returned by ``run()`` and journaled as ``worker_stopped``
+    (the flows name what to count, ``AttemptEnv.tally``; names not here are skipped)."""
 
     received: int = 0
     claimed: int = 0
@@ -39,25 +40,6 @@ class WorkerStats:
     lost: int = 0
     released: int = 0
     deferred: int = 0
-
-
-_NOT_CLAIMED_COUNTER = {
-    "done": "already_done",
-    "parked": "already_done",
-    "stray": "stray",
-    "missing": "poisoned",
-    "class_mismatch": "poisoned",
-    "unknown_class": "poisoned",
-    "unreadable": "poisoned",
-    "invalid": "poisoned",
-    "exhausted": "failed",
-    "deferred": "deferred",
-}
-
-
-def not_claimed_counter(refused: NotClaimed) -> str | None:
-    """The counter a message that was not claimed adds to (None: none)."""
-    return _NOT_CLAIMED_COUNTER.get(refused.outcome)
 
 
 def default_worker_id() -> str:
@@ -119,21 +101,10 @@ def find_queue(
     url = queue_url(settings)
     dlq_url, max_receives = redrive(settings, url)
     most = max(r.job_class.max_attempts for r in app.classes.values())
-    if max_receives is not None and max_receives <= 2 * most:
-        # Receives that end in no claim (unanswered claims, duplicates) count too:
-        # a redrive this tight can move a live job's message to the DLQ and leave
-        # its record without a message (found by the simulation, tight_redrive).
-        journal(
-            "redrive_too_tight",
-            max_receive_count=max_receives,
-            max_attempts=most,
-            fix="raise the queue's maxReceiveCount well above max_attempts "
-            "(sqs-lease queue create --max-receives N)",
-        )
-    # Our DLQ copy (with the reason) must come before SQS's own redrive (without).
-    unknown = (
-        unknown_class_receives
-        if max_receives is None
-        else max(1, min(unknown_class_receives, max_receives - 1))
-    )
+    unknown, warning = redrive_rules(max_receives, most, unknown_class_receives)
+    if warning is not None:
+        journal.write(warning.event, warning.fields)
     return QueueSetup(url, dlq_url, unknown)
+
+
+STAT_NAMES = frozenset(WorkerStats.__dataclass_fields__)

@@ -12,15 +12,12 @@ by a flow or a pure function of ``sqs_lease._core``.
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -37,7 +34,6 @@ from ._core.attempt import (
     first_sweep_wait,
     heartbeat_tick_flow,
     held_effect_flow,
-    redrive_rules,
     release_unstarted_flow,
     shutdown_flow,
     sweep_once_flow,
@@ -54,12 +50,15 @@ from ._core.leasebook import LeaseBook
 from ._errors import ConfigError
 from ._jobs import App, JobClass, JobContext
 from ._journal import Journal
-from ._resources import check_table, queue_url, redrive
 from ._schema import IntentTable, JobTable
-from ._shell import WorkerStats, async_handlers
-
-
-_STAT_NAMES = frozenset(WorkerStats.__dataclass_fields__)
+from ._shell import (
+    STAT_NAMES,
+    WorkerStats,
+    async_handlers,
+    check_options,
+    default_worker_id,
+    find_queue,
+)
 
 
 class Worker:
@@ -100,8 +99,14 @@ class Worker:
         sweep_limit: int = 25,
         unknown_class_receives: int = UNKNOWN_CLASS_RECEIVES,
     ) -> None:
-        if not app.classes:
-            raise ConfigError("the app registers no job class; add one with @app.job(...)")
+        check_options(
+            app,
+            receive_wait=receive_wait,
+            sweep_interval=sweep_interval,
+            sweep_grace=sweep_grace,
+            sweep_limit=sweep_limit,
+            unknown_class_receives=unknown_class_receives,
+        )
         if not 1 <= concurrency <= 1000:
             raise ConfigError(f"concurrency={concurrency}: choose 1..1000")
         if async_handlers(app):
@@ -109,28 +114,12 @@ class Worker:
                 f"job classes {', '.join(async_handlers(app))} have async handlers: run them "
                 "with AsyncWorker (sqs-lease worker picks it, or give --async)"
             )
-        if not 0 <= receive_wait <= 20:
-            raise ConfigError(f"receive_wait={receive_wait}: SQS long polls 0..20 s")
-        if sweep_interval is not None and not sweep_interval > 0:
-            raise ConfigError(
-                f"sweep_interval={sweep_interval}: give seconds > 0, or None to turn the "
-                "stranded-record sweep off"
-            )
-        if not sweep_grace >= 0:
-            raise ConfigError(f"sweep_grace={sweep_grace}: give seconds >= 0")
-        if not 1 <= sweep_limit <= 1000:
-            raise ConfigError(f"sweep_limit={sweep_limit}: choose 1..1000 records per sweep")
         self.sweep_interval = sweep_interval
         self.sweep_grace = sweep_grace
         self.sweep_limit = sweep_limit
-        if unknown_class_receives < 1:
-            raise ConfigError(
-                f"unknown_class_receives={unknown_class_receives}: choose 1 or more receives "
-                "before a message of an unknown job class goes to the DLQ"
-            )
         self.app = app
         self.settings = settings
-        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.worker_id = worker_id or default_worker_id()
         self.concurrency = concurrency
         self.receive_wait = receive_wait
         shortest = min(r.job_class.lease_seconds for r in app.classes.values())
@@ -155,15 +144,10 @@ class Worker:
         )
         self.table = JobTable(settings.jobs_table)
         self.intents = IntentTable(settings.intents_table, settings.attempts_table)
-        check_table(settings)
-        self.queue_url = queue_url(settings)
-        self.dlq_url, max_receives = redrive(settings, self.queue_url)
-        most = max(r.job_class.max_attempts for r in app.classes.values())
-        self.unknown_class_receives, warning = redrive_rules(
-            max_receives, most, unknown_class_receives
-        )
-        if warning is not None:
-            self.journal.write(warning.event, warning.fields)
+        setup = find_queue(app, settings, self.journal, unknown_class_receives)
+        self.queue_url = setup.queue_url
+        self.dlq_url = setup.dlq_url
+        self.unknown_class_receives = setup.unknown_class_receives
         self.stats = WorkerStats()
         self._lock = threading.Lock()
         # The leases this worker holds; job threads and the heartbeat thread share it.
@@ -281,7 +265,7 @@ class Worker:
     def _count(self, name: str, n: int | bool = 1) -> None:
         """``env.tally``: count what a flow names (the simulator's own counters, which
         these stats do not have, are skipped)."""
-        if name not in _STAT_NAMES:
+        if name not in STAT_NAMES:
             return
         # Job threads and the heartbeat thread all count; += on an attribute is not atomic.
         with self._stats_lock:
@@ -342,7 +326,7 @@ class Worker:
             worker_id=self.worker_id,
             lease=held.lease,
             lock=self._lock,
-            cancelled=held.cancelled,  # type: ignore[arg-type]  # a threading.Event
+            cancelled=held.cancelled,  # a threading.Event (new_signal)
             clock=self._clock,
             journal=self.journal,
             run_effect=lambda spec: self._run_effect(spec, run),

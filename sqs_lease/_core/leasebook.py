@@ -43,7 +43,17 @@ from .flows import (
     rejected_loss,
 )
 from .records import JobView
-from .timing import OPEN, BeatPlan, Drop, LeaseStatus, LocalLease, Stop, plan_heartbeat
+from .timing import (
+    OPEN,
+    BeatPlan,
+    Drop,
+    LeaseStatus,
+    LocalLease,
+    Stall,
+    Stop,
+    judge_stall,
+    plan_heartbeat,
+)
 
 
 class Signal(Protocol):
@@ -295,6 +305,36 @@ class LeaseBook:
                 held.lease.drop(why)
                 held.cancelled.set()
         return plan, dropped
+
+    def loop_stalled(
+        self,
+        job_id: str | None,
+        *,
+        began: float,
+        ended: float,
+        tolerated: float,
+    ) -> tuple[Stall, list[tuple[Held, Drop]]]:
+        """The event loop was held from ``began`` to ``ended`` (by job ``job_id``'s step,
+        if known): the core's verdict (:func:`~sqs_lease._core.timing.judge_stall`).
+        The blocker's lease is dropped and its attempt told; it is returned, like the
+        watchdog's drops, for its hand-back (``watchdog_drops_flow``). The leases the
+        stall let lapse are named in the verdict; the next round drops them."""
+        with self.lock:
+            blocker = self._held.get(job_id) if job_id is not None else None
+            stall = judge_stall(
+                [h.lease for h in self._held.values()],
+                blocker=blocker.lease if blocker is not None else None,
+                blocker_job=job_id,
+                began=began,
+                ended=ended,
+                tolerated=tolerated,
+            )
+            dropped: list[tuple[Held, Drop]] = []
+            if stall.drop is not None and blocker is not None:
+                blocker.lease.drop(Drop.LOOP_BLOCKED)
+                blocker.cancelled.set()
+                dropped.append((blocker, Drop.LOOP_BLOCKED))
+        return stall, dropped
 
     def still_open(self, leases: Sequence[LocalLease]) -> list[LocalLease]:
         """The planned leases still open: the drops' writes can take long (a partition),
