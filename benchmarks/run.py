@@ -36,6 +36,7 @@ from benchmarks import (  # noqa: E402
     bench_calls,
     bench_heartbeat,
     bench_overhead,
+    bench_scale,
     bench_takeover,
 )
 from benchmarks.bench_common import load_average, machine, setup_env  # noqa: E402
@@ -57,7 +58,7 @@ def _bench(module: ModuleType) -> Bench:
 
 
 BENCHES: tuple[Bench, ...] = tuple(
-    _bench(m) for m in (bench_calls, bench_overhead, bench_heartbeat, bench_takeover)
+    _bench(m) for m in (bench_calls, bench_overhead, bench_heartbeat, bench_takeover, bench_scale)
 )
 NAMES = tuple(b.name for b in BENCHES)
 

@@ -1,0 +1,413 @@
+"""Benchmark 5: one async process holding thousands of in-flight jobs; the thread worker at its cap.
+
+N jobs are submitted (records written, N messages sent), then one worker process
+(``AsyncWorker``, or the thread ``Worker``) with ``concurrency=N`` claims them all;
+every handler awaits (``await ctx.wait(HOLD)``: minutes) while the heartbeat
+extends its lease every ``HEARTBEAT`` s. Once all N are held, the worker is
+measured for a few heartbeat periods, then stopped (every job released).
+
+Per heartbeat period: the AWS calls it made (by operation), the lateness of each
+job's extension against its schedule (the ChangeMessageVisibility entry's send
+time minus the lease's ``next_beat``; p50/p99/max), the part of it that is the
+worker's own (the round's start minus the schedule: what the loop or thread
+adds before any call), CPU share of the worker and of the emulator (seconds of
+CPU per second of wall; 1.0 = one core), and the worker's peak RSS.
+
+moto's ChangeMessageVisibility scans the whole queue for each entry, and the
+queue holds all N messages (in flight): the emulator's cost grows with N x N, so
+``moto busy`` near 1.0 marks the emulator as the limit; the worker's own cost is
+its CPU share and its own lateness, read apart. The worker runs in a process of
+its own (``python -m benchmarks.bench_scale child ...``) so that its CPU and RSS
+are its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_common import (  # noqa: E402
+    fmt,
+    fresh_settings,
+    job_bodies,
+    job_item,
+    moto_server,
+    process_cpu,
+    put_items,
+    raw_clients,
+    send_bodies,
+    table,
+)
+
+NAME = "scale"
+TITLE = "5. Thousands of in-flight jobs in one async process (and the thread worker at its cap)"
+
+JOB_CLASS = "bench.scale"
+LEASE = 120
+JITTER = 5.0
+
+
+def _sizes(quick: bool) -> list[tuple[str, int]]:
+    if quick:
+        return [("async", 20), ("thread", 20)]
+    return [("async", 1000), ("async", 5000), ("thread", 1000)]
+
+
+def run(quick: bool) -> dict[str, Any]:
+    heartbeat = 2.0 if quick else 10.0
+    periods = 2 if quick else 3
+    runs = [_one(shell, n, heartbeat, periods) for shell, n in _sizes(quick)]
+    return {
+        "params": {
+            "heartbeat_seconds": heartbeat,
+            "lease_seconds": LEASE,
+            "jitter_seconds": JITTER,
+            "periods": periods,
+            "hold": "handlers await until the worker stops (minutes)",
+        },
+        "runs": runs,
+    }
+
+
+def _one(shell: str, n: int, heartbeat: float, periods: int) -> dict[str, Any]:
+    with moto_server() as moto:
+        settings, url = fresh_settings(moto.endpoint, f"sc{shell[0]}")
+        sqs, ddb = raw_clients(settings)
+        from sqs_lease._schema import JobTable
+
+        jobs = JobTable(settings.jobs_table)
+        ids = [f"s{i:05d}" for i in range(n)]
+        t0 = time.monotonic()
+        put_items(ddb, settings.jobs_table, [job_item(jobs, j, JOB_CLASS, {"n": 0}) for j in ids])
+        send_bodies(sqs, url, job_bodies(ids, JOB_CLASS))
+        seeded = time.monotonic() - t0
+        out = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-scale-{os.getpid()}-{shell}-{n}.json"
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_scale",
+            "child",
+            "--shell",
+            shell,
+            "--endpoint",
+            moto.endpoint,
+            "--prefix",
+            settings.prefix,
+            "--jobs",
+            str(n),
+            "--heartbeat",
+            str(heartbeat),
+            "--periods",
+            str(periods),
+            "--moto-pid",
+            str(moto.pid),
+            "--out",
+            str(out),
+        ]
+        proc = subprocess.run(
+            cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, env=dict(os.environ)
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"{shell} {n}: child failed: {proc.stderr[-2000:]}")
+        result: dict[str, Any] = json.loads(out.read_text())
+        out.unlink(missing_ok=True)
+        result["seed_seconds"] = round(seeded, 1)
+        return result
+
+
+# --------------------------------------------------------------------------- the child
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+
+
+def _rss_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+class _Probe:
+    """Counts the worker's calls and times each extension against its schedule."""
+
+    def __init__(self, clock: Any) -> None:
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.calls: Counter[str] = Counter()
+        self.late: list[float] = []  # CMV entry sent - next_beat
+        self.own_late: list[float] = []  # round planned - next_beat
+        self.schedule: dict[str, float] = {}  # receipt handle -> next_beat of its plan
+
+    def planned(self, now: float, leases: Any) -> None:
+        with self.lock:
+            for lease in leases:
+                self.schedule[lease.receipt_handle] = lease.next_beat
+                self.own_late.append(now - lease.next_beat)
+
+    def call(self, c: Any) -> None:
+        sent = self.clock()
+        with self.lock:
+            self.calls[c.op] += 1
+            if c.op == "ChangeMessageVisibilityBatch":
+                for e in c.params["Entries"]:
+                    due = self.schedule.pop(e["ReceiptHandle"], None)
+                    if due is not None and e["VisibilityTimeout"] > 0:
+                        self.late.append(sent - due)
+
+    def take(self) -> tuple[Counter[str], list[float], list[float]]:
+        with self.lock:
+            out = (self.calls, self.late, self.own_late)
+            self.calls, self.late, self.own_late = Counter(), [], []
+        return out
+
+
+def _instrument(probe: _Probe) -> None:
+    from sqs_lease._aio import AsyncDriver
+    from sqs_lease._aws import SyncDriver
+    from sqs_lease._core.leasebook import LeaseBook
+
+    plan_round = LeaseBook.plan_round
+
+    def planned(self: LeaseBook, now: float) -> Any:
+        plan, dropped = plan_round(self, now)
+        probe.planned(now, plan.extend)
+        return plan, dropped
+
+    LeaseBook.plan_round = planned  # type: ignore[method-assign]
+    sync_execute = SyncDriver.execute
+    async_execute = AsyncDriver.execute
+
+    def execute(self: SyncDriver, c: Any) -> Any:
+        probe.call(c)
+        return sync_execute(self, c)
+
+    async def aexecute(self: AsyncDriver, c: Any) -> Any:
+        probe.call(c)
+        return await async_execute(self, c)
+
+    SyncDriver.execute = execute  # type: ignore[method-assign]
+    AsyncDriver.execute = aexecute  # type: ignore[method-assign]
+
+
+def child(args: argparse.Namespace) -> None:
+    import logging
+
+    from pydantic import BaseModel
+
+    from benchmarks.bench_common import setup_env
+    from sqs_lease import App, AsyncWorker, Journal, Settings, Worker
+    from sqs_lease._clock import lease_clock
+
+    setup_env()
+    logging.getLogger("sqs_lease.journal").setLevel(logging.WARNING)  # no journal I/O
+    probe = _Probe(lease_clock)
+    _instrument(probe)
+
+    class Payload(BaseModel):
+        n: int
+
+    app = App()
+    policy: dict[str, Any] = {
+        "lease_seconds": LEASE,
+        "heartbeat_seconds": args.heartbeat,
+        "jitter_seconds": JITTER,
+        "missed_heartbeats": 3,
+    }
+    hold = 3600.0
+    if args.shell == "async":
+
+        @app.job(JOB_CLASS, payload=Payload, **policy)
+        async def held_async(ctx: Any, p: Payload) -> None:
+            await ctx.wait(hold)  # raises once told to stop
+
+    else:
+
+        @app.job(JOB_CLASS, payload=Payload, **policy)
+        def held_sync(ctx: Any, p: Payload) -> None:
+            ctx.wait(hold)
+
+    settings = Settings(endpoint_url=args.endpoint, prefix=args.prefix)
+    kw: dict[str, Any] = {
+        "concurrency": args.jobs,
+        "receive_wait": 1,
+        "shutdown_grace": 5.0,
+        "sweep_interval": None,
+        "journal": Journal(worker_id="bench-scale"),
+    }
+    worker: Any = (
+        AsyncWorker(app, settings, **kw) if args.shell == "async" else Worker(app, settings, **kw)
+    )
+    report: dict[str, Any] = {"shell": args.shell, "jobs": args.jobs}
+    done = threading.Event()
+
+    def measure() -> None:
+        t0 = time.monotonic()
+        while len(worker.book) < args.jobs and time.monotonic() - t0 < 420:
+            time.sleep(0.2)
+        report["ramp_seconds"] = round(time.monotonic() - t0, 1)
+        report["held"] = len(worker.book)
+        probe.take()
+        rows = []
+        for _ in range(args.periods):
+            w0, c0, m0 = time.monotonic(), time.process_time(), process_cpu(args.moto_pid)
+            time.sleep(args.heartbeat)
+            wall = time.monotonic() - w0
+            cpu, moto_cpu = time.process_time() - c0, process_cpu(args.moto_pid) - m0
+            calls, late, own = probe.take()
+            rows.append(
+                {
+                    "calls": dict(calls),
+                    "calls_total": sum(calls.values()),
+                    "extended": len(late),
+                    "late_p50": _pct(late, 0.50),
+                    "late_p99": _pct(late, 0.99),
+                    "late_max": max(late) if late else math.nan,
+                    "own_late_p99": _pct(own, 0.99),
+                    "own_late_max": max(own) if own else math.nan,
+                    "worker_cpu": cpu / wall,
+                    "moto_cpu": moto_cpu / wall,
+                    "held": len(worker.book),
+                }
+            )
+        report["periods"] = rows
+        report["peak_rss_mb"] = round(_rss_kb("VmHWM") / 1024, 1)
+        s0 = time.monotonic()
+        worker.stop()
+        done.wait(600)
+        report["stop_seconds"] = round(time.monotonic() - s0, 1)
+
+    def run_worker() -> None:
+        try:
+            report["stats"] = worker.run().__dict__
+        finally:
+            done.set()
+
+    measuring = threading.Thread(target=measure, daemon=True)
+    measuring.start()
+    run_worker()
+    measuring.join(60)
+    Path(args.out).write_text(json.dumps(report, default=str))
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def render(result: dict[str, Any]) -> str:
+    p = result["params"]
+    head = (
+        f"Handlers await until the worker stops; heartbeat {p['heartbeat_seconds']:g} s, lease "
+        f"{p['lease_seconds']} s, jitter {p['jitter_seconds']:g} s; every job held at once "
+        f"(`concurrency` = N), then {p['periods']} heartbeat periods measured. The queue holds "
+        "all N messages in flight (moto scans it for every visibility change). Lateness: a "
+        "job's ChangeMessageVisibility entry sent minus its schedule (`next_beat`); *own*: "
+        "the round's start minus the schedule, before any call (the worker's share). CPU: "
+        "seconds per second of wall (1.0 = one core saturated)."
+    )
+    rows = []
+    for r in result["runs"]:
+        for i, per in enumerate(r["periods"]):
+            rows.append(
+                [
+                    f"{r['shell']} {r['jobs']}" if i == 0 else "",
+                    i + 1,
+                    per["held"],
+                    per["extended"],
+                    per["calls_total"],
+                    ", ".join(f"{k} {v}" for k, v in sorted(per["calls"].items())),
+                    fmt(per["late_p50"], 3),
+                    fmt(per["late_p99"], 3),
+                    fmt(per["late_max"], 3),
+                    fmt(per["own_late_p99"], 3),
+                    fmt(per["worker_cpu"]),
+                    fmt(per["moto_cpu"]),
+                ]
+            )
+    summary = [
+        [
+            f"{r['shell']} {r['jobs']}",
+            r["held"],
+            r["ramp_seconds"],
+            r["peak_rss_mb"],
+            r["stop_seconds"],
+            r["stats"].get("released"),
+            r["seed_seconds"],
+        ]
+        for r in result["runs"]
+    ]
+    return "\n".join(
+        [
+            head,
+            "",
+            table(
+                [
+                    "worker",
+                    "period",
+                    "held",
+                    "extended",
+                    "calls",
+                    "calls by op",
+                    "late p50 s",
+                    "late p99 s",
+                    "late max s",
+                    "own late p99 s",
+                    "worker CPU",
+                    "moto CPU",
+                ],
+                rows,
+            ),
+            "",
+            table(
+                [
+                    "worker",
+                    "jobs held",
+                    "ramp s (receive + claim all)",
+                    "peak RSS MB",
+                    "stop s (release all)",
+                    "released",
+                    "seed s",
+                ],
+                summary,
+            ),
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="benchmarks/bench_scale.py")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("child")
+    c.add_argument("--shell", choices=["async", "thread"], required=True)
+    c.add_argument("--endpoint", required=True)
+    c.add_argument("--prefix", required=True)
+    c.add_argument("--jobs", type=int, required=True)
+    c.add_argument("--heartbeat", type=float, required=True)
+    c.add_argument("--periods", type=int, required=True)
+    c.add_argument("--moto-pid", type=int, required=True)
+    c.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    child(args)
+    return 0
+
+
+if __name__ == "__main__":
+    asyncio.set_event_loop_policy(None)
+    raise SystemExit(main())
