@@ -27,26 +27,21 @@ import asyncio
 import concurrent.futures
 import contextlib
 import random
-import signal
 import threading
 import time
 import types
 import uuid
 from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass, replace
-from types import FrameType
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from ._aio import AsyncDriver
 from ._aws import Timeouts
-from ._clock import lease_clock
 from ._config import Settings
 from ._core.attempt import (
-    AttemptEnv,
     HandlerRun,
-    Now,
     attempt_flow,
     heartbeat_round_flow,
     held_effect_flow,
@@ -64,20 +59,12 @@ from ._core.flows import (
     receive_flow,
 )
 from ._core.intents import EffectResult, EffectSpec
-from ._core.leasebook import Held, LeaseBook
+from ._core.leasebook import Held
 from ._core.timing import tolerated_loop_lag
 from ._errors import ConfigError
-from ._jobs import App, AsyncJobContext, JobClass, JobContext
+from ._jobs import App, AsyncJobContext, JobContext
 from ._journal import Journal
-from ._schema import IntentTable, JobTable
-from ._shell import (
-    STAT_NAMES,
-    WorkerStats,
-    async_handlers,
-    check_options,
-    default_worker_id,
-    find_queue,
-)
+from ._shell import ShellBase, WorkerStats, async_handlers
 
 T = TypeVar("T")
 
@@ -111,7 +98,7 @@ class _Step:
     judged: bool = False  # the stall was judged (at the step's end, or at a check within it)
 
 
-class AsyncWorker:
+class AsyncWorker(ShellBase):
     """Consume one queue on one event loop: thousands of jobs per process.
 
     The same protocol, options, journal events, counters and stop behaviour as
@@ -153,14 +140,6 @@ class AsyncWorker:
         unknown_class_receives: int = UNKNOWN_CLASS_RECEIVES,
         max_loop_lag: float | None = None,
     ) -> None:
-        check_options(
-            app,
-            receive_wait=receive_wait,
-            sweep_interval=sweep_interval,
-            sweep_grace=sweep_grace,
-            sweep_limit=sweep_limit,
-            unknown_class_receives=unknown_class_receives,
-        )
         if not 1 <= concurrency <= MAX_CONCURRENCY:
             raise ConfigError(f"concurrency={concurrency}: choose 1..{MAX_CONCURRENCY}")
         if not 1 <= threads <= 1000:
@@ -179,57 +158,26 @@ class AsyncWorker:
                 for n, r in app.classes.items()
             ],
         )
-        self.app = app
-        self.settings = settings
-        self.worker_id = worker_id or default_worker_id()
-        self.concurrency = concurrency
         self.threads = threads
-        self.receive_wait = receive_wait
-        shortest = min(r.job_class.lease_seconds for r in app.classes.values())
-        self.receive_visibility = receive_visibility or shortest
-        self.shutdown_grace = shutdown_grace
-        self.tick = tick
-        self.rng = rng or random.Random()
-        self.sweep_interval = sweep_interval
-        self.sweep_grace = sweep_grace
-        self.sweep_limit = sweep_limit
-        self.journal = journal or Journal(worker_id=self.worker_id)
-        if self.journal.worker_id is None:
-            self.journal.worker_id = self.worker_id
-        heartbeat = min(r.job_class.heartbeat_seconds for r in app.classes.values())
-        # A heartbeat call must give up well inside the reserve (jitter) of a lease.
-        self.timeouts = timeouts or Timeouts(read=max(0.5, min(5.0, heartbeat)))
-        self._clock: Callable[[], float] = lease_clock
-        self.table = JobTable(settings.jobs_table)
-        self.intents = IntentTable(settings.intents_table, settings.attempts_table)
-        setup = find_queue(app, settings, self.journal, unknown_class_receives)
-        self.queue_url = setup.queue_url
-        self.dlq_url = setup.dlq_url
-        self.unknown_class_receives = setup.unknown_class_receives
-        self.stats = WorkerStats()
-        # The book's state is changed on the loop only; plain handlers in the pool
-        # read their leases (ctx.check) under the same lock.
-        self._lock = threading.Lock()
-        self.book = LeaseBook(self._lock)
-        self.env = AttemptEnv(
-            table=self.table,
-            intents=self.intents,
-            queue_url=self.queue_url,
-            dlq_url=self.dlq_url,
-            worker_id=self.worker_id,
-            book=self.book,
-            rules_of=self._rules_of,
-            receive_visibility=self.receive_visibility,
-            unknown_class_receives=self.unknown_class_receives,
-            now=self._now,
-            random=self.rng.random,
-            tally=self._count,
+        super().__init__(
+            app,
+            settings,
+            worker_id=worker_id,
+            concurrency=concurrency,
+            receive_wait=receive_wait,
+            receive_visibility=receive_visibility,
+            shutdown_grace=shutdown_grace,
+            timeouts=timeouts,
+            journal=journal,
+            tick=tick,
+            rng=rng,
+            sweep_interval=sweep_interval,
+            sweep_grace=sweep_grace,
+            sweep_limit=sweep_limit,
+            unknown_class_receives=unknown_class_receives,
             new_signal=_Stop,
-            run_handler=self._run_handler,
         )
-        self._stopping = threading.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._saved_signals: dict[int, Any] = {}
         self._step: _Step | None = None  # the job step running on the loop now
         self._step_lock = threading.Lock()
         self._watch_stop = threading.Event()
@@ -239,30 +187,6 @@ class AsyncWorker:
         self.calls = 0  # AWS calls made by the last run (both drivers)
 
     # ----------------------------------------------------------------- running
-
-    def stop(self) -> None:
-        """Stop receiving and tell every running attempt to stop (see ``Worker.stop``).
-
-        Safe from any thread and from a signal handler: it only sets flags; the
-        heartbeat task passes the request on within a tick.
-        """
-        self._stopping.set()
-        self.book.stopping = True
-
-    def install_signal_handlers(self) -> None:
-        """Stop gracefully on SIGTERM/SIGINT; the previous handlers return when run() ends."""
-
-        def handle(signum: int, frame: FrameType | None) -> None:
-            self.journal("worker_stopping", signal=signal.Signals(signum).name)
-            self.stop()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._saved_signals[sig] = signal.signal(sig, handle)
-
-    def _restore_signal_handlers(self) -> None:
-        for sig, previous in self._saved_signals.items():
-            signal.signal(sig, previous)
-        self._saved_signals.clear()
 
     def run(
         self, *, max_messages: int | None = None, idle_exit: float | None = None
@@ -353,18 +277,6 @@ class AsyncWorker:
                     continue
                 self._spawn(self._observed(getattr(item, "job_id", None), self._attempt(item)))
 
-    def _count(self, name: str, n: int | bool = 1) -> None:
-        """``env.tally``: count what a flow names (names these stats lack are skipped)."""
-        if name in STAT_NAMES:  # counted on the loop only: no lock needed
-            setattr(self.stats, name, getattr(self.stats, name) + int(n))
-
-    def _now(self) -> Now:
-        return Now(self._clock(), time.time())
-
-    def _rules_of(self, job_class: str) -> JobClass | None:
-        reg = self.app.get(job_class)
-        return reg.job_class if reg else None
-
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
@@ -396,29 +308,14 @@ class AsyncWorker:
         return self._handler(run)
 
     async def _handler(self, run: HandlerRun) -> Any:
-        held, claim = run.held, run.claim
-        reg = self.app.get(claim.job.job_class)
+        reg = self.app.get(run.claim.job.job_class)
         assert reg is not None  # attempt_flow runs a handler only for a known class
+        held = run.held
         stop = held.cancelled
         assert isinstance(stop, _Stop)
-        fields: dict[str, Any] = {
-            "job_id": claim.job.job_id,
-            "job_class": reg.job_class,
-            "payload": run.payload,
-            "payload_hash": claim.job.payload_hash,
-            "token": claim.token,
-            "attempt": claim.attempt,
-            "worker_id": self.worker_id,
-            "lease": held.lease,
-            "lock": self._lock,
-            "cancelled": stop,
-            "clock": self._clock,
-            "journal": self.journal,
-            "targets": self.app.targets,
-            "stage": claim.job.stage or "main",
-        }
+        fields = self._context_fields(run)
         try:
-            if claim.job.job_class in self._async_classes:
+            if run.claim.job.job_class in self._async_classes:
                 actx: AsyncJobContext[Any] = AsyncJobContext(
                     stopped=stop.aio,
                     before_check=self._judge_now,

@@ -9,16 +9,27 @@ from __future__ import annotations
 
 import inspect
 import os
+import random
+import signal
 import socket
+import threading
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
+from typing import Any
 
+from ._aws import Timeouts
+from ._clock import lease_clock
 from ._config import Settings
-from ._core.attempt import redrive_rules
+from ._core.attempt import AttemptEnv, HandlerRun, Now, redrive_rules
+from ._core.leasebook import LeaseBook, Signal
 from ._errors import ConfigError
-from ._jobs import App
+from ._jobs import App, JobClass
 from ._journal import Journal
 from ._resources import check_table, queue_url, redrive
+from ._schema import IntentTable, JobTable
 
 
 @dataclass
@@ -108,3 +119,162 @@ def find_queue(
 
 
 STAT_NAMES = frozenset(WorkerStats.__dataclass_fields__)
+
+
+class ShellBase:
+    """What both worker shells hold and do alike; each adds how it schedules.
+
+    Options (checked with :func:`check_options`), the journal, the lease clock,
+    the tables and queue, the counters, the core's :class:`LeaseBook` (guarded by
+    ``_lock``, which handlers' contexts share) and the :class:`AttemptEnv` the
+    flows run with; ``stop``, the signal handlers and what a handler's context is
+    built from. A shell passes its stop ``Signal`` type and supplies
+    ``_run_handler`` (how ``Invoke("handler")`` is performed).
+    """
+
+    def __init__(
+        self,
+        app: App,
+        settings: Settings,
+        *,
+        worker_id: str | None,
+        concurrency: int,
+        receive_wait: int,
+        receive_visibility: int | None,
+        shutdown_grace: float,
+        timeouts: Timeouts | None,
+        journal: Journal | None,
+        tick: float,
+        rng: random.Random | None,
+        sweep_interval: float | None,
+        sweep_grace: float,
+        sweep_limit: int,
+        unknown_class_receives: int,
+        new_signal: Callable[[], Signal],
+    ) -> None:
+        check_options(
+            app,
+            receive_wait=receive_wait,
+            sweep_interval=sweep_interval,
+            sweep_grace=sweep_grace,
+            sweep_limit=sweep_limit,
+            unknown_class_receives=unknown_class_receives,
+        )
+        self.app = app
+        self.settings = settings
+        self.worker_id = worker_id or default_worker_id()
+        self.concurrency = concurrency
+        self.receive_wait = receive_wait
+        shortest = min(r.job_class.lease_seconds for r in app.classes.values())
+        self.receive_visibility = receive_visibility or shortest
+        self.shutdown_grace = shutdown_grace
+        self.tick = tick
+        self.rng = rng or random.Random()
+        self.sweep_interval = sweep_interval
+        self.sweep_grace = sweep_grace
+        self.sweep_limit = sweep_limit
+        self.journal = journal or Journal(worker_id=self.worker_id)
+        if self.journal.worker_id is None:
+            self.journal.worker_id = self.worker_id
+        heartbeat = min(r.job_class.heartbeat_seconds for r in app.classes.values())
+        # A heartbeat call must give up well inside the reserve (jitter) of a lease.
+        self.timeouts = timeouts or Timeouts(read=max(0.5, min(5.0, heartbeat)))
+        # Every lease measurement of this worker (its drivers' stamps, its heartbeat,
+        # its handlers' contexts) is on the one lease clock (CLOCK_BOOTTIME if any).
+        self._clock: Callable[[], float] = lease_clock
+        self.table = JobTable(settings.jobs_table)
+        self.intents = IntentTable(settings.intents_table, settings.attempts_table)
+        setup = find_queue(app, settings, self.journal, unknown_class_receives)
+        self.queue_url = setup.queue_url
+        self.dlq_url = setup.dlq_url
+        self.unknown_class_receives = setup.unknown_class_receives
+        self.stats = WorkerStats()
+        self._stats_lock = threading.Lock()
+        self._lock = threading.Lock()
+        # The leases this worker holds; its heartbeat and its handlers' contexts share it.
+        self.book = LeaseBook(self._lock)
+        self.env = AttemptEnv(
+            table=self.table,
+            intents=self.intents,
+            queue_url=self.queue_url,
+            dlq_url=self.dlq_url,
+            worker_id=self.worker_id,
+            book=self.book,
+            rules_of=self._rules_of,
+            receive_visibility=self.receive_visibility,
+            unknown_class_receives=self.unknown_class_receives,
+            now=self._now,
+            random=self.rng.random,
+            tally=self._count,
+            new_signal=new_signal,
+            run_handler=self._run_handler,
+        )
+        self._stopping = threading.Event()
+        self._saved_signals: dict[int, Any] = {}
+
+    def _run_handler(self, run: HandlerRun) -> Any:  # pragma: no cover - every shell has one
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop receiving and tell every running attempt to stop.
+
+        Their ``ctx.wait()``/``ctx.check()`` raise ``WorkerShuttingDown``; each job
+        goes back to the queue (attempt not spent) as its handler ends. Handlers
+        get ``shutdown_grace`` seconds for that; the rest are released anyway.
+        Safe from any thread and from a signal handler: it only sets flags (the
+        heartbeat passes the request on within a tick).
+        """
+        self._stopping.set()
+        self.book.stopping = True
+
+    def install_signal_handlers(self) -> None:
+        """Stop gracefully on SIGTERM/SIGINT; the previous handlers return when run() ends."""
+
+        def handle(signum: int, frame: FrameType | None) -> None:
+            self.journal("worker_stopping", signal=signal.Signals(signum).name)
+            self.stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._saved_signals[sig] = signal.signal(sig, handle)
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, previous in self._saved_signals.items():
+            signal.signal(sig, previous)
+        self._saved_signals.clear()
+
+    def _count(self, name: str, n: int | bool = 1) -> None:
+        """``env.tally``: count what a flow names (names these stats lack are skipped)."""
+        if name not in STAT_NAMES:
+            return
+        # Several threads may count; += on an attribute is not atomic.
+        with self._stats_lock:
+            setattr(self.stats, name, getattr(self.stats, name) + int(n))
+
+    def _now(self) -> Now:
+        return Now(self._clock(), time.time())
+
+    def _rules_of(self, job_class: str) -> JobClass | None:
+        reg = self.app.get(job_class)
+        return reg.job_class if reg else None
+
+    def _context_fields(self, run: HandlerRun) -> dict[str, Any]:
+        """What a handler's context (sync or async) is built from, for ``run``."""
+        held, claim = run.held, run.claim
+        reg = self.app.get(claim.job.job_class)
+        assert reg is not None  # attempt_flow runs a handler only for a known class
+        return {
+            "job_id": claim.job.job_id,
+            "job_class": reg.job_class,
+            "payload": run.payload,
+            "payload_hash": claim.job.payload_hash,
+            "token": claim.token,
+            "attempt": claim.attempt,
+            "worker_id": self.worker_id,
+            "lease": held.lease,
+            "lock": self._lock,
+            "cancelled": held.cancelled,  # a threading.Event (each shell's new_signal)
+            "clock": self._clock,
+            "journal": self.journal,
+            "targets": self.app.targets,
+            "stage": claim.job.stage or "main",
+        }

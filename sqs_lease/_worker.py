@@ -13,23 +13,17 @@ from __future__ import annotations
 
 import json
 import random
-import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 from pydantic import BaseModel
 
 from ._aws import SyncDriver, Timeouts
-from ._clock import lease_clock
 from ._config import Settings
 from ._core.attempt import (
-    AttemptEnv,
     HandlerRun,
-    Now,
     attempt_flow,
     first_sweep_wait,
     heartbeat_tick_flow,
@@ -46,22 +40,13 @@ from ._core.flows import (
     receive_flow,
 )
 from ._core.intents import EffectResult, EffectSpec
-from ._core.leasebook import LeaseBook
 from ._errors import ConfigError
-from ._jobs import App, JobClass, JobContext
+from ._jobs import App, JobContext
 from ._journal import Journal
-from ._schema import IntentTable, JobTable
-from ._shell import (
-    STAT_NAMES,
-    WorkerStats,
-    async_handlers,
-    check_options,
-    default_worker_id,
-    find_queue,
-)
+from ._shell import ShellBase, WorkerStats, async_handlers
 
 
-class Worker:
+class Worker(ShellBase):
     """Consume one queue, run handlers under heartbeat-extended leases, commit fenced.
 
     ``receive_visibility`` is the lease a message gets at receive, before its claim
@@ -99,14 +84,6 @@ class Worker:
         sweep_limit: int = 25,
         unknown_class_receives: int = UNKNOWN_CLASS_RECEIVES,
     ) -> None:
-        check_options(
-            app,
-            receive_wait=receive_wait,
-            sweep_interval=sweep_interval,
-            sweep_grace=sweep_grace,
-            sweep_limit=sweep_limit,
-            unknown_class_receives=unknown_class_receives,
-        )
         if not 1 <= concurrency <= 1000:
             raise ConfigError(f"concurrency={concurrency}: choose 1..1000")
         if async_handlers(app):
@@ -114,94 +91,32 @@ class Worker:
                 f"job classes {', '.join(async_handlers(app))} have async handlers: run them "
                 "with AsyncWorker (sqs-lease worker picks it, or give --async)"
             )
-        self.sweep_interval = sweep_interval
-        self.sweep_grace = sweep_grace
-        self.sweep_limit = sweep_limit
-        self.app = app
-        self.settings = settings
-        self.worker_id = worker_id or default_worker_id()
-        self.concurrency = concurrency
-        self.receive_wait = receive_wait
-        shortest = min(r.job_class.lease_seconds for r in app.classes.values())
-        self.receive_visibility = receive_visibility or shortest
-        self.shutdown_grace = shutdown_grace
-        self.tick = tick
-        self.rng = rng or random.Random()
-        self.journal = journal or Journal(worker_id=self.worker_id)
-        if self.journal.worker_id is None:
-            self.journal.worker_id = self.worker_id
-        heartbeat = min(r.job_class.heartbeat_seconds for r in app.classes.values())
-        # A heartbeat call must give up well inside the reserve (jitter) of a lease.
-        read = max(0.5, min(5.0, heartbeat))
-        # Every lease measurement of this worker (its drivers' stamps, its heartbeat,
-        # its handlers' contexts) is on the one lease clock (CLOCK_BOOTTIME if any).
-        self._clock: Callable[[], float] = lease_clock
-        self.driver = SyncDriver(
-            settings, self.journal, timeouts or Timeouts(read=read), clock=self._clock
+        super().__init__(
+            app,
+            settings,
+            worker_id=worker_id,
+            concurrency=concurrency,
+            receive_wait=receive_wait,
+            receive_visibility=receive_visibility,
+            shutdown_grace=shutdown_grace,
+            timeouts=timeouts,
+            journal=journal,
+            tick=tick,
+            rng=rng,
+            sweep_interval=sweep_interval,
+            sweep_grace=sweep_grace,
+            sweep_limit=sweep_limit,
+            unknown_class_receives=unknown_class_receives,
+            new_signal=threading.Event,
         )
+        self.driver = SyncDriver(settings, self.journal, self.timeouts, clock=self._clock)
         self.poll_driver = SyncDriver(
             settings, self.journal, Timeouts(read=receive_wait + 5.0, attempts=1), clock=self._clock
         )
-        self.table = JobTable(settings.jobs_table)
-        self.intents = IntentTable(settings.intents_table, settings.attempts_table)
-        setup = find_queue(app, settings, self.journal, unknown_class_receives)
-        self.queue_url = setup.queue_url
-        self.dlq_url = setup.dlq_url
-        self.unknown_class_receives = setup.unknown_class_receives
-        self.stats = WorkerStats()
-        self._lock = threading.Lock()
-        # The leases this worker holds; job threads and the heartbeat thread share it.
-        self.book = LeaseBook(self._lock)
-        self._stats_lock = threading.Lock()
-        self.env = AttemptEnv(
-            table=self.table,
-            intents=self.intents,
-            queue_url=self.queue_url,
-            dlq_url=self.dlq_url,
-            worker_id=self.worker_id,
-            book=self.book,
-            rules_of=self._rules_of,
-            receive_visibility=self.receive_visibility,
-            unknown_class_receives=self.unknown_class_receives,
-            now=self._now,
-            random=self.rng.random,
-            tally=self._count,
-            new_signal=threading.Event,
-            run_handler=self._run_handler,
-        )
         self._slots = threading.Semaphore(concurrency)
-        self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._saved_signals: dict[int, Any] = {}
 
     # ----------------------------------------------------------------- running
-
-    def stop(self) -> None:
-        """Stop receiving and tell every running attempt to stop.
-
-        Their ``ctx.wait()``/``ctx.check()`` raise ``WorkerShuttingDown``; each job
-        goes back to the queue (attempt not spent) as its handler ends. Handlers
-        get ``shutdown_grace`` seconds for that; the rest are released anyway.
-        Safe from a signal handler: it only sets flags (the heartbeat thread
-        passes the request on within a tick).
-        """
-        self._stopping.set()
-        self.book.stopping = True
-
-    def install_signal_handlers(self) -> None:
-        """Stop gracefully on SIGTERM/SIGINT; the previous handlers return when run() ends."""
-
-        def handle(signum: int, frame: FrameType | None) -> None:
-            self.journal("worker_stopping", signal=signal.Signals(signum).name)
-            self.stop()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._saved_signals[sig] = signal.signal(sig, handle)
-
-    def _restore_signal_handlers(self) -> None:
-        for sig, previous in self._saved_signals.items():
-            signal.signal(sig, previous)
-        self._saved_signals.clear()
 
     def run(
         self, *, max_messages: int | None = None, idle_exit: float | None = None
@@ -262,22 +177,6 @@ class Worker:
         self.journal("worker_stopped", **self.stats.__dict__)
         return self.stats
 
-    def _count(self, name: str, n: int | bool = 1) -> None:
-        """``env.tally``: count what a flow names (the simulator's own counters, which
-        these stats do not have, are skipped)."""
-        if name not in STAT_NAMES:
-            return
-        # Job threads and the heartbeat thread all count; += on an attribute is not atomic.
-        with self._stats_lock:
-            setattr(self.stats, name, getattr(self.stats, name) + int(n))
-
-    def _now(self) -> Now:
-        return Now(self._clock(), time.time())
-
-    def _rules_of(self, job_class: str) -> JobClass | None:
-        reg = self.app.get(job_class)
-        return reg.job_class if reg else None
-
     def _free_slots(self) -> int:
         with self._lock:
             return max(0, self.concurrency - sum(1 for t in self._threads if t.is_alive()))
@@ -313,25 +212,10 @@ class Worker:
 
     def _run_handler(self, run: HandlerRun) -> Any:
         """``Invoke("handler")``, in the job's thread: build its context, call the handler."""
-        held, claim = run.held, run.claim
-        reg = self.app.get(claim.job.job_class)
+        reg = self.app.get(run.claim.job.job_class)
         assert reg is not None  # attempt_flow runs a handler only for a known class
         ctx: JobContext[Any] = JobContext(
-            job_id=claim.job.job_id,
-            job_class=reg.job_class,
-            payload=run.payload,
-            payload_hash=claim.job.payload_hash,
-            token=claim.token,
-            attempt=claim.attempt,
-            worker_id=self.worker_id,
-            lease=held.lease,
-            lock=self._lock,
-            cancelled=held.cancelled,  # a threading.Event (new_signal)
-            clock=self._clock,
-            journal=self.journal,
-            run_effect=lambda spec: self._run_effect(spec, run),
-            targets=self.app.targets,
-            stage=claim.job.stage or "main",
+            run_effect=lambda spec: self._run_effect(spec, run), **self._context_fields(run)
         )
         result = reg.handler(ctx, run.payload)
         return result.model_dump(mode="json") if isinstance(result, BaseModel) else result

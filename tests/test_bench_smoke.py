@@ -44,7 +44,7 @@ def test_quick_bench_run_completes(tmp_path: Path) -> None:
     data: dict[str, Any] = json.loads(out.read_text())
     assert {"nproc", "python", "moto"} <= set(data["machine"])
     results = data["results"]
-    assert set(results) == {"calls", "overhead", "heartbeat", "takeover"}
+    assert set(results) == {"calls", "overhead", "heartbeat", "takeover", "scale"}
     for r in results.values():
         assert "error" not in r
         assert {"date", "seconds", "load_before"} <= set(r["meta"])
@@ -78,6 +78,17 @@ def test_quick_bench_run_completes(tmp_path: Path) -> None:
     takeover = results["takeover"]
     assert len(takeover["samples"]) == takeover["params"]["reps"]
     assert {"takeover_median", "ratio_to_lease_plus_wait"} <= set(takeover)
+
+    scale = results["scale"]
+    assert [(r["shell"], r["jobs"]) for r in scale["runs"]] == [("async", 20), ("thread", 20)]
+    for r in scale["runs"]:
+        # Every job was held at once, extended while held, and released at the stop.
+        assert r["held"] == r["jobs"] and r["stats"]["released"] == r["jobs"]
+        assert r["peak_rss_mb"] > 0
+        assert len(r["periods"]) == scale["params"]["periods"]
+        for per in r["periods"]:
+            assert {"late_p50", "late_p99", "late_max", "worker_cpu", "moto_cpu"} <= set(per)
+            assert per["calls"].get("ChangeMessageVisibilityBatch", 0) >= 1
 
     text = md.read_text()
     assert text.startswith(bench_run.START) and text.rstrip().endswith(bench_run.END)
