@@ -56,7 +56,6 @@ from ._core.flows import (
     UNSENT_GRACE_SECONDS,
     Delivery,
     Poison,
-    receive_flow,
 )
 from ._core.intents import EffectResult, EffectSpec
 from ._core.leasebook import Held
@@ -248,27 +247,15 @@ class AsyncWorker(ShellBase):
     async def _receive_loop(
         self, poll: AsyncDriver, max_messages: int | None, idle_exit: float | None
     ) -> None:
-        idle_since = self._clock()
-        while not self._stopping.is_set():
-            if max_messages is not None and self.stats.received >= max_messages:
-                break
-            free = self.concurrency - len(self._tasks)
-            if free <= 0:
+        self._idle_since = self._clock()
+        while (
+            want := self._receive_more(self.concurrency - len(self._tasks), max_messages)
+        ) is not None:
+            if want == 0:
                 await asyncio.sleep(self.tick)
                 continue
-            want = free if max_messages is None else min(free, max_messages - self.stats.received)
-            batch = await poll.run(
-                receive_flow(
-                    queue_url=self.queue_url,
-                    max_messages=want,
-                    wait_seconds=self.receive_wait,
-                    visibility=self.receive_visibility,
-                )
-            )
-            if batch or len(self.book) or self._tasks:
-                # Idle counts from when the last job finished (a retry comes back).
-                idle_since = self._clock()
-            elif idle_exit is not None and self._clock() - idle_since >= idle_exit:
+            batch = await poll.run(self._receive_call(want))
+            if self._idle_over(bool(batch or len(self.book) or self._tasks), idle_exit):
                 break
             for item in batch:
                 self._count("received")
@@ -276,6 +263,9 @@ class AsyncWorker(ShellBase):
                     await self._run(release_unstarted_flow(self.env, item))
                     continue
                 self._spawn(self._observed(getattr(item, "job_id", None), self._attempt(item)))
+
+    def _free_slots(self) -> int:
+        return self.concurrency - len(self._tasks)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

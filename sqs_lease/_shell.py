@@ -24,6 +24,8 @@ from ._aws import Timeouts
 from ._clock import lease_clock
 from ._config import Settings
 from ._core.attempt import AttemptEnv, HandlerRun, Now, redrive_rules
+from ._core.calls import Flow
+from ._core.flows import Delivery, Poison, receive_flow
 from ._core.leasebook import LeaseBook, Signal
 from ._errors import ConfigError
 from ._jobs import App, JobClass
@@ -211,9 +213,42 @@ class ShellBase:
         )
         self._stopping = threading.Event()
         self._saved_signals: dict[int, Any] = {}
+        self._idle_since = 0.0  # set as the receive loop starts
 
     def _run_handler(self, run: HandlerRun) -> Any:  # pragma: no cover - every shell has one
         raise NotImplementedError
+
+    # ----------------------------------------------------------------- the receive loop
+
+    def _receive_more(self, free: int, max_messages: int | None) -> int | None:
+        """How many messages the receive loop asks for now (``free``: open slots):
+        None once it must end (stopping, or ``max_messages`` received), 0 while no
+        slot is free (wait a tick)."""
+        if self._stopping.is_set():
+            return None
+        if max_messages is not None and self.stats.received >= max_messages:
+            return None
+        if free <= 0:
+            return 0
+        return free if max_messages is None else min(free, max_messages - self.stats.received)
+
+    def _receive_call(self, want: int) -> Flow[list[Delivery | Poison]]:
+        return receive_flow(
+            queue_url=self.queue_url,
+            max_messages=want,
+            wait_seconds=self.receive_wait,
+            visibility=self.receive_visibility,
+        )
+
+    def _idle_over(self, busy: bool, idle_exit: float | None) -> bool:
+        """After a receive: True once the worker has been idle ``idle_exit`` seconds.
+        Idle counts from when the last job finished, not from the last receive: a
+        retry a job just scheduled comes back within its backoff."""
+        now = self._clock()
+        if busy:
+            self._idle_since = now
+            return False
+        return idle_exit is not None and now - self._idle_since >= idle_exit
 
     def stop(self) -> None:
         """Stop receiving and tell every running attempt to stop.

@@ -37,7 +37,6 @@ from ._core.flows import (
     UNSENT_GRACE_SECONDS,
     Delivery,
     Poison,
-    receive_flow,
 )
 from ._core.intents import EffectResult, EffectSpec
 from ._errors import ConfigError
@@ -135,31 +134,14 @@ class Worker(ShellBase):
         if self.sweep_interval is not None:
             sweep = threading.Thread(target=self._sweep_loop, name="sweep", daemon=True)
             sweep.start()
-        idle_since = self._clock()
+        self._idle_since = self._clock()
         try:
-            while not self._stopping.is_set():
-                if max_messages is not None and self.stats.received >= max_messages:
-                    break
-                free = self._free_slots()
-                if free == 0:
+            while (want := self._receive_more(self._free_slots(), max_messages)) is not None:
+                if want == 0:
                     self._stopping.wait(self.tick)
                     continue
-                want = (
-                    free if max_messages is None else min(free, max_messages - self.stats.received)
-                )
-                batch = self.poll_driver.run(
-                    receive_flow(
-                        queue_url=self.queue_url,
-                        max_messages=want,
-                        wait_seconds=self.receive_wait,
-                        visibility=self.receive_visibility,
-                    )
-                )
-                if batch or len(self.book) or self._alive():
-                    # Idle counts from when the last job finished, not from the last
-                    # receive: a retry a job just scheduled comes back within its backoff.
-                    idle_since = self._clock()
-                elif idle_exit is not None and self._clock() - idle_since >= idle_exit:
+                batch = self.poll_driver.run(self._receive_call(want))
+                if self._idle_over(bool(batch or len(self.book) or self._alive()), idle_exit):
                     break
                 for item in batch:
                     self._count("received")
