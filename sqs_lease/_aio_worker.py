@@ -2,7 +2,7 @@
 
 One event loop holds every job: a receive loop, one task per job driving the
 core's ``attempt_flow`` (claim, hold, handler, ending), one heartbeat task
-driving ``heartbeat_round_flow`` (visibility 10 per call, ownership 100 per
+driving ``heartbeat_tick_flow`` (visibility 10 per call, ownership 100 per
 call) and a sweep task (``sweep_once_flow``); the held leases live in the
 core's ``LeaseBook``. ``async def`` handlers run on the loop and get an
 :class:`~sqs_lease.AsyncJobContext`; plain handlers run in a bounded thread
@@ -43,7 +43,8 @@ from ._config import Settings
 from ._core.attempt import (
     HandlerRun,
     attempt_flow,
-    heartbeat_round_flow,
+    first_sweep_wait,
+    heartbeat_tick_flow,
     held_effect_flow,
     release_unstarted_flow,
     shutdown_flow,
@@ -442,22 +443,19 @@ class AsyncWorker(ShellBase):
     async def _heartbeat_loop(self) -> None:
         while not (self._stopping.is_set() and not len(self.book) and not self._tasks):
             try:
-                if self._stopping.is_set():
-                    self.book.request_stop()
                 await self._beat_once()
-            except Exception as exc:  # the heartbeat task must survive anything
+            except Exception as exc:  # the driver's own failure: the task survives it too
                 self.journal("heartbeat_error", error_code=type(exc).__name__)
             await asyncio.sleep(self.tick)
 
     async def _beat_once(self) -> None:
-        await self._run(heartbeat_round_flow(self.env))
+        await self._run(heartbeat_tick_flow(self.env, stopping=self._stopping.is_set()))
 
     # ----------------------------------------------------------------- stranded sweep
 
     async def _sweep_loop(self) -> None:
         assert self.sweep_interval is not None
-        # A random first wait spreads the sweeps of workers started together.
-        wait = self.sweep_interval * (0.5 + 0.5 * self.rng.random())
+        wait = first_sweep_wait(self.sweep_interval, self.rng.random())
         while True:
             await asyncio.sleep(wait)
             if self._stopping.is_set():
