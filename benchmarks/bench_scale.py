@@ -48,15 +48,16 @@ from benchmarks.bench_common import (  # noqa: E402
     moto_server,
     process_cpu,
     put_items,
-    raw_clients,
     send_bodies,
     table,
 )
+from sqs_lease._aws import Timeouts, make_client  # noqa: E402
 
 NAME = "scale"
 TITLE = "5. Thousands of in-flight jobs in one async process (and the thread worker at its cap)"
 
 JOB_CLASS = "bench.scale"
+STOP_WAIT = 240.0  # seconds the stop (every job released) may take before the child is killed
 LEASE = 120
 JITTER = 5.0
 
@@ -70,7 +71,12 @@ def _sizes(quick: bool) -> list[tuple[str, int]]:
 def run(quick: bool) -> dict[str, Any]:
     heartbeat = 2.0 if quick else 10.0
     periods = 2 if quick else 3
-    runs = [_one(shell, n, heartbeat, periods) for shell, n in _sizes(quick)]
+    runs = []
+    for shell, n in _sizes(quick):
+        try:
+            runs.append(_one(shell, n, heartbeat, periods))
+        except Exception as exc:  # one size failing keeps the others' figures
+            runs.append({"shell": shell, "jobs": n, "error": f"{type(exc).__name__}: {exc}"})
     return {
         "params": {
             "heartbeat_seconds": heartbeat,
@@ -86,7 +92,9 @@ def run(quick: bool) -> dict[str, Any]:
 def _one(shell: str, n: int, heartbeat: float, periods: int) -> dict[str, Any]:
     with moto_server() as moto:
         settings, url = fresh_settings(moto.endpoint, f"sc{shell[0]}")
-        sqs, ddb = raw_clients(settings)
+        # Seeding thousands on a busy machine: a slow answer is not a failure here.
+        patient = Timeouts(read=120.0, attempts=5)
+        sqs, ddb = make_client(settings, "sqs", patient), make_client(settings, "dynamodb", patient)
         from sqs_lease._schema import JobTable
 
         jobs = JobTable(settings.jobs_table)
@@ -118,11 +126,23 @@ def _one(shell: str, n: int, heartbeat: float, periods: int) -> dict[str, Any]:
             "--out",
             str(out),
         ]
-        proc = subprocess.run(
-            cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, env=dict(os.environ)
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{shell} {n}: child failed: {proc.stderr[-2000:]}")
+        log = out.with_suffix(".log")
+        with log.open("w") as err:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stderr=err, env=dict(os.environ))
+            # The figures are written as soon as they are measured; the release of
+            # every job at the stop may take minutes on moto: it gets a bounded wait.
+            measured_at: float | None = None
+            while proc.poll() is None:
+                if measured_at is None and out.exists():
+                    measured_at = time.monotonic()
+                if measured_at is not None and time.monotonic() - measured_at > STOP_WAIT:
+                    proc.kill()
+                    break
+                time.sleep(1.0)
+            proc.wait()
+        if not out.exists():
+            raise RuntimeError(f"{shell} {n}: child failed: {log.read_text()[-2000:]}")
+        log.unlink(missing_ok=True)
         result: dict[str, Any] = json.loads(out.read_text())
         out.unlink(missing_ok=True)
         result["seed_seconds"] = round(seeded, 1)
@@ -249,6 +269,9 @@ def child(args: argparse.Namespace) -> None:
     kw: dict[str, Any] = {
         "concurrency": args.jobs,
         "receive_wait": 1,
+        # A receive moto failed after marking its messages (it happens under load)
+        # hides them this long: keep it short so the ramp does not wait a lease.
+        "receive_visibility": 30,
         "shutdown_grace": 5.0,
         "sweep_interval": None,
         "journal": Journal(worker_id="bench-scale"),
@@ -290,6 +313,7 @@ def child(args: argparse.Namespace) -> None:
             )
         report["periods"] = rows
         report["peak_rss_mb"] = round(_rss_kb("VmHWM") / 1024, 1)
+        _write(args.out, report)
         s0 = time.monotonic()
         worker.stop()
         done.wait(600)
@@ -305,7 +329,13 @@ def child(args: argparse.Namespace) -> None:
     measuring.start()
     run_worker()
     measuring.join(60)
-    Path(args.out).write_text(json.dumps(report, default=str))
+    _write(args.out, report)
+
+
+def _write(path: str, report: dict[str, Any]) -> None:
+    tmp = Path(path + ".tmp")
+    tmp.write_text(json.dumps(report, default=str))
+    tmp.replace(path)  # the parent sees the whole file or none
 
 
 # --------------------------------------------------------------------------- rendering
@@ -324,7 +354,7 @@ def render(result: dict[str, Any]) -> str:
     )
     rows = []
     for r in result["runs"]:
-        for i, per in enumerate(r["periods"]):
+        for i, per in enumerate(r.get("periods", [])):
             rows.append(
                 [
                     f"{r['shell']} {r['jobs']}" if i == 0 else "",
@@ -344,12 +374,13 @@ def render(result: dict[str, Any]) -> str:
     summary = [
         [
             f"{r['shell']} {r['jobs']}",
-            r["held"],
-            r["ramp_seconds"],
-            r["peak_rss_mb"],
-            r["stop_seconds"],
-            r["stats"].get("released"),
-            r["seed_seconds"],
+            r.get("held"),
+            r.get("ramp_seconds"),
+            r.get("peak_rss_mb"),
+            r.get("stop_seconds", f"> {STOP_WAIT:g} (killed)"),
+            r.get("stats", {}).get("released"),
+            r.get("seed_seconds"),
+            r.get("error", ""),
         ]
         for r in result["runs"]
     ]
@@ -384,6 +415,7 @@ def render(result: dict[str, Any]) -> str:
                     "stop s (release all)",
                     "released",
                     "seed s",
+                    "error",
                 ],
                 summary,
             ),
