@@ -42,6 +42,8 @@ class JobClass(BaseModel):
 
     Rules (checked at definition, a ``JobClassError`` names the numbers and the
     fix): ``lease > missed x heartbeat + jitter``, ``heartbeat <= lease / 2``,
+    ``lease - heartbeat > heartbeat + jitter`` (each beat extends with more than
+    one heartbeat interval plus the jitter budget left),
     ``lease <= 43200``, ``lease <= stage budget <= 12 h - 15 min``,
     ``0 < effect timeout``, ``effect timeout + EFFECT_MARGIN <= stage budget``,
     ``0 < progress timeout <= stage budget``; every number finite.
