@@ -8,6 +8,7 @@ every claim), the results and the intents of side effects.
 from ._aws import SyncDriver, Timeouts
 from ._config import Settings
 from ._core.flows import Stranded, SubmitResult, SweepReport
+from ._core.groups import GroupReport
 from ._core.intents import (
     CheckAnswer,
     EffectResult,
@@ -24,6 +25,7 @@ from ._errors import (
     AwsCallFailed,
     AwsUnavailable,
     ConfigError,
+    GroupCancelled,
     HandlerSignal,
     IntentAmbiguous,
     IntentBusy,
@@ -63,6 +65,8 @@ __all__ = [
     "ConfigError",
     "EffectCall",
     "EffectResult",
+    "GroupCancelled",
+    "GroupReport",
     "HandlerSignal",
     "IntentAmbiguous",
     "IntentBusy",

@@ -25,7 +25,7 @@ from pynamodb.models import Model
 
 from ._core.calls import Call
 from ._core.intents import EffectSpec, IntentState, IntentView, Resolution
-from ._core.records import JobRequests, JobState, JobView
+from ._core.records import GroupView, JobRequests, JobState, JobView
 from ._errors import RecordUnreadable
 
 UNSENT_INDEX = "unsent"
@@ -46,6 +46,26 @@ class UnsentIndex(GlobalSecondaryIndex["JobRecord"]):  # type: ignore[no-untyped
 
     unsent = UnicodeAttribute(hash_key=True)
     unsent_since = NumberAttribute(range_key=True)
+
+
+GROUP_INDEX = "group"
+
+
+class GroupIndex(GlobalSecondaryIndex["JobRecord"]):  # type: ignore[no-untyped-call]
+    """Sparse index of the jobs of a group (an agent session), oldest first.
+
+    Only jobs submitted with a group carry ``group_id``, so a group cancel finds
+    its jobs by one Query per page, never a scan. DynamoDB's index is eventually
+    consistent: the group's marker counts its jobs, so a cancel knows how many the
+    index must show (:func:`sqs_lease._core.groups.cancel_group_flow`).
+    """
+
+    class Meta:
+        index_name = GROUP_INDEX
+        projection = IncludeProjection(["job_class", "state", "error_code"])
+
+    group_id = UnicodeAttribute(hash_key=True)
+    created_at = NumberAttribute(range_key=True)
 
 
 class JobRecord(Model):
@@ -81,8 +101,32 @@ class JobRecord(Model):
     # Advisory only (for people and metrics); no decision reads them.
     lease_deadline = NumberAttribute(null=True)
     last_heartbeat = NumberAttribute(null=True)
+    # The agent session (or run) the producer submitted it in; never from a payload.
+    group_id = UnicodeAttribute(null=True)
 
     unsent_index = UnsentIndex()
+    group_index = GroupIndex()
+
+
+class GroupRecord(Model):
+    """One group (agent session): how many job records it holds, and its cancel.
+
+    Every submit to the group counts itself here in the same transaction that
+    writes its job record, conditioned on the group not being cancelled; a cancel
+    sets ``cancelled_at``. DynamoDB orders the two: a submit lands before the
+    cancel (and is counted, so the cancel waits to see it in the index) or is
+    refused.
+    """
+
+    class Meta:
+        table_name = "sqs-lease-groups"
+
+    group_id = UnicodeAttribute(hash_key=True)
+    jobs = NumberAttribute(default=0)
+    created_at = NumberAttribute(null=True)
+    updated_at = NumberAttribute(null=True)
+    cancelled_at = NumberAttribute(null=True)
+    reason = UnicodeAttribute(null=True)
 
 
 def _params(
@@ -177,6 +221,39 @@ class JobTable:
         send_id: str,
         stage: str | None = None,
     ) -> Call:
+        params = self._put_new_params(
+            job_id, job_class, payload_json, payload_hash, wall_now, send_id, stage, None
+        )
+        return Call("dynamodb", "PutItem", params)
+
+    def put_new_item(
+        self,
+        *,
+        job_id: str,
+        job_class: str,
+        payload_json: str,
+        payload_hash: str,
+        wall_now: float,
+        send_id: str,
+        group: str,
+    ) -> dict[str, Any]:
+        """The same new record, in a group, as a TransactWriteItems entry."""
+        params = self._put_new_params(
+            job_id, job_class, payload_json, payload_hash, wall_now, send_id, None, group
+        )
+        return {"Put": params}
+
+    def _put_new_params(
+        self,
+        job_id: str,
+        job_class: str,
+        payload_json: str,
+        payload_hash: str,
+        wall_now: float,
+        send_id: str,
+        stage: str | None,
+        group: str | None,
+    ) -> dict[str, Any]:
         record = JobRecord(
             job_id=job_id,
             job_class=job_class,
@@ -192,6 +269,7 @@ class JobTable:
             stage=stage,
             created_at=wall_now,
             updated_at=wall_now,
+            group_id=group,
         )
         params: dict[str, Any] = {
             "TableName": self.table,
@@ -199,7 +277,21 @@ class JobTable:
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
         params.update(_params(R.job_id.does_not_exist()))
-        return Call("dynamodb", "PutItem", params)
+        return params
+
+    def group_query(self, group: str, start: Mapping[str, Any] | None) -> Call:
+        """One page of the group's jobs from the ``group`` index, oldest first."""
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": GROUP_INDEX,
+            "KeyConditionExpression": "#g = :g",
+            "ExpressionAttributeNames": {"#g": "group_id"},
+            "ExpressionAttributeValues": {":g": {"S": group}},
+            "ScanIndexForward": True,
+        }
+        if start:
+            params["ExclusiveStartKey"] = dict(start)
+        return Call("dynamodb", "Query", params)
 
     def mark_sent(self, job_id: str, send_id: str, wall_now: float) -> Call:
         # Only the sender of the current message may say it is out: a sender whose
@@ -474,6 +566,68 @@ class JobTable:
         return view_of(item)
 
 
+G = GroupRecord
+
+
+@dataclass(frozen=True)
+class GroupTable:
+    """Implements the core's ``GroupRequests`` for one group table."""
+
+    table: str
+
+    def count_job(self, group: str, wall_now: float) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": {"group_id": {"S": group}},
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        params.update(
+            _params(
+                G.cancelled_at.does_not_exist(),
+                [
+                    G.jobs.add(1),
+                    G.created_at.set(G.created_at | wall_now),
+                    G.updated_at.set(wall_now),
+                ],
+            )
+        )
+        return {"Update": params}
+
+    def cancel(self, group: str, reason: str, wall_now: float) -> Call:
+        # The first cancel's time and reason stay: a repeated cancel (to finish one
+        # that stopped half-way) changes nothing but its own report.
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": {"group_id": {"S": group}},
+            "ReturnValues": "ALL_NEW",
+        }
+        params.update(
+            _params(
+                None,
+                [
+                    G.cancelled_at.set(G.cancelled_at | wall_now),
+                    G.reason.set(G.reason | reason),
+                    G.created_at.set(G.created_at | wall_now),
+                    G.updated_at.set(wall_now),
+                ],
+            )
+        )
+        return Call("dynamodb", "UpdateItem", params)
+
+    def parse(self, item: Mapping[str, Any]) -> GroupView:
+        def n(name: str) -> float | None:
+            v = item.get(name)
+            return None if v is None or "NULL" in v else float(v["N"])
+
+        reason = item.get("reason")
+        return GroupView(
+            group=str(item.get("group_id", {}).get("S", "")),
+            jobs=int(n("jobs") or 0),
+            cancelled_at=n("cancelled_at"),
+            reason=None if reason is None or "NULL" in reason else str(reason["S"]),
+        )
+
+
 def view_of(item: Mapping[str, Any]) -> JobView:
     """Read a low-level item (possibly projected) into the core's view.
 
@@ -513,6 +667,7 @@ def view_of(item: Mapping[str, Any]) -> JobView:
             send_id=s("send_id"),
             unsent_since=f("unsent_since"),
             granted_attempts=n("granted_attempts"),
+            group=s("group_id"),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         detail = f"{type(exc).__name__}: {exc}"[:300]

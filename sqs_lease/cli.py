@@ -401,6 +401,7 @@ def queue_create(ctx: click.Context, visibility: int, max_receives: int) -> None
 @click.option("--id", "job_id", default=None, help="Job id (default: derived from class+payload).")
 @click.option("--app", "app_spec", default=None, help="MODULE:OBJECT app to validate against.")
 @click.option("--delay", type=click.IntRange(0, 900), default=0, show_default=True, help="Seconds.")
+@click.option("--group", default=None, help="Agent session (or run) id: `jobs cancel --group`.")
 @click.pass_context
 def submit(
     ctx: click.Context,
@@ -409,6 +410,7 @@ def submit(
     job_id: str | None,
     app_spec: str | None,
     delay: int,
+    group: str | None,
 ) -> None:
     """Submit a job once; submitting the same job again is a no-op."""
     data = _read_payload(payload)
@@ -420,7 +422,7 @@ def submit(
     producer = Producer(settings, app)
     _ = producer.queue_url  # a missing queue says `sqs-lease queue create`
     try:
-        result = producer.submit(job_class, data, job_id, delay_seconds=delay)
+        result = producer.submit(job_class, data, job_id, delay_seconds=delay, group=group)
     except ResourceMissing:
         check_table(settings)  # a missing table says `sqs-lease tables create`
         raise
@@ -632,12 +634,30 @@ def _json_or_text(text: str | None) -> Any:
 
 
 @jobs.command("cancel")
-@click.argument("job_id")
+@click.argument("job_id", required=False)
+@click.option("--group", default=None, help="Cancel every job of this agent session instead.")
 @click.option("--reason", default="cancelled by request", show_default=True)
 @click.pass_context
-def jobs_cancel(ctx: click.Context, job_id: str, reason: str) -> None:
-    """End a job failed (cancelled); its owner loses the lease at its next heartbeat."""
-    view = Producer(_settings(ctx)).cancel(job_id, reason)
+def jobs_cancel(ctx: click.Context, job_id: str | None, group: str | None, reason: str) -> None:
+    """End a job (or with --group, every open job of a session) failed (cancelled);
+    owners lose their leases at their next heartbeat, and a cancelled session
+    takes no new submits."""
+    if (job_id is None) == (group is None):
+        raise click.UsageError("name a JOB_ID or --group ID (one of them)")
+    if group is not None:
+        rep = Producer(_settings(ctx)).cancel_group(group, reason)
+        for jid in rep.cancelled:
+            click.echo(f"{jid}\tcancelled")
+        for jid, ended in rep.finished:
+            click.echo(f"{jid}\talready {ended}")
+        click.echo(
+            f"group {rep.group}: {len(rep.cancelled)} cancelled, {len(rep.finished)} already "
+            f"finished, of {rep.jobs} submitted ({rep.reason})"
+        )
+        if rep.missing:
+            _fail(f"{rep.missing} job(s) of the group not yet in its index: run it again", 1)
+        return
+    view = Producer(_settings(ctx)).cancel(job_id or "", reason)
     click.echo(
         f"{view.job_id}\t{view.state}\ttoken {view.token}\t{view.error_code or '-'}\t"
         f"{view.reason or '-'}"

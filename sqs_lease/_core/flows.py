@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from .._errors import (
     AwsCallFailed,
+    GroupCancelled,
     JobNotFound,
     RecordUnreadable,
     ResourceMissing,
@@ -22,7 +23,7 @@ from .._errors import (
 )
 from .calls import Call, Emit, Err, ErrorKind, Flow, Ok, Outcome, Sleep, call, emit, sqs_code_is
 from .limits import REASON_LIMIT, bounded, result_problem
-from .records import JobRequests, JobState, JobView
+from .records import GroupRequests, JobRequests, JobState, JobView
 from .timing import OPEN, LeaseStatus, LocalLease
 
 SQS_BATCH = 10
@@ -241,9 +242,16 @@ def submit_flow(
     send_id: str,
     delay_seconds: int = 0,
     resend_after: float = UNSENT_GRACE_SECONDS,
+    group: str | None = None,
+    groups: GroupRequests | None = None,
 ) -> Flow[SubmitResult]:
     """Write the job record (condition: new) with this submission's send id, then
     send its message.
+
+    With a ``group`` (an agent session, set by the producer) the record is written
+    in one transaction with the group's marker (``groups.count_job``: one more job,
+    only while the group is not cancelled); a cancelled group raises
+    :class:`GroupCancelled` and nothing is written.
 
     "The message is sent" is one decision: the send id in the record names the one
     sender allowed to send, and a message carrying any other id is a stray that no
@@ -252,16 +260,35 @@ def submit_flow(
     (and says so); past it, or when that sender gave the right back, it takes the
     right over with a conditional write and sends under its own id.
     """
-    out = yield from call(
-        req.put_new(
-            job_id=job_id,
-            job_class=job_class,
-            payload_json=payload_json,
-            payload_hash=payload_hash,
-            wall_now=wall_now,
-            send_id=send_id,
+    out: Outcome
+    if group is None:
+        out = yield from call(
+            req.put_new(
+                job_id=job_id,
+                job_class=job_class,
+                payload_json=payload_json,
+                payload_hash=payload_hash,
+                wall_now=wall_now,
+                send_id=send_id,
+            )
         )
-    )
+    else:
+        if groups is None:  # pragma: no cover - the producer always passes both
+            raise ValueError("submit_flow: a group needs its GroupRequests")
+        entries = [
+            groups.count_job(group, wall_now),
+            req.put_new_item(
+                job_id=job_id,
+                job_class=job_class,
+                payload_json=payload_json,
+                payload_hash=payload_hash,
+                wall_now=wall_now,
+                send_id=send_id,
+                group=group,
+            ),
+        ]
+        txn = yield from call(Call("dynamodb", "TransactWriteItems", {"TransactItems": entries}))
+        out = _grouped_put(job_id, group, groups, txn)
     created = True
     if isinstance(out, Err):
         if out.kind is not ErrorKind.CONDITION_FAILED or out.item is None:
@@ -272,6 +299,11 @@ def submit_flow(
                 f"job {job_id!r} exists with job class {existing.job_class!r} and payload hash "
                 f"{existing.payload_hash[:12]}; this submission has {job_class!r} / "
                 f"{payload_hash[:12]}: use a new job id for a new intention"
+            )
+        if existing.group != group:
+            raise SubmitConflict(
+                f"job {job_id!r} exists in group {existing.group!r}; this submission names "
+                f"group {group!r}: use a new job id for a job of another session"
             )
         if existing.send_id == send_id and not existing.message_sent:
             pass  # our own put, retried after its answer was lost: send now
@@ -316,6 +348,33 @@ def submit_flow(
     else:
         note = "submitted" if created else "record existed without a message: message sent"
     return SubmitResult(job_id, created, sent.message_id, note, send_id)
+
+
+def _failed_condition(reason: Mapping[str, Any]) -> bool:
+    return str(reason.get("Code") or "") == "ConditionalCheckFailed"
+
+
+def _grouped_put(job_id: str, group: str, groups: GroupRequests, out: Outcome) -> Outcome:
+    """What the submit's transaction (group marker, new record) means, in the shape
+    of a plain put: Ok, a failed condition carrying the existing record, or another
+    error. A cancelled group refuses the submit, whether the record exists or not."""
+    if isinstance(out, Ok) or out.kind is not ErrorKind.TRANSACTION_CANCELLED:
+        return out
+    reasons = list(out.reasons)
+    if reasons and _failed_condition(reasons[0]):
+        marker = groups.parse(reasons[0].get("Item") or {})
+        why = marker.reason or "no reason given"
+        raise GroupCancelled(
+            f"job {job_id!r}: group {group!r} was cancelled ({why}); a cancelled session takes "
+            "no new jobs: submit it without the group or to a new group if it should still run",
+            group,
+            why,
+        )
+    if len(reasons) > 1 and _failed_condition(reasons[1]):
+        return Err(
+            ErrorKind.CONDITION_FAILED, out.code, message=out.message, item=reasons[1].get("Item")
+        )
+    return out
 
 
 def _own_unsent_take(now: JobView, send_id: str) -> bool:
@@ -1607,6 +1666,15 @@ def poison_flow(
 
 def cancel_flow(req: JobRequests, *, job_id: str, reason: str, wall_now: float) -> Flow[JobView]:
     """End a job ``failed`` (cancelled) and move its token on, fencing out its owner."""
+    view, _ = yield from cancel_one(req, job_id=job_id, reason=reason, wall_now=wall_now)
+    return view
+
+
+def cancel_one(
+    req: JobRequests, *, job_id: str, reason: str, wall_now: float
+) -> Flow[tuple[JobView, bool]]:
+    """:func:`cancel_flow`, also saying whether this call ended the job (False: it
+    was already terminal, and the view is what it found)."""
     out = yield from call(req.cancel(job_id, reason, wall_now))
     if isinstance(out, Err):
         if out.kind is ErrorKind.CONDITION_FAILED:
@@ -1614,8 +1682,8 @@ def cancel_flow(req: JobRequests, *, job_id: str, reason: str, wall_now: float) 
                 raise JobNotFound(f"no job {job_id!r}")
             current = req.parse(out.item)
             yield from emit("job_cancel_noop", job_id=job_id, state=current.state.value)
-            return current
+            return current, False
         raise _fail_call(f"cancel {job_id}", out)
     view = req.parse(out.response.get("Attributes", {}))
     yield from emit("job_cancelled", job_id=job_id, token=view.token, reason=reason)
-    return view
+    return view, True
