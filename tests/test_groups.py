@@ -112,6 +112,18 @@ def test_a_resubmit_in_the_same_group_finds_its_record_and_sends_nothing_twice()
     assert not res.created and res.message_id is None
 
 
+def test_a_grouped_submit_cancelled_by_a_concurrent_transaction_is_tried_again() -> None:
+    conflict = Err(
+        ErrorKind.TRANSACTION_CANCELLED,
+        "TransactionCanceledException",
+        reasons=({"Code": "TransactionConflict"}, {"Code": "None"}),
+    )
+    s = Script([conflict, conflict, Ok({}), Ok({"MessageId": "m1"}), Ok({})])
+    assert s.run(_submit()).created
+    assert s.ops[:3] == ["dynamodb.TransactWriteItems"] * 3
+    assert len(s.sleeps) == 2
+
+
 def test_the_same_job_id_in_another_group_is_a_conflict() -> None:
     existing = {**_index_item("j9", "queued"), "payload_hash": {"S": "h"}}
     exists = Err(

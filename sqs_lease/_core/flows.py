@@ -288,6 +288,15 @@ def submit_flow(
             ),
         ]
         txn = yield from call(Call("dynamodb", "TransactWriteItems", {"TransactItems": entries}))
+        for pause in GROUP_SUBMIT_PAUSES:
+            # Submits to one session meet on its marker: a conflicting transaction
+            # cancels the whole write (nothing applied), so try again a little later.
+            if not _transient_txn(txn):
+                break
+            yield Sleep(pause)
+            txn = yield from call(
+                Call("dynamodb", "TransactWriteItems", {"TransactItems": entries})
+            )
         out = _grouped_put(job_id, group, groups, txn)
     created = True
     if isinstance(out, Err):
@@ -348,6 +357,18 @@ def submit_flow(
     else:
         note = "submitted" if created else "record existed without a message: message sent"
     return SubmitResult(job_id, created, sent.message_id, note, send_id)
+
+
+GROUP_SUBMIT_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8)
+"""Pauses before retrying a grouped submit whose transaction was cancelled for a
+transient reason (a concurrent submit to the same group, throttling)."""
+
+
+def _transient_txn(out: Outcome) -> bool:
+    if not isinstance(out, Err) or out.kind is not ErrorKind.TRANSACTION_CANCELLED:
+        return False
+    codes = [str(r.get("Code") or "None") for r in out.reasons]
+    return "ConditionalCheckFailed" not in codes and any(c != "None" for c in codes)
 
 
 def _failed_condition(reason: Mapping[str, Any]) -> bool:
