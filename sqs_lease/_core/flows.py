@@ -660,7 +660,11 @@ def claim_flow(
             # updates, a malformed value): permanent for this job, not "unknown".
             return NotClaimed(d, "invalid", _refusal("claim", out))
         yield from emit(
-            "ownership_unknown", job_id=d.job_id, stage="claim", error_code=out.code or out.kind
+            "ownership_unknown",
+            job_id=d.job_id,
+            stage="claim",
+            error_code=out.code or out.kind,
+            request_id=out.request_id or None,
         )
         return NotClaimed(d, "unknown", f"claim not answered: {out.code or out.kind}")
     old = req.parse(out.response.get("Attributes", {}))
@@ -898,6 +902,7 @@ class Beat:
     status: str
     deadline: float | None = None  # new local deadline when ok
     reason: str = ""
+    request_id: str = ""  # of the call that left ownership unknown, where it has one
 
 
 @dataclass(frozen=True)
@@ -929,6 +934,10 @@ def heartbeat_flow(
     extended: dict[str, float] = {}
     gone: set[str] = set()
     calls = 0
+    # ``wall_now`` was read just before this round; the first call's send stamp is
+    # the lease clock at about the same moment: the pair turns the monotonic
+    # ``last_confirmed`` into a wall-clock time a person can read.
+    mono_now: float | None = None
     by_id = {lease.job_id: lease for lease in leases}
     for chunk in _chunks(list(leases), SQS_BATCH):
         entries = [
@@ -943,9 +952,13 @@ def heartbeat_flow(
             Call("sqs", "ChangeMessageVisibilityBatch", {"QueueUrl": queue_url, "Entries": entries})
         )
         calls += 1
+        if mono_now is None:
+            mono_now = out.sent_at
         if isinstance(out, Err):
             for lease in chunk:
-                beats[lease.job_id] = Beat(lease.job_id, "unknown", reason=out.code or out.kind)
+                beats[lease.job_id] = Beat(
+                    lease.job_id, "unknown", reason=out.code or out.kind, request_id=out.request_id
+                )
             continue
         for ok in out.response.get("Successful", []):
             extended[chunk[int(ok["Id"])].job_id] = out.sent_at
@@ -1009,7 +1022,10 @@ def heartbeat_flow(
                 if isinstance(out, Ok) and not out.response.get("UnprocessedKeys"):
                     beats[job_id] = Beat(job_id, "lost", reason="job record is gone")
                 else:
-                    beats[job_id] = Beat(job_id, "unknown", reason=f"dynamodb: {why}")
+                    rid = out.request_id if isinstance(out, Err) else ""
+                    beats[job_id] = Beat(
+                        job_id, "unknown", reason=f"dynamodb: {why}", request_id=rid
+                    )
                 continue
             beats[job_id] = _verdict(lease, found, worker_id, extended[job_id])
     for job_id in sorted(advise):
@@ -1058,9 +1074,18 @@ def heartbeat_flow(
                 token=lease.token,
                 reason=beat.reason,
                 last_confirmed=lease.last_confirmed,
+                last_confirmed_at=_wall_of(lease.last_confirmed, mono_now, wall_now),
                 conservative_deadline=lease.conservative_deadline,
+                request_id=beat.request_id or None,
             )
     return HeartbeatReport(beats, calls)
+
+
+def _wall_of(mono: float, mono_now: float | None, wall_now: float) -> float | None:
+    """A lease-clock time as wall-clock seconds (None: never confirmed, or no anchor)."""
+    if mono_now is None or mono <= 0.0:
+        return None
+    return round(wall_now - (mono_now - mono), 3)
 
 
 @dataclass(frozen=True)
@@ -1220,6 +1245,7 @@ class Finish:
     outcome: str
     reason: str = ""
     current: JobView | None = None
+    request_id: str = ""  # of the unanswered or refused write, where the service gave one
 
 
 def _set_visibility(queue_url: str, receipt_handle: str, seconds: int) -> Flow[Outcome]:
@@ -1295,11 +1321,13 @@ def _fenced_write(
         if out.kind is ErrorKind.VALIDATION:
             return Finish("invalid", f"{out.code or out.kind}: {out.message}")
         if not out.unknown:
-            return Finish("unknown", f"{out.code or out.kind}: {out.message}")
+            return Finish(
+                "unknown", f"{out.code or out.kind}: {out.message}", request_id=out.request_id
+            )
         if attempt + 1 < COMMIT_TRIES:
             yield Sleep(0.2 * (attempt + 1))
     assert last is not None
-    return Finish("unknown", f"no answer: {last.code or last.kind}")
+    return Finish("unknown", f"no answer: {last.code or last.kind}", request_id=last.request_id)
 
 
 def _limit_hint(message: str) -> str:
@@ -1383,7 +1411,12 @@ def _end_attempt(
         )
     else:
         yield from emit(
-            "ownership_unknown", job_id=job.job_id, token=job.token, stage=stage, reason=fin.reason
+            "ownership_unknown",
+            job_id=job.job_id,
+            token=job.token,
+            stage=stage,
+            reason=fin.reason,
+            request_id=fin.request_id or None,
         )
     return fin
 

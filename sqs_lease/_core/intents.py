@@ -103,6 +103,7 @@ class ToolResult:
 
     response: Mapping[str, Any]
     external_id: str | None = None
+    request_id: str | None = None  # the target's id of this request (for its operators)
 
 
 @dataclass(frozen=True)
@@ -361,6 +362,7 @@ def effect_flow(
                 token=token,
                 duration=duration,
                 external_id=result.external_id,
+                request_id=result.request_id,
             )
             return (
                 yield from _confirm(
@@ -670,6 +672,8 @@ def _confirm(
             key=spec.key,
             stage="intent_confirm",
             error_code=out.code or out.kind.value,
+            token=ctx.token,
+            request_id=out.request_id or None,
         )
         raise _unknown(out, "confirm intent", spec.key)
     yield from emit(
