@@ -8,11 +8,19 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ._core.intents import RESPONSE_LIMIT, CheckAnswer, EffectResult, EffectSpec, IntentView
+from ._core.intents import (
+    RESPONSE_LIMIT,
+    SUCCESS_MEANINGS,
+    CheckAnswer,
+    EffectResult,
+    EffectSpec,
+    IntentView,
+    SuccessMeaning,
+)
 from ._core.intents import default_key as _default_key
 from ._core.limits import check_intent
 from ._core.timing import EFFECT_MARGIN, LocalLease, check_timing
@@ -125,9 +133,6 @@ class Registered:
     handler: Handler
 
 
-SuccessMeaning = Literal["accepted", "completed", "delivered"]
-
-
 @dataclass(frozen=True)
 class Target:
     """An outside system that effects are applied to.
@@ -139,7 +144,10 @@ class Target:
     repeats the call with the same key; past it (or with None) a repeat is not
     protected by the target, so the job parks and an operator decides. ``success`` says what the
     target's success means: ``accepted`` (queued on its side), ``completed``
-    (applied) or ``delivered`` (reached its final recipient).
+    (applied) or ``delivered`` (reached its final recipient). It is stored on the
+    intent and every attempt (``intents show``), and the check gets it as
+    ``IntentView.success``: a check of an ``accepted`` target answers whether the
+    target accepted the key, not whether the work is done (docs/protocol.md).
     """
 
     name: str
@@ -196,6 +204,11 @@ class App:
         """Declare a target: its reconciliation check and how long it keeps keys."""
         if name in self.targets:
             raise ConfigError(f"target {name!r} is declared twice")
+        if success not in SUCCESS_MEANINGS:
+            raise ConfigError(
+                f"target {name!r}: success={success!r} must be one of "
+                f"{', '.join(SUCCESS_MEANINGS)} (what the target's success means)"
+            )
         t = Target(name, check, key_retention_seconds, success, log_bodies)
         self.targets[name] = t
         return t
@@ -433,6 +446,7 @@ class JobContext(Generic[P]):
             may_record=self._may_record,
             log_bodies=tgt.log_bodies,
             key_retention_seconds=tgt.key_retention_seconds,
+            success=tgt.success,
         )
         return self._run_effect(spec)
 

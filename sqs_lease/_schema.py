@@ -24,7 +24,7 @@ from pynamodb.indexes import GlobalSecondaryIndex, IncludeProjection
 from pynamodb.models import Model
 
 from ._core.calls import Call
-from ._core.intents import EffectSpec, IntentState, IntentView, Resolution
+from ._core.intents import EffectSpec, IntentState, IntentView, Resolution, success_meaning
 from ._core.records import GroupView, JobRequests, JobState, JobView
 from ._errors import RecordUnreadable
 
@@ -755,6 +755,8 @@ class IntentRecord(Model):
     attempts = NumberAttribute(default=0)
     last_token = NumberAttribute(default=0)
     key_retention = NumberAttribute(null=True)  # seconds the target keeps the key; null: never
+    # What the target's success means: accepted | completed | delivered (Target.success).
+    success = UnicodeAttribute(null=True)
     external_id = UnicodeAttribute(null=True)
     response = UnicodeAttribute(null=True)
     reason = UnicodeAttribute(null=True)
@@ -792,6 +794,7 @@ class AttemptRecord(Model):
     error = UnicodeAttribute(null=True)
     external_id = UnicodeAttribute(null=True)
     response = UnicodeAttribute(null=True)  # bounded; only when bodies are opted in
+    success = UnicodeAttribute(null=True)  # what the target's success meant for this attempt
 
 
 IR = IntentRecord
@@ -833,6 +836,7 @@ class IntentTable:
             attempts=0,
             last_token=0,
             key_retention=spec.key_retention_seconds,
+            success=spec.success,
             created_at=wall_now,
             updated_at=wall_now,
         )
@@ -885,6 +889,7 @@ class IntentTable:
             payload_hash=spec.payload_hash,
             started_at=wall_now,
             outcome="started",
+            success=spec.success,
         )
         put: dict[str, Any] = {"TableName": self.attempts_table, "Item": attempt.serialize()}
         put.update(_params(AR.intent_key.does_not_exist()))
@@ -1182,4 +1187,5 @@ def intent_view_of(item: Mapping[str, Any]) -> IntentView:
         first_started_at=f("first_started_at"),
         resolution=s("resolution"),
         resolved_by=s("resolved_by"),
+        success=success_meaning(s("success")),
     )

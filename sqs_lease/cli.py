@@ -756,6 +756,7 @@ _ATTEMPT_FIELDS = (
     "ended_at",
     "duration",
     "outcome",
+    "success",
     "error",
     "external_id",
     "response",

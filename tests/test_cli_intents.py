@@ -112,6 +112,7 @@ class Parked:
             created_at=now - 120,
             updated_at=now - 5,
             first_started_at=now - 110,
+            success="accepted",
         )
         self.ddb.put_item(TableName=self.settings.intents_table, Item=intent.serialize())
 
@@ -172,6 +173,7 @@ def parked(aws: AwsTestEnv) -> Parked:
             ended_at=ended,
             outcome=outcome,
             error=error,
+            success="accepted",
         )
         ddb.put_item(TableName=settings.attempts_table, Item=attempt.serialize())
     return p
@@ -241,6 +243,7 @@ def test_show_prints_intent_and_every_attempt_but_not_the_payload(parked: Parked
     assert "ToolOutcomeUnknown: read timeout" in out and "TimeoutError: no answer" in out
     assert "duration: 30.0s" in out and "duration: 29.5s" in out
     assert "outcome: unknown" in out
+    assert out.count("success: accepted") == 3  # what success means: intent, each attempt
     assert "resolution" not in out  # not resolved yet
     assert parked.secret not in result.output and "payload:" not in out
 

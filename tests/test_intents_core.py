@@ -1491,3 +1491,19 @@ def test_the_simulator_answers_the_wall_clock_with_its_virtual_time() -> None:
         # clock; one worker's start and end of a call are two readings, not one.
         assert EPOCH_S - 3600 < attempt["started_at"] < EPOCH_S + 86_400
         assert attempt["started_at"] < attempt["ended_at"]
+
+
+def test_the_targets_success_meaning_is_stored_on_intent_and_attempt_and_given_to_its_check() -> (
+    None
+):
+    from dataclasses import replace
+
+    tool = Tool(ToolOutcomeUnknown("read timed out", code="timeout"))
+    check = Check(CheckAnswer(Verdict.CONFIRMED, "ch_7", {"charge_id": "ch_7"}))
+    accepted = replace(spec(tool, check=check, lease_check=LeaseCheck()), success="accepted")
+    s = EffectScript([ok(), ok(), ok(), ok()])
+    run_effect(s, accepted)
+    assert s.calls[0].params["Item"]["success"] == {"S": "accepted"}  # the intent
+    attempt_put = [i for i in transact(s.calls[1]) if "Put" in i]
+    assert attempt_put[0]["Put"]["Item"]["success"] == {"S": "accepted"}  # the attempt
+    assert [v.success for v in check.views] == ["accepted"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Literal, Protocol
 
@@ -63,6 +63,10 @@ class IntentState(StrEnum):
 
 @dataclass(frozen=True)
 class IntentView:
+    """An intent as the core (and a target's check) reads it. ``success`` is what the
+    target's success means for it (``accepted``/``completed``/``delivered``; None for
+    an intent stored before the meaning was recorded)."""
+
     key: str
     job_id: str
     action: str
@@ -79,6 +83,22 @@ class IntentView:
     first_started_at: float | None = None  # wall time of the first start
     resolution: str | None = None  # an operator's decision, once made
     resolved_by: str | None = None
+    success: SuccessMeaning | None = None
+
+
+SuccessMeaning = Literal["accepted", "completed", "delivered"]
+"""What a target's success means: ``accepted`` (queued on its side, may still fail
+there), ``completed`` (applied) or ``delivered`` (reached its final recipient)."""
+
+SUCCESS_MEANINGS: tuple[SuccessMeaning, ...] = ("accepted", "completed", "delivered")
+
+
+def success_meaning(value: str | None) -> SuccessMeaning | None:
+    """A stored meaning read back (None: absent or one this version does not know)."""
+    for meaning in SUCCESS_MEANINGS:
+        if value == meaning:
+            return meaning
+    return None
 
 
 class Verdict(StrEnum):
@@ -132,6 +152,7 @@ class EffectSpec:
     may_record: Callable[[], bool] | None = None
     log_bodies: bool = False
     key_retention_seconds: float | None = None  # how long the target keeps keys; None: not at all
+    success: SuccessMeaning = "completed"  # what the target's success means (Target.success)
 
 
 def default_key(job_id: str, stage: str, action: str, target: str, version: str | None) -> str:
@@ -726,7 +747,10 @@ def _reconcile(
         payload_json=spec.payload_json,
         last_token=token,
         first_started_at=first_started,
+        success=spec.success,
     )
+    if view.success is None:  # stored before the meaning was recorded: the target's own
+        view = replace(view, success=spec.success)
     if check is None:
         answer = CheckAnswer(Verdict.CANNOT_TELL, detail="no check registered")
     else:
