@@ -7,7 +7,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -71,6 +71,7 @@ class JobClass(BaseModel):
     backoff_base_seconds: float = Field(default=2.0, ge=0)
     backoff_max_seconds: float = Field(default=300.0, ge=0, le=43_200)
     stage_budget_seconds: float = 3600.0
+    keep_rejected_results: bool = False  # also keep a rejected result's content (bounded)
 
     @model_validator(mode="before")
     @classmethod
@@ -447,6 +448,7 @@ class JobContext(Generic[P]):
             log_bodies=tgt.log_bodies,
             key_retention_seconds=tgt.key_retention_seconds,
             success=tgt.success,
+            rekey=lambda new_key: self._timed(call, replace(ec, key=new_key)),
         )
         return self._run_effect(spec)
 

@@ -24,7 +24,14 @@ from pynamodb.indexes import GlobalSecondaryIndex, IncludeProjection
 from pynamodb.models import Model
 
 from ._core.calls import Call
-from ._core.intents import EffectSpec, IntentState, IntentView, Resolution, success_meaning
+from ._core.intents import (
+    EffectSpec,
+    IntentState,
+    IntentView,
+    Resolution,
+    success_meaning,
+    successor_key,
+)
 from ._core.records import GroupView, JobRequests, JobState, JobView
 from ._errors import RecordUnreadable
 
@@ -101,6 +108,15 @@ class JobRecord(Model):
     # Advisory only (for people and metrics); no decision reads them.
     lease_deadline = NumberAttribute(null=True)
     last_heartbeat = NumberAttribute(null=True)
+    # The last result whose commit was rejected (a fenced-out attempt's), for people:
+    # its hash and size always, its content only where the class opts in (bounded).
+    rejected_count = NumberAttribute(null=True)
+    rejected_token = NumberAttribute(null=True)
+    rejected_by = UnicodeAttribute(null=True)
+    rejected_at = NumberAttribute(null=True)
+    rejected_hash = UnicodeAttribute(null=True)
+    rejected_size = NumberAttribute(null=True)
+    rejected_result = UnicodeAttribute(null=True)
     # The agent session (or run) the producer submitted it in; never from a payload.
     group_id = UnicodeAttribute(null=True)
 
@@ -145,6 +161,17 @@ def _params(
     if values:
         out["ExpressionAttributeValues"] = values
     return out
+
+
+REJECTED_CONTENT_LIMIT = 4096
+"""UTF-8 bytes of a rejected result's content kept on the job record (opt-in)."""
+
+
+def _clip(text: str, limit: int) -> str:
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode("utf-8", "ignore")
 
 
 def _key(job_id: str) -> dict[str, Any]:
@@ -475,6 +502,33 @@ class JobTable:
             ],
         )
 
+    def keep_rejected(
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        result_json: str,
+        wall_now: float,
+        *,
+        keep_content: bool,
+    ) -> Call:
+        # Not fenced on purpose: it records a fact about a stale attempt and touches
+        # nothing the protocol reads (state, token, owner, result stay as they are).
+        data = result_json.encode("utf-8")
+        actions: list[Action] = [
+            R.rejected_count.add(1),
+            R.rejected_token.set(token),
+            R.rejected_by.set(worker_id),
+            R.rejected_at.set(wall_now),
+            R.rejected_hash.set(hashlib.sha256(data).hexdigest()),
+            R.rejected_size.set(len(data)),
+        ]
+        if keep_content:
+            actions.append(R.rejected_result.set(_clip(result_json, REJECTED_CONTENT_LIMIT)))
+        else:
+            actions.append(R.rejected_result.remove())
+        return self._update(job_id, R.job_id.exists(), actions)
+
     def advise(
         self, job_id: str, token: int, worker_id: str, wall_now: float, lease_seconds: int
     ) -> Call:
@@ -770,6 +824,9 @@ class IntentRecord(Model):
     resolved_by = UnicodeAttribute(null=True)
     resolved_at = NumberAttribute(null=True)
     resolution_reason = UnicodeAttribute(null=True)
+    # A new, separate operation an operator approved in this one's place, and back.
+    successor = UnicodeAttribute(null=True)
+    predecessor = UnicodeAttribute(null=True)
 
 
 class AttemptRecord(Model):
@@ -837,6 +894,7 @@ class IntentTable:
             last_token=0,
             key_retention=spec.key_retention_seconds,
             success=spec.success,
+            predecessor=spec.predecessor,
             created_at=wall_now,
             updated_at=wall_now,
         )
@@ -1067,12 +1125,19 @@ class IntentTable:
             ]
         elif resolution is Resolution.RETRY:
             actions.append(IR.state.set(IntentState.PREPARED.value))
-        if resolution is not Resolution.ABANDON:
+        elif resolution is Resolution.NEW_OPERATION:
+            actions += [
+                IR.state.set(IntentState.SUPERSEDED.value),
+                IR.successor.set(successor_key(key)),
+            ]
+        if resolution not in (Resolution.ABANDON, Resolution.NEW_OPERATION):
             # The "cannot tell" reason is stale once an operator decided; the
             # attempt log and the resolution fields keep the history.
             actions.append(IR.reason.remove())
-        else:
+        elif resolution is Resolution.ABANDON:
             actions += [IR.state.set(IntentState.ABANDONED.value), IR.reason.set(why)]
+        else:
+            actions.append(IR.reason.set(why))
         params = self._update_item(
             self.table, _ikey(key), IR.state == IntentState.AMBIGUOUS.value, actions
         )
@@ -1188,4 +1253,6 @@ def intent_view_of(item: Mapping[str, Any]) -> IntentView:
         resolution=s("resolution"),
         resolved_by=s("resolved_by"),
         success=success_meaning(s("success")),
+        successor=s("successor"),
+        predecessor=s("predecessor"),
     )

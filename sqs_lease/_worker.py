@@ -100,6 +100,11 @@ class _Held:
     started: bool = False
 
 
+def _keeps_rejected(app: App, job_class: str) -> bool:
+    reg = app.get(job_class)
+    return reg is not None and reg.job_class.keep_rejected_results
+
+
 class Worker:
     """Consume one queue, run handlers under heartbeat-extended leases, commit fenced.
 
@@ -648,6 +653,7 @@ class Worker:
                 result_json=text,
                 wall_now=time.time(),
                 duration=duration,
+                keep_rejected_content=_keeps_rejected(self.app, claim.job.job_class),
             )
         )
         if fin.outcome == "done":

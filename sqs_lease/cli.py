@@ -83,7 +83,14 @@ _LIST_FIELDS = (
     "lease_deadline",
     "last_heartbeat",
 )
-_TIME_FIELDS = ("created_at", "updated_at", "finished_at", "lease_deadline", "last_heartbeat")
+_TIME_FIELDS = (
+    "created_at",
+    "updated_at",
+    "finished_at",
+    "lease_deadline",
+    "last_heartbeat",
+    "rejected_at",
+)
 
 
 # --------------------------------------------------------------------------- errors
@@ -983,6 +990,11 @@ def _default_who() -> str:
     is_flag=True,
     help="With --retry: repeat even where the target no longer protects the key.",
 )
+@click.option(
+    "--new-operation",
+    is_flag=True,
+    help="Approve a new, separate operation under a derived key (needs --reason).",
+)
 @click.pass_context
 def intents_resolve(
     ctx: click.Context,
@@ -993,11 +1005,20 @@ def intents_resolve(
     reason: str | None,
     who: str | None,
     force: bool,
+    new_operation: bool,
 ) -> None:
-    """Decide an ambiguous intent; its parked job is re-enqueued (journaled on stderr)."""
-    chosen = [external_id is not None, retry, abandon]
+    """Decide an ambiguous intent; its parked job is re-enqueued (journaled on stderr).
+
+    --new-operation approves a new, separate operation: the intent becomes
+    `superseded`, its successor key (KEY~op2) is recorded, and the job goes on
+    under that key with the same payload (the target sees a new request)."""
+    chosen = [external_id is not None, retry, abandon, new_operation]
     if sum(chosen) != 1:
-        raise click.UsageError("give exactly one of --confirmed EXTERNAL_ID, --retry, --abandon")
+        raise click.UsageError(
+            "give exactly one of --confirmed EXTERNAL_ID, --retry, --abandon, --new-operation"
+        )
+    if new_operation and not (reason and reason.strip()):
+        raise click.UsageError("--new-operation needs --reason TEXT (why a new operation)")
     if external_id is not None and not external_id.strip():
         raise click.UsageError("--confirmed needs the target's non-empty external id")
     if abandon and not (reason and reason.strip()):
@@ -1006,6 +1027,8 @@ def intents_resolve(
         resolution = Resolution.CONFIRMED
     elif retry:
         resolution = Resolution.RETRY
+    elif new_operation:
+        resolution = Resolution.NEW_OPERATION
     else:
         resolution = Resolution.ABANDON
     settings = _settings(ctx)
@@ -1031,7 +1054,8 @@ def intents_resolve(
     )
     intent = resolved.intent
     state = intent.state.value
-    click.echo(f"{intent.key}\t{state}\tjob {intent.job_id} {resolved.note}")
+    successor = f"\tsuccessor {intent.successor}" if intent.successor else ""
+    click.echo(f"{intent.key}\t{state}{successor}\tjob {intent.job_id} {resolved.note}")
 
 
 def _refuse_unprotected_retry(settings: Settings, key: str) -> None:

@@ -397,3 +397,28 @@ def test_resolve_unknown_key_is_one_clear_line(parked: Parked) -> None:
 def test_resolve_needs_exactly_one_decision(parked: Parked, options: list[str]) -> None:
     assert "exactly one" in usage_error(run(parked.aws, "intents", "resolve", parked.key, *options))
     assert parked.intent().state == "ambiguous"
+
+
+def test_resolve_new_operation_records_the_successor_and_requeues_the_job(parked: Parked) -> None:
+    missing = run(parked.aws, "intents", "resolve", parked.key, "--new-operation")
+    assert missing.exit_code == 2 and "--reason" in missing.output
+    result = run(
+        parked.aws,
+        "intents",
+        "resolve",
+        parked.key,
+        "--new-operation",
+        "--reason",
+        "card re-authorised: capture again as a new charge",
+        "--who",
+        "ops@example",
+    )
+    assert result.exit_code == 0, result.output
+    intent = parked.intent()
+    assert intent.state == "superseded"
+    assert intent.successor == f"{parked.key}~op2"
+    assert intent.resolution == "new_operation" and intent.resolved_by == "ops@example"
+    assert intent.reason == "card re-authorised: capture again as a new charge"
+    assert parked.job().state == "queued"
+    shown = run(parked.aws, "intents", "show", parked.key)
+    assert f"successor: {parked.key}~op2" in shown.stdout

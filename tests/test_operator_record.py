@@ -85,3 +85,51 @@ def test_a_refused_dynamodb_call_carries_the_services_request_id(aws: AwsTestEnv
     assert (
         err.request_id and err.request_id == caught.value.response["ResponseMetadata"]["RequestId"]
     )
+
+
+@pytest.mark.integration
+def test_a_rejected_result_is_reachable_from_jobs_show(aws: AwsTestEnv) -> None:
+    import boto3
+    from core_harness import delivery, job_view
+    from test_cli import run as run_cli
+
+    from sqs_lease import SyncDriver
+    from sqs_lease._core.flows import commit_flow
+
+    settings = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix)
+    create_tables(settings)
+    ddb = boto3.client("dynamodb", endpoint_url=aws.endpoint_url, region_name="us-east-1")
+    jt = JobTable(settings.jobs_table)
+    jid = f"{aws.prefix}-rej"
+    put = jt.put_new(
+        job_id=jid, job_class="ocr", payload_json="{}", payload_hash="h", wall_now=1.0, send_id="s"
+    )
+    ddb.put_item(**put.params)
+    ddb.update_item(  # another attempt holds the job now: token 3
+        TableName=settings.jobs_table,
+        Key={"job_id": {"S": jid}},
+        UpdateExpression="SET #s = :s, #t = :t",
+        ExpressionAttributeNames={"#s": "state", "#t": "token"},
+        ExpressionAttributeValues={":s": {"S": "running"}, ":t": {"N": "3"}},
+    )
+    late = '{"text":"late"}'
+    fin = SyncDriver(settings).run(
+        commit_flow(
+            jt,
+            queue_url="http://unused",
+            job=job_view(jid, token=2),
+            delivery=delivery(jid),
+            worker_id="w-late",
+            result_json=late,
+            wall_now=2.0,
+            duration=1.0,
+            keep_rejected_content=True,
+        )
+    )
+    assert fin.outcome == "rejected"
+    out = run_cli(aws, "jobs", "show", jid)
+    assert out.exit_code == 0, out.output
+    assert "state: running" in out.output and "token: 3" in out.output  # untouched
+    assert "rejected_token: 2" in out.output and "rejected_by: w-late" in out.output
+    assert f"rejected_size: {len(late)}" in out.output
+    assert "rejected_hash: " in out.output and late in out.output

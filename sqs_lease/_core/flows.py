@@ -1431,8 +1431,14 @@ def commit_flow(
     result_json: str,
     wall_now: float,
     duration: float,
+    keep_rejected_content: bool = False,
 ) -> Flow[Finish]:
     """Write the result on condition of the token; then delete the message.
+
+    A rejected result (the token moved on) is never shown as the job's result, but
+    kept for inspection on the record (``jobs show``): its hash and size, and with
+    ``keep_rejected_content`` (the class's ``keep_rejected_results``) its bounded
+    content.
 
     A result that would make the record break DynamoDB's item limit (payload and
     result together) is never sent: the job fails with a reason naming the limit.
@@ -1470,6 +1476,25 @@ def commit_flow(
             attempt=job.attempt,
             payload_hash=job.payload_hash,
             duration=round(duration, 3),
+        )
+    elif fin.outcome == "rejected" and fin.current is not None:
+        kept = yield from call(
+            req.keep_rejected(
+                job.job_id,
+                job.token,
+                worker_id,
+                result_json,
+                wall_now,
+                keep_content=keep_rejected_content,
+            )
+        )
+        yield from emit(
+            "rejected_result_kept",
+            job_id=job.job_id,
+            token=job.token,
+            size=len(result_json.encode("utf-8")),
+            content=keep_rejected_content,
+            stored=isinstance(kept, Ok),
         )
     return fin
 

@@ -59,6 +59,7 @@ class IntentState(StrEnum):
     CONFIRMED = "confirmed"
     AMBIGUOUS = "ambiguous"
     ABANDONED = "abandoned"
+    SUPERSEDED = "superseded"  # an operator approved a new, separate operation (``successor``)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class IntentView:
     resolution: str | None = None  # an operator's decision, once made
     resolved_by: str | None = None
     success: SuccessMeaning | None = None
+    successor: str | None = None  # the new operation's key, once an operator approved one
+    predecessor: str | None = None  # the superseded intent this operation replaces
 
 
 SuccessMeaning = Literal["accepted", "completed", "delivered"]
@@ -153,6 +156,9 @@ class EffectSpec:
     log_bodies: bool = False
     key_retention_seconds: float | None = None  # how long the target keeps keys; None: not at all
     success: SuccessMeaning = "completed"  # what the target's success means (Target.success)
+    predecessor: str | None = None  # set when following a superseded intent to its successor
+    # The tool for another key (the successor's): its call must carry that key.
+    rekey: Callable[[str], Callable[[], Any]] | None = None
 
 
 def default_key(job_id: str, stage: str, action: str, target: str, version: str | None) -> str:
@@ -262,6 +268,7 @@ def effect_flow(
     key = spec.key
     held = iter(held_waits)
     existing: IntentView | None = None
+    hops = 0
     while True:
         # Nothing from a dropped attempt: every intent write checks the local lease first.
         yield from _lease_check(spec)
@@ -281,6 +288,32 @@ def effect_flow(
         if out.kind is not ErrorKind.CONDITION_FAILED or out.item is None:
             raise _unknown(out, "prepare intent", key)
         existing = ireq.parse(out.item)
+        if existing.state is IntentState.SUPERSEDED and existing.successor:
+            # An operator approved a new operation in its place: go on under its key
+            # (same payload), recorded as the old one's successor.
+            if hops >= MAX_SUCCESSORS or spec.rekey is None:
+                raise PermanentError(
+                    f"intent {key!r} was superseded by {existing.successor!r}, which this "
+                    "effect call cannot follow",
+                    code="intent_superseded",
+                )
+            hops += 1
+            yield from emit(
+                "intent_successor_followed",
+                job_id=spec.job_id,
+                key=key,
+                successor=existing.successor,
+                token=token,
+            )
+            spec = replace(
+                spec,
+                key=existing.successor,
+                predecessor=key,
+                tool=spec.rekey(existing.successor),
+            )
+            ctx = _Ctx(ireq, jreq, spec, token, worker_id, wall_clock, flow_id, tuple(retry_waits))
+            key = spec.key
+            continue
         if existing.payload_hash != spec.payload_hash:
             yield from emit(
                 "intent_refused",
@@ -826,6 +859,25 @@ class Resolution(StrEnum):
     CONFIRMED = "confirmed"
     RETRY = "retry"
     ABANDON = "abandon"
+    NEW_OPERATION = "new_operation"  # approve a new, separate operation under a derived key
+
+
+SUCCESSOR_MARK = "~op"
+MAX_SUCCESSORS = 50
+"""Hang guard on following successor keys from one effect call."""
+
+
+def successor_key(key: str) -> str:
+    """The key of the operation that replaces ``key``: ``KEY~op2``, then ``KEY~op3``.
+
+    Derived, never chosen: the same decision on the same intent always names the
+    same successor, and the mark says to anyone reading the target's log that this
+    is a new operation, not a repeat of the old one.
+    """
+    base, mark, n = key.rpartition(SUCCESSOR_MARK)
+    if mark and n.isdigit() and base:
+        return f"{base}{SUCCESSOR_MARK}{int(n) + 1}"
+    return f"{key}{SUCCESSOR_MARK}2"
 
 
 class ResolveRequests(Protocol):
@@ -1005,6 +1057,7 @@ def _as_resolved(
         Resolution.CONFIRMED: IntentState.CONFIRMED,
         Resolution.RETRY: IntentState.PREPARED,
         Resolution.ABANDON: IntentState.ABANDONED,
+        Resolution.NEW_OPERATION: IntentState.SUPERSEDED,
     }[resolution]
     return IntentView(
         key=intent.key,
@@ -1021,6 +1074,9 @@ def _as_resolved(
         reason=intent.reason,
         resolution=resolution.value,
         resolved_by=who,
+        successor=successor_key(intent.key)
+        if resolution is Resolution.NEW_OPERATION
+        else intent.successor,
     )
 
 

@@ -125,6 +125,19 @@ class JobRequests(Protocol):
         self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float
     ) -> Call: ...
 
+    def keep_rejected(
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        result_json: str,
+        wall_now: float,
+        *,
+        keep_content: bool,
+    ) -> Call:
+        """Record a result whose commit was rejected (for people; no decision reads it)."""
+        ...
+
     def advise(
         self, job_id: str, token: int, worker_id: str, wall_now: float, lease_seconds: int
     ) -> Call: ...
