@@ -403,6 +403,7 @@ def assert_start(
         "payload_hash": HASH,
         "started_at": at if at is not None else item_values(put["Item"])["started_at"],
         "outcome": "started",
+        "success": "completed",  # what the target's success means, kept per attempt
     }
     assert written["updated_at"] == item_values(put["Item"])["started_at"]
 
