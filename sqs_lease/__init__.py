@@ -10,6 +10,7 @@ from ._aio_worker import AsyncWorker
 from ._aws import SyncDriver, Timeouts
 from ._config import Settings
 from ._core.flows import Stranded, SubmitResult, SweepReport
+from ._core.groups import GroupReport
 from ._core.intents import (
     CheckAnswer,
     EffectResult,
@@ -26,6 +27,7 @@ from ._errors import (
     AwsCallFailed,
     AwsUnavailable,
     ConfigError,
+    GroupCancelled,
     HandlerSignal,
     IntentAmbiguous,
     IntentBusy,
@@ -69,6 +71,8 @@ __all__ = [
     "ConfigError",
     "EffectCall",
     "EffectResult",
+    "GroupCancelled",
+    "GroupReport",
     "HandlerSignal",
     "IntentAmbiguous",
     "IntentBusy",

@@ -90,8 +90,20 @@ def classify(
             kind = ErrorKind.VALIDATION
         else:
             kind = ErrorKind.INVALID
+        meta = resp.get("ResponseMetadata", {})
+        request_id = str(
+            meta.get("RequestId") or meta.get("HTTPHeaders", {}).get("x-amzn-requestid", "")
+        )
         return Err(
-            kind, code, query, str(error.get("Message", "")), item, reasons, sent_at, received_at
+            kind,
+            code,
+            query,
+            str(error.get("Message", "")),
+            item,
+            reasons,
+            sent_at,
+            received_at,
+            request_id=request_id,
         )
     if isinstance(exc, botocore.exceptions.NoCredentialsError):
         raise AwsUnavailable(

@@ -97,6 +97,10 @@ class Settings(BaseModel):
         return f"{self.prefix}-attempts"
 
     @property
+    def groups_table(self) -> str:
+        return f"{self.prefix}-groups"
+
+    @property
     def queue(self) -> str:
         return self.queue_name or f"{self.prefix}-jobs"
 

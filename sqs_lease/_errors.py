@@ -9,6 +9,7 @@
     ├── LimitExceeded                 a value breaks a DynamoDB size limit (named)
     ├── RecordUnreadable              a stored record this version cannot read
     ├── SubmitConflict                same job id submitted with another payload
+    ├── GroupCancelled                a submit to a group (agent session) that was cancelled
     ├── JobNotFound                   no job record for that id
     ├── ResourceMissing               queue or table does not exist
     ├── AwsUnavailable                AWS (or the local emulator) did not answer
@@ -71,6 +72,18 @@ class RecordUnreadable(SqsLeaseError):
 
 class SubmitConflict(SqsLeaseError):
     """A job id was submitted again with a different job class or payload."""
+
+
+class GroupCancelled(SqsLeaseError):
+    """A job was submitted to a group (an agent session) that was cancelled.
+
+    ``group_id`` names the group and ``reason`` is the cancel's reason. Submit the
+    job without the group, or to a new group, if it should still run."""
+
+    def __init__(self, message: str, group_id: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.group_id = group_id
+        self.reason = reason
 
 
 class JobNotFound(SqsLeaseError):

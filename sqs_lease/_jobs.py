@@ -9,12 +9,20 @@ import json
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ._core.intents import RESPONSE_LIMIT, CheckAnswer, EffectResult, EffectSpec, IntentView
+from ._core.intents import (
+    RESPONSE_LIMIT,
+    SUCCESS_MEANINGS,
+    CheckAnswer,
+    EffectResult,
+    EffectSpec,
+    IntentView,
+    SuccessMeaning,
+)
 from ._core.intents import default_key as _default_key
 from ._core.limits import check_intent
 from ._core.timing import EFFECT_MARGIN, LocalLease, check_timing
@@ -44,6 +52,8 @@ class JobClass(BaseModel):
 
     Rules (checked at definition, a ``JobClassError`` names the numbers and the
     fix): ``lease > missed x heartbeat + jitter``, ``heartbeat <= lease / 2``,
+    ``lease - heartbeat > heartbeat + jitter`` (each beat extends with more than
+    one heartbeat interval plus the jitter budget left),
     ``lease <= 43200``, ``lease <= stage budget <= 12 h - 15 min``,
     ``0 < effect timeout``, ``effect timeout + EFFECT_MARGIN <= stage budget``,
     ``0 < progress timeout <= stage budget``; every number finite.
@@ -63,6 +73,7 @@ class JobClass(BaseModel):
     backoff_base_seconds: float = Field(default=2.0, ge=0)
     backoff_max_seconds: float = Field(default=300.0, ge=0, le=43_200)
     stage_budget_seconds: float = 3600.0
+    keep_rejected_results: bool = False  # also keep a rejected result's content (bounded)
 
     @model_validator(mode="before")
     @classmethod
@@ -129,9 +140,6 @@ class Registered:
     handler: Handler
 
 
-SuccessMeaning = Literal["accepted", "completed", "delivered"]
-
-
 @dataclass(frozen=True)
 class Target:
     """An outside system that effects are applied to.
@@ -143,7 +151,10 @@ class Target:
     repeats the call with the same key; past it (or with None) a repeat is not
     protected by the target, so the job parks and an operator decides. ``success`` says what the
     target's success means: ``accepted`` (queued on its side), ``completed``
-    (applied) or ``delivered`` (reached its final recipient).
+    (applied) or ``delivered`` (reached its final recipient). It is stored on the
+    intent and every attempt (``intents show``), and the check gets it as
+    ``IntentView.success``: a check of an ``accepted`` target answers whether the
+    target accepted the key, not whether the work is done (docs/protocol.md).
     """
 
     name: str
@@ -200,6 +211,11 @@ class App:
         """Declare a target: its reconciliation check and how long it keeps keys."""
         if name in self.targets:
             raise ConfigError(f"target {name!r} is declared twice")
+        if success not in SUCCESS_MEANINGS:
+            raise ConfigError(
+                f"target {name!r}: success={success!r} must be one of "
+                f"{', '.join(SUCCESS_MEANINGS)} (what the target's success means)"
+            )
         t = Target(name, check, key_retention_seconds, success, log_bodies)
         self.targets[name] = t
         return t
@@ -373,6 +389,8 @@ class _ContextBase(Generic[P]):
             may_record=self._may_record,
             log_bodies=tgt.log_bodies,
             key_retention_seconds=tgt.key_retention_seconds,
+            success=tgt.success,
+            rekey=lambda new_key: timed(replace(ec, key=new_key)),
         )
 
     def note(self, event: str, **fields: Any) -> None:

@@ -4,7 +4,11 @@ Events have stable names (``job_claimed``, ``heartbeat_ok``, ``heartbeat_lost``,
 ``ownership_unknown``, ``result_committed``, ``result_rejected``, ...). Fields
 carry ids, tokens, hashes, durations and error codes. Payloads, results, prompts
 and tool responses are dropped here as a last line of defence, whatever a caller
-passes, unless ``include_bodies`` was chosen explicitly.
+passes, unless ``include_bodies`` was chosen explicitly; a dropped field is named
+in the event's ``dropped`` list, never silently lost. An external request id
+goes in ``request_id`` (kept: it is an id, not a body; ``request`` is a body).
+Wall-clock times a person reads (``last_confirmed_at``) also get a ``..._utc``
+ISO 8601 twin.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import logging
 import sys
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 LOGGER_NAME = "sqs_lease.journal"
+_WALL_FIELDS = frozenset({"last_confirmed_at"})
 _BODY_FIELDS = frozenset(
     {"payload", "result", "prompt", "response", "body", "request", "tool_response", "args"}
 )
@@ -40,10 +46,17 @@ class Journal:
         record: dict[str, Any] = {"event": event, "ts": round(time.time(), 3)}
         if self.worker_id:
             record["worker"] = self.worker_id
+        dropped: list[str] = []
         for key, value in (fields or {}).items():
             if key in _BODY_FIELDS and not self.include_bodies:
+                dropped.append(key)
                 continue
             record[key] = value
+            if key in _WALL_FIELDS and isinstance(value, (int, float)):
+                stamp = datetime.fromtimestamp(value, UTC).isoformat(timespec="milliseconds")
+                record[f"{key}_utc"] = stamp
+        if dropped:
+            record["dropped"] = sorted(dropped)
         self.logger.info(json.dumps(record, default=str, separators=(",", ":")))
 
     def __call__(self, event: str, **fields: Any) -> None:

@@ -3,6 +3,7 @@ jobs and re-sending stranded ones."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -20,12 +21,26 @@ from ._core.flows import (
     submit_flow,
     sweep_flow,
 )
+from ._core.groups import GroupReport, cancel_group_flow
 from ._core.intents import Resumed, resume_flow
 from ._core.limits import check_payload
 from ._core.records import JobView
+from ._errors import ConfigError
 from ._jobs import App, canonical_json, payload_hash
 from ._resources import queue_url
-from ._schema import JobTable
+from ._schema import GroupTable, JobTable
+
+GROUP_ID = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,256}$")
+
+
+def check_group(group: str) -> str:
+    """Refuse a group id that is not 1-256 of ``A-Z a-z 0-9 _ . : @ / + = -``."""
+    if not isinstance(group, str) or not GROUP_ID.match(group):
+        raise ConfigError(
+            f"group={group!r}: a group id is 1-256 characters of letters, digits and "
+            "_ . : @ / + = - (an agent session or run id); pass it as given by your runner"
+        )
+    return group
 
 
 def new_send_id() -> str:
@@ -53,6 +68,7 @@ class Producer:
         self.driver = driver or SyncDriver(settings)
         self.unsent_grace = unsent_grace
         self.table = JobTable(settings.jobs_table)
+        self.groups = GroupTable(settings.groups_table)
         self._queue_url: str | None = None
 
     @property
@@ -68,9 +84,14 @@ class Producer:
         job_id: str | None = None,
         *,
         delay_seconds: int = 0,
+        group: str | None = None,
     ) -> SubmitResult:
         """Submit once. The id should come from the source event; by default it is
         derived from class + payload, so submitting the same thing twice is a no-op.
+
+        ``group`` puts the job in an agent session (or run) that :meth:`cancel_group`
+        can end as a whole; it is the producer's, never the payload's. A submit to a
+        cancelled group raises ``GroupCancelled``.
 
         Raises ``LimitExceeded`` when the job id (over 2048 UTF-8 bytes) or the
         payload (over what a 400 KB DynamoDB item leaves for it) cannot be stored."""
@@ -80,6 +101,8 @@ class Producer:
             data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
             text = canonical_json(data)
             digest = payload_hash(text)
+        if group is not None:
+            check_group(group)
         jid = job_id or f"{job_class}-{digest[:24]}"
         # DynamoDB would refuse these with a ValidationException: say which limit now.
         check_payload(jid, text)
@@ -95,6 +118,8 @@ class Producer:
                 send_id=new_send_id(),
                 delay_seconds=delay_seconds,
                 resend_after=self.unsent_grace,
+                group=group,
+                groups=self.groups,
             )
         )
 
@@ -102,6 +127,18 @@ class Producer:
         """End the job ``failed`` (cancelled); its owner loses the lease at its next beat."""
         return self.driver.run(
             cancel_flow(self.table, job_id=job_id, reason=reason, wall_now=time.time())
+        )
+
+    def cancel_group(self, group: str, reason: str = "cancelled by request") -> GroupReport:
+        """Cancel an agent session: refuse new submits to it, end every job of it not
+        yet terminal with ``reason`` (their owners lose their leases at their next
+        heartbeat), and report what was cancelled and what had already finished.
+        Safe to repeat (a report with ``missing`` > 0 asks for it)."""
+        check_group(group)
+        return self.driver.run(
+            cancel_group_flow(
+                self.table, self.groups, group=group, reason=reason, wall_now=time.time()
+            )
         )
 
     def resume(self, job_id: str) -> Resumed:

@@ -9,7 +9,7 @@ from ._aws import classify, endpoint_of, make_client
 from ._config import Settings
 from ._core.calls import ErrorKind
 from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
-from ._schema import AttemptRecord, IntentRecord, JobRecord, create_table_params
+from ._schema import AttemptRecord, GroupRecord, IntentRecord, JobRecord, create_table_params
 
 DEFAULT_MAX_RECEIVES = 50
 """Redrive backstop. The worker counts attempts itself (in the job record); SQS's
@@ -35,6 +35,7 @@ def create_tables(settings: Settings) -> list[str]:
         (JobRecord, settings.jobs_table),
         (IntentRecord, settings.intents_table),
         (AttemptRecord, settings.attempts_table),
+        (GroupRecord, settings.groups_table),
     ]
     for model, name in wanted:
         # DescribeTable, not ListTables: the latter pages at 100 names, and a table

@@ -24,8 +24,15 @@ from pynamodb.indexes import GlobalSecondaryIndex, IncludeProjection
 from pynamodb.models import Model
 
 from ._core.calls import Call
-from ._core.intents import EffectSpec, IntentState, IntentView, Resolution
-from ._core.records import JobRequests, JobState, JobView
+from ._core.intents import (
+    EffectSpec,
+    IntentState,
+    IntentView,
+    Resolution,
+    success_meaning,
+    successor_key,
+)
+from ._core.records import GroupView, JobRequests, JobState, JobView
 from ._errors import RecordUnreadable
 
 UNSENT_INDEX = "unsent"
@@ -46,6 +53,26 @@ class UnsentIndex(GlobalSecondaryIndex["JobRecord"]):  # type: ignore[no-untyped
 
     unsent = UnicodeAttribute(hash_key=True)
     unsent_since = NumberAttribute(range_key=True)
+
+
+GROUP_INDEX = "group"
+
+
+class GroupIndex(GlobalSecondaryIndex["JobRecord"]):  # type: ignore[no-untyped-call]
+    """Sparse index of the jobs of a group (an agent session), oldest first.
+
+    Only jobs submitted with a group carry ``group_id``, so a group cancel finds
+    its jobs by one Query per page, never a scan. DynamoDB's index is eventually
+    consistent: the group's marker counts its jobs, so a cancel knows how many the
+    index must show (:func:`sqs_lease._core.groups.cancel_group_flow`).
+    """
+
+    class Meta:
+        index_name = GROUP_INDEX
+        projection = IncludeProjection(["job_class", "state", "error_code"])
+
+    group_id = UnicodeAttribute(hash_key=True)
+    created_at = NumberAttribute(range_key=True)
 
 
 class JobRecord(Model):
@@ -81,8 +108,41 @@ class JobRecord(Model):
     # Advisory only (for people and metrics); no decision reads them.
     lease_deadline = NumberAttribute(null=True)
     last_heartbeat = NumberAttribute(null=True)
+    # The last result whose commit was rejected (a fenced-out attempt's), for people:
+    # its hash and size always, its content only where the class opts in (bounded).
+    rejected_count = NumberAttribute(null=True)
+    rejected_token = NumberAttribute(null=True)
+    rejected_by = UnicodeAttribute(null=True)
+    rejected_at = NumberAttribute(null=True)
+    rejected_hash = UnicodeAttribute(null=True)
+    rejected_size = NumberAttribute(null=True)
+    rejected_result = UnicodeAttribute(null=True)
+    # The agent session (or run) the producer submitted it in; never from a payload.
+    group_id = UnicodeAttribute(null=True)
 
     unsent_index = UnsentIndex()
+    group_index = GroupIndex()
+
+
+class GroupRecord(Model):
+    """One group (agent session): how many job records it holds, and its cancel.
+
+    Every submit to the group counts itself here in the same transaction that
+    writes its job record, conditioned on the group not being cancelled; a cancel
+    sets ``cancelled_at``. DynamoDB orders the two: a submit lands before the
+    cancel (and is counted, so the cancel waits to see it in the index) or is
+    refused.
+    """
+
+    class Meta:
+        table_name = "sqs-lease-groups"
+
+    group_id = UnicodeAttribute(hash_key=True)
+    jobs = NumberAttribute(default=0)
+    created_at = NumberAttribute(null=True)
+    updated_at = NumberAttribute(null=True)
+    cancelled_at = NumberAttribute(null=True)
+    reason = UnicodeAttribute(null=True)
 
 
 def _params(
@@ -101,6 +161,17 @@ def _params(
     if values:
         out["ExpressionAttributeValues"] = values
     return out
+
+
+REJECTED_CONTENT_LIMIT = 4096
+"""UTF-8 bytes of a rejected result's content kept on the job record (opt-in)."""
+
+
+def _clip(text: str, limit: int) -> str:
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return data[:limit].decode("utf-8", "ignore")
 
 
 def _key(job_id: str) -> dict[str, Any]:
@@ -177,6 +248,39 @@ class JobTable:
         send_id: str,
         stage: str | None = None,
     ) -> Call:
+        params = self._put_new_params(
+            job_id, job_class, payload_json, payload_hash, wall_now, send_id, stage, None
+        )
+        return Call("dynamodb", "PutItem", params)
+
+    def put_new_item(
+        self,
+        *,
+        job_id: str,
+        job_class: str,
+        payload_json: str,
+        payload_hash: str,
+        wall_now: float,
+        send_id: str,
+        group: str,
+    ) -> dict[str, Any]:
+        """The same new record, in a group, as a TransactWriteItems entry."""
+        params = self._put_new_params(
+            job_id, job_class, payload_json, payload_hash, wall_now, send_id, None, group
+        )
+        return {"Put": params}
+
+    def _put_new_params(
+        self,
+        job_id: str,
+        job_class: str,
+        payload_json: str,
+        payload_hash: str,
+        wall_now: float,
+        send_id: str,
+        stage: str | None,
+        group: str | None,
+    ) -> dict[str, Any]:
         record = JobRecord(
             job_id=job_id,
             job_class=job_class,
@@ -192,6 +296,7 @@ class JobTable:
             stage=stage,
             created_at=wall_now,
             updated_at=wall_now,
+            group_id=group,
         )
         params: dict[str, Any] = {
             "TableName": self.table,
@@ -199,7 +304,21 @@ class JobTable:
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
         params.update(_params(R.job_id.does_not_exist()))
-        return Call("dynamodb", "PutItem", params)
+        return params
+
+    def group_query(self, group: str, start: Mapping[str, Any] | None) -> Call:
+        """One page of the group's jobs from the ``group`` index, oldest first."""
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": GROUP_INDEX,
+            "KeyConditionExpression": "#g = :g",
+            "ExpressionAttributeNames": {"#g": "group_id"},
+            "ExpressionAttributeValues": {":g": {"S": group}},
+            "ScanIndexForward": True,
+        }
+        if start:
+            params["ExclusiveStartKey"] = dict(start)
+        return Call("dynamodb", "Query", params)
 
     def mark_sent(self, job_id: str, send_id: str, wall_now: float) -> Call:
         # Only the sender of the current message may say it is out: a sender whose
@@ -383,6 +502,33 @@ class JobTable:
             ],
         )
 
+    def keep_rejected(
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        result_json: str,
+        wall_now: float,
+        *,
+        keep_content: bool,
+    ) -> Call:
+        # Not fenced on purpose: it records a fact about a stale attempt and touches
+        # nothing the protocol reads (state, token, owner, result stay as they are).
+        data = result_json.encode("utf-8")
+        actions: list[Action] = [
+            R.rejected_count.add(1),
+            R.rejected_token.set(token),
+            R.rejected_by.set(worker_id),
+            R.rejected_at.set(wall_now),
+            R.rejected_hash.set(hashlib.sha256(data).hexdigest()),
+            R.rejected_size.set(len(data)),
+        ]
+        if keep_content:
+            actions.append(R.rejected_result.set(_clip(result_json, REJECTED_CONTENT_LIMIT)))
+        else:
+            actions.append(R.rejected_result.remove())
+        return self._update(job_id, R.job_id.exists(), actions)
+
     def advise(
         self, job_id: str, token: int, worker_id: str, wall_now: float, lease_seconds: int
     ) -> Call:
@@ -474,6 +620,68 @@ class JobTable:
         return view_of(item)
 
 
+G = GroupRecord
+
+
+@dataclass(frozen=True)
+class GroupTable:
+    """Implements the core's ``GroupRequests`` for one group table."""
+
+    table: str
+
+    def count_job(self, group: str, wall_now: float) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": {"group_id": {"S": group}},
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        params.update(
+            _params(
+                G.cancelled_at.does_not_exist(),
+                [
+                    G.jobs.add(1),
+                    G.created_at.set(G.created_at | wall_now),
+                    G.updated_at.set(wall_now),
+                ],
+            )
+        )
+        return {"Update": params}
+
+    def cancel(self, group: str, reason: str, wall_now: float) -> Call:
+        # The first cancel's time and reason stay: a repeated cancel (to finish one
+        # that stopped half-way) changes nothing but its own report.
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": {"group_id": {"S": group}},
+            "ReturnValues": "ALL_NEW",
+        }
+        params.update(
+            _params(
+                None,
+                [
+                    G.cancelled_at.set(G.cancelled_at | wall_now),
+                    G.reason.set(G.reason | reason),
+                    G.created_at.set(G.created_at | wall_now),
+                    G.updated_at.set(wall_now),
+                ],
+            )
+        )
+        return Call("dynamodb", "UpdateItem", params)
+
+    def parse(self, item: Mapping[str, Any]) -> GroupView:
+        def n(name: str) -> float | None:
+            v = item.get(name)
+            return None if v is None or "NULL" in v else float(v["N"])
+
+        reason = item.get("reason")
+        return GroupView(
+            group=str(item.get("group_id", {}).get("S", "")),
+            jobs=int(n("jobs") or 0),
+            cancelled_at=n("cancelled_at"),
+            reason=None if reason is None or "NULL" in reason else str(reason["S"]),
+        )
+
+
 def view_of(item: Mapping[str, Any]) -> JobView:
     """Read a low-level item (possibly projected) into the core's view.
 
@@ -513,6 +721,7 @@ def view_of(item: Mapping[str, Any]) -> JobView:
             send_id=s("send_id"),
             unsent_since=f("unsent_since"),
             granted_attempts=n("granted_attempts"),
+            group=s("group_id"),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         detail = f"{type(exc).__name__}: {exc}"[:300]
@@ -600,6 +809,8 @@ class IntentRecord(Model):
     attempts = NumberAttribute(default=0)
     last_token = NumberAttribute(default=0)
     key_retention = NumberAttribute(null=True)  # seconds the target keeps the key; null: never
+    # What the target's success means: accepted | completed | delivered (Target.success).
+    success = UnicodeAttribute(null=True)
     external_id = UnicodeAttribute(null=True)
     response = UnicodeAttribute(null=True)
     reason = UnicodeAttribute(null=True)
@@ -613,6 +824,9 @@ class IntentRecord(Model):
     resolved_by = UnicodeAttribute(null=True)
     resolved_at = NumberAttribute(null=True)
     resolution_reason = UnicodeAttribute(null=True)
+    # A new, separate operation an operator approved in this one's place, and back.
+    successor = UnicodeAttribute(null=True)
+    predecessor = UnicodeAttribute(null=True)
 
 
 class AttemptRecord(Model):
@@ -637,6 +851,7 @@ class AttemptRecord(Model):
     error = UnicodeAttribute(null=True)
     external_id = UnicodeAttribute(null=True)
     response = UnicodeAttribute(null=True)  # bounded; only when bodies are opted in
+    success = UnicodeAttribute(null=True)  # what the target's success meant for this attempt
 
 
 IR = IntentRecord
@@ -678,6 +893,8 @@ class IntentTable:
             attempts=0,
             last_token=0,
             key_retention=spec.key_retention_seconds,
+            success=spec.success,
+            predecessor=spec.predecessor,
             created_at=wall_now,
             updated_at=wall_now,
         )
@@ -730,6 +947,7 @@ class IntentTable:
             payload_hash=spec.payload_hash,
             started_at=wall_now,
             outcome="started",
+            success=spec.success,
         )
         put: dict[str, Any] = {"TableName": self.attempts_table, "Item": attempt.serialize()}
         put.update(_params(AR.intent_key.does_not_exist()))
@@ -907,12 +1125,19 @@ class IntentTable:
             ]
         elif resolution is Resolution.RETRY:
             actions.append(IR.state.set(IntentState.PREPARED.value))
-        if resolution is not Resolution.ABANDON:
+        elif resolution is Resolution.NEW_OPERATION:
+            actions += [
+                IR.state.set(IntentState.SUPERSEDED.value),
+                IR.successor.set(successor_key(key)),
+            ]
+        if resolution not in (Resolution.ABANDON, Resolution.NEW_OPERATION):
             # The "cannot tell" reason is stale once an operator decided; the
             # attempt log and the resolution fields keep the history.
             actions.append(IR.reason.remove())
-        else:
+        elif resolution is Resolution.ABANDON:
             actions += [IR.state.set(IntentState.ABANDONED.value), IR.reason.set(why)]
+        else:
+            actions.append(IR.reason.set(why))
         params = self._update_item(
             self.table, _ikey(key), IR.state == IntentState.AMBIGUOUS.value, actions
         )
@@ -1027,4 +1252,7 @@ def intent_view_of(item: Mapping[str, Any]) -> IntentView:
         first_started_at=f("first_started_at"),
         resolution=s("resolution"),
         resolved_by=s("resolved_by"),
+        success=success_meaning(s("success")),
+        successor=s("successor"),
+        predecessor=s("predecessor"),
     )

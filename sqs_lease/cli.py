@@ -92,7 +92,14 @@ _LIST_FIELDS = (
     "lease_deadline",
     "last_heartbeat",
 )
-_TIME_FIELDS = ("created_at", "updated_at", "finished_at", "lease_deadline", "last_heartbeat")
+_TIME_FIELDS = (
+    "created_at",
+    "updated_at",
+    "finished_at",
+    "lease_deadline",
+    "last_heartbeat",
+    "rejected_at",
+)
 
 
 # --------------------------------------------------------------------------- errors
@@ -410,6 +417,7 @@ def queue_create(ctx: click.Context, visibility: int, max_receives: int) -> None
 @click.option("--id", "job_id", default=None, help="Job id (default: derived from class+payload).")
 @click.option("--app", "app_spec", default=None, help="MODULE:OBJECT app to validate against.")
 @click.option("--delay", type=click.IntRange(0, 900), default=0, show_default=True, help="Seconds.")
+@click.option("--group", default=None, help="Agent session (or run) id: `jobs cancel --group`.")
 @click.pass_context
 def submit(
     ctx: click.Context,
@@ -418,6 +426,7 @@ def submit(
     job_id: str | None,
     app_spec: str | None,
     delay: int,
+    group: str | None,
 ) -> None:
     """Submit a job once; submitting the same job again is a no-op."""
     data = _read_payload(payload)
@@ -429,7 +438,7 @@ def submit(
     producer = Producer(settings, app)
     _ = producer.queue_url  # a missing queue says `sqs-lease queue create`
     try:
-        result = producer.submit(job_class, data, job_id, delay_seconds=delay)
+        result = producer.submit(job_class, data, job_id, delay_seconds=delay, group=group)
     except ResourceMissing:
         check_table(settings)  # a missing table says `sqs-lease tables create`
         raise
@@ -668,12 +677,30 @@ def _json_or_text(text: str | None) -> Any:
 
 
 @jobs.command("cancel")
-@click.argument("job_id")
+@click.argument("job_id", required=False)
+@click.option("--group", default=None, help="Cancel every job of this agent session instead.")
 @click.option("--reason", default="cancelled by request", show_default=True)
 @click.pass_context
-def jobs_cancel(ctx: click.Context, job_id: str, reason: str) -> None:
-    """End a job failed (cancelled); its owner loses the lease at its next heartbeat."""
-    view = Producer(_settings(ctx)).cancel(job_id, reason)
+def jobs_cancel(ctx: click.Context, job_id: str | None, group: str | None, reason: str) -> None:
+    """End a job (or with --group, every open job of a session) failed (cancelled);
+    owners lose their leases at their next heartbeat, and a cancelled session
+    takes no new submits."""
+    if (job_id is None) == (group is None):
+        raise click.UsageError("name a JOB_ID or --group ID (one of them)")
+    if group is not None:
+        rep = Producer(_settings(ctx)).cancel_group(group, reason)
+        for jid in rep.cancelled:
+            click.echo(f"{jid}\tcancelled")
+        for jid, ended in rep.finished:
+            click.echo(f"{jid}\talready {ended}")
+        click.echo(
+            f"group {rep.group}: {len(rep.cancelled)} cancelled, {len(rep.finished)} already "
+            f"finished, of {rep.jobs} submitted ({rep.reason})"
+        )
+        if rep.missing:
+            _fail(f"{rep.missing} job(s) of the group not yet in its index: run it again", 1)
+        return
+    view = Producer(_settings(ctx)).cancel(job_id or "", reason)
     click.echo(
         f"{view.job_id}\t{view.state}\ttoken {view.token}\t{view.error_code or '-'}\t"
         f"{view.reason or '-'}"
@@ -772,6 +799,7 @@ _ATTEMPT_FIELDS = (
     "ended_at",
     "duration",
     "outcome",
+    "success",
     "error",
     "external_id",
     "response",
@@ -998,6 +1026,11 @@ def _default_who() -> str:
     is_flag=True,
     help="With --retry: repeat even where the target no longer protects the key.",
 )
+@click.option(
+    "--new-operation",
+    is_flag=True,
+    help="Approve a new, separate operation under a derived key (needs --reason).",
+)
 @click.pass_context
 def intents_resolve(
     ctx: click.Context,
@@ -1008,11 +1041,20 @@ def intents_resolve(
     reason: str | None,
     who: str | None,
     force: bool,
+    new_operation: bool,
 ) -> None:
-    """Decide an ambiguous intent; its parked job is re-enqueued (journaled on stderr)."""
-    chosen = [external_id is not None, retry, abandon]
+    """Decide an ambiguous intent; its parked job is re-enqueued (journaled on stderr).
+
+    --new-operation approves a new, separate operation: the intent becomes
+    `superseded`, its successor key (KEY~op2) is recorded, and the job goes on
+    under that key with the same payload (the target sees a new request)."""
+    chosen = [external_id is not None, retry, abandon, new_operation]
     if sum(chosen) != 1:
-        raise click.UsageError("give exactly one of --confirmed EXTERNAL_ID, --retry, --abandon")
+        raise click.UsageError(
+            "give exactly one of --confirmed EXTERNAL_ID, --retry, --abandon, --new-operation"
+        )
+    if new_operation and not (reason and reason.strip()):
+        raise click.UsageError("--new-operation needs --reason TEXT (why a new operation)")
     if external_id is not None and not external_id.strip():
         raise click.UsageError("--confirmed needs the target's non-empty external id")
     if abandon and not (reason and reason.strip()):
@@ -1021,6 +1063,8 @@ def intents_resolve(
         resolution = Resolution.CONFIRMED
     elif retry:
         resolution = Resolution.RETRY
+    elif new_operation:
+        resolution = Resolution.NEW_OPERATION
     else:
         resolution = Resolution.ABANDON
     settings = _settings(ctx)
@@ -1046,7 +1090,8 @@ def intents_resolve(
     )
     intent = resolved.intent
     state = intent.state.value
-    click.echo(f"{intent.key}\t{state}\tjob {intent.job_id} {resolved.note}")
+    successor = f"\tsuccessor {intent.successor}" if intent.successor else ""
+    click.echo(f"{intent.key}\t{state}{successor}\tjob {intent.job_id} {resolved.note}")
 
 
 def _refuse_unprotected_retry(settings: Settings, key: str) -> None:

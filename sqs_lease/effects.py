@@ -97,6 +97,7 @@ def http_json(
         with urllib.request.urlopen(req, timeout=seconds) as resp:
             raw = resp.read()
             status = resp.status
+            request_id = _request_id(resp.headers)
     except urllib.error.HTTPError as err:
         code = err.code
         if code == 412:
@@ -128,7 +129,21 @@ def http_json(
     response = parsed if isinstance(parsed, dict) else {"value": parsed}
     response.setdefault("_status", status)
     external = response.get(id_field) if id_field else None
-    return ToolResult(response, str(external) if external is not None else None)
+    return ToolResult(
+        response, str(external) if external is not None else None, request_id=request_id
+    )
+
+
+REQUEST_ID_HEADERS = ("X-Request-Id", "X-Amzn-RequestId", "X-Amz-Request-Id", "Request-Id")
+"""Response headers a target's request id is read from (first present wins)."""
+
+
+def _request_id(headers: Any) -> str | None:
+    for name in REQUEST_ID_HEADERS:
+        value = headers.get(name) if headers is not None else None
+        if value:
+            return str(value)[:200]
+    return None
 
 
 @contextmanager

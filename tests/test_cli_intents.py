@@ -112,6 +112,7 @@ class Parked:
             created_at=now - 120,
             updated_at=now - 5,
             first_started_at=now - 110,
+            success="accepted",
         )
         self.ddb.put_item(TableName=self.settings.intents_table, Item=intent.serialize())
 
@@ -172,6 +173,7 @@ def parked(aws: AwsTestEnv) -> Parked:
             ended_at=ended,
             outcome=outcome,
             error=error,
+            success="accepted",
         )
         ddb.put_item(TableName=settings.attempts_table, Item=attempt.serialize())
     return p
@@ -241,6 +243,7 @@ def test_show_prints_intent_and_every_attempt_but_not_the_payload(parked: Parked
     assert "ToolOutcomeUnknown: read timeout" in out and "TimeoutError: no answer" in out
     assert "duration: 30.0s" in out and "duration: 29.5s" in out
     assert "outcome: unknown" in out
+    assert out.count("success: accepted") == 3  # what success means: intent, each attempt
     assert "resolution" not in out  # not resolved yet
     assert parked.secret not in result.output and "payload:" not in out
 
@@ -394,3 +397,28 @@ def test_resolve_unknown_key_is_one_clear_line(parked: Parked) -> None:
 def test_resolve_needs_exactly_one_decision(parked: Parked, options: list[str]) -> None:
     assert "exactly one" in usage_error(run(parked.aws, "intents", "resolve", parked.key, *options))
     assert parked.intent().state == "ambiguous"
+
+
+def test_resolve_new_operation_records_the_successor_and_requeues_the_job(parked: Parked) -> None:
+    missing = run(parked.aws, "intents", "resolve", parked.key, "--new-operation")
+    assert missing.exit_code == 2 and "--reason" in missing.output
+    result = run(
+        parked.aws,
+        "intents",
+        "resolve",
+        parked.key,
+        "--new-operation",
+        "--reason",
+        "card re-authorised: capture again as a new charge",
+        "--who",
+        "ops@example",
+    )
+    assert result.exit_code == 0, result.output
+    intent = parked.intent()
+    assert intent.state == "superseded"
+    assert intent.successor == f"{parked.key}~op2"
+    assert intent.resolution == "new_operation" and intent.resolved_by == "ops@example"
+    assert intent.reason == "card re-authorised: capture again as a new charge"
+    assert parked.job().state == "queued"
+    shown = run(parked.aws, "intents", "show", parked.key)
+    assert f"successor: {parked.key}~op2" in shown.stdout

@@ -71,6 +71,7 @@ class Rules:
     max_attempts = 3
     backoff_base_seconds = 4.0
     backoff_max_seconds = 300.0
+    keep_rejected_results = False
 
     def validate_payload(self, payload_json: str) -> Any:
         data = json.loads(payload_json)
@@ -172,10 +173,12 @@ def test_a_handler_that_returns_commits_its_result_fenced_and_forgets_the_lease(
 def test_a_rejected_commit_counts_rejected_and_journals_the_loss_once() -> None:
     shell = Shell()
     moved = condition_failed(job_item(token=9, owner="w-2"))
-    s = _run(shell, _answers(moved))
+    s = _run(shell, _answers(moved, ok()))  # the commit, then the rejected result kept
     assert s.result.outcome is FinishOutcome.REJECTED  # type: ignore[attr-defined]
     lost = s.event("heartbeat_lost")
     assert (lost["detected_by"], lost["token"]) == ("commit", 5)
+    kept = s.event("rejected_result_kept")
+    assert (kept["token"], kept["content"], kept["stored"]) == (5, False, True)
     assert shell.counts == Counter(claimed=1, rejected=1)
 
 

@@ -8,6 +8,7 @@ events it emitted and the value it returned.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -1130,7 +1131,7 @@ def test_heartbeat_advise_unanswered_keeps_ok() -> None:
 # =========================================================================== commit
 
 
-def _commit(script: Script, job: JobView | None = None) -> Finish:
+def _commit(script: Script, job: JobView | None = None, *, keep: bool = False) -> Finish:
     return script.run(
         commit_flow(
             table(),
@@ -1141,6 +1142,7 @@ def _commit(script: Script, job: JobView | None = None) -> Finish:
             result_json='{"text": "ok"}',
             wall_now=WALL,
             duration=12.34567,
+            keep_rejected_content=keep,
         )
     )
 
@@ -1169,12 +1171,13 @@ def test_commit_ok_deletes_and_journals() -> None:
 
 
 def test_commit_rejected_when_token_moved_never_deletes() -> None:
-    s = Script([condition_failed(job_item(state=JobState.RUNNING, owner=OTHER, token=3))])
+    s = Script([condition_failed(job_item(state=JobState.RUNNING, owner=OTHER, token=3)), ok()])
     fin = _commit(s)
     assert fin.outcome == "rejected"
     assert fin.reason == "token moved from 2 to 3"
     assert fin.current is not None and fin.current.owner == OTHER
-    assert s.ops == ["dynamodb.UpdateItem"]  # no DeleteMessage, no retry
+    # no DeleteMessage, no retry; the second write keeps the rejected result's traces
+    assert s.ops == ["dynamodb.UpdateItem", "dynamodb.UpdateItem"]
     assert "result_committed" not in s.event_names()
     ev = s.event("result_rejected")
     assert (ev["token"], ev["current_token"], ev["current_state"]) == (2, 3, "running")
@@ -1187,8 +1190,31 @@ def test_commit_rejected_when_record_gone() -> None:
     assert s.event("result_rejected")["current_token"] is None
 
 
+def test_a_rejected_result_keeps_its_hash_and_size_on_the_record_and_never_its_state() -> None:
+    s = Script([condition_failed(job_item(state=JobState.RUNNING, owner=OTHER, token=3)), ok()])
+    _commit(s)
+    kept = s.calls[1].params
+    assert "ConditionExpression" in kept and "#" in kept["ConditionExpression"]
+    names = set(kept["ExpressionAttributeNames"].values())
+    assert {"rejected_hash", "rejected_size", "rejected_token", "rejected_by"} <= names
+    assert not names & {"state", "token", "owner", "result"}  # forensics, not a commit
+    values = [v.get("S") or v.get("N") for v in kept["ExpressionAttributeValues"].values()]
+    text = '{"text": "ok"}'
+    assert hashlib.sha256(text.encode()).hexdigest() in values
+    assert str(len(text)) in values and text not in values  # no content by default
+    ev = s.event("rejected_result_kept")
+    assert (ev["token"], ev["size"], ev["content"], ev["stored"]) == (2, len(text), False, True)
+
+
+def test_a_rejected_result_keeps_its_content_where_the_class_opts_in() -> None:
+    s = Script([condition_failed(job_item(state=JobState.RUNNING, owner=OTHER, token=3)), ok()])
+    _commit(s, keep=True)
+    values = [v.get("S") for v in s.calls[1].params["ExpressionAttributeValues"].values()]
+    assert '{"text": "ok"}' in values
+
+
 def test_commit_rejected_same_token_other_state() -> None:
-    s = Script([condition_failed(job_item(state=JobState.QUEUED, owner=WORKER, token=2))])
+    s = Script([condition_failed(job_item(state=JobState.QUEUED, owner=WORKER, token=2)), ok()])
     fin = _commit(s)
     assert (fin.outcome, fin.reason) == ("rejected", f"job is queued (owner {WORKER})")
 
@@ -1214,7 +1240,7 @@ def test_commit_unanswered_then_own_earlier_write_is_done() -> None:
     ],
 )
 def test_commit_unanswered_then_someone_elses_state_is_rejected(item: dict[str, Any]) -> None:
-    s = Script([unreachable(), condition_failed(item)])
+    s = Script([unreachable(), condition_failed(item), ok()])
     fin = _commit(s)
     assert fin.outcome == "rejected"
     assert "sqs.DeleteMessage" not in s.ops

@@ -39,7 +39,7 @@ def test_check_timing_accepts_a_valid_class() -> None:
     check_timing("ocr", lease=120, heartbeat=30, jitter=5, missed=3, stage_budget=3600)
     # the boundaries themselves are allowed
     check_timing("edge", lease=61, heartbeat=20, jitter=0, missed=3, stage_budget=61)
-    check_timing("half", lease=60, heartbeat=30, jitter=0, missed=1, stage_budget=60)
+    check_timing("reserve", lease=61, heartbeat=30, jitter=0.5, missed=1, stage_budget=61)
     # the longest lease that fits: a stage must hold one lease and stay under the cap
     longest = int(SQS_MAX_VISIBILITY - CAP_MARGIN)
     check_timing("max", lease=longest, heartbeat=600, jitter=30, missed=3, stage_budget=longest)
@@ -55,6 +55,33 @@ def test_check_timing_refuses_lease_not_above_missed_beats_plus_jitter() -> None
     assert "3 x 20 + 0 = 60" in text
     with pytest.raises(JobClassError, match=r"2 x 25 \+ 15 = 65"):
         check_timing("ocr", lease=60, heartbeat=25, jitter=15, missed=2, stage_budget=3600)
+
+
+def test_a_class_whose_regular_beat_leaves_less_than_a_beat_plus_jitter_is_refused() -> None:
+    # The example: L > R x H + J holds (3 > 1 x 1.5 + 0.4), yet every beat
+    # extends with 1.5 s left, less than H + J = 1.9: one missed beat and it lapses.
+    with pytest.raises(JobClassError) as caught:
+        check_timing("ocr", lease=3, heartbeat=1.5, jitter=0.4, missed=1, stage_budget=3600)
+    text = str(caught.value)
+    assert "'ocr'" in text
+    assert "3 - 1.5 = 1.5 s left" in text
+    assert "1.5 + 0.4 = 1.9 s" in text
+    assert "raise lease_seconds to at least 4 or lower heartbeat_seconds below 1.3" in text
+    # beating at exactly half the lease leaves nothing for one missed beat either
+    with pytest.raises(JobClassError, match=r"60 - 30 = 30 s left"):
+        check_timing("half", lease=60, heartbeat=30, jitter=0, missed=1, stage_budget=60)
+
+
+def test_the_beat_reserve_rule_has_its_edge_at_one_beat_plus_jitter_left() -> None:
+    # L - H = 2.5 against H + J: just above passes, equal is refused (the watchdog
+    # lets go at deadline - J, exactly when the beat after a missed one would come)
+    check_timing("edge", lease=4, heartbeat=1.5, jitter=0.9, missed=1, stage_budget=3600)
+    with pytest.raises(JobClassError, match=r"1\.5 \+ 1 = 2\.5 s"):
+        check_timing("edge", lease=4, heartbeat=1.5, jitter=1.0, missed=1, stage_budget=3600)
+    # the rule holds with no misses tolerated too: every extension needs the reserve
+    check_timing("r0", lease=5, heartbeat=2, jitter=0.5, missed=0, stage_budget=3600)
+    with pytest.raises(JobClassError, match=r"at least 5 or lower heartbeat_seconds below 1\.75"):
+        check_timing("r0", lease=4, heartbeat=2, jitter=0.5, missed=0, stage_budget=3600)
 
 
 def test_check_timing_refuses_heartbeat_over_half_thelocal_lease() -> None:

@@ -35,6 +35,7 @@ class _Target(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
+        self.send_header("X-Request-Id", "req-42")
         self.end_headers()
         self.wfile.write(payload)
 
@@ -60,6 +61,12 @@ def test_success_sends_key_token_and_payload_and_returns_the_external_id(target:
     assert sent["headers"]["X-Execution-Fence"] == "7"
     assert sent["headers"]["X-Execution-Fence-Scope"] == "job-1"  # tokens are ordered per job
     assert sent["body"] == {"amount": 5}
+
+
+def test_the_targets_request_id_header_comes_back_with_the_result(target: str) -> None:
+    call = EffectCall("k-rid", 3, "job-1", "capture", "payments", {"amount": 5})
+    result = http_json(call, f"{target}/201", id_field="id")
+    assert result.request_id == "req-42"
 
 
 @pytest.mark.parametrize(

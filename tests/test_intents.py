@@ -1199,12 +1199,16 @@ def test_operator_resolutions_requeue_parked_jobs_and_a_worker_finishes_them(
         Resolution.CONFIRMED: (IntentState.CONFIRMED, ["--confirmed", external]),
         Resolution.RETRY: (IntentState.PREPARED, ["--retry"]),
         Resolution.ABANDON: (IntentState.ABANDONED, ["--abandon"]),
+        Resolution.NEW_OPERATION: (IntentState.SUPERSEDED, ["--new-operation"]),
     }
     for r, (state, args) in decisions.items():
         job_id, key = jobs[r][0], lost[r].spec.key
         before = time.time()
         out = resolve_with_cli(env, logs, key, *args, "--reason", WHY, "--who", OPERATOR)
-        assert out == f"{key}\t{state.value}\tjob {job_id} re-enqueued (one attempt granted)\n"
+        successor = f"\tsuccessor {key}~op2" if r is Resolution.NEW_OPERATION else ""
+        assert out == (
+            f"{key}\t{state.value}{successor}\tjob {job_id} re-enqueued (one attempt granted)\n"
+        )
         job = view_of(env.job(job_id))
         assert (job.state, job.error_code, job.message_sent) == (JobState.QUEUED, None, True)
         record = env.intent_record(key)
@@ -1248,7 +1252,7 @@ def test_operator_resolutions_requeue_parked_jobs_and_a_worker_finishes_them(
     # RETRY: repeated by W3 with the same key and payload; one charge, W3's token.
     (job_id, p), key = jobs[Resolution.RETRY], lost[Resolution.RETRY].spec.key
     assert final[Resolution.RETRY] is JobState.SUCCEEDED
-    assert [(c.key, c.token, dict(c.payload)) for c in charger.calls] == [
+    assert [(c.key, c.token, dict(c.payload)) for c in charger.calls if c.key == key] == [
         (key, 3, effect_payload(p))
     ]
     rows = rows_for(env, p.invoice)
@@ -1273,6 +1277,17 @@ def test_operator_resolutions_requeue_parked_jobs_and_a_worker_finishes_them(
     assert_journal_clean(
         logs, "intent_ambiguous", "intent_resolved", "intent_replayed", "intent_confirmed"
     )
+
+    # NEW_OPERATION: the job goes on under the successor key, a new operation with
+    # the same payload; the old intent stays superseded, the new one names it.
+    (job_id, p), key = jobs[Resolution.NEW_OPERATION], lost[Resolution.NEW_OPERATION].spec.key
+    assert final[Resolution.NEW_OPERATION] is JobState.SUCCEEDED
+    new_key = f"{key}~op2"
+    assert [(c.key, c.token) for c in charger.calls if c.key in (key, new_key)] == [(new_key, 3)]
+    assert env.intent(key).state is IntentState.SUPERSEDED
+    new_intent = env.intent_record(new_key)
+    assert (new_intent.state, new_intent.predecessor) == ("confirmed", key)
+    assert logs.one("intent_successor_followed", key=key)["successor"] == new_key
 
 
 # ======================================================================= shared keys, cut answers

@@ -403,6 +403,7 @@ def assert_start(
         "payload_hash": HASH,
         "started_at": at if at is not None else item_values(put["Item"])["started_at"],
         "outcome": "started",
+        "success": "completed",  # what the target's success means, kept per attempt
     }
     assert written["updated_at"] == item_values(put["Item"])["started_at"]
 
@@ -1491,3 +1492,62 @@ def test_the_simulator_answers_the_wall_clock_with_its_virtual_time() -> None:
         # clock; one worker's start and end of a call are two readings, not one.
         assert EPOCH_S - 3600 < attempt["started_at"] < EPOCH_S + 86_400
         assert attempt["started_at"] < attempt["ended_at"]
+
+
+def test_the_targets_success_meaning_is_stored_on_intent_and_attempt_and_given_to_its_check() -> (
+    None
+):
+    from dataclasses import replace
+
+    tool = Tool(ToolOutcomeUnknown("read timed out", code="timeout"))
+    check = Check(CheckAnswer(Verdict.CONFIRMED, "ch_7", {"charge_id": "ch_7"}))
+    accepted = replace(spec(tool, check=check, lease_check=LeaseCheck()), success="accepted")
+    s = EffectScript([ok(), ok(), ok(), ok()])
+    run_effect(s, accepted)
+    assert s.calls[0].params["Item"]["success"] == {"S": "accepted"}  # the intent
+    attempt_put = [i for i in transact(s.calls[1]) if "Put" in i]
+    assert attempt_put[0]["Put"]["Item"]["success"] == {"S": "accepted"}  # the attempt
+    assert [v.success for v in check.views] == ["accepted"]
+
+
+def test_successor_keys_are_derived_and_count_up() -> None:
+    from sqs_lease._core.intents import successor_key
+
+    assert successor_key("inv-7:capture") == "inv-7:capture~op2"
+    assert successor_key("inv-7:capture~op2") == "inv-7:capture~op3"
+    assert successor_key("~op9") == "~op9~op2"  # no base: not a successor mark
+
+
+def test_a_superseded_intent_is_followed_to_its_successor_and_called_under_the_new_key() -> None:
+    from dataclasses import replace
+
+    from sqs_lease._core.intents import successor_key
+
+    old = intent_item(IntentState.SUPERSEDED, attempts=2, reason="new capture approved")
+    old["successor"] = {"S": successor_key(KEY)}
+    stale, fresh = Tool(), Tool()
+    rekeyed: list[str] = []
+
+    def rekey(new_key: str) -> Any:
+        rekeyed.append(new_key)
+        return fresh
+
+    s = EffectScript([condition_failed(old), ok(), ok(), ok()])
+    res = run_effect(s, replace(spec(stale), rekey=rekey))
+    new_key = f"{KEY}~op2"
+    assert res.key == new_key and res.external_id == "ch_1"
+    assert (stale.calls, fresh.calls, rekeyed) == (0, 1, [new_key])
+    prepared = s.calls[1].params["Item"]
+    assert prepared["intent_key"] == {"S": new_key}
+    assert prepared["predecessor"] == {"S": KEY}  # recorded as the old one's successor
+    ev = s.event("intent_successor_followed")
+    assert (ev["key"], ev["successor"]) == (KEY, new_key)
+
+
+def test_a_superseded_intent_that_cannot_be_followed_is_a_permanent_error() -> None:
+    old = intent_item(IntentState.SUPERSEDED, attempts=2)
+    old["successor"] = {"S": f"{KEY}~op2"}
+    s = EffectScript([condition_failed(old)])
+    with pytest.raises(PermanentError, match="superseded by") as caught:
+        run_effect(s, spec(Tool()))  # no rekey: e.g. a tool bound to the old key
+    assert caught.value.code == "intent_superseded"

@@ -241,3 +241,11 @@ def test_progress_resets_the_no_progress_clock() -> None:
     now[0] = 1234.0
     ctx.progress()
     assert lease.last_progress == 1234.0
+
+
+def test_a_target_whose_success_meaning_is_unknown_is_refused_naming_the_choices() -> None:
+    from sqs_lease import App
+    from sqs_lease._errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"success='done' must be one of accepted, completed"):
+        App().target("payments", success="done")  # type: ignore[arg-type]

@@ -237,6 +237,7 @@ _AFTER = {
     Resolution.CONFIRMED: IntentState.CONFIRMED,
     Resolution.RETRY: IntentState.PREPARED,
     Resolution.ABANDON: IntentState.ABANDONED,
+    Resolution.NEW_OPERATION: IntentState.SUPERSEDED,
 }
 
 

@@ -1335,3 +1335,59 @@ def test_soak_seed_206454_a_confirm_is_retried_through_an_unanswered_heartbeat()
         e[3] for e in r.log if e[2] == "intent_write_retried" and e[3].get("op") == "confirm"
     ]
     assert retried, "seed 206454 no longer retries a confirm"
+
+
+def _drive_sim(db: SimDynamo, flow: Any) -> Any:
+    """Run a flow against the simulated DynamoDB (SQS sends just answer)."""
+    from sqs_lease._core.calls import Emit, Sleep
+
+    out: Any = None
+    try:
+        instr = next(flow)
+        while True:
+            if isinstance(instr, Call) and instr.service == "dynamodb":
+                out = db.handle(instr.op, instr.params, 0.0)
+            elif isinstance(instr, Call):
+                out = Ok({"MessageId": "m"})
+            elif isinstance(instr, (Sleep, Emit)):
+                out = None if isinstance(instr, Emit) else Ok({})
+            instr = flow.send(out)
+    except StopIteration as stop:
+        return stop.value
+
+
+def test_the_simulated_dynamodb_runs_a_group_submit_and_cancel_through_its_index() -> None:
+    from sqs_lease._core.flows import submit_flow
+    from sqs_lease._core.groups import cancel_group_flow
+    from sqs_lease._errors import GroupCancelled
+    from sqs_lease._schema import GroupTable
+    from sqs_lease._sim.world import GROUPS, _jobs_table_spec
+
+    db = SimDynamo([_jobs_table_spec(JOBS), TableSpec(GROUPS, "group_id")], Chaos(0))
+    db.chaos.cutoff = 0.0
+    jt, gt = JobTable(JOBS), GroupTable(GROUPS)
+
+    def submit(job_id: str, group: str | None) -> Any:
+        return submit_flow(
+            jt,
+            queue_url="q",
+            job_id=job_id,
+            job_class="c",
+            payload_json="{}",
+            payload_hash="h",
+            wall_now=float(len(job_id)),
+            send_id=f"s-{job_id}",
+            group=group,
+            groups=gt,
+        )
+
+    for jid in ("a1", "a2", "a3"):
+        assert _drive_sim(db, submit(jid, "g")).created
+    _drive_sim(db, submit("b1", None))
+    assert _drive_sim(db, submit("a1", "g")).created is False  # a resubmit counts nothing
+    rep = _drive_sim(db, cancel_group_flow(jt, gt, group="g", reason="stop", wall_now=9.0))
+    assert sorted(rep.cancelled) == ["a1", "a2", "a3"] and rep.jobs == 3 and rep.complete
+    assert _job(db, "b1")["state"] == {"S": "queued"}
+    assert _job(db, "a2")["error_code"] == {"S": "cancelled"}
+    with pytest.raises(GroupCancelled):
+        _drive_sim(db, submit("a4", "g"))

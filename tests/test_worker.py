@@ -759,15 +759,33 @@ def test_job_class_breaking_a_timing_rule_is_refused(policy: dict[str, Any], mes
 
 
 def test_job_class_at_the_timing_limits_is_accepted() -> None:
+    # L - H = 2.5 s left at every beat, just above H + J = 2.4 s (and 4 > 1 x 1.5 + 0.9)
     jc = JobClass(
         name="edge",
         payload_model=Work,
-        lease_seconds=3,
+        lease_seconds=4,
         heartbeat_seconds=1.5,
-        jitter_seconds=0.4,
+        jitter_seconds=0.9,
         missed_heartbeats=1,
     )
-    assert jc.lease_seconds == 3
+    assert jc.lease_seconds == 4
+
+
+def test_a_job_class_that_extends_with_less_than_a_beat_plus_jitter_left_is_refused() -> None:
+    # Passes L > R x H + J (3 > 1.9) but each beat extends with 1.5 s left: one
+    # missed beat and the lease lapses. The error names the numbers and the fix.
+    policy = {
+        "lease_seconds": 3,
+        "heartbeat_seconds": 1.5,
+        "jitter_seconds": 0.4,
+        "missed_heartbeats": 1,
+    }
+    with pytest.raises(JobClassError, match=r"1\.5 \+ 0\.4 = 1\.9 s.*at least 4"):
+        JobClass(name="late", payload_model=Work, **policy)
+    app = App()
+    with pytest.raises(JobClassError, match=r"lease_seconds - heartbeat_seconds = 3 - 1\.5"):
+        app.job("late", payload=Work, **policy)
+    assert app.classes == {}
 
 
 # --------------------------------------------------------------------------- 12. duplicates

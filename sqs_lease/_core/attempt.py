@@ -94,6 +94,9 @@ UNKNOWN_CLASS_MAX_ATTEMPTS = 1_000_000  # an unknown class is never claimed: no 
 class ClassRules(LeaseRules, Protocol):
     """A job class as the attempt flow sees it (``JobClass`` satisfies it)."""
 
+    @property
+    def keep_rejected_results(self) -> bool: ...
+
     def validate_payload(self, payload_json: str) -> Any: ...
 
 
@@ -384,7 +387,13 @@ def _commit(at: _At, result: Any, now: Now, duration: float) -> Flow[Finish]:
     # commit, even when the heartbeat already saw the lease lost: DynamoDB's
     # condition is the only arbiter, and a rejected commit is the record forensics
     # needs (result_rejected).
-    fin = yield from commit_flow(env.table, **at.end_args(now), result_json=text, duration=duration)
+    fin = yield from commit_flow(
+        env.table,
+        **at.end_args(now),
+        result_json=text,
+        duration=duration,
+        keep_rejected_content=at.rules.keep_rejected_results,
+    )
     env.tally(COMMIT_COUNTS.get(fin.outcome, "commit_unknown"), 1)
     yield from at.rejected(fin, LossSource.COMMIT)
     return fin

@@ -86,6 +86,7 @@ class Err:
     sent_at: float = 0.0
     received_at: float = 0.0
     exc: BaseException | None = None
+    request_id: str = ""  # the service's id of the failed request (x-amzn-RequestId)
 
     @property
     def unknown(self) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from .._errors import (
     AwsCallFailed,
+    GroupCancelled,
     JobNotFound,
     RecordUnreadable,
     ResourceMissing,
@@ -22,7 +23,7 @@ from .._errors import (
 )
 from .calls import Call, Emit, Err, ErrorKind, Flow, Ok, Outcome, Sleep, call, emit, sqs_code_is
 from .limits import REASON_LIMIT, bounded, result_problem
-from .records import JobRequests, JobState, JobView
+from .records import GroupRequests, JobRequests, JobState, JobView
 from .timing import OPEN, LeaseStatus, LocalLease
 
 SQS_BATCH = 10
@@ -241,9 +242,16 @@ def submit_flow(
     send_id: str,
     delay_seconds: int = 0,
     resend_after: float = UNSENT_GRACE_SECONDS,
+    group: str | None = None,
+    groups: GroupRequests | None = None,
 ) -> Flow[SubmitResult]:
     """Write the job record (condition: new) with this submission's send id, then
     send its message.
+
+    With a ``group`` (an agent session, set by the producer) the record is written
+    in one transaction with the group's marker (``groups.count_job``: one more job,
+    only while the group is not cancelled); a cancelled group raises
+    :class:`GroupCancelled` and nothing is written.
 
     "The message is sent" is one decision: the send id in the record names the one
     sender allowed to send, and a message carrying any other id is a stray that no
@@ -252,16 +260,44 @@ def submit_flow(
     (and says so); past it, or when that sender gave the right back, it takes the
     right over with a conditional write and sends under its own id.
     """
-    out = yield from call(
-        req.put_new(
-            job_id=job_id,
-            job_class=job_class,
-            payload_json=payload_json,
-            payload_hash=payload_hash,
-            wall_now=wall_now,
-            send_id=send_id,
+    out: Outcome
+    if group is None:
+        out = yield from call(
+            req.put_new(
+                job_id=job_id,
+                job_class=job_class,
+                payload_json=payload_json,
+                payload_hash=payload_hash,
+                wall_now=wall_now,
+                send_id=send_id,
+            )
         )
-    )
+    else:
+        if groups is None:  # pragma: no cover - the producer always passes both
+            raise ValueError("submit_flow: a group needs its GroupRequests")
+        entries = [
+            groups.count_job(group, wall_now),
+            req.put_new_item(
+                job_id=job_id,
+                job_class=job_class,
+                payload_json=payload_json,
+                payload_hash=payload_hash,
+                wall_now=wall_now,
+                send_id=send_id,
+                group=group,
+            ),
+        ]
+        txn = yield from call(Call("dynamodb", "TransactWriteItems", {"TransactItems": entries}))
+        for pause in GROUP_SUBMIT_PAUSES:
+            # Submits to one session meet on its marker: a conflicting transaction
+            # cancels the whole write (nothing applied), so try again a little later.
+            if not _transient_txn(txn):
+                break
+            yield Sleep(pause)
+            txn = yield from call(
+                Call("dynamodb", "TransactWriteItems", {"TransactItems": entries})
+            )
+        out = _grouped_put(job_id, group, groups, txn)
     created = True
     if isinstance(out, Err):
         if out.kind is not ErrorKind.CONDITION_FAILED or out.item is None:
@@ -272,6 +308,11 @@ def submit_flow(
                 f"job {job_id!r} exists with job class {existing.job_class!r} and payload hash "
                 f"{existing.payload_hash[:12]}; this submission has {job_class!r} / "
                 f"{payload_hash[:12]}: use a new job id for a new intention"
+            )
+        if existing.group != group:
+            raise SubmitConflict(
+                f"job {job_id!r} exists in group {existing.group!r}; this submission names "
+                f"group {group!r}: use a new job id for a job of another session"
             )
         if existing.send_id == send_id and not existing.message_sent:
             pass  # our own put, retried after its answer was lost: send now
@@ -316,6 +357,45 @@ def submit_flow(
     else:
         note = "submitted" if created else "record existed without a message: message sent"
     return SubmitResult(job_id, created, sent.message_id, note, send_id)
+
+
+GROUP_SUBMIT_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8)
+"""Pauses before retrying a grouped submit whose transaction was cancelled for a
+transient reason (a concurrent submit to the same group, throttling)."""
+
+
+def _transient_txn(out: Outcome) -> bool:
+    if not isinstance(out, Err) or out.kind is not ErrorKind.TRANSACTION_CANCELLED:
+        return False
+    codes = [str(r.get("Code") or "None") for r in out.reasons]
+    return "ConditionalCheckFailed" not in codes and any(c != "None" for c in codes)
+
+
+def _failed_condition(reason: Mapping[str, Any]) -> bool:
+    return str(reason.get("Code") or "") == "ConditionalCheckFailed"
+
+
+def _grouped_put(job_id: str, group: str, groups: GroupRequests, out: Outcome) -> Outcome:
+    """What the submit's transaction (group marker, new record) means, in the shape
+    of a plain put: Ok, a failed condition carrying the existing record, or another
+    error. A cancelled group refuses the submit, whether the record exists or not."""
+    if isinstance(out, Ok) or out.kind is not ErrorKind.TRANSACTION_CANCELLED:
+        return out
+    reasons = list(out.reasons)
+    if reasons and _failed_condition(reasons[0]):
+        marker = groups.parse(reasons[0].get("Item") or {})
+        why = marker.reason or "no reason given"
+        raise GroupCancelled(
+            f"job {job_id!r}: group {group!r} was cancelled ({why}); a cancelled session takes "
+            "no new jobs: submit it without the group or to a new group if it should still run",
+            group,
+            why,
+        )
+    if len(reasons) > 1 and _failed_condition(reasons[1]):
+        return Err(
+            ErrorKind.CONDITION_FAILED, out.code, message=out.message, item=reasons[1].get("Item")
+        )
+    return out
 
 
 def _own_unsent_take(now: JobView, send_id: str) -> bool:
@@ -580,7 +660,11 @@ def claim_flow(
             # updates, a malformed value): permanent for this job, not "unknown".
             return NotClaimed(d, "invalid", _refusal("claim", out))
         yield from emit(
-            "ownership_unknown", job_id=d.job_id, stage="claim", error_code=out.code or out.kind
+            "ownership_unknown",
+            job_id=d.job_id,
+            stage="claim",
+            error_code=out.code or out.kind,
+            request_id=out.request_id or None,
         )
         return NotClaimed(d, "unknown", f"claim not answered: {out.code or out.kind}")
     old = req.parse(out.response.get("Attributes", {}))
@@ -827,6 +911,7 @@ class Beat:
     status: BeatStatus
     deadline: float | None = None  # new local deadline when ok
     reason: str = ""
+    request_id: str = ""  # of the call that left ownership unknown, where it has one
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", BeatStatus(self.status))
@@ -861,6 +946,10 @@ def heartbeat_flow(
     extended: dict[str, float] = {}
     gone: set[str] = set()
     calls = 0
+    # ``wall_now`` was read just before this round; the first call's send stamp is
+    # the lease clock at about the same moment: the pair turns the monotonic
+    # ``last_confirmed`` into a wall-clock time a person can read.
+    mono_now: float | None = None
     by_id = {lease.job_id: lease for lease in leases}
     for chunk in _chunks(list(leases), SQS_BATCH):
         entries = [
@@ -875,10 +964,14 @@ def heartbeat_flow(
             Call("sqs", "ChangeMessageVisibilityBatch", {"QueueUrl": queue_url, "Entries": entries})
         )
         calls += 1
+        if mono_now is None:
+            mono_now = out.sent_at
         if isinstance(out, Err):
             for lease in chunk:
                 why = out.code or out.kind
-                beats[lease.job_id] = Beat(lease.job_id, BeatStatus.UNKNOWN, reason=why)
+                beats[lease.job_id] = Beat(
+                    lease.job_id, BeatStatus.UNKNOWN, reason=why, request_id=out.request_id
+                )
             continue
         for ok in out.response.get("Successful", []):
             extended[chunk[int(ok["Id"])].job_id] = out.sent_at
@@ -942,7 +1035,10 @@ def heartbeat_flow(
                 if isinstance(out, Ok) and not out.response.get("UnprocessedKeys"):
                     beats[job_id] = Beat(job_id, BeatStatus.LOST, reason="job record is gone")
                 else:
-                    beats[job_id] = Beat(job_id, BeatStatus.UNKNOWN, reason=f"dynamodb: {why}")
+                    rid = out.request_id if isinstance(out, Err) else ""
+                    beats[job_id] = Beat(
+                        job_id, BeatStatus.UNKNOWN, reason=f"dynamodb: {why}", request_id=rid
+                    )
                 continue
             beats[job_id] = _verdict(lease, found, worker_id, extended[job_id])
     for job_id in sorted(advise):
@@ -991,9 +1087,18 @@ def heartbeat_flow(
                 token=lease.token,
                 reason=beat.reason,
                 last_confirmed=lease.last_confirmed,
+                last_confirmed_at=_wall_of(lease.last_confirmed, mono_now, wall_now),
                 conservative_deadline=lease.conservative_deadline,
+                request_id=beat.request_id or None,
             )
     return HeartbeatReport(beats, calls)
+
+
+def _wall_of(mono: float, mono_now: float | None, wall_now: float) -> float | None:
+    """A lease-clock time as wall-clock seconds (None: never confirmed, or no anchor)."""
+    if mono_now is None or mono <= 0.0:
+        return None
+    return round(wall_now - (mono_now - mono), 3)
 
 
 @dataclass(frozen=True)
@@ -1164,6 +1269,7 @@ class Finish:
     outcome: FinishOutcome
     reason: str = ""
     current: JobView | None = None
+    request_id: str = ""  # of the unanswered or refused write, where the service gave one
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outcome", FinishOutcome(self.outcome))
@@ -1242,11 +1348,17 @@ def _fenced_write(
         if out.kind is ErrorKind.VALIDATION:
             return Finish(FinishOutcome.INVALID, f"{out.code or out.kind}: {out.message}")
         if not out.unknown:
-            return Finish(FinishOutcome.UNKNOWN, f"{out.code or out.kind}: {out.message}")
+            return Finish(
+                FinishOutcome.UNKNOWN,
+                f"{out.code or out.kind}: {out.message}",
+                request_id=out.request_id,
+            )
         if attempt + 1 < COMMIT_TRIES:
             yield Sleep(0.2 * (attempt + 1))
     assert last is not None
-    return Finish(FinishOutcome.UNKNOWN, f"no answer: {last.code or last.kind}")
+    return Finish(
+        FinishOutcome.UNKNOWN, f"no answer: {last.code or last.kind}", request_id=last.request_id
+    )
 
 
 def _limit_hint(message: str) -> str:
@@ -1332,7 +1444,12 @@ def _end_attempt(
         )
     else:
         yield from emit(
-            "ownership_unknown", job_id=job.job_id, token=job.token, stage=stage, reason=fin.reason
+            "ownership_unknown",
+            job_id=job.job_id,
+            token=job.token,
+            stage=stage,
+            reason=fin.reason,
+            request_id=fin.request_id or None,
         )
     return fin
 
@@ -1347,8 +1464,14 @@ def commit_flow(
     result_json: str,
     wall_now: float,
     duration: float,
+    keep_rejected_content: bool = False,
 ) -> Flow[Finish]:
     """Write the result on condition of the token; then delete the message.
+
+    A rejected result (the token moved on) is never shown as the job's result, but
+    kept for inspection on the record (``jobs show``): its hash and size, and with
+    ``keep_rejected_content`` (the class's ``keep_rejected_results``) its bounded
+    content.
 
     A result that would make the record break DynamoDB's item limit (payload and
     result together) is never sent: the job fails with a reason naming the limit.
@@ -1390,6 +1513,25 @@ def commit_flow(
             attempt=job.attempt,
             payload_hash=job.payload_hash,
             duration=round(duration, 3),
+        )
+    elif fin.outcome is FinishOutcome.REJECTED and fin.current is not None:
+        kept = yield from call(
+            req.keep_rejected(
+                job.job_id,
+                job.token,
+                worker_id,
+                result_json,
+                wall_now,
+                keep_content=keep_rejected_content,
+            )
+        )
+        yield from emit(
+            "rejected_result_kept",
+            job_id=job.job_id,
+            token=job.token,
+            size=len(result_json.encode("utf-8")),
+            content=keep_rejected_content,
+            stored=isinstance(kept, Ok),
         )
     return fin
 
@@ -1640,6 +1782,15 @@ def poison_flow(
 
 def cancel_flow(req: JobRequests, *, job_id: str, reason: str, wall_now: float) -> Flow[JobView]:
     """End a job ``failed`` (cancelled) and move its token on, fencing out its owner."""
+    view, _ = yield from cancel_one(req, job_id=job_id, reason=reason, wall_now=wall_now)
+    return view
+
+
+def cancel_one(
+    req: JobRequests, *, job_id: str, reason: str, wall_now: float
+) -> Flow[tuple[JobView, bool]]:
+    """:func:`cancel_flow`, also saying whether this call ended the job (False: it
+    was already terminal, and the view is what it found)."""
     out = yield from call(req.cancel(job_id, reason, wall_now))
     if isinstance(out, Err):
         if out.kind is ErrorKind.CONDITION_FAILED:
@@ -1647,8 +1798,8 @@ def cancel_flow(req: JobRequests, *, job_id: str, reason: str, wall_now: float) 
                 raise JobNotFound(f"no job {job_id!r}")
             current = req.parse(out.item)
             yield from emit("job_cancel_noop", job_id=job_id, state=current.state.value)
-            return current
+            return current, False
         raise _fail_call(f"cancel {job_id}", out)
     view = req.parse(out.response.get("Attributes", {}))
     yield from emit("job_cancelled", job_id=job_id, token=view.token, reason=reason)
-    return view
+    return view, True

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Literal, Protocol
 
@@ -59,10 +59,15 @@ class IntentState(StrEnum):
     CONFIRMED = "confirmed"
     AMBIGUOUS = "ambiguous"
     ABANDONED = "abandoned"
+    SUPERSEDED = "superseded"  # an operator approved a new, separate operation (``successor``)
 
 
 @dataclass(frozen=True)
 class IntentView:
+    """An intent as the core (and a target's check) reads it. ``success`` is what the
+    target's success means for it (``accepted``/``completed``/``delivered``; None for
+    an intent stored before the meaning was recorded)."""
+
     key: str
     job_id: str
     action: str
@@ -79,6 +84,24 @@ class IntentView:
     first_started_at: float | None = None  # wall time of the first start
     resolution: str | None = None  # an operator's decision, once made
     resolved_by: str | None = None
+    success: SuccessMeaning | None = None
+    successor: str | None = None  # the new operation's key, once an operator approved one
+    predecessor: str | None = None  # the superseded intent this operation replaces
+
+
+SuccessMeaning = Literal["accepted", "completed", "delivered"]
+"""What a target's success means: ``accepted`` (queued on its side, may still fail
+there), ``completed`` (applied) or ``delivered`` (reached its final recipient)."""
+
+SUCCESS_MEANINGS: tuple[SuccessMeaning, ...] = ("accepted", "completed", "delivered")
+
+
+def success_meaning(value: str | None) -> SuccessMeaning | None:
+    """A stored meaning read back (None: absent or one this version does not know)."""
+    for meaning in SUCCESS_MEANINGS:
+        if value == meaning:
+            return meaning
+    return None
 
 
 class Verdict(StrEnum):
@@ -103,6 +126,7 @@ class ToolResult:
 
     response: Mapping[str, Any]
     external_id: str | None = None
+    request_id: str | None = None  # the target's id of this request (for its operators)
 
 
 @dataclass(frozen=True)
@@ -131,6 +155,10 @@ class EffectSpec:
     may_record: Callable[[], bool] | None = None
     log_bodies: bool = False
     key_retention_seconds: float | None = None  # how long the target keeps keys; None: not at all
+    success: SuccessMeaning = "completed"  # what the target's success means (Target.success)
+    predecessor: str | None = None  # set when following a superseded intent to its successor
+    # The tool for another key (the successor's): its call must carry that key.
+    rekey: Callable[[str], Callable[[], Any]] | None = None
 
 
 def default_key(job_id: str, stage: str, action: str, target: str, version: str | None) -> str:
@@ -240,6 +268,7 @@ def effect_flow(
     key = spec.key
     held = iter(held_waits)
     existing: IntentView | None = None
+    hops = 0
     while True:
         # Nothing from a dropped attempt: every intent write checks the local lease first.
         yield from _lease_check(spec)
@@ -259,6 +288,32 @@ def effect_flow(
         if out.kind is not ErrorKind.CONDITION_FAILED or out.item is None:
             raise _unknown(out, "prepare intent", key)
         existing = ireq.parse(out.item)
+        if existing.state is IntentState.SUPERSEDED and existing.successor:
+            # An operator approved a new operation in its place: go on under its key
+            # (same payload), recorded as the old one's successor.
+            if hops >= MAX_SUCCESSORS or spec.rekey is None:
+                raise PermanentError(
+                    f"intent {key!r} was superseded by {existing.successor!r}, which this "
+                    "effect call cannot follow",
+                    code="intent_superseded",
+                )
+            hops += 1
+            yield from emit(
+                "intent_successor_followed",
+                job_id=spec.job_id,
+                key=key,
+                successor=existing.successor,
+                token=token,
+            )
+            spec = replace(
+                spec,
+                key=existing.successor,
+                predecessor=key,
+                tool=spec.rekey(existing.successor),
+            )
+            ctx = _Ctx(ireq, jreq, spec, token, worker_id, wall_clock, flow_id, tuple(retry_waits))
+            key = spec.key
+            continue
         if existing.payload_hash != spec.payload_hash:
             yield from emit(
                 "intent_refused",
@@ -361,6 +416,7 @@ def effect_flow(
                 token=token,
                 duration=duration,
                 external_id=result.external_id,
+                request_id=result.request_id,
             )
             return (
                 yield from _confirm(
@@ -670,6 +726,8 @@ def _confirm(
             key=spec.key,
             stage="intent_confirm",
             error_code=out.code or out.kind.value,
+            token=ctx.token,
+            request_id=out.request_id or None,
         )
         raise _unknown(out, "confirm intent", spec.key)
     yield from emit(
@@ -744,7 +802,10 @@ def _reconcile(
         payload_json=spec.payload_json,
         last_token=token,
         first_started_at=first_started,
+        success=spec.success,
     )
+    if view.success is None:  # stored before the meaning was recorded: the target's own
+        view = replace(view, success=spec.success)
     if check is None:
         answer = CheckAnswer(Verdict.CANNOT_TELL, detail="no check registered")
     else:
@@ -820,6 +881,25 @@ class Resolution(StrEnum):
     CONFIRMED = "confirmed"
     RETRY = "retry"
     ABANDON = "abandon"
+    NEW_OPERATION = "new_operation"  # approve a new, separate operation under a derived key
+
+
+SUCCESSOR_MARK = "~op"
+MAX_SUCCESSORS = 50
+"""Hang guard on following successor keys from one effect call."""
+
+
+def successor_key(key: str) -> str:
+    """The key of the operation that replaces ``key``: ``KEY~op2``, then ``KEY~op3``.
+
+    Derived, never chosen: the same decision on the same intent always names the
+    same successor, and the mark says to anyone reading the target's log that this
+    is a new operation, not a repeat of the old one.
+    """
+    base, mark, n = key.rpartition(SUCCESSOR_MARK)
+    if mark and n.isdigit() and base:
+        return f"{base}{SUCCESSOR_MARK}{int(n) + 1}"
+    return f"{key}{SUCCESSOR_MARK}2"
 
 
 class ResolveRequests(Protocol):
@@ -999,6 +1079,7 @@ def _as_resolved(
         Resolution.CONFIRMED: IntentState.CONFIRMED,
         Resolution.RETRY: IntentState.PREPARED,
         Resolution.ABANDON: IntentState.ABANDONED,
+        Resolution.NEW_OPERATION: IntentState.SUPERSEDED,
     }[resolution]
     return IntentView(
         key=intent.key,
@@ -1015,6 +1096,9 @@ def _as_resolved(
         reason=intent.reason,
         resolution=resolution.value,
         resolved_by=who,
+        successor=successor_key(intent.key)
+        if resolution is Resolution.NEW_OPERATION
+        else intent.successor,
     )
 
 

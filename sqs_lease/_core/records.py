@@ -46,6 +46,7 @@ class JobView:
     send_id: str | None = None  # the job's current message (None: an older record)
     unsent_since: float | None = None  # wall time; set while no message is known sent
     granted_attempts: int = 0  # attempts an operator granted beyond max_attempts
+    group: str | None = None  # the agent session (or run) the producer put it in
 
 
 class JobRequests(Protocol):
@@ -62,6 +63,20 @@ class JobRequests(Protocol):
         send_id: str,
         stage: str | None = None,
     ) -> Call: ...
+
+    def put_new_item(
+        self,
+        *,
+        job_id: str,
+        job_class: str,
+        payload_json: str,
+        payload_hash: str,
+        wall_now: float,
+        send_id: str,
+        group: str,
+    ) -> Mapping[str, Any]: ...
+
+    def group_query(self, group: str, start: Mapping[str, Any] | None) -> Call: ...
 
     def mark_sent(self, job_id: str, send_id: str, wall_now: float) -> Call: ...
 
@@ -110,6 +125,19 @@ class JobRequests(Protocol):
         self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float
     ) -> Call: ...
 
+    def keep_rejected(
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        result_json: str,
+        wall_now: float,
+        *,
+        keep_content: bool,
+    ) -> Call:
+        """Record a result whose commit was rejected (for people; no decision reads it)."""
+        ...
+
     def advise(
         self, job_id: str, token: int, worker_id: str, wall_now: float, lease_seconds: int
     ) -> Call: ...
@@ -131,3 +159,26 @@ class JobRequests(Protocol):
     def batch_items(self, response: Mapping[str, Any]) -> list[Mapping[str, Any]]: ...
 
     def parse(self, item: Mapping[str, Any]) -> JobView: ...
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """A group's marker record: how many job records it holds, and its cancel."""
+
+    group: str
+    jobs: int
+    cancelled_at: float | None = None
+    reason: str | None = None
+
+
+class GroupRequests(Protocol):
+    """Builds DynamoDB calls for the group table (one marker record per group)."""
+
+    def count_job(self, group: str, wall_now: float) -> Mapping[str, Any]:
+        """A TransactWriteItems entry: one more job in the group, only while the group
+        is not cancelled (so a submit and a cancel are ordered by DynamoDB)."""
+        ...
+
+    def cancel(self, group: str, reason: str, wall_now: float) -> Call: ...
+
+    def parse(self, item: Mapping[str, Any]) -> GroupView: ...

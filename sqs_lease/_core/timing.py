@@ -95,6 +95,7 @@ def check_timing(
             f"{missed} x {heartbeat:g} + {jitter:g} = {missed * heartbeat + jitter:g}; "
             "raise the lease or beat more often"
         )
+    check_beat_reserve(name, lease, heartbeat, jitter)
     if stage_budget > SQS_MAX_VISIBILITY - CAP_MARGIN:
         raise JobClassError(
             f"job class {name!r}: stage_budget_seconds={stage_budget:g} must stay under "
@@ -132,6 +133,36 @@ def check_timing(
                 f"stage_budget_seconds={stage_budget:g}, so it could never fire; lower it to at "
                 "most the stage budget, or leave it None"
             )
+
+
+def check_beat_reserve(name: str, lease: float, heartbeat: float, jitter: float) -> None:
+    """Refuse a class whose regular beat extends too late to survive one miss.
+
+    A granted lease of ``lease`` seconds is next extended ``heartbeat`` seconds
+    later, with ``lease - heartbeat`` left; if that beat is missed, the one after
+    it comes another ``heartbeat`` later, and the watchdog lets the message go
+    once only ``jitter`` is left (``now >= deadline - jitter``). So every
+    extension must happen while *more than* one heartbeat interval plus the jitter
+    budget remains: ``lease - heartbeat > heartbeat + jitter``. (``L > R x H + J``
+    alone lets L = 3, H = 1.5, J = 0.4, R = 1 pass, extending with 1.5 s left:
+    one missed beat and the lease lapses.)
+    """
+    reserve = heartbeat + jitter
+    if lease - heartbeat > reserve:
+        return
+    # The fixes, in the class's own units: a whole-second lease just above
+    # 2H + J, or a heartbeat just below (L - J) / 2.
+    min_lease = math.floor(2 * heartbeat + jitter) + 1
+    max_beat = (lease - jitter) / 2  # > 0: L > R x H + J >= J was checked first
+    raise JobClassError(
+        f"job class {name!r}: a beat extends the lease with lease_seconds - heartbeat_seconds "
+        f"= {lease:g} - {heartbeat:g} = {lease - heartbeat:g} s left, which must exceed one "
+        f"more heartbeat interval plus the jitter budget, heartbeat_seconds + jitter_seconds "
+        f"= {heartbeat:g} + {jitter:g} = {reserve:g} s, or a single missed beat lets the lease "
+        f"lapse (lease_seconds > 2 x heartbeat_seconds + jitter_seconds = "
+        f"{2 * heartbeat + jitter:g}); raise lease_seconds to at least {min_lease} "
+        f"or lower heartbeat_seconds below {max_beat:g}"
+    )
 
 
 def backoff_delay(attempt: int, base: float, cap: float, rand: float) -> int:

@@ -26,7 +26,14 @@ from .._core.intents import IntentState, Resolution, ToolResult, resolve_flow, r
 from .._core.timing import LeaseStatus
 from .._errors import LeaseLost, ToolNotApplied, ToolOutcomeUnknown
 from .._jobs import JobClass, canonical_json, payload_hash
-from .._schema import UNSENT_INDEX, IntentTable, JobTable, UnsentIndex
+from .._schema import (
+    GROUP_INDEX,
+    UNSENT_INDEX,
+    GroupIndex,
+    IntentTable,
+    JobTable,
+    UnsentIndex,
+)
 from . import plan as plans
 from .chaos import Chaos
 from .ddb import IndexSpec, SimDynamo, TableSpec
@@ -39,6 +46,7 @@ T = TypeVar("T")
 
 JOBS = "sim-jobs"
 INTENTS = "sim-intents"
+GROUPS = "sim-groups"
 ATTEMPTS = "sim-attempts"
 QUEUE = "https://sqs.sim.local/000000000000/sim-work"
 DLQ = "https://sqs.sim.local/000000000000/sim-work-dlq"
@@ -276,6 +284,7 @@ class World:
                 _jobs_table_spec(),
                 TableSpec(INTENTS, "intent_key"),
                 TableSpec(ATTEMPTS, "intent_key", "attempt"),
+                TableSpec(GROUPS, "group_id"),
             ],
             self.chaos,
             self.plan.ddb,
@@ -1190,12 +1199,15 @@ class World:
         return out
 
 
-def _jobs_table_spec() -> TableSpec:
+def _jobs_table_spec(name: str = JOBS) -> TableSpec:
     """The jobs table with the sparse ``unsent`` index the stranded sweep queries
-    (as ``_schema.UnsentIndex``: keys ``unsent``/``unsent_since``, its projection)."""
+    (as ``_schema.UnsentIndex``: keys ``unsent``/``unsent_since``, its projection)
+    and the sparse ``group`` index a group cancel queries (``_schema.GroupIndex``)."""
     projects = UnsentIndex.Meta.projection.non_key_attributes
     unsent = IndexSpec(UNSENT_INDEX, "unsent", "unsent_since", tuple(projects or ()))
-    return TableSpec(JOBS, "job_id", indexes=(unsent,))
+    in_group = GroupIndex.Meta.projection.non_key_attributes
+    group = IndexSpec(GROUP_INDEX, "group_id", "created_at", tuple(in_group or ()))
+    return TableSpec(name, "job_id", indexes=(unsent, group))
 
 
 def _plan_summary(p: RunPlan) -> dict[str, Any]:
