@@ -8,13 +8,12 @@ from typing import Any
 from ._aws import classify, endpoint_of, make_client
 from ._config import Settings
 from ._core.calls import ErrorKind
+from ._core.deploy import REDRIVE_BACKSTOP
 from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
 from ._schema import AttemptRecord, IntentRecord, JobRecord, create_table_params
 
-DEFAULT_MAX_RECEIVES = 50
-"""Redrive backstop. The worker counts attempts itself (in the job record); SQS's
-redrive only catches messages that kill a worker before any claim, so it is set
-well above any job class's ``max_attempts``."""
+DEFAULT_MAX_RECEIVES = REDRIVE_BACKSTOP
+"""Redrive backstop (``_core.deploy``): set well above any job class's ``max_attempts``."""
 
 
 def _call(client: Any, op: str, **params: Any) -> Any:
