@@ -16,14 +16,15 @@ from types import ModuleType
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-import aws_cdk as cdk  # noqa: E402
-from aws_cdk import aws_ec2 as ec2  # noqa: E402
-from aws_cdk import aws_ecs as ecs  # noqa: E402
-from aws_cdk import aws_lambda as lambda_  # noqa: E402
-from aws_cdk import aws_logs as logs  # noqa: E402
-from constructs import Construct  # noqa: E402
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
 
-from sqs_lease import App  # noqa: E402
+from sqs_lease import App
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -64,12 +65,21 @@ class ExampleStack(cdk.Stack):
         worker_image: str = "sqs-lease-worker:latest",
         **kwargs: object,
     ) -> None:
-        super().__init__(scope, construct_id, **kwargs)  # type: ignore[arg-type]
+        super().__init__(scope, construct_id, **kwargs)
         jobs = load_jobs()
         self.queue = LeasedQueue(
             self, "Queue", job_classes=jobs, prefix=prefix, lambda_timeout=LAMBDA_TIMEOUT
         )
         self.tables = LeaseTables(self, "Tables", prefix=prefix)
+        # Whoever submits jobs (an API, another service) assumes a role like this one.
+        self.producer_role = iam.Role(
+            self,
+            "ProducerRole",
+            assumed_by=iam.AccountRootPrincipal(),
+            description="sqs-lease producer: submit jobs to this stack's queue",
+        )
+        self.queue.grant_producer(self.producer_role)
+        self.tables.grant_producer(self.producer_role)
         self.lambda_consumer = LambdaConsumer(
             self,
             "LambdaConsumer",
@@ -141,7 +151,7 @@ def main() -> None:
     except ImportError:
         pass
     else:
-        cdk.Aspects.of(app).add(AwsSolutionsChecks())
+        cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     app.synth()
 
 

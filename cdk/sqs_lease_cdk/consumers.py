@@ -104,7 +104,9 @@ class LambdaConsumer(Construct):
         check_lambda_timing(queue.visibility_timeout_seconds, timeout, window)
         limit = 10 if queue.fifo else 10_000
         if not 1 <= batch_size <= limit:
-            raise ConfigError(f"batch_size={batch_size}: this queue's event source takes 1..{limit}")
+            raise ConfigError(
+                f"batch_size={batch_size}: this queue's event source takes 1..{limit}"
+            )
         if batch_size > 10 and window < 1:
             raise ConfigError(
                 f"batch_size={batch_size}: above 10 the event source needs a batching window "

@@ -138,9 +138,10 @@ class LeaseTables(Construct):
     def _arns(self, role: str) -> list[str]:
         table = self._tables[role]
         # Each index by name: a grant on "index/*" would be a wildcard resource.
-        names = [i["IndexName"] for i in table_params(self._settings)[role].get(
-            "GlobalSecondaryIndexes", []
-        )]
+        names = [
+            i["IndexName"]
+            for i in table_params(self._settings)[role].get("GlobalSecondaryIndexes", [])
+        ]
         return [table.table_arn, *(f"{table.table_arn}/index/{n}" for n in names)]
 
 
