@@ -144,7 +144,8 @@ def build(app: cdk.App) -> ExampleStack:
 
 def main() -> None:
     """Synthesise the example (with cdk-nag's AwsSolutions checks when installed)."""
-    app = cdk.App()
+    # The CDK CLI names the output directory in CDK_OUTDIR; run alone, cdk.out/ here.
+    app = cdk.App(outdir=os.environ.get("CDK_OUTDIR") or str(HERE / "cdk.out"))
     build(app)
     try:
         from cdk_nag import AwsSolutionsChecks
