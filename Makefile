@@ -7,9 +7,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck unit soak chaos bench dist clean
 
-$(STAMP): pyproject.toml constraints.txt
+# The CDK constructs (cdk/, a sibling package) and what their tests need (aws-cdk-lib,
+# cdk-nag, cfn-lint) come in the same install: tests/test_cdk.py runs in `make test`.
+$(STAMP): pyproject.toml constraints.txt cdk/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]' -e './cdk[test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -43,4 +45,4 @@ dist: $(STAMP)
 	$(BIN)/python -m build --no-isolation --outdir dist .
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache *.egg-info build dist
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache *.egg-info build dist cdk/cdk.out cdk/*.egg-info

@@ -52,6 +52,7 @@ from ._core.attempt import (
     watchdog_drops_flow,
 )
 from ._core.calls import Flow
+from ._core.deploy import SHUTDOWN_GRACE_SECONDS
 from ._core.flows import (
     UNKNOWN_CLASS_RECEIVES,
     UNSENT_GRACE_SECONDS,
@@ -129,7 +130,7 @@ class AsyncWorker(ShellBase):
         threads: int = 16,
         receive_wait: int = 2,
         receive_visibility: int | None = None,
-        shutdown_grace: float = 20.0,
+        shutdown_grace: float = SHUTDOWN_GRACE_SECONDS,
         timeouts: Timeouts | None = None,
         journal: Journal | None = None,
         tick: float = 0.1,

@@ -8,13 +8,13 @@ from typing import Any
 from ._aws import classify, endpoint_of, make_client
 from ._config import Settings
 from ._core.calls import ErrorKind
+from ._core.deploy import REDRIVE_BACKSTOP
 from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
-from ._schema import AttemptRecord, GroupRecord, IntentRecord, JobRecord, create_table_params
+from ._schema import create_table_params
+from .deploy import TABLE_MODELS, table_names
 
-DEFAULT_MAX_RECEIVES = 50
-"""Redrive backstop. The worker counts attempts itself (in the job record); SQS's
-redrive only catches messages that kill a worker before any claim, so it is set
-well above any job class's ``max_attempts``."""
+DEFAULT_MAX_RECEIVES = REDRIVE_BACKSTOP
+"""Redrive backstop (``_core.deploy``): set well above any job class's ``max_attempts``."""
 
 
 def _call(client: Any, op: str, **params: Any) -> Any:
@@ -31,12 +31,8 @@ def _call(client: Any, op: str, **params: Any) -> Any:
 def create_tables(settings: Settings) -> list[str]:
     """Create the job table (and any later tables) if missing; return their names."""
     ddb = make_client(settings, "dynamodb")
-    wanted = [
-        (JobRecord, settings.jobs_table),
-        (IntentRecord, settings.intents_table),
-        (AttemptRecord, settings.attempts_table),
-        (GroupRecord, settings.groups_table),
-    ]
+    names = table_names(settings)
+    wanted = [(model, names[role]) for role, model in TABLE_MODELS.items()]
     for model, name in wanted:
         # DescribeTable, not ListTables: the latter pages at 100 names, and a table
         # missed there would never get the indexes added below.

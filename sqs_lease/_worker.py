@@ -32,6 +32,7 @@ from ._core.attempt import (
     shutdown_flow,
     sweep_once_flow,
 )
+from ._core.deploy import SHUTDOWN_GRACE_SECONDS
 from ._core.flows import (
     UNKNOWN_CLASS_RECEIVES,
     UNSENT_GRACE_SECONDS,
@@ -73,7 +74,7 @@ class Worker(ShellBase):
         concurrency: int = 4,
         receive_wait: int = 2,
         receive_visibility: int | None = None,
-        shutdown_grace: float = 20.0,
+        shutdown_grace: float = SHUTDOWN_GRACE_SECONDS,
         timeouts: Timeouts | None = None,
         journal: Journal | None = None,
         tick: float = 0.1,

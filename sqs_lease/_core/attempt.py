@@ -63,6 +63,7 @@ from typing import Any, Protocol
 
 from .._errors import LeaseLost, PayloadError
 from .calls import Emit, Err, Flow, Invoke, Ok
+from .deploy import redrive_too_tight
 from .endings import Ending, EndKind, ending_for, stopped_ending
 from .flows import (
     Claimed,
@@ -648,7 +649,7 @@ def redrive_rules(
     unknown class may have before our DLQ copy, and the warning for a redrive so
     tight that it can move a live job's message to the DLQ."""
     warning: Emit | None = None
-    if max_receives is not None and max_receives <= 2 * most_attempts:
+    if max_receives is not None and redrive_too_tight(max_receives, most_attempts):
         # Receives that end in no claim (unanswered claims, duplicates) count too:
         # a redrive this tight can move a live job's message to the DLQ and leave
         # its record without a message (found by the simulation, tight_redrive).

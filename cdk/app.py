@@ -1,0 +1,160 @@
+"""Example CDK app: one leased queue, the tables, both consumers, monitoring.
+
+Synthesise with ``python app.py`` (no CDK CLI needed) or deploy with ``cdk deploy``
+(see README.md). Context values: ``prefix`` (resource names, as the library's
+``--prefix``), ``lambda_asset`` (a directory holding sqs-lease and the job
+module), ``worker_image`` (the ECS worker image).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from sqs_lease import App
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from sqs_lease_cdk import (  # noqa: E402
+    FargateConsumer,
+    LambdaConsumer,
+    LeasedQueue,
+    LeaseMonitoring,
+    LeaseTables,
+)
+
+HANDLERS = HERE / "handlers"
+APP_REF = "example_jobs:app"
+LAMBDA_TIMEOUT = cdk.Duration.minutes(5)
+
+
+def load_jobs() -> App:
+    """The example's ``App`` (from ``handlers/example_jobs.py``, the Lambda asset)."""
+    spec = importlib.util.spec_from_file_location("example_jobs", HANDLERS / "example_jobs.py")
+    assert spec is not None and spec.loader is not None
+    module: ModuleType = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    app: App = module.app
+    return app
+
+
+class ExampleStack(cdk.Stack):
+    """Everything a deployment of the example needs, in one stack."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        prefix: str = "sqs-lease",
+        lambda_asset: Path = HANDLERS,
+        worker_image: str = "sqs-lease-worker:latest",
+        **kwargs: object,
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        jobs = load_jobs()
+        self.queue = LeasedQueue(
+            self, "Queue", job_classes=jobs, prefix=prefix, lambda_timeout=LAMBDA_TIMEOUT
+        )
+        self.tables = LeaseTables(self, "Tables", prefix=prefix)
+        # Whoever submits jobs (an API, another service) assumes a role like this one.
+        self.producer_role = iam.Role(
+            self,
+            "ProducerRole",
+            assumed_by=iam.AccountRootPrincipal(),
+            description="sqs-lease producer: submit jobs to this stack's queue",
+        )
+        self.queue.grant_producer(self.producer_role)
+        self.tables.grant_producer(self.producer_role)
+        self.lambda_consumer = LambdaConsumer(
+            self,
+            "LambdaConsumer",
+            queue=self.queue,
+            tables=self.tables,
+            code=lambda_.Code.from_asset(str(lambda_asset)),
+            app_ref=APP_REF,
+        )
+        flow_logs = logs.LogGroup(
+            self,
+            "VpcFlowLogs",
+            retention=logs.RetentionDays.THREE_MONTHS,
+            removal_policy=cdk.RemovalPolicy.RETAIN,
+        )
+        vpc = ec2.Vpc(
+            self,
+            "Vpc",
+            max_azs=2,
+            nat_gateways=1,
+            flow_logs={
+                "all": ec2.FlowLogOptions(
+                    destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs)
+                )
+            },
+        )
+        cluster = ecs.Cluster(
+            self,
+            "Cluster",
+            vpc=vpc,
+            container_insights_v2=ecs.ContainerInsights.ENABLED,
+        )
+        self.fargate_consumer = FargateConsumer(
+            self,
+            "FargateConsumer",
+            queue=self.queue,
+            tables=self.tables,
+            cluster=cluster,
+            image=ecs.ContainerImage.from_registry(worker_image),
+            app_ref=APP_REF,
+        )
+        self.monitoring = LeaseMonitoring(
+            self,
+            "Monitoring",
+            queue=self.queue,
+            log_groups=[self.lambda_consumer.log_group, self.fargate_consumer.log_group],
+        )
+
+
+def build(app: cdk.App) -> ExampleStack:
+    """The example stack, its settings read from the app's context."""
+    prefix = app.node.try_get_context("prefix") or "sqs-lease"
+    asset = app.node.try_get_context("lambda_asset")
+    image = app.node.try_get_context("worker_image") or "sqs-lease-worker:latest"
+    return ExampleStack(
+        app,
+        "SqsLeaseExample",
+        prefix=prefix,
+        lambda_asset=Path(asset) if asset else HANDLERS,
+        worker_image=image,
+    )
+
+
+def main() -> None:
+    """Synthesise the example (with cdk-nag's AwsSolutions checks when installed)."""
+    # The CDK CLI names the output directory in CDK_OUTDIR; run alone, cdk.out/ here.
+    app = cdk.App(outdir=os.environ.get("CDK_OUTDIR") or str(HERE / "cdk.out"))
+    build(app)
+    try:
+        from cdk_nag import AwsSolutionsChecks
+    except ImportError:
+        pass
+    else:
+        cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    app.synth()
+
+
+if __name__ == "__main__":
+    main()

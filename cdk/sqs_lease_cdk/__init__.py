@@ -1,0 +1,40 @@
+"""AWS CDK constructs for sqs-lease.
+
+- ``LeasedQueue``: job queue + DLQ, visibility and redrive from the job classes.
+- ``LeaseTables``: jobs, intents, attempts and groups tables from the library's models.
+- ``LambdaConsumer``, ``FargateConsumer``: the two ways to run workers.
+- ``LeaseMonitoring``: metric filters on the journal, alarms, a dashboard.
+
+Every construct checks its props before it builds anything and raises the
+library's ``ConfigError`` (or ``JobClassError``) naming the prop and the fix.
+"""
+
+from ._common import job_classes_of, settings_for
+from .consumers import LAMBDA_HANDLER, FargateConsumer, LambdaConsumer, backlog_per_task
+from .monitoring import JOURNAL_METRICS, JournalMetric, LeaseMonitoring
+from .queue import (
+    PRODUCER_QUEUE_ACTIONS,
+    WORKER_DLQ_ACTIONS,
+    WORKER_QUEUE_ACTIONS,
+    LeasedQueue,
+)
+from .tables import PRODUCER_TABLE_ACTIONS, WORKER_TABLE_ACTIONS, LeaseTables
+
+__all__ = [
+    "JOURNAL_METRICS",
+    "LAMBDA_HANDLER",
+    "PRODUCER_QUEUE_ACTIONS",
+    "PRODUCER_TABLE_ACTIONS",
+    "WORKER_DLQ_ACTIONS",
+    "WORKER_QUEUE_ACTIONS",
+    "WORKER_TABLE_ACTIONS",
+    "FargateConsumer",
+    "JournalMetric",
+    "LambdaConsumer",
+    "LeaseMonitoring",
+    "LeaseTables",
+    "LeasedQueue",
+    "backlog_per_task",
+    "job_classes_of",
+    "settings_for",
+]

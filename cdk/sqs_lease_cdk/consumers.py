@@ -1,0 +1,332 @@
+"""The two consumers: a Lambda function behind an SQS event source, an ECS Fargate service."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Validations
+from aws_cdk import aws_applicationautoscaling as appscaling
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_event_sources as sources
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from sqs_lease import ConfigError
+from sqs_lease.deploy import SHUTDOWN_GRACE_SECONDS, check_lambda_timing, ecs_stop_timeout
+
+from .queue import LeasedQueue
+from .tables import LeaseTables
+
+LAMBDA_HANDLER = "sqs_lease.aws_lambda.handler"
+"""The Lambda adapter's entry point (issue 10); it loads the app named by ``SQS_LEASE_APP``."""
+
+DEFAULT_RUNTIME = lambda_.Runtime.PYTHON_3_14
+"""The newest Python runtime (cdk-nag's AwsSolutions-L1 asks for the latest)."""
+
+_APP_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+LOG_RETENTION = logs.RetentionDays.THREE_MONTHS
+
+
+def _check_app_ref(app_ref: str) -> None:
+    if not _APP_REF.match(app_ref):
+        raise ConfigError(
+            f"app_ref={app_ref!r}: name the App as MODULE:OBJECT (as `sqs-lease worker` "
+            "takes it), e.g. 'myjobs:app'"
+        )
+
+
+def _environment(queue: LeasedQueue, tables: LeaseTables, app_ref: str) -> dict[str, str]:
+    if queue.settings.prefix != tables.settings.prefix:
+        raise ConfigError(
+            f"queue prefix {queue.settings.prefix!r} and tables prefix "
+            f"{tables.settings.prefix!r} differ: the worker finds both by one prefix "
+            "(SQS_LEASE_PREFIX); give both constructs the same prefix"
+        )
+    # The names the library's Settings.from_env reads; the region is the runtime's own.
+    return {
+        "SQS_LEASE_PREFIX": tables.settings.prefix,
+        "SQS_LEASE_QUEUE": queue.settings.queue,
+        "SQS_LEASE_APP": app_ref,
+    }
+
+
+class LambdaConsumer(Construct):
+    """A Lambda function that runs the jobs of a ``LeasedQueue``.
+
+    The SQS event source reports partial batch failures (``ReportBatchItemFailures``):
+    the adapter returns the records that did not finish. The function timeout
+    (default: the queue's ``lambda_timeout``) and batching window are checked
+    against the queue's visibility (>= 6 x timeout + window, AWS's guidance)
+    before anything is built. The handler is ``sqs_lease.aws_lambda.handler``
+    (the adapter of issue 10), which loads the app named by ``app_ref``.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        queue: LeasedQueue,
+        tables: LeaseTables,
+        code: lambda_.Code,
+        app_ref: str,
+        handler: str = LAMBDA_HANDLER,
+        function_timeout: Duration | None = None,
+        batch_size: int = 10,
+        max_batching_window: Duration | None = None,
+        memory_size: int = 512,
+        reserved_concurrency: int | None = None,
+        runtime: lambda_.Runtime | None = None,
+        environment: Mapping[str, str] | None = None,
+    ) -> None:
+        _check_app_ref(app_ref)
+        env = _environment(queue, tables, app_ref)
+        if function_timeout is None:
+            if queue.lambda_timeout_seconds is None:
+                raise ConfigError(
+                    "function_timeout: none given and the queue was not sized for Lambda; "
+                    "create the LeasedQueue with lambda_timeout=Duration.seconds(N) (its "
+                    "visibility then follows AWS's 6 x timeout rule)"
+                )
+            timeout = queue.lambda_timeout_seconds
+        else:
+            timeout = int(function_timeout.to_seconds())
+        window = (
+            queue.max_batching_window_seconds
+            if max_batching_window is None
+            else int(max_batching_window.to_seconds())
+        )
+        check_lambda_timing(queue.visibility_timeout_seconds, timeout, window)
+        limit = 10 if queue.fifo else 10_000
+        if not 1 <= batch_size <= limit:
+            raise ConfigError(
+                f"batch_size={batch_size}: this queue's event source takes 1..{limit}"
+            )
+        if batch_size > 10 and window < 1:
+            raise ConfigError(
+                f"batch_size={batch_size}: above 10 the event source needs a batching window "
+                "of at least 1 s (max_batching_window)"
+            )
+        if not 128 <= memory_size <= 10_240:
+            raise ConfigError(f"memory_size={memory_size}: Lambda takes 128..10240 MB")
+        if reserved_concurrency is not None and reserved_concurrency < 1:
+            raise ConfigError(f"reserved_concurrency={reserved_concurrency}: give 1 or more")
+        for key in env:
+            if environment and key in environment:
+                raise ConfigError(f"environment[{key!r}] is set by the construct; remove it")
+        super().__init__(scope, construct_id)
+
+        self._timeout = timeout
+        self._log_group = logs.LogGroup(
+            self, "Logs", retention=LOG_RETENTION, removal_policy=RemovalPolicy.RETAIN
+        )
+        # An own role: the default one carries a managed policy whose log grant is
+        # account-wide; this one may write to its own log group only.
+        self._role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="sqs-lease Lambda consumer: its queue, tables and log group only",
+        )
+        self._log_group.grant_write(self._role)
+        self._function = lambda_.Function(
+            self,
+            "Function",
+            runtime=runtime or DEFAULT_RUNTIME,
+            handler=handler,
+            code=code,
+            timeout=Duration.seconds(timeout),
+            memory_size=memory_size,
+            role=self._role,
+            log_group=self._log_group,
+            reserved_concurrent_executions=reserved_concurrency,
+            environment={**(environment or {}), **env},
+        )
+        queue.grant_worker(self._role)
+        tables.grant_worker(self._role)
+        self._source = sources.SqsEventSource(
+            queue.queue,
+            batch_size=batch_size,
+            max_batching_window=Duration.seconds(window) if window else None,
+            report_batch_item_failures=True,
+        )
+        self._function.add_event_source(self._source)
+
+    @property
+    def function(self) -> lambda_.IFunction:
+        """The consumer function."""
+        return self._function
+
+    @property
+    def role(self) -> iam.IRole:
+        """The function's execution role (worker grants on its own resources only)."""
+        return self._role
+
+    @property
+    def log_group(self) -> logs.ILogGroup:
+        """Where the function's journal goes (the monitoring's metric filters read it)."""
+        return self._log_group
+
+    @property
+    def function_timeout_seconds(self) -> int:
+        """The function timeout, checked against the queue's visibility."""
+        return self._timeout
+
+
+class FargateConsumer(Construct):
+    """An ECS Fargate service of long-running workers (``sqs-lease worker APP``).
+
+    The container's ``stopTimeout`` is the worker's shutdown grace plus the time
+    it needs to hand back what it still holds (``sqs_lease.deploy.ecs_stop_timeout``),
+    so SIGKILL never lands inside a shutdown. The service scales on backlog per
+    task: (visible + in-flight messages) / running tasks, against ``concurrency``
+    (what one task runs at once).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        queue: LeasedQueue,
+        tables: LeaseTables,
+        cluster: ecs.ICluster,
+        image: ecs.ContainerImage,
+        app_ref: str,
+        concurrency: int = 4,
+        shutdown_grace: float = SHUTDOWN_GRACE_SECONDS,
+        cpu: int = 512,
+        memory_limit_mib: int = 1024,
+        min_tasks: int = 1,
+        max_tasks: int = 4,
+        vpc_subnets: ec2.SubnetSelection | None = None,
+    ) -> None:
+        _check_app_ref(app_ref)
+        env = _environment(queue, tables, app_ref)
+        if not 1 <= concurrency <= 1000:
+            raise ConfigError(f"concurrency={concurrency}: choose 1..1000 jobs per task")
+        stop_timeout = ecs_stop_timeout(shutdown_grace)
+        if not 1 <= min_tasks <= max_tasks:
+            raise ConfigError(
+                f"min_tasks={min_tasks}, max_tasks={max_tasks}: need 1 <= min_tasks <= max_tasks "
+                "(backlog per task divides by the running tasks)"
+            )
+        super().__init__(scope, construct_id)
+
+        self._stop_timeout = stop_timeout
+        self._log_group = logs.LogGroup(
+            self, "Logs", retention=LOG_RETENTION, removal_policy=RemovalPolicy.RETAIN
+        )
+        self._task_definition = ecs.FargateTaskDefinition(
+            self, "Task", cpu=cpu, memory_limit_mib=memory_limit_mib
+        )
+        command = [
+            "sqs-lease",
+            "worker",
+            app_ref,
+            "--concurrency",
+            str(concurrency),
+            "--shutdown-grace",
+            f"{shutdown_grace:g}",
+        ]
+        self._container = self._task_definition.add_container(
+            "Worker",
+            image=image,
+            command=command,
+            environment=env,
+            stop_timeout=Duration.seconds(stop_timeout),
+            logging=ecs.LogDriver.aws_logs(stream_prefix="worker", log_group=self._log_group),
+        )
+        # cdk-nag's rule is about secrets in plain environment variables; these are
+        # resource names, the same as the stack's outputs would show.
+        Validations.of(self._task_definition).acknowledge(
+            Acknowledgment(
+                id="AwsSolutions-ECS2",
+                reason="The environment holds only resource names (prefix, queue, app "
+                "module), no secret; secrets belong in ecs.Secret",
+            )
+        )
+        queue.grant_worker(self._task_definition.task_role)
+        tables.grant_worker(self._task_definition.task_role)
+        self._service = ecs.FargateService(
+            self,
+            "Service",
+            cluster=cluster,
+            task_definition=self._task_definition,
+            desired_count=min_tasks,
+            vpc_subnets=vpc_subnets,
+            min_healthy_percent=100,
+        )
+        scaling = self._service.auto_scale_task_count(
+            min_capacity=min_tasks, max_capacity=max_tasks
+        )
+        self._backlog = backlog_per_task(queue, cluster.cluster_name, self._service.service_name)
+        scaling.scale_on_metric(
+            "BacklogPerTask",
+            metric=self._backlog,
+            adjustment_type=appscaling.AdjustmentType.CHANGE_IN_CAPACITY,
+            scaling_steps=[
+                appscaling.ScalingInterval(upper=concurrency / 2, change=-1),
+                appscaling.ScalingInterval(lower=concurrency, change=+1),
+                appscaling.ScalingInterval(lower=3 * concurrency, change=+3),
+            ],
+            cooldown=Duration.seconds(120),
+        )
+
+    @property
+    def service(self) -> ecs.FargateService:
+        """The Fargate service."""
+        return self._service
+
+    @property
+    def task_definition(self) -> ecs.FargateTaskDefinition:
+        """The task definition (its task role holds the worker grants)."""
+        return self._task_definition
+
+    @property
+    def log_group(self) -> logs.ILogGroup:
+        """Where the workers' journal goes (the monitoring's metric filters read it)."""
+        return self._log_group
+
+    @property
+    def stop_timeout_seconds(self) -> int:
+        """The container's stopTimeout: shutdown grace + release margin."""
+        return self._stop_timeout
+
+    @property
+    def backlog_per_task(self) -> cloudwatch.IMetric:
+        """The scaling metric: (visible + in-flight) / running tasks."""
+        return self._backlog
+
+
+def backlog_per_task(
+    queue: LeasedQueue, cluster_name: str, service_name: str
+) -> cloudwatch.MathExpression:
+    """(visible + in-flight messages) / running tasks, one-minute points."""
+    period = Duration.minutes(1)
+    tasks = cloudwatch.Metric(
+        namespace="ECS/ContainerInsights",
+        metric_name="RunningTaskCount",
+        dimensions_map={"ClusterName": cluster_name, "ServiceName": service_name},
+        statistic="Average",
+        period=period,
+    )
+    return cloudwatch.MathExpression(
+        expression="(visible + inflight) / IF(tasks < 1, 1, tasks)",
+        using_metrics={
+            "visible": queue.queue.metric_approximate_number_of_messages_visible(
+                period=period, statistic="Maximum"
+            ),
+            "inflight": queue.queue.metric_approximate_number_of_messages_not_visible(
+                period=period, statistic="Maximum"
+            ),
+            "tasks": tasks,
+        },
+        label="backlog per task",
+        period=period,
+    )

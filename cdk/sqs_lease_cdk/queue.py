@@ -1,0 +1,200 @@
+"""The leased queue: visibility and redrive derived from the job classes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from sqs_lease import App, ConfigError, JobClass, Settings
+from sqs_lease.deploy import (
+    lambda_visibility_floor,
+    max_receive_count_for,
+    queue_visibility_for,
+)
+
+from ._common import allow, job_classes_of, settings_for
+
+WORKER_QUEUE_ACTIONS = (
+    "sqs:ReceiveMessage",
+    "sqs:ChangeMessageVisibility",  # also authorises ChangeMessageVisibilityBatch
+    "sqs:DeleteMessage",  # also DeleteMessageBatch
+    "sqs:SendMessage",  # the stranded-record sweep re-sends, stages send the next
+    "sqs:GetQueueUrl",
+    "sqs:GetQueueAttributes",  # the worker reads the redrive policy at start
+)
+"""What a worker (thread, async or Lambda shell) calls on the job queue."""
+
+WORKER_DLQ_ACTIONS = (
+    "sqs:SendMessage",  # a poison message is copied there with its reason
+    "sqs:GetQueueUrl",  # the DLQ is found from the redrive policy's ARN
+)
+"""What a worker calls on the dead-letter queue."""
+
+PRODUCER_QUEUE_ACTIONS = ("sqs:SendMessage", "sqs:GetQueueUrl")
+"""What a producer (``Producer.submit``) calls on the job queue."""
+
+DLQ_RETENTION = Duration.days(14)
+
+
+class LeasedQueue(Construct):
+    """The job queue and its dead-letter queue, set up for leases.
+
+    - visibility: the longest ``lease_seconds`` among the job classes, or, when a
+      Lambda consumer will read the queue (``lambda_timeout``), at least AWS's
+      6 x function timeout + batching window; never typed by hand;
+    - redrive: ``maxReceiveCount`` from the classes' ``max_attempts`` by the
+      worker's own rule (``sqs_lease.deploy.max_receive_count_for``: never "too
+      tight" in the sense of the ``redrive_too_tight`` event);
+    - encryption: SQS-managed keys, or ``encryption_key`` (a KMS key) for both queues;
+    - a queue policy that denies any access without TLS (both queues);
+    - ``fifo``: FIFO queues (names end in ``.fifo``; the DLQ is FIFO too).
+
+    Names follow the library's ``Settings`` for ``prefix`` and ``queue_name``, so
+    a worker started with the same prefix finds the queue.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        job_classes: App | Iterable[JobClass],
+        prefix: str = "sqs-lease",
+        queue_name: str | None = None,
+        fifo: bool = False,
+        lambda_timeout: Duration | None = None,
+        max_batching_window: Duration | None = None,
+        encryption_key: kms.IKey | None = None,
+        removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
+    ) -> None:
+        classes = job_classes_of(job_classes)
+        if queue_name is None and fifo:
+            queue_name = f"{prefix}-jobs.fifo"
+        if queue_name is not None and queue_name.endswith(".fifo") != fifo:
+            raise ConfigError(
+                f"queue_name={queue_name!r} with fifo={fifo}: a FIFO queue's name ends in "
+                "'.fifo' and only a FIFO queue's does; fix the name or the fifo flag"
+            )
+        settings = settings_for(prefix, queue_name)
+        if max_batching_window is not None and lambda_timeout is None:
+            raise ConfigError(
+                "max_batching_window is the Lambda consumer's: give lambda_timeout too "
+                "(or neither when no Lambda reads this queue)"
+            )
+        window = 0 if max_batching_window is None else int(max_batching_window.to_seconds())
+        visibility = queue_visibility_for(c.lease_seconds for c in classes)
+        timeout: int | None = None
+        if lambda_timeout is not None:
+            timeout = int(lambda_timeout.to_seconds())
+            visibility = max(visibility, lambda_visibility_floor(timeout, window))
+        if visibility > 43_200:
+            raise ConfigError(
+                f"queue visibility {visibility} s exceeds SQS's 43200 s cap; lower lambda_timeout"
+            )
+        max_receives = max_receive_count_for(c.max_attempts for c in classes)
+        super().__init__(scope, construct_id)
+
+        self._settings = settings
+        self._classes = classes
+        self._visibility = visibility
+        self._max_receives = max_receives
+        self._lambda_timeout = timeout
+        self._window = window
+        self._key = encryption_key
+        self._fifo = fifo
+        dlq_name = settings.dlq if not fifo else settings.queue[: -len(".fifo")] + "-dlq.fifo"
+        encryption = sqs.QueueEncryption.KMS if encryption_key else sqs.QueueEncryption.SQS_MANAGED
+        self._dlq = sqs.Queue(
+            self,
+            "DeadLetterQueue",
+            queue_name=dlq_name,
+            retention_period=DLQ_RETENTION,
+            encryption=encryption,
+            encryption_master_key=encryption_key,
+            enforce_ssl=True,
+            fifo=fifo or None,
+            removal_policy=removal_policy,
+        )
+        self._queue = sqs.Queue(
+            self,
+            "Queue",
+            queue_name=settings.queue,
+            visibility_timeout=Duration.seconds(visibility),
+            dead_letter_queue=sqs.DeadLetterQueue(queue=self._dlq, max_receive_count=max_receives),
+            encryption=encryption,
+            encryption_master_key=encryption_key,
+            enforce_ssl=True,
+            fifo=fifo or None,
+            removal_policy=removal_policy,
+        )
+
+    @property
+    def queue(self) -> sqs.IQueue:
+        """The job queue."""
+        return self._queue
+
+    @property
+    def dead_letter_queue(self) -> sqs.IQueue:
+        """The dead-letter queue (redrive target; poison messages are copied there)."""
+        return self._dlq
+
+    @property
+    def settings(self) -> Settings:
+        """The library settings whose names this queue has (prefix, queue name)."""
+        return self._settings
+
+    @property
+    def job_classes(self) -> tuple[JobClass, ...]:
+        """The job classes the queue was derived from."""
+        return self._classes
+
+    @property
+    def visibility_timeout_seconds(self) -> int:
+        """The queue's default visibility (derived, see the class docstring)."""
+        return self._visibility
+
+    @property
+    def max_receive_count(self) -> int:
+        """The redrive's ``maxReceiveCount`` (derived from the classes' max_attempts)."""
+        return self._max_receives
+
+    @property
+    def lambda_timeout_seconds(self) -> int | None:
+        """The Lambda consumer's function timeout this queue was sized for, if any."""
+        return self._lambda_timeout
+
+    @property
+    def max_batching_window_seconds(self) -> int:
+        """The Lambda event source's batching window this queue was sized for (0: none)."""
+        return self._window
+
+    @property
+    def fifo(self) -> bool:
+        """Whether both queues are FIFO."""
+        return self._fifo
+
+    @property
+    def encryption_key(self) -> kms.IKey | None:
+        """The KMS key of both queues, or None for SQS-managed encryption."""
+        return self._key
+
+    def grant_worker(self, grantee: iam.IGrantable) -> None:
+        """What a worker calls: receive, extend, delete and send on the queue, send on the DLQ."""
+        allow(grantee, WORKER_QUEUE_ACTIONS, [self._queue.queue_arn])
+        allow(grantee, WORKER_DLQ_ACTIONS, [self._dlq.queue_arn])
+        self._grant_key(grantee)
+
+    def grant_producer(self, grantee: iam.IGrantable) -> None:
+        """What a producer calls: send on the queue."""
+        allow(grantee, PRODUCER_QUEUE_ACTIONS, [self._queue.queue_arn])
+        self._grant_key(grantee)
+
+    def _grant_key(self, grantee: iam.IGrantable) -> None:
+        if self._key is not None:
+            # Sending needs a data key, receiving needs to decrypt it.
+            self._key.grant(grantee, "kms:GenerateDataKey", "kms:Decrypt")

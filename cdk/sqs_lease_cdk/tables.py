@@ -1,0 +1,195 @@
+"""The toolkit's DynamoDB tables, their keys and indexes taken from the library's models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+from sqs_lease import ConfigError, Settings
+from sqs_lease.deploy import GC_TTL_ATTRIBUTE, model_attributes, table_params
+
+from ._common import allow, settings_for
+
+_TYPES = {
+    "S": dynamodb.AttributeType.STRING,
+    "N": dynamodb.AttributeType.NUMBER,
+    "B": dynamodb.AttributeType.BINARY,
+}
+_PROJECTIONS = {
+    "ALL": dynamodb.ProjectionType.ALL,
+    "KEYS_ONLY": dynamodb.ProjectionType.KEYS_ONLY,
+    "INCLUDE": dynamodb.ProjectionType.INCLUDE,
+}
+
+WORKER_TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
+    # Claim, heartbeat confirmation (consistent BatchGetItem), commit, retry, park,
+    # the sweep's query of the sparse index and re-send, the intents' fenced
+    # transactions (a condition check on the job record).
+    "jobs": (
+        "dynamodb:DescribeTable",
+        "dynamodb:GetItem",
+        "dynamodb:BatchGetItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:ConditionCheckItem",
+        "dynamodb:Query",
+    ),
+    "intents": (
+        "dynamodb:DescribeTable",
+        "dynamodb:GetItem",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:ConditionCheckItem",
+    ),
+    "attempts": (
+        "dynamodb:DescribeTable",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+    ),
+}
+"""What a worker calls on each table (TransactWriteItems is authorised per item action)."""
+
+PRODUCER_TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
+    # Submit: the conditional put of a new record, marking it sent, taking the send
+    # of a record left unsent; the read that reports a duplicate.
+    "jobs": ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"),
+    # A grouped submit counts the job on its session's record in the same
+    # transaction (refused once the session is cancelled).
+    "groups": ("dynamodb:UpdateItem",),
+}
+"""What a producer calls on each table."""
+
+
+class LeaseTables(Construct):
+    """The jobs, intents, attempts and groups tables.
+
+    Keys, attribute types and global secondary indexes come from the library's
+    pynamodb models (``sqs_lease.deploy.table_params``), the same definition
+    ``sqs-lease tables create`` uses; names from the library's ``Settings`` for
+    ``prefix``. On-demand billing, point-in-time recovery, deletion protection
+    (on unless ``deletion_protection=False``), retained on stack deletion by
+    default. TTL is set on ``ttl_attribute`` (``GC_TTL_ATTRIBUTE``), which no
+    model has: it is garbage collection of records an operator marks, never logic.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        prefix: str = "sqs-lease",
+        deletion_protection: bool = True,
+        removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
+        ttl_attribute: str | None = GC_TTL_ATTRIBUTE,
+    ) -> None:
+        settings = settings_for(prefix)
+        params = table_params(settings)
+        if ttl_attribute is not None:
+            for role in params:
+                if ttl_attribute in model_attributes(role):
+                    raise ConfigError(
+                        f"ttl_attribute={ttl_attribute!r} is an attribute of the {role} "
+                        "records: TTL there would delete live records; choose a name no "
+                        "model uses (default: GC_TTL_ATTRIBUTE)"
+                    )
+        if removal_policy is RemovalPolicy.DESTROY and deletion_protection:
+            raise ConfigError(
+                "removal_policy=DESTROY with deletion_protection=True: the stack could "
+                "never delete the tables; turn deletion_protection off for a throwaway stack"
+            )
+        super().__init__(scope, construct_id)
+        self._settings = settings
+        self._tables: dict[str, dynamodb.Table] = {}
+        for role, p in params.items():
+            self._tables[role] = _table(
+                self, role, p, deletion_protection, removal_policy, ttl_attribute
+            )
+
+    @property
+    def settings(self) -> Settings:
+        """The library settings whose table names these are."""
+        return self._settings
+
+    @property
+    def jobs(self) -> dynamodb.ITable:
+        """The job records (ownership order, state, payload, result)."""
+        return self._tables["jobs"]
+
+    @property
+    def intents(self) -> dynamodb.ITable:
+        """The side-effect intents."""
+        return self._tables["intents"]
+
+    @property
+    def attempts(self) -> dynamodb.ITable:
+        """The effect attempts' log."""
+        return self._tables["attempts"]
+
+    @property
+    def groups(self) -> dynamodb.ITable:
+        """The agent sessions (groups): job counts and the cancelled marker."""
+        return self._tables["groups"]
+
+    def grant_worker(self, grantee: iam.IGrantable) -> None:
+        """What a worker calls, per table, on that table (and its named indexes) only."""
+        for role, actions in WORKER_TABLE_ACTIONS.items():
+            allow(grantee, actions, self._arns(role))
+
+    def grant_producer(self, grantee: iam.IGrantable) -> None:
+        """What a producer calls: submitting writes the job record."""
+        for role, actions in PRODUCER_TABLE_ACTIONS.items():
+            allow(grantee, actions, [self._tables[role].table_arn])
+
+    def _arns(self, role: str) -> list[str]:
+        table = self._tables[role]
+        # Each index by name: a grant on "index/*" would be a wildcard resource.
+        names = [
+            i["IndexName"]
+            for i in table_params(self._settings)[role].get("GlobalSecondaryIndexes", [])
+        ]
+        return [table.table_arn, *(f"{table.table_arn}/index/{n}" for n in names)]
+
+
+def _attr(defs: dict[str, str], name: str) -> dynamodb.Attribute:
+    return dynamodb.Attribute(name=name, type=_TYPES[defs[name]])
+
+
+def _table(
+    scope: Construct,
+    role: str,
+    p: dict[str, Any],
+    deletion_protection: bool,
+    removal_policy: RemovalPolicy,
+    ttl_attribute: str | None,
+) -> dynamodb.Table:
+    defs = {d["AttributeName"]: d["AttributeType"] for d in p["AttributeDefinitions"]}
+    keys = {k["KeyType"]: k["AttributeName"] for k in p["KeySchema"]}
+    table = dynamodb.Table(
+        scope,
+        role.capitalize(),
+        table_name=p["TableName"],
+        partition_key=_attr(defs, keys["HASH"]),
+        sort_key=_attr(defs, keys["RANGE"]) if "RANGE" in keys else None,
+        billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+        point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+            point_in_time_recovery_enabled=True
+        ),
+        deletion_protection=deletion_protection,
+        removal_policy=removal_policy,
+        time_to_live_attribute=ttl_attribute,
+        encryption=dynamodb.TableEncryption.AWS_MANAGED,
+    )
+    for index in p.get("GlobalSecondaryIndexes", []):
+        ikeys = {k["KeyType"]: k["AttributeName"] for k in index["KeySchema"]}
+        projection = index["Projection"]
+        table.add_global_secondary_index(
+            index_name=index["IndexName"],
+            partition_key=_attr(defs, ikeys["HASH"]),
+            sort_key=_attr(defs, ikeys["RANGE"]) if "RANGE" in ikeys else None,
+            projection_type=_PROJECTIONS[projection["ProjectionType"]],
+            non_key_attributes=projection.get("NonKeyAttributes"),
+        )
+    return table

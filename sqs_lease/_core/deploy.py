@@ -1,0 +1,123 @@
+"""Rules a deployment must keep: the redrive bound, Lambda's visibility, ECS's stop timeout.
+
+The worker checks a queue it finds against these rules; the CDK constructs
+(``cdk/``) derive the queue and consumer settings from them. One definition,
+so a stack and the worker cannot disagree about what "too tight" means.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from .._errors import ConfigError, JobClassError
+
+REDRIVE_BACKSTOP = 50
+"""The redrive ``maxReceiveCount`` used when the job classes ask for no more. The
+worker counts attempts itself (in the job record); SQS's redrive only catches
+messages that kill a worker before any claim."""
+
+SQS_MAX_RECEIVE_COUNT = 1000
+"""SQS refuses a redrive policy's ``maxReceiveCount`` above 1000."""
+
+LAMBDA_MAX_TIMEOUT = 900
+"""Lambda's longest function timeout, in seconds."""
+
+LAMBDA_VISIBILITY_FACTOR = 6
+"""AWS's guidance for an SQS event source: visibility >= 6 x function timeout + batching window."""
+
+SHUTDOWN_GRACE_SECONDS = 20.0
+"""The worker's default shutdown grace: how long running handlers get after SIGTERM."""
+
+SHUTDOWN_RELEASE_MARGIN = 10.0
+"""Time after the grace for the worker to hand back the jobs still held (one release
+round: conditional writes and visibility 0) before ECS sends SIGKILL."""
+
+ECS_MAX_STOP_TIMEOUT = 120
+"""Fargate's longest ``stopTimeout``, in seconds."""
+
+
+def redrive_too_tight(max_receive_count: int, max_attempts: int) -> bool:
+    """Whether a redrive of ``max_receive_count`` receives can strand a live job.
+
+    Receives that end in no claim (unanswered claims, duplicate deliveries) count
+    too, so a count at most twice the largest ``max_attempts`` can move a live
+    job's message to the DLQ and leave its record without a message (found by
+    the simulation's ``tight_redrive`` mutation).
+    """
+    return max_receive_count <= 2 * max_attempts
+
+
+def max_receive_count_for(max_attempts: Iterable[int]) -> int:
+    """The redrive ``maxReceiveCount`` for job classes with these ``max_attempts``:
+    the backstop, or the smallest count that is not too tight, whichever is larger.
+
+    Raises ``JobClassError`` when no count SQS accepts is loose enough.
+    """
+    most = max(max_attempts, default=0)
+    if most < 1:
+        raise ConfigError("no job class given: the redrive bound follows from their max_attempts")
+    count = max(REDRIVE_BACKSTOP, 2 * most + 1)
+    if count > SQS_MAX_RECEIVE_COUNT:
+        raise JobClassError(
+            f"max_attempts={most} needs a redrive maxReceiveCount above 2 x {most} = {2 * most}, "
+            f"but SQS accepts at most {SQS_MAX_RECEIVE_COUNT}; lower max_attempts to at most "
+            f"{(SQS_MAX_RECEIVE_COUNT - 1) // 2}"
+        )
+    return count
+
+
+def queue_visibility_for(lease_seconds: Iterable[int]) -> int:
+    """The queue's default visibility for job classes with these leases: the longest.
+
+    The worker sets each message's visibility at receive and at claim itself; the
+    queue's default is what any other receiver gets, and it must hold a job of
+    any class until its first heartbeat.
+    """
+    longest = max(lease_seconds, default=0)
+    if longest < 1:
+        raise ConfigError("no job class given: the queue's visibility follows from their leases")
+    return longest
+
+
+def lambda_visibility_floor(function_timeout: int, batching_window: int) -> int:
+    """The least queue visibility for a Lambda consumer (AWS's guidance:
+    6 x function timeout + the event source's maximum batching window)."""
+    return LAMBDA_VISIBILITY_FACTOR * function_timeout + batching_window
+
+
+def check_lambda_timing(visibility: int, function_timeout: int, batching_window: int) -> None:
+    """Refuse a Lambda consumer whose queue visibility is below AWS's guidance,
+    or whose timeout Lambda does not allow; the error names the numbers and the fix."""
+    if not 1 <= function_timeout <= LAMBDA_MAX_TIMEOUT:
+        raise ConfigError(
+            f"function timeout {function_timeout} s: Lambda allows 1..{LAMBDA_MAX_TIMEOUT} s; "
+            "run longer jobs on the ECS consumer or split them into stages"
+        )
+    if not 0 <= batching_window <= 300:
+        raise ConfigError(
+            f"max batching window {batching_window} s: SQS event sources allow 0..300 s"
+        )
+    floor = lambda_visibility_floor(function_timeout, batching_window)
+    if visibility < floor:
+        raise ConfigError(
+            f"queue visibility {visibility} s is below {LAMBDA_VISIBILITY_FACTOR} x function "
+            f"timeout {function_timeout} s + batching window {batching_window} s = {floor} s; "
+            "give the queue the Lambda consumer's timing (LeasedQueue lambda_timeout / "
+            "max_batching_window) or lower the function timeout"
+        )
+
+
+def ecs_stop_timeout(shutdown_grace: float) -> int:
+    """The ECS ``stopTimeout`` for a worker with this shutdown grace: the grace plus
+    the release margin, in whole seconds. Raises ``ConfigError`` past Fargate's cap."""
+    if not (math.isfinite(shutdown_grace) and shutdown_grace >= 0):
+        raise ConfigError(f"shutdown_grace={shutdown_grace}: give seconds >= 0")
+    stop = math.ceil(shutdown_grace + SHUTDOWN_RELEASE_MARGIN)
+    if stop > ECS_MAX_STOP_TIMEOUT:
+        raise ConfigError(
+            f"shutdown_grace={shutdown_grace:g} s + release margin {SHUTDOWN_RELEASE_MARGIN:g} s "
+            f"= {stop} s exceeds Fargate's stopTimeout cap of {ECS_MAX_STOP_TIMEOUT} s; lower "
+            f"shutdown_grace to at most {ECS_MAX_STOP_TIMEOUT - SHUTDOWN_RELEASE_MARGIN:g}"
+        )
+    return stop

@@ -1,0 +1,618 @@
+"""The CDK constructs (cdk/): one synthesised example stack, checked as a template,
+by cdk-nag's AwsSolutions pack and cfn-lint, and deployed in shape on the emulator.
+
+One synthesis (module-scoped fixtures) serves every test: jsii makes each one slow.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+import aws_cdk as cdk
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk.assertions import Template
+
+from sqs_lease import App, ConfigError, JobClass, JobClassError, Settings
+from sqs_lease.deploy import (
+    GC_TTL_ATTRIBUTE,
+    TABLE_MODELS,
+    ecs_stop_timeout,
+    max_receive_count_for,
+    model_attributes,
+    redrive_too_tight,
+    table_params,
+)
+from sqs_lease_cdk import (
+    JOURNAL_METRICS,
+    LAMBDA_HANDLER,
+    FargateConsumer,
+    LambdaConsumer,
+    LeasedQueue,
+    LeaseMonitoring,
+    LeaseTables,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+CDK_DIR = ROOT / "cdk"
+PREFIX = f"t{uuid.uuid4().hex[:10]}"
+"""Unique per run: the deploy-shaped test creates these names on the shared emulator."""
+
+Json = dict[str, Any]
+
+
+def _load_example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("cdk_example_app", CDK_DIR / "app.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+EXAMPLE = _load_example()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    app = cdk.App(outdir=str(tmp_path_factory.mktemp("cdk.out")))
+    return EXAMPLE.ExampleStack(app, "Example", prefix=PREFIX)
+
+
+@pytest.fixture(scope="module")
+def template(stack: Any) -> Template:
+    return Template.from_stack(stack)
+
+
+@pytest.fixture(scope="module")
+def tpl(template: Template) -> Json:
+    out: Json = template.to_json()
+    return out
+
+
+@pytest.fixture(scope="module")
+def jobs() -> App:
+    app: App = EXAMPLE.load_jobs()
+    return app
+
+
+def _of_type(tpl: Json, kind: str) -> dict[str, Json]:
+    return {k: v for k, v in tpl["Resources"].items() if v["Type"] == kind}
+
+
+def _queues(tpl: Json) -> tuple[Json, Json]:
+    """(job queue, DLQ) properties: the job queue is the one with a redrive policy."""
+    queues = _of_type(tpl, "AWS::SQS::Queue")
+    main = next(v for v in queues.values() if "RedrivePolicy" in v["Properties"])
+    dlq_id = main["Properties"]["RedrivePolicy"]["deadLetterTargetArn"]["Fn::GetAtt"][0]
+    return main["Properties"], queues[dlq_id]["Properties"]
+
+
+def _tables(tpl: Json) -> dict[str, Json]:
+    return {
+        v["Properties"]["TableName"]: v["Properties"]
+        for v in _of_type(tpl, "AWS::DynamoDB::Table").values()
+    }
+
+
+def _role_statements(tpl: Json, role_fragment: str) -> list[Json]:
+    """Every statement of the policies attached to roles whose id contains the fragment."""
+    out: list[Json] = []
+    for policy in _of_type(tpl, "AWS::IAM::Policy").values():
+        roles = [r["Ref"] for r in policy["Properties"]["Roles"]]
+        if any(role_fragment in r for r in roles):
+            out += policy["Properties"]["PolicyDocument"]["Statement"]
+    return out
+
+
+def _actions(statement: Json) -> list[str]:
+    a = statement["Action"]
+    return [a] if isinstance(a, str) else list(a)
+
+
+def _resources(statement: Json) -> list[Any]:
+    r = statement["Resource"]
+    return r if isinstance(r, list) else [r]
+
+
+# ------------------------------------------------------------------ the template
+
+
+def test_the_example_stack_has_the_expected_resources(template: Template) -> None:
+    template.resource_count_is("AWS::SQS::Queue", 2)
+    template.resource_count_is("AWS::SQS::QueuePolicy", 2)
+    template.resource_count_is("AWS::DynamoDB::Table", 4)  # jobs, intents, attempts, groups
+    template.resource_count_is("AWS::Lambda::Function", 1)
+    template.resource_count_is("AWS::Lambda::EventSourceMapping", 1)
+    template.resource_count_is("AWS::ECS::Service", 1)
+    template.resource_count_is("AWS::CloudWatch::Dashboard", 1)
+    # One alarm per journal metric, the DLQ depth, the oldest message, two scaling steps.
+    template.resource_count_is("AWS::CloudWatch::Alarm", len(JOURNAL_METRICS) + 2 + 2)
+    # One filter per journal metric and consumer log group.
+    template.resource_count_is("AWS::Logs::MetricFilter", 2 * len(JOURNAL_METRICS))
+
+
+def test_the_queue_visibility_and_redrive_follow_from_the_job_classes(tpl: Json, jobs: App) -> None:
+    queue, dlq = _queues(tpl)
+    classes = [r.job_class for r in jobs.classes.values()]
+    # The example sizes the queue for its Lambda consumer: 6 x 300 s (no window).
+    assert queue["VisibilityTimeout"] == max(6 * 300, *(c.lease_seconds for c in classes))
+    count = queue["RedrivePolicy"]["maxReceiveCount"]
+    assert count == max_receive_count_for(c.max_attempts for c in classes)
+    assert not redrive_too_tight(count, max(c.max_attempts for c in classes))
+    assert queue["QueueName"] == f"{PREFIX}-jobs"
+    assert dlq["QueueName"] == f"{PREFIX}-jobs-dlq"
+    assert dlq["MessageRetentionPeriod"] == 14 * 24 * 3600
+    assert queue["SqsManagedSseEnabled"] is True and dlq["SqsManagedSseEnabled"] is True
+
+
+def test_both_queues_deny_access_without_tls(tpl: Json) -> None:
+    policies = _of_type(tpl, "AWS::SQS::QueuePolicy").values()
+    for policy in policies:
+        (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
+        assert statement["Effect"] == "Deny"
+        assert statement["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+        assert statement["Action"] == "sqs:*"
+
+
+def test_the_tables_take_keys_and_indexes_from_the_library_models(tpl: Json) -> None:
+    tables = _tables(tpl)
+    expected = table_params(Settings(prefix=PREFIX))
+    assert set(tables) == {p["TableName"] for p in expected.values()}
+    for role, params in expected.items():
+        got = tables[params["TableName"]]
+        assert got["KeySchema"] == params["KeySchema"]
+        assert sorted(got["AttributeDefinitions"], key=str) == sorted(
+            params["AttributeDefinitions"], key=str
+        )
+        assert got.get("GlobalSecondaryIndexes", []) == params.get("GlobalSecondaryIndexes", [])
+        # Checked against the models directly too, not only through table_params.
+        model = TABLE_MODELS[role]
+        hash_keys = [n for n, a in model.get_attributes().items() if a.is_hash_key]
+        assert [k["AttributeName"] for k in got["KeySchema"] if k["KeyType"] == "HASH"] == (
+            hash_keys
+        )
+    indexes = {i["IndexName"]: i for i in tables[f"{PREFIX}-jobs"]["GlobalSecondaryIndexes"]}
+    assert set(indexes) == {"unsent", "group"}
+    assert indexes["unsent"]["Projection"]["ProjectionType"] == "INCLUDE"
+
+
+def test_the_tables_are_on_demand_recoverable_protected_and_ttl_is_only_garbage_collection(
+    tpl: Json,
+) -> None:
+    for name, table in _tables(tpl).items():
+        assert table["BillingMode"] == "PAY_PER_REQUEST", name
+        assert table["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}, (
+            name
+        )
+        assert table["DeletionProtectionEnabled"] is True, name
+        assert table["TimeToLiveSpecification"] == {
+            "AttributeName": GC_TTL_ATTRIBUTE,
+            "Enabled": True,
+        }, name
+    for resource in _of_type(tpl, "AWS::DynamoDB::Table").values():
+        assert resource["DeletionPolicy"] == "Retain"
+    # No model has the TTL attribute: no decision can read it.
+    for role in TABLE_MODELS:
+        assert GC_TTL_ATTRIBUTE not in model_attributes(role)
+
+
+def test_the_lambda_consumer_reports_partial_batch_failures_within_aws_timing(
+    template: Template, tpl: Json
+) -> None:
+    template.has_resource_properties(
+        "AWS::Lambda::EventSourceMapping",
+        {"FunctionResponseTypes": ["ReportBatchItemFailures"], "BatchSize": 10},
+    )
+    (fn,) = _of_type(tpl, "AWS::Lambda::Function").values()
+    props = fn["Properties"]
+    assert props["Handler"] == LAMBDA_HANDLER
+    assert props["Timeout"] == 300
+    queue, _ = _queues(tpl)
+    assert queue["VisibilityTimeout"] >= 6 * props["Timeout"]
+    env = props["Environment"]["Variables"]
+    assert env == {
+        "SQS_LEASE_PREFIX": PREFIX,
+        "SQS_LEASE_QUEUE": f"{PREFIX}-jobs",
+        "SQS_LEASE_APP": "example_jobs:app",
+    }
+
+
+def test_the_fargate_stop_timeout_matches_the_worker_shutdown_deadline(tpl: Json) -> None:
+    (task,) = _of_type(tpl, "AWS::ECS::TaskDefinition").values()
+    (container,) = task["Properties"]["ContainerDefinitions"]
+    assert container["StopTimeout"] == ecs_stop_timeout(20.0) == 30
+    command = container["Command"]
+    assert command[:3] == ["sqs-lease", "worker", "example_jobs:app"]
+    assert command[command.index("--shutdown-grace") + 1] == "20"
+    assert {e["Name"]: e["Value"] for e in container["Environment"]} == {
+        "SQS_LEASE_PREFIX": PREFIX,
+        "SQS_LEASE_QUEUE": f"{PREFIX}-jobs",
+        "SQS_LEASE_APP": "example_jobs:app",
+    }
+
+
+def test_the_fargate_service_scales_on_backlog_per_task(tpl: Json) -> None:
+    policies = _of_type(tpl, "AWS::ApplicationAutoScaling::ScalingPolicy")
+    assert len(policies) == 2  # scale out and scale in
+    alarms = _of_type(tpl, "AWS::CloudWatch::Alarm").values()
+    scaling = [
+        a for a in alarms if any("Expression" in m for m in a["Properties"].get("Metrics", []))
+    ]
+    assert len(scaling) == 2
+    for alarm in scaling:
+        expressions = [m for m in alarm["Properties"]["Metrics"] if "Expression" in m]
+        assert expressions[0]["Expression"] == "(visible + inflight) / IF(tasks < 1, 1, tasks)"
+        names = {
+            m["MetricStat"]["Metric"]["MetricName"]
+            for m in alarm["Properties"]["Metrics"]
+            if "MetricStat" in m
+        }
+        assert names == {
+            "ApproximateNumberOfMessagesVisible",
+            "ApproximateNumberOfMessagesNotVisible",
+            "RunningTaskCount",
+        }
+
+
+def _alarm_metrics(tpl: Json) -> dict[tuple[str, str], Json]:
+    """Alarms on one metric, by (namespace, metric name)."""
+    out: dict[tuple[str, str], Json] = {}
+    for alarm in _of_type(tpl, "AWS::CloudWatch::Alarm").values():
+        props = alarm["Properties"]
+        stats = [m["MetricStat"]["Metric"] for m in props.get("Metrics", []) if "MetricStat" in m]
+        if "MetricName" in props:
+            stats = [props]
+        if len(stats) == 1:
+            out[(stats[0]["Namespace"], stats[0]["MetricName"])] = props
+    return out
+
+
+def test_alarms_watch_the_journal_events_the_dlq_and_the_oldest_message(tpl: Json) -> None:
+    filters = _of_type(tpl, "AWS::Logs::MetricFilter").values()
+    patterns = {f["Properties"]["FilterPattern"] for f in filters}
+    assert patterns == {f'{{ $.event = "{m.event}" }}' for m in JOURNAL_METRICS}
+    alarms = _alarm_metrics(tpl)
+    for m in JOURNAL_METRICS:
+        assert alarms[(f"SqsLease/{PREFIX}", m.metric_name)]["Threshold"] == m.threshold
+    assert alarms[("AWS/SQS", "ApproximateNumberOfMessagesVisible")]["Threshold"] == 1
+    assert alarms[("AWS/SQS", "ApproximateAgeOfOldestMessage")]["Threshold"] == 2 * 1800
+
+
+def test_journal_metrics_name_events_the_operations_table_lists() -> None:
+    table = (ROOT / "docs" / "operations.md").read_text()
+    for m in JOURNAL_METRICS:
+        assert f"| `{m.event}`" in table or f"`{m.event}` |" in table, m.event
+
+
+# ------------------------------------------------------------------ least privilege
+
+
+def test_no_policy_grants_a_wildcard_resource(tpl: Json) -> None:
+    for pid, policy in _of_type(tpl, "AWS::IAM::Policy").items():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            for resource in _resources(statement):
+                assert "*" not in json.dumps(resource), (pid, statement)
+
+
+def test_the_consumers_get_the_worker_actions_on_their_own_resources_only(tpl: Json) -> None:
+    for fragment in ("LambdaConsumerRole", "FargateConsumerTaskTaskRole"):
+        statements = _role_statements(tpl, fragment)
+        granted: dict[str, set[str]] = {}
+        for s in statements:
+            assert s["Effect"] == "Allow"
+            for action in _actions(s):
+                for resource in _resources(s):
+                    granted.setdefault(action, set()).add(json.dumps(resource, sort_keys=True))
+        sqs = {a for a in granted if a.startswith("sqs:")}
+        ddb = {a for a in granted if a.startswith("dynamodb:")}
+        assert sqs == {
+            "sqs:ReceiveMessage",
+            "sqs:ChangeMessageVisibility",
+            "sqs:DeleteMessage",
+            "sqs:SendMessage",
+            "sqs:GetQueueUrl",
+            "sqs:GetQueueAttributes",
+        }, fragment
+        assert ddb == {
+            "dynamodb:DescribeTable",
+            "dynamodb:GetItem",
+            "dynamodb:BatchGetItem",
+            "dynamodb:UpdateItem",
+            "dynamodb:PutItem",
+            "dynamodb:ConditionCheckItem",
+            "dynamodb:Query",
+        }, fragment
+        # Nothing that deletes records or scans: the worker never does.
+        assert not {a for a in granted if "Delete" in a and a.startswith("dynamodb:")}
+        # The only index granted is the one the worker queries, by name.
+        (query_on,) = [granted["dynamodb:Query"]]
+        assert any("/index/unsent" in r for r in query_on), query_on
+        # Receive is granted on the job queue only, never on the DLQ.
+        assert len(granted["sqs:ReceiveMessage"]) == 1
+        # PutItem never on the jobs table (the worker does not create records).
+        assert all("Jobs" not in r for r in granted["dynamodb:PutItem"]), fragment
+
+
+def test_the_producer_role_may_only_write_records_and_send(tpl: Json) -> None:
+    actions = {a for s in _role_statements(tpl, "ProducerRole") for a in _actions(s)}
+    assert actions == {
+        "sqs:SendMessage",
+        "sqs:GetQueueUrl",
+        "dynamodb:GetItem",
+        "dynamodb:PutItem",
+        "dynamodb:UpdateItem",
+    }
+
+
+# ------------------------------------------------------------------ nag and lint
+
+
+def test_cdk_nag_aws_solutions_reports_no_unsuppressed_finding(stack: Any) -> None:
+    from cdk_nag import AwsSolutionsChecks
+
+    report = AwsSolutionsChecks(stack.node.root).validate_scope(stack)
+    found = [
+        (v.rule_name, [r.construct_path for r in v.violating_resources]) for v in report.violations
+    ]
+    assert found == []
+    assert report.success
+
+
+def test_every_nag_acknowledgement_gives_a_reason(stack: Any) -> None:
+    acknowledged: dict[str, str] = {}
+    for construct in stack.node.find_all():
+        for entry in construct.node.metadata:
+            if entry.type == "aws:cdk:acknowledged-rules":
+                # aws-cdk-lib acknowledges some of its own template checks too.
+                ours = {k: v for k, v in entry.data.items() if "AwsSolutions-" in k}
+                acknowledged.update(ours)
+    # The one suppression of the stack (README.md lists it with its reason).
+    assert list(acknowledged) == ["Annotation::AwsSolutions-ECS2"]
+    assert all(len(reason) > 40 for reason in acknowledged.values()), acknowledged
+
+
+def test_cfn_lint_finds_no_error_in_the_template(tpl: Json) -> None:
+    from cfnlint.api import lint_all
+
+    matches = lint_all(json.dumps(tpl))
+    errors = [m for m in matches if m.rule.id.startswith("E")]
+    assert errors == []
+    # The one warning kept: CDK's Function adds DependsOn on its own role (W3005,
+    # "already enforced by a GetAtt"); the explicit order is harmless.
+    warnings = {m.rule.id for m in matches if m.rule.id.startswith("W")}
+    assert warnings <= {"W3005"}, [str(m) for m in matches]
+
+
+# ------------------------------------------------------------------ props
+
+
+def _scratch() -> cdk.Stack:
+    return cdk.Stack(cdk.App(), "Scratch")
+
+
+def _class(**policy: Any) -> JobClass:
+    from pydantic import BaseModel
+
+    class P(BaseModel):
+        x: int = 0
+
+    return JobClass(name="c", payload_model=P, **policy)
+
+
+def test_a_queue_without_job_classes_is_refused_before_anything_is_built() -> None:
+    scope = _scratch()
+    with pytest.raises(ConfigError, match="job_classes: none given"):
+        LeasedQueue(scope, "Q", job_classes=[])
+    assert scope.node.try_find_child("Q") is None
+
+
+def test_a_bad_prefix_is_refused_naming_the_setting() -> None:
+    with pytest.raises(ConfigError, match="'prefix'"):
+        LeaseTables(_scratch(), "T", prefix="no spaces allowed")
+
+
+def test_a_fifo_flag_and_a_queue_name_that_disagree_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"ends in '\.fifo'"):
+        LeasedQueue(_scratch(), "Q", job_classes=[_class()], queue_name="jobs", fifo=True)
+
+
+def test_max_attempts_beyond_any_redrive_is_refused_as_a_job_class_error() -> None:
+    with pytest.raises(JobClassError, match="maxReceiveCount"):
+        LeasedQueue(_scratch(), "Q", job_classes=[_class(max_attempts=600)])
+
+
+def test_a_lambda_consumer_on_a_queue_not_sized_for_it_is_refused(stack: Any) -> None:
+    scope = _scratch()
+    queue = LeasedQueue(scope, "Q", job_classes=[_class(lease_seconds=60)])
+    tables = LeaseTables(scope, "T")
+    code = lambda_.Code.from_asset(str(CDK_DIR / "handlers"))
+    with pytest.raises(ConfigError, match="not sized for Lambda"):
+        LambdaConsumer(scope, "L", queue=queue, tables=tables, code=code, app_ref="m:app")
+    with pytest.raises(ConfigError, match=r"queue visibility 60 s is below 6 x"):
+        LambdaConsumer(
+            scope,
+            "L",
+            queue=queue,
+            tables=tables,
+            code=code,
+            app_ref="m:app",
+            function_timeout=cdk.Duration.seconds(11),
+        )
+    with pytest.raises(ConfigError, match="MODULE:OBJECT"):
+        LambdaConsumer(
+            scope, "L", queue=stack.queue, tables=stack.tables, code=code, app_ref="m.app"
+        )
+    with pytest.raises(ConfigError, match="batching window"):
+        LambdaConsumer(
+            scope,
+            "L",
+            queue=stack.queue,
+            tables=stack.tables,
+            code=code,
+            app_ref="m:app",
+            batch_size=100,
+        )
+    assert scope.node.try_find_child("L") is None
+
+
+def test_consumers_refuse_a_queue_and_tables_of_different_prefixes(stack: Any) -> None:
+    scope = _scratch()
+    other = LeaseTables(scope, "T", prefix="other")
+    with pytest.raises(ConfigError, match="same prefix"):
+        LambdaConsumer(
+            scope,
+            "L",
+            queue=stack.queue,
+            tables=other,
+            code=lambda_.Code.from_asset(str(CDK_DIR / "handlers")),
+            app_ref="m:app",
+        )
+
+
+def test_a_fargate_shutdown_grace_past_the_stop_timeout_cap_is_refused(stack: Any) -> None:
+    scope = _scratch()
+    with pytest.raises(ConfigError, match="stopTimeout cap of 120"):
+        FargateConsumer(
+            scope,
+            "F",
+            queue=stack.queue,
+            tables=stack.tables,
+            cluster=ecs.Cluster.from_cluster_attributes(
+                scope, "C", cluster_name="c", vpc=stack.fargate_consumer.service.cluster.vpc
+            ),
+            image=ecs.ContainerImage.from_registry("w"),
+            app_ref="m:app",
+            shutdown_grace=115,
+        )
+    assert scope.node.try_find_child("F") is None
+
+
+def test_monitoring_without_log_groups_is_refused(stack: Any) -> None:
+    with pytest.raises(ConfigError, match="log_groups: none given"):
+        LeaseMonitoring(_scratch(), "M", queue=stack.queue, log_groups=[])
+
+
+def test_ttl_on_an_attribute_a_model_has_is_refused() -> None:
+    with pytest.raises(ConfigError, match="would delete live records"):
+        LeaseTables(_scratch(), "T", ttl_attribute="finished_at")
+
+
+def test_construct_properties_are_read_only(stack: Any) -> None:
+    with pytest.raises(AttributeError):
+        stack.queue.max_receive_count = 1
+    with pytest.raises(AttributeError):
+        stack.tables.jobs = None
+    assert stack.fargate_consumer.stop_timeout_seconds == 30
+    assert stack.lambda_consumer.function_timeout_seconds == 300
+
+
+# ------------------------------------------------------------------ deploy-shaped
+
+
+@pytest.fixture
+def deployed(tpl: Json, moto_endpoint: str) -> Iterator[Settings]:
+    """The template's names, keys and queue attributes created on the emulator, and
+    the library's Settings read from the consumer's own environment variables."""
+    import boto3
+
+    (fn,) = _of_type(tpl, "AWS::Lambda::Function").values()
+    env = fn["Properties"]["Environment"]["Variables"]
+    settings = Settings.from_env(
+        {"SQS_LEASE_PREFIX": env["SQS_LEASE_PREFIX"], "SQS_LEASE_QUEUE": env["SQS_LEASE_QUEUE"]},
+        endpoint_url=moto_endpoint,
+    )
+    ddb = boto3.client("dynamodb", endpoint_url=moto_endpoint, region_name="us-east-1")
+    sqs = boto3.client("sqs", endpoint_url=moto_endpoint, region_name="us-east-1")
+    tables = _tables(tpl)
+    assert set(tables) == {
+        settings.jobs_table,
+        settings.intents_table,
+        settings.attempts_table,
+        settings.groups_table,
+    }
+    for name, props in tables.items():
+        params: Json = {
+            "TableName": name,
+            "KeySchema": props["KeySchema"],
+            "AttributeDefinitions": props["AttributeDefinitions"],
+            "BillingMode": props["BillingMode"],
+        }
+        if "GlobalSecondaryIndexes" in props:
+            params["GlobalSecondaryIndexes"] = props["GlobalSecondaryIndexes"]
+        ddb.create_table(**params)
+    queue, dlq = _queues(tpl)
+    assert (queue["QueueName"], dlq["QueueName"]) == (settings.queue, settings.dlq)
+    dlq_url = sqs.create_queue(
+        QueueName=dlq["QueueName"],
+        Attributes={"MessageRetentionPeriod": str(dlq["MessageRetentionPeriod"])},
+    )["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    redrive = {
+        "deadLetterTargetArn": dlq_arn,
+        "maxReceiveCount": str(queue["RedrivePolicy"]["maxReceiveCount"]),
+    }
+    sqs.create_queue(
+        QueueName=queue["QueueName"],
+        Attributes={
+            "VisibilityTimeout": str(queue["VisibilityTimeout"]),
+            "RedrivePolicy": json.dumps(redrive),
+        },
+    )
+    yield settings
+
+
+def test_a_worker_runs_a_job_on_resources_made_from_the_template(
+    deployed: Settings, jobs: App, tpl: Json, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from botocore.client import BaseClient
+    from worker_helpers import collect_journal
+
+    from sqs_lease import Producer, Worker
+
+    calls: set[tuple[str, str]] = set()
+    real = BaseClient._make_api_call  # type: ignore[attr-defined]  # botocore-stubs omit it
+
+    def spy(self: BaseClient, operation: str, params: Any) -> Any:
+        calls.add((self.meta.service_model.service_name, operation))
+        return real(self, operation, params)
+
+    monkeypatch.setattr(BaseClient, "_make_api_call", spy)
+    with collect_journal() as journal:
+        Producer(deployed, jobs).submit("ocr", {"document": "d-1", "pages": 2}, job_id="job-1")
+        producer_calls = set(calls)
+        calls.clear()
+        worker = Worker(jobs, deployed, concurrency=1, receive_wait=1, sweep_interval=None)
+        stats = worker.run(max_messages=1, idle_exit=5.0)
+    assert stats.committed == 1
+    assert journal.events("result_committed", job_id="job-1")
+    # The stack's redrive is not the kind the worker warns about.
+    assert journal.events("redrive_too_tight") == []
+    # Every call the worker made is one its consumer role is granted.
+    granted = {a for s in _role_statements(tpl, "LambdaConsumerRole") for a in _actions(s)}
+    for service, operation in calls:
+        action = operation.removesuffix("Batch")
+        if operation == "TransactWriteItems":
+            continue  # authorised per item action (UpdateItem, ConditionCheckItem, PutItem)
+        prefix = "sqs" if service == "sqs" else "dynamodb"
+        assert f"{prefix}:{action}" in granted, (service, operation)
+    assert ("sqs", "ReceiveMessage") in calls and ("dynamodb", "UpdateItem") in calls
+    # So is every call the producer made, by the producer role.
+    submit = {a for s in _role_statements(tpl, "ProducerRole") for a in _actions(s)}
+    for service, operation in producer_calls:
+        assert f"{'sqs' if service == 'sqs' else 'dynamodb'}:{operation}" in submit, operation
+    assert ("dynamodb", "PutItem") in producer_calls
