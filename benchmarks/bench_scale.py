@@ -63,9 +63,11 @@ JITTER = 5.0
 
 
 def _sizes(quick: bool) -> list[tuple[str, int]]:
+    """The runs: ``BENCH_SCALE_SIZES=async:1000,async:5000,thread:1000`` (the default)."""
     if quick:
         return [("async", 20), ("thread", 20)]
-    return [("async", 1000), ("async", 5000), ("thread", 1000)]
+    spec = os.environ.get("BENCH_SCALE_SIZES", "async:1000,async:5000,thread:1000")
+    return [(shell, int(n)) for shell, n in (part.split(":") for part in spec.split(","))]
 
 
 def run(quick: bool) -> dict[str, Any]:
