@@ -1391,3 +1391,15 @@ def test_the_simulated_dynamodb_runs_a_group_submit_and_cancel_through_its_index
     assert _job(db, "a2")["error_code"] == {"S": "cancelled"}
     with pytest.raises(GroupCancelled):
         _drive_sim(db, submit("a4", "g"))
+
+def test_soak_seed_207201_a_job_whose_message_went_to_the_dlq_is_parked_not_left_running() -> None:
+    # Found by the soak after issue 7 landed (I4): a new-version worker held a job and
+    # was cut off past its lease; the old version's workers received the message up
+    # to the bound and moved it to the DLQ, and the record said `running` for good.
+    # The worker that moves the job's current message to the DLQ now parks the job
+    # (undeliverable, with the reason), the one write I9 allows it.
+    features = ("shared_keys", "cut_responses", "txn_transient", "mixed_versions")
+    r = _wide(207201, *features)
+    assert r.ok, _verdict(r, 207201, *features)
+    parked = [e[3] for e in r.log if e[2] == "job_parked" and e[3].get("undeliverable")]
+    assert parked and parked[0]["previous_state"] == "running", "seed 207201 moved on"

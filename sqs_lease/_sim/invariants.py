@@ -31,7 +31,10 @@ The widened world (issue 7) adds:
   conflict while the job was still its own and its local lease still ran.
 - ``I9_unknown_class``: a worker that does not know a job's class never writes its
   record (no claim that fences out a live owner, no failure "unknown job class"),
-  and no job fails because a message named another class than its record.
+  and no job fails because a message named another class than its record. The
+  one exception: when it moves the job's *current* message to the DLQ after the
+  bound, it parks the job (``undeliverable``, token + 1), since that move ends any
+  lease the message carried.
 - ``I10_stranded_record``: at the end no job is ``queued`` with no message for it
   (the producer died between the record and the message); the message names them.
 
@@ -64,7 +67,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._core.records import JobState
+from .._core.records import UNDELIVERED_CODE, JobState
 from .._schema import view_of
 from .receiver import Applied
 
@@ -218,6 +221,14 @@ class Checker:
         self._resume_exhausted(o.state, n.state, n.attempt, n.reason, job, origin)
         if isinstance(origin, Origin):
             known = self.known_classes(origin.worker)
+            if known is not None and o.job_class not in known and self._undeliverable_park(o, n):
+                if origin.send_id != o.send_id:
+                    self.fail(
+                        I9,
+                        f"{_who(origin)} parked {job} as undeliverable through message send "
+                        f"{origin.send_id!r}; the job's current send is {o.send_id!r}",
+                    )
+                return
             if (
                 known is not None
                 and o.job_class not in known
@@ -281,6 +292,21 @@ class Checker:
                     f"{_who(origin)} acting under token {mine} {what} while the job's token "
                     f"was {o.token}",
                 )
+
+    def _undeliverable_park(self, o: Any, n: Any) -> bool:
+        """The one write a worker that does not know a class may make: moving the job's
+        current message to the DLQ, it parks the job (token + 1, the reason) so that
+        the record does not say ``running`` for a lease nobody can extend any more."""
+        ok = (
+            n.state is JobState.PARKED
+            and n.error_code == UNDELIVERED_CODE
+            and o.state in (JobState.QUEUED, JobState.RUNNING)
+            and n.token == o.token + 1
+            and n.attempt == o.attempt
+        )
+        if ok:
+            self.bump("undeliverable_parked")
+        return ok
 
     def _stray_claim(
         self, origin: Origin, job: str, state: JobState, token: int, current: str | None
