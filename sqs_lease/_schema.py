@@ -1096,6 +1096,24 @@ class IntentTable:
             },
         )
 
+    def take_over(
+        self, key: str, *, holder: str, job_id: str, attempts: int, reason: str, wall_now: float
+    ) -> Call:
+        # A prepared intent (never started, or reopened after a provable "not
+        # applied") whose holder job has ended for good changes hands. Exactly that
+        # holder, that state and that attempt count: anything else moved meanwhile.
+        params = self._update_item(
+            self.table,
+            _ikey(key),
+            (IR.job_id == holder)
+            & (IR.state == IntentState.PREPARED.value)
+            & (IR.attempts == attempts),
+            [IR.job_id.set(job_id), IR.reason.set(reason), IR.updated_at.set(wall_now)],
+        )
+        params["ReturnValues"] = "ALL_NEW"
+        params["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+        return Call("dynamodb", "UpdateItem", params)
+
     def attempt_failed(
         self, key: str, *, attempt: int, outcome: str, error: str, wall_now: float, reopen: bool
     ) -> Call:
