@@ -811,8 +811,9 @@ def admit_flow(
       rolling deploy) is never claimed: a claim would move the token and fence out
       a live owner that knows it. The message is left for a worker that knows it
       (visibility backoff, ``job_class_unknown``); after ``unknown_class_receives``
-      receives it goes to the DLQ with the reason (the record stays as it is, so a
-      redrive once such a worker runs picks the job up again).
+      receives it goes to the DLQ with the reason, and its job is parked first
+      (``undeliverable``: the move ends any lease the message carried), so the record
+      shows where the job is and ``jobs resume`` brings it back.
     - A record this version cannot read, or a claim DynamoDB refuses as invalid,
       makes the message poison: journaled with the job id, copied to the DLQ with
       the reason; nothing crashes, and no other job is affected.
