@@ -1406,3 +1406,13 @@ def test_soak_seed_207201_a_job_whose_message_went_to_the_dlq_is_parked_not_left
     assert r.ok, _verdict(r, 207201, *features)
     parked = [e[3] for e in r.log if e[2] == "job_parked" and e[3].get("undeliverable")]
     assert parked and parked[0]["previous_state"] == "running", "seed 207201 moved on"
+
+
+def test_soak_seed_300478_a_transiently_cancelled_resolution_is_retried_not_half_done() -> None:
+    # Found by the soak after the fixes for 207201 (I16): an operator's resolution
+    # was cancelled for TransactionConflict and read as "the job is not parked", so
+    # the intent was settled alone and the parked job stayed parked for good.
+    features = tuple(sorted(WIDE_FEATURES))
+    r = _wide(300478, *features)
+    assert r.ok, _verdict(r, 300478, *features)
+    assert _events_of(r, "intent_resolved"), "seed 300478 no longer resolves an intent"

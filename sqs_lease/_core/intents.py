@@ -1056,19 +1056,34 @@ def resolve_flow(
             if finished is not None:
                 return finished
         raise IntentError(f"intent {key!r} is {intent.state}, not ambiguous: nothing to resolve")
-    out = yield from call(
-        ireq.resolve_and_unpark(
-            key,
-            resolution=resolution,
-            external_id=external_id,
-            who=who,
-            why=why,
-            wall_now=wall_now,
-            jobs=jreq,
-            job_id=intent.job_id,
-            send_id=send_id,
+    waits = iter(RETRY_WAITS)
+    while True:
+        out = yield from call(
+            ireq.resolve_and_unpark(
+                key,
+                resolution=resolution,
+                external_id=external_id,
+                who=who,
+                why=why,
+                wall_now=wall_now,
+                jobs=jreq,
+                job_id=intent.job_id,
+                send_id=send_id,
+            )
         )
-    )
+        if not (isinstance(out, Err) and _transient_cancel(out)):
+            break
+        # Throttled or in conflict: nothing applied, and it says nothing about the
+        # job (taking it for "not parked" settled the intent alone, leaving the job
+        # parked: soak seed 300478). Try the one decision again.
+        wait = next(waits, None)
+        if wait is None:
+            raise OwnershipUnknown(
+                f"resolve intent {key!r}: DynamoDB cancelled it for a transient reason "
+                f"({', '.join(_cancel_codes(out))}); nothing was resolved: run the same "
+                "`sqs-lease intents resolve` again"
+            )
+        yield from call(Sleep(wait))
     if isinstance(out, Err):
         if out.kind is not ErrorKind.TRANSACTION_CANCELLED:
             raise OwnershipUnknown(
