@@ -1395,6 +1395,7 @@ def test_the_simulated_dynamodb_runs_a_group_submit_and_cancel_through_its_index
     with pytest.raises(GroupCancelled):
         _drive_sim(db, submit("a4", "g"))
 
+
 def test_soak_seed_207201_a_job_whose_message_went_to_the_dlq_is_parked_not_left_running() -> None:
     # Found by the soak after issue 7 landed (I4): a new-version worker held a job and
     # was cut off past its lease; the old version's workers received the message up
@@ -1408,11 +1409,14 @@ def test_soak_seed_207201_a_job_whose_message_went_to_the_dlq_is_parked_not_left
     assert parked and parked[0]["previous_state"] == "running", "seed 207201 moved on"
 
 
-def test_soak_seed_300478_a_transiently_cancelled_resolution_is_retried_not_half_done() -> None:
+@pytest.mark.parametrize("seed", [300478, 300532])
+def test_soak_seed_300478_a_transiently_cancelled_resolution_is_retried_not_half_done(
+    seed: int,
+) -> None:
     # Found by the soak after the fixes for 207201 (I16): an operator's resolution
     # was cancelled for TransactionConflict and read as "the job is not parked", so
     # the intent was settled alone and the parked job stayed parked for good.
     features = tuple(sorted(WIDE_FEATURES))
-    r = _wide(300478, *features)
-    assert r.ok, _verdict(r, 300478, *features)
-    assert _events_of(r, "intent_resolved"), "seed 300478 no longer resolves an intent"
+    r = _wide(seed, *features)
+    assert r.ok, _verdict(r, seed, *features)
+    assert _events_of(r, "intent_resolved"), f"seed {seed} no longer resolves an intent"
