@@ -32,7 +32,7 @@ from ._core.intents import (
     success_meaning,
     successor_key,
 )
-from ._core.records import GroupView, JobRequests, JobState, JobView
+from ._core.records import UNDELIVERED_CODE, GroupView, JobRequests, JobState, JobView
 from ._errors import RecordUnreadable
 
 UNSENT_INDEX = "unsent"
@@ -528,6 +528,44 @@ class JobTable:
         else:
             actions.append(R.rejected_result.remove())
         return self._update(job_id, R.job_id.exists(), actions)
+
+    def park_undelivered(
+        self,
+        job_id: str,
+        *,
+        job_class: str,
+        send_id: str | None,
+        reason: str,
+        wall_now: float,
+    ) -> Call:
+        # Not an owner's write: a worker that cannot run the class parks the job
+        # whose current message it is about to move to the DLQ. Only that message
+        # (its send id) and the record's own class may do it, and only while the
+        # job is queued or running: the move ends whatever lease the message
+        # carried, and the park says so instead of leaving `running` behind. The
+        # token moves on (as a cancel's does), so a lapsed owner that comes back
+        # reads "lost", never "finished by my own write".
+        current: Condition = (
+            (R.send_id.does_not_exist() & R.unsent.does_not_exist())
+            if send_id is None
+            else R.send_id == send_id
+        )
+        return self._update(
+            job_id,
+            R.job_id.exists()
+            & R.state.is_in(JobState.QUEUED.value, _RUNNING)
+            & (R.job_class == job_class)
+            & current,
+            [
+                R.state.set(JobState.PARKED.value),
+                R.token.set(R.token + 1),
+                R.reason.set(reason),
+                R.error_code.set(UNDELIVERED_CODE),
+                R.updated_at.set(wall_now),
+                R.lease_deadline.remove(),
+            ],
+            returns="ALL_OLD",
+        )
 
     def advise(
         self, job_id: str, token: int, worker_id: str, wall_now: float, lease_seconds: int
@@ -1057,6 +1095,24 @@ class IntentTable:
                 ),
             },
         )
+
+    def take_over(
+        self, key: str, *, holder: str, job_id: str, attempts: int, reason: str, wall_now: float
+    ) -> Call:
+        # A prepared intent (never started, or reopened after a provable "not
+        # applied") whose holder job has ended for good changes hands. Exactly that
+        # holder, that state and that attempt count: anything else moved meanwhile.
+        params = self._update_item(
+            self.table,
+            _ikey(key),
+            (IR.job_id == holder)
+            & (IR.state == IntentState.PREPARED.value)
+            & (IR.attempts == attempts),
+            [IR.job_id.set(job_id), IR.reason.set(reason), IR.updated_at.set(wall_now)],
+        )
+        params["ReturnValues"] = "ALL_NEW"
+        params["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+        return Call("dynamodb", "UpdateItem", params)
 
     def attempt_failed(
         self, key: str, *, attempt: int, outcome: str, error: str, wall_now: float, reopen: bool

@@ -13,13 +13,17 @@ from core_harness import (
     TABLE,
     WORKER,
     Script,
+    condition_equalities,
     condition_failed,
+    condition_text,
     delivery,
     job_item,
     job_view,
     local_lease,
     ok,
     table,
+    unreachable,
+    update_sets,
 )
 
 from sqs_lease import LimitExceeded, RecordUnreadable
@@ -40,6 +44,7 @@ from sqs_lease._core.flows import (
     retry_flow,
 )
 from sqs_lease._core.limits import ITEM_LIMIT, PARTITION_KEY_LIMIT, check_key, check_payload
+from sqs_lease._core.records import JobState
 from sqs_lease._core.timing import LeaseStatus
 from sqs_lease._schema import view_of
 
@@ -341,12 +346,56 @@ def test_an_unknown_job_class_is_never_claimed_and_its_message_is_left_with_back
 
 
 def test_an_unknown_job_class_goes_to_the_dlq_with_the_reason_at_the_bound() -> None:
-    s = _admit_unknown(10, 10, [ok({"MessageId": "d"}), ok({})])
-    assert s.ops == ["sqs.SendMessage", "sqs.DeleteMessage"]
-    assert s.calls[0].params["QueueUrl"] == DLQ
-    reason = s.calls[0].params["MessageAttributes"]["sqs_lease_reason"]["StringValue"]
-    assert "'v2-only'" in reason and "10 receives" in reason
+    old = job_item("job-1", job_class="v2-only", state=JobState.QUEUED, owner=None, token=0)
+    s = _admit_unknown(10, 10, [ok({"Attributes": old}), ok({"MessageId": "d"}), ok({})])
+    assert s.ops == ["dynamodb.UpdateItem", "sqs.SendMessage", "sqs.DeleteMessage"]
+    assert s.calls[1].params["QueueUrl"] == DLQ
+    reason = s.calls[1].params["MessageAttributes"]["sqs_lease_reason"]["StringValue"]
+    assert "'v2-only'" in reason and "10 receives" in reason and "parked" in reason
     assert s.event("job_class_unknown")["moved_to_dlq"] is True
+    assert s.event("job_class_unknown")["record_parked"] is True
+
+
+def test_a_running_job_whose_message_goes_to_the_dlq_is_parked_not_left_running() -> None:
+    # Soak seed 207201: the owner was cut off past its lease, workers that do not
+    # know the class received the message up to the bound and moved it to the DLQ,
+    # and the record said `running` for good, owned by a lease nobody could extend.
+    old = job_item("job-1", job_class="v2-only", state=JobState.RUNNING, owner="w-new", token=3)
+    s = _admit_unknown(20, 20, [ok({"Attributes": old}), ok({"MessageId": "d"}), ok({})])
+    assert s.ops == ["dynamodb.UpdateItem", "sqs.SendMessage", "sqs.DeleteMessage"]
+    park = s.calls[0].params
+    # Only the job's current message and the record's own class may park it, and
+    # only while it is queued or running (never a finished or parked record).
+    text = condition_text(park)
+    terms = condition_equalities(park)
+    assert (terms["send_id"], terms["job_class"]) == ("send-1", "v2-only"), text
+    assert "queued" in text and "running" in text and "token" not in terms, text
+    sets = update_sets(park)
+    assert (sets["state"], sets["error_code"]) == ("'parked'", "'undeliverable'")
+    assert sets["token"] == "token + 1"  # a lapsed owner that returns reads "lost"
+    assert "attempt" not in sets  # nobody ran: no attempt spent or granted
+    assert "jobs resume job-1" in sets["reason"] and "20 receives" in sets["reason"]
+    ev = s.event("job_parked")
+    assert (ev["undeliverable"], ev["previous_state"], ev["previous_owner"], ev["token"]) == (
+        True,
+        "running",
+        "w-new",
+        4,
+    )
+
+
+def test_an_unanswered_park_keeps_the_message_rather_than_orphan_the_record() -> None:
+    s = _admit_unknown(20, 20, [unreachable(), ok({})])
+    assert s.ops == ["dynamodb.UpdateItem", "sqs.ChangeMessageVisibility"]
+    assert "message_poisoned" not in s.event_names()
+
+
+def test_a_finished_job_is_not_parked_and_its_spent_message_still_goes_to_the_dlq() -> None:
+    done = job_item("job-1", job_class="v2-only", state=JobState.SUCCEEDED, token=2)
+    s = _admit_unknown(20, 20, [condition_failed(done), ok({"MessageId": "d"}), ok({})])
+    assert s.ops == ["dynamodb.UpdateItem", "sqs.SendMessage", "sqs.DeleteMessage"]
+    assert "job_parked" not in s.event_names()
+    assert s.event("job_class_unknown")["record_parked"] is False
 
 
 # =========================================================================== 7.14 one loss event

@@ -38,6 +38,7 @@ from sqs_lease import (
     App,
     CheckAnswer,
     EffectCall,
+    IntentBusy,
     IntentState,
     IntentView,
     JobContext,
@@ -1388,6 +1389,88 @@ def test_two_jobs_sharing_a_business_key_charge_once(env: Env, logs: LogCapture)
     held = logs.events("intent_held_elsewhere", key=spec_a.key)
     assert held and all(e["holder"] == job_a and e["job_id"] == job_b for e in held)
     assert logs.one("intent_replayed", key=spec_a.key)["intent_job"] == job_a
+
+
+@pytest.mark.parametrize("holder_end", ["failed", "cancelled"])
+def test_a_shared_key_prepared_by_a_job_that_ended_for_good_is_taken_over_by_the_next(
+    env: Env, logs: LogCapture, holder_end: str
+) -> None:
+    # Issue 7/14 follow-up, on a real moto server: job A prepared the shared key
+    # `payment:{invoice}:capture` and then ended for good without starting it (failed
+    # on another error, or cancelled). Job B needs the same capture. The old flow
+    # made B wait for A (which never comes back) and park it with IntentBusy; now B
+    # takes the prepared intent over (nothing of A's can be in flight, and A can never
+    # start it: its start is fenced on its own record being running) and charges once.
+    app = make_app(one_charge(Charger(env.url)), None)
+    invoice = invoice_id()
+    claimed_jobs(env, app, invoice, "job-a", "job-b")
+    job_a, job_b = f"job-a-{invoice}", f"job-b-{invoice}"
+    p = ChargePayload(invoice=invoice, amount=100, memo=SECRET)
+    spec_a = spec_for(job_a, p)
+    assert isinstance(env.driver.execute(env.intents.prepare(spec_a, time.time())), Ok)
+    if holder_end == "failed":
+        ended = env.jobs.finish_failed(job_a, 1, W1, "boom", "handler_error", time.time())
+    else:
+        ended = env.jobs.cancel(job_a, "operator", time.time())
+    assert isinstance(env.driver.execute(ended), Ok)
+
+    b_calls: list[EffectCall] = []
+
+    def b_tool() -> Any:
+        ec = EffectCall(spec_a.key, 1, job_b, "charge", "payments", effect_payload(p))
+        b_calls.append(ec)
+        return charge(ec, env.url)
+
+    result = env.driver.run(
+        effect_flow(
+            env.intents,
+            env.jobs,
+            spec=spec_for(job_b, p, b_tool),
+            token=1,
+            worker_id="w-b",
+            wall_clock=time.time,
+            flow_id=uuid.uuid4().hex,
+            held_waits=(0.1, 0.1, 0.1),
+        )
+    )
+    assert len(b_calls) == 1 and result.replayed is False
+    charged = rows_for(env, invoice)
+    assert len(charged) == 1 and result.external_id == charged[0]["charge_id"]
+    intent = env.intent(spec_a.key)
+    assert (intent.state, intent.job_id, intent.attempts) == (IntentState.CONFIRMED, job_b, 1)
+    taken = logs.one("intent_taken_over", key=spec_a.key)
+    assert (taken["holder"], taken["job_id"]) == (job_a, job_b)
+    assert taken["holder_state"] == "failed"  # a cancel fails the job too
+
+
+def test_a_shared_key_prepared_by_a_running_job_is_not_taken_over(
+    env: Env, logs: LogCapture
+) -> None:
+    # The same, with A still running: B waits and parks with IntentBusy, A keeps it.
+    app = make_app(one_charge(Charger(env.url)), None)
+    invoice = invoice_id()
+    claimed_jobs(env, app, invoice, "job-a", "job-b")
+    job_a, job_b = f"job-a-{invoice}", f"job-b-{invoice}"
+    p = ChargePayload(invoice=invoice, amount=100, memo=SECRET)
+    spec_a = spec_for(job_a, p)
+    assert isinstance(env.driver.execute(env.intents.prepare(spec_a, time.time())), Ok)
+    with pytest.raises(IntentBusy, match=job_a):
+        env.driver.run(
+            effect_flow(
+                env.intents,
+                env.jobs,
+                spec=spec_for(job_b, p),
+                token=1,
+                worker_id="w-b",
+                wall_clock=time.time,
+                flow_id=uuid.uuid4().hex,
+                held_waits=(0.1, 0.1),
+            )
+        )
+    assert rows_for(env, invoice) == []
+    intent = env.intent(spec_a.key)
+    assert (intent.state, intent.job_id) == (IntentState.PREPARED, job_a)
+    assert logs.events("intent_taken_over", key=spec_a.key) == []
 
 
 def test_another_job_cannot_start_an_intent_it_does_not_hold(env: Env) -> None:

@@ -25,6 +25,7 @@ from core_harness import (
     condition_failed,
     decode,
     err,
+    job_item,
     ok,
     table,
     unreachable,
@@ -51,6 +52,7 @@ from sqs_lease._core.intents import (
     effect_flow,
     start_id_for,
 )
+from sqs_lease._core.records import JobState
 from sqs_lease._errors import (
     IntentAmbiguous,
     IntentBusy,
@@ -1113,6 +1115,8 @@ def test_a_job_meeting_another_jobs_prepared_intent_never_calls_the_target_and_r
             return condition_failed(held)
         if c.op == "TransactWriteItems":
             return cancelled("None", "ConditionalCheckFailed", "None")
+        if c.op == "GetItem" and c.params["TableName"] == TABLE:  # the holder: running
+            return ok({"Item": job_item(OTHER_JOB, token=1)})
         if c.op == "GetItem":  # what the old flow read: attempt 1, token 1, as its own
             return ok({"Item": _other_jobs(IntentState.IN_PROGRESS, attempts=1, last_token=1)})
         raise AssertionError(c.op)
@@ -1122,7 +1126,9 @@ def test_a_job_meeting_another_jobs_prepared_intent_never_calls_the_target_and_r
     assert tool.calls == 0
     assert check.calls == 0  # another job's call may be in flight: not ours to check
     assert (res.external_id, res.replayed) == ("ch_A", True)
-    assert s.ops == ["dynamodb.PutItem", "dynamodb.PutItem"]
+    # The holder's record is read (a prepared intent of a job that ended for good
+    # changes hands); it runs, so this job waits.
+    assert s.ops == ["dynamodb.PutItem", "dynamodb.GetItem", "dynamodb.PutItem"]
     assert s.sleeps == [HELD_WAITS[0]]
     held = s.event("intent_held_elsewhere")
     assert (held["holder"], held["holder_state"], held["wait"]) == (OTHER_JOB, "prepared", 1.0)
@@ -1160,6 +1166,96 @@ def test_waiting_for_another_job_is_bounded_then_parks_naming_that_job() -> None
     end = ending_for(caught.value)
     assert (end.kind, end.code) == (EndKind.PARK, "intent_busy")
     assert OTHER_JOB in end.reason
+
+
+def _holder_answer(holder_state: JobState | None, intent: IntentState) -> Callable[[Call], Outcome]:
+    """Another job prepared the shared key and is now ``holder_state`` (None: no record)."""
+    taken = intent_item(intent, job_id=JOB, attempts=0)
+
+    def answer(c: Call) -> Outcome:
+        if c.op == "PutItem":
+            return condition_failed(_other_jobs(intent))
+        if c.op == "GetItem":
+            if holder_state is None:
+                return ok({})
+            return ok({"Item": job_item(OTHER_JOB, state=holder_state, token=2)})
+        if c.op == "UpdateItem":
+            return ok({"Attributes": taken})
+        if c.op == "TransactWriteItems":
+            return ok({})
+        raise AssertionError(c.op)
+
+    return answer
+
+
+@pytest.mark.parametrize("holder", [JobState.FAILED, JobState.SUCCEEDED, None])
+def test_a_prepared_intent_whose_holder_ended_for_good_is_taken_over_and_run(
+    holder: JobState | None,
+) -> None:
+    # A shared key (`payment:{invoice}:capture`) prepared by a job that then failed
+    # for good (or succeeded without the call, or was deleted): nothing of it can be
+    # in flight (prepared: never started) and its holder can never start it (the
+    # start is fenced on the holder's record being running). The old flow made the
+    # next job wait ~60 s and park with IntentBusy, for a key nobody would release.
+    tool = Tool()
+    s = EffectScript(_holder_answer(holder, IntentState.PREPARED))
+    res = run_effect(s, spec(tool, lease_check=LeaseCheck()), token=1)
+    assert tool.calls == 1 and res.replayed is False
+    assert s.sleeps == []
+    assert s.ops[:4] == [
+        "dynamodb.PutItem",
+        "dynamodb.GetItem",
+        "dynamodb.UpdateItem",
+        "dynamodb.TransactWriteItems",
+    ]
+    got = s.calls[1].params
+    assert (got["TableName"], got["Key"], got["ConsistentRead"]) == (
+        TABLE,
+        {"job_id": {"S": OTHER_JOB}},
+        True,
+    )
+    take = s.calls[2].params
+    # Exactly that holder, still prepared, at the attempt count seen.
+    assert condition_equalities(take) == {"job_id": OTHER_JOB, "state": "prepared", "attempts": 0}
+    assert sets(take)["job_id"] == JOB
+    ev = s.event("intent_taken_over")
+    assert (ev["holder"], ev["holder_state"]) == (OTHER_JOB, holder.value if holder else "missing")
+    assert "intent_held_elsewhere" not in s.event_names()
+
+
+@pytest.mark.parametrize("holder", [JobState.RUNNING, JobState.QUEUED, JobState.PARKED])
+def test_a_prepared_intent_whose_holder_may_still_act_is_waited_for(holder: JobState) -> None:
+    tool = Tool()
+    s = EffectScript(_holder_answer(holder, IntentState.PREPARED))
+    with pytest.raises(IntentBusy):
+        run_effect(s, spec(tool), token=1)
+    assert tool.calls == 0 and "dynamodb.UpdateItem" not in s.ops
+    assert s.sleeps == list(HELD_WAITS)
+
+
+def test_an_in_progress_intent_of_a_failed_holder_is_never_taken_over() -> None:
+    # It may have applied: the holder's reconciliation or an operator decides.
+    tool = Tool()
+    s = EffectScript(_holder_answer(JobState.FAILED, IntentState.IN_PROGRESS))
+    with pytest.raises(IntentBusy):
+        run_effect(s, spec(tool), token=1)
+    assert tool.calls == 0
+    assert "dynamodb.UpdateItem" not in s.ops and "dynamodb.GetItem" not in s.ops
+
+
+def test_a_take_over_that_another_job_won_first_is_waited_for() -> None:
+    tool = Tool()
+    rival = intent_item(IntentState.PREPARED, job_id="job-third")
+    answers: list[Outcome] = [
+        condition_failed(_other_jobs(IntentState.PREPARED)),
+        ok({"Item": job_item(OTHER_JOB, state=JobState.FAILED, token=2)}),
+        condition_failed(rival),
+    ]
+    answers += [condition_failed(rival), ok({"Item": job_item("job-third")})] * len(HELD_WAITS)
+    s = EffectScript(answers)
+    with pytest.raises(IntentBusy, match="job-third"):
+        run_effect(s, spec(tool), token=1)
+    assert tool.calls == 0 and s.sleeps == list(HELD_WAITS)
 
 
 def test_another_job_with_another_payload_under_the_key_is_a_payload_mismatch() -> None:

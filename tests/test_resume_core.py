@@ -521,3 +521,36 @@ def test_a_table_without_the_index_is_told_how_to_add_it() -> None:
     )
     with pytest.raises(ResourceMissing, match="sqs-lease tables create"):
         _sweep(s)
+
+
+def test_a_resolution_cancelled_for_a_transient_reason_is_retried_not_settled_alone() -> None:
+    # Soak seed 300478: the one transaction was cancelled for TransactionConflict
+    # (nothing applied), which the flow read as "the job is not parked": it settled
+    # the intent alone and left the parked job parked, a half-done resolution.
+    s = Script(
+        [
+            got_item(intent_item(IntentState.AMBIGUOUS)),
+            cancelled("TransactionConflict", "None"),
+            ok(),
+            got_item(queued_after_unpark()),
+            ok({"MessageId": "mid-1"}),
+            ok(),
+        ]
+    )
+    got = _resolve(s, Resolution.CONFIRMED, "ch_1")
+    assert s.ops[:3] == [
+        "dynamodb.GetItem",
+        "dynamodb.TransactWriteItems",
+        "dynamodb.TransactWriteItems",
+    ]
+    assert got.job_requeued is True
+    assert "job_resume_skipped" not in s.event_names()
+    assert "dynamodb.UpdateItem" not in s.ops[:-1]  # never the intent alone
+
+
+def test_a_resolution_cancelled_transiently_every_time_says_to_run_it_again() -> None:
+    conflict = cancelled("ThrottlingError", "None")
+    s = Script([got_item(intent_item(IntentState.AMBIGUOUS))] + [conflict] * 7)
+    with pytest.raises(OwnershipUnknown, match="nothing was resolved"):
+        _resolve(s, Resolution.RETRY)
+    assert "intent_resolved" not in s.event_names()

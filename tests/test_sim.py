@@ -1300,8 +1300,11 @@ def test_concurrent_producers_send_strays_that_claim_nothing() -> None:
 
 
 def test_an_operator_resolving_a_parked_job_while_workers_run_grants_its_attempt() -> None:
-    r = _issue14(41, "operator_races")
-    assert r.ok, _verdict(r, 41, *PASSING_FEATURES, "operator_races")
+    # Seed 41 showed it until a prepared intent of a finished holder could be taken
+    # over (one more read moved that schedule); seed 47 shows it since, with the
+    # operator dying half way through a command and running it again.
+    r = _issue14(47, "operator_races")
+    assert r.ok, _verdict(r, 47, *PASSING_FEATURES, "operator_races")
     resolved = _events_of(r, "intent_resolved")
     assert resolved and _events_of(r, "job_resumed")
     job = resolved[0]["job_id"]
@@ -1391,3 +1394,29 @@ def test_the_simulated_dynamodb_runs_a_group_submit_and_cancel_through_its_index
     assert _job(db, "a2")["error_code"] == {"S": "cancelled"}
     with pytest.raises(GroupCancelled):
         _drive_sim(db, submit("a4", "g"))
+
+
+def test_soak_seed_207201_a_job_whose_message_went_to_the_dlq_is_parked_not_left_running() -> None:
+    # Found by the soak after issue 7 landed (I4): a new-version worker held a job and
+    # was cut off past its lease; the old version's workers received the message up
+    # to the bound and moved it to the DLQ, and the record said `running` for good.
+    # The worker that moves the job's current message to the DLQ now parks the job
+    # (undeliverable, with the reason), the one write I9 allows it.
+    features = ("shared_keys", "cut_responses", "txn_transient", "mixed_versions")
+    r = _wide(207201, *features)
+    assert r.ok, _verdict(r, 207201, *features)
+    parked = [e[3] for e in r.log if e[2] == "job_parked" and e[3].get("undeliverable")]
+    assert parked and parked[0]["previous_state"] == "running", "seed 207201 moved on"
+
+
+@pytest.mark.parametrize("seed", [300478, 300532])
+def test_soak_seed_300478_a_transiently_cancelled_resolution_is_retried_not_half_done(
+    seed: int,
+) -> None:
+    # Found by the soak after the fixes for 207201 (I16): an operator's resolution
+    # was cancelled for TransactionConflict and read as "the job is not parked", so
+    # the intent was settled alone and the parked job stayed parked for good.
+    features = tuple(sorted(WIDE_FEATURES))
+    r = _wide(seed, *features)
+    assert r.ok, _verdict(r, seed, *features)
+    assert _events_of(r, "intent_resolved"), f"seed {seed} no longer resolves an intent"

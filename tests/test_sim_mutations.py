@@ -39,6 +39,15 @@ exposes it (``FEATURES``):
 - ``validation_as_unknown`` (item 5, ``oversize``): no size check before sending, and
   DynamoDB's validation error read as ownership unknown.
 
+The rest of issues 7 and 14:
+
+- ``intent_write_unchecked`` (issue 7 item 13): intent writes without the local lease
+  check first;
+- ``resolve_in_two_writes`` (issue 14 item 6, ``operator_races``): an operator's
+  resolution settles the intent and unparks the job in two writes;
+- ``shared_request_tokens`` (issue 14 item 7): intent start and confirm request
+  tokens leave out the owner (token, start, reconciling), so two owners share one.
+
 They run in the world of ``plan.PASSING_FEATURES`` (the widened features whose
 defects are fixed), plus the features ``mutations.WORLDS`` names for a mutation.
 """
@@ -50,8 +59,23 @@ import pytest
 from sqs_lease._sim import run_seed
 from sqs_lease._sim.chaos import Chaos
 from sqs_lease._sim.cli import replay_command
-from sqs_lease._sim.invariants import I2, I3, I5, I7, I8, I9, I10, I11, I12, I13, I14
-from sqs_lease._sim.mutations import MUTATIONS, WORLDS
+from sqs_lease._sim.invariants import (
+    I2,
+    I3,
+    I5,
+    I7,
+    I8,
+    I9,
+    I10,
+    I11,
+    I12,
+    I13,
+    I14,
+    I15,
+    I16,
+    I17,
+)
+from sqs_lease._sim.mutations import MUTATIONS, UNCAUGHT, WORLDS
 from sqs_lease._sim.plan import PASSING_FEATURES, draw_plan
 
 SEED_LIMIT = 200  # each mutation must be caught within this many seeds
@@ -75,6 +99,10 @@ EXPECTED = {
     "resume_keeps_attempts": I12,
     "unreadable_aborts_round": I13,
     "validation_as_unknown": I14,
+    # the rest of issues 7 and 14
+    "intent_write_unchecked": I15,  # issue 7 item 13
+    "resolve_in_two_writes": I16,  # issue 14 item 6, in the operator_races world
+    "shared_request_tokens": I17,  # issue 14 item 7
 }
 
 _correct: dict[tuple[int, frozenset[str]], bool] = {}
@@ -151,10 +179,14 @@ def test_mutations_are_undone_on_exit() -> None:
             _schema._unpark,
             flows.__dict__["result_problem"],
             flows._fenced_write,
+            intents.__dict__["_lease_check"],
+            receiver.Receivers.__dict__["_fence"],
+            intents.__dict__["resolve_flow"],
+            _schema.__dict__["_request_token"],
         )
 
     before = state()
-    for name in MUTATIONS:
+    for name in [*MUTATIONS, *UNCAUGHT]:
         with applied(name):
             assert state() != before, name
     assert state() == before

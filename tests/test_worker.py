@@ -293,11 +293,11 @@ def test_poison_messages_never_stop_the_worker(
     (raw,) = [e for e in poisoned if e.get("message_id") == raw_id]
     assert raw["reason"] == "message body is not JSON" and raw["moved_to_dlq"] is True
     # (b) unknown class: never claimed (a newer worker may own it); to the DLQ with
-    # the reason, the record kept for a redrive.
+    # the reason, the job parked first (undeliverable) so its record says where it is.
     (unknown,) = job_events(poisoned, unknown_id)
     assert unknown["moved_to_dlq"] is True and "'mystery'" in unknown["reason"]
     rec = read_record(ddb_client, settings, unknown_id)
-    assert (rec.state, rec.token) == ("queued", 0) and rec.error_code is None
+    assert (rec.state, rec.token, rec.error_code) == ("parked", 1, "undeliverable")
     # (c) invalid payload: the record ends failed with the code.
     (invalid,) = job_events(poisoned, invalid_id)
     assert invalid["error_code"] == "invalid_payload"

@@ -112,8 +112,65 @@ def test_a_message_of_an_unknown_class_goes_to_the_dlq_with_the_reason_after_the
     (dead,) = drain(sqs_client, dlq, timeout=3, want=1)
     reason = dead["MessageAttributes"]["sqs_lease_reason"]["StringValue"]
     assert "'mystery'" in reason and "2 receives" in reason
-    rec = read_record(ddb_client, settings, job_id)  # kept, for a redrive later
-    assert (rec.state, rec.token) == ("queued", 0)
+    # Where the job is, on its record: parked, naming the DLQ and the way back.
+    rec = read_record(ddb_client, settings, job_id)
+    assert (rec.state, rec.token, rec.error_code) == ("parked", 1, "undeliverable")
+    assert "in the DLQ" in (rec.reason or "") and "jobs resume" in (rec.reason or "")
+
+
+def test_a_job_whose_owner_lapsed_and_whose_message_went_to_the_dlq_is_parked_then_resumed(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient, sqs_client: SQSClient
+) -> None:
+    # Soak seed 207201, on a real server: the new version's worker that held the job
+    # was cut off past its lease (its record says `running`), and the old version's
+    # workers moved the message to the DLQ after the bound. The record must not say
+    # `running` for good: it is parked with the reason, and a resume runs it.
+    settings, _, dlq = prepare(aws.endpoint_url, aws.prefix)
+    old, new = App(), App()
+
+    @old.job("work", payload=Work, **FAST)
+    def work(ctx: JobContext[Any], p: Work) -> None:
+        return None
+
+    @new.job("report", payload=Work, **FAST)
+    def report(ctx: JobContext[Any], p: Work) -> dict[str, int]:
+        return {"n": p.n}
+
+    job_id = Producer(settings, new).submit("report", Work(n=7), job_id=f"{aws.prefix}-l").job_id
+    # The cut-off owner's claim, as it left the record.
+    ddb_client.update_item(
+        TableName=settings.jobs_table,
+        Key={"job_id": {"S": job_id}},
+        UpdateExpression="SET #s = :r, #o = :o, #t = :one, #a = :one",
+        ExpressionAttributeNames={"#s": "state", "#o": "owner", "#t": "token", "#a": "attempt"},
+        ExpressionAttributeValues={
+            ":r": {"S": "running"},
+            ":o": {"S": "new-cut-off"},
+            ":one": {"N": "1"},
+        },
+    )
+    old_worker = make_worker(old, settings, "old", unknown_class_receives=1)
+    with collect_journal() as journal, running(old_worker) as (runner,):
+        journal.wait_for("message_poisoned", job_id=job_id, timeout=20)
+        runner.stop()
+    (parked,) = journal.events("job_parked", job_id=job_id)
+    assert parked["previous_owner"] == "new-cut-off" and parked["undeliverable"] is True
+    rec = read_record(ddb_client, settings, job_id)
+    assert (rec.state, rec.token, rec.attempt) == ("parked", 2, 1)
+    assert rec.error_code == "undeliverable" and "'report'" in (rec.reason or "")
+    assert len(drain(sqs_client, dlq, timeout=3, want=1)) == 1
+
+    resumed = CliRunner().invoke(
+        cli,
+        ["--endpoint-url", aws.endpoint_url, "--prefix", aws.prefix, "jobs", "resume", job_id],
+    )
+    assert resumed.exit_code == 0, resumed.output
+    new_worker = make_worker(new, settings, "new")
+    with collect_journal() as journal, running(new_worker) as (runner,):
+        journal.wait_for("result_committed", job_id=job_id, timeout=20)
+        runner.stop()
+    rec = read_record(ddb_client, settings, job_id)
+    assert (rec.state, rec.token) == ("succeeded", 3)
 
 
 # --------------------------------------------------------------------------- 7.10

@@ -23,7 +23,7 @@ from .._errors import (
 )
 from .calls import Call, Emit, Err, ErrorKind, Flow, Ok, Outcome, Sleep, call, emit, sqs_code_is
 from .limits import REASON_LIMIT, bounded, result_problem
-from .records import GroupRequests, JobRequests, JobState, JobView
+from .records import UNDELIVERED_CODE, GroupRequests, JobRequests, JobState, JobView
 from .timing import OPEN, LeaseStatus, LocalLease
 
 SQS_BATCH = 10
@@ -811,8 +811,9 @@ def admit_flow(
       rolling deploy) is never claimed: a claim would move the token and fence out
       a live owner that knows it. The message is left for a worker that knows it
       (visibility backoff, ``job_class_unknown``); after ``unknown_class_receives``
-      receives it goes to the DLQ with the reason (the record stays as it is, so a
-      redrive once such a worker runs picks the job up again).
+      receives it goes to the DLQ with the reason, and its job is parked first
+      (``undeliverable``: the move ends any lease the message carried), so the record
+      shows where the job is and ``jobs resume`` brings it back.
     - A record this version cannot read, or a claim DynamoDB refuses as invalid,
       makes the message poison: journaled with the job id, copied to the DLQ with
       the reason; nothing crashes, and no other job is affected.
@@ -820,21 +821,11 @@ def admit_flow(
     d = delivery
     if not known_class:
         if d.receive_count >= unknown_class_receives:
-            reason = (
-                f"no worker that knows job class {d.job_class!r} took the message in "
-                f"{d.receive_count} receives (bound {unknown_class_receives}); redrive it from "
-                "the DLQ once workers that know the class run"
+            given_up = yield from _undeliverable(
+                req, queue_url, dlq_url, d, wall_now, unknown_class_receives
             )
-            yield from emit(
-                "job_class_unknown",
-                job_id=d.job_id,
-                job_class=d.job_class,
-                receive_count=d.receive_count,
-                bound=unknown_class_receives,
-                moved_to_dlq=True,
-            )
-            yield from _poison_delivery(queue_url, dlq_url, d, reason)
-            return NotClaimed(d, "unknown_class", reason)
+            if given_up is not None:
+                return given_up
         delay = defer_delay(d.receive_count, rand)
         cmv = yield from _set_visibility(queue_url, d.receipt_handle, delay)
         yield from emit(
@@ -872,6 +863,94 @@ def admit_flow(
     if isinstance(result, NotClaimed) and result.outcome == "invalid":
         yield from _poison_delivery(queue_url, dlq_url, d, result.reason)
     return result
+
+
+def _undeliverable(
+    req: JobRequests,
+    queue_url: str,
+    dlq_url: str | None,
+    d: Delivery,
+    wall_now: float,
+    bound: int,
+) -> Flow[NotClaimed | None]:
+    """A message of an unknown class reached the bound: park its job, then move it to
+    the DLQ. ``None``: the park got no answer, so the message stays (the next receive
+    decides again) rather than leave a DLQ copy behind a record that says ``running``.
+
+    Moving the job's current message to the DLQ ends whatever lease it carried (an
+    owner's heartbeat can no longer extend it, and nobody would ever receive it
+    again), so the record must say where the job is: ``parked`` (token + 1, error code
+    ``undeliverable``), with the reason and the way back (``jobs resume`` once a worker
+    that knows the class runs). Only the job's current message and the record's own
+    class may do it, and only while the job is queued or running.
+    """
+    why = (
+        f"no worker that knows job class {d.job_class!r} took its message in "
+        f"{d.receive_count} receives (bound {bound}); the message is in the DLQ"
+    )
+    record_reason = bounded(
+        f"{why}; resume the job (`sqs-lease jobs resume {d.job_id}`) once workers that "
+        "know the class run",
+        REASON_LIMIT,
+    )
+    out = yield from call(
+        req.park_undelivered(
+            d.job_id,
+            job_class=d.job_class,
+            send_id=d.send_id,
+            reason=record_reason,
+            wall_now=wall_now,
+        )
+    )
+    parked: JobView | None = None
+    if isinstance(out, Ok):
+        try:
+            old = req.parse(out.response.get("Attributes", {}))
+        except RecordUnreadable:
+            old = None
+        yield from emit(
+            "job_parked",
+            job_id=d.job_id,
+            token=(old.token + 1) if old else None,
+            reason=record_reason,
+            previous_state=old.state.value if old else None,
+            previous_owner=old.owner if old else None,
+            undeliverable=True,
+        )
+        dlq_reason = f"{why}; job parked: resume it once workers that know the class run"
+    elif out.kind is ErrorKind.CONDITION_FAILED:
+        # Finished, parked already (an earlier park whose DLQ move failed), or the
+        # message is not the job's current one: the record needs nothing from us.
+        try:
+            parked = req.parse(out.item) if out.item is not None else None
+        except RecordUnreadable:
+            parked = None
+        if parked is not None and parked.error_code == UNDELIVERED_CODE:
+            dlq_reason = f"{why}; job parked: resume it once workers that know the class run"
+        else:
+            dlq_reason = f"{why}; redrive it once workers that know the class run"
+    else:
+        yield from emit(
+            "job_class_unknown",
+            job_id=d.job_id,
+            job_class=d.job_class,
+            receive_count=d.receive_count,
+            bound=bound,
+            moved_to_dlq=False,
+            park_error=out.code or out.kind.value,
+        )
+        return None
+    yield from emit(
+        "job_class_unknown",
+        job_id=d.job_id,
+        job_class=d.job_class,
+        receive_count=d.receive_count,
+        bound=bound,
+        moved_to_dlq=True,
+        record_parked=isinstance(out, Ok),
+    )
+    yield from _poison_delivery(queue_url, dlq_url, d, dlq_reason)
+    return NotClaimed(d, "unknown_class", dlq_reason, parked)
 
 
 def _poison_delivery(queue_url: str, dlq_url: str | None, d: Delivery, reason: str) -> Flow[None]:

@@ -30,6 +30,7 @@ from .._errors import (
     LeaseLost,
     OwnershipUnknown,
     PermanentError,
+    RecordUnreadable,
     ToolNotApplied,
     TransientError,
 )
@@ -214,6 +215,10 @@ class IntentRequests(Protocol):
         self, key: str, *, attempt: int, outcome: str, error: str, wall_now: float, reopen: bool
     ) -> Call: ...
 
+    def take_over(
+        self, key: str, *, holder: str, job_id: str, attempts: int, reason: str, wall_now: float
+    ) -> Call: ...
+
     def mark_ambiguous(self, key: str, *, attempts: int, reason: str, wall_now: float) -> Call: ...
 
     def get(self, key: str) -> Call: ...
@@ -333,6 +338,11 @@ def effect_flow(
             return settled
         if existing.job_id == spec.job_id:
             break
+        if existing.state is IntentState.PREPARED:
+            taken = yield from _take_over(ctx, existing)
+            if taken is not None:
+                existing = taken
+                break
         # Another job holds the key (a shared business key) and has not finished:
         # its call may be in flight, so this job neither calls the target nor asks
         # the check. It waits and reads again, spending no attempt.
@@ -456,6 +466,53 @@ def effect_flow(
             # next owner reconciles it (this one may no longer act).
             raise exc
         reconcile_first = True
+
+
+def _take_over(ctx: _Ctx, existing: IntentView) -> Flow[IntentView | None]:
+    """Take a *prepared* intent over from a holder job that has ended for good.
+
+    Prepared means no call of it can be in flight (never started, or reopened after
+    a provable "not applied"), and a holder that succeeded or failed can never start
+    it (its start is fenced on its own record being ``running``), so the key is free.
+    A holder that is queued, running or parked may still act: None, and the caller
+    waits. ``in_progress`` is never taken over (the call may have applied: the
+    holder's next owner, or an operator, reconciles it).
+    """
+    spec = ctx.spec
+    out = yield from call(ctx.jreq.get(existing.job_id))
+    if isinstance(out, Err):
+        return None
+    item = out.response.get("Item")
+    try:
+        holder = ctx.jreq.parse(item) if item else None
+    except RecordUnreadable:
+        return None
+    if holder is not None and not holder.state.terminal:
+        return None
+    holder_state = holder.state.value if holder is not None else "missing"
+    yield from _lease_check(spec)
+    taken = yield from call(
+        ctx.ireq.take_over(
+            spec.key,
+            holder=existing.job_id,
+            job_id=spec.job_id,
+            attempts=existing.attempts,
+            reason=f"taken over from job {existing.job_id} ({holder_state})",
+            wall_now=(yield from _wall(ctx)),
+        )
+    )
+    if isinstance(taken, Err):
+        return None  # moved meanwhile, or no answer: read again after the wait
+    yield from emit(
+        "intent_taken_over",
+        job_id=spec.job_id,
+        key=spec.key,
+        holder=existing.job_id,
+        holder_state=holder_state,
+        attempts=existing.attempts,
+        token=ctx.token,
+    )
+    return ctx.ireq.parse(taken.response.get("Attributes", {}))
 
 
 def _lease_check(spec: EffectSpec) -> Flow[None]:
@@ -999,19 +1056,34 @@ def resolve_flow(
             if finished is not None:
                 return finished
         raise IntentError(f"intent {key!r} is {intent.state}, not ambiguous: nothing to resolve")
-    out = yield from call(
-        ireq.resolve_and_unpark(
-            key,
-            resolution=resolution,
-            external_id=external_id,
-            who=who,
-            why=why,
-            wall_now=wall_now,
-            jobs=jreq,
-            job_id=intent.job_id,
-            send_id=send_id,
+    waits = iter(RETRY_WAITS)
+    while True:
+        out = yield from call(
+            ireq.resolve_and_unpark(
+                key,
+                resolution=resolution,
+                external_id=external_id,
+                who=who,
+                why=why,
+                wall_now=wall_now,
+                jobs=jreq,
+                job_id=intent.job_id,
+                send_id=send_id,
+            )
         )
-    )
+        if not (isinstance(out, Err) and _transient_cancel(out)):
+            break
+        # Throttled or in conflict: nothing applied, and it says nothing about the
+        # job (taking it for "not parked" settled the intent alone, leaving the job
+        # parked: soak seed 300478). Try the one decision again.
+        wait = next(waits, None)
+        if wait is None:
+            raise OwnershipUnknown(
+                f"resolve intent {key!r}: DynamoDB cancelled it for a transient reason "
+                f"({', '.join(_cancel_codes(out))}); nothing was resolved: run the same "
+                "`sqs-lease intents resolve` again"
+            )
+        yield from call(Sleep(wait))
     if isinstance(out, Err):
         if out.kind is not ErrorKind.TRANSACTION_CANCELLED:
             raise OwnershipUnknown(

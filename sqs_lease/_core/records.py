@@ -14,6 +14,10 @@ from typing import Any, Protocol
 
 from .calls import Call
 
+UNDELIVERED_CODE = "undeliverable"
+"""``error_code`` of a job parked because its message went to the DLQ: no worker
+that knows its class took it within the bound."""
+
 
 class JobState(StrEnum):
     QUEUED = "queued"
@@ -137,6 +141,16 @@ class JobRequests(Protocol):
     ) -> Call:
         """Record a result whose commit was rejected (for people; no decision reads it)."""
         ...
+
+    def park_undelivered(
+        self,
+        job_id: str,
+        *,
+        job_class: str,
+        send_id: str | None,
+        reason: str,
+        wall_now: float,
+    ) -> Call: ...
 
     def advise(
         self, job_id: str, token: int, worker_id: str, wall_now: float, lease_seconds: int

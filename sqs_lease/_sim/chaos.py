@@ -28,6 +28,9 @@ class Chaos:
         # issue 14's features draw from a third stream, so adding them changed no
         # draw of the second (whose values the issue-7 features also use mid-run)
         self.wide14 = random.Random(f"wide14-{seed}")
+        # operator_races: whether an operator's command dies half way (its own stream,
+        # so the decisions and everything else keep their draws)
+        self.operator = random.Random(f"operator-{seed}")
         self.now = 0.0
         self.cutoff = float("inf")
         self.injected: dict[str, int] = {}

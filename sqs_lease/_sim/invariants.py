@@ -2,10 +2,10 @@
 
 Each has a stable name (used in reports, replay output and tests):
 
-- ``I1_stale_effect``: no effect accepted with a token lower than one the
-  target already admitted for that fence scope (the job): by an effect, a
-  replay, a refused payload or a fenced check. Scopes, not resources: tokens
-  of different jobs are not comparable.
+- ``I1_stale_effect``: no effect (nor any other request) accepted with a token
+  lower than one the target already admitted for that fence scope (the job): by
+  an effect, a replay, a refused payload or a fenced check. Scopes, not
+  resources: tokens of different jobs are not comparable.
 - ``I2_double_effect``: no irreversible effect applied twice for one intent key.
 - ``I3_superseded_commit``: no result committed (nor any fenced end of an
   attempt: failed, parked, requeued) by a writer whose token was superseded, and
@@ -31,7 +31,10 @@ The widened world (issue 7) adds:
   conflict while the job was still its own and its local lease still ran.
 - ``I9_unknown_class``: a worker that does not know a job's class never writes its
   record (no claim that fences out a live owner, no failure "unknown job class"),
-  and no job fails because a message named another class than its record.
+  and no job fails because a message named another class than its record. The
+  one exception: when it moves the job's *current* message to the DLQ after the
+  bound, it parks the job (``undeliverable``, token + 1), since that move ends any
+  lease the message carried.
 - ``I10_stranded_record``: at the end no job is ``queued`` with no message for it
   (the producer died between the record and the message); the message names them.
 
@@ -51,6 +54,18 @@ Issue 14 adds:
   item limit) is never taken for ownership unknown, and a job whose handler returned
   such a result ends failed with a reason naming the limit (not "attempts exhausted").
 
+And the rest of issues 7 and 14:
+
+- ``I15_write_after_lease`` (issue 7 item 13): no intent write but a confirm leaves an
+  attempt whose local lease is gone (status not open, or past its conservative
+  deadline, on the worker's own clock at the moment it is sent).
+- ``I16_half_resolution`` (issue 14 item 6): at the end, no job is still parked since
+  before an operator's resolution of its intent landed (the resolution and the unpark
+  are one decision; an operator that died half way reruns the command).
+- ``I17_shared_request_token`` (issue 14 item 7): no transaction is refused
+  ``IdempotentParameterMismatch``: a ClientRequestToken names one owner's one write, so
+  only an identical retry ever repeats one.
+
 ``I1`` is scoped to what a token orders: the tokens of one job (its fence scope).
 
 Two more names report a broken run rather than a broken protocol:
@@ -64,7 +79,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._core.records import JobState
+from .._core.records import UNDELIVERED_CODE, JobState
 from .._schema import view_of
 from .receiver import Applied
 
@@ -82,6 +97,9 @@ I11 = "I11_stray_claim"
 I12 = "I12_resume_exhausted"
 I13 = "I13_heartbeat_round_failed"
 I14 = "I14_oversize_result"
+I15 = "I15_write_after_lease"
+I16 = "I16_half_resolution"
+I17 = "I17_shared_request_token"
 E_EXC = "E_unhandled_exception"
 E_BUDGET = "E_budget"
 
@@ -100,6 +118,9 @@ INVARIANTS: dict[str, str] = {
     I12: "no job an operator resumed fails 'attempts exhausted' at the resume's claim",
     I13: "no heartbeat round fails as a whole (one unreadable record affects its own job)",
     I14: "a result over the item limit fails its job naming the limit; never 'unknown'",
+    I15: "no intent write (but a confirm) from an attempt whose local lease is gone",
+    I16: "no job left parked after an operator resolved its intent (a half-done resolve)",
+    I17: "no ClientRequestToken shared by two different writes (one owner's one write)",
 }
 
 TRANSIENT_REASONS = frozenset(
@@ -125,6 +146,8 @@ class Origin:
     transient_cancel: bool = False
     # job tasks: the send id of the message they were given (I11)
     send_id: str | None = None
+    # job tasks running an effect: the attempt's local lease (I15)
+    lease: Any = None
 
 
 @dataclass(frozen=True)
@@ -138,8 +161,9 @@ class Violation:
 
 
 class Checker:
-    def __init__(self, jobs_table: str) -> None:
+    def __init__(self, jobs_table: str, intents_table: str = "") -> None:
         self.jobs_table = jobs_table
+        self.intents_table = intents_table
         self.violations: list[Violation] = []
         self.now = 0.0
         self._high: dict[tuple[str, str], int] = {}
@@ -148,6 +172,8 @@ class Checker:
         self.final_jobs: set[str] = set()
         self.counts: dict[str, int] = {}
         self._resumed: dict[str, int] = {}  # I12: job -> its attempt when unparked
+        self._since: dict[str, float] = {}  # I16: job -> when its state last changed
+        self._resolved_at: dict[str, tuple[float, str]] = {}  # I16: job -> (when, intent key)
         # worker id -> the job classes its app knows (None: not a worker); set by the world
         self.known_classes: Any = lambda worker: None
 
@@ -161,9 +187,18 @@ class Checker:
     # ------------------------------------------------------------------ I1, I2
 
     def request_admitted(self, target: str, scope: str, token: int) -> None:
-        """The target's fence let a request of ``scope`` at ``token`` through."""
+        """The target's fence let a request of ``scope`` at ``token`` through: never one
+        below a token it already let through (whatever either request asked: an
+        effect, a replay, a refused payload, a fenced check)."""
         key = (target, scope)
-        self._high[key] = max(self._high.get(key, 0), token)
+        high = self._high.get(key, 0)
+        if token < high:
+            self.fail(
+                I1,
+                f"{target} let a request of job {scope} through with token {token} after "
+                f"token {high} had been let through for it",
+            )
+        self._high[key] = max(high, token)
 
     def effect_applied(self, e: Applied) -> None:
         scope = (e.target, e.scope)
@@ -195,6 +230,9 @@ class Checker:
         new: Mapping[str, Any] | None,
         origin: Any,
     ) -> None:
+        if table == self.intents_table and new is not None:
+            self._intent_written(old, new)
+            return
         if table != self.jobs_table or new is None:
             return
         if _unreadable(new) or (old is not None and _unreadable(old)):
@@ -215,9 +253,19 @@ class Checker:
             return
         o = view_of(old)
         job = o.job_id
+        if n.state is not o.state:
+            self._since[job] = self.now
         self._resume_exhausted(o.state, n.state, n.attempt, n.reason, job, origin)
         if isinstance(origin, Origin):
             known = self.known_classes(origin.worker)
+            if known is not None and o.job_class not in known and self._undeliverable_park(o, n):
+                if origin.send_id != o.send_id:
+                    self.fail(
+                        I9,
+                        f"{_who(origin)} parked {job} as undeliverable through message send "
+                        f"{origin.send_id!r}; the job's current send is {o.send_id!r}",
+                    )
+                return
             if (
                 known is not None
                 and o.job_class not in known
@@ -281,6 +329,83 @@ class Checker:
                     f"{_who(origin)} acting under token {mine} {what} while the job's token "
                     f"was {o.token}",
                 )
+
+    def _intent_written(self, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
+        """I16: when an operator's resolution lands on an intent (its job is then
+        expected to leave ``parked`` in the same decision)."""
+        if "resolution" in new and (old is None or "resolution" not in old):
+            job = str(new.get("job_id", {}).get("S", ""))
+            self._resolved_at[job] = (self.now, str(new.get("intent_key", {}).get("S", "")))
+
+    def call_sent(self, call: Any, origin: Any, mono: float) -> None:
+        """I15: an intent write leaves a job task only while its attempt may still act.
+
+        Every intent write of an attempt checks the local lease first; only a confirm
+        (recording an outcome the target gave, which starts nothing) may go out on a
+        lease whose ownership is unconfirmed, and never on one that is gone. So every
+        intent write but a confirm must find the lease open with time left."""
+        if not isinstance(origin, Origin) or origin.lease is None or origin.kind != "job":
+            return
+        what = _intent_write(call, self.intents_table)
+        if what is None or what == "confirm":
+            return
+        lease = origin.lease
+        if not lease.may_record(mono):
+            self.fail(
+                I15,
+                f"{_who(origin)} sent an intent {what} for {lease.job_id} (token {lease.token}) "
+                f"after its local lease was gone ({lease.status}, "
+                f"{mono - lease.conservative_deadline:+.3f} s past its conservative deadline)",
+            )
+
+    def token_mismatch(self, call: Any, origin: Any) -> None:
+        """I17: DynamoDB refused a transaction because its ClientRequestToken had
+        been used by a different request: two writes shared one token."""
+        self.fail(
+            I17,
+            f"{_who(origin)}'s {call.op} was refused IdempotentParameterMismatch: its "
+            "ClientRequestToken names another, different write (tokens must be one "
+            "owner's one write)",
+        )
+
+    def half_resolutions(
+        self, records: Mapping[str, Mapping[str, Any] | None], stranded: Sequence[str] = ()
+    ) -> None:
+        """I16 at the end: no job left where a resolution stopped half way: parked since
+        before an operator resolved its intent, or queued without a message since then
+        (the unpark landed, the message was never sent)."""
+        for job_id, (when, key) in sorted(self._resolved_at.items()):
+            item = records.get(job_id)
+            if item is None or _unreadable(item):
+                continue
+            state = view_of(item).state
+            since = self._since.get(job_id, -1.0)
+            if state is JobState.PARKED and since <= when:
+                where = f"is still parked (since t={since:.3f})"
+            elif state is JobState.QUEUED and job_id in stranded and since >= when:
+                where = f"is queued without a message (since t={since:.3f})"
+            else:
+                continue
+            self.fail(
+                I16,
+                f"{job_id} {where} although an operator resolved its intent {key!r} at "
+                f"t={when:.3f}: the resolution stopped half way and nothing finished it",
+            )
+
+    def _undeliverable_park(self, o: Any, n: Any) -> bool:
+        """The one write a worker that does not know a class may make: moving the job's
+        current message to the DLQ, it parks the job (token + 1, the reason) so that
+        the record does not say ``running`` for a lease nobody can extend any more."""
+        ok = (
+            n.state is JobState.PARKED
+            and n.error_code == UNDELIVERED_CODE
+            and o.state in (JobState.QUEUED, JobState.RUNNING)
+            and n.token == o.token + 1
+            and n.attempt == o.attempt
+        )
+        if ok:
+            self.bump("undeliverable_parked")
+        return ok
 
     def _stray_claim(
         self, origin: Origin, job: str, state: JobState, token: int, current: str | None
@@ -470,6 +595,28 @@ class Checker:
                 )
             elif v.state in (JobState.FAILED, JobState.PARKED) and not (v.reason or "").strip():
                 self.fail(I4, f"{job_id} is {v.state} without a reason")
+
+
+def _intent_write(call: Any, intents_table: str) -> str | None:
+    """Which intent write a call is (None: not one). A confirm is told by the state
+    it writes."""
+    params = call.params
+    if call.op in ("PutItem", "UpdateItem", "DeleteItem"):
+        if params.get("TableName") != intents_table:
+            return None
+        return {"PutItem": "prepare", "UpdateItem": "update", "DeleteItem": "delete"}[call.op]
+    if call.op != "TransactWriteItems":
+        return None
+    kinds: list[str] = []
+    for entry in params.get("TransactItems", []):
+        for kind, body in entry.items():
+            if body.get("TableName") == intents_table and kind != "ConditionCheck":
+                values = body.get("ExpressionAttributeValues", {})
+                states = {v.get("S") for v in values.values() if isinstance(v, Mapping)}
+                kinds.append("confirm" if "confirmed" in states else "transaction")
+    if not kinds:
+        return None
+    return "confirm" if "confirm" in kinds else "transaction"
 
 
 def _unreadable(item: Mapping[str, Any]) -> bool:

@@ -363,6 +363,7 @@ class SimWorker(Actor):
         resource = step.resource or f"{target}:{job_id}"
         p = self.world.plan
         lease = held.lease
+        origin.lease = lease  # the checker's I15: the lease the intent writes must find open
         timeout = self.classes[claim.job.job_class].effect_timeout_seconds  # EffectCall.timeout
         spec = EffectSpec(
             key=key,

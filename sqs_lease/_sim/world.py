@@ -20,11 +20,12 @@ from typing import Any, TypeAlias, TypeVar
 
 from pydantic import BaseModel
 
+from .._core import intents as core_intents
 from .._core.calls import Call, Err, ErrorKind, Ok, Outcome
 from .._core.flows import cancel_flow, message_body, submit_flow
-from .._core.intents import IntentState, Resolution, ToolResult, resolve_flow, resume_flow
+from .._core.intents import IntentState, Resolution, ToolResult
 from .._core.timing import LeaseStatus
-from .._errors import LeaseLost, ToolNotApplied, ToolOutcomeUnknown
+from .._errors import IntentError, LeaseLost, ToolNotApplied, ToolOutcomeUnknown
 from .._jobs import JobClass, canonical_json, payload_hash
 from .._schema import (
     GROUP_INDEX,
@@ -276,7 +277,7 @@ class World:
         )
         self.chaos.cutoff = self.plan.cutoff
         self.log: list[tuple[float, str, str, Any]] = []
-        self.checker = Checker(JOBS)
+        self.checker = Checker(JOBS, INTENTS)
         self.checker.known_classes = self._known_classes
         self.counts = self.checker.counts
         self.ddb = SimDynamo(
@@ -444,6 +445,8 @@ class World:
     def _call(self, task: Task, op: CallOp) -> None:
         actor = task.actor
         c = op.call
+        self.checker.now = self.now
+        self.checker.call_sent(c, op.origin, actor.mono())
         attempts = 1 if (c.op == "ReceiveMessage" or not actor.faulty) else self.plan.sdk_attempts
         pending = _Pending(task, actor.mono())
         self._attempt(pending, op, attempts)
@@ -496,7 +499,10 @@ class World:
         c = op.call
         if c.service == "dynamodb":
             self.checker.now = self.now
-            return self.ddb.handle(c.op, c.params, self.now, op.origin)
+            out = self.ddb.handle(c.op, c.params, self.now, op.origin)
+            if isinstance(out, Err) and out.code == "IdempotentParameterMismatchException":
+                self.checker.token_mismatch(c, op.origin)
+            return out
         return self.sqs.handle(c.op, c.params, self.now)
 
     def _apply(
@@ -1042,7 +1048,10 @@ class World:
                 for jp in p.job_plans
                 if jp.job_id not in self._edited
             }
-            self.checker.finish(records, self._stuck_detail(records), self._stranded(records))
+            stranded = self._stranded(records)
+            # first: a stranded record that a half-done resolution left is named as such
+            self.checker.half_resolutions(records, stranded)
+            self.checker.finish(records, self._stuck_detail(records), stranded)
             self.checker.oversize_ended(records, self.oversize_returned)
         for v in self.checker.violations:
             self.record("checker", "violation", {"name": v.name, "message": v.message})
@@ -1122,6 +1131,37 @@ class World:
         delay = self.chaos.wide14.uniform(0.5, 20.0)
         self.at(self.now + delay, lambda: self._operator_decides(job_id, n + 1))
 
+    def _operator_runs(self, origin: Origin, command: Callable[[str], Any], send_id: str) -> None:
+        """Run an operator's command; the process may die after any of its calls
+        applied (up to 3 times per command), and the operator runs the same command
+        again a little later, as the runbook says (a fresh send id each time)."""
+        tries = [0]
+
+        def run(sid: str) -> None:
+            failed: list[BaseException] = []
+
+            def dies() -> bool:
+                if tries[0] >= 3 or self.chaos.operator.random() >= OPERATOR_DIES:
+                    return False
+                self.chaos.count("operator_died")
+                return True
+
+            def again() -> None:
+                # Run it again if it died or got no answer (its message says to);
+                # not when it was told there is nothing (more) to do.
+                if not failed or isinstance(failed[0], IntentError) or tries[0] >= 8:
+                    return
+                tries[0] += 1
+                delay = self.chaos.operator.uniform(2.0, 60.0)
+                self.at(self.now + delay, lambda: run(f"{send_id}r{tries[0]}"))
+
+            task = f"{origin.task}-{tries[0]}"
+            flow = _mortal(command(sid), dies, failed)
+            who = Origin("operator", task, "operator")
+            self.operator.spawn(task, _drive_plain(self, self.operator, flow, who, again))
+
+        run(send_id)
+
     def _operator_decides(self, job_id: str, n: int, waited: int = 0) -> None:
         """Resolve the job's ambiguous intent as the target's truth says (confirmed with
         its id, or retry), or resume the job when it parked for another reason."""
@@ -1152,28 +1192,38 @@ class World:
                 "operator_resolves",
                 {"job_id": job_id, "key": intent.key, "applied": applied is not None},
             )
-            flow: Any = resolve_flow(
-                self.intents_req,
-                self.jobs_req,
-                queue_url=QUEUE,
-                key=intent.key,
-                resolution=Resolution.CONFIRMED if applied is not None else Resolution.RETRY,
-                external_id=applied.external_id if applied is not None else None,
-                who="operator (simulated)",
-                why="checked with the provider",
-                wall_now=self.operator.wall(),
-                send_id=send_id,
-            )
+            key = intent.key
+            resolution = Resolution.CONFIRMED if applied is not None else Resolution.RETRY
+            external_id = applied.external_id if applied is not None else None
+
+            def command(sid: str) -> Any:
+                # Looked up at each run: a mutation patches the core's flow.
+                return core_intents.resolve_flow(
+                    self.intents_req,
+                    self.jobs_req,
+                    queue_url=QUEUE,
+                    key=key,
+                    resolution=resolution,
+                    external_id=external_id,
+                    who="operator (simulated)",
+                    why="checked with the provider",
+                    wall_now=self.operator.wall(),
+                    send_id=sid,
+                )
+
         else:
             self.record("operator", "operator_resumes", {"job_id": job_id})
-            flow = resume_flow(
-                self.jobs_req,
-                queue_url=QUEUE,
-                job_id=job_id,
-                wall_now=self.operator.wall(),
-                send_id=send_id,
-            )
-        self.operator.spawn(origin.task, _drive_plain(self, self.operator, flow, origin))
+
+            def command(sid: str) -> Any:
+                return core_intents.resume_flow(
+                    self.jobs_req,
+                    queue_url=QUEUE,
+                    job_id=job_id,
+                    wall_now=self.operator.wall(),
+                    send_id=sid,
+                )
+
+        self._operator_runs(origin, command, send_id)
 
     def _stranded(self, records: Mapping[str, Mapping[str, Any] | None]) -> list[str]:
         """Jobs whose record is ``queued`` and no message (queue or DLQ) names them."""
@@ -1345,6 +1395,34 @@ def _brief(out: Outcome) -> str:
         return "ok"
     codes = ",".join(str(x.get("Code", "")) for x in out.reasons)
     return f"{out.code or out.kind.value}" + (f" [{codes}]" if codes else "")
+
+
+OPERATOR_DIES = 0.2
+"""operator_races: the chance that an operator's command dies right after one of its
+calls applied (before it sees the answer)."""
+
+
+class OperatorDied(Exception):
+    """The operator's process died half way through a command (operator_races)."""
+
+
+def _mortal(flow: Any, dies: Callable[[], bool], failed: list[BaseException]) -> Any:
+    """Pass a flow's instructions through; after a call applied, maybe die there.
+    ``failed`` gets what ended it early (its death, or the flow's own error)."""
+    try:
+        instr = next(flow)
+        while True:
+            out = yield instr
+            if isinstance(instr, Call) and dies():
+                flow.close()
+                raise OperatorDied(f"the operator died after its {instr.op}")
+            try:
+                instr = flow.send(out)
+            except StopIteration as stop:
+                return stop.value
+    except Exception as exc:
+        failed.append(exc)
+        raise
 
 
 def _drive_plain(
