@@ -212,17 +212,23 @@ class SyncDriver:
             "dynamodb": make_client(settings, "dynamodb", timeouts),
         }
         self.calls = 0
+        # Watchers of every AWS call's outcome (the container entry point's
+        # lost-AWS monitor); they see outcomes, never steer a flow.
+        self.observers: list[Callable[[Call, Outcome], None]] = []
 
     def execute(self, c: Call) -> Outcome:
         method = getattr(self.clients[c.service], xform_name(c.op))
         sent = self.clock()
+        outcome: Outcome
         try:
-            response = method(**c.params)
+            outcome = Ok(method(**c.params), sent, self.clock())
         except Exception as exc:
-            return classify(exc, sent, self.clock(), where=endpoint_of(self.clients[c.service]))
+            outcome = classify(exc, sent, self.clock(), where=endpoint_of(self.clients[c.service]))
         finally:
             self.calls += 1
-        return Ok(response, sent, self.clock())
+        for observe in self.observers:
+            observe(c, outcome)
+        return outcome
 
     def invoke(self, inv: Invoke) -> Outcome:
         """Run caller code for a flow; its exception becomes an outcome value."""

@@ -24,6 +24,23 @@ _SERVICE_ENV: dict[Service, str] = {
 }
 _LOCAL_HOSTS = ("localhost", "::1")
 
+ENV_VARIABLES: tuple[tuple[str, str, str], ...] = (
+    ("AWS_ENDPOINT_URL", "unset (AWS)", "endpoint of both services (the local emulator's URL)"),
+    ("AWS_ENDPOINT_URL_SQS", "unset", "SQS endpoint, wins over `AWS_ENDPOINT_URL`"),
+    ("AWS_ENDPOINT_URL_DYNAMODB", "unset", "DynamoDB endpoint, wins over `AWS_ENDPOINT_URL`"),
+    (
+        "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
+        "unset",
+        "`true`: ignore the three endpoint variables (as boto3 does)",
+    ),
+    ("AWS_REGION", "us-east-1", "the region (ECS sets it)"),
+    ("AWS_DEFAULT_REGION", "unset", "the region, when `AWS_REGION` is unset"),
+    ("SQS_LEASE_PREFIX", "sqs-lease", "prefix of the tables and the queue"),
+    ("SQS_LEASE_QUEUE", "PREFIX-jobs", "the job queue's name"),
+)
+"""Every variable :meth:`Settings.from_env` reads: (name, default, meaning). Credentials
+come from boto3's own chain (the task role in ECS). A test checks this against the code."""
+
 
 def is_local_url(url: str | None) -> bool:
     """Whether ``url`` points at this machine (loopback): the local emulator, never AWS."""

@@ -57,6 +57,10 @@ class JobClass(BaseModel):
     ``lease <= 43200``, ``lease <= stage budget <= 12 h - 15 min``,
     ``0 < effect timeout``, ``effect timeout + EFFECT_MARGIN <= stage budget``,
     ``0 < progress timeout <= stage budget``; every number finite.
+
+    ``model`` and ``provider`` name the model and its provider where the handler
+    calls one (an LLM tool call): metrics carry them as dimensions beside the job
+    class (see docs/operations.md, "Metrics"). They are labels, never payload.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -74,6 +78,9 @@ class JobClass(BaseModel):
     backoff_max_seconds: float = Field(default=300.0, ge=0, le=43_200)
     stage_budget_seconds: float = 3600.0
     keep_rejected_results: bool = False  # also keep a rejected result's content (bounded)
+    # CloudWatch dimension values: printable ASCII, bounded; no payload belongs here.
+    model: str | None = Field(default=None, pattern=r"^[ -~]{1,200}$")
+    provider: str | None = Field(default=None, pattern=r"^[ -~]{1,200}$")
 
     @model_validator(mode="before")
     @classmethod

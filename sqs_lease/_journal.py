@@ -17,12 +17,16 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 LOGGER_NAME = "sqs_lease.journal"
 _WALL_FIELDS = frozenset({"last_confirmed_at"})
+
+Sink = Callable[[str, Mapping[str, Any]], None]
+"""A listener fed every event (name, fields) after bodies were dropped: metrics,
+traces. It runs on the thread that journaled the event and must not block."""
 _BODY_FIELDS = frozenset(
     {"payload", "result", "prompt", "response", "body", "request", "tool_response", "args"}
 )
@@ -41,6 +45,11 @@ class Journal:
         self.worker_id = worker_id
         self.include_bodies = include_bodies
         self.logger = logger or logging.getLogger(LOGGER_NAME)
+        self.sinks: list[Sink] = []
+
+    def add_sink(self, sink: Sink) -> None:
+        """Feed every later event to ``sink`` too (after bodies were dropped)."""
+        self.sinks.append(sink)
 
     def write(self, event: str, fields: Mapping[str, Any] | None = None) -> None:
         record: dict[str, Any] = {"event": event, "ts": round(time.time(), 3)}
@@ -58,6 +67,11 @@ class Journal:
         if dropped:
             record["dropped"] = sorted(dropped)
         self.logger.info(json.dumps(record, default=str, separators=(",", ":")))
+        for sink in self.sinks:
+            try:
+                sink(event, record)
+            except Exception:  # a metrics or tracing fault must never stop a worker
+                logging.getLogger(__name__).exception("journal sink %r failed", sink)
 
     def __call__(self, event: str, **fields: Any) -> None:
         self.write(event, fields)

@@ -29,7 +29,6 @@ from typing import Any, NoReturn
 import botocore.exceptions
 import click
 
-from ._aio_worker import AsyncWorker
 from ._aws import SyncDriver, make_client
 from ._config import Settings
 from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
@@ -59,8 +58,7 @@ from ._resources import (
     queue_url,
 )
 from ._schema import AttemptRecord, IntentRecord, IntentTable, JobRecord, JobTable, record_of
-from ._shell import async_handlers
-from ._worker import Worker, load_app
+from ._worker import load_app
 
 __all__ = ["cli", "main"]
 
@@ -450,7 +448,7 @@ def submit(
 
 
 @cli.command()
-@click.argument("app_spec", metavar="MODULE:OBJECT")
+@click.argument("app_spec", metavar="MODULE:OBJECT", required=False)
 @click.option(
     "--async/--threads",
     "use_async",
@@ -471,9 +469,18 @@ def submit(
     help="Async: seconds a handler may hold the event loop before it loses its lease "
     "(default 1, lowered to fit the shortest lease).",
 )
-@click.option("--receive-wait", type=click.IntRange(0, 20), default=2, show_default=True)
+@click.option("--receive-wait", type=click.IntRange(0, 20), default=None, help="Default 2.")
 @click.option(
-    "--shutdown-grace", type=click.FloatRange(0), default=20.0, show_default=True, help="Seconds."
+    "--shutdown-grace",
+    type=click.FloatRange(0),
+    default=None,
+    help="Seconds running handlers get after SIGTERM (default: fits --stop-timeout, else 20).",
+)
+@click.option(
+    "--stop-timeout",
+    type=click.FloatRange(0, 120, min_open=True),
+    default=None,
+    help="The ECS task's stopTimeout: the grace must fit below it.",
 )
 @click.option(
     "--idle-exit", type=click.FloatRange(0), default=None, help="Exit after this many idle seconds."
@@ -483,71 +490,59 @@ def submit(
 @click.option(
     "--sweep-interval",
     type=click.FloatRange(0),
-    default=60.0,
-    show_default=True,
-    help="Seconds between sweeps for jobs stranded without a message; 0 turns it off.",
+    default=None,
+    help="Seconds between sweeps for jobs stranded without a message (default 60); 0: off.",
 )
 @click.option(
     "--sweep-grace",
     type=click.FloatRange(0),
-    default=UNSENT_GRACE_SECONDS,
-    show_default=True,
-    help="Sweep only jobs without a sent message for this many seconds.",
+    default=None,
+    help=f"Sweep only jobs without a sent message for this many seconds "
+    f"(default {UNSENT_GRACE_SECONDS:g}).",
 )
-@click.option("--sweep-limit", type=click.IntRange(1, 1000), default=25, show_default=True)
+@click.option("--sweep-limit", type=click.IntRange(1, 1000), default=None, help="Default 25.")
 @click.option(
     "--unknown-class-receives",
     type=click.IntRange(1),
-    default=UNKNOWN_CLASS_RECEIVES,
-    show_default=True,
+    default=None,
     help="Receives of a message whose job class this app does not know (another version "
-    "on the queue) before it goes to the DLQ; until then it is left for other workers.",
+    f"on the queue) before it goes to the DLQ (default {UNKNOWN_CLASS_RECEIVES}); until then "
+    "it is left for other workers.",
+)
+@click.option(
+    "--metrics/--no-metrics",
+    default=None,
+    help="CloudWatch EMF metrics on stdout (default: env SQS_LEASE_METRICS, else off).",
 )
 @click.pass_context
-def worker(
-    ctx: click.Context,
-    app_spec: str,
-    use_async: bool | None,
-    concurrency: int | None,
-    max_loop_lag: float | None,
-    receive_wait: int,
-    shutdown_grace: float,
-    idle_exit: float | None,
-    max_messages: int | None,
-    worker_id: str | None,
-    sweep_interval: float,
-    sweep_grace: float,
-    sweep_limit: int,
-    unknown_class_receives: int,
-) -> None:
-    """Run a worker for an app; journal on stderr, final stats (JSON) on stdout."""
+def worker(ctx: click.Context, /, app_spec: str | None, **options: Any) -> None:
+    """Run a worker for an app; journal on stderr, final stats (JSON) on stdout.
+
+    Every option also comes from an environment variable, SQS_LEASE_<OPTION>
+    (SQS_LEASE_APP for MODULE:OBJECT): a container runs `sqs-lease worker` with
+    its settings in the environment. The exit code says how it ended
+    (docs/operations.md, "Exit codes").
+    """
+    from .service import ExitCode, ServiceResult, WorkerEnv, app_of, run_worker
+
     settings = _settings(ctx)
     _importable_cwd()
-    app = load_app(app_spec)
+    try:
+        env = WorkerEnv.load(app=app_spec, **options)
+    except ConfigError as exc:
+        _fail(str(exc), int(ExitCode.CONFIG))
+    app = app_of(env)
+    if isinstance(app, ServiceResult):
+        _fail(app.message, int(app.code))
+    # Only a worker that will run sends the journal to stderr (this changes the
+    # process's logging, which a caller of the CLI in-process keeps).
     configure_stderr()
-    check_table(settings)
-    common: dict[str, Any] = {
-        "worker_id": worker_id,
-        "receive_wait": receive_wait,
-        "shutdown_grace": shutdown_grace,
-        "sweep_interval": sweep_interval or None,
-        "sweep_grace": sweep_grace,
-        "sweep_limit": sweep_limit,
-        "unknown_class_receives": unknown_class_receives,
-    }
-    w: Worker | AsyncWorker
-    if use_async or (use_async is None and async_handlers(app)):
-        w = AsyncWorker(
-            app, settings, concurrency=concurrency or 1000, max_loop_lag=max_loop_lag, **common
-        )
-    else:
-        if max_loop_lag is not None:
-            raise ConfigError("--max-loop-lag is for the async worker: add --async")
-        w = Worker(app, settings, concurrency=concurrency or 4, **common)
     with _stop_signals(None):
-        w.install_signal_handlers()
-        stats = w.run(max_messages=max_messages, idle_exit=idle_exit)
-    click.echo(json.dumps(dataclasses.asdict(stats), sort_keys=True))
+        result = run_worker(settings, env, app=app)
+    if result.stats is not None:
+        click.echo(json.dumps(dataclasses.asdict(result.stats), sort_keys=True))
+    if result.code is not ExitCode.OK:
+        _fail(_error_text(SqsLeaseError(result.message), settings), int(result.code))
 
 
 # --------------------------------------------------------------------------- jobs

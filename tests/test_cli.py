@@ -241,9 +241,10 @@ def test_worker_processes_a_submitted_job(
 
 @pytest.mark.integration
 def test_worker_without_table_or_app_is_one_line(aws: AwsTestEnv) -> None:
-    line = assert_one_line_error(run(aws, "worker", "no_such_module_xyz:app"))
+    # Exit codes of docs/operations.md: 3 the app cannot be imported, 2 a malformed setting.
+    line = assert_one_line_error(run(aws, "worker", "no_such_module_xyz:app"), code=3)
     assert "no_such_module_xyz" in line
-    assert "MODULE:OBJECT" in assert_one_line_error(run(aws, "worker", "justamodule"))
+    assert "MODULE:OBJECT" in assert_one_line_error(run(aws, "worker", "justamodule"), code=2)
 
 
 # --------------------------------------------------------------------------- local

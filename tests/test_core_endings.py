@@ -15,6 +15,7 @@ from sqs_lease import (
     OwnershipUnknown,
     PayloadError,
     PermanentError,
+    ToolNotApplied,
     ToolOutcomeUnknown,
     TransientError,
     WorkerShuttingDown,
@@ -77,6 +78,28 @@ def test_a_handler_error_keeps_type_and_message_with_the_payload_taken_out() -> 
     end = ending_for(error, payload)
     assert (end.kind, end.code) == (EndKind.RETRY, "ValueError")
     assert end.reason == "ValueError: could not parse note '<payload>' for card <payload> (n=1)"
+
+
+@pytest.mark.parametrize(
+    ("error", "kind", "reason"),
+    [
+        (PermanentError("cannot do SECRET-note"), EndKind.FAIL, "cannot do <payload>"),
+        (
+            ToolOutcomeUnknown("timed out (SECRET-note)"),
+            EndKind.PARK,
+            "tool outcome unknown: timed out (<payload>)",
+        ),
+        (TransientError("busy with SECRET-note"), EndKind.RETRY, "busy with <payload>"),
+        (ToolNotApplied("refused SECRET-note", retry=False), EndKind.FAIL, "refused <payload>"),
+    ],
+)
+def test_a_handler_signal_quoting_the_payload_keeps_its_message_without_the_payload(
+    error: BaseException, kind: EndKind, reason: str
+) -> None:
+    # The reason goes to the record and to the journal (job_failed, job_parked,
+    # job_retry_scheduled), which must never carry a payload.
+    end = ending_for(error, '{"note":"SECRET-note","n":1}')
+    assert (end.kind, end.reason) == (kind, reason)
 
 
 def test_a_handler_error_message_is_bounded() -> None:

@@ -71,7 +71,13 @@ def error_text(error: BaseException, payload_json: str | None = None) -> str:
     show``), but every string of the payload in it becomes ``<payload>``, and the
     whole is cut to ``ERROR_TEXT_LIMIT`` characters.
     """
-    message = str(error)
+    message = _without_payload(str(error), payload_json)
+    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    return bounded(text, ERROR_TEXT_LIMIT)
+
+
+def _without_payload(message: str, payload_json: str | None) -> str:
+    """``message`` with every string of the payload (and the whole) as ``<payload>``."""
     if payload_json:
         try:
             data = json.loads(payload_json)
@@ -81,8 +87,14 @@ def error_text(error: BaseException, payload_json: str | None = None) -> str:
         for needle in sorted(needles, key=len, reverse=True):
             if len(needle) >= _MIN_REDACTED:
                 message = message.replace(needle, "<payload>")
-    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
-    return bounded(text, ERROR_TEXT_LIMIT)
+    return message
+
+
+def _signal_text(error: HandlerSignal, payload_json: str | None) -> str:
+    # A handler's own signal keeps its message as written (no type prefix), but its
+    # author may quote the payload (f"cannot charge {p.card}"): that is taken out too,
+    # since the reason goes to the record and the journal.
+    return bounded(_without_payload(str(error), payload_json), ERROR_TEXT_LIMIT)
 
 
 def ending_for(error: BaseException | None, payload_json: str | None = None) -> Ending:
@@ -101,16 +113,17 @@ def ending_for(error: BaseException | None, payload_json: str | None = None) -> 
     if isinstance(error, IntentBusy):
         return Ending(EndKind.PARK, str(error), "intent_busy")
     if isinstance(error, ToolNotApplied) and not error.retry:
-        return Ending(EndKind.FAIL, str(error), error.code)
+        return Ending(EndKind.FAIL, _signal_text(error, payload_json), error.code)
     if isinstance(error, ToolOutcomeUnknown):
-        return Ending(EndKind.PARK, f"tool outcome unknown: {error}", error.code)
+        text = _signal_text(error, payload_json)
+        return Ending(EndKind.PARK, f"tool outcome unknown: {text}", error.code)
     if isinstance(error, PermanentError):
-        return Ending(EndKind.FAIL, str(error), error.code)
+        return Ending(EndKind.FAIL, _signal_text(error, payload_json), error.code)
     if isinstance(error, _PERMANENT_TYPES):
         return Ending(EndKind.FAIL, error_text(error, payload_json), type(error).__name__)
     if isinstance(error, HandlerSignal):
         code = error.code if isinstance(error, TransientError) else type(error).__name__
-        return Ending(EndKind.RETRY, str(error), code)
+        return Ending(EndKind.RETRY, _signal_text(error, payload_json), code)
     return Ending(EndKind.RETRY, error_text(error, payload_json), type(error).__name__)
 
 
