@@ -32,6 +32,7 @@ import click
 
 from ._aio_worker import AsyncWorker
 from ._aws import SyncDriver, make_client
+from ._cli_dlq import dlq
 from ._cli_out import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -1295,6 +1296,11 @@ def _refuse_unprotected_retry(settings: Settings, key: str) -> None:
             "keeps keys: a repeat is no longer protected; make sure it did not apply, then add "
             "--force"
         )
+
+
+# --------------------------------------------------------------------------- dlq
+
+cli.add_command(dlq)
 
 
 # --------------------------------------------------------------------------- entry
