@@ -9,9 +9,10 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import AwsTestEnv
 
-from sqs_lease import _dlq
+from sqs_lease import _dlq, _resources
 from sqs_lease._config import Settings
 from sqs_lease._core.flows import message_body
+from sqs_lease._errors import AwsCallFailed, AwsUnavailable
 from sqs_lease._resources import create_queue, create_tables
 from sqs_lease.cli import cli
 
@@ -160,12 +161,12 @@ def test_dlq_redrive_deletes_a_message_only_after_its_copy_was_sent(
     dlq: Dlq, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[str] = []
-    real = _dlq._call
+    real = _resources._call
 
     def failing_send(client: Any, op: str, **params: Any) -> Any:
         calls.append(op)
         if op == "send_message":
-            raise _dlq.AwsCallFailed("SendMessage: InternalError: injected", "InternalError")
+            raise AwsCallFailed("SendMessage: InternalError: injected", "InternalError")
         return real(client, op, **params)
 
     monkeypatch.setattr(_dlq, "_call", failing_send)
@@ -180,13 +181,13 @@ def test_dlq_redrive_deletes_a_message_only_after_its_copy_was_sent(
 def test_dlq_redrive_keeps_the_dlq_copy_when_its_delete_fails(
     dlq: Dlq, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = _dlq._call
+    real = _resources._call
     order: list[str] = []
 
     def failing_delete(client: Any, op: str, **params: Any) -> Any:
         order.append(op)
         if op == "delete_message":
-            raise _dlq.AwsUnavailable("DeleteMessage: injected: did not answer")
+            raise AwsUnavailable("DeleteMessage: injected: did not answer")
         return real(client, op, **params)
 
     monkeypatch.setattr(_dlq, "_call", failing_delete)
