@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -44,6 +44,7 @@ from ._cli_out import (
     table,
 )
 from ._config import Settings
+from ._console import HumanConsole
 from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
 from ._core.intents import (
     IntentState,
@@ -61,6 +62,7 @@ from ._errors import (
     ResourceMissing,
     SqsLeaseError,
 )
+from ._jobs import App
 from ._journal import Journal, configure_stderr
 from ._local import LocalAws
 from ._producer import Producer, new_send_id
@@ -72,7 +74,7 @@ from ._resources import (
     queue_url,
 )
 from ._schema import AttemptRecord, IntentRecord, IntentTable, JobRecord, JobTable, record_of
-from ._shell import async_handlers
+from ._shell import WorkerStats, async_handlers
 from ._worker import Worker, load_app
 
 __all__ = ["cli", "main"]
@@ -560,6 +562,15 @@ def submit(
     help="Receives of a message whose job class this app does not know (another version "
     "on the queue) before it goes to the DLQ; until then it is left for other workers.",
 )
+@click.option(
+    "--output",
+    type=click.Choice(["json", "human"]),
+    default="json",
+    show_default=True,
+    help="Journal on stderr: JSON lines for machines, or readable lines for people (with a "
+    "live status line on a terminal).",
+)
+@json_option("Final counters as one JSON object on stdout (always so with --output json).")
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -576,22 +587,61 @@ def worker(
     sweep_grace: float,
     sweep_limit: int,
     unknown_class_receives: int,
+    output: str,
+    as_json: bool,
 ) -> None:
-    """Run a worker for an app; journal on stderr, final stats (JSON) on stdout."""
+    """Run a worker for an app; journal on stderr, final stats (JSON) on stdout.
+
+    Ctrl-C or SIGTERM stops it gracefully: no new jobs, running handlers told to
+    stop, the rest handed back within --shutdown-grace; exit 0.
+    """
     settings = _settings(ctx)
     _importable_cwd()
     app = load_app(app_spec)
-    configure_stderr()
+    with ExitStack() as stack:
+        console = None
+        if output == "human":
+            console = stack.enter_context(HumanConsole(sys.stderr))
+        else:
+            configure_stderr()
+        stats = _run_worker(
+            settings,
+            app,
+            console,
+            use_async=use_async,
+            concurrency=concurrency,
+            max_loop_lag=max_loop_lag,
+            max_messages=max_messages,
+            idle_exit=idle_exit,
+            worker_id=worker_id,
+            receive_wait=receive_wait,
+            shutdown_grace=shutdown_grace,
+            sweep_interval=sweep_interval or None,
+            sweep_grace=sweep_grace,
+            sweep_limit=sweep_limit,
+            unknown_class_receives=unknown_class_receives,
+        )
+    counters = dataclasses.asdict(stats)
+    if output == "json" or as_json:
+        click.echo(json.dumps(counters, sort_keys=True))
+    else:
+        done = ", ".join(f"{k} {v}" for k, v in counters.items() if v)
+        click.echo(f"stopped: {done or 'nothing received'}")
+
+
+def _run_worker(
+    settings: Settings,
+    app: App,
+    console: HumanConsole | None,
+    *,
+    use_async: bool | None,
+    concurrency: int | None,
+    max_loop_lag: float | None,
+    max_messages: int | None,
+    idle_exit: float | None,
+    **common: Any,
+) -> WorkerStats:
     check_table(settings)
-    common: dict[str, Any] = {
-        "worker_id": worker_id,
-        "receive_wait": receive_wait,
-        "shutdown_grace": shutdown_grace,
-        "sweep_interval": sweep_interval or None,
-        "sweep_grace": sweep_grace,
-        "sweep_limit": sweep_limit,
-        "unknown_class_receives": unknown_class_receives,
-    }
     w: Worker | AsyncWorker
     if use_async or (use_async is None and async_handlers(app)):
         w = AsyncWorker(
@@ -601,10 +651,11 @@ def worker(
         if max_loop_lag is not None:
             raise ConfigError("--max-loop-lag is for the async worker: add --async")
         w = Worker(app, settings, concurrency=concurrency or 4, **common)
+    if console is not None:
+        console.watch(lambda: {"in_flight": len(w.book), **dataclasses.asdict(w.stats)})
     with _stop_signals(None):
         w.install_signal_handlers()
-        stats = w.run(max_messages=max_messages, idle_exit=idle_exit)
-    click.echo(json.dumps(dataclasses.asdict(stats), sort_keys=True))
+        return w.run(max_messages=max_messages, idle_exit=idle_exit)
 
 
 # --------------------------------------------------------------------------- jobs
