@@ -253,9 +253,9 @@ def test_every_command_that_changes_or_creates_something_answers_json(
     aws: AwsTestEnv, tmp_path: Path
 ) -> None:
     tables = run(aws, "tables", "create", "--json")
-    assert json.loads(tables.stdout) == {
-        "tables": [f"{aws.prefix}-jobs", f"{aws.prefix}-intents", f"{aws.prefix}-attempts"]
-    }
+    made = json.loads(tables.stdout)
+    assert list(made) == ["tables"]
+    assert made["tables"][:3] == [f"{aws.prefix}-{t}" for t in ("jobs", "intents", "attempts")]
     queue = json.loads(run(aws, "queue", "create", "--json").stdout)
     assert list(queue) == ["queue", "dlq"] and queue["dlq"].endswith("-jobs-dlq")
     repair = run(aws, "jobs", "repair", "--dry-run", "--json")
