@@ -9,7 +9,7 @@ from ._aio import AsyncDriver
 from ._aio_worker import AsyncWorker
 from ._aws import SyncDriver, Timeouts
 from ._config import Settings
-from ._core.flows import Stranded, SubmitResult, SweepReport
+from ._core.flows import Cancelled, Stranded, SubmitResult, SweepReport
 from ._core.groups import GroupReport
 from ._core.intents import (
     CheckAnswer,
@@ -32,6 +32,7 @@ from ._errors import (
     IntentAmbiguous,
     IntentBusy,
     IntentError,
+    IntentNotAmbiguous,
     IntentNotFound,
     IntentPayloadMismatch,
     JobCancelled,
@@ -67,6 +68,7 @@ __all__ = [
     "AttemptTimedOut",
     "AwsCallFailed",
     "AwsUnavailable",
+    "Cancelled",
     "CheckAnswer",
     "ConfigError",
     "EffectCall",
@@ -77,6 +79,7 @@ __all__ = [
     "IntentAmbiguous",
     "IntentBusy",
     "IntentError",
+    "IntentNotAmbiguous",
     "IntentNotFound",
     "IntentPayloadMismatch",
     "IntentState",

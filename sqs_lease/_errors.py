@@ -30,7 +30,8 @@
     │   ├── IntentPayloadMismatch     same key, different payload: a changed intention
     │   ├── IntentAmbiguous           cannot tell whether the effect applied: job parked
     │   ├── IntentBusy                another job holds the key past the wait bound: parked
-    │   └── IntentNotFound            no intent under that key
+    │   ├── IntentNotFound            no intent under that key
+    │   └── IntentNotAmbiguous        a resolve met an intent with nothing to resolve
     └── FenceError                    a fence is missing or malformed (also a ValueError)
 """
 
@@ -193,6 +194,19 @@ class IntentBusy(IntentError):
 
 class IntentNotFound(IntentError):
     """No intent exists under the key."""
+
+
+class IntentNotAmbiguous(IntentError):
+    """A resolve met an intent that is not ambiguous: nothing to resolve.
+
+    ``final`` says it is settled for good (confirmed or abandoned): the resolve is
+    a no-op, not a failure. Otherwise (prepared, in progress) a worker still owns it.
+    """
+
+    def __init__(self, message: str, *, state: str, final: bool) -> None:
+        super().__init__(message)
+        self.state = state
+        self.final = final
 
 
 class FenceError(SqsLeaseError, ValueError):

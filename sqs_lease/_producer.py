@@ -15,9 +15,10 @@ from ._aws import SyncDriver
 from ._config import Settings
 from ._core.flows import (
     UNSENT_GRACE_SECONDS,
+    Cancelled,
     SubmitResult,
     SweepReport,
-    cancel_flow,
+    cancel_job_flow,
     submit_flow,
     sweep_flow,
 )
@@ -124,9 +125,16 @@ class Producer:
         )
 
     def cancel(self, job_id: str, reason: str = "cancelled by request") -> JobView:
-        """End the job ``failed`` (cancelled); its owner loses the lease at its next beat."""
+        """End the job ``failed`` (cancelled); its owner loses the lease at its next beat.
+
+        A job already final is left as it is; :meth:`cancel_job` says which happened."""
+        return self.cancel_job(job_id, reason).job
+
+    def cancel_job(self, job_id: str, reason: str = "cancelled by request") -> Cancelled:
+        """Like :meth:`cancel`, with the verdict: ``cancelled`` by this call, or
+        ``already_final`` (succeeded or failed before: nothing changed)."""
         return self.driver.run(
-            cancel_flow(self.table, job_id=job_id, reason=reason, wall_now=time.time())
+            cancel_job_flow(self.table, job_id=job_id, reason=reason, wall_now=time.time())
         )
 
     def cancel_group(self, group: str, reason: str = "cancelled by request") -> GroupReport:

@@ -41,6 +41,7 @@ from ._core.flows import (
 )
 from ._core.intents import EffectResult, EffectSpec
 from ._errors import ConfigError
+from ._interrupt import stop_on_interrupt
 from ._jobs import App, JobContext
 from ._journal import Journal
 from ._shell import ShellBase, WorkerStats, async_handlers
@@ -122,7 +123,11 @@ class Worker(ShellBase):
         self, *, max_messages: int | None = None, idle_exit: float | None = None
     ) -> WorkerStats:
         """Receive and run until stopped (or idle for ``idle_exit`` s, or after
-        ``max_messages`` received); then shut down cleanly. Returns the counters."""
+        ``max_messages`` received); then shut down cleanly. Returns the counters.
+
+        Ctrl-C (SIGINT) stops it gracefully, like ``stop()``, when the program set
+        no SIGINT handler of its own: no ``KeyboardInterrupt`` escapes mid-call."""
+        undo_interrupt = stop_on_interrupt(self.journal, self.stop)
         self.journal(
             "worker_started",
             queue=self.queue_url,
@@ -157,8 +162,14 @@ class Worker(ShellBase):
             if sweep is not None:
                 sweep.join(timeout=5)
             self._restore_signal_handlers()
+            undo_interrupt()
         self.journal("worker_stopped", **self.stats.__dict__)
         return self.stats
+
+    @property
+    def in_flight(self) -> int:
+        """Attempts this worker holds now (claimed, not yet ended)."""
+        return len(self.book)
 
     def _free_slots(self) -> int:
         with self._lock:

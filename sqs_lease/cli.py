@@ -4,7 +4,8 @@ Every command builds on one :class:`Settings` (made by the group from its option
 and the environment) and calls the library; no protocol decision is made here.
 Errors the library raises (and botocore's credential and connection errors) end
 as one ``error: ...`` line on stderr and exit code 2, never a traceback; that
-mapping lives in one place, :meth:`_Cli.invoke`.
+mapping lives in one place, :meth:`_Cli.invoke`. Exit statuses, ``--json`` and
+tables are in :mod:`sqs_lease._cli_out`; the ``dlq`` group in :mod:`sqs_lease._cli_dlq`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -30,7 +31,19 @@ import botocore.exceptions
 import click
 
 from ._aws import SyncDriver, make_client
+from ._cli_dlq import dlq
+from ._cli_out import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    emit_json,
+    json_option,
+    noop,
+    note,
+    table,
+)
 from ._config import Settings
+from ._console import HumanConsole
 from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
 from ._core.intents import (
     IntentState,
@@ -43,6 +56,7 @@ from ._errors import (
     AwsCallFailed,
     AwsUnavailable,
     ConfigError,
+    IntentNotAmbiguous,
     PayloadError,
     ResourceMissing,
     SqsLeaseError,
@@ -61,8 +75,6 @@ from ._schema import AttemptRecord, IntentRecord, IntentTable, JobRecord, JobTab
 from ._worker import load_app
 
 __all__ = ["cli", "main"]
-
-_REASON_WIDTH = 40
 
 
 def _package_version() -> str:
@@ -165,7 +177,11 @@ class _Cli(click.Group):
             botocore.exceptions.ClientError,
         ) as exc:
             settings = ctx.obj if isinstance(ctx.obj, Settings) else None
-            _fail(_error_text(exc, settings), 2)
+            _fail(_error_text(exc, settings), EXIT_ERROR)
+        except KeyboardInterrupt:
+            # Ctrl-C outside a worker's run (which stops gracefully on its own).
+            click.echo("\ninterrupted", err=True)
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -237,11 +253,9 @@ def _iso(ts: float | None) -> str | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
 
-def _truncate(text: str | None, width: int) -> str:
-    if not text:
-        return "-"
-    text = _one_line(text)
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _reason(text: str | None) -> str:
+    # Whole: the table wraps it on a terminal; `--json` has it verbatim.
+    return _one_line(text) if text else "-"
 
 
 def _fields(rec: JobRecord, now: float, names: Sequence[str]) -> dict[str, Any]:
@@ -249,13 +263,6 @@ def _fields(rec: JobRecord, now: float, names: Sequence[str]) -> dict[str, Any]:
     out["lease_left"] = _lease_left(rec, now)
     out["heartbeat_age"] = _age(now, rec.last_heartbeat)
     return out
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    )
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -326,8 +333,9 @@ def cli(
     "--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="0 picks one."
 )
 @click.option("--init", is_flag=True, help="Also create the tables and the queue (--prefix).")
+@json_option("Print one JSON object once ready: endpoint, tables, queue, dlq.")
 @click.pass_context
-def local(ctx: click.Context, port: int, init: bool) -> None:
+def local(ctx: click.Context, port: int, init: bool, as_json: bool) -> None:
     """Run the local AWS emulator (moto) on 127.0.0.1 until Ctrl-C / SIGTERM."""
     stop = threading.Event()
 
@@ -339,6 +347,7 @@ def local(ctx: click.Context, port: int, init: bool) -> None:
         server = LocalAws(port).start()
         try:
             endpoint = server.endpoint_url
+            ready: dict[str, Any] = {"endpoint": endpoint, "tables": [], "queue": None, "dlq": None}
             if init:
                 # Both services on this emulator, whatever the environment says.
                 settings = _settings(ctx).model_copy(
@@ -348,18 +357,26 @@ def local(ctx: click.Context, port: int, init: bool) -> None:
                         "dynamodb_endpoint_url": None,
                     }
                 )
-                for name in create_tables(settings):
+                ready["tables"] = create_tables(settings)
+                ready["queue"], ready["dlq"] = create_queue(settings)
+            if as_json:
+                emit_json(ready)
+            else:
+                for name in ready["tables"]:
                     click.echo(f"table {name}")
-                url, dlq = create_queue(settings)
-                click.echo(f"queue {url}")
-                click.echo(f"dlq {dlq}")
-            click.echo(f"endpoint {endpoint}")
-            click.echo(f"hint: export AWS_ENDPOINT_URL={endpoint}   (Ctrl-C stops the emulator)")
+                if init:
+                    click.echo(f"queue {ready['queue']}")
+                    click.echo(f"dlq {ready['dlq']}")
+                click.echo(f"endpoint {endpoint}")
+                click.echo(
+                    f"hint: export AWS_ENDPOINT_URL={endpoint}   (Ctrl-C stops the emulator)"
+                )
             while not stop.wait(0.5):
                 pass
         finally:
             server.stop()
-    click.echo("stopped")
+    if not as_json:
+        click.echo("stopped")
 
 
 # --------------------------------------------------------------------------- tables, queue
@@ -371,10 +388,15 @@ def tables() -> None:
 
 
 @tables.command("create")
+@json_option('{"tables": [NAME, ...]}.')
 @click.pass_context
-def tables_create(ctx: click.Context) -> None:
+def tables_create(ctx: click.Context, as_json: bool) -> None:
     """Create the tables if missing (idempotent); print their names."""
-    for name in create_tables(_settings(ctx)):
+    names = create_tables(_settings(ctx))
+    if as_json:
+        emit_json({"tables": names})
+        return
+    for name in names:
         click.echo(name)
 
 
@@ -398,10 +420,14 @@ def queue() -> None:
     show_default=True,
     help="Receives before SQS moves a message to the DLQ.",
 )
+@json_option('{"queue": URL, "dlq": URL}.')
 @click.pass_context
-def queue_create(ctx: click.Context, visibility: int, max_receives: int) -> None:
+def queue_create(ctx: click.Context, visibility: int, max_receives: int, as_json: bool) -> None:
     """Create the job queue with a DLQ and redrive (idempotent); print both URLs."""
     url, dlq = create_queue(_settings(ctx), visibility=visibility, max_receives=max_receives)
+    if as_json:
+        emit_json({"queue": url, "dlq": dlq})
+        return
     click.echo(f"queue {url}")
     click.echo(f"dlq {dlq}")
 
@@ -413,9 +439,17 @@ def queue_create(ctx: click.Context, visibility: int, max_receives: int) -> None
 @click.argument("job_class")
 @click.option("--payload", required=True, help="JSON object, or @FILE (@- reads stdin).")
 @click.option("--id", "job_id", default=None, help="Job id (default: derived from class+payload).")
-@click.option("--app", "app_spec", default=None, help="MODULE:OBJECT app to validate against.")
+@click.option(
+    "--app",
+    "app_spec",
+    default=None,
+    envvar="SQS_LEASE_APP",
+    help="MODULE:OBJECT app: check the class and validate the payload before sending "
+    "(default: env SQS_LEASE_APP; without it nothing is validated, and the command says so).",
+)
 @click.option("--delay", type=click.IntRange(0, 900), default=0, show_default=True, help="Seconds.")
 @click.option("--group", default=None, help="Agent session (or run) id: `jobs cancel --group`.")
+@json_option()
 @click.pass_context
 def submit(
     ctx: click.Context,
@@ -425,8 +459,14 @@ def submit(
     app_spec: str | None,
     delay: int,
     group: str | None,
+    as_json: bool,
 ) -> None:
-    """Submit a job once; submitting the same job again is a no-op."""
+    """Submit a job once; submitting the same job again is a no-op.
+
+    With --app the job class and payload are checked against the app first (a bad
+    payload is refused before anything is written); without it nothing is validated
+    and a note on stderr says so: the worker validates when it claims the job.
+    """
     data = _read_payload(payload)
     settings = _settings(ctx)
     app = None
@@ -440,8 +480,26 @@ def submit(
     except ResourceMissing:
         check_table(settings)  # a missing table says `sqs-lease tables create`
         raise
-    status = "created" if result.created else "already"
-    click.echo(f"{result.job_id}\t{status}\t{result.note}")
+    if as_json:
+        emit_json(
+            {
+                "job_id": result.job_id,
+                "created": result.created,
+                "note": result.note,
+                "message_id": result.message_id,
+                "send_id": result.send_id,
+                "validated": app is not None,
+                "app": app_spec or None,
+            }
+        )
+    else:
+        status = "created" if result.created else "already"
+        click.echo(f"{result.job_id}\t{status}\t{result.note}")
+    if app is None:
+        note(
+            "payload not validated (no --app): a payload its job class refuses fails when a "
+            "worker claims the job; give --app MODULE:OBJECT (or SQS_LEASE_APP) to check it now"
+        )
 
 
 # --------------------------------------------------------------------------- worker
@@ -514,14 +572,27 @@ def submit(
     default=None,
     help="CloudWatch EMF metrics on stdout (default: env SQS_LEASE_METRICS, else off).",
 )
+@click.option(
+    "--output",
+    type=click.Choice(["json", "human"]),
+    default="json",
+    show_default=True,
+    help="Journal on stderr: JSON lines for machines, or readable lines for people (with a "
+    "live status line on a terminal).",
+)
+@json_option("Final counters as one JSON object on stdout (always so with --output json).")
 @click.pass_context
-def worker(ctx: click.Context, /, app_spec: str | None, **options: Any) -> None:
+def worker(
+    ctx: click.Context, /, app_spec: str | None, output: str, as_json: bool, **options: Any
+) -> None:
     """Run a worker for an app; journal on stderr, final stats (JSON) on stdout.
 
     Every option also comes from an environment variable, SQS_LEASE_<OPTION>
     (SQS_LEASE_APP for MODULE:OBJECT): a container runs `sqs-lease worker` with
-    its settings in the environment. The exit code says how it ended
-    (docs/operations.md, "Exit codes").
+    its settings in the environment. Ctrl-C or SIGTERM stops it gracefully: no
+    new jobs, running handlers told to stop, the rest handed back within
+    --shutdown-grace. The exit code says how it ended (docs/operations.md,
+    "Exit codes").
     """
     from .service import ExitCode, ServiceResult, WorkerEnv, app_of, run_worker
 
@@ -534,13 +605,28 @@ def worker(ctx: click.Context, /, app_spec: str | None, **options: Any) -> None:
     app = app_of(env)
     if isinstance(app, ServiceResult):
         _fail(app.message, int(app.code))
-    # Only a worker that will run sends the journal to stderr (this changes the
-    # process's logging, which a caller of the CLI in-process keeps).
-    configure_stderr()
-    with _stop_signals(None):
-        result = run_worker(settings, env, app=app)
+    with ExitStack() as stack:
+        console: HumanConsole | None = None
+        if output == "human":
+            console = stack.enter_context(HumanConsole(sys.stderr))
+        else:
+            # Only a worker that will run sends the journal to stderr (this changes
+            # the process's logging, which a caller of the CLI in-process keeps).
+            configure_stderr()
+
+        def watch(w: Any) -> None:
+            if console is not None:
+                console.watch(lambda: {"in_flight": len(w.book), **dataclasses.asdict(w.stats)})
+
+        with _stop_signals(None):
+            result = run_worker(settings, env, app=app, on_worker=watch)
     if result.stats is not None:
-        click.echo(json.dumps(dataclasses.asdict(result.stats), sort_keys=True))
+        counters = dataclasses.asdict(result.stats)
+        if output == "json" or as_json:
+            click.echo(json.dumps(counters, sort_keys=True))
+        else:
+            done = ", ".join(f"{k} {v}" for k, v in counters.items() if v)
+            click.echo(f"stopped: {done or 'nothing received'}")
     if result.code is not ExitCode.OK:
         _fail(_error_text(SqsLeaseError(result.message), settings), int(result.code))
 
@@ -553,7 +639,7 @@ def jobs() -> None:
     """Inspect and cancel jobs."""
 
 
-def _scan(settings: Settings, state: str | None, limit: int) -> list[JobRecord]:
+def _scan(settings: Settings, state: str | None, limit: int) -> tuple[list[JobRecord], bool]:
     ddb = make_client(settings, "dynamodb")
     names = {f"#f{i}": name for i, name in enumerate(_LIST_FIELDS)}
     params: dict[str, Any] = {
@@ -566,25 +652,35 @@ def _scan(settings: Settings, state: str | None, limit: int) -> list[JobRecord]:
         params["FilterExpression"] = "#st = :st"
         params["ExpressionAttributeNames"] = {**names, "#st": "state"}
         params["ExpressionAttributeValues"] = {":st": {"S": state}}
-    found = [record_of(item) for item in _scan_items(ddb, params, limit)]
+    items, more = _scan_items(ddb, params, limit)
+    found = [record_of(item) for item in items]
     found.sort(key=lambda r: (r.created_at or 0, r.job_id))
-    return found
+    return found, more
 
 
-def _scan_items(ddb: Any, params: dict[str, Any], limit: int) -> list[dict[str, Any]]:
-    """Up to ``limit`` items of a (maybe filtered) Scan, following its pages."""
+def _scan_items(ddb: Any, params: dict[str, Any], limit: int) -> tuple[list[dict[str, Any]], bool]:
+    """Up to ``limit`` items of a (maybe filtered) Scan, following its pages, and
+    whether more exist (one item past the limit is read to know it for sure)."""
     filtered = "FilterExpression" in params
     params = dict(params)
     found: list[dict[str, Any]] = []
-    while len(found) < limit:
+    want = limit + 1
+    while len(found) < want:
         # Limit counts items read before the filter; read wider pages when filtering.
-        page = ddb.scan(**params, Limit=max(limit - len(found), 100 if filtered else 1))
+        page = ddb.scan(**params, Limit=max(want - len(found), 100 if filtered else 1))
         found.extend(page.get("Items", []))
         start = page.get("LastEvaluatedKey")
         if not start:
             break
         params["ExclusiveStartKey"] = start
-    return found[:limit]
+    return found[:limit], len(found) > limit
+
+
+def _limit_note(what: str, limit: int, narrow: str) -> None:
+    note(
+        f"--limit {limit} reached: more {what} exist and are not shown (a table scan "
+        f"reads them in no particular order); raise --limit, or narrow with {narrow}"
+    )
 
 
 @jobs.command("list")
@@ -597,11 +693,16 @@ def _scan_items(ddb: Any, params: dict[str, Any], limit: int) -> list[dict[str, 
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_context
 def jobs_list(ctx: click.Context, state: str | None, limit: int, as_json: bool) -> None:
-    """List jobs (a bounded table scan)."""
+    """List jobs (a bounded table scan); the whole reason, wrapped on a terminal.
+
+    When --limit cut the list, a note on stderr says so.
+    """
     settings = _settings(ctx)
     check_table(settings)
-    records = _scan(settings, state, limit)
+    records, more = _scan(settings, state, limit)
     now = time.time()
+    if more:
+        _limit_note("jobs", limit, "--state")
     if as_json:
         for rec in records:
             click.echo(json.dumps(_fields(rec, now, _LIST_FIELDS), default=str))
@@ -618,10 +719,10 @@ def jobs_list(ctx: click.Context, state: str | None, limit: int, as_json: bool) 
                 str(rec.attempt),
                 _lease_left(rec, now),
                 _age(now, rec.last_heartbeat),
-                _truncate(rec.reason, _REASON_WIDTH),
+                _reason(rec.reason),
             ]
         )
-    click.echo(_table(rows))
+    click.echo(table(rows))
 
 
 @jobs.command("show")
@@ -675,27 +776,65 @@ def _json_or_text(text: str | None) -> Any:
 @click.argument("job_id", required=False)
 @click.option("--group", default=None, help="Cancel every job of this agent session instead.")
 @click.option("--reason", default="cancelled by request", show_default=True)
+@json_option()
 @click.pass_context
-def jobs_cancel(ctx: click.Context, job_id: str | None, group: str | None, reason: str) -> None:
+def jobs_cancel(
+    ctx: click.Context, job_id: str | None, group: str | None, reason: str, as_json: bool
+) -> None:
     """End a job (or with --group, every open job of a session) failed (cancelled);
     owners lose their leases at their next heartbeat, and a cancelled session
-    takes no new submits."""
+    takes no new submits.
+
+    A job already final (succeeded, failed or cancelled before) is left as it is:
+    the command says "nothing to do" and exits 3.
+    """
     if (job_id is None) == (group is None):
         raise click.UsageError("name a JOB_ID or --group ID (one of them)")
     if group is not None:
         rep = Producer(_settings(ctx)).cancel_group(group, reason)
-        for jid in rep.cancelled:
-            click.echo(f"{jid}\tcancelled")
-        for jid, ended in rep.finished:
-            click.echo(f"{jid}\talready {ended}")
-        click.echo(
-            f"group {rep.group}: {len(rep.cancelled)} cancelled, {len(rep.finished)} already "
-            f"finished, of {rep.jobs} submitted ({rep.reason})"
-        )
+        if as_json:
+            emit_json(
+                {
+                    "group": rep.group,
+                    "cancelled": list(rep.cancelled),
+                    "finished": [{"job_id": j, "state": e} for j, e in rep.finished],
+                    "jobs": rep.jobs,
+                    "missing": rep.missing,
+                    "reason": rep.reason,
+                }
+            )
+        else:
+            for jid in rep.cancelled:
+                click.echo(f"{jid}\tcancelled")
+            for jid, ended in rep.finished:
+                click.echo(f"{jid}\talready {ended}")
+            click.echo(
+                f"group {rep.group}: {len(rep.cancelled)} cancelled, {len(rep.finished)} "
+                f"already finished, of {rep.jobs} submitted ({rep.reason})"
+            )
         if rep.missing:
             _fail(f"{rep.missing} job(s) of the group not yet in its index: run it again", 1)
         return
-    view = Producer(_settings(ctx)).cancel(job_id or "", reason)
+    done = Producer(_settings(ctx)).cancel_job(job_id or "", reason)
+    view = done.job
+    data = {
+        "job_id": view.job_id,
+        "verdict": done.verdict,
+        "state": view.state.value,
+        "token": view.token,
+        "error_code": view.error_code,
+        "reason": view.reason,
+    }
+    if done.verdict == "already_final":
+        why = f" ({view.reason})" if view.reason else ""
+        noop(
+            f"job {job_id!r} is already {view.state.value}{why}: not cancelled",
+            as_json=as_json,
+            data=data,
+        )
+    if as_json:
+        emit_json(data)
+        return
     click.echo(
         f"{view.job_id}\t{view.state}\ttoken {view.token}\t{view.error_code or '-'}\t"
         f"{view.reason or '-'}"
@@ -704,19 +843,34 @@ def jobs_cancel(ctx: click.Context, job_id: str | None, group: str | None, reaso
 
 @jobs.command("resume")
 @click.argument("job_id")
+@json_option()
 @click.pass_context
-def jobs_resume(ctx: click.Context, job_id: str) -> None:
+def jobs_resume(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """Re-enqueue a parked job once you have decided (see docs/operations.md).
 
     The resume grants the attempt it starts (granted_attempts, shown by `jobs
     show`). Safe to repeat: a job left queued without a sent message is sent again.
+    A job neither parked nor unsent is left alone: "nothing to do", exit 3.
     """
     resumed = Producer(_settings(ctx)).resume(job_id)
+    data = {
+        "job_id": job_id,
+        "verdict": resumed.verdict,
+        "state": resumed.state.value,
+        "note": resumed.note,
+        "send_id": resumed.send_id,
+        "message_id": resumed.message_id,
+    }
     if resumed.verdict == "not_parked":
-        raise click.ClickException(
+        noop(
             f"job {job_id!r} is {resumed.state.value}, not parked, and its message is sent: "
-            "nothing to resume"
+            "nothing to resume",
+            as_json=as_json,
+            data=data,
         )
+    if as_json:
+        emit_json(data)
+        return
     click.echo(f"{job_id}\tqueued\t{resumed.note}")
 
 
@@ -730,13 +884,37 @@ def jobs_resume(ctx: click.Context, job_id: str) -> None:
 )
 @click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
 @click.option("--dry-run", is_flag=True, help="Only list what would be sent again.")
+@json_option()
 @click.pass_context
-def jobs_repair(ctx: click.Context, older_than: float, limit: int, dry_run: bool) -> None:
+def jobs_repair(
+    ctx: click.Context, older_than: float, limit: int, dry_run: bool, as_json: bool
+) -> None:
     """Send again jobs stranded without a message (a producer died between its
     write and its send, a resume whose send failed). Queries a sparse index."""
     settings = _settings(ctx)
     check_table(settings)
     report = Producer(settings).repair(older_than=older_than, limit=limit, dry_run=dry_run)
+    counts = {v: sum(1 for j in report.jobs if j.verdict == v) for v in ("resent", "failed")}
+    if as_json:
+        emit_json(
+            {
+                "dry_run": dry_run,
+                "more": report.more,
+                "jobs": [
+                    {
+                        "job_id": j.job_id,
+                        "job_class": j.job_class,
+                        "unsent_for": round(j.unsent_for, 3),
+                        "verdict": j.verdict,
+                        "detail": j.detail,
+                    }
+                    for j in report.jobs
+                ],
+            }
+        )
+        if counts["failed"]:
+            raise click.exceptions.Exit(EXIT_NOT_FOUND)
+        return
     for job in report.jobs:
         what = {
             "resent": "sent again",
@@ -745,7 +923,6 @@ def jobs_repair(ctx: click.Context, older_than: float, limit: int, dry_run: bool
             "failed": f"failed: {job.detail}",
         }[job.verdict]
         click.echo(f"{job.job_id}\t{job.job_class}\tunsent for {_seconds(job.unsent_for)}\t{what}")
-    counts = {v: sum(1 for j in report.jobs if j.verdict == v) for v in ("resent", "failed")}
     if dry_run:
         summary = f"{len(report.jobs)} stranded (dry run: nothing sent)"
     else:
@@ -755,7 +932,7 @@ def jobs_repair(ctx: click.Context, older_than: float, limit: int, dry_run: bool
         summary += f"; --limit {limit} reached: run again for more"
     click.echo(summary)
     if counts["failed"]:
-        raise click.exceptions.Exit(1)
+        raise click.exceptions.Exit(EXIT_NOT_FOUND)
 
 
 # --------------------------------------------------------------------------- intents
@@ -813,7 +990,7 @@ def _attempt_of(item: dict[str, Any]) -> AttemptRecord:
 
 def _scan_intents(
     settings: Settings, state: str | None, job_id: str | None, limit: int
-) -> list[IntentRecord]:
+) -> tuple[list[IntentRecord], bool]:
     ddb = make_client(settings, "dynamodb")
     names = {f"#f{i}": name for i, name in enumerate(_INTENT_LIST_FIELDS)}
     params: dict[str, Any] = {
@@ -835,9 +1012,10 @@ def _scan_intents(
     if filters:
         params["FilterExpression"] = " AND ".join(filters)
         params["ExpressionAttributeValues"] = values
-    found = [_intent_of(item) for item in _scan_items(ddb, params, limit)]
+    items, more = _scan_items(ddb, params, limit)
+    found = [_intent_of(item) for item in items]
     found.sort(key=lambda r: (r.created_at or 0, r.intent_key))
-    return found
+    return found, more
 
 
 def _intent_row(rec: IntentRecord, now: float) -> dict[str, Any]:
@@ -860,11 +1038,14 @@ def intents() -> None:
 def intents_list(
     ctx: click.Context, state: str | None, job_id: str | None, limit: int, as_json: bool
 ) -> None:
-    """List intents (a bounded table scan; never payloads)."""
+    """List intents (a bounded table scan; never payloads); a note says when --limit
+    cut the list."""
     settings = _settings(ctx)
     check_table(settings)
-    records = _scan_intents(settings, state, job_id, limit)
+    records, more = _scan_intents(settings, state, job_id, limit)
     now = time.time()
+    if more:
+        _limit_note("intents", limit, "--state or --job")
     if as_json:
         for rec in records:
             click.echo(json.dumps(_intent_row(rec, now), default=str))
@@ -895,10 +1076,10 @@ def intents_list(
                 str(rec.last_token),
                 rec.external_id or "-",
                 _age(now, rec.updated_at),
-                _truncate(rec.reason, _REASON_WIDTH),
+                _reason(rec.reason),
             ]
         )
-    click.echo(_table(rows))
+    click.echo(table(rows))
 
 
 def _attempts_of(settings: Settings, key: str) -> list[AttemptRecord]:
@@ -1026,6 +1207,7 @@ def _default_who() -> str:
     is_flag=True,
     help="Approve a new, separate operation under a derived key (needs --reason).",
 )
+@json_option()
 @click.pass_context
 def intents_resolve(
     ctx: click.Context,
@@ -1037,12 +1219,16 @@ def intents_resolve(
     who: str | None,
     force: bool,
     new_operation: bool,
+    as_json: bool,
 ) -> None:
     """Decide an ambiguous intent; its parked job is re-enqueued (journaled on stderr).
 
     --new-operation approves a new, separate operation: the intent becomes
     `superseded`, its successor key (KEY~op2) is recorded, and the job goes on
-    under that key with the same payload (the target sees a new request)."""
+    under that key with the same payload (the target sees a new request).
+    An intent already settled (confirmed or abandoned) whose job needs nothing more
+    is left alone: "nothing to do", exit 3.
+    """
     chosen = [external_id is not None, retry, abandon, new_operation]
     if sum(chosen) != 1:
         raise click.UsageError(
@@ -1069,22 +1255,45 @@ def intents_resolve(
         _refuse_unprotected_retry(settings, key)
     configure_stderr()
     driver = SyncDriver(settings, Journal())
-    resolved = driver.run(
-        resolve_flow(
-            IntentTable(settings.intents_table, settings.attempts_table),
-            JobTable(settings.jobs_table),
-            queue_url=url,
-            key=key,
-            resolution=resolution,
-            external_id=external_id,
-            who=who or _default_who(),
-            why=reason or "resolved by operator",
-            wall_now=time.time(),
-            send_id=new_send_id(),
+    try:
+        resolved = driver.run(
+            resolve_flow(
+                IntentTable(settings.intents_table, settings.attempts_table),
+                JobTable(settings.jobs_table),
+                queue_url=url,
+                key=key,
+                resolution=resolution,
+                external_id=external_id,
+                who=who or _default_who(),
+                why=reason or "resolved by operator",
+                wall_now=time.time(),
+                send_id=new_send_id(),
+            )
         )
-    )
+    except IntentNotAmbiguous as exc:
+        if not exc.final:
+            raise  # prepared or in progress: a worker owns it, an error
+        noop(
+            f"intent {key!r} is already {exc.state} and its job needs nothing more: "
+            "not resolved again",
+            as_json=as_json,
+            data={"key": key, "verdict": "already_final", "state": exc.state},
+        )
     intent = resolved.intent
     state = intent.state.value
+    if as_json:
+        emit_json(
+            {
+                "key": intent.key,
+                "verdict": "finished_earlier" if resolved.finished_earlier else "resolved",
+                "state": state,
+                "job_id": intent.job_id,
+                "job_requeued": resolved.job_requeued,
+                "note": resolved.note,
+                "successor": intent.successor,
+            }
+        )
+        return
     successor = f"\tsuccessor {intent.successor}" if intent.successor else ""
     click.echo(f"{intent.key}\t{state}{successor}\tjob {intent.job_id} {resolved.note}")
 
@@ -1111,6 +1320,11 @@ def _refuse_unprotected_retry(settings: Settings, key: str) -> None:
             "keeps keys: a repeat is no longer protected; make sure it did not apply, then add "
             "--force"
         )
+
+
+# --------------------------------------------------------------------------- dlq
+
+cli.add_command(dlq)
 
 
 # --------------------------------------------------------------------------- entry

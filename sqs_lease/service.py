@@ -340,10 +340,12 @@ def run_worker(
     app: App | None = None,
     journal: Journal | None = None,
     install_signals: bool = True,
+    on_worker: Callable[[Any], None] | None = None,
 ) -> ServiceResult:
     """Run one worker as a container's main process; never raises for expected
     failures: they come back as an :class:`ExitCode` and a one-line message.
-    ``app``: the app already loaded (see :func:`app_of`), else ``env.app`` is."""
+    ``app``: the app already loaded (see :func:`app_of`), else ``env.app`` is;
+    ``on_worker`` sees the worker before it runs (the CLI's status line reads it)."""
     if app is None:
         loaded = app_of(env)
         if isinstance(loaded, ServiceResult):
@@ -399,6 +401,8 @@ def run_worker(
         return ServiceResult(ExitCode.AWS_UNAVAILABLE, f"{type(exc).__name__}: {exc}")
     for sink in sinks:
         worker.journal.add_sink(sink)
+    if on_worker is not None:
+        on_worker(worker)
     monitor = _AwsLostMonitor(worker, env.aws_lost_after)
     poll_driver = getattr(worker, "poll_driver", None)
     if isinstance(poll_driver, SyncDriver):  # the async shell: no lost-AWS monitor yet

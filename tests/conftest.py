@@ -73,3 +73,16 @@ def sqs_client(moto_endpoint: str) -> SQSClient:
 def ddb_client(moto_endpoint: str) -> DynamoDBClient:
     """A boto3 DynamoDB client on the session's moto server."""
     return boto3.client("dynamodb", endpoint_url=moto_endpoint, region_name=REGION)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fast_gc_for_simulations(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The simulator's own modules run with the collector tuned as its command line
+    tunes it (scoped, restored): the package itself never touches it."""
+    if not request.module.__name__.startswith("test_sim"):
+        yield
+        return
+    from sqs_lease._sim.cli import tuned_gc
+
+    with tuned_gc():
+        yield

@@ -318,9 +318,18 @@ def test_resolve_confirmed_requeues_the_job_and_journals(parked: Parked) -> None
     assert "resolution_reason: seen in the payments dashboard" in shown.stdout
     assert "external_id: ext_123" in shown.stdout
 
+    # Resolving it again changes nothing, says so plainly and exits 3 (not an error).
     again = run(parked.aws, "intents", "resolve", parked.key, "--confirmed", "ext_123")
-    line = one_line_error(again, 2)
-    assert "not ambiguous" in line and parked.key in line
+    assert again.exit_code == 3, (again.output, again.exception)
+    assert again.stdout.startswith("nothing to do: ") and parked.key in again.stdout
+    assert "already confirmed" in again.stdout and "Traceback" not in again.output
+    as_json = run(parked.aws, "intents", "resolve", parked.key, "--confirmed", "x", "--json")
+    assert as_json.exit_code == 3
+    assert json.loads(as_json.stdout) == {
+        "key": parked.key,
+        "verdict": "already_final",
+        "state": "confirmed",
+    }
 
 
 def test_resolve_defaults_reason_and_who(parked: Parked) -> None:

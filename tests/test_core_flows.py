@@ -50,6 +50,7 @@ from sqs_lease._core.flows import (
     SubmitResult,
     apply_beats,
     cancel_flow,
+    cancel_job_flow,
     claim_flow,
     commit_flow,
     fail_flow,
@@ -1650,6 +1651,19 @@ def test_cancel_of_terminal_job_is_a_noop() -> None:
 def test_cancel_of_missing_job_raises_not_found() -> None:
     with pytest.raises(JobNotFound, match="'job-1'"):
         _cancel(Script([condition_failed(None)]))
+
+
+def test_cancel_job_flow_says_whether_this_call_cancelled_or_the_job_was_already_final() -> None:
+    after = job_item(state=JobState.FAILED, token=3, error_code="cancelled")
+    done = Script([ok({"Attributes": after})]).run(
+        cancel_job_flow(table(), job_id="job-1", reason="r", wall_now=WALL)
+    )
+    assert (done.verdict, done.job.token) == ("cancelled", 3)
+    # A job cancelled before looks the same as one cancelled now: only the verdict tells.
+    before = Script([condition_failed(after)]).run(
+        cancel_job_flow(table(), job_id="job-1", reason="r", wall_now=WALL)
+    )
+    assert (before.verdict, before.job.token) == ("already_final", 3)
 
 
 def test_cancel_unanswered_raises() -> None:

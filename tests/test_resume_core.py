@@ -41,6 +41,7 @@ from sqs_lease._core.records import JobState
 from sqs_lease._errors import (
     AwsCallFailed,
     IntentError,
+    IntentNotAmbiguous,
     IntentNotFound,
     JobNotFound,
     OwnershipUnknown,
@@ -332,16 +333,20 @@ def test_resolving_again_sends_the_message_a_resolution_could_not_send() -> None
 def test_a_settled_intent_whose_job_moved_on_has_nothing_to_resolve() -> None:
     done = intent_item(IntentState.CONFIRMED, resolution="confirmed")
     s = Script([got_item(done), condition_failed(job_item(JOB, state=JobState.SUCCEEDED))])
-    with pytest.raises(IntentError, match="is confirmed, not ambiguous: nothing to resolve"):
+    with pytest.raises(
+        IntentNotAmbiguous, match="is confirmed, not ambiguous: nothing to resolve"
+    ) as caught:
         _resolve(s, Resolution.CONFIRMED, "ch_1")
+    assert (caught.value.state, caught.value.final) == ("confirmed", True)
     assert s.events == []  # the look at its job is not a resume attempt
 
 
 @pytest.mark.parametrize("state", [IntentState.PREPARED, IntentState.IN_PROGRESS])
 def test_resolving_an_open_intent_names_its_state(state: IntentState) -> None:
     s = Script([got_item(intent_item(state))])
-    with pytest.raises(IntentError, match=f"is {state.value}, not ambiguous"):
+    with pytest.raises(IntentNotAmbiguous, match=f"is {state.value}, not ambiguous") as caught:
         _resolve(s, Resolution.RETRY)
+    assert caught.value.final is False  # a worker still owns it: not a no-op
     assert s.ops == ["dynamodb.GetItem"]
 
 

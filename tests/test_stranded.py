@@ -435,4 +435,4 @@ def test_a_resolution_whose_job_half_was_lost_is_finished_by_resolving_again(
     (d,) = _receive(settings, url)
     assert d.send_id == view.send_id
     done = _cli(settings, "intents", "resolve", "k-half", "--confirmed", "ch_1")
-    assert done.exit_code == 2 and "nothing to resolve" in done.output
+    assert done.exit_code == 3 and "nothing to do" in done.output

@@ -1882,3 +1882,24 @@ def cancel_one(
     view = req.parse(out.response.get("Attributes", {}))
     yield from emit("job_cancelled", job_id=job_id, token=view.token, reason=reason)
     return view, True
+
+
+CancelVerdict = Literal["cancelled", "already_final"]
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """What a cancel did: ``cancelled`` (this call ended the job), or
+    ``already_final`` (it had ended before: nothing changed). ``job`` is the record
+    after the call."""
+
+    job: JobView
+    verdict: CancelVerdict
+
+
+def cancel_job_flow(
+    req: JobRequests, *, job_id: str, reason: str, wall_now: float
+) -> Flow[Cancelled]:
+    """:func:`cancel_flow` with a typed verdict (what ``sqs-lease jobs cancel`` says)."""
+    view, ended = yield from cancel_one(req, job_id=job_id, reason=reason, wall_now=wall_now)
+    return Cancelled(view, "cancelled" if ended else "already_final")

@@ -1039,7 +1039,7 @@ def resolve_flow(
     resolution's job half (a parked job or an unsent message) instead of saying
     there is nothing to resolve. ``send_id`` is unique to this call.
     """
-    from .._errors import IntentError, IntentNotFound
+    from .._errors import IntentError, IntentNotAmbiguous, IntentNotFound
 
     got = yield from call(ireq.get(key))
     if isinstance(got, Err):
@@ -1055,7 +1055,12 @@ def resolve_flow(
             )
             if finished is not None:
                 return finished
-        raise IntentError(f"intent {key!r} is {intent.state}, not ambiguous: nothing to resolve")
+        raise IntentNotAmbiguous(
+            f"intent {key!r} is {intent.state}, not ambiguous: nothing to resolve",
+            state=intent.state.value,
+            final=intent.state
+            in (IntentState.CONFIRMED, IntentState.ABANDONED, IntentState.SUPERSEDED),
+        )
     waits = iter(RETRY_WAITS)
     while True:
         out = yield from call(

@@ -1,0 +1,191 @@
+"""``sqs-lease dlq list|show|redrive``: the dead-letter queue from the command line
+(the work is in :mod:`sqs_lease._dlq`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from ._cli_out import EXIT_NOT_FOUND, emit_json, json_option, note, table
+from ._config import Settings
+from ._dlq import (
+    DlqMessage,
+    age,
+    approximate_depth,
+    dlq_url_of,
+    find_in_dlq,
+    peek_dlq,
+    redrive_dlq,
+)
+
+
+def _settings(ctx: click.Context) -> Settings:
+    obj = ctx.find_root().obj
+    assert isinstance(obj, Settings)
+    return obj
+
+
+def _fields(msg: DlqMessage, *, body: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "message_id": msg.message_id,
+        "job_id": msg.job_id,
+        "job_class": msg.job_class,
+        "send_id": msg.send_id,
+        "reason": msg.reason,
+        "receive_count": msg.receive_count,
+        "sent_at": msg.sent_at,
+        "is_job_message": msg.is_job_message,
+    }
+    if body:
+        out["body"] = msg.body
+    return out
+
+
+@click.group()
+def dlq() -> None:
+    """Look at the dead-letter queue and move its messages back to the job queue."""
+
+
+@dlq.command("list")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@json_option("One JSON object per message, one per line (no bodies).")
+@click.pass_context
+def dlq_list(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """List DLQ messages: the job each names and why it is there (never bodies).
+
+    SQS shows a message only by receiving it: each is hidden for a moment while
+    the list is made, and made visible again before the command ends.
+    """
+    settings = _settings(ctx)
+    found, more = peek_dlq(settings, limit=limit)
+    if more:
+        _, url = dlq_url_of(settings)
+        note(
+            f"--limit {limit} reached: the DLQ holds more (about "
+            f"{approximate_depth(settings, url)} in all); raise --limit (up to 1000)"
+        )
+    if as_json:
+        for msg in found:
+            emit_json(_fields(msg))
+        return
+    now = time.time()
+    rows = [["MESSAGE ID", "JOB", "CLASS", "AGE", "RECEIVES", "REASON"]]
+    for msg in found:
+        rows.append(
+            [
+                msg.message_id,
+                msg.job_id or "-",
+                msg.job_class or "-",
+                age(msg.sent_at, now),
+                str(msg.receive_count),
+                msg.reason,
+            ]
+        )
+    click.echo(table(rows))
+
+
+@dlq.command("show")
+@click.argument("ident", metavar="MESSAGE_ID|JOB_ID")
+@click.option(
+    "--scan",
+    type=click.IntRange(1, 10_000),
+    default=1000,
+    show_default=True,
+    help="Look at up to this many DLQ messages to find it.",
+)
+@json_option('{"messages": [...]}, each with its body.')
+@click.pass_context
+def dlq_show(ctx: click.Context, ident: str, scan: int, as_json: bool) -> None:
+    """Show the DLQ message with this message id, or every one naming this job id,
+    with its body. Exit 1 when none is found."""
+    found = find_in_dlq(_settings(ctx), ident, scan=scan)
+    if as_json:
+        emit_json({"messages": [_fields(m, body=True) for m in found]})
+    else:
+        for i, msg in enumerate(found):
+            if i:
+                click.echo("")
+            for name, value in _fields(msg, body=True).items():
+                if name == "body":
+                    value = _pretty(str(value))
+                click.echo(f"{name}: {'-' if value is None else value}")
+    if not found:
+        click.echo(f"error: no DLQ message with message id or job id {ident!r}", err=True)
+        raise click.exceptions.Exit(EXIT_NOT_FOUND)
+
+
+def _pretty(body: str) -> str:
+    try:
+        return json.dumps(json.loads(body), sort_keys=True, ensure_ascii=False)
+    except ValueError:
+        return body
+
+
+_SAID = {
+    "moved": "moved to the job queue",
+    "would_move": "would move to the job queue",
+    "copied_not_deleted": "copied to the job queue; DLQ copy kept",
+    "failed": "failed",
+    "skipped": "skipped",
+}
+
+
+@dlq.command("redrive")
+@click.option(
+    "--job",
+    "job_ids",
+    multiple=True,
+    help="Only messages of this job (repeat for several); default: every job message.",
+)
+@click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
+@click.option("--dry-run", is_flag=True, help="Only list what would move.")
+@json_option()
+@click.pass_context
+def dlq_redrive(
+    ctx: click.Context, job_ids: tuple[str, ...], limit: int, dry_run: bool, as_json: bool
+) -> None:
+    """Move DLQ messages back to the job queue (after you fixed why they failed).
+
+    Each message is sent to the job queue, then deleted from the DLQ only if that
+    send succeeded: a message is never lost, at worst sent twice (harmless: a job
+    claims once). Messages that name no job stay. Exit 1 if any move failed.
+    """
+    report = redrive_dlq(_settings(ctx), job_ids=job_ids or None, limit=limit, dry_run=dry_run)
+    failed = sum(1 for r in report.messages if r.verdict == "failed")
+    if as_json:
+        emit_json(
+            {
+                "queue": report.queue_url,
+                "dlq": report.dlq_url,
+                "dry_run": dry_run,
+                "more": report.more,
+                "messages": [
+                    {
+                        "message_id": r.message.message_id,
+                        "job_id": r.message.job_id,
+                        "verdict": r.verdict,
+                        "detail": r.detail,
+                        "new_message_id": r.new_message_id,
+                    }
+                    for r in report.messages
+                ],
+            }
+        )
+    else:
+        for r in report.messages:
+            said = _SAID[r.verdict] + (f": {r.detail}" if r.detail else "")
+            click.echo(f"{r.message.message_id}\t{r.message.job_id or '-'}\t{said}")
+        moved = sum(1 for r in report.messages if r.verdict in ("moved", "copied_not_deleted"))
+        if dry_run:
+            summary = f"{len(report.messages)} would move (dry run: nothing sent)"
+        else:
+            summary = f"{moved} moved back to the job queue (sent, then deleted from the DLQ)"
+            summary += f", {failed} failed" if failed else ""
+        click.echo(summary)
+    if report.more:
+        note(f"--limit {limit} reached: the DLQ holds more; run again to move them")
+    if failed:
+        raise click.exceptions.Exit(EXIT_NOT_FOUND)

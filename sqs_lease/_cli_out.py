@@ -1,0 +1,94 @@
+"""What the ``sqs-lease`` command line prints: exit statuses, ``--json``, tables
+that wrap their last column, and notes on stderr.
+
+Kept apart from :mod:`sqs_lease.cli` so commands added there (or in modules of
+their own, like :mod:`sqs_lease._cli_dlq`) share one way of printing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+EXIT_OK = 0
+"""The command did what it was asked."""
+EXIT_NOT_FOUND = 1
+"""The job, intent or message named does not exist; or some of a batch failed."""
+EXIT_ERROR = 2
+"""Bad usage or settings, AWS unreachable or refused, a request the protocol refuses."""
+EXIT_NOOP = 3
+"""Nothing to do: the job or intent is already final (or not parked, for resume)."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C outside a worker's run (128 + SIGINT, as shells report it)."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_MIN_WRAP = 24
+
+
+def json_option(
+    help_text: str = "One JSON object (see docs/operations.md for its keys).",
+) -> Callable[[F], F]:
+    """The ``--json`` flag every command takes (parameter ``as_json``)."""
+    return click.option("--json", "as_json", is_flag=True, help=help_text)
+
+
+def emit_json(value: Any) -> None:
+    """One JSON document on one line of stdout (keys in their documented order)."""
+    click.echo(json.dumps(value, default=str, ensure_ascii=False))
+
+
+def note(text: str) -> None:
+    """A remark for the person at the terminal, on stderr: stdout stays parseable."""
+    click.echo(f"note: {text}", err=True)
+
+
+def noop(text: str, *, as_json: bool, data: dict[str, Any]) -> NoReturn:
+    """Say plainly that nothing was done, and exit with :data:`EXIT_NOOP`."""
+    if as_json:
+        emit_json(data)
+    else:
+        click.echo(f"nothing to do: {text}")
+    raise click.exceptions.Exit(EXIT_NOOP)
+
+
+def terminal_width() -> int | None:
+    """Columns to fit a table in: ``COLUMNS`` if set, the terminal's if stdout is
+    one, else None (a pipe or a file gets every row on one line)."""
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        if sys.stdout.isatty():
+            return shutil.get_terminal_size().columns
+    except (AttributeError, ValueError, OSError):  # a closed or replaced stream
+        return None
+    return None
+
+
+def table(rows: Sequence[Sequence[str]], width: int | None = None) -> str:
+    """Rows aligned in columns; the last column (a reason) wraps within ``width``
+    (default :func:`terminal_width`) instead of being cut, its continuation lines
+    indented under it. Without a width every row stays on one line, whole."""
+    if not rows:
+        return ""
+    width = terminal_width() if width is None else width
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lead = sum(widths[:-1]) + 2 * (len(widths) - 1)
+    room = None if width is None else max(_MIN_WRAP, width - lead)
+    lines: list[str] = []
+    for r in rows:
+        head = "  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths[:-1], strict=True))
+        last = r[-1]
+        parts = [last] if room is None or len(last) <= room else textwrap.wrap(last, room)
+        for i, part in enumerate(parts or [""]):
+            prefix = head if i == 0 else " " * len(head)
+            lines.append(f"{prefix}  {part}".rstrip() if r[:-1] else part)
+    return "\n".join(lines)

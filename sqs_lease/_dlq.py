@@ -1,0 +1,278 @@
+"""The dead-letter queue, for an operator: look at its messages and move them back.
+
+SQS cannot read a message without receiving it, so a look (:func:`peek_dlq`)
+receives with a short visibility hold and gives every message back (visibility
+0) when done. A redrive (:func:`redrive_dlq`) copies each chosen message to the
+job queue and deletes it from the DLQ **only after its copy was sent**: a failed
+send leaves the message in the DLQ, a failed delete leaves a second copy there
+(a later redrive sends it again, which is harmless: a job claims once, and a
+message that is not its job's current one is deleted unclaimed).
+
+SQS's own ``StartMessageMoveTask`` is not used: it moves every message, with no
+choice by job, and the local emulator (moto) does not implement it; on AWS the
+console's "Start DLQ redrive" is that task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ._aws import make_client
+from ._config import Settings
+from ._core.flows import Delivery, parse_message
+from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
+from ._resources import _call, queue_url, redrive
+
+REASON_ATTRIBUTE = "sqs_lease_reason"
+SQS_REDRIVE_REASON = "moved by the queue's redrive policy (its receives ran out before a claim)"
+_BATCH = 10  # SQS's largest receive and batch
+_HOLD = 60  # seconds a looked-at message stays hidden while the look goes on
+
+RedriveVerdict = Literal["moved", "copied_not_deleted", "failed", "skipped", "would_move"]
+
+
+@dataclass(frozen=True)
+class DlqMessage:
+    """One message in the DLQ: which job it names, and why it is there."""
+
+    message_id: str
+    job_id: str | None
+    job_class: str | None
+    send_id: str | None
+    reason: str
+    receive_count: int
+    sent_at: float | None  # epoch seconds, SQS's clock
+    body: str
+    is_job_message: bool
+    receipt_handle: str = field(repr=False, compare=False, default="")
+    attributes: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Redriven:
+    """What a redrive did with one message."""
+
+    message: DlqMessage
+    verdict: RedriveVerdict
+    detail: str = ""
+    new_message_id: str | None = None
+
+
+@dataclass(frozen=True)
+class RedriveReport:
+    """Every message a redrive looked at; ``more``: messages it did not reach."""
+
+    queue_url: str
+    dlq_url: str
+    messages: list[Redriven]
+    more: bool
+
+
+def dlq_url_of(settings: Settings) -> tuple[str, str]:
+    """The job queue's URL and its DLQ's (from the queue's redrive policy)."""
+    url = queue_url(settings)
+    dlq, _ = redrive(settings, url)
+    if dlq is None:
+        raise ResourceMissing(
+            f"queue {settings.queue!r} has no dead-letter queue: run `sqs-lease queue create`"
+        )
+    return url, dlq
+
+
+def approximate_depth(settings: Settings, dlq_url: str) -> int:
+    """SQS's approximate count of visible messages in the DLQ."""
+    sqs = make_client(settings, "sqs")
+    attrs = _call(
+        sqs,
+        "get_queue_attributes",
+        QueueUrl=dlq_url,
+        AttributeNames=["ApproximateNumberOfMessages"],
+    )
+    return int(attrs.get("Attributes", {}).get("ApproximateNumberOfMessages", "0"))
+
+
+def _message_of(raw: dict[str, Any]) -> DlqMessage:
+    parsed = parse_message(raw, 0.0, 0)
+    attrs = raw.get("MessageAttributes") or {}
+    ours = attrs.get(REASON_ATTRIBUTE, {}).get("StringValue")
+    system = raw.get("Attributes") or {}
+    sent = system.get("SentTimestamp")
+    if isinstance(parsed, Delivery):
+        job_class, send_id, reason = parsed.job_class, parsed.send_id, SQS_REDRIVE_REASON
+    else:
+        job_class, send_id, reason = None, None, parsed.reason
+    return DlqMessage(
+        message_id=str(raw.get("MessageId", "")),
+        job_id=parsed.job_id,
+        job_class=job_class,
+        send_id=send_id,
+        reason=ours or reason,
+        receive_count=int(system.get("ApproximateReceiveCount", "0")),
+        sent_at=int(sent) / 1000 if sent else None,
+        body=str(raw.get("Body", "")),
+        is_job_message=isinstance(parsed, Delivery),
+        receipt_handle=str(raw.get("ReceiptHandle", "")),
+        attributes=attrs,
+    )
+
+
+class _Looker:
+    """Receives DLQ messages once each (held hidden), and gives back what it keeps."""
+
+    def __init__(self, settings: Settings, dlq_url: str) -> None:
+        self.sqs = make_client(settings, "sqs")
+        self.dlq_url = dlq_url
+        self.seen: set[str] = set()
+        self.held: dict[str, str] = {}  # message id -> receipt handle, to give back
+
+    def next_batch(self, want: int) -> list[DlqMessage]:
+        got = _call(
+            self.sqs,
+            "receive_message",
+            QueueUrl=self.dlq_url,
+            MaxNumberOfMessages=max(1, min(_BATCH, want)),
+            VisibilityTimeout=_HOLD,
+            WaitTimeSeconds=1,
+            MessageAttributeNames=["All"],
+            MessageSystemAttributeNames=["All"],
+        ).get("Messages", [])
+        fresh = []
+        for raw in got:
+            msg = _message_of(raw)
+            self.held[msg.message_id] = msg.receipt_handle
+            if msg.message_id not in self.seen:
+                self.seen.add(msg.message_id)
+                fresh.append(msg)
+        return fresh
+
+    def done_with(self, message_id: str) -> None:
+        self.held.pop(message_id, None)
+
+    def give_back(self) -> None:
+        """Every message still held becomes visible again at once (best effort: one
+        not given back reappears when its hold ends)."""
+        handles = list(self.held.items())
+        self.held.clear()
+        for i in range(0, len(handles), _BATCH):
+            entries = [
+                {"Id": str(n), "ReceiptHandle": h, "VisibilityTimeout": 0}
+                for n, (_, h) in enumerate(handles[i : i + _BATCH])
+            ]
+            with contextlib.suppress(AwsCallFailed, AwsUnavailable):
+                _call(
+                    self.sqs,
+                    "change_message_visibility_batch",
+                    QueueUrl=self.dlq_url,
+                    Entries=entries,
+                )
+
+
+def _look(looker: _Looker, limit: int) -> tuple[list[DlqMessage], bool]:
+    found: list[DlqMessage] = []
+    # Bounded: an empty receive ends it, and so does a round budget.
+    for _ in range(limit // _BATCH + 10):
+        if len(found) > limit:
+            break
+        batch = looker.next_batch(limit + 1 - len(found))
+        if not batch:
+            break
+        found.extend(batch)
+    return found[:limit], len(found) > limit
+
+
+def peek_dlq(settings: Settings, *, limit: int = 50) -> tuple[list[DlqMessage], bool]:
+    """Up to ``limit`` DLQ messages (oldest first by send time) and whether more
+    exist; every message is given back (visible again) before this returns."""
+    _, dlq = dlq_url_of(settings)
+    looker = _Looker(settings, dlq)
+    try:
+        found, more = _look(looker, limit)
+    finally:
+        looker.give_back()
+    found.sort(key=lambda m: (m.sent_at or 0.0, m.message_id))
+    return found, more
+
+
+def find_in_dlq(settings: Settings, ident: str, *, scan: int = 1000) -> list[DlqMessage]:
+    """The DLQ messages whose message id or job id is ``ident`` (looking at up to
+    ``scan`` messages; all given back)."""
+    found, _ = peek_dlq(settings, limit=scan)
+    return [m for m in found if ident in (m.message_id, m.job_id)]
+
+
+def redrive_dlq(
+    settings: Settings,
+    *,
+    job_ids: Collection[str] | None = None,
+    limit: int = 100,
+    dry_run: bool = False,
+) -> RedriveReport:
+    """Move DLQ messages back to the job queue: each is sent to the queue, then
+    deleted from the DLQ only if the send succeeded.
+
+    ``job_ids`` limits it to those jobs' messages; messages that name no job (a
+    body that is not a job message) are skipped and stay. At most ``limit``
+    messages are looked at; ``more`` says whether the DLQ holds others.
+    """
+    url, dlq = dlq_url_of(settings)
+    looker = _Looker(settings, dlq)
+    wanted = set(job_ids) if job_ids is not None else None
+    out: list[Redriven] = []
+    try:
+        found, more = _look(looker, limit)
+        for msg in found:
+            if wanted is not None and msg.job_id not in wanted:
+                continue  # not asked for: given back untouched
+            if not msg.is_job_message:
+                out.append(Redriven(msg, "skipped", f"not a job message ({msg.reason}): left"))
+                continue
+            if dry_run:
+                out.append(Redriven(msg, "would_move"))
+                continue
+            out.append(_move_one(looker, url, msg))
+    finally:
+        looker.give_back()
+    return RedriveReport(url, dlq, out, more)
+
+
+def _move_one(looker: _Looker, url: str, msg: DlqMessage) -> Redriven:
+    attrs = {
+        name: {k: v for k, v in value.items() if k in ("DataType", "StringValue", "BinaryValue")}
+        for name, value in msg.attributes.items()
+        if name != REASON_ATTRIBUTE  # the reason it was dead-lettered is history now
+    }
+    params: dict[str, Any] = {"QueueUrl": url, "MessageBody": msg.body}
+    if attrs:
+        params["MessageAttributes"] = attrs
+    try:
+        sent = _call(looker.sqs, "send_message", **params)
+    except (AwsCallFailed, AwsUnavailable) as exc:
+        return Redriven(msg, "failed", f"send to the job queue failed, left in the DLQ: {exc}")
+    new_id = str(sent.get("MessageId", ""))
+    try:
+        _call(
+            looker.sqs, "delete_message", QueueUrl=looker.dlq_url, ReceiptHandle=msg.receipt_handle
+        )
+    except (AwsCallFailed, AwsUnavailable) as exc:
+        # Its copy is on the job queue; this one reappears in the DLQ after the hold.
+        looker.done_with(msg.message_id)
+        return Redriven(
+            msg,
+            "copied_not_deleted",
+            f"sent, but the DLQ copy could not be deleted ({exc}); a later redrive sends it "
+            "again, which is harmless (the job claims once)",
+            new_id,
+        )
+    looker.done_with(msg.message_id)
+    return Redriven(msg, "moved", "", new_id)
+
+
+def age(ts: float | None, now: float | None = None) -> str:
+    """``12.3s`` since ``ts`` (epoch seconds), or ``-``."""
+    if ts is None:
+        return "-"
+    return f"{(now if now is not None else time.time()) - ts:.1f}s"
