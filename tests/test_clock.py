@@ -91,17 +91,21 @@ def test_the_drivers_stamp_outcomes_on_the_lease_clock() -> None:
 
 
 def test_nothing_else_in_the_package_reads_a_monotonic_clock_for_leases() -> None:
-    # One function in one place: the worker shells and drivers import lease_clock.
+    # One function in one place: the worker shells (their shared base) and the
+    # drivers import lease_clock; no shell reads a clock of its own for a lease.
     import sqs_lease._aio
+    import sqs_lease._aio_worker
     import sqs_lease._aws
     import sqs_lease._jobs
+    import sqs_lease._shell
     import sqs_lease._worker
 
-    for module in (sqs_lease._worker, sqs_lease._aws, sqs_lease._aio, sqs_lease._jobs):
+    shells = (sqs_lease._worker, sqs_lease._aio_worker, sqs_lease._shell)
+    for module in (*shells, sqs_lease._aws, sqs_lease._aio, sqs_lease._jobs):
         source = inspect.getsource(module)
         assert "time.monotonic" not in source, module.__name__
         assert "perf_counter" not in source, module.__name__
-    assert "lease_clock" in sys.modules["sqs_lease._worker"].__dict__
+    assert "lease_clock" in sys.modules["sqs_lease._shell"].__dict__
 
 
 class Work(BaseModel):
