@@ -247,3 +247,20 @@ def test_a_record_names_its_fifo_group_by_attribute_or_by_the_queue_arn() -> Non
     stop = GroupStop()
     stop.failed("g")
     assert stop.blocked("g") and not stop.blocked("h") and not stop.blocked(None)
+
+
+def test_a_long_record_is_heartbeated_with_its_receipt_handle_until_it_commits(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
+) -> None:
+    with collect_journal() as journal:
+
+        def work(p: Work) -> dict[str, int]:
+            # Outlive the 3 s lease the record was taken with: only the heartbeat
+            # (CMV with the record's own receipt handle) keeps it ours meanwhile.
+            journal.wait_for("heartbeat_ok", count=2, timeout=30, job_id=f"{aws.prefix}-0")
+            return {"n": p.n}
+
+        b = batch(aws, sqs_client, work, 1)
+        answer = b.run(b.event, RunningDown(60))
+    assert answer == {"batchItemFailures": []}
+    assert read_view(ddb_client, b.settings, b.job_ids[0]).state is JobState.SUCCEEDED
