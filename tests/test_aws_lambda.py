@@ -264,3 +264,15 @@ def test_a_long_record_is_heartbeated_with_its_receipt_handle_until_it_commits(
         answer = b.run(b.event, RunningDown(60))
     assert answer == {"batchItemFailures": []}
     assert read_view(ddb_client, b.settings, b.job_ids[0]).state is JobState.SUCCEEDED
+
+
+def test_a_poison_record_goes_to_the_dlq_and_is_not_reported_as_a_failure(
+    aws: AwsTestEnv, sqs_client: SQSClient
+) -> None:
+    b = batch(aws, sqs_client, lambda p: {"n": p.n}, 0)
+    sqs_client.send_message(QueueUrl=b.url, MessageBody="not a job")
+    event = event_of(sqs_client, b.url, 1)
+    assert b.run(event, RunningDown(60)) == {"batchItemFailures": []}
+    assert queue_depth(sqs_client, b.url) == 0
+    dlq = sqs_client.get_queue_url(QueueName=b.settings.dlq)["QueueUrl"]
+    assert [m["Body"] for m in drain(sqs_client, dlq, timeout=10, want=1)] == ["not a job"]
