@@ -251,6 +251,7 @@ def drain(sqs: SQSClient, url: str, *, timeout: float, want: int) -> list[dict[s
             WaitTimeSeconds=1,
             VisibilityTimeout=60,
             MessageAttributeNames=["All"],
+            MessageSystemAttributeNames=["All"],
         )
         got.extend(dict(m) for m in out.get("Messages", []))
     return got

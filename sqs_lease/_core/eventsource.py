@@ -1,0 +1,138 @@
+"""Lambda's SQS event source: its record spelling, the time budget, FIFO groups, settlement.
+
+The Lambda adapter (``sqs_lease.aws_lambda``) is a shell of :func:`attempt_flow`
+like the workers; what differs is where a message comes from (an event record the
+event source mapping received, not our ``ReceiveMessage``) and what the shell must
+answer (``batchItemFailures``). The rules for that live here, pure:
+
+- :func:`parse_event_record`: an event record (``messageId``, ``receiptHandle``,
+  ``body``, ``attributes.ApproximateReceiveCount``) read by the workers' own
+  :func:`~sqs_lease._core.flows.parse_message`.
+- :func:`take_record_flow`: one ChangeMessageVisibility to the class's lease, so
+  the local lease counts from a moment this process measured (the mapping's
+  receive time is not known to it).
+- :func:`can_start`: the budget: a record starts only when its class's whole
+  stage budget, plus :data:`END_MARGIN_SECONDS`, fits in the invocation's time left.
+- :class:`GroupStop`: FIFO: after a failure in a message group, the rest of it
+  is not started.
+- :func:`settled_flow`: runs an attempt and tells whether its message was deleted
+  by the attempt's own flows (only such a record is reported a success).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .calls import Call, Emit, Flow, Ok, Outcome, call
+from .flows import Delivery, Poison, parse_message
+
+END_MARGIN_SECONDS = 3.0
+"""Time kept after a record's stage budget for its end write, the release of the
+records not started and the answer to Lambda."""
+
+
+def parse_event_record(
+    record: Mapping[str, Any], received_at: float, visibility: int
+) -> Delivery | Poison:
+    """One SQS event record (the event's own key spelling) as a delivery, or poison."""
+    attrs = record.get("attributes") or {}
+    return parse_message(
+        {
+            "MessageId": record.get("messageId", ""),
+            "ReceiptHandle": record.get("receiptHandle", ""),
+            "Body": record.get("body", ""),
+            "Attributes": {"ApproximateReceiveCount": attrs.get("ApproximateReceiveCount", "1")},
+        },
+        received_at,
+        visibility,
+    )
+
+
+def message_group(record: Mapping[str, Any]) -> str | None:
+    """The record's FIFO message group, or None for a standard queue's record."""
+    group = (record.get("attributes") or {}).get("MessageGroupId")
+    if group:
+        return str(group)
+    if str(record.get("eventSourceARN", "")).endswith(".fifo"):
+        return ""  # a FIFO queue's record without its group: the whole batch is one group
+    return None
+
+
+def can_start(remaining_ms: int, stage_budget_seconds: float) -> bool:
+    """Whether a record of a class with this stage budget may start with
+    ``remaining_ms`` of the invocation left: its whole budget and the end margin fit."""
+    return remaining_ms / 1000.0 >= stage_budget_seconds + END_MARGIN_SECONDS
+
+
+@dataclass
+class GroupStop:
+    """FIFO order: once a record of a group failed, the group's later records wait."""
+
+    stopped: set[str] = field(default_factory=set)
+
+    def blocked(self, group: str | None) -> bool:
+        """Whether a record of ``group`` must not start (its group saw a failure)."""
+        return group is not None and group in self.stopped
+
+    def failed(self, group: str | None) -> None:
+        """A record of ``group`` did not finish: its group's later records wait."""
+        if group is not None:
+            self.stopped.add(group)
+
+
+def take_record_flow(
+    queue_url: str, delivery: Delivery, lease_seconds: int
+) -> Flow[Delivery | None]:
+    """Set the record's visibility to ``lease_seconds`` from now: its local lease counts
+    from before this call. None when SQS refused (the message is not ours to work)."""
+    out: Outcome = yield from call(
+        Call(
+            "sqs",
+            "ChangeMessageVisibility",
+            {
+                "QueueUrl": queue_url,
+                "ReceiptHandle": delivery.receipt_handle,
+                "VisibilityTimeout": lease_seconds,
+            },
+        )
+    )
+    if not isinstance(out, Ok):
+        yield Emit(
+            "lambda_record_not_taken",
+            {"job_id": delivery.job_id, "error_code": out.code or out.kind.value},
+        )
+        return None
+    return replace(delivery, received_at=out.sent_at, visibility=lease_seconds)
+
+
+def settled_flow(flow: Flow[Any], receipt_handle: str) -> Flow[bool]:
+    """Run ``flow`` and answer whether it deleted the message of ``receipt_handle``
+    (a DeleteMessage of that handle that SQS answered with success)."""
+    settled = False
+    try:
+        instruction = next(flow)
+        while True:
+            outcome = yield instruction
+            if (
+                isinstance(instruction, Call)
+                and instruction.op == "DeleteMessage"
+                and instruction.params.get("ReceiptHandle") == receipt_handle
+                and isinstance(outcome, Ok)
+            ):
+                settled = True
+            instruction = flow.send(outcome)
+    except StopIteration:
+        return settled
+
+
+__all__ = [
+    "END_MARGIN_SECONDS",
+    "GroupStop",
+    "can_start",
+    "message_group",
+    "parse_event_record",
+    "settled_flow",
+    "take_record_flow",
+]

@@ -1,0 +1,215 @@
+"""The Lambda adapter: an SQS event source's batch, run through the attempt flow.
+
+``handler(app)`` returns a Lambda handler for an SQS event source mapping with
+``ReportBatchItemFailures`` turned on::
+
+    from sqs_lease import App
+    from sqs_lease.aws_lambda import handler
+
+    app = App()
+    ...
+    lambda_handler = handler(app)   # the function's handler: module.lambda_handler
+
+It is a shell of :func:`sqs_lease._core.attempt.attempt_flow` like the workers
+(it reuses the thread worker's handler and effect running): for each record in
+order it reads the record (``_core.eventsource.parse_event_record``), checks the
+budget (``can_start``: the class's whole ``stage_budget_seconds`` plus a margin
+must fit in ``context.get_remaining_time_in_millis()``), sets the record's
+visibility to its class's lease (``take_record_flow``: the local lease then
+counts from a moment this process measured), and drives the attempt: claim
+(token + 1), the handler under a heartbeat thread that extends the record's
+visibility with its receipt handle and confirms ownership, a fenced commit.
+
+What it reports: a record is a success only when the attempt's own flows
+deleted its message (a fenced end write - commit, fail, park - that DynamoDB
+applied, then DeleteMessage; or a poison message copied to the DLQ). Everything
+else is in ``batchItemFailures``: a handler failure (its retry backoff is set as
+the message's visibility), a rejected commit (the lease was taken over), an
+unknown outcome, records not started for the budget or because an earlier record
+of their FIFO message group failed (those are released: visibility 0).
+
+What it deletes itself, and why: the message of every record it ends, right
+after the fenced write, as every worker does. The mapping deletes the successes
+only when the invocation returns; a function that times out or crashes after
+committing some records returns nothing, and their messages would come back to
+meet a terminal record. Deleting at once keeps that window short, and the
+mapping's own delete of an already deleted message is harmless. Correctness
+never depends on either delete: a redelivered message of a finished job is
+recognised at its claim and deleted then.
+
+At cold start it warns (``lambda_visibility_too_short``) when the queue's
+visibility timeout is below AWS's guidance of 6 x the function timeout (the
+function timeout is read as the first invocation's remaining time; the mapping's
+batching window is not visible from inside the function and is counted as 0).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from ._config import Settings
+from ._core.attempt import attempt_flow
+from ._core.deploy import lambda_visibility_floor
+from ._core.eventsource import (
+    GroupStop,
+    can_start,
+    message_group,
+    parse_event_record,
+    settled_flow,
+    take_record_flow,
+)
+from ._core.flows import Delivery, Poison, release_flow
+from ._errors import ConfigError
+from ._jobs import App
+from ._journal import Journal
+from ._worker import Worker
+
+
+class LambdaContext(Protocol):
+    """What the adapter reads of Lambda's context object."""
+
+    def get_remaining_time_in_millis(self) -> int: ...
+
+
+LambdaHandler = Callable[[Mapping[str, Any], LambdaContext], dict[str, Any]]
+
+
+class LambdaShell(Worker):
+    """The adapter's state across invocations of one execution environment."""
+
+    def __init__(
+        self, app: App, settings: Settings, *, journal: Journal | None, tick: float
+    ) -> None:
+        super().__init__(
+            app,
+            settings,
+            concurrency=1,
+            receive_wait=0,
+            journal=journal,
+            tick=tick,
+            sweep_interval=None,
+        )
+        self._warned = False
+
+    def warn_timing(self, context: LambdaContext) -> None:
+        """Once per cold start: the queue's visibility against 6 x the function timeout."""
+        if self._warned:
+            return
+        self._warned = True
+        timeout = math.ceil(context.get_remaining_time_in_millis() / 1000)
+        attrs = self.driver.clients["sqs"].get_queue_attributes(
+            QueueUrl=self.queue_url, AttributeNames=["VisibilityTimeout"]
+        )["Attributes"]
+        visibility = int(attrs.get("VisibilityTimeout", "30"))
+        floor = lambda_visibility_floor(timeout, 0)
+        if visibility < floor:
+            self.journal(
+                "lambda_visibility_too_short",
+                visibility=visibility,
+                function_timeout=timeout,
+                floor=floor,
+                fix="set the queue's visibility timeout to at least 6 x the function "
+                "timeout + the event source's batching window",
+            )
+
+    def handle(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+        """Run one event's records in order; report those that did not finish."""
+        self.warn_timing(context)
+        records = event.get("Records")
+        if not isinstance(records, list):
+            raise ConfigError("event has no Records list: is this an SQS event source's event?")
+        failures: list[str] = []
+        groups = GroupStop()
+        unstarted: list[Delivery] = []
+        done = threading.Event()
+        beat = threading.Thread(target=self._beat_until, args=(done,), daemon=True)
+        beat.start()
+        try:
+            for record in records:
+                mid = str(record.get("messageId", ""))
+                group = message_group(record)
+                item = parse_event_record(record, self._clock(), 0)
+                rules = self._rules_of(item.job_class) if isinstance(item, Delivery) else None
+                budget = rules.stage_budget_seconds if rules is not None else 0.0
+                if groups.blocked(group) or not can_start(
+                    context.get_remaining_time_in_millis(), budget
+                ):
+                    groups.failed(group)
+                    failures.append(mid)
+                    if isinstance(item, Delivery):
+                        unstarted.append(item)
+                    continue
+                if not self._attempt(item):
+                    groups.failed(group)
+                    failures.append(mid)
+        finally:
+            done.set()
+            beat.join(timeout=5)
+            if unstarted:
+                self._release(unstarted)
+        return {"batchItemFailures": [{"itemIdentifier": m} for m in failures]}
+
+    def _attempt(self, item: Delivery | Poison) -> bool:
+        """One record through the attempt flow; True when its message was deleted."""
+        self._count("received")
+        if isinstance(item, Delivery):
+            rules = self._rules_of(item.job_class)
+            lease = rules.lease_seconds if rules is not None else self.receive_visibility
+            taken = self.driver.run(take_record_flow(self.queue_url, item, lease))
+            if taken is None:
+                return False
+            item = taken
+        try:
+            flow = attempt_flow(self.env, item)
+            return self.driver.run(settled_flow(flow, item.receipt_handle))
+        except Exception as exc:  # an AWS failure the flow could not handle: not finished
+            self.journal("lambda_record_failed", error_code=type(exc).__name__)
+            return False
+
+    def _release(self, unstarted: list[Delivery]) -> None:
+        self.driver.run(
+            release_flow(
+                self.table,
+                queue_url=self.queue_url,
+                held=[(None, d) for d in unstarted],
+                worker_id=self.worker_id,
+                wall_now=self._now().wall,
+                reason="lambda: not started",
+            )
+        )
+
+    def _beat_until(self, done: threading.Event) -> None:
+        while not done.wait(self.tick):
+            try:
+                self._beat_once()
+            except Exception as exc:  # the heartbeat thread survives anything
+                self.journal("heartbeat_error", error_code=type(exc).__name__)
+
+
+def handler(
+    app: App,
+    settings: Settings | None = None,
+    *,
+    journal: Journal | None = None,
+    tick: float = 0.1,
+) -> LambdaHandler:
+    """A Lambda handler ``(event, context) -> {"batchItemFailures": [...]}`` for ``app``.
+
+    ``settings`` default to ``Settings()`` (its environment variables). The tables
+    and queue are found at the first invocation (cold start), once per execution
+    environment. Handlers must be plain functions (no ``async def``).
+    """
+    shells: list[LambdaShell] = []
+
+    def lambda_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+        if not shells:
+            shells.append(LambdaShell(app, settings or Settings(), journal=journal, tick=tick))
+        return shells[0].handle(event, context)
+
+    return lambda_handler
+
+
+__all__ = ["LambdaContext", "LambdaHandler", "LambdaShell", "handler"]

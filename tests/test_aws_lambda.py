@@ -1,0 +1,278 @@
+"""The Lambda adapter, on a real moto server: event records built from messages
+really received (real receipt handles, the event's own key spelling)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from conftest import AwsTestEnv
+from pydantic import BaseModel
+from worker_helpers import FAST, collect_journal, drain, prepare, queue_depth, read_view
+
+from sqs_lease import App, JobContext, Producer, Settings
+from sqs_lease._core.eventsource import END_MARGIN_SECONDS, GroupStop, can_start, message_group
+from sqs_lease._core.records import JobState
+from sqs_lease.aws_lambda import LambdaHandler, handler
+
+if TYPE_CHECKING:
+    from types_boto3_dynamodb import DynamoDBClient
+    from types_boto3_sqs import SQSClient
+
+BUDGET: dict[str, Any] = {**FAST, "stage_budget_seconds": 6.0, "effect_timeout_seconds": 1.0}
+"""A stage budget a Lambda can hold: a record needs 6 s + the end margin to start."""
+
+
+class Work(BaseModel):
+    n: int
+
+
+class RunningDown:
+    """A Lambda context whose remaining time runs down with the wall clock, and by
+    what a handler says it spent (so a test needs no real long handler)."""
+
+    def __init__(self, seconds: float) -> None:
+        self._end = time.monotonic() + seconds
+        self._lock = threading.Lock()
+
+    def spend(self, seconds: float) -> None:
+        with self._lock:
+            self._end -= seconds
+
+    def get_remaining_time_in_millis(self) -> int:
+        with self._lock:
+            return max(0, int((self._end - time.monotonic()) * 1000))
+
+
+def event_of(sqs: SQSClient, url: str, want: int, group: str | None = None) -> dict[str, Any]:
+    """An SQS event as the event source mapping builds it, from ``want`` messages
+    received from moto (hidden 60 s, as the mapping's receive would)."""
+    got = drain(sqs, url, timeout=20, want=want)
+    assert len(got) == want, f"received {len(got)} of {want} messages"
+    arn = f"arn:aws:sqs:us-east-1:123456789012:{url.rsplit('/', 1)[-1]}"
+    records = []
+    for m in got:
+        attributes = dict(m.get("Attributes", {}))
+        if group is not None:
+            attributes["MessageGroupId"] = group
+        records.append(
+            {
+                "messageId": m["MessageId"],
+                "receiptHandle": m["ReceiptHandle"],
+                "body": m["Body"],
+                "attributes": attributes,
+                "messageAttributes": {},
+                "md5OfBody": m["MD5OfBody"],
+                "eventSource": "aws:sqs",
+                "eventSourceARN": arn,
+                "awsRegion": "us-east-1",
+            }
+        )
+    return {"Records": records}
+
+
+@dataclass
+class Batch:
+    """One test's queue and tables, ``n`` jobs of class ``work`` submitted, the
+    event built from their received messages, and the adapter for the app."""
+
+    settings: Settings
+    url: str
+    job_ids: list[str]
+    event: dict[str, Any]
+    run: LambdaHandler
+
+
+def batch(
+    aws: AwsTestEnv,
+    sqs: SQSClient,
+    work: Callable[[Work], Any],
+    n: int,
+    *,
+    group: str | None = None,
+) -> Batch:
+    settings, url, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+
+    @app.job("work", payload=Work, **BUDGET)
+    def _work(ctx: JobContext[Work], p: Work) -> Any:
+        return work(p)
+
+    producer = Producer(settings, app)
+    ids = [producer.submit("work", Work(n=i), job_id=f"{aws.prefix}-{i}").job_id for i in range(n)]
+    event = event_of(sqs, url, n, group) if n else {"Records": []}
+    return Batch(settings, url, ids, event, handler(app, settings))
+
+
+def job_of(record: dict[str, Any]) -> str:
+    return str(json.loads(record["body"])["job_id"])
+
+
+def failed_ids(answer: dict[str, Any]) -> list[str]:
+    return [f["itemIdentifier"] for f in answer["batchItemFailures"]]
+
+
+def visible_now(sqs: SQSClient, url: str) -> set[str]:
+    """Message ids visible at once (a short receive that hides them again)."""
+    seen: set[str] = set()
+    for _ in range(3):
+        out = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1, VisibilityTimeout=60
+        )
+        seen.update(m["MessageId"] for m in out.get("Messages", []))
+    return seen
+
+
+def test_a_batch_that_succeeds_reports_no_failures_and_commits_every_job(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
+) -> None:
+    b = batch(aws, sqs_client, lambda p: {"double": 2 * p.n}, 3)
+    assert b.run(b.event, RunningDown(60)) == {"batchItemFailures": []}
+    for job_id in b.job_ids:
+        assert read_view(ddb_client, b.settings, job_id).state is JobState.SUCCEEDED
+    assert queue_depth(sqs_client, b.url) == 0
+
+
+def test_a_handler_failure_is_reported_and_the_rest_of_the_batch_commits(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
+) -> None:
+    def work(p: Work) -> dict[str, int]:
+        if p.n == 1:
+            raise RuntimeError("tool down")
+        return {"n": p.n}
+
+    b = batch(aws, sqs_client, work, 3)
+    answer = b.run(b.event, RunningDown(60))
+    bad = [r["messageId"] for r in b.event["Records"] if job_of(r) == b.job_ids[1]]
+    assert failed_ids(answer) == bad
+    # Given back for a counted retry, its message kept (hidden for the backoff).
+    assert read_view(ddb_client, b.settings, b.job_ids[1]).state is JobState.QUEUED
+    for job_id in (b.job_ids[0], b.job_ids[2]):
+        assert read_view(ddb_client, b.settings, job_id).state is JobState.SUCCEEDED
+    assert queue_depth(sqs_client, b.url) == 1
+
+
+def test_records_that_cannot_finish_in_the_time_left_are_released_and_reported(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
+) -> None:
+    context = RunningDown(BUDGET["stage_budget_seconds"] + END_MARGIN_SECONDS + 2.0)
+
+    def work(p: Work) -> dict[str, int]:
+        context.spend(4.0)  # the first record uses the time the others would need
+        return {"n": p.n}
+
+    b = batch(aws, sqs_client, work, 3)
+    first, *rest = b.event["Records"]
+    answer = b.run(b.event, context)
+    assert failed_ids(answer) == [r["messageId"] for r in rest]
+    assert read_view(ddb_client, b.settings, job_of(first)).state is JobState.SUCCEEDED
+    for r in rest:
+        view = read_view(ddb_client, b.settings, job_of(r))
+        assert view.state is JobState.QUEUED and view.attempt == 0  # never claimed
+    # Released at once (visibility 0), not hidden for the rest of the 60 s receive.
+    assert visible_now(sqs_client, b.url) == {r["messageId"] for r in rest}
+
+
+def test_a_record_taken_over_meanwhile_has_its_commit_rejected_and_is_reported(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
+) -> None:
+    jobs_table = Settings(prefix=aws.prefix).jobs_table
+    job_id = f"{aws.prefix}-0"
+
+    def work(p: Work) -> dict[str, int]:
+        # Another consumer claims the job meanwhile: the token moves on past ours.
+        ddb_client.update_item(
+            TableName=jobs_table,
+            Key={"job_id": {"S": job_id}},
+            UpdateExpression="SET #t = #t + :one, #o = :other",
+            ExpressionAttributeNames={"#t": "token", "#o": "owner"},
+            ExpressionAttributeValues={":one": {"N": "1"}, ":other": {"S": "someone-else"}},
+        )
+        return {"n": p.n}
+
+    b = batch(aws, sqs_client, work, 1)
+    with collect_journal() as journal:
+        answer = b.run(b.event, RunningDown(60))
+    assert failed_ids(answer) == [b.event["Records"][0]["messageId"]]
+    view = read_view(ddb_client, b.settings, job_id)
+    assert view.state is JobState.RUNNING and view.owner == "someone-else"
+    assert journal.events("result_rejected", job_id=job_id)
+    assert queue_depth(sqs_client, b.url) == 1  # not deleted: the new owner's message
+
+
+def test_a_fifo_group_stops_at_its_first_failure_and_reports_the_rest_of_it(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
+) -> None:
+    ran: list[int] = []
+
+    def work(p: Work) -> dict[str, int]:
+        ran.append(p.n)
+        if len(ran) == 1:
+            raise RuntimeError("first of the group fails")
+        return {"n": p.n}
+
+    b = batch(aws, sqs_client, work, 3, group="session-1")
+    answer = b.run(b.event, RunningDown(60))
+    assert len(ran) == 1
+    assert failed_ids(answer) == [r["messageId"] for r in b.event["Records"]]
+    for r in b.event["Records"][1:]:
+        assert read_view(ddb_client, b.settings, job_of(r)).attempt == 0  # never started
+
+
+def test_the_cold_start_warns_once_when_the_queue_visibility_is_under_six_timeouts(
+    aws: AwsTestEnv, sqs_client: SQSClient
+) -> None:
+    b = batch(aws, sqs_client, lambda p: {"n": p.n}, 0)  # the queue's visibility: 30 s
+    with collect_journal() as journal:
+        b.run({"Records": []}, RunningDown(60))
+        b.run({"Records": []}, RunningDown(60))
+    warned = journal.events("lambda_visibility_too_short")
+    assert len(warned) == 1
+    assert warned[0]["visibility"] == 30 and warned[0]["floor"] == 360
+
+
+def test_the_budget_rule_counts_the_whole_stage_budget_and_the_margin() -> None:
+    assert can_start(int((6.0 + END_MARGIN_SECONDS) * 1000), 6.0)
+    assert not can_start(int((6.0 + END_MARGIN_SECONDS) * 1000) - 1, 6.0)
+
+
+def test_a_record_names_its_fifo_group_by_attribute_or_by_the_queue_arn() -> None:
+    assert message_group({"attributes": {"MessageGroupId": "g"}}) == "g"
+    assert message_group({"attributes": {}, "eventSourceARN": "arn:aws:sqs:r:1:q.fifo"}) == ""
+    assert message_group({"attributes": {}, "eventSourceARN": "arn:aws:sqs:r:1:q"}) is None
+    stop = GroupStop()
+    stop.failed("g")
+    assert stop.blocked("g") and not stop.blocked("h") and not stop.blocked(None)
+
+
+def test_a_long_record_is_heartbeated_with_its_receipt_handle_until_it_commits(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
+) -> None:
+    with collect_journal() as journal:
+
+        def work(p: Work) -> dict[str, int]:
+            # Outlive the 3 s lease the record was taken with: only the heartbeat
+            # (CMV with the record's own receipt handle) keeps it ours meanwhile.
+            journal.wait_for("heartbeat_ok", count=2, timeout=30, job_id=f"{aws.prefix}-0")
+            return {"n": p.n}
+
+        b = batch(aws, sqs_client, work, 1)
+        answer = b.run(b.event, RunningDown(60))
+    assert answer == {"batchItemFailures": []}
+    assert read_view(ddb_client, b.settings, b.job_ids[0]).state is JobState.SUCCEEDED
+
+
+def test_a_poison_record_goes_to_the_dlq_and_is_not_reported_as_a_failure(
+    aws: AwsTestEnv, sqs_client: SQSClient
+) -> None:
+    b = batch(aws, sqs_client, lambda p: {"n": p.n}, 0)
+    sqs_client.send_message(QueueUrl=b.url, MessageBody="not a job")
+    event = event_of(sqs_client, b.url, 1)
+    assert b.run(event, RunningDown(60)) == {"batchItemFailures": []}
+    assert queue_depth(sqs_client, b.url) == 0
+    dlq = sqs_client.get_queue_url(QueueName=b.settings.dlq)["QueueUrl"]
+    assert [m["Body"] for m in drain(sqs_client, dlq, timeout=10, want=1)] == ["not a job"]
