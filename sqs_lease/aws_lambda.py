@@ -10,6 +10,12 @@
     ...
     lambda_handler = handler(app)   # the function's handler: module.lambda_handler
 
+Or, with no module of your own, set the function's handler to
+``sqs_lease.aws_lambda.entry`` and name the app in ``SQS_LEASE_APP``
+(``MODULE:OBJECT``); the settings come from the environment
+(``Settings.from_env``: ``SQS_LEASE_PREFIX``, ``SQS_LEASE_QUEUE``, ...), as the
+CDK's ``LambdaConsumer`` sets them.
+
 It is a shell of :func:`sqs_lease._core.attempt.attempt_flow` like the workers
 (it reuses the thread worker's handler and effect running): for each record in
 order it reads the record (``_core.eventsource.parse_event_record``), checks the
@@ -46,6 +52,7 @@ batching window is not visible from inside the function and is counted as 0).
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -65,7 +72,7 @@ from ._core.flows import Delivery, Poison, release_flow
 from ._errors import ConfigError
 from ._jobs import App
 from ._journal import Journal
-from ._worker import Worker
+from ._worker import Worker, load_app
 
 
 class LambdaContext(Protocol):
@@ -198,7 +205,7 @@ def handler(
 ) -> LambdaHandler:
     """A Lambda handler ``(event, context) -> {"batchItemFailures": [...]}`` for ``app``.
 
-    ``settings`` default to ``Settings()`` (its environment variables). The tables
+    ``settings`` default to ``Settings.from_env()`` (the function's environment). The tables
     and queue are found at the first invocation (cold start), once per execution
     environment. Handlers must be plain functions (no ``async def``).
     """
@@ -206,10 +213,31 @@ def handler(
 
     def lambda_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         if not shells:
-            shells.append(LambdaShell(app, settings or Settings(), journal=journal, tick=tick))
+            shells.append(
+                LambdaShell(app, settings or Settings.from_env(), journal=journal, tick=tick)
+            )
         return shells[0].handle(event, context)
 
     return lambda_handler
 
 
-__all__ = ["LambdaContext", "LambdaHandler", "LambdaShell", "handler"]
+_from_env: list[LambdaHandler] = []
+
+
+def entry(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """The function handler ``sqs_lease.aws_lambda.entry``: the app named by
+    ``SQS_LEASE_APP`` (``MODULE:OBJECT``), settings from the environment; loaded
+    at the first invocation and kept for the execution environment's life."""
+    if not _from_env:
+        spec = os.environ.get("SQS_LEASE_APP", "")
+        if not spec:
+            raise ConfigError(
+                "SQS_LEASE_APP is not set: set it to the app as MODULE:OBJECT "
+                "(e.g. myjobs:app), or point the function's handler at your own "
+                "handler(app)"
+            )
+        _from_env.append(handler(load_app(spec)))
+    return _from_env[0](event, context)
+
+
+__all__ = ["LambdaContext", "LambdaHandler", "LambdaShell", "entry", "handler"]

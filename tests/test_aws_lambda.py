@@ -10,11 +10,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pytest
 from conftest import AwsTestEnv
 from pydantic import BaseModel
-from worker_helpers import FAST, collect_journal, drain, prepare, queue_depth, read_view
+from worker_helpers import (
+    FAST,
+    collect_journal,
+    drain,
+    prepare,
+    queue_depth,
+    read_record,
+    read_view,
+    result_of,
+)
 
-from sqs_lease import App, JobContext, Producer, Settings
+from sqs_lease import App, ConfigError, JobContext, Producer, Settings, aws_lambda
 from sqs_lease._core.eventsource import END_MARGIN_SECONDS, GroupStop, can_start, message_group
 from sqs_lease._core.records import JobState
 from sqs_lease.aws_lambda import LambdaHandler, handler
@@ -276,3 +286,37 @@ def test_a_poison_record_goes_to_the_dlq_and_is_not_reported_as_a_failure(
     assert queue_depth(sqs_client, b.url) == 0
     dlq = sqs_client.get_queue_url(QueueName=b.settings.dlq)["QueueUrl"]
     assert [m["Body"] for m in drain(sqs_client, dlq, timeout=10, want=1)] == ["not a job"]
+
+
+ENV_APP = App()
+
+
+@ENV_APP.job("work", payload=Work, **BUDGET)
+def _env_work(ctx: JobContext[Work], p: Work) -> Any:
+    return {"triple": 3 * p.n}
+
+
+def test_the_entry_point_loads_the_app_and_settings_from_the_functions_environment(
+    aws: AwsTestEnv,
+    sqs_client: SQSClient,
+    ddb_client: DynamoDBClient,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # What the CDK's LambdaConsumer deploys: handler sqs_lease.aws_lambda.entry, the
+    # app and the resource names in the environment, no module of the user's own.
+    settings, url, _ = prepare(aws.endpoint_url, aws.prefix)
+    monkeypatch.setattr(aws_lambda, "_from_env", [])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", aws.endpoint_url)
+    monkeypatch.setenv("SQS_LEASE_PREFIX", settings.prefix)
+    monkeypatch.setenv("SQS_LEASE_QUEUE", settings.queue)
+    monkeypatch.delenv("SQS_LEASE_APP", raising=False)
+    with pytest.raises(ConfigError, match="SQS_LEASE_APP"):
+        aws_lambda.entry({"Records": []}, RunningDown(60))
+    monkeypatch.setenv("SQS_LEASE_APP", f"{__name__}:ENV_APP")
+    job_id = Producer(settings, ENV_APP).submit("work", Work(n=5), job_id=f"{aws.prefix}-e").job_id
+    assert aws_lambda.entry(event_of(sqs_client, url, 1), RunningDown(60)) == {
+        "batchItemFailures": []
+    }
+    rec = read_record(ddb_client, settings, job_id)
+    assert rec.state == "succeeded"
+    assert result_of(rec) == {"triple": 15}

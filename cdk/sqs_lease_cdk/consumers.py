@@ -22,7 +22,7 @@ from sqs_lease.deploy import SHUTDOWN_GRACE_SECONDS, check_lambda_timing, ecs_st
 from .queue import LeasedQueue
 from .tables import LeaseTables
 
-LAMBDA_HANDLER = "sqs_lease.aws_lambda.handler"
+LAMBDA_HANDLER = "sqs_lease.aws_lambda.entry"
 """The Lambda adapter's entry point (issue 10); it loads the app named by ``SQS_LEASE_APP``."""
 
 DEFAULT_RUNTIME = lambda_.Runtime.PYTHON_3_14
@@ -62,7 +62,7 @@ class LambdaConsumer(Construct):
     the adapter returns the records that did not finish. The function timeout
     (default: the queue's ``lambda_timeout``) and batching window are checked
     against the queue's visibility (>= 6 x timeout + window, AWS's guidance)
-    before anything is built. The handler is ``sqs_lease.aws_lambda.handler``
+    before anything is built. The handler is ``sqs_lease.aws_lambda.entry``
     (the adapter of issue 10), which loads the app named by ``app_ref``.
     """
 
