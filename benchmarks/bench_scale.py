@@ -62,23 +62,40 @@ LEASE = 120
 JITTER = 5.0
 
 
-def _sizes(quick: bool) -> list[tuple[str, int]]:
-    """The runs: ``BENCH_SCALE_SIZES=async:1000,async:5000,thread:1000`` (the default)."""
+DEFAULT_SIZES = "async:1000:standin,async:5000:standin,thread:1000:standin,async:300:moto"
+
+
+def _sizes(quick: bool) -> list[tuple[str, int, str]]:
+    """The runs, ``shell:jobs:backend`` (backend ``moto``, the default, or ``standin``):
+    ``BENCH_SCALE_SIZES`` overrides :data:`DEFAULT_SIZES`."""
     if quick:
-        return [("async", 20), ("thread", 20)]
-    spec = os.environ.get("BENCH_SCALE_SIZES", "async:1000,async:5000,thread:1000")
-    return [(shell, int(n)) for shell, n in (part.split(":") for part in spec.split(","))]
+        return [("async", 20, "moto"), ("thread", 20, "moto"), ("async", 20, "standin")]
+    out = []
+    for part in os.environ.get("BENCH_SCALE_SIZES", DEFAULT_SIZES).split(","):
+        shell, n, *backend = part.split(":")
+        out.append((shell, int(n), backend[0] if backend else "moto"))
+    return out
 
 
 def run(quick: bool) -> dict[str, Any]:
     heartbeat = 2.0 if quick else 10.0
     periods = 2 if quick else 3
     runs = []
-    for shell, n in _sizes(quick):
+    for shell, n, backend in _sizes(quick):
         try:
-            runs.append(_one(shell, n, heartbeat, periods))
+            if backend == "standin":
+                runs.append(_spawn(shell, n, heartbeat, periods, backend, None, "benchscale", 0.0))
+            else:
+                runs.append(_one(shell, n, heartbeat, periods))
         except Exception as exc:  # one size failing keeps the others' figures
-            runs.append({"shell": shell, "jobs": n, "error": f"{type(exc).__name__}: {exc}"})
+            runs.append(
+                {
+                    "shell": shell,
+                    "jobs": n,
+                    "backend": backend,
+                    "error": f"{type(exc).__name__}: {exc}",
+                }
+            )
     return {
         "params": {
             "heartbeat_seconds": heartbeat,
@@ -105,50 +122,69 @@ def _one(shell: str, n: int, heartbeat: float, periods: int) -> dict[str, Any]:
         put_items(ddb, settings.jobs_table, [job_item(jobs, j, JOB_CLASS, {"n": 0}) for j in ids])
         send_bodies(sqs, url, job_bodies(ids, JOB_CLASS))
         seeded = time.monotonic() - t0
-        out = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-scale-{os.getpid()}-{shell}-{n}.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "benchmarks.bench_scale",
-            "child",
-            "--shell",
-            shell,
-            "--endpoint",
-            moto.endpoint,
-            "--prefix",
-            settings.prefix,
-            "--jobs",
-            str(n),
-            "--heartbeat",
-            str(heartbeat),
-            "--periods",
-            str(periods),
-            "--moto-pid",
-            str(moto.pid),
-            "--out",
-            str(out),
-        ]
-        log = out.with_suffix(".log")
-        with log.open("w") as err:
-            proc = subprocess.Popen(cmd, cwd=ROOT, stderr=err, env=dict(os.environ))
-            # The figures are written as soon as they are measured; the release of
-            # every job at the stop may take minutes on moto: it gets a bounded wait.
-            measured_at: float | None = None
-            while proc.poll() is None:
-                if measured_at is None and out.exists():
-                    measured_at = time.monotonic()
-                if measured_at is not None and time.monotonic() - measured_at > STOP_WAIT:
-                    proc.kill()
-                    break
-                time.sleep(1.0)
-            proc.wait()
-        if not out.exists():
-            raise RuntimeError(f"{shell} {n}: child failed: {log.read_text()[-2000:]}")
-        log.unlink(missing_ok=True)
-        result: dict[str, Any] = json.loads(out.read_text())
-        out.unlink(missing_ok=True)
-        result["seed_seconds"] = round(seeded, 1)
-        return result
+        return _spawn(shell, n, heartbeat, periods, "moto", moto, settings.prefix, seeded)
+
+
+def _spawn(
+    shell: str,
+    n: int,
+    heartbeat: float,
+    periods: int,
+    backend: str,
+    moto: Any,
+    prefix: str,
+    seeded: float,
+) -> dict[str, Any]:
+    """Run the measuring child; with the stand-in it seeds its own jobs."""
+    out = (
+        Path(os.environ.get("TMPDIR", "/tmp"))
+        / f"bench-scale-{os.getpid()}-{shell}-{n}-{backend}.json"
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.bench_scale",
+        "child",
+        "--shell",
+        shell,
+        "--backend",
+        backend,
+        "--endpoint",
+        moto.endpoint if moto else "",
+        "--prefix",
+        prefix,
+        "--jobs",
+        str(n),
+        "--heartbeat",
+        str(heartbeat),
+        "--periods",
+        str(periods),
+        "--moto-pid",
+        str(moto.pid if moto else 0),
+        "--out",
+        str(out),
+    ]
+    log = out.with_suffix(".log")
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stderr=err, env=dict(os.environ))
+        # The figures are written as soon as they are measured; the release of
+        # every job at the stop may take minutes on moto: it gets a bounded wait.
+        measured_at: float | None = None
+        while proc.poll() is None:
+            if measured_at is None and out.exists():
+                measured_at = time.monotonic()
+            if measured_at is not None and time.monotonic() - measured_at > STOP_WAIT:
+                proc.kill()
+                break
+            time.sleep(1.0)
+        proc.wait()
+    if not out.exists():
+        raise RuntimeError(f"{shell} {n}: child failed: {log.read_text()[-2000:]}")
+    log.unlink(missing_ok=True)
+    result: dict[str, Any] = json.loads(out.read_text())
+    out.unlink(missing_ok=True)
+    result.setdefault("seed_seconds", round(seeded, 1))
+    return result
 
 
 # --------------------------------------------------------------------------- the child
@@ -202,7 +238,7 @@ class _Probe:
         return out
 
 
-def _instrument(probe: _Probe) -> None:
+def _instrument(probe: _Probe, drivers: bool) -> None:
     from sqs_lease._aio import AsyncDriver
     from sqs_lease._aws import SyncDriver
     from sqs_lease._core.leasebook import LeaseBook
@@ -215,6 +251,8 @@ def _instrument(probe: _Probe) -> None:
         return plan, dropped
 
     LeaseBook.plan_round = planned  # type: ignore[method-assign]
+    if not drivers:
+        return
     sync_execute = SyncDriver.execute
     async_execute = AsyncDriver.execute
 
@@ -242,7 +280,34 @@ def child(args: argparse.Namespace) -> None:
     setup_env()
     logging.getLogger("sqs_lease.journal").setLevel(logging.WARNING)  # no journal I/O
     probe = _Probe(lease_clock)
-    _instrument(probe)
+    _instrument(probe, drivers=args.backend == "moto")
+    standin: Any = None
+    seeded = 0.0
+    report_base_rss: float | None = None
+    if args.backend == "standin":
+        from benchmarks.standin import StandIn
+        from sqs_lease._resources import create_queue, create_tables
+        from sqs_lease._schema import JobTable
+
+        standin = StandIn(lease_clock)
+        standin.start()
+        settings = Settings(prefix=args.prefix)  # no endpoint: mock_aws answers in-process
+        create_tables(settings)
+        create_queue(settings)
+        ids = [f"s{i:05d}" for i in range(args.jobs)]
+        t0 = time.monotonic()
+        jobs = JobTable(settings.jobs_table)
+        put_items(
+            standin.ddb, settings.jobs_table, [job_item(jobs, j, JOB_CLASS, {"n": 0}) for j in ids]
+        )
+        standin.send(job_bodies(ids, JOB_CLASS))
+        seeded = time.monotonic() - t0
+        standin.install(probe.call)
+        # The stand-in's items and moto's machinery live in this process: the
+        # baseline RSS before the worker starts, so the worker's share reads apart.
+        report_base_rss = round(_rss_kb("VmRSS") / 1024, 1)
+    else:
+        settings = Settings(endpoint_url=args.endpoint, prefix=args.prefix)
 
     class Payload(BaseModel):
         n: int
@@ -267,7 +332,6 @@ def child(args: argparse.Namespace) -> None:
         def held_sync(ctx: Any, p: Payload) -> None:
             ctx.wait(hold)
 
-    settings = Settings(endpoint_url=args.endpoint, prefix=args.prefix)
     kw: dict[str, Any] = {
         "concurrency": args.jobs,
         "receive_wait": 1,
@@ -281,7 +345,10 @@ def child(args: argparse.Namespace) -> None:
     worker: Any = (
         AsyncWorker(app, settings, **kw) if args.shell == "async" else Worker(app, settings, **kw)
     )
-    report: dict[str, Any] = {"shell": args.shell, "jobs": args.jobs}
+    report: dict[str, Any] = {"shell": args.shell, "jobs": args.jobs, "backend": args.backend}
+    if standin is not None:
+        report["seed_seconds"] = round(seeded, 1)
+        report["standin_rss_mb"] = report_base_rss
     done = threading.Event()
 
     def measure() -> None:
@@ -293,10 +360,16 @@ def child(args: argparse.Namespace) -> None:
         probe.take()
         rows = []
         for _ in range(args.periods):
-            w0, c0, m0 = time.monotonic(), time.process_time(), process_cpu(args.moto_pid)
+            w0, c0 = time.monotonic(), time.process_time()
+            m0 = standin.cpu if standin else process_cpu(args.moto_pid)
             time.sleep(args.heartbeat)
             wall = time.monotonic() - w0
-            cpu, moto_cpu = time.process_time() - c0, process_cpu(args.moto_pid) - m0
+            cpu = time.process_time() - c0
+            moto_cpu = (standin.cpu if standin else process_cpu(args.moto_pid)) - m0
+            if standin is not None:
+                # The stand-in runs in this process: its CPU is not the worker's cost (a
+                # call spanning two periods is counted in the second: clamp the edge).
+                cpu = max(0.0, cpu - moto_cpu)
             calls, late, own = probe.take()
             rows.append(
                 {
@@ -315,6 +388,9 @@ def child(args: argparse.Namespace) -> None:
             )
         report["periods"] = rows
         report["peak_rss_mb"] = round(_rss_kb("VmHWM") / 1024, 1)
+        report["load_avg"] = [round(x, 2) for x in os.getloadavg()]
+        if standin is not None:
+            report["lapsed_extensions"] = standin.lapsed
         _write(args.out, report)
         s0 = time.monotonic()
         worker.stop()
@@ -343,6 +419,11 @@ def _write(path: str, report: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- rendering
 
 
+def _label(r: dict[str, Any]) -> str:
+    where = "stand-in" if r.get("backend") == "standin" else "moto"
+    return f"{r['shell']} {r['jobs']} ({where})"
+
+
 def render(result: dict[str, Any]) -> str:
     p = result["params"]
     head = (
@@ -352,14 +433,18 @@ def render(result: dict[str, Any]) -> str:
         "all N messages in flight (moto scans it for every visibility change). Lateness: a "
         "job's ChangeMessageVisibility entry sent minus its schedule (`next_beat`); *own*: "
         "the round's start minus the schedule, before any call (the worker's share). CPU: "
-        "seconds per second of wall (1.0 = one core saturated)."
+        "seconds per second of wall (1.0 = one core saturated). *(moto)*: the embedded moto "
+        "server in its own process; *(stand-in)*: `benchmarks/standin.py` in the worker's "
+        "process (SQS from dicts, O(1) per entry; DynamoDB from moto's in-process backend, "
+        "conditions evaluated), whose CPU is timed per call and counted as the emulator's, "
+        "not the worker's."
     )
     rows = []
     for r in result["runs"]:
         for i, per in enumerate(r.get("periods", [])):
             rows.append(
                 [
-                    f"{r['shell']} {r['jobs']}" if i == 0 else "",
+                    _label(r) if i == 0 else "",
                     i + 1,
                     per["held"],
                     per["extended"],
@@ -375,13 +460,16 @@ def render(result: dict[str, Any]) -> str:
             )
     summary = [
         [
-            f"{r['shell']} {r['jobs']}",
+            _label(r),
             r.get("held"),
             r.get("ramp_seconds"),
             r.get("peak_rss_mb"),
+            r.get("standin_rss_mb", "-"),
             r.get("stop_seconds", f"> {STOP_WAIT:g} (killed)"),
             r.get("stats", {}).get("released"),
             r.get("seed_seconds"),
+            r.get("lapsed_extensions", "-"),
+            " / ".join(f"{x:g}" for x in r.get("load_avg", [])),
             r.get("error", ""),
         ]
         for r in result["runs"]
@@ -403,7 +491,7 @@ def render(result: dict[str, Any]) -> str:
                     "late max s",
                     "own late p99 s",
                     "worker CPU",
-                    "moto CPU",
+                    "emulator CPU",
                 ],
                 rows,
             ),
@@ -414,9 +502,12 @@ def render(result: dict[str, Any]) -> str:
                     "jobs held",
                     "ramp s (receive + claim all)",
                     "peak RSS MB",
+                    "of it, stand-in + seed before start MB",
                     "stop s (release all)",
                     "released",
                     "seed s",
+                    "lapsed extensions",
+                    "load avg 1/5/15 min",
                     "error",
                 ],
                 summary,
@@ -430,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("child")
     c.add_argument("--shell", choices=["async", "thread"], required=True)
+    c.add_argument("--backend", choices=["moto", "standin"], default="moto")
     c.add_argument("--endpoint", required=True)
     c.add_argument("--prefix", required=True)
     c.add_argument("--jobs", type=int, required=True)

@@ -80,7 +80,11 @@ def test_quick_bench_run_completes(tmp_path: Path) -> None:
     assert {"takeover_median", "ratio_to_lease_plus_wait"} <= set(takeover)
 
     scale = results["scale"]
-    assert [(r["shell"], r["jobs"]) for r in scale["runs"]] == [("async", 20), ("thread", 20)]
+    assert [(r["shell"], r["jobs"], r["backend"]) for r in scale["runs"]] == [
+        ("async", 20, "moto"),
+        ("thread", 20, "moto"),
+        ("async", 20, "standin"),
+    ]
     for r in scale["runs"]:
         # Every job was held at once, extended while held, and released at the stop.
         assert r["held"] == r["jobs"] and r["stats"]["released"] == r["jobs"]
@@ -89,6 +93,8 @@ def test_quick_bench_run_completes(tmp_path: Path) -> None:
         for per in r["periods"]:
             assert {"late_p50", "late_p99", "late_max", "worker_cpu", "moto_cpu"} <= set(per)
             assert per["calls"].get("ChangeMessageVisibilityBatch", 0) >= 1
+    # The stand-in answered every call itself and no extension came after its lease ran out.
+    assert scale["runs"][2]["lapsed_extensions"] == 0
 
     text = md.read_text()
     assert text.startswith(bench_run.START) and text.rstrip().endswith(bench_run.END)
