@@ -286,13 +286,13 @@ def child(args: argparse.Namespace) -> None:
     report_base_rss: float | None = None
     if args.backend == "standin":
         from benchmarks.standin import StandIn
-        from sqs_lease._resources import create_queue, create_tables
+        from sqs_lease._resources import create_queue
         from sqs_lease._schema import JobTable
 
         standin = StandIn(lease_clock)
         standin.start()
         settings = Settings(prefix=args.prefix)  # no endpoint: mock_aws answers in-process
-        create_tables(settings)
+        standin.create_tables(settings)
         create_queue(settings)
         ids = [f"s{i:05d}" for i in range(args.jobs)]
         t0 = time.monotonic()

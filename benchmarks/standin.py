@@ -88,6 +88,20 @@ class StandIn:
         self.ddb = session.client("dynamodb")
         self.sqs = session.client("sqs")
 
+    def create_tables(self, settings: Any) -> None:
+        """Create the toolkit's tables on the mocked backend through :attr:`ddb`.
+
+        Not through the library's ``create_tables``: its clients come from one
+        session per process, and a session made before moto was imported never
+        sees ``mock_aws`` (its requests would go to the real endpoint).
+        """
+        from sqs_lease._schema import create_table_params
+        from sqs_lease.deploy import TABLE_MODELS, table_names
+
+        names = table_names(settings)
+        for role, model in TABLE_MODELS.items():
+            self.ddb.create_table(**create_table_params(model, names[role]))
+
     def stop(self) -> None:
         if self._mock is not None:
             self._mock.stop()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +34,49 @@ class AwsTestEnv:
 def _no_proxy_with_loopback(current: str | None) -> str:
     names = [n.strip() for n in (current or "").split(",") if n.strip()]
     return ",".join(names + [h for h in _LOOPBACK if h not in names])
+
+
+class OffLoopbackConnect(RuntimeError):
+    """A test process tried to open a connection beyond 127.0.0.0/8 (or ::1)."""
+
+
+def _loopback_only(address: object) -> None:
+    host = address[0] if isinstance(address, tuple) else None
+    if host is None:
+        return  # a Unix socket
+    try:
+        ip = ipaddress.ip_address(str(host).split("%")[0])
+    except ValueError:
+        raise OffLoopbackConnect(f"connect to unresolved host {host!r}") from None
+    if not ip.is_loopback:
+        # RuntimeError, not OSError: botocore would read an OSError as "endpoint
+        # unreachable" and a test expecting an outage would pass for the wrong reason.
+        raise OffLoopbackConnect(
+            f"a test tried to reach {host}: tests talk to 127.0.0.0/8 only (an unmocked"
+            " client with no endpoint_url goes to the real AWS endpoint)"
+        )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_traffic_beyond_loopback() -> Iterator[None]:
+    """Refuse, in this process, any TCP connection that leaves the machine."""
+    real_connect = socket.socket.connect
+    real_connect_ex = socket.socket.connect_ex
+
+    def connect(self: socket.socket, address: object) -> None:
+        _loopback_only(address)
+        real_connect(self, address)  # type: ignore[arg-type]
+
+    def connect_ex(self: socket.socket, address: object) -> int:
+        _loopback_only(address)
+        return real_connect_ex(self, address)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        # botocore looks for credentials at the instance metadata address when none are set.
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        mp.setattr(socket.socket, "connect", connect)
+        mp.setattr(socket.socket, "connect_ex", connect_ex)
+        yield
 
 
 @pytest.fixture(scope="session")

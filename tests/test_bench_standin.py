@@ -16,7 +16,6 @@ from benchmarks.bench_common import bench_send_id, job_bodies, job_item, put_ite
 from benchmarks.standin import StandIn
 from sqs_lease import Settings
 from sqs_lease._core.calls import Call, Err, Ok
-from sqs_lease._resources import create_tables
 from sqs_lease._schema import JobTable
 
 
@@ -76,7 +75,7 @@ def test_a_message_is_received_once_until_released_and_its_old_handle_then_fails
 
 def test_a_claim_whose_condition_fails_is_refused_as_by_dynamodb(standin: StandIn) -> None:
     settings = Settings(prefix="standintest")
-    create_tables(settings)
+    standin.create_tables(settings)
     jobs = JobTable(settings.jobs_table)
     put_items(standin.ddb, settings.jobs_table, [job_item(jobs, "j1", "c", {"n": 0})])
     claim = jobs.claim("j1", "w1", time.time(), 60, job_class="c", send_id=bench_send_id("j1"))
