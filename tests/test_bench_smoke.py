@@ -92,7 +92,9 @@ def test_quick_bench_run_completes(tmp_path: Path) -> None:
         assert len(r["periods"]) == scale["params"]["periods"]
         for per in r["periods"]:
             assert {"late_p50", "late_p99", "late_max", "worker_cpu", "moto_cpu"} <= set(per)
-            assert per["calls"].get("ChangeMessageVisibilityBatch", 0) >= 1
+        # Extended while held: in the run as a whole (a period of a loaded machine
+        # may pass with no round in it; lateness is the figure, not the test).
+        assert sum(p["calls"].get("ChangeMessageVisibilityBatch", 0) for p in r["periods"]) >= 1
     # The stand-in answered every call itself and no extension came after its lease ran out.
     assert scale["runs"][2]["lapsed_extensions"] == 0
 

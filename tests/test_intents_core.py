@@ -211,6 +211,7 @@ def spec(
     *,
     check: Callable[[IntentView], CheckAnswer] | None = None,
     lease_check: Callable[[], None] | None = None,
+    may_record: Callable[[], bool] | None = None,
     payload_hash: str = HASH,
     log_bodies: bool = False,
     key_retention_seconds: float | None = 86_400.0,
@@ -228,6 +229,7 @@ def spec(
         tool=tool or Tool(),
         check=check,
         lease_check=lease_check,
+        may_record=may_record,
         log_bodies=log_bodies,
         key_retention_seconds=key_retention_seconds,
     )
@@ -874,6 +876,65 @@ def test_lease_check_raising_starts_nothing() -> None:
     assert caught.value is lost
     assert s.ops == ["dynamodb.PutItem"]  # no start transaction
     assert (s.invokes, tool.calls) == (["lease_check", "lease_check"], 0)
+
+
+class Unconfirmed:
+    """A lease whose heartbeat could not confirm ownership on the looks ``looks``
+    (1-based), and that stays open (``may_record``) for ``open_for`` looks at it."""
+
+    def __init__(self, looks: set[int], open_for: int = 1_000) -> None:
+        self.looks, self.open_for = looks, open_for
+        self.checks = self.records = 0
+
+    def check(self) -> None:
+        self.checks += 1
+        if self.checks in self.looks:
+            raise OwnershipUnknown("ownership unconfirmed (dynamodb: ReadTimeoutError)")
+
+    def may_record(self) -> bool:
+        self.records += 1
+        return self.records <= self.open_for
+
+
+def test_an_unconfirmed_lease_with_reserve_is_waited_for_then_the_effect_runs_once() -> None:
+    # DESIGN: while ownership is unknown start nothing, keep trying while the lease
+    # has reserve; giving up at once wasted the attempt (soak seed 401269).
+    tool = Tool(ToolResult({"ok": True}, "ch_1"))
+    lease = Unconfirmed({2, 3})  # the prepare's look passes, the start's first two fail
+    s = EffectScript([ok(), ok(), ok()])
+    res = run_effect(s, spec(tool, lease_check=lease.check, may_record=lease.may_record))
+    assert res.external_id == "ch_1" and tool.calls == 1
+    assert s.ops == [
+        "dynamodb.PutItem",
+        "dynamodb.TransactWriteItems",  # the start, after the waits
+        "dynamodb.TransactWriteItems",  # the confirm
+    ]
+    assert s.event("ownership_wait")["key"] == KEY  # journaled once, not per look
+    assert len(s.sleeps) == 2 and all(0 < w <= 1.0 for w in s.sleeps)
+    # Nothing was sent while the lease was unconfirmed: the start follows the last look.
+    assert s.kinds.index("call:TransactWriteItems") > s.kinds.index("emit:ownership_wait")
+
+
+def test_an_unconfirmed_lease_whose_reserve_runs_out_starts_nothing() -> None:
+    tool = Tool()
+    lease = Unconfirmed(set(range(2, 100)), open_for=3)
+    s = EffectScript([ok()])
+    with pytest.raises(OwnershipUnknown, match="unconfirmed"):
+        run_effect(s, spec(tool, lease_check=lease.check, may_record=lease.may_record))
+    assert s.ops == ["dynamodb.PutItem"] and tool.calls == 0  # no start, no call
+    assert len(s.sleeps) == 3
+
+
+def test_a_lost_lease_is_not_waited_for() -> None:
+    tool = Tool()
+    lost = LeaseLost("job j token 1: lease lost (token moved)")
+    s = EffectScript([ok()])
+    with pytest.raises(LeaseLost):
+        run_effect(
+            s, spec(tool, lease_check=LeaseCheck(lost, fail_from=2), may_record=lambda: True)
+        )
+    assert (s.ops, s.sleeps, tool.calls) == (["dynamodb.PutItem"], [], 0)
+    assert "ownership_wait" not in s.event_names()
 
 
 # =========================================================================== tool failures

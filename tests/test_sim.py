@@ -1420,3 +1420,28 @@ def test_soak_seed_300478_a_transiently_cancelled_resolution_is_retried_not_half
     r = _wide(seed, *features)
     assert r.ok, _verdict(r, seed, *features)
     assert _events_of(r, "intent_resolved"), f"seed {seed} no longer resolves an intent"
+
+
+def test_soak_seed_401269_an_effect_waits_for_an_unconfirmed_lease_instead_of_giving_up() -> None:
+    # Found by the soak of 2026-12-03 (I8): a start cancelled for TransactionConflict
+    # was retried after the heartbeat's ownership read had timed out; the retry's
+    # lease check read "unconfirmed" and the attempt gave itself up with 9 s of lease
+    # left. The start now waits for the next verdict while the lease has reserve
+    # (`ownership_wait`) and gives up only at the conservative deadline.
+    features = tuple(sorted(WIDE_FEATURES))
+    r = _wide(401269, *features)
+    assert r.ok, _verdict(r, 401269, *features)
+    assert _events_of(r, "ownership_wait"), "seed 401269 no longer waits for a verdict"
+
+
+@pytest.mark.parametrize("seed", [401794, 401988])
+def test_soak_seed_401794_an_oversize_result_is_judged_by_its_own_attempts_end(seed: int) -> None:
+    # Found by the soak of 2026-12-03 (I14, a checker error): a duplicate delivery
+    # took the job over while its owner's handler returned an oversize result; the
+    # owner's fenced "failed: over the item limit" write was refused, and the new
+    # owner's claim ended the job (attempts exhausted). I14 now judges an oversize
+    # result only by the end its own attempt (token) wrote.
+    features = tuple(sorted(WIDE_FEATURES))
+    r = _wide(seed, *features)
+    assert r.ok, _verdict(r, seed, *features)
+    assert _events_of(r, "result_rejected"), f"seed {seed} no longer refuses the owner's end"

@@ -174,7 +174,16 @@ def test_transient_errors_retry_with_backoff_until_attempts_are_spent(
     settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
     app = App()
     calls: dict[str, int] = {"flaky": 0, "once": 0}
-    policy = {**FAST, "max_attempts": 3, "backoff_base_seconds": 1.5, "backoff_max_seconds": 4.0}
+    # A lease a loaded machine cannot lapse by accident (seen: the loop held 3.2 s, the
+    # 3 s lease lapsed and the job was re-claimed): this test is about the backoff.
+    policy = {
+        **FAST,
+        "lease_seconds": 20,
+        "heartbeat_seconds": 5.0,
+        "max_attempts": 3,
+        "backoff_base_seconds": 1.5,
+        "backoff_max_seconds": 4.0,
+    }
     delays = [backoff_delay(a, 1.5, 4.0, JITTER) for a in (1, 2)]
     assert delays[0] >= 1 and delays[1] > delays[0]  # exponential, and long enough to see
 

@@ -275,8 +275,9 @@ def effect_flow(
     existing: IntentView | None = None
     hops = 0
     while True:
-        # Nothing from a dropped attempt: every intent write checks the local lease first.
-        yield from _lease_check(spec)
+        # Nothing from a dropped attempt: every intent write checks the local lease
+        # first; an unconfirmed one is waited for, not given up.
+        yield from _lease_confirmed(ctx)
         out = yield from call(ireq.prepare(spec, (yield from _wall(ctx))))
         if isinstance(out, Ok):
             existing = None
@@ -523,6 +524,41 @@ def _lease_check(spec: EffectSpec) -> Flow[None]:
         raise lc.exc if lc.exc is not None else OwnershipUnknown(f"lease check: {lc.message}")
 
 
+UNCONFIRMED_POLL_MAX = 1.0
+"""Longest pause between looks at a lease whose ownership is unconfirmed (seconds)."""
+
+
+def _lease_confirmed(ctx: _Ctx) -> Flow[None]:
+    """Before a write that leads to an irreversible step: the lease must be confirmed.
+
+    While ownership is merely unconfirmed (the last heartbeat got no answer) and the
+    lease still has reserve, nothing is sent and nothing is given up: the flow waits
+    for the next round's verdict (DESIGN: start no new irreversible step; keep trying
+    while the local lease has reserve). A lost, cancelled, let-go or spent lease
+    raises at once, as :func:`_lease_check` does."""
+    spec = ctx.spec
+    if spec.lease_check is None:
+        return
+    waits = iter(ctx.retry_waits)
+    for try_no in range(TRANSIENT_TRIES):
+        lc = yield from call(Invoke("lease_check", spec.lease_check))
+        if isinstance(lc, Ok):
+            return
+        exc = lc.exc if lc.exc is not None else OwnershipUnknown(f"lease check: {lc.message}")
+        # ``may_record`` holds for an open lease with time left: the check failed only
+        # because the heartbeat could not confirm ownership. Anything else ends here.
+        if spec.may_record is None or not isinstance(exc, OwnershipUnknown):
+            raise exc
+        if not (yield from _lease_holds(spec)):
+            raise exc
+        if try_no == 0:
+            yield from emit("ownership_wait", job_id=spec.job_id, key=spec.key, token=ctx.token)
+        yield from call(Sleep(min(next(waits, UNCONFIRMED_POLL_MAX), UNCONFIRMED_POLL_MAX)))
+    raise OwnershipUnknown(
+        f"intent {spec.key!r}: ownership stayed unconfirmed through {TRANSIENT_TRIES} looks"
+    )
+
+
 def _lease_holds(spec: EffectSpec) -> Flow[bool]:
     """May a confirm be retried? By the lease's time (``may_record``) where the shell
     gives it, else by the ordinary lease check."""
@@ -625,7 +661,7 @@ def _start(ctx: _Ctx, expected: IntentState, attempts: int) -> Flow[float | Effe
     waits = iter(ctx.retry_waits)
     try_no = 0
     while True:
-        yield from _lease_check(spec)
+        yield from _lease_confirmed(ctx)
         now = yield from _wall(ctx)
         out = yield from call(
             ctx.ireq.start(

@@ -427,14 +427,22 @@ class Checker:
         )
 
     def oversize_ended(
-        self, records: Mapping[str, Mapping[str, Any] | None], returned: set[str]
+        self, records: Mapping[str, Mapping[str, Any] | None], returned: Mapping[str, int]
     ) -> None:
-        """I14 at the end: each job that returned an oversize result failed naming the limit."""
-        for job_id in sorted(returned):
+        """I14 at the end: each job that returned an oversize result failed naming the limit.
+
+        ``returned`` maps a job to the token of the attempt that returned it. A record
+        at another token was ended by another attempt (a duplicate delivery took the
+        job over and its own claim decided the end; the oversize attempt's write was
+        refused by the fence): that end is the other attempt's story, not this one's.
+        """
+        for job_id, token in sorted(returned.items()):
             item = records.get(job_id)
             if item is None:
                 continue
             v = view_of(item)
+            if v.token != token:
+                continue
             if v.state is JobState.FAILED and "item limit" in (v.reason or ""):
                 continue
             if v.state is JobState.FAILED and v.error_code in ("cancelled", "class_mismatch"):

@@ -230,7 +230,7 @@ class SimWorker(Actor):
 
     def committing(self, claim: Claimed, result_json: str) -> None:
         if len(result_json) > ITEM_LIMIT:  # oversize: the checker's I14 follows this job
-            self.world.oversize_returned.add(claim.job.job_id)
+            self.world.oversize_returned[claim.job.job_id] = claim.token
 
     def round_planned(self, leases: list[LocalLease]) -> None:
         self._truth = {}

@@ -352,7 +352,8 @@ class World:
         self.done_at: float | None = None
         self._decisions: dict[str, int] = {}  # operator_races: decisions per job
         self._edited: set[str] = set()  # unreadable_records: jobs an outside writer edited
-        self.oversize_returned: set[str] = set()  # oversize: jobs whose handler returned it
+        # oversize: job -> token of the attempt whose handler returned it
+        self.oversize_returned: dict[str, int] = {}
         self.failed_tasks = 0
 
     # ------------------------------------------------------------------ scheduling
@@ -791,7 +792,8 @@ class World:
         if held is None or held.lease.token != token or not held.tag.transient_cancel:
             return
         lease = held.lease
-        running = lease.status is LeaseStatus.DONE and w.mono() < lease.deadline
+        # Past the conservative deadline giving up is the rule (DESIGN: let it go).
+        running = lease.status is LeaseStatus.DONE and w.mono() < lease.conservative_deadline
         self.checker.now = self.now
         self.checker.attempt_abandoned(
             worker, job_id, token, str(data.get("error_code")), self.truth(job_id), running
