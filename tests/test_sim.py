@@ -1301,10 +1301,12 @@ def test_concurrent_producers_send_strays_that_claim_nothing() -> None:
 
 def test_an_operator_resolving_a_parked_job_while_workers_run_grants_its_attempt() -> None:
     # Seed 41 showed it until a prepared intent of a finished holder could be taken
-    # over (one more read moved that schedule); seed 47 shows it since, with the
+    # over (one more read moved that schedule); seed 47 until an intent write waited
+    # for an unconfirmed lease instead of giving up; seed 66 shows it since, with the
     # operator dying half way through a command and running it again.
-    r = _issue14(47, "operator_races")
-    assert r.ok, _verdict(r, 47, *PASSING_FEATURES, "operator_races")
+    r = _issue14(66, "operator_races")
+    assert r.ok, _verdict(r, 66, *PASSING_FEATURES, "operator_races")
+    assert r.injected.get("operator_died"), "seed 66 no longer has the operator die"
     resolved = _events_of(r, "intent_resolved")
     assert resolved and _events_of(r, "job_resumed")
     job = resolved[0]["job_id"]

@@ -537,20 +537,16 @@ def _lease_confirmed(ctx: _Ctx) -> Flow[None]:
     while the local lease has reserve). A lost, cancelled, let-go or spent lease
     raises at once, as :func:`_lease_check` does."""
     spec = ctx.spec
-    if spec.lease_check is None:
-        return
     waits = iter(ctx.retry_waits)
     for try_no in range(TRANSIENT_TRIES):
-        lc = yield from call(Invoke("lease_check", spec.lease_check))
-        if isinstance(lc, Ok):
+        try:
+            yield from _lease_check(spec)
             return
-        exc = lc.exc if lc.exc is not None else OwnershipUnknown(f"lease check: {lc.message}")
-        # ``may_record`` holds for an open lease with time left: the check failed only
-        # because the heartbeat could not confirm ownership. Anything else ends here.
-        if spec.may_record is None or not isinstance(exc, OwnershipUnknown):
-            raise exc
-        if not (yield from _lease_holds(spec)):
-            raise exc
+        except OwnershipUnknown:
+            # ``may_record`` holds for an open lease with time left: the check failed
+            # only because the heartbeat could not confirm ownership. Else it ends here.
+            if spec.may_record is None or not (yield from _lease_holds(spec)):
+                raise
         if try_no == 0:
             yield from emit("ownership_wait", job_id=spec.job_id, key=spec.key, token=ctx.token)
         yield from call(Sleep(min(next(waits, UNCONFIRMED_POLL_MAX), UNCONFIRMED_POLL_MAX)))
