@@ -32,6 +32,7 @@ from sqs_lease._sim.plan import (
     FAULT_KINDS,
     ISSUE14_FEATURES,
     PASSING_FEATURES,
+    PLAIN_FEATURES,
     WIDE_FEATURES,
     draw_plan,
 )
@@ -1326,6 +1327,45 @@ def test_a_result_over_the_item_limit_fails_its_job_naming_the_limit() -> None:
     failed = [e for e in _events_of(r, "job_failed") if e["error_code"] == "result_too_large"]
     assert failed and "item limit" in failed[0]["reason"]
     assert not [e for e in _events_of(r, "ownership_unknown") if "Validation" in str(e)]
+
+
+# Issue 14 item 3's world: handlers that also make fenced calls of their own, without an
+# intent (``ctx.fence_headers(key)``), under keys stable across attempts. Drawn from a
+# fourth stream (``plain-SEED``), so no earlier schedule moved; not in PASSING_FEATURES.
+
+
+def test_plain_calls_leave_the_schedules_of_the_others_alone() -> None:
+    plain = frozenset(PLAIN_FEATURES)
+    for s in range(60):
+        full = draw_plan(Chaos(s))
+        masked = draw_plan(Chaos(s), features=frozenset(WIDE_FEATURES) - plain)
+        assert full.wide.features - plain == masked.wide.features
+        if not full.wide.features & plain:
+            assert full == masked, s
+        else:
+            assert [s for jp in full.job_plans for s in jp.steps if s.kind != "plain"] == [
+                s for jp in masked.job_plans for s in jp.steps
+            ]
+    assert any(draw_plan(Chaos(s)).wide.features & plain for s in range(20))
+
+
+def test_an_older_owner_s_plain_fenced_call_after_a_newer_owner_s_replay_is_refused() -> None:
+    # Seed 33: w1 (token 1) calls plain:job-005:call0, is dropped by the watchdog in a
+    # long step; w2 (token 2) repeats call0 and gets the stored answer replayed; then
+    # w1, not yet told, sends its next key, call2. The replay raised the job's mark, so
+    # the target refuses it (412) and w1's attempt is abandoned (LeaseLost). With the
+    # mark raised on applied effects only (fence_mark_on_success_only) it is let through.
+    r = _issue14(33, "plain_calls")
+    assert r.ok, _verdict(r, 33, *PASSING_FEATURES, "plain_calls")
+    plain = [e for e in _events_of(r, "effect") if e["key"].startswith("plain:job-005:")]
+    replay = next(i for i, e in enumerate(plain) if e["replayed"] and e["token"] == 2)
+    stale = plain[replay + 1]
+    assert (stale["token"], stale["status"], stale["key"]) == (1, 412, "plain:job-005:call2")
+    assert [
+        e
+        for e in _events_of(r, "job_abandoned")
+        if e["job_id"] == "job-005" and e["token"] == 1 and e["error_code"] == "LeaseLost"
+    ]
 
 
 def test_soak_seed_206454_a_confirm_is_retried_through_an_unanswered_heartbeat() -> None:

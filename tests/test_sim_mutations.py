@@ -46,7 +46,10 @@ The rest of issues 7 and 14:
 - ``resolve_in_two_writes`` (issue 14 item 6, ``operator_races``): an operator's
   resolution settles the intent and unparks the job in two writes;
 - ``shared_request_tokens`` (issue 14 item 7): intent start and confirm request
-  tokens leave out the owner (token, start, reconciling), so two owners share one.
+  tokens leave out the owner (token, start, reconciling), so two owners share one;
+- ``fence_mark_on_success_only`` (issue 14 item 3, a variant of the targets,
+  ``plain_calls``): a job's mark rises only when an effect applies, so after a newer
+  owner's replay or 422 an older owner's next plain fenced call is let through.
 
 They run in the world of ``plan.PASSING_FEATURES`` (the widened features whose
 defects are fixed), plus the features ``mutations.WORLDS`` names for a mutation.
@@ -60,6 +63,7 @@ from sqs_lease._sim import run_seed
 from sqs_lease._sim.chaos import Chaos
 from sqs_lease._sim.cli import replay_command
 from sqs_lease._sim.invariants import (
+    I1,
     I2,
     I3,
     I5,
@@ -103,6 +107,7 @@ EXPECTED = {
     "intent_write_unchecked": I15,  # issue 7 item 13
     "resolve_in_two_writes": I16,  # issue 14 item 6, in the operator_races world
     "shared_request_tokens": I17,  # issue 14 item 7
+    "fence_mark_on_success_only": I1,  # issue 14 item 3, in the plain_calls world
 }
 
 _correct: dict[tuple[int, frozenset[str]], bool] = {}

@@ -39,7 +39,10 @@ ISSUE14_FEATURES = (
     "unreadable_records",  # an outside writer gives a job record an unknown state a while
     "oversize",  # one job's result breaks DynamoDB's 400 KB item limit
 )
-WIDE_FEATURES = ISSUE7_FEATURES + ISSUE14_FEATURES
+# Fenced calls a handler makes without an intent (issue 14 item 3), drawn from a fourth
+# stream (``plain-SEED``) after everything else.
+PLAIN_FEATURES = ("plain_calls",)
+WIDE_FEATURES = ISSUE7_FEATURES + ISSUE14_FEATURES + PLAIN_FEATURES
 
 PASSING_FEATURES: frozenset[str] = frozenset({"shared_keys", "cut_responses", "txn_transient"})
 """The widened features the fixed-seed tests and the mutation check run with: those
@@ -65,7 +68,7 @@ SWEEP_LIMIT = 25
 
 @dataclass(frozen=True)
 class Step:
-    kind: str  # work | effect
+    kind: str  # work | effect | plain (a fenced call without an intent: plain_calls)
     seconds: float = 0.0
     action: str = ""
     # widened world (shared_keys): a business intent key shared with other jobs, the
@@ -74,6 +77,9 @@ class Step:
     target: str = ""
     resource: str = ""
     amount: int = 0
+    # plain_calls: the call's body names the attempt, so a later attempt's repeat of
+    # the key is refused 422 (the key was used with another body) instead of replayed
+    per_attempt: bool = False
 
 
 @dataclass(frozen=True)
@@ -265,6 +271,7 @@ def draw_plan(
     _widen(c, plan, calm, allowed)
     _widen14(c, plan, calm, allowed)
     _dense(plan)
+    _plain(c, plan, allowed)
     _sweep(plan)
     return plan
 
@@ -297,6 +304,43 @@ def _dense(plan: RunPlan) -> None:
         steps[-1:-1] = [ledger]  # before the last work step
         jobs.append(replace(jp, steps=tuple(steps)))
     plan.job_plans = jobs
+
+
+def _plain(c: Chaos, plan: RunPlan, allowed: frozenset[str]) -> None:
+    """plain_calls (issue 14 item 3): handlers that also make fenced calls of their own,
+    without an intent (``ctx.fence_headers(key)`` on their own HTTP request).
+
+    About 3 jobs in 5 get, after each work step (7 in 10), a call to the keyed target
+    under a key of their own that is stable across attempts (``plain:JOB:callN``): a
+    later attempt repeating it gets the stored answer replayed, or, for 1 job in 5 whose
+    body names the attempt, 422 (the key was used with another body). Nothing but the
+    fence stops an older owner that has not yet learnt of a takeover from sending its
+    *next* key: the target refuses it (412) only if the newer owner's replay or 422
+    raised the job's mark. Drawn from its own stream (``plain-SEED``), whatever is
+    allowed, so no other run's schedule, nor any other feature's draw, moved.
+    """
+    r = random.Random(f"plain-{plan.seed}")
+    on = r.random() < 0.3
+    picks = [
+        (r.random() < 0.6, r.random() < 0.2, [r.random() < 0.7 for _ in jp.steps])
+        for jp in plan.job_plans
+    ]
+    if not on or "plain_calls" not in allowed:
+        return
+    c.count("world_plain_calls")
+    jobs = []
+    for jp, (chosen, per_attempt, after) in zip(plan.job_plans, picks, strict=True):
+        if not chosen:
+            jobs.append(jp)
+            continue
+        steps: list[Step] = []
+        for i, step in enumerate(jp.steps):
+            steps.append(step)
+            if step.kind == "work" and after[i]:
+                steps.append(Step("plain", action=f"call{i}", per_attempt=per_attempt))
+        jobs.append(replace(jp, steps=tuple(steps)))
+    plan.job_plans = jobs
+    plan.wide = replace(plan.wide, features=plan.wide.features | {"plain_calls"})
 
 
 def _sweep(plan: RunPlan) -> None:

@@ -28,7 +28,13 @@ from .._core.intents import EffectResult, EffectSpec, default_key
 from .._core.leasebook import Flag, Held, LeaseBook
 from .._core.limits import ITEM_LIMIT
 from .._core.timing import EFFECT_MARGIN, OPEN, LocalLease, Stop
-from .._errors import PermanentError, ToolOutcomeUnknown, TransientError
+from .._errors import (
+    LeaseLost,
+    PermanentError,
+    ToolNotApplied,
+    ToolOutcomeUnknown,
+    TransientError,
+)
 from .._jobs import JobClass, canonical_json, payload_hash
 from .invariants import Origin
 from .plan import Step
@@ -334,6 +340,8 @@ class SimWorker(Actor):
                     held.lease.last_progress = self.mono()  # ctx.progress()
                     if held.cancelled.is_set():
                         held.lease.check(self.mono())  # ctx.wait(): raises once told to stop
+            elif step.kind == "plain":
+                yield from self._plain_call(claim, step)
             else:
                 yield from self._effect(held, claim, step, plan.target, origin)
         if r < plan.p_unknown:
@@ -346,6 +354,40 @@ class SimWorker(Actor):
         if plan.result_bytes:  # oversize: a result over DynamoDB's item limit
             result["blob"] = "x" * plan.result_bytes
         return result
+
+    def _plain_call(self, claim: Claimed, step: Step) -> SimGen[None]:
+        """plain_calls: a fenced call the handler makes without an intent, as a user's
+        own HTTP request with ``ctx.fence_headers(key)`` (the job's scope and token) to
+        a keyed receiver, under a key stable across attempts. No intent, no DynamoDB:
+        the receiver's fence is all that stops an older owner. Its answer, as a
+        handler would read it: 2xx or a replay, done; 422 (the key was used with
+        another body), done before; 412, this attempt is stale (``LeaseLost``, the
+        attempt is abandoned); anything else, a transient error (the attempt is retried
+        and repeats the key)."""
+        job_id = claim.job.job_id
+        key = f"plain:{job_id}:{step.action}"
+        body: dict[str, Any] = {"job": job_id, "action": step.action}
+        if step.per_attempt:
+            body["attempt"] = claim.attempt
+        call = SimTool(
+            "keyed",
+            key,
+            f"keyed:{job_id}",
+            job_id,
+            claim.token,
+            payload_hash(canonical_json(body)),
+            self.id,
+            self.world.plan.tool_http_timeout,
+        )
+        out = yield RemoteOp(call)
+        if isinstance(out, Ok):
+            return
+        exc = out.exc
+        if isinstance(exc, LeaseLost):
+            raise exc
+        if isinstance(exc, ToolNotApplied) and exc.code == "http_422":
+            return
+        raise TransientError(f"plain call {step.action}: {out.code}", code="plain_call")
 
     def _effect(
         self, held: Held, claim: Claimed, step: Step, target: str, origin: Origin

@@ -653,6 +653,7 @@ class World:
     def _remote_apply(self, p: _Pending, r: Remote, t0: float, timeout: float) -> None:
         actor = p.task.actor
         out: Outcome
+        self.checker.now = self.now  # the fence tells the checker what it admits (I1)
         if isinstance(r, SimTool):
             reply = self.receivers.apply(
                 r.target,
