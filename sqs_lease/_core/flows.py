@@ -24,6 +24,7 @@ from .._errors import (
 from .calls import Call, Emit, Err, ErrorKind, Flow, Ok, Outcome, Sleep, call, emit, sqs_code_is
 from .limits import REASON_LIMIT, bounded, result_problem
 from .records import UNDELIVERED_CODE, GroupRequests, JobRequests, JobState, JobView
+from .timeline import trim_count
 from .timing import OPEN, LeaseStatus, LocalLease
 
 SQS_BATCH = 10
@@ -704,6 +705,10 @@ def claim_flow(
     cmv = yield from _set_visibility(queue_url, d.receipt_handle, lease_seconds)
     if isinstance(cmv, Ok):
         deadline = cmv.sent_at + lease_seconds
+    drop = trim_count(old.timeline_length + 1)
+    if drop:
+        # Advisory: a trim that fails leaves a longer timeline, nothing else.
+        yield from call(req.trim_timeline(d.job_id, token, drop))
     yield from emit(
         "job_claimed",
         job_id=d.job_id,

@@ -51,6 +51,7 @@ class JobView:
     unsent_since: float | None = None  # wall time; set while no message is known sent
     granted_attempts: int = 0  # attempts an operator granted beyond max_attempts
     group: str | None = None  # the agent session (or run) the producer put it in
+    timeline_length: int = 0  # events on the record's timeline (where the item was read)
 
 
 class JobRequests(Protocol):
@@ -151,6 +152,10 @@ class JobRequests(Protocol):
         reason: str,
         wall_now: float,
     ) -> Call: ...
+
+    def trim_timeline(self, job_id: str, token: int, drop: int) -> Call:
+        """Drop the ``drop`` oldest timeline events (fenced on the token)."""
+        ...
 
     def advise(
         self, job_id: str, token: int, worker_id: str, wall_now: float, lease_seconds: int
