@@ -125,6 +125,11 @@ class JobRecord(Model):
     # Ownership events (compact JSON each, _core/timeline.py), appended by the write
     # that makes the change; bounded (TIMELINE_LIMIT). For people; no decision reads it.
     timeline = ListAttribute(of=UnicodeAttribute, null=True)
+    # The last progress details a handler reported (JSON, PROGRESS_LIMIT), the token
+    # that saved them and when: a resume hint for the next owner, fenced like a commit.
+    progress = UnicodeAttribute(null=True)
+    progress_token = NumberAttribute(null=True)
+    progress_at = NumberAttribute(null=True)
 
     unsent_index = UnsentIndex()
     group_index = GroupIndex()
@@ -592,6 +597,17 @@ class JobTable:
             returns="ALL_OLD",
         )
 
+    def save_progress(self, job_id: str, token: int, details_json: str, wall_now: float) -> Call:
+        return self._update(
+            job_id,
+            _mine(token, ""),
+            [
+                R.progress.set(details_json),
+                R.progress_token.set(token),
+                R.progress_at.set(wall_now),
+            ],
+        )
+
     def trim_timeline(self, job_id: str, token: int, drop: int) -> Call:
         # The one write the timeline adds (once per TIMELINE_TRIM events): fenced,
         # so only the owner that read the length trims, and only once.
@@ -794,6 +810,7 @@ def view_of(item: Mapping[str, Any]) -> JobView:
             granted_attempts=n("granted_attempts"),
             group=s("group_id"),
             timeline_length=len((item.get("timeline") or {}).get("L") or ()),
+            progress_json=s("progress"),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         detail = f"{type(exc).__name__}: {exc}"[:300]

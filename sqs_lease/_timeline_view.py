@@ -38,6 +38,7 @@ _MARK = {
     TimelineKind.RESOLVED: "▶",
     TimelineKind.LEASE_LOST: "x",
     TimelineKind.OWNERSHIP_UNKNOWN: "?",
+    TimelineKind.LEASE_DROPPED: "x",
 }
 _COLOUR = {
     TimelineKind.CLAIMED: "#1f6feb",
@@ -46,6 +47,7 @@ _COLOUR = {
     TimelineKind.FAILED: "#cf222e",
     TimelineKind.LEASE_LOST: "#cf222e",
     TimelineKind.OWNERSHIP_UNKNOWN: "#bf8700",
+    TimelineKind.LEASE_DROPPED: "#cf222e",
     TimelineKind.PARKED: "#bf8700",
     TimelineKind.UNDELIVERABLE: "#bf8700",
 }
@@ -57,6 +59,7 @@ _ENDS_HOLD = frozenset(
         TimelineKind.FAILED,
         TimelineKind.RELEASED,
         TimelineKind.LEASE_LOST,
+        TimelineKind.LEASE_DROPPED,
     }
 )
 
@@ -159,6 +162,7 @@ def describe(ev: TimelineEvent, previous_owner: str | None = None) -> str:
         TimelineKind.RESOLVED: "resolved by an operator",
         TimelineKind.LEASE_LOST: "lease lost",
         TimelineKind.OWNERSHIP_UNKNOWN: "ownership unknown",
+        TimelineKind.LEASE_DROPPED: "let the lease go",
     }[kind]
     if kind is TimelineKind.CLAIMED and previous_owner:
         text += f" (took over from {previous_owner})"
@@ -314,7 +318,12 @@ def _bar(x0: float, x1: float, y: int, *, lost: bool) -> str:
 
 
 def _glyph(kind: TimelineKind, x: int, y: int, colour: str) -> str:
-    if kind in (TimelineKind.REFUSED, TimelineKind.FAILED, TimelineKind.LEASE_LOST):
+    if kind in (
+        TimelineKind.REFUSED,
+        TimelineKind.FAILED,
+        TimelineKind.LEASE_LOST,
+        TimelineKind.LEASE_DROPPED,
+    ):
         return (
             f'<path d="M{x - 7},{y - 7} L{x + 7},{y + 7} M{x + 7},{y - 7} L{x - 7},{y + 7}" '
             f'stroke="{colour}" stroke-width="3"/>'

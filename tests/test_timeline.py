@@ -25,7 +25,9 @@ from worker_helpers import (
 )
 
 from sqs_lease import App, JobContext, Producer, Worker
+from sqs_lease._core.limits import TIMELINE_ROOM
 from sqs_lease._core.timeline import (
+    EVENT_BYTES,
     TIMELINE_LIMIT,
     TimelineEvent,
     TimelineKind,
@@ -68,6 +70,14 @@ def test_a_stored_event_survives_encoding_and_an_unknown_kind_is_skipped() -> No
     assert back is not None and (back.kind, back.owner, back.token) == (K.RETRY, "w", 3)
     assert back.detail is not None and len(back.detail) == 120
     assert decode('{"k":"from_the_future","at":1}') is None
+
+
+def test_the_longest_event_fits_the_room_the_record_keeps_for_the_timeline() -> None:
+    widest = TimelineEvent(
+        K.REFUSED, 1e12, owner="ü" * 500, token=10**15, detail="€" * 500, stage="ß" * 500
+    )
+    assert len(widest.encode().encode("utf-8")) <= EVENT_BYTES
+    assert TIMELINE_LIMIT * EVENT_BYTES <= TIMELINE_ROOM
 
 
 def test_the_timeline_is_trimmed_only_once_it_reaches_its_limit() -> None:

@@ -41,6 +41,12 @@ TIMELINE_TRIM = 16
 DETAIL_LIMIT = 120
 """Characters of an event's detail (a reason, an error code) kept on the record."""
 
+OWNER_LIMIT = 64
+"""Characters of a worker id kept in an event."""
+
+EVENT_BYTES = 1024
+"""The most UTF-8 bytes one stored event takes (limits.TIMELINE_ROOM counts on it)."""
+
 
 class TimelineKind(StrEnum):
     """What happened to the job's ownership (stable names, stored on the record)."""
@@ -60,6 +66,7 @@ class TimelineKind(StrEnum):
     # From a worker's journal, never stored on the record (see the module's doc).
     LEASE_LOST = "lease_lost"
     OWNERSHIP_UNKNOWN = "ownership_unknown"
+    LEASE_DROPPED = "lease_dropped"  # the worker let the message go (deadline, watchdog)
 
     @property
     def moves_token(self) -> bool:
@@ -84,14 +91,14 @@ class TimelineEvent:
         """The compact JSON text stored in the record's ``timeline`` list."""
         out: dict[str, Any] = {"k": self.kind.value, "at": round(self.at, 3)}
         if self.owner is not None:
-            out["o"] = self.owner
+            out["o"] = self.owner[:OWNER_LIMIT]
         if self.token is not None:
             out["t"] = self.token
         if self.detail:
             out["d"] = self.detail[:DETAIL_LIMIT]
         if self.stage:
-            out["s"] = self.stage
-        return json.dumps(out, separators=(",", ":"), sort_keys=True)
+            out["s"] = self.stage[:OWNER_LIMIT]
+        return json.dumps(out, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
 def decode(text: str) -> TimelineEvent | None:
@@ -164,6 +171,8 @@ def from_record(stored: Iterable[str], current_token: int) -> list[TimelineEvent
 _JOURNAL_KINDS = {
     "heartbeat_lost": TimelineKind.LEASE_LOST,
     "ownership_unknown": TimelineKind.OWNERSHIP_UNKNOWN,
+    "lease_dropped": TimelineKind.LEASE_DROPPED,
+    "result_rejected": TimelineKind.REFUSED,
 }
 
 
@@ -171,12 +180,15 @@ def from_journal(
     job_id: str, lines: Iterable[Mapping[str, Any]], owner: str | None = None
 ) -> list[TimelineEvent]:
     """A worker's journal events about one job that the record cannot hold (lease
-    lost, ownership unknown), as timeline events (``source="journal"``)."""
+    lost, ownership unknown, a lease let go, a refused retry, park or fail write), as
+    timeline events (``source="journal"``)."""
     out: list[TimelineEvent] = []
     for line in lines:
         kind = _JOURNAL_KINDS.get(str(line.get("event")))
         if kind is None or line.get("job_id") != job_id:
             continue
+        if kind is TimelineKind.REFUSED and line.get("stage") == "commit":
+            continue  # the record holds it already (see the module's doc)
         at = line.get("ts")
         token = line.get("token")
         reason = line.get("reason")
