@@ -31,6 +31,7 @@ from examples.receiver_service import create_ledger_table, serve  # noqa: E402
 from sqs_lease import Producer, Settings, create_queue, create_tables  # noqa: E402
 from sqs_lease._local import spawn_local_server, stop_local_server  # noqa: E402
 from sqs_lease.receiver import create_receiver_tables  # noqa: E402
+from sqs_lease.testing import read_journal  # noqa: E402
 
 PREFIX = "demo"
 WORK = ROOT / ".demo"
@@ -42,15 +43,7 @@ def say(text: str) -> None:
 
 
 def events(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(ev, dict) and "event" in ev:
-            out.append(ev)
-    return out
+    return read_journal(path)
 
 
 def start_worker(name: str, endpoint: str, receiver: str) -> tuple[subprocess.Popen[bytes], Path]:

@@ -7,12 +7,10 @@ decides nothing.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
-from pathlib import Path
 from typing import Any
 
 from ._core.timeline import TimelineEvent, TimelineKind, from_journal, from_record, merged
@@ -109,20 +107,6 @@ class Timeline:
 
 def lane_of(ev: TimelineEvent) -> str:
     return ev.owner or RECORD_LANE
-
-
-def read_journal_lines(paths: Iterable[Path]) -> list[Mapping[str, Any]]:
-    """JSON journal lines from files (other lines skipped)."""
-    out: list[Mapping[str, Any]] = []
-    for path in paths:
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(ev, dict) and "event" in ev:
-                out.append(ev)
-    return out
 
 
 def timeline_of(

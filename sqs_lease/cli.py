@@ -61,7 +61,7 @@ from ._errors import (
     ResourceMissing,
     SqsLeaseError,
 )
-from ._journal import Journal, configure_stderr
+from ._journal import Journal, configure_stderr, read_journal
 from ._local import LocalAws
 from ._producer import Producer, new_send_id
 from ._resources import (
@@ -72,7 +72,7 @@ from ._resources import (
     queue_url,
 )
 from ._schema import AttemptRecord, IntentRecord, IntentTable, JobRecord, JobTable, record_of
-from ._timeline_view import read_journal_lines, render_html, render_text, timeline_of
+from ._timeline_view import render_html, render_text, timeline_of
 from ._worker import load_app
 
 __all__ = ["cli", "main"]
@@ -766,7 +766,7 @@ def jobs_timeline(
     ).get("Item")
     if not item:
         _fail(f"no job {job_id!r}", EXIT_NOT_FOUND)
-    tl = timeline_of(item, read_journal_lines(journals))
+    tl = timeline_of(item, read_journal(*journals))
     if html_path is not None:
         html_path.write_text(render_html(tl), encoding="utf-8")
         note(f"wrote {html_path}")

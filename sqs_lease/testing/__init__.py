@@ -25,6 +25,7 @@ What the kit offers:
   reconciliation.
 - Assertions: :func:`assert_no_effect_applied_twice`,
   :func:`assert_every_job_terminal_or_parked`.
+- :func:`read_journal`: the events of journal files (a worker's stderr).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from .._core.flows import message_body
 from .._core.intents import CheckAnswer, IntentView, Verdict
 from .._core.records import JobState, JobView
 from .._jobs import App, EffectCall
+from .._journal import read_journal
 from .._local import local_credentials_env, spawn_local_server, stop_local_server
 from .._producer import Producer
 from .._resources import create_queue, create_tables
@@ -65,6 +67,7 @@ __all__ = [
     "assert_no_effect_applied_twice",
     "emulator",
     "make_env",
+    "read_journal",
 ]
 
 
