@@ -121,3 +121,30 @@ def test_the_assertions_fail_on_a_duplicate_and_on_an_open_job(
         assert "queued" in str(exc)
     else:  # pragma: no cover
         raise AssertionError("an open job went unnoticed")
+
+
+def test_a_worker_whose_clock_is_moved_past_its_lease_lets_the_job_go(
+    lease_env: LeaseEnv,
+) -> None:
+    from sqs_lease.testing import ShiftedClock
+
+    app = App()
+    claimed = threading.Event()
+
+    @app.job("hold", payload=Charge, **LEASE)
+    def hold(ctx: JobContext[Any], p: Charge) -> dict[str, int]:
+        if ctx.token == 1:
+            claimed.set()
+            while True:
+                ctx.wait(0.1)  # raises once the worker lets the lease go
+        return {"token": ctx.token}
+
+    job_id = lease_env.submit(app, "hold", Charge(invoice="INV-4", amount=1))
+    worker = lease_env.worker(app, "W")
+    clock = ShiftedClock().install(worker)
+    with lease_env.running(worker):
+        lease_env.wait_for(claimed.is_set, what="the first claim")
+        clock.advance(60)  # the worker's own timers: far past its 3 s lease
+        lease_env.wait_until_final(job_id)
+    record = lease_env.record(job_id)
+    assert (record.state.value, record.token) == ("succeeded", 2)
