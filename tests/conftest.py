@@ -131,7 +131,7 @@ def _fast_gc_for_simulations(request: pytest.FixtureRequest) -> Iterator[None]:
     if not request.module.__name__.startswith("test_sim"):
         yield
         return
-    from sqs_lease._sim.cli import tuned_gc
+    from simtools.cli import tuned_gc
 
     with tuned_gc():
         yield
