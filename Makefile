@@ -31,7 +31,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10
 
 soak: $(STAMP)
-	$(BIN)/python -m sqs_lease._sim soak --seeds 100000
+	$(BIN)/python -m simtools soak --seeds 100000
 
 chaos: $(STAMP)
 	$(BIN)/python benchmarks/chaos.py

@@ -91,6 +91,7 @@ from sqs_lease._local import (  # noqa: E402
     spawn_local_server,
     stop_local_server,
 )
+from sqs_lease.testing import read_journal  # noqa: E402
 
 Event = dict[str, Any]
 TERMINAL = ("succeeded", "failed", "parked")
@@ -225,17 +226,7 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
 
 def read_events(path: Path) -> list[Event]:
     """JSON journal lines of one file (a SIGKILLed process may leave half a line)."""
-    out: list[Event] = []
-    if not path.exists():
-        return out
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(ev, dict) and "event" in ev:
-            out.append(ev)
-    return out
+    return read_journal(path)
 
 
 class Slot:

@@ -4,7 +4,8 @@ Starts a moto server on 127.0.0.1 (its own process), creates the queue and
 tables, starts the fenced payment receiver, submits a mixed workload (three
 job classes with different leases), runs two worker processes, freezes one of
 them (SIGSTOP) in the middle of a payment call so the other takes over, thaws
-it, and prints a summary. Exits non-zero if any effect was duplicated, any job
+it, and prints a summary and the timeline of a job that was taken over
+(``sqs-lease jobs timeline``). Exits non-zero if any effect was duplicated, any job
 was lost, or no takeover happened.
 """
 
@@ -30,6 +31,7 @@ from examples.receiver_service import create_ledger_table, serve  # noqa: E402
 from sqs_lease import Producer, Settings, create_queue, create_tables  # noqa: E402
 from sqs_lease._local import spawn_local_server, stop_local_server  # noqa: E402
 from sqs_lease.receiver import create_receiver_tables  # noqa: E402
+from sqs_lease.testing import read_journal  # noqa: E402
 
 PREFIX = "demo"
 WORK = ROOT / ".demo"
@@ -41,15 +43,7 @@ def say(text: str) -> None:
 
 
 def events(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(ev, dict) and "event" in ev:
-            out.append(ev)
-    return out
+    return read_journal(path)
 
 
 def start_worker(name: str, endpoint: str, receiver: str) -> tuple[subprocess.Popen[bytes], Path]:
@@ -299,6 +293,22 @@ def main() -> int:
             and resolved >= 1
             and by_state.get("parked", 0) == 0
         )
+        # A job another worker took over; one whose late commit was refused first.
+        refused = {e["job_id"] for e in journal if e["event"] == "result_rejected"}
+        taken = sorted(
+            {
+                e["job_id"]
+                for e in journal
+                if e["event"] == "job_reclaimed" and e.get("previous_owner") != e.get("worker")
+            },
+            key=lambda job_id: (job_id not in refused, job_id),
+        )
+        if taken:
+            page = WORK / "timeline.html"
+            logs = [arg for _, log in workers for arg in ("--journal", str(log))]
+            say("")
+            say(f"timeline of {taken[0]}, a job taken over (page: {page})")
+            say(cli(endpoint, "jobs", "timeline", taken[0], "--html", str(page), *logs).rstrip())
         say("demo: OK" if ok else "demo: FAILED")
         return 0 if ok else 1
     finally:

@@ -21,6 +21,7 @@ from ._core.intents import (
     ToolResult,
     Verdict,
 )
+from ._core.limits import PROGRESS_LIMIT
 from ._core.records import JobState, JobView
 from ._errors import (
     AttemptTimedOut,
@@ -44,6 +45,7 @@ from ._errors import (
     OwnershipUnknown,
     PayloadError,
     PermanentError,
+    ProgressTooLarge,
     RecordUnreadable,
     ResourceMissing,
     SqsLeaseError,
@@ -61,6 +63,7 @@ from ._shell import WorkerStats
 from ._worker import Worker, load_app
 
 __all__ = [
+    "PROGRESS_LIMIT",
     "App",
     "AsyncDriver",
     "AsyncJobContext",
@@ -99,6 +102,7 @@ __all__ = [
     "PayloadError",
     "PermanentError",
     "Producer",
+    "ProgressTooLarge",
     "RecordUnreadable",
     "Resolution",
     "ResourceMissing",

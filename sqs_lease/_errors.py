@@ -7,6 +7,7 @@
     │   └── JobClassError             a job class breaks the lease timing rules
     ├── PayloadError                  a payload fails its job class's model
     ├── LimitExceeded                 a value breaks a DynamoDB size limit (named)
+    │   └── ProgressTooLarge          ctx.progress(details) over PROGRESS_LIMIT (also a ValueError)
     ├── RecordUnreadable              a stored record this version cannot read
     ├── SubmitConflict                same job id submitted with another payload
     ├── GroupCancelled                a submit to a group (agent session) that was cancelled
@@ -60,6 +61,11 @@ class PayloadError(SqsLeaseError):
 
 class LimitExceeded(SqsLeaseError):
     """A value the toolkit would store breaks a DynamoDB limit; the message names it."""
+
+
+class ProgressTooLarge(LimitExceeded, ValueError):
+    """``ctx.progress(details)`` got details whose JSON is over ``PROGRESS_LIMIT``
+    bytes: keep a resume hint small (a cursor, a page number), not the work itself."""
 
 
 class RecordUnreadable(SqsLeaseError):

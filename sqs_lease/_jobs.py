@@ -24,7 +24,7 @@ from ._core.intents import (
     SuccessMeaning,
 )
 from ._core.intents import default_key as _default_key
-from ._core.limits import check_intent
+from ._core.limits import check_intent, progress_text
 from ._core.timing import EFFECT_MARGIN, LocalLease, check_timing
 from ._errors import ConfigError, JobClassError, LeaseError, PayloadError
 from ._fence import fence_headers
@@ -280,8 +280,14 @@ class _ContextBase(Generic[P]):
         journal: Journal,
         targets: Mapping[str, Target] | None = None,
         stage: str = "main",
+        last_progress: Any = None,
     ) -> None:
         self._targets = dict(targets or {})
+        self.last_progress: Any = last_progress
+        """The progress details the job's previous owner last saved (``ctx.progress``),
+        or None: where a taken-over or retried attempt may resume. A hint only: an
+        effect already applied is known from its intent, a finished stage from its
+        checkpoint, never from this."""
         self.stage = stage
         self.job_id = job_id
         self.job_class = job_class
@@ -319,10 +325,24 @@ class _ContextBase(Generic[P]):
             error = LeaseError(f"job {self.job_id} token {self.token}: the attempt was stopped")
         raise error
 
-    def progress(self) -> None:
-        """Tell the watchdog the handler is making progress (resets the no-progress timeout)."""
+    def progress(self, details: Any = None) -> None:
+        """Tell the watchdog the handler is making progress (resets the no-progress timeout).
+
+        With ``details`` (any JSON value, at most ``PROGRESS_LIMIT`` = 2048 bytes as
+        JSON, else :class:`~sqs_lease.ProgressTooLarge`), they are also kept on the job
+        record by the next heartbeat, conditional on this attempt's token (a stale
+        attempt's details are refused), only when they changed, at most one write per
+        heartbeat; calling this often costs nothing more. A later owner of the job
+        (after a takeover or a retry) finds the last saved details in
+        ``ctx.last_progress``: a resume hint, e.g. ``{"pages_done": 500, "cursor":
+        "X"}``. Details reported after the last heartbeat of an attempt may not be
+        saved; the ones saved may lag the work by up to a heartbeat.
+        """
+        text = None if details is None else progress_text(details)
         with self._lock:
             self._lease.last_progress = self._clock()
+            if text is not None:
+                self._lease.progress = text
 
     @property
     def lease_left(self) -> float:

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 LOGGER_NAME = "sqs_lease.journal"
@@ -85,6 +87,25 @@ class JsonLineFormatter(logging.Formatter):
         if record.name == LOGGER_NAME:
             return msg
         return json.dumps({"log": msg, "level": record.levelname, "logger": record.name})
+
+
+def read_journal(*paths: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The journal events (JSON objects with an ``event``) of files written by the
+    JSON formatter, in file order. Other lines, a half line a killed process left,
+    and missing files are skipped."""
+    out: list[dict[str, Any]] = []
+    for path in paths:
+        p = Path(path)
+        if not p.exists():
+            continue
+        for line in p.read_text(errors="replace").splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and "event" in ev:
+                out.append(ev)
+    return out
 
 
 def configure_stderr(level: int = logging.INFO) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from pynamodb.attributes import (
     BooleanAttribute,
+    ListAttribute,
     NumberAttribute,
     UnicodeAttribute,
 )
@@ -33,6 +34,8 @@ from ._core.intents import (
     successor_key,
 )
 from ._core.records import UNDELIVERED_CODE, GroupView, JobRequests, JobState, JobView
+from ._core.timeline import TimelineKind as TK
+from ._core.timeline import event
 from ._errors import RecordUnreadable
 
 UNSENT_INDEX = "unsent"
@@ -119,6 +122,14 @@ class JobRecord(Model):
     rejected_result = UnicodeAttribute(null=True)
     # The agent session (or run) the producer submitted it in; never from a payload.
     group_id = UnicodeAttribute(null=True)
+    # Ownership events (compact JSON each, _core/timeline.py), appended by the write
+    # that makes the change; bounded (TIMELINE_LIMIT). For people; no decision reads it.
+    timeline = ListAttribute(of=UnicodeAttribute, null=True)
+    # The last progress details a handler reported (JSON, PROGRESS_LIMIT), the token
+    # that saved them and when: a resume hint for the next owner, fenced like a commit.
+    progress = UnicodeAttribute(null=True)
+    progress_token = NumberAttribute(null=True)
+    progress_at = NumberAttribute(null=True)
 
     unsent_index = UnsentIndex()
     group_index = GroupIndex()
@@ -180,6 +191,12 @@ def _key(job_id: str) -> dict[str, Any]:
 
 R = JobRecord
 _RUNNING = JobState.RUNNING.value
+
+
+def _log(text: str) -> Action:
+    # Appended in the write that makes the change, so the timeline costs no request.
+    # if_not_exists: records written before the timeline existed start one here.
+    return R.timeline.set((R.timeline | []).append([text]))
 
 
 def _mine(token: int, worker_id: str) -> Condition:
@@ -297,6 +314,7 @@ class JobTable:
             created_at=wall_now,
             updated_at=wall_now,
             group_id=group,
+            timeline=[event(TK.SUBMITTED, wall_now)],
         )
         params: dict[str, Any] = {
             "TableName": self.table,
@@ -393,6 +411,9 @@ class JobTable:
                 R.last_heartbeat.set(wall_now),
                 # A delivered message was sent, whatever its sender got to record.
                 *_SENT,
+                # DynamoDB computes the new token here: the event cannot hold it
+                # (timeline.with_tokens numbers it from the record's token).
+                _log(event(TK.CLAIMED, wall_now, owner=worker_id)),
             ],
             returns="ALL_OLD",
         )
@@ -430,6 +451,7 @@ class JobTable:
                 R.lease_deadline.remove(),
                 R.reason.remove(),
                 R.error_code.remove(),
+                _log(event(TK.COMMITTED, wall_now, owner=worker_id, token=token)),
             ],
         )
 
@@ -452,6 +474,7 @@ class JobTable:
                 R.updated_at.set(wall_now),
                 R.finished_at.set(wall_now),
                 R.lease_deadline.remove(),
+                _log(event(TK.FAILED, wall_now, owner=worker_id, token=token, detail=error_code)),
             ],
         )
 
@@ -468,6 +491,7 @@ class JobTable:
                 R.error_code.set(error_code),
                 R.updated_at.set(wall_now),
                 R.lease_deadline.remove(),
+                _log(event(TK.RETRY, wall_now, owner=worker_id, token=token, detail=error_code)),
             ],
         )
 
@@ -486,6 +510,7 @@ class JobTable:
                 R.error_code.set("released"),
                 R.updated_at.set(wall_now),
                 R.lease_deadline.remove(),
+                _log(event(TK.RELEASED, wall_now, owner=worker_id, token=token, detail=reason)),
             ],
         )
 
@@ -499,6 +524,7 @@ class JobTable:
                 R.error_code.set("parked"),
                 R.updated_at.set(wall_now),
                 R.lease_deadline.remove(),
+                _log(event(TK.PARKED, wall_now, owner=worker_id, token=token, detail=reason)),
             ],
         )
 
@@ -522,6 +548,9 @@ class JobTable:
             R.rejected_at.set(wall_now),
             R.rejected_hash.set(hashlib.sha256(data).hexdigest()),
             R.rejected_size.set(len(data)),
+            # The refused commit could not append (its condition failed): this write,
+            # sent after the refusal anyway, carries its event.
+            _log(event(TK.REFUSED, wall_now, owner=worker_id, token=token, stage="commit")),
         ]
         if keep_content:
             actions.append(R.rejected_result.set(_clip(result_json, REJECTED_CONTENT_LIMIT)))
@@ -563,9 +592,26 @@ class JobTable:
                 R.error_code.set(UNDELIVERED_CODE),
                 R.updated_at.set(wall_now),
                 R.lease_deadline.remove(),
+                _log(event(TK.UNDELIVERABLE, wall_now, detail=reason)),
             ],
             returns="ALL_OLD",
         )
+
+    def save_progress(self, job_id: str, token: int, details_json: str, wall_now: float) -> Call:
+        return self._update(
+            job_id,
+            _mine(token, ""),
+            [
+                R.progress.set(details_json),
+                R.progress_token.set(token),
+                R.progress_at.set(wall_now),
+            ],
+        )
+
+    def trim_timeline(self, job_id: str, token: int, drop: int) -> Call:
+        # The one write the timeline adds (once per TIMELINE_TRIM events): fenced,
+        # so only the owner that read the length trims, and only once.
+        return self._update(job_id, _mine(token, ""), [R.timeline[i].remove() for i in range(drop)])
 
     def advise(
         self, job_id: str, token: int, worker_id: str, wall_now: float, lease_seconds: int
@@ -589,17 +635,20 @@ class JobTable:
                 R.updated_at.set(wall_now),
                 R.finished_at.set(wall_now),
                 R.lease_deadline.remove(),
+                _log(event(TK.CANCELLED, wall_now, detail=reason)),
             ],
             returns="ALL_NEW",
         )
 
     def unpark(self, job_id: str, send_id: str, wall_now: float) -> Call:
         condition, actions = _unpark(send_id, wall_now)
+        actions.append(_log(event(TK.RESUMED, wall_now)))
         return self._update(job_id, condition, actions, returns="ALL_NEW")
 
     def unpark_item(self, job_id: str, send_id: str, wall_now: float) -> dict[str, Any]:
         """The same unpark as a TransactWriteItems entry (an operator's resolution)."""
         condition, actions = _unpark(send_id, wall_now)
+        actions.append(_log(event(TK.RESOLVED, wall_now)))
         params: dict[str, Any] = {
             "TableName": self.table,
             "Key": _key(job_id),
@@ -760,6 +809,8 @@ def view_of(item: Mapping[str, Any]) -> JobView:
             unsent_since=f("unsent_since"),
             granted_attempts=n("granted_attempts"),
             group=s("group_id"),
+            timeline_length=len((item.get("timeline") or {}).get("L") or ()),
+            progress_json=s("progress"),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         detail = f"{type(exc).__name__}: {exc}"[:300]

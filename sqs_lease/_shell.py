@@ -8,6 +8,7 @@ redrive they find and their counters live here once.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import random
 import signal
@@ -121,6 +122,14 @@ def find_queue(
 
 
 STAT_NAMES = frozenset(WorkerStats.__dataclass_fields__)
+
+
+def _details(text: str | None) -> Any:
+    # Saved by ctx.progress as JSON; a record edited by hand must not stop the handler.
+    try:
+        return None if text is None else json.loads(text)
+    except ValueError:
+        return None
 
 
 class ShellBase:
@@ -312,4 +321,5 @@ class ShellBase:
             "journal": self.journal,
             "targets": self.app.targets,
             "stage": claim.job.stage or "main",
+            "last_progress": _details(claim.job.progress_json),
         }

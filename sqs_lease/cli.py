@@ -61,7 +61,7 @@ from ._errors import (
     ResourceMissing,
     SqsLeaseError,
 )
-from ._journal import Journal, configure_stderr
+from ._journal import Journal, configure_stderr, read_journal
 from ._local import LocalAws
 from ._producer import Producer, new_send_id
 from ._resources import (
@@ -72,6 +72,7 @@ from ._resources import (
     queue_url,
 )
 from ._schema import AttemptRecord, IntentRecord, IntentTable, JobRecord, JobTable, record_of
+from ._timeline_view import render_html, render_text, timeline_of
 from ._worker import load_app
 
 __all__ = ["cli", "main"]
@@ -725,6 +726,56 @@ def jobs_list(ctx: click.Context, state: str | None, limit: int, as_json: bool) 
     click.echo(table(rows))
 
 
+@jobs.command("timeline")
+@click.argument("job_id")
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    default=None,
+    help="Also write a self-contained page (inline SVG) to FILE, to share in an incident.",
+)
+@click.option(
+    "--journal",
+    "journals",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A worker's journal file (JSON lines): adds its lease-lost and ownership-unknown"
+    " events for the job. Repeatable.",
+)
+@json_option("One JSON object: job_id, state, token, events[].")
+@click.pass_context
+def jobs_timeline(
+    ctx: click.Context,
+    job_id: str,
+    html_path: Path | None,
+    journals: tuple[Path, ...],
+    as_json: bool,
+) -> None:
+    """Draw who held a job when: owners as lanes, tokens, gaps, refused writes marked.
+
+    The events are kept on the job record by the writes that made them; a refused
+    commit rides on the stale worker's record of its rejected result. Lease lost and
+    ownership unknown show as the next owner's takeover, and in full with --journal.
+    """
+    settings = _settings(ctx)
+    check_table(settings)
+    ddb = make_client(settings, "dynamodb")
+    item = ddb.get_item(
+        TableName=settings.jobs_table, Key={"job_id": {"S": job_id}}, ConsistentRead=True
+    ).get("Item")
+    if not item:
+        _fail(f"no job {job_id!r}", EXIT_NOT_FOUND)
+    tl = timeline_of(item, read_journal(*journals))
+    if html_path is not None:
+        html_path.write_text(render_html(tl), encoding="utf-8")
+        note(f"wrote {html_path}")
+    if as_json:
+        emit_json(tl.as_json())
+        return
+    click.echo(render_text(tl))
+
+
 @jobs.command("show")
 @click.argument("job_id")
 @click.option("--payload", "with_payload", is_flag=True, help="Also print the payload JSON.")
@@ -745,9 +796,12 @@ def jobs_show(
         _fail(f"no job {job_id!r}", 1)
     rec = record_of(item)
     now = time.time()
-    names = [n for n in JobRecord.get_attributes() if n not in ("payload", "result")]
+    names = [
+        n for n in JobRecord.get_attributes() if n not in ("payload", "result", "timeline")
+    ]
     names.sort(key=lambda n: (n != "job_id", n))
     data = _fields(rec, now, names)
+    data["timeline_events"] = len(rec.timeline or ())  # drawn by `jobs timeline`
     if with_payload:
         data["payload"] = _json_or_text(rec.payload)
     if with_result:

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from types_boto3_dynamodb import DynamoDBClient
     from types_boto3_sqs import SQSClient
 
+# The public testing kit's fixtures (lease_endpoint, lease_env, fenced_target): the
+# project tests its users' way too (tests/test_testing_kit.py).
+pytest_plugins = ["sqs_lease.testing.pytest_plugin"]
+
 REGION = "us-east-1"
 _LOOPBACK = ("127.0.0.1", "localhost")
 
@@ -127,7 +131,7 @@ def _fast_gc_for_simulations(request: pytest.FixtureRequest) -> Iterator[None]:
     if not request.module.__name__.startswith("test_sim"):
         yield
         return
-    from sqs_lease._sim.cli import tuned_gc
+    from simtools.cli import tuned_gc
 
     with tuned_gc():
         yield

@@ -297,7 +297,7 @@ def table() -> JobTable:
 
 
 def decode(value: Mapping[str, Any]) -> Any:
-    """One low-level attribute value as a Python value (S, N, BOOL, NULL)."""
+    """One low-level attribute value as a Python value (S, N, BOOL, NULL, L)."""
     if "S" in value:
         return value["S"]
     if "N" in value:
@@ -308,6 +308,8 @@ def decode(value: Mapping[str, Any]) -> Any:
         return bool(value["BOOL"])
     if "NULL" in value:
         return None
+    if "L" in value:
+        return [decode(v) for v in value["L"]]
     raise AssertionError(f"unexpected attribute value {value!r}")
 
 
@@ -349,6 +351,20 @@ def assert_fenced(params: Mapping[str, Any], *, token: int, worker_id: str = WOR
     assert set(terms) <= {"token", "state", "owner"}, text
 
 
+def _top_level(clause: str) -> list[str]:
+    """A clause's comma-separated parts, commas inside function calls kept."""
+    parts, depth, cur = [], 0, ""
+    for ch in clause:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return [*parts, cur.strip()] if cur.strip() else parts
+
+
 def update_sets(params: Mapping[str, Any]) -> dict[str, str]:
     """``attribute -> resolved right-hand side`` of the UpdateExpression's SET clause."""
     expression = str(params["UpdateExpression"])
@@ -356,7 +372,7 @@ def update_sets(params: Mapping[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     if match is None:
         return out
-    for assignment in match.group(1).split(", "):
+    for assignment in _top_level(match.group(1)):
         left, right = assignment.split(" = ", 1)
         out[_resolve(left, params)] = _resolve(right, params)
     return out

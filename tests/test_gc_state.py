@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from sqs_lease._sim import cli as sim_cli
-from sqs_lease._sim import run_seed
+from simtools import cli as sim_cli
+from simtools import run_seed
 from sqs_lease._sim.world import World
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -158,6 +158,16 @@ def test_the_wheel_ships_every_module_of_the_package_and_nothing_else(dists: Dis
     assert tops == {"sqs_lease", f"sqs_lease-{_version()}.dist-info"}
 
 
+
+def test_the_wheel_leaves_the_simulators_tooling_out(dists: Dists) -> None:
+    # Soak, replay and the mutations are the project's tools (simtools/), not the users'.
+    with zipfile.ZipFile(dists.wheel) as whl:
+        names = set(whl.namelist())
+    tooling = sorted(n for n in names if n.rsplit("/", 1)[-1] in ("mutations.py", "cli.py"))
+    assert tooling == ["sqs_lease/cli.py"], tooling
+    assert "sqs_lease/testing/__init__.py" in names  # the users' testing kit is shipped
+
+
 def test_the_wheel_declares_ranges_and_keeps_aiobotocore_and_moto_in_extras(
     dists: Dists,
 ) -> None:

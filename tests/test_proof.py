@@ -31,6 +31,7 @@ from infra.proxy import FaultProxy
 from sqs_lease import Producer, Settings, create_queue, create_tables
 from sqs_lease._schema import view_of
 from sqs_lease.receiver import create_receiver_tables
+from sqs_lease.testing import read_journal
 
 pytestmark = [pytest.mark.integration, pytest.mark.fault]
 
@@ -71,15 +72,7 @@ class WorkerProc:
         )
 
     def events(self) -> list[Event]:
-        out: list[Event] = []
-        for line in self.log.read_text().splitlines():
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(ev, dict) and "event" in ev:
-                out.append(ev)
-        return out
+        return read_journal(self.log)
 
     def wait_for(self, pred: Callable[[Event], bool], what: str, timeout: float = 30) -> Event:
         deadline = time.monotonic() + timeout

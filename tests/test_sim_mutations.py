@@ -2,7 +2,7 @@
 the simulation within a bounded number of seeds, and the real protocol passes the
 same seeds.
 
-Each mutation monkeypatches one piece inside this process (``sqs_lease._sim.mutations``):
+Each mutation monkeypatches one piece inside this process (``simtools.mutations``):
 
 - ``no_commit_token``: the commit's condition forgets the token;
 - ``no_ownership_check``: the heartbeat takes a successful visibility change as
@@ -59,9 +59,10 @@ from __future__ import annotations
 
 import pytest
 
-from sqs_lease._sim import run_seed
+from simtools import run_seed
+from simtools.cli import replay_command
+from simtools.mutations import MUTATIONS, UNCAUGHT, WORLDS
 from sqs_lease._sim.chaos import Chaos
-from sqs_lease._sim.cli import replay_command
 from sqs_lease._sim.invariants import (
     I1,
     I2,
@@ -79,7 +80,6 @@ from sqs_lease._sim.invariants import (
     I16,
     I17,
 )
-from sqs_lease._sim.mutations import MUTATIONS, UNCAUGHT, WORLDS
 from sqs_lease._sim.plan import PASSING_FEATURES, draw_plan
 
 SEED_LIMIT = 200  # each mutation must be caught within this many seeds
@@ -158,12 +158,12 @@ def test_mutation_is_caught_and_the_protocol_passes_the_same_seeds(name: str) ->
 
 
 def test_mutations_are_undone_on_exit() -> None:
+    from simtools.mutations import applied
     from sqs_lease import _schema
     from sqs_lease._core import attempt, flows, intents
     from sqs_lease._core.leasebook import LeaseBook
     from sqs_lease._schema import JobTable
     from sqs_lease._sim import receiver
-    from sqs_lease._sim.mutations import applied
 
     def state() -> tuple[object, ...]:
         return (

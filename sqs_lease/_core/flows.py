@@ -24,6 +24,7 @@ from .._errors import (
 from .calls import Call, Emit, Err, ErrorKind, Flow, Ok, Outcome, Sleep, call, emit, sqs_code_is
 from .limits import REASON_LIMIT, bounded, result_problem
 from .records import UNDELIVERED_CODE, GroupRequests, JobRequests, JobState, JobView
+from .timeline import trim_count
 from .timing import OPEN, LeaseStatus, LocalLease
 
 SQS_BATCH = 10
@@ -682,6 +683,7 @@ def claim_flow(
         payload_json=old.payload_json,
         send_id=old.send_id,
         granted_attempts=old.granted_attempts,
+        progress_json=old.progress_json,
     )
     reclaimed = old.state is JobState.RUNNING
     allowed = max_attempts + old.granted_attempts
@@ -704,6 +706,10 @@ def claim_flow(
     cmv = yield from _set_visibility(queue_url, d.receipt_handle, lease_seconds)
     if isinstance(cmv, Ok):
         deadline = cmv.sent_at + lease_seconds
+    drop = trim_count(old.timeline_length + 1)
+    if drop:
+        # Advisory: a trim that fails leaves a longer timeline, nothing else.
+        yield from call(req.trim_timeline(d.job_id, token, drop))
     yield from emit(
         "job_claimed",
         job_id=d.job_id,
@@ -1000,6 +1006,7 @@ class Beat:
 class HeartbeatReport:
     beats: dict[str, Beat] = field(default_factory=dict)
     calls: int = 0
+    progress_saved: dict[str, str] = field(default_factory=dict)  # job id -> details saved
 
 
 _LEASE_GONE_CODES = ("ReceiptHandleIsInvalid", "MessageNotInflight", "InvalidParameterValue")
@@ -1146,6 +1153,31 @@ def heartbeat_flow(
                 if now_view is not None
                 else Beat(job_id, BeatStatus.LOST, reason="job record is gone")
             )
+    saved: dict[str, str] = {}
+    for lease in leases:
+        # Progress details: a separate, only-when-changed write, fenced on the token,
+        # at most one per job per round; a failed one is tried again next round.
+        text, job_id = lease.progress, lease.job_id
+        b = beats.get(job_id)
+        if text is None or text == lease.progress_saved or b is None or b.status != BeatStatus.OK:
+            continue
+        out = yield from call(req.save_progress(job_id, lease.token, text, wall_now))
+        calls += 1
+        if isinstance(out, Ok):
+            saved[job_id] = text
+            yield from emit("progress_saved", job_id=job_id, token=lease.token, size=len(text))
+        elif out.kind is ErrorKind.CONDITION_FAILED:
+            # A stale token's details are refused, and say the lease is gone.
+            try:
+                now_view = req.parse(out.item) if out.item else None
+            except RecordUnreadable:
+                now_view = None
+            beats[job_id] = (
+                _verdict(lease, now_view, worker_id, extended[job_id])
+                if now_view is not None
+                else Beat(job_id, BeatStatus.LOST, reason="job record is gone")
+            )
+            yield from emit("progress_refused", job_id=job_id, token=lease.token)
     for job_id, beat in beats.items():
         lease = by_id[job_id]
         if beat.status is BeatStatus.OK:
@@ -1170,7 +1202,7 @@ def heartbeat_flow(
                 conservative_deadline=lease.conservative_deadline,
                 request_id=beat.request_id or None,
             )
-    return HeartbeatReport(beats, calls)
+    return HeartbeatReport(beats, calls, saved)
 
 
 def _wall_of(mono: float, mono_now: float | None, wall_now: float) -> float | None:
@@ -1290,6 +1322,8 @@ def apply_beats(
             lease.next_beat = started + lease.heartbeat_seconds
             if lease.job_id in advised:
                 lease.advised_at = started
+            if lease.job_id in report.progress_saved:
+                lease.progress_saved = report.progress_saved[lease.job_id]
             extended.append(lease)
         elif beat.status in (BeatStatus.LOST, BeatStatus.CANCELLED):
             ev = lose(

@@ -9,7 +9,10 @@ error that names the limit, so a job fails with a reason instead of being retrie
 
 from __future__ import annotations
 
-from .._errors import LimitExceeded
+import json
+from typing import Any
+
+from .._errors import LimitExceeded, ProgressTooLarge
 
 ITEM_LIMIT = 400 * 1024
 """DynamoDB's item size limit in bytes (names and values together)."""
@@ -17,9 +20,17 @@ ITEM_LIMIT = 400 * 1024
 PARTITION_KEY_LIMIT = 2048
 """DynamoDB's partition key limit in UTF-8 bytes."""
 
-RECORD_ROOM = 8 * 1024
+PROGRESS_LIMIT = 2048
+"""UTF-8 bytes of a handler's progress details (``ctx.progress(details)``) as JSON."""
+
+TIMELINE_ROOM = 64 * 1024
+"""Bytes a job's timeline may take: TIMELINE_LIMIT events of at most
+``timeline.EVENT_BYTES`` each (kept in step by a test)."""
+
+RECORD_ROOM = 8 * 1024 + TIMELINE_ROOM + PROGRESS_LIMIT
 """Room kept in a job record for everything but payload and result: the other
-attributes' names, ids, numbers and a bounded reason (see REASON_LIMIT)."""
+attributes' names, ids, numbers, a bounded reason (see REASON_LIMIT), the timeline
+and the progress details."""
 
 REASON_LIMIT = 2000
 """Characters of a reason the toolkit writes into a record (UTF-8: at most 4x bytes)."""
@@ -30,6 +41,21 @@ ERROR_TEXT_LIMIT = 500
 
 def utf8_len(text: str) -> int:
     return len(text.encode("utf-8", "surrogatepass"))
+
+
+def progress_text(details: Any) -> str:
+    """``details`` as the JSON kept on the record; raise :class:`ProgressTooLarge`
+    (naming the limit) over :data:`PROGRESS_LIMIT` bytes, ``TypeError`` for a value
+    JSON cannot hold."""
+    text = json.dumps(details, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    size = utf8_len(text)
+    if size > PROGRESS_LIMIT:
+        raise ProgressTooLarge(
+            f"progress details are {size} bytes as JSON; the limit is {PROGRESS_LIMIT} "
+            "(PROGRESS_LIMIT): keep a resume hint (a cursor, the last page done), not the "
+            "work itself: results belong in stages or the job's result"
+        )
+    return text
 
 
 def check_key(what: str, key: str) -> None:

@@ -51,6 +51,8 @@ class JobView:
     unsent_since: float | None = None  # wall time; set while no message is known sent
     granted_attempts: int = 0  # attempts an operator granted beyond max_attempts
     group: str | None = None  # the agent session (or run) the producer put it in
+    timeline_length: int = 0  # events on the record's timeline (where the item was read)
+    progress_json: str | None = None  # the last owner's saved progress details (JSON)
 
 
 class JobRequests(Protocol):
@@ -151,6 +153,14 @@ class JobRequests(Protocol):
         reason: str,
         wall_now: float,
     ) -> Call: ...
+
+    def save_progress(self, job_id: str, token: int, details_json: str, wall_now: float) -> Call:
+        """Keep a handler's progress details on the record (fenced on the token)."""
+        ...
+
+    def trim_timeline(self, job_id: str, token: int, drop: int) -> Call:
+        """Drop the ``drop`` oldest timeline events (fenced on the token)."""
+        ...
 
     def advise(
         self, job_id: str, token: int, worker_id: str, wall_now: float, lease_seconds: int

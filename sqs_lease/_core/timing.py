@@ -230,6 +230,10 @@ class LocalLease:
     reason: str = ""
     last_confirmed: float = 0.0
     advised_at: float = 0.0
+    # The handler's progress details (JSON, bounded) and the last the heartbeat saved:
+    # a round writes them only when they differ (at most one write per heartbeat).
+    progress: str | None = None
+    progress_saved: str | None = None
     shutdown: bool = False  # the worker asked this attempt to stop (it still holds the job)
     dropped: Drop | None = None
     calls: dict[int, float] = field(default_factory=dict)

@@ -1,5 +1,8 @@
 """Deterministic simulation of the protocol (private): see docs/simulation.md.
 
+Its tooling (the run/soak/replay command line, the mutations) is ``simtools`` in the
+repository: users do not need it, so the wheel does not ship it.
+
 Runs the real core flows for many simulated workers against simulated SQS,
 DynamoDB and fenced receivers on a virtual clock, with faults drawn from a seed,
 and checks the protocol's invariants after every step.
@@ -20,24 +23,24 @@ def run_seed(
     trace: bool = False,
     features: frozenset[str] | None = None,
 ) -> RunResult:
-    """Run one schedule (optionally under a mutation) and return what happened.
+    """Run one schedule and return what happened.
 
     ``features`` limits the widened world (``plan.WIDE_FEATURES``; None: all of them).
+    ``mutation`` only names the variant in the result: the mutations themselves (and
+    the run/soak/replay command line) are the project's tooling, ``simtools`` in the
+    repository, not shipped: ``simtools.run_seed`` applies one around this call.
     """
-    from .mutations import applied
-
     # The collector's thresholds are the process's, not ours: tuning them for speed
-    # is opt-in at the simulator's command line (cli.tuned_gc), never here.
-    with applied(mutation):
-        world = World(
-            seed,
-            workers=workers,
-            jobs=jobs,
-            mutation=mutation,
-            trace=trace,
-            features=features,
-        )
-        return world.run()
+    # is opt-in at the simulator's command line (simtools.cli.tuned_gc), never here.
+    world = World(
+        seed,
+        workers=workers,
+        jobs=jobs,
+        mutation=mutation,
+        trace=trace,
+        features=features,
+    )
+    return world.run()
 
 
 __all__ = ["INVARIANTS", "RunResult", "Violation", "World", "run_seed"]

@@ -22,14 +22,14 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from .._core import attempt, flows, intents
-from .._core.calls import Call, Flow
-from .._core.flows import Beat, BeatStatus, Finish, FinishOutcome
-from .._core.leasebook import Held, LeaseBook
-from .._core.records import JobState
-from .._core.timing import LeaseStatus, LocalLease
-from .._schema import JobTable, R
-from . import receiver
+from sqs_lease._core import attempt, flows, intents
+from sqs_lease._core.calls import Call, Flow
+from sqs_lease._core.flows import Beat, BeatStatus, Finish, FinishOutcome
+from sqs_lease._core.leasebook import Held, LeaseBook
+from sqs_lease._core.records import JobState
+from sqs_lease._core.timing import LeaseStatus, LocalLease
+from sqs_lease._schema import JobTable, R
+from sqs_lease._sim import receiver
 
 
 @contextmanager
@@ -144,7 +144,7 @@ def commit_after_stop() -> Iterator[None]:
 def tight_redrive() -> Iterator[None]:
     """A queue whose ``maxReceiveCount`` is only one above the job class's
     ``max_attempts`` (nothing in the library compares the two)."""
-    from . import plan as plans
+    from sqs_lease._sim import plan as plans
 
     original = plans.draw_plan
 
@@ -201,7 +201,7 @@ def shared_key_as_own() -> Iterator[None]:
     _require(intents, "start_id_for", "item 1 (shared keys)")
     import dataclasses
 
-    from .._schema import IntentTable
+    from sqs_lease._schema import IntentTable
 
     parse = IntentTable.parse
 
@@ -225,7 +225,7 @@ def plain_error_not_applied() -> Iterator[None]:
     cut after the target applied reopens the intent and a later attempt repeats it.
     Expected: I2 (cut_responses, unkeyed targets)."""
     _require(intents, "ToolNotApplied", "item 2 (errors after the request left)")
-    from .. import _errors
+    from sqs_lease import _errors
 
     not_applied: Any = getattr(_errors, "ToolNotApplied")  # noqa: B009 - absent before the fix
 
@@ -343,7 +343,7 @@ def no_stranded_sweep() -> Iterator[None]:
 def stray_claims() -> Iterator[None]:
     """Issue 14 item 2: the claim's condition forgets the job's current send, so a
     message of a losing (or retired) send claims the job, from its live owner too."""
-    from .. import _schema
+    from sqs_lease import _schema
 
     _require(JobTable, "claim", "issue 14 item 2 (send ids)")
     original = JobTable.claim
@@ -389,7 +389,7 @@ def stray_claims() -> Iterator[None]:
 def resume_keeps_attempts() -> Iterator[None]:
     """Issue 14 item 1: an operator's unpark (resume, resolve) grants no attempt, so a
     job parked on its last attempt fails "attempts exhausted" at its next claim."""
-    from .. import _schema
+    from sqs_lease import _schema
 
     _require(_schema, "_unpark", "issue 14 item 1 (granted attempts)")
     original = _schema._unpark
@@ -408,8 +408,8 @@ def unreadable_aborts_round() -> Iterator[None]:
     """Issue 14 item 4: a record this version cannot read raises a plain error out of
     the parse (as before ``RecordUnreadable``), so it aborts the whole heartbeat round
     (and the claim) instead of affecting only its own job."""
-    from .._errors import RecordUnreadable
-    from .._schema import view_of
+    from sqs_lease._errors import RecordUnreadable
+    from sqs_lease._schema import view_of
 
     _require(JobTable, "parse", "issue 14 item 4 (unreadable records)")
 
@@ -496,8 +496,8 @@ def resolve_in_two_writes() -> Iterator[None]:
     there is nothing to resolve. An operator that dies between the two leaves the job
     parked for good. Patches the core's ``intents.resolve_flow``. Expected: I16
     (operator_races, whose operator may die half way and runs the command again)."""
-    from .._core.calls import Err, call
-    from .._errors import IntentError, IntentNotFound, OwnershipUnknown
+    from sqs_lease._core.calls import Err, call
+    from sqs_lease._errors import IntentError, IntentNotFound, OwnershipUnknown
 
     _require(intents, "resolve_flow", "issue 14 item 6 (one decision)")
 
@@ -560,7 +560,7 @@ def shared_request_tokens() -> Iterator[None]:
     token: on AWS the later one is refused ``IdempotentParameterMismatch`` (or, were
     the requests identical, silently not applied). Patches ``_schema._request_token``.
     Expected: I17 (runs whose simulated table honours tokens, as AWS)."""
-    from .. import _schema
+    from sqs_lease import _schema
 
     _require(_schema, "_request_token", "issue 14 item 7 (tokens per owner)")
     original = _schema._request_token

@@ -1,4 +1,4 @@
-"""``python -m sqs_lease._sim run|soak|replay`` (see :mod:`sqs_lease._sim.cli`)."""
+"""``python -m simtools run|soak|replay`` (see :mod:`simtools.cli`)."""
 
 from __future__ import annotations
 

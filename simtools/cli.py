@@ -1,4 +1,4 @@
-"""``python -m sqs_lease._sim``: run, soak and replay simulated schedules.
+"""``python -m simtools``: run, soak and replay simulated schedules.
 
 - ``run --seeds N [--start S] [--workers K] [--jobs J] [--mutation NAME] [--processes P]``
 - ``soak --seeds 100000 [--processes 2]``: the same, with progress lines and a final report
@@ -23,9 +23,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from .invariants import INVARIANTS
+from sqs_lease._sim.invariants import INVARIANTS
+from sqs_lease._sim.plan import WIDE_FEATURES
+
 from .mutations import VARIANTS
-from .plan import WIDE_FEATURES
 
 Args = tuple[int, int | None, int | None, str | None, frozenset[str] | None]
 
@@ -92,7 +93,7 @@ def replay_command(
     jobs: int | None = None,
     features: frozenset[str] | None = None,
 ) -> str:
-    cmd = f"python -m sqs_lease._sim replay --seed {seed}"
+    cmd = f"python -m simtools replay --seed {seed}"
     if mutation:
         cmd += f" --mutation {mutation}"
     if features is not None and features != frozenset(WIDE_FEATURES):
@@ -260,8 +261,9 @@ def _replay(
     jobs: int | None,
     features: frozenset[str] | None = None,
 ) -> int:
+    from sqs_lease._sim.world import render_entry
+
     from . import run_seed
-    from .world import render_entry
 
     r = run_seed(seed, workers=workers, jobs=jobs, mutation=mutation, trace=True, features=features)
     for entry in r.log:
@@ -305,13 +307,13 @@ def tuned_gc() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sqs_lease._sim``: the collector is tuned for speed while it runs."""
+    """``python -m simtools``: the collector is tuned for speed while it runs."""
     with tuned_gc():
         return _main(argv)
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sqs_lease._sim", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m simtools", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name in ("run", "soak"):
         p = sub.add_parser(name)

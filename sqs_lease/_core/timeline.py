@@ -1,0 +1,223 @@
+"""A job's timeline: the ownership events kept on its record, and how to read them back.
+
+Each event is appended to the job record's ``timeline`` list **in the same
+conditional write that makes the change** (``_schema.JobTable`` adds the append to
+the claim, commit, retry, park, fail, release, cancel, resume and resolve writes),
+so keeping it costs no request. Three kinds of event cannot ride on their own write:
+
+- a *refused commit*: the refused write changed nothing, so it cannot append. The
+  stale attempt already sends one unfenced write after the refusal (``keep_rejected``,
+  which records the refused result's hash for people); the event rides on that one.
+- *lease lost* and *ownership unknown*: the losing worker learns them from a read
+  (the heartbeat) or from no answer at all, and an unreachable worker cannot write.
+  The record shows the loss where it happened: the next claim of a running job
+  names the owner it took the job from (``reclaimed``). A worker's journal
+  (``heartbeat_lost``, ``ownership_unknown``) adds what that worker saw; the
+  timeline command merges journal lines given to it.
+
+A claim's token is computed by DynamoDB in the claim (``token + 1``), so the claim's
+event cannot hold it: :func:`with_tokens` numbers the token-moving events backwards
+from the record's current token (every write that moves the token appends one).
+
+The list is bounded: at :data:`TIMELINE_LIMIT` events the owner that claimed the job
+trims the oldest (:func:`trim_count`) in one fenced write, once per
+:data:`TIMELINE_TRIM` events: the only write the timeline adds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+TIMELINE_LIMIT = 64
+"""Events kept on a job record; at this length the next owner trims the oldest."""
+
+TIMELINE_TRIM = 16
+"""Events dropped at once by a trim (so a trim is one write per this many events)."""
+
+DETAIL_LIMIT = 120
+"""Characters of an event's detail (a reason, an error code) kept on the record."""
+
+OWNER_LIMIT = 64
+"""Characters of a worker id kept in an event."""
+
+EVENT_BYTES = 1024
+"""The most UTF-8 bytes one stored event takes (limits.TIMELINE_ROOM counts on it)."""
+
+
+class TimelineKind(StrEnum):
+    """What happened to the job's ownership (stable names, stored on the record)."""
+
+    SUBMITTED = "submitted"
+    CLAIMED = "claimed"  # moves the token
+    COMMITTED = "committed"
+    REFUSED = "refused"  # a stale owner's write the fence refused
+    RETRY = "retry"
+    PARKED = "parked"
+    UNDELIVERABLE = "undeliverable"  # parked by a worker that could not run it; moves the token
+    FAILED = "failed"
+    RELEASED = "released"
+    CANCELLED = "cancelled"  # moves the token
+    RESUMED = "resumed"
+    RESOLVED = "resolved"
+    # From a worker's journal, never stored on the record (see the module's doc).
+    LEASE_LOST = "lease_lost"
+    OWNERSHIP_UNKNOWN = "ownership_unknown"
+    LEASE_DROPPED = "lease_dropped"  # the worker let the message go (deadline, watchdog)
+
+    @property
+    def moves_token(self) -> bool:
+        return self in (TimelineKind.CLAIMED, TimelineKind.UNDELIVERABLE, TimelineKind.CANCELLED)
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """One ownership event of a job. ``token`` is the token the event happened under
+    (``None`` until :func:`with_tokens` numbers a claim); ``source`` says where it was
+    read: ``record`` (the job record) or ``journal`` (a worker's journal line)."""
+
+    kind: TimelineKind
+    at: float
+    owner: str | None = None
+    token: int | None = None
+    detail: str | None = None
+    stage: str | None = None
+    source: str = "record"
+
+    def encode(self) -> str:
+        """The compact JSON text stored in the record's ``timeline`` list."""
+        out: dict[str, Any] = {"k": self.kind.value, "at": round(self.at, 3)}
+        if self.owner is not None:
+            out["o"] = self.owner[:OWNER_LIMIT]
+        if self.token is not None:
+            out["t"] = self.token
+        if self.detail:
+            out["d"] = self.detail[:DETAIL_LIMIT]
+        if self.stage:
+            out["s"] = self.stage[:OWNER_LIMIT]
+        return json.dumps(out, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def decode(text: str) -> TimelineEvent | None:
+    """One stored event (None: a kind this version does not know, or not an event)."""
+    try:
+        raw = json.loads(text)
+        kind = TimelineKind(raw["k"])
+        at = float(raw["at"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    token = raw.get("t")
+    return TimelineEvent(
+        kind=kind,
+        at=at,
+        owner=raw.get("o"),
+        token=int(token) if isinstance(token, int) else None,
+        detail=raw.get("d"),
+        stage=raw.get("s"),
+    )
+
+
+def event(
+    kind: TimelineKind,
+    at: float,
+    *,
+    owner: str | None = None,
+    token: int | None = None,
+    detail: str | None = None,
+    stage: str | None = None,
+) -> str:
+    """Encode one event for a write (what ``_schema`` appends)."""
+    return TimelineEvent(kind, at, owner, token, detail, stage).encode()
+
+
+def trim_count(length: int) -> int:
+    """How many of the oldest events a new owner drops, seeing ``length`` stored."""
+    if length < TIMELINE_LIMIT:
+        return 0
+    return length - TIMELINE_LIMIT + TIMELINE_TRIM
+
+
+def with_tokens(events: Sequence[TimelineEvent], current_token: int) -> list[TimelineEvent]:
+    """Number every event with the token it happened under, from the record's token.
+
+    Walks backwards: the newest token-moving event holds ``current_token``, the one
+    before it one less, and so on; an event between two token moves holds the token
+    of the move before it. An event that carries its own token (an end write, a
+    refused write) keeps it.
+    """
+    out: list[TimelineEvent] = []
+    token = current_token
+    for ev in reversed(events):
+        if ev.kind.moves_token:
+            out.append(replace(ev, token=token))
+            token -= 1
+        elif ev.token is None:
+            out.append(replace(ev, token=token))
+        else:
+            out.append(ev)
+    out.reverse()
+    return out
+
+
+def from_record(stored: Iterable[str], current_token: int) -> list[TimelineEvent]:
+    """The record's ``timeline`` list, decoded and numbered."""
+    events = [ev for ev in (decode(text) for text in stored) if ev is not None]
+    return with_tokens(events, current_token)
+
+
+_JOURNAL_KINDS = {
+    "heartbeat_lost": TimelineKind.LEASE_LOST,
+    "ownership_unknown": TimelineKind.OWNERSHIP_UNKNOWN,
+    "lease_dropped": TimelineKind.LEASE_DROPPED,
+    "result_rejected": TimelineKind.REFUSED,
+}
+
+
+def from_journal(
+    job_id: str, lines: Iterable[Mapping[str, Any]], owner: str | None = None
+) -> list[TimelineEvent]:
+    """A worker's journal events about one job that the record cannot hold (lease
+    lost, ownership unknown, a lease let go, a refused retry, park or fail write), as
+    timeline events (``source="journal"``)."""
+    out: list[TimelineEvent] = []
+    for line in lines:
+        kind = _JOURNAL_KINDS.get(str(line.get("event")))
+        if kind is None or line.get("job_id") != job_id:
+            continue
+        if kind is TimelineKind.REFUSED and line.get("stage") == "commit":
+            continue  # the record holds it already (see the module's doc)
+        at = line.get("ts")
+        token = line.get("token")
+        reason = line.get("reason")
+        out.append(
+            TimelineEvent(
+                kind=kind,
+                at=float(at) if isinstance(at, (int, float)) else 0.0,
+                owner=str(line.get("worker") or owner or "") or None,
+                token=token if isinstance(token, int) else None,
+                detail=str(reason)[:DETAIL_LIMIT] if reason else None,
+                stage=str(line.get("stage")) if line.get("stage") else None,
+                source="journal",
+            )
+        )
+    return out
+
+
+def merged(
+    record: Sequence[TimelineEvent], journal: Sequence[TimelineEvent]
+) -> list[TimelineEvent]:
+    """Journal events placed among the record's by time; the record's own order (the
+    order DynamoDB applied its writes) is kept as it is, whatever its wall clocks say."""
+    pending = sorted(journal, key=lambda ev: ev.at)
+    out: list[TimelineEvent] = []
+    j = 0
+    for ev in record:
+        while j < len(pending) and pending[j].at < ev.at:
+            out.append(pending[j])
+            j += 1
+        out.append(ev)
+    out.extend(pending[j:])
+    return out
