@@ -60,11 +60,12 @@ def test_on_time_the_worker_may_hold_what_the_cost_projects_and_no_more() -> Non
 
 
 def test_the_book_gives_the_receive_loop_no_more_room_than_the_pace() -> None:
-    pace = Pace(budget=0.5)
-    book = LeaseBook(pace=pace)
-    assert book.room(10) == 10 and book.room(500) == 100
+    shell = Shell(lambda run: None)
+    pace = shell.book.pace = Pace(budget=0.5)
+    assert shell.book.room(10) == 10 and shell.book.room(500) == 100
+    _run, _flow = _up_to_handler(shell)  # one lease held
     pace.observe(extended=50, due=1.0, started=1.5, ended=2.0)  # 1 s late
-    assert book.room(10) == 0
+    assert shell.book.room(10) == 0
     assert LeaseBook().room(500) == 500  # no pace: no backpressure
 
 
