@@ -289,7 +289,7 @@ def child(args: argparse.Namespace) -> None:
         from sqs_lease._resources import create_queue
         from sqs_lease._schema import JobTable
 
-        standin = StandIn(lease_clock)
+        standin = StandIn(lease_clock, ddb=os.environ.get("BENCH_STANDIN_DDB", "sim"))
         standin.start()
         settings = Settings(prefix=args.prefix)  # no endpoint: mock_aws answers in-process
         standin.create_tables(settings)
@@ -297,8 +297,8 @@ def child(args: argparse.Namespace) -> None:
         ids = [f"s{i:05d}" for i in range(args.jobs)]
         t0 = time.monotonic()
         jobs = JobTable(settings.jobs_table)
-        put_items(
-            standin.ddb, settings.jobs_table, [job_item(jobs, j, JOB_CLASS, {"n": 0}) for j in ids]
+        standin.put_items(
+            settings.jobs_table, [job_item(jobs, j, JOB_CLASS, {"n": 0}) for j in ids]
         )
         standin.send(job_bodies(ids, JOB_CLASS))
         seeded = time.monotonic() - t0
@@ -347,6 +347,7 @@ def child(args: argparse.Namespace) -> None:
     )
     report: dict[str, Any] = {"shell": args.shell, "jobs": args.jobs, "backend": args.backend}
     if standin is not None:
+        report["standin_ddb"] = standin.backend
         report["seed_seconds"] = round(seeded, 1)
         report["standin_rss_mb"] = report_base_rss
     done = threading.Event()
