@@ -56,7 +56,10 @@ def test_on_time_the_worker_may_hold_what_the_cost_projects_and_no_more() -> Non
     assert pace.room(150) == 50 and pace.room(200) == 0
     # A round of a few leases is all latency: it never starves a worker that keeps up.
     pace.observe(extended=2, due=20.0, started=20.0, ended=20.2)
-    assert pace.capacity == pace.start
+    assert pace.capacity == 200  # twice the largest round kept on time
+    # A late round forgets what was proven: no more than the projection allows.
+    pace.observe(extended=100, due=30.0, started=30.0, ended=31.0)
+    assert pace.capacity == 50 and pace.room(40) == 0
 
 
 def test_the_book_gives_the_receive_loop_no_more_room_than_the_pace() -> None:

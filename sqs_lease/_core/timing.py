@@ -508,6 +508,7 @@ class Pace:
     budget: float
     start: int = PACE_START
     capacity: int | None = None  # None: no round measured yet
+    proven: int = 0  # the largest round kept on time since the last late one
     late: float = 0.0
     throttled: bool = False
 
@@ -516,11 +517,12 @@ class Pace:
         the most overdue of them was due at ``due``. Returns True when this round
         turned backpressure on or off.
 
-        On time (``late`` within the budget) the worker may hold twice what the round
-        extended, or what the cost projects, whichever is more (a round of a few
-        leases is all latency: its projection alone would starve a worker whose
-        heartbeat keeps up). Late, it holds no more than the projection allows, and
-        takes nothing new until a round is on time again.
+        On time (``late`` within the budget) the worker may hold twice the largest
+        round it has kept on time since it was last late, or what the cost projects,
+        whichever is more (a round of a few leases is all latency: its projection
+        alone would starve a worker whose heartbeat keeps up). Late, it holds no
+        more than the projection allows, and takes nothing new until a round is on
+        time again.
         """
         if extended <= 0:
             return False
@@ -529,9 +531,11 @@ class Pace:
         projected = max(1, math.floor(self.budget / cost))
         was, self.throttled = self.throttled, self.late > self.budget
         if self.throttled:
+            self.proven = 0
             self.capacity = min(projected, extended)
         else:
-            self.capacity = max(self.start, 2 * extended, projected)
+            self.proven = max(self.proven, extended)
+            self.capacity = max(self.start, 2 * self.proven, projected)
         return was != self.throttled
 
     def room(self, held: int) -> int:
