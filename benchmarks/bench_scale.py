@@ -436,8 +436,8 @@ def render(result: dict[str, Any]) -> str:
         "the round's start minus the schedule, before any call (the worker's share). CPU: "
         "seconds per second of wall (1.0 = one core saturated). *(moto)*: the embedded moto "
         "server in its own process; *(stand-in)*: `benchmarks/standin.py` in the worker's "
-        "process (SQS from dicts, O(1) per entry; DynamoDB from moto's in-process backend, "
-        "conditions evaluated), whose CPU is timed per call and counted as the emulator's, "
+        "process (SQS from dicts, O(1) per entry; DynamoDB from the simulator's SimDynamo, "
+        "conditions evaluated from each request's expressions), whose CPU is timed per call and counted as the emulator's, "
         "not the worker's."
     )
     rows = []
