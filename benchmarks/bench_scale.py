@@ -437,8 +437,8 @@ def render(result: dict[str, Any]) -> str:
         "seconds per second of wall (1.0 = one core saturated). *(moto)*: the embedded moto "
         "server in its own process; *(stand-in)*: `benchmarks/standin.py` in the worker's "
         "process (SQS from dicts, O(1) per entry; DynamoDB from the simulator's SimDynamo, "
-        "conditions evaluated from each request's expressions), whose CPU is timed per call and counted as the emulator's, "
-        "not the worker's."
+        "conditions evaluated from each request's expressions), whose CPU is timed per call "
+        "and counted as the emulator's, not the worker's."
     )
     rows = []
     for r in result["runs"]:
