@@ -105,7 +105,9 @@ METRICS: tuple[MetricSpec, ...] = (
         "`intent_ambiguous`",
         "effects whose outcome nobody can tell: an operator must resolve them",
     ),
-    MetricSpec("ParkedJobs", "Count", "counter", "`job_parked`", "jobs parked for an operator"),
+    MetricSpec(
+        "ParkedJobs", "Count", "counter", "`job_parked`", "jobs parked for an operator"
+    ),
     MetricSpec("JobsClaimed", "Count", "counter", "`job_claimed`", "attempts started"),
     MetricSpec("JobsSucceeded", "Count", "counter", "`result_committed`", "results committed"),
     MetricSpec("JobsFailed", "Count", "counter", "`job_failed`", "jobs ended `failed`"),
