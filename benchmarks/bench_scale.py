@@ -289,7 +289,7 @@ def child(args: argparse.Namespace) -> None:
         from sqs_lease._resources import create_queue
         from sqs_lease._schema import JobTable
 
-        standin = StandIn(lease_clock)
+        standin = StandIn(lease_clock, ddb=os.environ.get("BENCH_STANDIN_DDB", "sim"))
         standin.start()
         settings = Settings(prefix=args.prefix)  # no endpoint: mock_aws answers in-process
         standin.create_tables(settings)
@@ -297,8 +297,8 @@ def child(args: argparse.Namespace) -> None:
         ids = [f"s{i:05d}" for i in range(args.jobs)]
         t0 = time.monotonic()
         jobs = JobTable(settings.jobs_table)
-        put_items(
-            standin.ddb, settings.jobs_table, [job_item(jobs, j, JOB_CLASS, {"n": 0}) for j in ids]
+        standin.put_items(
+            settings.jobs_table, [job_item(jobs, j, JOB_CLASS, {"n": 0}) for j in ids]
         )
         standin.send(job_bodies(ids, JOB_CLASS))
         seeded = time.monotonic() - t0
@@ -347,6 +347,7 @@ def child(args: argparse.Namespace) -> None:
     )
     report: dict[str, Any] = {"shell": args.shell, "jobs": args.jobs, "backend": args.backend}
     if standin is not None:
+        report["standin_ddb"] = standin.backend
         report["seed_seconds"] = round(seeded, 1)
         report["standin_rss_mb"] = report_base_rss
     done = threading.Event()
@@ -435,9 +436,9 @@ def render(result: dict[str, Any]) -> str:
         "the round's start minus the schedule, before any call (the worker's share). CPU: "
         "seconds per second of wall (1.0 = one core saturated). *(moto)*: the embedded moto "
         "server in its own process; *(stand-in)*: `benchmarks/standin.py` in the worker's "
-        "process (SQS from dicts, O(1) per entry; DynamoDB from moto's in-process backend, "
-        "conditions evaluated), whose CPU is timed per call and counted as the emulator's, "
-        "not the worker's."
+        "process (SQS from dicts, O(1) per entry; DynamoDB from the simulator's SimDynamo, "
+        "conditions evaluated from each request's expressions), whose CPU is timed per call "
+        "and counted as the emulator's, not the worker's."
     )
     rows = []
     for r in result["runs"]:

@@ -14,12 +14,22 @@ and RSS apart from the emulator:
   leases are extended, and every extension that arrives after its message's
   visibility ran out is counted in ``lapsed``, so the figures show whether it
   would have mattered); no DLQ, no redrive, no FIFO, no message attributes.
-- **DynamoDB**: moto's own in-process backend (``mock_aws``, no HTTP server),
-  which keeps items in a dict by key and evaluates condition and update
-  expressions with DynamoDB's rules: claims and commits meet the same conditions
-  as on the server. Its Python cost still runs in the worker's process; the
-  stand-in times every call it answers (thread CPU time) so that cost is
-  reported as the emulator's, apart from the worker's.
+- **DynamoDB**, two backends (``ddb=``):
+
+  - ``"sim"`` (the default): the simulator's DynamoDB (:class:`sqs_lease._sim.ddb.SimDynamo`),
+    items in dicts, condition and update expressions evaluated from the request's
+    own expressions (:mod:`sqs_lease._sim.expr`, the model the simulation's
+    invariants stand on), answered as outcome values with no botocore request
+    serialisation and no moto expression parser. Claims, commits and releases meet
+    the same conditions (``tests/test_bench_standin.py`` checks both backends).
+  - ``"moto"``: moto's own in-process backend (``mock_aws``, no HTTP server) through a
+    boto3 client. Its expression parsing costs ~0.7 ms per UpdateItem here, which
+    made the stand-in itself the bottleneck at 5,000 leases.
+
+  Either way the tables also exist in moto's backend (the worker checks them at
+  start). The backend's Python cost runs in the worker's process; the stand-in
+  times every call it answers (thread CPU time) so that cost is reported as the
+  emulator's, apart from the worker's.
 
 Errors become outcomes through the driver's own :func:`sqs_lease._aws.classify`,
 so the flows see exactly what a real client error would give them.
@@ -27,6 +37,7 @@ so the flows see exactly what a real client error would give them.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -63,7 +74,11 @@ class StandIn:
     client on the mocked backend, for creating tables and seeding items.
     """
 
-    def __init__(self, clock: Any = time.monotonic) -> None:
+    def __init__(self, clock: Any = time.monotonic, *, ddb: str = "sim") -> None:
+        if ddb not in ("sim", "moto"):
+            raise ValueError(f"ddb={ddb!r}: choose 'sim' or 'moto'")
+        self.backend = ddb
+        self.dynamo: Any = None  # the SimDynamo of the "sim" backend
         self.clock = clock
         self.lock = threading.Lock()  # one server: calls are answered one at a time
         self.messages: dict[str, _Message] = {}
@@ -101,6 +116,32 @@ class StandIn:
         names = table_names(settings)
         for role, model in TABLE_MODELS.items():
             self.ddb.create_table(**create_table_params(model, names[role]))
+        if self.backend == "sim":
+            from sqs_lease._sim.chaos import Chaos
+            from sqs_lease._sim.ddb import SimDynamo, TableSpec
+            from sqs_lease._sim.world import _jobs_table_spec
+
+            self.dynamo = SimDynamo(
+                [
+                    _jobs_table_spec(names["jobs"]),
+                    TableSpec(names["intents"], "intent_key"),
+                    TableSpec(names["attempts"], "intent_key", "attempt"),
+                    TableSpec(names["groups"], "group_id"),
+                ],
+                Chaos(0),  # no faults: every roll has probability 0
+            )
+
+    def put_items(self, table: str, items: list[Mapping[str, Any]]) -> None:
+        """Seed items (not a worker call: no cost is counted)."""
+        if self.dynamo is None:
+            from benchmarks.bench_common import put_items
+
+            put_items(self.ddb, table, items)
+            return
+        for item in items:
+            out = self.dynamo.handle("PutItem", {"TableName": table, "Item": dict(item)}, 0.0)
+            if not isinstance(out, Ok):
+                raise RuntimeError(f"seeding {table}: {out}")
 
     def stop(self) -> None:
         if self._mock is not None:
@@ -126,6 +167,9 @@ class StandIn:
                 self.answered[c.op] += 1
                 if c.service == "sqs":
                     response, idle = self._sqs(c.op, c.params)
+                elif self.dynamo is not None:
+                    got = self.dynamo.handle(c.op, c.params, sent)
+                    return dataclasses.replace(got, sent_at=sent, received_at=self.clock()), 0.0
                 else:
                     response = getattr(self.ddb, xform_name(c.op))(**c.params)
             out: Outcome = Ok(response, sent, self.clock())

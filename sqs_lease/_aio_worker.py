@@ -31,7 +31,7 @@ import threading
 import time
 import types
 import uuid
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -52,7 +52,7 @@ from ._core.attempt import (
     watchdog_drops_flow,
 )
 from ._core.calls import Flow
-from ._core.deploy import SHUTDOWN_GRACE_SECONDS
+from ._core.deploy import SHUTDOWN_GRACE_SECONDS, SHUTDOWN_RELEASE_MARGIN
 from ._core.flows import (
     UNKNOWN_CLASS_RECEIVES,
     UNSENT_GRACE_SECONDS,
@@ -186,6 +186,7 @@ class AsyncWorker(ShellBase):
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._driver: AsyncDriver | None = None
         self.calls = 0  # AWS calls made by the last run (both drivers)
+        self.env.run_parallel = self._run_parallel
 
     # ----------------------------------------------------------------- running
 
@@ -274,6 +275,10 @@ class AsyncWorker(ShellBase):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _run_parallel(self, flows: Sequence[Flow[Any]]) -> list[Any]:
+        """``Invoke("parallel")``: a round's parts at once (the driver awaits this)."""
+        return list(await asyncio.gather(*(self._run(f) for f in flows)))
+
     async def _run(self, flow: Flow[T]) -> T:
         assert self._driver is not None
         return await self._driver.run(flow)
@@ -285,6 +290,11 @@ class AsyncWorker(ShellBase):
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.shutdown_grace)
         await self._run(shutdown_flow(self.env))
+        # Attempts whose handler ended within the grace finish their own end write
+        # (a release, a commit) before serve() returns: counted, never cancelled.
+        ending = self._clock() + SHUTDOWN_RELEASE_MARGIN / 2
+        while not self._ending_over(ending):
+            await asyncio.sleep(self.tick / 4)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

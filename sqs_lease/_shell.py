@@ -28,6 +28,7 @@ from ._core.attempt import AttemptEnv, HandlerRun, Now, redrive_rules
 from ._core.calls import Flow
 from ._core.flows import Delivery, Poison, receive_flow
 from ._core.leasebook import LeaseBook, Signal
+from ._core.timing import Pace, pace_budget
 from ._errors import ConfigError
 from ._jobs import App, JobClass
 from ._journal import Journal
@@ -54,6 +55,7 @@ class WorkerStats:
     lost: int = 0
     released: int = 0
     deferred: int = 0
+    released_late: int = 0  # leases its own late heartbeat let go, handed back uncharged
 
 
 def default_worker_id() -> str:
@@ -203,7 +205,11 @@ class ShellBase:
         self._stats_lock = threading.Lock()
         self._lock = threading.Lock()
         # The leases this worker holds; its heartbeat and its handlers' contexts share it.
-        self.book = LeaseBook(self._lock)
+        classes = [r.job_class for r in app.classes.values()]
+        budget = pace_budget(
+            (c.lease_seconds, c.heartbeat_seconds, c.jitter_seconds) for c in classes
+        )
+        self.book = LeaseBook(self._lock, pace=Pace(budget))
         self.env = AttemptEnv(
             table=self.table,
             intents=self.intents,
@@ -237,6 +243,8 @@ class ShellBase:
             return None
         if max_messages is not None and self.stats.received >= max_messages:
             return None
+        # Backpressure: no more than the heartbeat keeps on time (the core's pace).
+        free = self.book.room(free)
         if free <= 0:
             return 0
         return free if max_messages is None else min(free, max_messages - self.stats.received)
@@ -248,6 +256,12 @@ class ShellBase:
             wait_seconds=self.receive_wait,
             visibility=self.receive_visibility,
         )
+
+    def _ending_over(self, deadline: float) -> bool:
+        """At shutdown, after the hand-back: True once no attempt is still writing its
+        own end (a handler that ended within the grace finishes its release or
+        commit before ``run()`` returns and counts), or at ``deadline``."""
+        return not self.book.ending() or self._clock() >= deadline
 
     def _idle_over(self, busy: bool, idle_exit: float | None) -> bool:
         """After a receive: True once the worker has been idle ``idle_exit`` seconds.

@@ -11,11 +11,13 @@ by a flow or a pure function of ``sqs_lease._core``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import random
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -32,7 +34,8 @@ from ._core.attempt import (
     shutdown_flow,
     sweep_once_flow,
 )
-from ._core.deploy import SHUTDOWN_GRACE_SECONDS
+from ._core.calls import Flow
+from ._core.deploy import SHUTDOWN_GRACE_SECONDS, SHUTDOWN_RELEASE_MARGIN
 from ._core.flows import (
     UNKNOWN_CLASS_RECEIVES,
     UNSENT_GRACE_SECONDS,
@@ -45,6 +48,9 @@ from ._interrupt import stop_on_interrupt
 from ._jobs import App, JobContext
 from ._journal import Journal
 from ._shell import ShellBase, WorkerStats, async_handlers
+
+ROUND_THREADS = 4
+"""Threads that run a heartbeat round's parts at once (each part: 100 leases)."""
 
 
 class Worker(ShellBase):
@@ -116,6 +122,9 @@ class Worker(ShellBase):
         )
         self._slots = threading.Semaphore(concurrency)
         self._threads: list[threading.Thread] = []
+        # A heartbeat round's parts (100 leases each) run at once on a small pool.
+        self._round_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.env.run_parallel = self._run_parallel
 
     # ----------------------------------------------------------------- running
 
@@ -133,6 +142,9 @@ class Worker(ShellBase):
             queue=self.queue_url,
             concurrency=self.concurrency,
             classes=sorted(self.app.classes),
+        )
+        self._round_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=ROUND_THREADS, thread_name_prefix="heartbeat-part"
         )
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
@@ -159,6 +171,7 @@ class Worker(ShellBase):
             self._shutdown()
             self._stopping.set()
             beat.join(timeout=5)
+            self._round_pool.shutdown(wait=False)
             if sweep is not None:
                 sweep.join(timeout=5)
             self._restore_signal_handlers()
@@ -198,6 +211,11 @@ class Worker(ShellBase):
         for t in list(self._threads):
             t.join(timeout=max(0.0, deadline - self._clock()))
         self.driver.run(shutdown_flow(self.env))
+        # Attempts whose handler ended within the grace finish their own end write
+        # (a release, a commit) before run() returns: counted, not cut off.
+        ending = self._clock() + SHUTDOWN_RELEASE_MARGIN / 2
+        while not self._ending_over(ending):
+            time.sleep(self.tick / 4)
 
     # ----------------------------------------------------------------- one job
 
@@ -233,6 +251,12 @@ class Worker(ShellBase):
 
     def _beat_once(self) -> None:
         self.driver.run(heartbeat_tick_flow(self.env, stopping=self._stopping.is_set()))
+
+    def _run_parallel(self, flows: Sequence[Flow[Any]]) -> list[Any]:
+        """``Invoke("parallel")``: a round's parts at once, on the round pool."""
+        if self._round_pool is None:  # a round outside run() (tests drive it by hand)
+            return [self.driver.run(f) for f in flows]
+        return list(self._round_pool.map(self.driver.run, flows))
 
     def _alive(self) -> bool:
         with self._lock:

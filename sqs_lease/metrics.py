@@ -67,7 +67,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "ExpiredLeases",
         "Count",
         "counter",
-        "`lease_dropped` with `reason` `lease_reserve_spent`",
+        "`lease_dropped` with `reason` `lease_reserve_spent`; `lease_dropped_late`",
         "leases the heartbeat could not extend before their reserve ran out",
     ),
     MetricSpec(
@@ -226,7 +226,9 @@ class EmfMetrics:
             if not isinstance(job_class, str):
                 job_class = held.job_class if held is not None else None
             counter = _COUNTER_OF.get(event)
-            if event == "lease_dropped" and fields.get("reason") == "lease_reserve_spent":
+            if (
+                event == "lease_dropped" and fields.get("reason") == "lease_reserve_spent"
+            ) or event == "lease_dropped_late":
                 counter = "ExpiredLeases"
             if counter is not None:
                 bucket = self._buckets.setdefault(self._dims_of(job_class), _Bucket())

@@ -12,16 +12,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from benchmarks.bench_common import bench_send_id, job_bodies, job_item, put_items
+from benchmarks.bench_common import bench_send_id, job_bodies, job_item
 from benchmarks.standin import StandIn
 from sqs_lease import Settings
 from sqs_lease._core.calls import Call, Err, Ok
 from sqs_lease._schema import JobTable
 
 
-@pytest.fixture
-def standin() -> Iterator[StandIn]:
-    s = StandIn()
+@pytest.fixture(params=["sim", "moto"])
+def standin(request: pytest.FixtureRequest) -> Iterator[StandIn]:
+    """The stand-in with each DynamoDB backend: the simulator's, and moto's in-process."""
+    s = StandIn(ddb=request.param)
     s.start()
     try:
         yield s
@@ -77,7 +78,7 @@ def test_a_claim_whose_condition_fails_is_refused_as_by_dynamodb(standin: StandI
     settings = Settings(prefix="standintest")
     standin.create_tables(settings)
     jobs = JobTable(settings.jobs_table)
-    put_items(standin.ddb, settings.jobs_table, [job_item(jobs, "j1", "c", {"n": 0})])
+    standin.put_items(settings.jobs_table, [job_item(jobs, "j1", "c", {"n": 0})])
     claim = jobs.claim("j1", "w1", time.time(), 60, job_class="c", send_id=bench_send_id("j1"))
     stray = jobs.claim("j1", "w2", time.time(), 60, job_class="c", send_id="j1.other")
     wrong, _ = standin.answer(stray)
@@ -85,3 +86,22 @@ def test_a_claim_whose_condition_fails_is_refused_as_by_dynamodb(standin: StandI
     assert isinstance(first, Ok)
     # A message that is not the job's current one claims nothing.
     assert isinstance(wrong, Err) and wrong.code == "ConditionalCheckFailedException"
+
+
+def test_a_release_is_fenced_by_the_token_and_gives_the_claimed_attempt_back(
+    standin: StandIn,
+) -> None:
+    settings = Settings(prefix="standinrel")
+    standin.create_tables(settings)
+    jobs = JobTable(settings.jobs_table)
+    standin.put_items(settings.jobs_table, [job_item(jobs, "j1", "c", {"n": 0})])
+    claim = jobs.claim("j1", "w1", time.time(), 60, job_class="c", send_id=bench_send_id("j1"))
+    assert isinstance(standin.answer(claim)[0], Ok)
+    stale, _ = standin.answer(jobs.release("j1", 0, "w1", "shutdown", time.time()))
+    assert isinstance(stale, Err) and stale.code == "ConditionalCheckFailedException"
+    mine, _ = standin.answer(jobs.release("j1", 1, "w1", "shutdown", time.time()))
+    assert isinstance(mine, Ok)
+    read, _ = standin.answer(jobs.batch_get(["j1"]))
+    assert isinstance(read, Ok)
+    (view,) = [jobs.parse(item) for item in jobs.batch_items(read.response)]
+    assert (view.state.value, view.token, view.attempt) == ("queued", 1, 0)

@@ -381,10 +381,22 @@ def test_plan_never_extends_finished_leases(status: LeaseStatus) -> None:
 
 def test_plan_drops_when_reserve_spent() -> None:
     lease = local_lease("r")
+    lease.status = LeaseStatus.UNKNOWN  # the last round could not confirm ownership
     plan = plan_heartbeat([lease], now=1055.0)  # deadline 1060 - jitter 5
     assert plan.extend == ()
     assert plan.drop == ((lease, Drop.RESERVE_SPENT),)
     assert plan_heartbeat([lease], now=1054.9).extend == (lease,)
+
+
+def test_a_confirmed_lease_that_runs_out_is_dropped_as_the_workers_own_lateness() -> None:
+    # Ownership was confirmed and no call failed: only this worker's heartbeat came
+    # too late, so the drop is not the job's failure (it is handed back uncharged).
+    lease = local_lease("late")
+    assert lease.status is LeaseStatus.OK
+    assert plan_heartbeat([lease], now=1055.0).drop == ((lease, Drop.WORKER_LATE),)
+    lease.drop(Drop.WORKER_LATE)
+    error = lease.stop_error()
+    assert isinstance(error, OwnershipUnknown) and "not spent" in str(error)
 
 
 def test_plan_drops_an_attempt_whose_effect_call_ran_past_its_timeout_and_margin() -> None:
@@ -459,6 +471,8 @@ def test_plan_drops_even_when_not_due() -> None:
 def test_plan_reserve_spent_wins_over_other_drop_reasons() -> None:
     lease = local_lease("w", stage_deadline=1001.0)
     lease.begin_call(1000.0, 1.0)
+    assert plan_heartbeat([lease], now=1058.0).drop == ((lease, Drop.WORKER_LATE),)
+    lease.status = LeaseStatus.UNKNOWN
     assert plan_heartbeat([lease], now=1058.0).drop == ((lease, Drop.RESERVE_SPENT),)
 
 

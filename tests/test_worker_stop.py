@@ -9,8 +9,10 @@ attempt; otherwise the result is discarded (``result_discarded``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -349,3 +351,66 @@ def test_a_worker_done_after_max_messages_lets_its_running_handlers_finish(
         rec = read_record(ddb_client, settings, job_id)
         assert (rec.state, rec.attempt) == ("succeeded", 1)
         assert result_of(rec) == {"n": n}
+
+
+def test_releases_of_handlers_that_stopped_within_the_grace_finish_and_count_before_run_returns(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient, monkeypatch: Any
+) -> None:
+    # Every handler stops at once, but handing its job back (visibility 0) answers
+    # later than the grace: the worker must not return (or cancel the hand-back)
+    # while an attempt is still writing its own end; WorkerStats.released counts them.
+    from sqs_lease._aio import AsyncDriver
+    from sqs_lease._aws import SyncDriver
+
+    settings, url, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+    held = threading.Semaphore(0)
+
+    @app.job("hold", payload=Work, **FAST)
+    def hold(ctx: JobContext[Any], p: Work) -> None:
+        held.release()
+        while True:
+            ctx.wait(0.2)  # raises WorkerShuttingDown at the stop
+
+    def slow_release(call: Any) -> bool:
+        entries = call.params.get("Entries", [])
+        return call.op == "ChangeMessageVisibilityBatch" and all(
+            e["VisibilityTimeout"] == 0 for e in entries
+        )
+
+    sync_execute, async_execute = SyncDriver.execute, AsyncDriver.execute
+
+    def execute(self: SyncDriver, call: Any) -> Any:
+        if slow_release(call):
+            time.sleep(1.5)
+        return sync_execute(self, call)
+
+    async def aexecute(self: AsyncDriver, call: Any) -> Any:
+        if slow_release(call):
+            await asyncio.sleep(1.5)
+        return await async_execute(self, call)
+
+    monkeypatch.setattr(SyncDriver, "execute", execute)
+    monkeypatch.setattr(AsyncDriver, "execute", aexecute)
+    jobs = 4
+    producer = Producer(settings, app)
+    ids = [
+        producer.submit("hold", Work(n=i), job_id=f"{aws.prefix}-r{i}").job_id for i in range(jobs)
+    ]
+    worker = _worker(app, settings, "w", concurrency=jobs, shutdown_grace=0.3)
+    with collect_journal() as journal, running(worker) as (runner,):
+        for _ in range(jobs):
+            assert held.acquire(timeout=30)
+        stats = runner.stop(timeout=60)
+        names = journal.names()
+
+    assert stats.released == jobs
+    assert names.count("messages_released") == jobs
+    assert names.index("worker_stopped") > max(
+        i for i, n in enumerate(names) if n == "messages_released"
+    )
+    for job_id in ids:
+        rec = read_record(ddb_client, settings, job_id)
+        assert (rec.state, rec.attempt, rec.error_code) == ("queued", 0, "released")
+    got = drain(sqs_client, url, timeout=5, want=jobs)  # visible again at once
+    assert len(got) == jobs

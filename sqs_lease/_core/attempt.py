@@ -57,7 +57,7 @@ committed, a round planned and applied); real shells pass none.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,10 +66,12 @@ from .calls import Emit, Err, Flow, Invoke, Ok
 from .deploy import redrive_too_tight
 from .endings import Ending, EndKind, ending_for, stopped_ending
 from .flows import (
+    DDB_BATCH_GET,
     Claimed,
     Delivery,
     Finish,
     FinishOutcome,
+    HeartbeatReport,
     LossSource,
     NotClaimedOutcome,
     Poison,
@@ -139,6 +141,23 @@ class ActFor:
         return None
 
 
+@dataclass(frozen=True)
+class Parallel:
+    """``Invoke("parallel").fn``: independent flows to run at once (a heartbeat round's
+    parts); the answer is their results, in order.
+
+    Calling it runs ``runner(flows)``: the shell's way to run flows together (the
+    thread worker's small pool, the async worker's ``gather``); the simulator runs
+    them one after another in simulated time.
+    """
+
+    flows: tuple[Flow[Any], ...]
+    runner: Callable[[Sequence[Flow[Any]]], Any]
+
+    def __call__(self) -> Any:
+        return self.runner(self.flows)
+
+
 class Observer(Protocol):
     """Moments a checker may watch (the simulator's); shells that do not watch pass None."""
 
@@ -172,6 +191,9 @@ class AttemptEnv:
     new_signal: Callable[[], Signal]
     run_handler: Callable[[HandlerRun], Any]
     observer: Observer | None = None
+    # How the shell runs a round's parts at once (``Invoke("parallel")``); None: one
+    # after another in this flow.
+    run_parallel: Callable[[Sequence[Flow[Any]]], Any] | None = None
 
 
 # What a delivery that was not claimed counts as, by its outcome.
@@ -487,6 +509,12 @@ def held_effect_flow(
 # ----------------------------------------------------------------------------- heartbeat
 
 
+ROUND_PART = DDB_BATCH_GET
+"""Leases per part of a heartbeat round: one ownership read (BatchGetItem of 100)
+and its ten visibility batches. A round's parts run at once (``Invoke("parallel")``),
+so a round of thousands takes about as long as its slowest part, not their sum."""
+
+
 def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
     """One heartbeat round over the book (the shell decides only when to run it)."""
     book = env.book
@@ -499,14 +527,28 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
         return
     if env.observer is not None:
         env.observer.round_planned(extend)
+    due = min(lease.next_beat for lease in extend)
     wall = (yield from _now(env)).wall
-    report = yield from heartbeat_flow(
-        env.table,
-        queue_url=env.queue_url,
-        leases=extend,
-        worker_id=env.worker_id,
-        wall_now=wall,
-        advise=plan.advise,
+    parts = [
+        heartbeat_flow(
+            env.table,
+            queue_url=env.queue_url,
+            leases=extend[i : i + ROUND_PART],
+            worker_id=env.worker_id,
+            wall_now=wall,
+            advise=plan.advise,
+        )
+        for i in range(0, len(extend), ROUND_PART)
+    ]
+    if len(parts) == 1 or env.run_parallel is None:
+        reports = []
+        for part in parts:
+            reports.append((yield from part))
+    else:
+        reports = yield from _value("parallel", Parallel(tuple(parts), env.run_parallel))
+    report = HeartbeatReport(
+        {job_id: beat for r in reports for job_id, beat in r.beats.items()},
+        sum(r.calls for r in reports),
     )
     changed, superseded = book.apply_round(extend, report, started=now, advised=plan.advise)
     if superseded:
@@ -514,6 +556,11 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
     yield from changed.events
     if env.observer is not None:
         env.observer.round_applied(changed.extended)
+    if book.pace is not None:
+        ended = (yield from _now(env)).mono
+        pressure = book.paced(extend, due=due, started=now, ended=ended)
+        if pressure is not None:
+            yield pressure
 
 
 def watchdog_drops_flow(
@@ -525,6 +572,9 @@ def watchdog_drops_flow(
     book = env.book
     for held, why in dropped:
         lease = held.lease
+        if why is Drop.WORKER_LATE:
+            yield from _handed_back_late(env, held, now)
+            continue
         yield Emit(
             "lease_dropped",
             {
@@ -548,6 +598,38 @@ def watchdog_drops_flow(
         yield Invoke("act_for", ActFor("heartbeat"))
         if fin.outcome in (FinishOutcome.DONE, FinishOutcome.FAILED):
             book.gave_back([held], f"watchdog: {why.value}")
+
+
+def _handed_back_late(env: AttemptEnv, held: Held, now: float) -> Flow[None]:
+    """The worker's own heartbeat let a confirmed lease run out (it was overloaded,
+    paused, or its loop was held): the job did nothing wrong, so the attempt is not
+    charged. The fenced release puts the record back to ``queued`` and gives back
+    the attempt its claim counted (only while the token is still this attempt's:
+    a claim that already took the job over keeps its own count), and makes the
+    message visible at once."""
+    lease = held.lease
+    yield Emit(
+        "lease_dropped_late",
+        {
+            "job_id": lease.job_id,
+            "token": lease.token,
+            "late_by": round(now - lease.next_beat, 3),
+            "lease_left": round(lease.deadline - now, 3),
+        },
+    )
+    yield Invoke("act_for", ActFor("release", {lease.job_id: lease.token}))
+    wall = (yield from _now(env)).wall
+    released = yield from release_flow(
+        env.table,
+        queue_url=env.queue_url,
+        held=[(held.job, held.delivery)],
+        worker_id=env.worker_id,
+        wall_now=wall,
+        reason="worker late: its heartbeat fell behind; attempt not charged",
+    )
+    yield Invoke("act_for", ActFor("heartbeat"))
+    env.tally("released_late", released)
+    env.book.gave_back([held], "worker late")
 
 
 def heartbeat_tick_flow(env: AttemptEnv, *, stopping: bool) -> Flow[None]:
@@ -678,6 +760,7 @@ __all__ = [
     "HandlerRun",
     "Now",
     "Observer",
+    "Parallel",
     "attempt_flow",
     "first_sweep_wait",
     "heartbeat_round_flow",

@@ -49,6 +49,7 @@ from .timing import (
     Drop,
     LeaseStatus,
     LocalLease,
+    Pace,
     Stall,
     Stop,
     judge_stall,
@@ -165,9 +166,15 @@ class LeaseBook:
     """The leases one worker holds (see the module doc)."""
 
     def __init__(
-        self, lock: Guard | None = None, on_hold: Callable[[], None] | None = None
+        self,
+        lock: Guard | None = None,
+        on_hold: Callable[[], None] | None = None,
+        pace: Pace | None = None,
     ) -> None:
         self.lock: Guard = lock if lock is not None else NoLock()
+        # What the heartbeat keeps on time (None: no backpressure, the simulator's
+        # scripted worlds and hand-driven tests).
+        self.pace = pace
         self._held: dict[str, Held] = {}
         # Set without the lock (a signal handler may set it): every lease held from
         # now on is told to stop as it is held.
@@ -188,6 +195,20 @@ class LeaseBook:
     def get(self, job_id: str) -> Held | None:
         with self.lock:
             return self._held.get(job_id)
+
+    def room(self, free: int) -> int:
+        """How many new messages the worker may take on now, of ``free`` open slots:
+        no more than its heartbeat keeps on time (:class:`~sqs_lease._core.timing.Pace`)."""
+        if self.pace is None:
+            return free
+        with self.lock:
+            return max(0, min(free, self.pace.room(len(self._held))))
+
+    def ending(self) -> int:
+        """Attempts whose handler ended and whose end write is still under way (their
+        entries go when the attempt is over): a shell waits for them at shutdown."""
+        with self.lock:
+            return sum(1 for h in self._held.values() if h.lease.status is LeaseStatus.DONE)
 
     # ------------------------------------------------------------------ one attempt
 
@@ -335,6 +356,31 @@ class LeaseBook:
                 blocker.cancelled.set()
                 dropped.append((blocker, Drop.LOOP_BLOCKED))
         return stall, dropped
+
+    def paced(
+        self, leases: Sequence[LocalLease], *, due: float, started: float, ended: float
+    ) -> Emit | None:
+        """Measure a round that extended ``leases`` (the most overdue due at ``due``)
+        against the pace; the ``backpressure_on``/``backpressure_off`` event when it
+        turned backpressure on or off."""
+        if self.pace is None or not leases:
+            return None
+        with self.lock:
+            pace = self.pace
+            changed = pace.observe(extended=len(leases), due=due, started=started, ended=ended)
+            held = len(self._held)
+        if not changed:
+            return None
+        return Emit(
+            "backpressure_on" if pace.throttled else "backpressure_off",
+            {
+                "held": held,
+                "capacity": pace.capacity,
+                "round_late": round(pace.late, 3),
+                "budget": round(pace.budget, 3),
+                "round_seconds": round(ended - started, 3),
+            },
+        )
 
     def still_open(self, leases: Sequence[LocalLease]) -> list[LocalLease]:
         """The planned leases still open: the drops' writes can take long (a partition),

@@ -188,7 +188,8 @@ OPEN = frozenset({LeaseStatus.OK, LeaseStatus.UNKNOWN})
 class Drop(StrEnum):
     """Why the worker stops extending a job (the watchdog's reasons, and shutdown)."""
 
-    RESERVE_SPENT = "lease_reserve_spent"
+    RESERVE_SPENT = "lease_reserve_spent"  # ownership went unconfirmed until the reserve ran out
+    WORKER_LATE = "worker_late"  # confirmed, but this worker's own heartbeat came too late
     EFFECT_TIMEOUT = "effect_timeout"  # one effect call ran past its timeout + EFFECT_MARGIN
     NO_PROGRESS = "no_progress"
     STAGE_BUDGET = "stage_budget_exceeded"
@@ -293,6 +294,11 @@ class LocalLease:
             return WorkerShuttingDown(
                 f"{where}: the worker is shutting down; the job goes back to the queue"
             )
+        if stop is Stop.LET_GO and self.dropped is Drop.WORKER_LATE:
+            return OwnershipUnknown(
+                f"{where}: the worker's heartbeat fell behind and let the lease go; the job "
+                "was handed back (the attempt is not spent)"
+            )
         if stop is Stop.LET_GO and self.dropped not in (None, Drop.RESERVE_SPENT):
             return AttemptTimedOut(
                 f"{where}: stopped by the watchdog ({self.reason}); the job was given back "
@@ -345,7 +351,10 @@ def plan_heartbeat(leases: Iterable[LocalLease], now: float) -> BeatPlan:
         if lease.status not in OPEN:
             continue
         if now >= lease.conservative_deadline:
-            drop.append((lease, Drop.RESERVE_SPENT))
+            # Confirmed at the last round and no call failed since: nobody but this
+            # worker's own heartbeat (overloaded, paused, a held loop) let it run out.
+            late = lease.status is LeaseStatus.OK
+            drop.append((lease, Drop.WORKER_LATE if late else Drop.RESERVE_SPENT))
         elif lease.calls and now > min(lease.calls.values()) + EFFECT_MARGIN:
             drop.append((lease, Drop.EFFECT_TIMEOUT))
         elif (
@@ -460,3 +469,85 @@ def judge_stall(
         "lapsed": len(lapsed),
     }
     return Stall(drop, lapsed, event)
+
+
+# --------------------------------------------------------------------------- backpressure
+
+PACE_SHARE = 0.5
+"""The part of a lease's slack a heartbeat round may spend late before the worker
+stops taking new work (the other half is left for what it cannot foresee)."""
+
+PACE_START = 100
+"""Leases a worker takes on before any heartbeat round has shown what one costs."""
+
+
+def pace_budget(timings: Iterable[tuple[float, float, float]]) -> float:
+    """How late (seconds) a heartbeat round may complete before the worker must stop
+    taking work, for job classes given as ``(lease, heartbeat, jitter)``.
+
+    A beat due at ``next_beat`` that completes more than ``lease - heartbeat -
+    jitter`` late finds its lease past the conservative deadline (the slack,
+    :func:`loop_lag_limit`); a round that runs longer than ``heartbeat`` makes the
+    next one late as well. The budget is :data:`PACE_SHARE` of the smaller of the
+    two, for the tightest class.
+    """
+    slack = min(min(beat, loop_lag_limit(lease, beat, jitter)) for lease, beat, jitter in timings)
+    return PACE_SHARE * slack
+
+
+@dataclass
+class Pace:
+    """How many leases this worker's heartbeat keeps on time (backpressure).
+
+    Every round that extends leases is measured (:meth:`observe`): how late its
+    most overdue extension completed against its schedule (``late``), and what one
+    lease cost it (its duration over the leases it extended). From the cost the
+    pace projects how many leases a round can extend within :attr:`budget`
+    (``capacity``); :meth:`room` is how many more the worker may take on. A round
+    that completed later than the budget stops all new work (``throttled``) until
+    one completes within it again: the worker stops receiving *before* a round is
+    late enough to cost a lease (at twice the budget).
+    """
+
+    budget: float
+    start: int = PACE_START
+    capacity: int | None = None  # None: no round measured yet
+    proven: int = 0  # the largest round kept on time since the last late one
+    late: float = 0.0
+    throttled: bool = False
+
+    def observe(self, *, extended: int, due: float, started: float, ended: float) -> bool:
+        """A round that extended ``extended`` leases ran from ``started`` to ``ended``;
+        the most overdue of them was due at ``due``. Returns True when this round
+        turned backpressure on or off.
+
+        On time (``late`` within the budget) the worker may hold twice the largest
+        round it has kept on time since it was last late, or what the cost projects,
+        whichever is more (a round of a few leases is all latency: its projection
+        alone would starve a worker whose heartbeat keeps up). Late, it holds no
+        more than the projection allows, and takes nothing new until a round is on
+        time again.
+        """
+        if extended <= 0:
+            return False
+        self.late = max(0.0, ended - due)
+        cost = max(ended - started, 1e-6) / extended
+        projected = max(1, math.floor(self.budget / cost))
+        was, self.throttled = self.throttled, self.late > self.budget
+        if self.throttled:
+            self.proven = 0
+            self.capacity = min(projected, extended)
+        else:
+            self.proven = max(self.proven, extended)
+            self.capacity = max(self.start, 2 * self.proven, projected)
+        return was != self.throttled
+
+    def room(self, held: int) -> int:
+        """How many more leases the worker may take on while it holds ``held``.
+
+        Throttled, none while it holds any: a worker that holds nothing has no round
+        that could be late (and no round would ever lift the throttle)."""
+        if self.throttled and held > 0:
+            return 0
+        limit = self.capacity if self.capacity is not None else self.start
+        return max(0, limit - held)

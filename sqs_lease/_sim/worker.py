@@ -21,13 +21,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from .._core import attempt as core
-from .._core.attempt import ActFor, AttemptEnv, HandlerRun, Now
+from .._core.attempt import ActFor, AttemptEnv, HandlerRun, Now, Parallel
 from .._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
 from .._core.flows import UNKNOWN_CLASS_RECEIVES, Claimed, Delivery, Poison, receive_flow
 from .._core.intents import EffectResult, EffectSpec, default_key
 from .._core.leasebook import Flag, Held, LeaseBook
 from .._core.limits import ITEM_LIMIT
-from .._core.timing import EFFECT_MARGIN, OPEN, LocalLease, Stop
+from .._core.timing import EFFECT_MARGIN, OPEN, LocalLease, Pace, Stop, pace_budget
 from .._errors import (
     LeaseLost,
     PermanentError,
@@ -104,6 +104,14 @@ def drive(
                 kind = instr.fn.kind
                 origin = base if tokens is None else Origin(actor.id, kind, kind, dict(tokens))
                 out = Ok({"value": None}, actor.mono(), actor.mono())
+            elif isinstance(instr, Invoke) and isinstance(instr.fn, Parallel):
+                # A round's parts, one after another in simulated time (one schedule
+                # of the many a concurrent shell may run).
+                start = actor.mono()
+                values = []
+                for part in instr.fn.flows:
+                    values.append((yield from drive(world, actor, part, origin, watch, handler)))
+                out = Ok({"value": values}, start, actor.mono())
             elif (
                 isinstance(instr, Invoke)
                 and handler is not None
@@ -182,7 +190,15 @@ class SimWorker(Actor):
         most = max(c.max_attempts for c in self.classes.values())
         unknown_bound, _ = core.redrive_rules(p.max_receive, most, UNKNOWN_CLASS_RECEIVES)
         # A heartbeat that sleeps until the next due moment is woken by a new lease.
-        self.book = LeaseBook(on_hold=lambda: self.world.interrupt(self.heartbeat_task))
+        self.book = LeaseBook(
+            on_hold=lambda: self.world.interrupt(self.heartbeat_task),
+            pace=Pace(
+                pace_budget(
+                    (c.lease_seconds, c.heartbeat_seconds, c.jitter_seconds)
+                    for c in self.classes.values()
+                )
+            ),
+        )
         self.env = AttemptEnv(
             table=self.table,
             intents=self.intents,
@@ -199,6 +215,7 @@ class SimWorker(Actor):
             new_signal=Flag,
             run_handler=_no_sync_handler,
             observer=self,
+            run_parallel=_no_sync_parallel,  # drive() runs Invoke("parallel") itself
         )
 
     # ------------------------------------------------------------------ plumbing
@@ -265,7 +282,7 @@ class SimWorker(Actor):
         for _ in range(_LOOP_LIMIT):
             if self.stopping:
                 break
-            free = max(0, self.concurrency - self._alive_jobs())
+            free = self.book.room(max(0, self.concurrency - self._alive_jobs()))
             if free == 0:
                 yield SleepOp(1.0, wakeable=True)  # woken when a job task ends
                 continue
@@ -503,3 +520,7 @@ class SimWorker(Actor):
 
 def _no_sync_handler(run: HandlerRun) -> Any:  # pragma: no cover - drive runs the script
     raise RuntimeError("the simulator runs handlers as scripted tasks (drive's handler)")
+
+
+def _no_sync_parallel(flows: Any) -> Any:  # pragma: no cover - drive runs the parts
+    raise RuntimeError("the simulator runs a round's parts in simulated time (drive)")

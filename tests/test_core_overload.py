@@ -1,0 +1,185 @@
+"""A worker never fails work because it is overloaded (issue 12 item 3), in the core.
+
+Two rules, driven by hand: backpressure (the worker takes on no more than its
+heartbeat keeps on time: ``Pace``, asked through ``LeaseBook.room``), and the
+lateness drop (a confirmed lease that this worker's own heartbeat let run out is
+handed back with the attempt its claim counted given back, never charged).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+from core_harness import TABLE, WORKER, Script, delivery, job_item, ok
+from test_core_attempt import MONO, Shell, _up_to_handler
+
+from sqs_lease._core.attempt import Parallel, heartbeat_round_flow
+from sqs_lease._core.calls import Call, Flow, Outcome
+from sqs_lease._core.leasebook import LeaseBook
+from sqs_lease._core.records import JobState
+from sqs_lease._core.timing import Drop, LeaseStatus, Pace, pace_budget
+
+# ----------------------------------------------------------------------------- backpressure
+
+
+def test_pace_budget_is_half_the_tightest_class_slack_or_heartbeat() -> None:
+    # L - H - J = 3 - 1 - 0.5 = 1.5 > H = 1: the heartbeat bounds it.
+    assert pace_budget([(3, 1.0, 0.5), (120, 10.0, 5.0)]) == 0.5
+    # 12 - 5 - 5 = 2 < H = 5: the slack bounds it.
+    assert pace_budget([(12, 5.0, 5.0)]) == 1.0
+
+
+def test_a_round_later_than_its_budget_stops_all_new_work_until_one_is_on_time() -> None:
+    pace = Pace(budget=0.5)
+    assert pace.room(0) == 100  # nothing measured yet: the starting allowance
+    # 300 leases due at t=10 extended by t=10.2: on time, room to grow.
+    assert not pace.observe(extended=300, due=10.0, started=10.0, ended=10.2)
+    assert pace.room(300) > 0
+    # The next round completes 0.8 s after its most overdue beat was due: late.
+    assert pace.observe(extended=400, due=20.0, started=20.1, ended=20.8)
+    assert pace.throttled
+    assert pace.room(1) == 0 and pace.room(250) == 0  # nothing new, however few held
+    # Holding nothing, no round can be late (nor lift the throttle): it takes work.
+    assert pace.room(0) > 0
+    # On time again: it takes work again, up to what a round keeps on time.
+    assert pace.observe(extended=200, due=30.0, started=30.0, ended=30.1)
+    assert not pace.throttled and pace.room(200) > 0
+
+
+def test_on_time_the_worker_may_hold_what_the_cost_projects_and_no_more() -> None:
+    pace = Pace(budget=0.5)
+    # 100 leases in 0.25 s: 2.5 ms each, 200 fit in a budget of 0.5 s.
+    pace.observe(extended=100, due=10.0, started=10.0, ended=10.25)
+    assert pace.capacity == 200
+    assert pace.room(150) == 50 and pace.room(200) == 0
+    # A round of a few leases is all latency: it never starves a worker that keeps up.
+    pace.observe(extended=2, due=20.0, started=20.0, ended=20.2)
+    assert pace.capacity == 200  # twice the largest round kept on time
+    # A late round forgets what was proven: no more than the projection allows.
+    pace.observe(extended=100, due=30.0, started=30.0, ended=31.0)
+    assert pace.capacity == 50 and pace.room(40) == 0
+
+
+def test_the_book_gives_the_receive_loop_no_more_room_than_the_pace() -> None:
+    shell = Shell(lambda run: None)
+    pace = shell.book.pace = Pace(budget=0.5)
+    assert shell.book.room(10) == 10 and shell.book.room(500) == 100
+    _run, _flow = _up_to_handler(shell)  # one lease held
+    pace.observe(extended=50, due=1.0, started=1.5, ended=2.0)  # 1 s late
+    assert shell.book.room(10) == 0
+    assert LeaseBook().room(500) == 500  # no pace: no backpressure
+
+
+def _bgi(token: int) -> Outcome:
+    found = [job_item(state=JobState.RUNNING, owner=WORKER, token=token)]
+    return ok({"Responses": {TABLE: found}, "UnprocessedKeys": {}})
+
+
+def test_a_late_heartbeat_round_turns_backpressure_on_in_the_round_flow() -> None:
+    shell = Shell(lambda run: None)
+    shell.book.pace = Pace(budget=0.5)
+    run, _flow = _up_to_handler(shell)
+    due = run.held.lease.next_beat
+    shell.mono = due + 0.2  # the round starts on time ...
+
+    def answer(call: Call) -> Outcome:
+        if call.op == "BatchGetItem":
+            shell.mono += 1.0  # ... and its calls take a second: it completes late
+            return _bgi(run.claim.token)
+        return ok({"Successful": [{"Id": "0"}]}, sent_at=shell.mono)
+
+    s = Script(answer)
+    s.run(heartbeat_round_flow(shell.env))
+    on = s.event("backpressure_on")
+    assert on["held"] == 1 and on["round_late"] > on["budget"] == 0.5
+    assert shell.book.room(10) == 0  # the receive loop takes nothing new
+
+
+def test_a_rounds_parts_run_through_the_shells_parallel_runner() -> None:
+    shell = Shell(lambda run: None)
+    ran: list[int] = []
+
+    def runner(flows: Any) -> list[Any]:
+        ran.append(len(flows))
+        return [Script(lambda c: _answer_part(c)).run(f) for f in flows]
+
+    def _answer_part(call: Call) -> Outcome:
+        if call.op == "BatchGetItem":
+            keys = call.params["RequestItems"][TABLE]["Keys"]
+            found = [
+                job_item(k["job_id"]["S"], state=JobState.RUNNING, owner=WORKER, token=5)
+                for k in keys
+            ]
+            return ok({"Responses": {TABLE: found}, "UnprocessedKeys": {}})
+        return ok({"Successful": [{"Id": e["Id"]} for e in call.params["Entries"]]})
+
+    shell.env.run_parallel = runner
+    flows: list[Flow[Any]] = []
+    for i in range(250):
+        d = delivery(f"job-{i}", receipt_handle=f"rh-{i}")
+        claimed = ok({"Attributes": job_item(f"job-{i}", state=JobState.QUEUED, token=4)})
+        flows.append(_hold(shell, d, claimed))
+    shell.mono = MONO + 10.0
+    s = Script([])
+    s.run(heartbeat_round_flow(shell.env))
+    assert ran == [3]  # 250 leases: three parts of at most 100, run at once
+    assert [i.fn for i in s.invoked if isinstance(i.fn, Parallel)]
+    assert all(h.lease.next_beat == MONO + 20.0 for h in shell.book.entries())
+
+
+def _hold(shell: Shell, d: Any, claimed: Outcome) -> Flow[Any]:
+    from sqs_lease._core.attempt import attempt_flow
+    from sqs_lease._core.calls import Invoke
+
+    flow = attempt_flow(shell.env, d)
+    answers = iter([claimed, ok(sent_at=MONO)])
+    instr = next(flow)
+    while not (isinstance(instr, Invoke) and instr.what == "handler"):
+        out: Any = None
+        if isinstance(instr, Call):
+            out = next(answers)
+        elif isinstance(instr, Invoke):
+            out = ok({"value": instr.fn()})
+        instr = flow.send(out)
+    return flow
+
+
+# ----------------------------------------------------------------------------- lateness
+
+
+def test_a_lease_the_worker_let_run_out_by_its_own_lateness_is_handed_back_uncharged() -> None:
+    shell = Shell(lambda run: None)
+    run, _flow = _up_to_handler(shell)
+    held = run.held
+    assert held.lease.status is LeaseStatus.OK  # confirmed: no call failed
+    shell.mono = held.lease.conservative_deadline + 0.5  # no round ran in time
+    s = Script([ok({"Attributes": {}}), ok({"Successful": [{"Id": "0"}]})])
+    s.run(heartbeat_round_flow(shell.env))
+    late = s.event("lease_dropped_late")
+    assert (late["job_id"], late["token"]) == ("job-1", 5) and late["late_by"] > 0
+    assert s.events_named("lease_dropped") == []  # not the watchdog's drop
+    release, visible = s.calls
+    assert (release.op, visible.op) == ("UpdateItem", "ChangeMessageVisibilityBatch")
+    text = json.dumps(release.params)
+    # Fenced: only while the token is this attempt's and the job is running ...
+    assert ":" in release.params["ConditionExpression"] and "5" in text
+    # ... back to queued with the attempt the claim counted given back.
+    update = release.params["UpdateExpression"]
+    assert "-" in update and "queued" in text
+    assert visible.params["Entries"][0]["VisibilityTimeout"] == 0
+    assert held.lease.dropped is Drop.WORKER_LATE and held.cancelled.is_set()
+    assert shell.counts == Counter(claimed=1, released_late=1)  # no retry, no failure
+
+
+def test_a_lease_whose_ownership_went_unconfirmed_is_still_just_let_go() -> None:
+    shell = Shell(lambda run: None)
+    run, _flow = _up_to_handler(shell)
+    held = run.held
+    held.lease.status = LeaseStatus.UNKNOWN  # SQS or DynamoDB did not answer
+    shell.mono = held.lease.conservative_deadline + 0.5
+    s = Script([])
+    s.run(heartbeat_round_flow(shell.env))
+    assert s.event("lease_dropped")["reason"] == Drop.RESERVE_SPENT.value
+    assert s.calls == [] and held.lease.dropped is Drop.RESERVE_SPENT

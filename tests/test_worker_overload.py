@@ -1,0 +1,83 @@
+"""A worker holding more sleeping handlers than its heartbeat keeps on time fails no job.
+
+Issue 12 item 3, on a real moto server over HTTP, with each worker shell: many
+handlers that sleep through several heartbeats, a short lease, one attempt per
+job. The worker's backpressure (it takes on no more than its rounds keep on
+time) and its lateness rule (a lease its own late heartbeat let run out is
+handed back without charging the attempt) must leave every job succeeded on its
+first and only attempt: a re-claim because of the worker's own lateness would
+spend the second attempt ``max_attempts=1`` does not have, and fail the job.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from conftest import AwsTestEnv
+from pydantic import BaseModel
+from worker_helpers import collect_journal, prepare, read_record, running, use_shell, wait_until
+
+from sqs_lease import App, JobContext, JobState, Producer, Timeouts, Worker
+
+if TYPE_CHECKING:
+    from types_boto3_dynamodb import DynamoDBClient
+
+pytestmark = pytest.mark.integration
+
+Shell: Any = Worker  # each worker shell in turn (use_shell)
+shell = use_shell(__name__)
+
+JOBS = 120
+SHORT = {"lease_seconds": 4, "heartbeat_seconds": 1.0, "jitter_seconds": 1.5}
+# Calls that answer late are the overload under test, not an outage: patient client
+# timeouts keep "no answer" (ownership unknown, a claim that may have applied) out of
+# a test of the worker's own lateness on a shared, busy machine.
+PATIENT = Timeouts(read=30.0, attempts=1)
+
+
+class Nap(BaseModel):
+    n: int
+
+
+def test_an_overloaded_worker_fails_no_job_and_reclaims_none_by_its_own_lateness(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+
+    @app.job("nap", payload=Nap, **SHORT, missed_heartbeats=2, max_attempts=1)
+    def nap(ctx: JobContext[Any], p: Nap) -> dict[str, int]:
+        ctx.wait(2.5)  # sleeps through two heartbeats (raises if told to stop)
+        return {"n": p.n}
+
+    producer = Producer(settings, app)
+    ids = [
+        producer.submit("nap", Nap(n=i), job_id=f"{aws.prefix}-{i:03d}").job_id for i in range(JOBS)
+    ]
+    worker = Shell(
+        app,
+        settings,
+        worker_id=f"ov-{aws.prefix}",
+        concurrency=JOBS,
+        receive_wait=1,
+        timeouts=PATIENT,
+    )
+    with collect_journal() as journal, running(worker) as (runner,):
+        wait_until(
+            lambda: len(journal.events("result_committed")) >= JOBS,
+            400,  # a hang guard only
+            f"{JOBS} committed results",
+            interval=0.5,
+        )
+        stats = runner.stop(timeout=60)
+
+    records = [read_record(ddb_client, settings, j) for j in ids]
+    assert {r.state for r in records} == {JobState.SUCCEEDED.value}
+    # One attempt each: no lateness of the worker's was charged to a job.
+    assert {r.attempt for r in records} == {1}
+    assert stats.failed == 0 and stats.committed == JOBS
+    assert stats.reclaimed == 0 and journal.events("job_reclaimed") == []
+    assert journal.events("job_failed") == []
+    # A lease it let go by its own lateness, if any, went back uncharged, never lapsed.
+    assert stats.released_late == len(journal.events("lease_dropped_late"))
