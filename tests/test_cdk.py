@@ -396,6 +396,99 @@ def test_cfn_lint_finds_no_error_in_the_template(tpl: Json) -> None:
     assert warnings <= {"W3005"}, [str(m) for m in matches]
 
 
+# ------------------------------------------------------------------ FIFO + KMS
+
+FIFO_PREFIX = f"f{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="module")
+def fifo_stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The example with both options on: FIFO queues, and a KMS key of its own."""
+    app = cdk.App(outdir=str(tmp_path_factory.mktemp("cdk.fifo.out")))
+    return EXAMPLE.ExampleStack(app, "FifoExample", prefix=FIFO_PREFIX, fifo=True, encrypted=True)
+
+
+@pytest.fixture(scope="module")
+def fifo_tpl(fifo_stack: Any) -> Json:
+    out: Json = Template.from_stack(fifo_stack).to_json()
+    return out
+
+
+def _key_id(tpl: Json) -> str:
+    (key_id,) = _of_type(tpl, "AWS::KMS::Key")
+    return key_id
+
+
+def test_a_fifo_stack_makes_both_queues_fifo_without_content_deduplication(
+    fifo_tpl: Json,
+) -> None:
+    queue, dlq = _queues(fifo_tpl)
+    settings = Settings(prefix=FIFO_PREFIX, fifo=True)
+    assert (queue["QueueName"], dlq["QueueName"]) == (settings.queue, settings.dlq)
+    assert (queue["QueueName"], dlq["QueueName"]) == (
+        f"{FIFO_PREFIX}-jobs.fifo",
+        f"{FIFO_PREFIX}-jobs-dlq.fifo",
+    )
+    for props in (queue, dlq):
+        assert props["FifoQueue"] is True
+        assert props["ContentBasedDeduplication"] is False
+    # Both consumers read the same names (and the FIFO flag) from their environment.
+    (fn,) = _of_type(fifo_tpl, "AWS::Lambda::Function").values()
+    env = fn["Properties"]["Environment"]["Variables"]
+    read = Settings.from_env(env)
+    assert (read.fifo, read.queue, read.dlq) == (True, settings.queue, settings.dlq)
+    (task,) = _of_type(fifo_tpl, "AWS::ECS::TaskDefinition").values()
+    (container,) = task["Properties"]["ContainerDefinitions"]
+    ecs_env = {e["Name"]: e["Value"] for e in container["Environment"]}
+    assert ecs_env["SQS_LEASE_FIFO"] == "true" and ecs_env["SQS_LEASE_QUEUE"] == settings.queue
+
+
+def test_a_kms_key_encrypts_both_queues_and_is_granted_to_consumers_and_producer(
+    fifo_tpl: Json,
+) -> None:
+    key_id = _key_id(fifo_tpl)
+    key = fifo_tpl["Resources"][key_id]["Properties"]
+    assert key["EnableKeyRotation"] is True
+    for props in _queues(fifo_tpl):
+        assert props["KmsMasterKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
+        assert "SqsManagedSseEnabled" not in props
+    # The key policy: the account administers it (CDK's default), nobody else is named;
+    # every use is granted on the roles, on this key only.
+    statements = key["KeyPolicy"]["Statement"]
+    assert len(statements) == 1 and statements[0]["Action"] == "kms:*"
+    assert "AWS" in statements[0]["Principal"] and "*" not in json.dumps(statements[0]["Principal"])
+    for fragment in ("LambdaConsumerRole", "FargateConsumerTaskTaskRole", "ProducerRole"):
+        kms = [s for s in _role_statements(fifo_tpl, fragment) if "kms:" in json.dumps(s)]
+        actions = {a for s in kms for a in _actions(s)}
+        assert actions == {"kms:GenerateDataKey", "kms:Decrypt"}, fragment
+        assert all(_resources(s) == [{"Fn::GetAtt": [key_id, "Arn"]}] for s in kms), fragment
+
+
+def test_cdk_nag_finds_nothing_in_the_fifo_kms_stack_and_cfn_lint_no_error(
+    fifo_stack: Any, fifo_tpl: Json
+) -> None:
+    from cdk_nag import AwsSolutionsChecks
+    from cfnlint.api import lint_all
+
+    report = AwsSolutionsChecks(fifo_stack.node.root).validate_scope(fifo_stack)
+    assert [v.rule_name for v in report.violations] == [] and report.success
+    matches = lint_all(json.dumps(fifo_tpl))
+    assert [str(m) for m in matches if m.rule.id.startswith("E")] == []
+    assert {m.rule.id for m in matches if m.rule.id.startswith("W")} <= {"W3005"}
+
+
+def test_a_batching_window_on_a_fifo_queue_is_refused() -> None:
+    with pytest.raises(ConfigError, match="max_batching_window=5 s: an event source on a FIFO"):
+        LeasedQueue(
+            _scratch(),
+            "Q",
+            job_classes=[_class()],
+            fifo=True,
+            lambda_timeout=cdk.Duration.seconds(60),
+            max_batching_window=cdk.Duration.seconds(5),
+        )
+
+
 # ------------------------------------------------------------------ props
 
 

@@ -48,11 +48,14 @@ def _environment(queue: LeasedQueue, tables: LeaseTables, app_ref: str) -> dict[
             "(SQS_LEASE_PREFIX); give both constructs the same prefix"
         )
     # The names the library's Settings.from_env reads; the region is the runtime's own.
-    return {
+    env = {
         "SQS_LEASE_PREFIX": tables.settings.prefix,
         "SQS_LEASE_QUEUE": queue.settings.queue,
         "SQS_LEASE_APP": app_ref,
     }
+    if queue.fifo:
+        env["SQS_LEASE_FIFO"] = "true"
+    return env
 
 
 class LambdaConsumer(Construct):
@@ -102,6 +105,11 @@ class LambdaConsumer(Construct):
             else int(max_batching_window.to_seconds())
         )
         check_lambda_timing(queue.visibility_timeout_seconds, timeout, window)
+        if queue.fifo and window:
+            raise ConfigError(
+                f"max_batching_window={window} s: an event source on a FIFO queue takes no "
+                "batching window; leave it unset"
+            )
         limit = 10 if queue.fifo else 10_000
         if not 1 <= batch_size <= limit:
             raise ConfigError(
