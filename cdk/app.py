@@ -146,7 +146,6 @@ class ExampleStack(cdk.Stack):
             self,
             "Monitoring",
             queue=self.queue,
-            log_groups=[self.lambda_consumer.log_group, self.fargate_consumer.log_group],
         )
 
 

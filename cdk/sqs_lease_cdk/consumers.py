@@ -19,6 +19,7 @@ from constructs import Construct
 from sqs_lease import ConfigError
 from sqs_lease.deploy import SHUTDOWN_GRACE_SECONDS, check_lambda_timing, ecs_stop_timeout
 
+from .monitoring import metrics_namespace
 from .queue import LeasedQueue
 from .tables import LeaseTables
 
@@ -55,6 +56,10 @@ def _environment(queue: LeasedQueue, tables: LeaseTables, app_ref: str) -> dict[
     }
     if queue.fifo:
         env["SQS_LEASE_FIFO"] = "true"
+    # EMF metrics to stdout (CloudWatch Logs extracts them): LeaseMonitoring's alarms
+    # read this namespace. The image / asset needs `sqs-lease[metrics]`.
+    env["SQS_LEASE_METRICS"] = "true"
+    env["SQS_LEASE_METRICS_NAMESPACE"] = metrics_namespace(queue.settings.prefix)
     return env
 
 
@@ -177,7 +182,7 @@ class LambdaConsumer(Construct):
 
     @property
     def log_group(self) -> logs.ILogGroup:
-        """Where the function's journal goes (the monitoring's metric filters read it)."""
+        """Where the function's journal goes (its EMF metrics too)."""
         return self._log_group
 
     @property
@@ -298,7 +303,7 @@ class FargateConsumer(Construct):
 
     @property
     def log_group(self) -> logs.ILogGroup:
-        """Where the workers' journal goes (the monitoring's metric filters read it)."""
+        """Where the workers' journal goes (its EMF metrics too)."""
         return self._log_group
 
     @property
