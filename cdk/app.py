@@ -3,7 +3,8 @@
 Synthesise with ``python app.py`` (no CDK CLI needed) or deploy with ``cdk deploy``
 (see README.md). Context values: ``prefix`` (resource names, as the library's
 ``--prefix``), ``lambda_asset`` (a directory holding sqs-lease and the job
-module), ``worker_image`` (the ECS worker image).
+module), ``worker_image`` (the ECS worker image), ``fifo`` (``true``: FIFO
+queues), ``encrypted`` (``true``: a KMS key of the stack's own for both queues).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import aws_cdk as cdk
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
@@ -63,12 +65,32 @@ class ExampleStack(cdk.Stack):
         prefix: str = "sqs-lease",
         lambda_asset: Path = HANDLERS,
         worker_image: str = "sqs-lease-worker:latest",
+        fifo: bool = False,
+        encrypted: bool = False,
         **kwargs: object,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         jobs = load_jobs()
+        # A customer-managed key for both queues (else SQS-managed encryption); the
+        # constructs grant it to the consumers and the producer with their queue grants.
+        self.queue_key = (
+            kms.Key(
+                self,
+                "QueueKey",
+                enable_key_rotation=True,
+                description="sqs-lease example: the job queue and its DLQ",
+            )
+            if encrypted
+            else None
+        )
         self.queue = LeasedQueue(
-            self, "Queue", job_classes=jobs, prefix=prefix, lambda_timeout=LAMBDA_TIMEOUT
+            self,
+            "Queue",
+            job_classes=jobs,
+            prefix=prefix,
+            lambda_timeout=LAMBDA_TIMEOUT,
+            fifo=fifo,
+            encryption_key=self.queue_key,
         )
         self.tables = LeaseTables(self, "Tables", prefix=prefix)
         # Whoever submits jobs (an API, another service) assumes a role like this one.
@@ -124,7 +146,6 @@ class ExampleStack(cdk.Stack):
             self,
             "Monitoring",
             queue=self.queue,
-            log_groups=[self.lambda_consumer.log_group, self.fargate_consumer.log_group],
         )
 
 
@@ -139,7 +160,14 @@ def build(app: cdk.App) -> ExampleStack:
         prefix=prefix,
         lambda_asset=Path(asset) if asset else HANDLERS,
         worker_image=image,
+        fifo=_flag(app.node.try_get_context("fifo")),
+        encrypted=_flag(app.node.try_get_context("encrypted")),
     )
+
+
+def _flag(value: object) -> bool:
+    # `cdk -c fifo=true` gives a string; cdk.json may give a boolean.
+    return value is True or str(value).lower() == "true"
 
 
 def main() -> None:

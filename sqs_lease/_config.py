@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ._errors import ConfigError
 
@@ -23,6 +24,9 @@ _SERVICE_ENV: dict[Service, str] = {
     "dynamodb": "AWS_ENDPOINT_URL_DYNAMODB",
 }
 _LOCAL_HOSTS = ("localhost", "::1")
+FIFO_SUFFIX = ".fifo"
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")  # SQS's rule, less a FIFO queue's suffix
+_QUEUE_NAME_LIMIT = 80  # characters, a FIFO queue's ".fifo" included
 
 ENV_VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("AWS_ENDPOINT_URL", "unset (AWS)", "endpoint of both services (the local emulator's URL)"),
@@ -37,6 +41,11 @@ ENV_VARIABLES: tuple[tuple[str, str, str], ...] = (
     ("AWS_DEFAULT_REGION", "unset", "the region, when `AWS_REGION` is unset"),
     ("SQS_LEASE_PREFIX", "sqs-lease", "prefix of the tables and the queue"),
     ("SQS_LEASE_QUEUE", "PREFIX-jobs", "the job queue's name"),
+    (
+        "SQS_LEASE_FIFO",
+        "false",
+        "`true`: FIFO queues (the names end in `.fifo`; default `PREFIX-jobs.fifo`)",
+    ),
 )
 """Every variable :meth:`Settings.from_env` reads: (name, default, meaning). Credentials
 come from boto3's own chain (the task role in ECS). A test checks this against the code."""
@@ -69,6 +78,8 @@ class Settings(BaseModel):
     region: str = "us-east-1"
     prefix: str = Field(default="sqs-lease", pattern=r"^[A-Za-z0-9_.-]{1,60}$")
     queue_name: str | None = None
+    fifo: bool = False
+    """FIFO queues: the job queue and its DLQ (both names end in ``.fifo``)."""
 
     @field_validator("endpoint_url", "sqs_endpoint_url", "dynamodb_endpoint_url")
     @classmethod
@@ -76,6 +87,32 @@ class Settings(BaseModel):
         if v is not None and not v.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return v or None
+
+    @model_validator(mode="after")
+    def _queue_names(self) -> Settings:
+        # ConfigError, not ValueError: pydantic lets it through as it is, naming the field.
+        name = self.queue
+        field = "queue_name" if self.queue_name is not None else "prefix"
+        if self.queue_name is not None and name.endswith(FIFO_SUFFIX) != self.fifo:
+            raise ConfigError(
+                f"queue_name={name!r} with fifo={self.fifo}: a FIFO queue's name ends in "
+                f"{FIFO_SUFFIX!r} and only a FIFO queue's does; fix the name, or set "
+                f"fifo={not self.fifo} (SQS_LEASE_FIFO={str(not self.fifo).lower()})"
+            )
+        for what, full in (("queue", name), ("dead-letter queue", self.dlq)):
+            base = full.removesuffix(FIFO_SUFFIX) if self.fifo else full
+            if not _QUEUE_NAME.match(base) or len(full) > _QUEUE_NAME_LIMIT:
+                raise ConfigError(
+                    f"{field}={getattr(self, field)!r} makes the {what} name {full!r}, which "
+                    f"SQS refuses: 1-{_QUEUE_NAME_LIMIT} characters (a FIFO queue's "
+                    f"{FIFO_SUFFIX!r} included) of letters, digits, - and _; "
+                    + (
+                        "shorten or fix queue_name"
+                        if field == "queue_name"
+                        else "choose another prefix, or set queue_name"
+                    )
+                )
+        return self
 
     def endpoint_for(self, service: str) -> str | None:
         """The endpoint ``service`` (boto3's name) talks to: its own if set, else
@@ -119,10 +156,18 @@ class Settings(BaseModel):
 
     @property
     def queue(self) -> str:
-        return self.queue_name or f"{self.prefix}-jobs"
+        """The job queue's name: ``queue_name``, else ``PREFIX-jobs`` (``.fifo`` added
+        for a FIFO queue)."""
+        if self.queue_name:
+            return self.queue_name
+        return f"{self.prefix}-jobs" + (FIFO_SUFFIX if self.fifo else "")
 
     @property
     def dlq(self) -> str:
+        """The dead-letter queue's name: the queue's with ``-dlq``; a FIFO queue's DLQ
+        is FIFO too (SQS requires it), so its name ends in ``-dlq.fifo``."""
+        if self.fifo:
+            return f"{self.queue.removesuffix(FIFO_SUFFIX)}-dlq{FIFO_SUFFIX}"
         return f"{self.queue}-dlq"
 
     @property
@@ -134,7 +179,8 @@ class Settings(BaseModel):
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Read ``AWS_ENDPOINT_URL``, ``AWS_ENDPOINT_URL_SQS``,
         ``AWS_ENDPOINT_URL_DYNAMODB`` (boto3's names), ``AWS_REGION``/
-        ``AWS_DEFAULT_REGION``, ``SQS_LEASE_PREFIX`` and ``SQS_LEASE_QUEUE``.
+        ``AWS_DEFAULT_REGION``, ``SQS_LEASE_PREFIX``, ``SQS_LEASE_QUEUE`` and
+        ``SQS_LEASE_FIFO``.
 
         Explicit overrides win over the environment, and a service's own endpoint
         wins over the general one at the same level: an explicit ``endpoint_url``
@@ -148,6 +194,7 @@ class Settings(BaseModel):
             "region": e.get("AWS_REGION") or e.get("AWS_DEFAULT_REGION") or "us-east-1",
             "prefix": e.get("SQS_LEASE_PREFIX") or "sqs-lease",
             "queue_name": e.get("SQS_LEASE_QUEUE") or None,
+            "fifo": e.get("SQS_LEASE_FIFO") or False,
         }
         if not ignore:
             values["endpoint_url"] = e.get("AWS_ENDPOINT_URL") or None

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from ._aws import make_client
 from ._config import Settings
+from ._core.fifo import fifo_params
 from ._core.flows import Delivery, parse_message
 from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
 from ._resources import _call, queue_url, redrive
@@ -50,6 +51,7 @@ class DlqMessage:
     is_job_message: bool
     receipt_handle: str = field(repr=False, compare=False, default="")
     attributes: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+    group_id: str | None = None  # a FIFO DLQ's MessageGroupId (SQS's redrive keeps it)
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ def _message_of(raw: dict[str, Any]) -> DlqMessage:
         is_job_message=isinstance(parsed, Delivery),
         receipt_handle=str(raw.get("ReceiptHandle", "")),
         attributes=attrs,
+        group_id=system.get("MessageGroupId") or None,
     )
 
 
@@ -245,7 +248,18 @@ def _move_one(looker: _Looker, url: str, msg: DlqMessage) -> Redriven:
         for name, value in msg.attributes.items()
         if name != REASON_ATTRIBUTE  # the reason it was dead-lettered is history now
     }
-    params: dict[str, Any] = {"QueueUrl": url, "MessageBody": msg.body}
+    params: dict[str, Any] = {
+        "QueueUrl": url,
+        "MessageBody": msg.body,
+        # A FIFO queue: the message's own group, and a deduplication id of this copy
+        # (never the send id: SQS would drop it as a duplicate of the original send
+        # for 5 minutes); a copy repeated after a lost answer stays one copy.
+        **fifo_params(
+            url,
+            group_id=msg.group_id or msg.job_id or msg.message_id,
+            dedup_id=f"redrive:{msg.message_id}",
+        ),
+    }
     if attrs:
         params["MessageAttributes"] = attrs
     try:

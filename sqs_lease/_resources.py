@@ -90,21 +90,31 @@ def _add_missing_indexes(ddb: Any, model: type[Any], name: str, described: dict[
 def create_queue(
     settings: Settings, *, visibility: int = 30, max_receives: int = DEFAULT_MAX_RECEIVES
 ) -> tuple[str, str]:
-    """Create the job queue with a dead-letter queue and redrive; return both URLs."""
+    """Create the job queue with a dead-letter queue and redrive; return both URLs.
+
+    With ``settings.fifo`` both are FIFO queues (SQS requires a FIFO queue's DLQ to be
+    FIFO), without content-based deduplication: every message carries its send id
+    as its deduplication id (``_core.fifo``)."""
     sqs = make_client(settings, "sqs")
+    # FifoQueue can only be given at creation; ContentBasedDeduplication is set again
+    # on an existing queue like the other attributes.
+    fifo = {"FifoQueue": "true"} if settings.fifo else {}
+    dedup = {"ContentBasedDeduplication": "false"} if settings.fifo else {}
     dlq_url = _call(
         sqs,
         "create_queue",
         QueueName=settings.dlq,
-        Attributes={"MessageRetentionPeriod": "1209600"},
+        Attributes={"MessageRetentionPeriod": "1209600", **fifo},
     )["QueueUrl"]
     dlq_arn = _call(sqs, "get_queue_attributes", QueueUrl=dlq_url, AttributeNames=["QueueArn"])[
         "Attributes"
     ]["QueueArn"]
     redrive = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(max_receives)})
-    attrs = {"VisibilityTimeout": str(visibility), "RedrivePolicy": redrive}
+    attrs = {"VisibilityTimeout": str(visibility), "RedrivePolicy": redrive, **dedup}
     try:
-        url = _call(sqs, "create_queue", QueueName=settings.queue, Attributes=attrs)["QueueUrl"]
+        url = _call(sqs, "create_queue", QueueName=settings.queue, Attributes={**attrs, **fifo})[
+            "QueueUrl"
+        ]
     except AwsCallFailed as exc:
         if "QueueAlreadyExists" not in exc.code and "QueueNameExists" not in exc.code:
             raise

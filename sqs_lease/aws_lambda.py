@@ -55,7 +55,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._config import Settings
 from ._core.attempt import attempt_flow
@@ -73,6 +73,9 @@ from ._errors import ConfigError
 from ._jobs import App
 from ._journal import Journal
 from ._worker import Worker, load_app
+
+if TYPE_CHECKING:
+    from .metrics import EmfMetrics
 
 
 class LambdaContext(Protocol):
@@ -202,21 +205,30 @@ def handler(
     *,
     journal: Journal | None = None,
     tick: float = 0.1,
+    metrics: EmfMetrics | None = None,
 ) -> LambdaHandler:
     """A Lambda handler ``(event, context) -> {"batchItemFailures": [...]}`` for ``app``.
 
     ``settings`` default to ``Settings.from_env()`` (the function's environment). The tables
     and queue are found at the first invocation (cold start), once per execution
-    environment. Handlers must be plain functions (no ``async def``).
+    environment. Handlers must be plain functions (no ``async def``). ``metrics``
+    (``sqs_lease.metrics.EmfMetrics``) is fed the journal and flushed to stdout at the
+    end of every invocation (CloudWatch Logs extracts EMF from the function's output).
     """
     shells: list[LambdaShell] = []
 
     def lambda_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         if not shells:
-            shells.append(
-                LambdaShell(app, settings or Settings.from_env(), journal=journal, tick=tick)
-            )
-        return shells[0].handle(event, context)
+            shell = LambdaShell(app, settings or Settings.from_env(), journal=journal, tick=tick)
+            if metrics is not None:
+                shell.journal.add_sink(metrics)
+            shells.append(shell)
+        try:
+            return shells[0].handle(event, context)
+        finally:
+            if metrics is not None:
+                # The environment may be frozen or ended after the return: write now.
+                metrics.flush()
 
     return lambda_handler
 
@@ -227,7 +239,9 @@ _from_env: list[LambdaHandler] = []
 def entry(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The function handler ``sqs_lease.aws_lambda.entry``: the app named by
     ``SQS_LEASE_APP`` (``MODULE:OBJECT``), settings from the environment; loaded
-    at the first invocation and kept for the execution environment's life."""
+    at the first invocation and kept for the execution environment's life. With
+    ``SQS_LEASE_METRICS=true`` it writes EMF metrics (``SQS_LEASE_METRICS_NAMESPACE``)
+    after every invocation, as the ECS worker does every minute."""
     if not _from_env:
         spec = os.environ.get("SQS_LEASE_APP", "")
         if not spec:
@@ -236,7 +250,16 @@ def entry(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
                 "(e.g. myjobs:app), or point the function's handler at your own "
                 "handler(app)"
             )
-        _from_env.append(handler(load_app(spec)))
+        from .service import WorkerEnv
+
+        app = load_app(spec)
+        env = WorkerEnv.load()  # SQS_LEASE_METRICS, SQS_LEASE_METRICS_NAMESPACE, as in ECS
+        metrics = None
+        if env.metrics:
+            from .metrics import EmfMetrics
+
+            metrics = EmfMetrics(app, namespace=env.metrics_namespace)
+        _from_env.append(handler(app, metrics=metrics))
     return _from_env[0](event, context)
 
 

@@ -305,6 +305,11 @@ def _settings(ctx: click.Context) -> Settings:
 @click.option(
     "--queue", "queue_name", default=None, help="Job queue name (default: env SQS_LEASE_QUEUE)."
 )
+@click.option(
+    "--fifo/--no-fifo",
+    default=None,
+    help="FIFO queues, names ending in .fifo (default: env SQS_LEASE_FIFO, else standard).",
+)
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -314,6 +319,7 @@ def cli(
     region: str | None,
     prefix: str | None,
     queue_name: str | None,
+    fifo: bool | None,
 ) -> None:
     """Long tool calls on AWS, made safe: SQS leases, DynamoDB fencing tokens."""
     ctx.obj = Settings.from_env(
@@ -323,6 +329,7 @@ def cli(
         region=region,
         prefix=prefix,
         queue_name=queue_name,
+        fifo=fifo,
     )
 
 

@@ -26,9 +26,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO
 
 from ._errors import ConfigError
-from ._jobs import App
+from ._jobs import App, JobClass
 
-__all__ = ["DEFAULT_NAMESPACE", "METRICS", "EmfMetrics", "MetricSpec", "MetricsFlusher"]
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "METRICS",
+    "EmfMetrics",
+    "MetricSpec",
+    "MetricsFlusher",
+    "dimensions_of",
+]
 
 DEFAULT_NAMESPACE = "SqsLease"
 
@@ -212,7 +219,7 @@ class EmfMetrics:
         self._lock = threading.Lock()
         self._dims: dict[str, Dimensions] = {}
         for name, reg in (app.classes if app is not None else {}).items():
-            self._dims[name] = _dimensions(name, reg.job_class.model, reg.job_class.provider)
+            self._dims[name] = tuple(dimensions_of(reg.job_class).items())
         self._held: dict[str, _Held] = {}
         self._buckets: dict[Dimensions, _Bucket] = {}
 
@@ -336,6 +343,13 @@ class MetricsFlusher:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         self.metrics.flush()
+
+
+def dimensions_of(job_class: JobClass) -> dict[str, str]:
+    """The one dimension set a job class's metrics are written with (``JobClass``, and
+    ``Model``/``Provider`` when the class declares them): an alarm must name exactly
+    these to see them (the CDK's ``LeaseMonitoring`` does)."""
+    return dict(_dimensions(job_class.name, job_class.model, job_class.provider))
 
 
 def _dimensions(job_class: str, model: str | None, provider: str | None) -> Dimensions:

@@ -322,3 +322,31 @@ def test_the_entry_point_loads_the_app_and_settings_from_the_functions_environme
     rec = read_record(ddb_client, settings, job_id)
     assert rec.state == "succeeded"
     assert result_of(rec) == {"triple": 15}
+
+
+def test_the_entry_point_writes_emf_metrics_after_each_invocation_when_asked(
+    aws: AwsTestEnv,
+    sqs_client: SQSClient,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The alarms of the CDK's LeaseMonitoring read these metrics: a Lambda consumer
+    # that wrote none would leave them blind.
+    settings, url, _ = prepare(aws.endpoint_url, aws.prefix)
+    monkeypatch.setattr(aws_lambda, "_from_env", [])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", aws.endpoint_url)
+    monkeypatch.setenv("SQS_LEASE_PREFIX", settings.prefix)
+    monkeypatch.setenv("SQS_LEASE_APP", f"{__name__}:ENV_APP")
+    monkeypatch.setenv("SQS_LEASE_METRICS", "true")
+    monkeypatch.setenv("SQS_LEASE_METRICS_NAMESPACE", f"SqsLease/{settings.prefix}")
+    Producer(settings, ENV_APP).submit("work", Work(n=2), job_id=f"{aws.prefix}-m")
+    capsys.readouterr()
+    assert aws_lambda.entry(event_of(sqs_client, url, 1), RunningDown(60)) == {
+        "batchItemFailures": []
+    }
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if "_aws" in line]
+    (doc,) = docs
+    (directive,) = doc["_aws"]["CloudWatchMetrics"]
+    assert directive["Namespace"] == f"SqsLease/{settings.prefix}"
+    assert directive["Dimensions"] == [["JobClass"]] and doc["JobClass"] == "work"
+    assert doc["JobsSucceeded"] == 1 and doc["JobsClaimed"] == 1

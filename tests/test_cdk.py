@@ -35,14 +35,16 @@ from sqs_lease.deploy import (
     redrive_too_tight,
     table_params,
 )
+from sqs_lease.metrics import METRICS, EmfMetrics
 from sqs_lease_cdk import (
-    JOURNAL_METRICS,
+    ALARM_METRICS,
     LAMBDA_HANDLER,
     FargateConsumer,
     LambdaConsumer,
     LeasedQueue,
     LeaseMonitoring,
     LeaseTables,
+    metrics_namespace,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,10 +140,10 @@ def test_the_example_stack_has_the_expected_resources(template: Template) -> Non
     template.resource_count_is("AWS::Lambda::EventSourceMapping", 1)
     template.resource_count_is("AWS::ECS::Service", 1)
     template.resource_count_is("AWS::CloudWatch::Dashboard", 1)
-    # One alarm per journal metric, the DLQ depth, the oldest message, two scaling steps.
-    template.resource_count_is("AWS::CloudWatch::Alarm", len(JOURNAL_METRICS) + 2 + 2)
-    # One filter per journal metric and consumer log group.
-    template.resource_count_is("AWS::Logs::MetricFilter", 2 * len(JOURNAL_METRICS))
+    # One alarm per library metric, the DLQ depth, the oldest message, two scaling steps.
+    template.resource_count_is("AWS::CloudWatch::Alarm", len(ALARM_METRICS) + 2 + 2)
+    # The alarms read the EMF metrics the consumers write: no log metric filter.
+    template.resource_count_is("AWS::Logs::MetricFilter", 0)
 
 
 def test_the_queue_visibility_and_redrive_follow_from_the_job_classes(tpl: Json, jobs: App) -> None:
@@ -227,6 +229,8 @@ def test_the_lambda_consumer_reports_partial_batch_failures_within_aws_timing(
         "SQS_LEASE_PREFIX": PREFIX,
         "SQS_LEASE_QUEUE": f"{PREFIX}-jobs",
         "SQS_LEASE_APP": "example_jobs:app",
+        "SQS_LEASE_METRICS": "true",
+        "SQS_LEASE_METRICS_NAMESPACE": f"SqsLease/{PREFIX}",
     }
 
 
@@ -241,6 +245,8 @@ def test_the_fargate_stop_timeout_matches_the_worker_shutdown_deadline(tpl: Json
         "SQS_LEASE_PREFIX": PREFIX,
         "SQS_LEASE_QUEUE": f"{PREFIX}-jobs",
         "SQS_LEASE_APP": "example_jobs:app",
+        "SQS_LEASE_METRICS": "true",
+        "SQS_LEASE_METRICS_NAMESPACE": f"SqsLease/{PREFIX}",
     }
 
 
@@ -249,7 +255,9 @@ def test_the_fargate_service_scales_on_backlog_per_task(tpl: Json) -> None:
     assert len(policies) == 2  # scale out and scale in
     alarms = _of_type(tpl, "AWS::CloudWatch::Alarm").values()
     scaling = [
-        a for a in alarms if any("Expression" in m for m in a["Properties"].get("Metrics", []))
+        a
+        for a in alarms
+        if any("visible" in m.get("Expression", "") for m in a["Properties"].get("Metrics", []))
     ]
     assert len(scaling) == 2
     for alarm in scaling:
@@ -280,21 +288,70 @@ def _alarm_metrics(tpl: Json) -> dict[tuple[str, str], Json]:
     return out
 
 
-def test_alarms_watch_the_journal_events_the_dlq_and_the_oldest_message(tpl: Json) -> None:
-    filters = _of_type(tpl, "AWS::Logs::MetricFilter").values()
-    patterns = {f["Properties"]["FilterPattern"] for f in filters}
-    assert patterns == {f'{{ $.event = "{m.event}" }}' for m in JOURNAL_METRICS}
+def _emf_alarms(tpl: Json) -> dict[str, Json]:
+    """Alarms on a math expression over metrics, by the one metric name they sum."""
+    out: dict[str, Json] = {}
+    for alarm in _of_type(tpl, "AWS::CloudWatch::Alarm").values():
+        props = alarm["Properties"]
+        stats = [m["MetricStat"]["Metric"] for m in props.get("Metrics", []) if "MetricStat" in m]
+        sums = [m for m in props.get("Metrics", []) if m.get("Expression", "").startswith("SUM(")]
+        if sums:
+            (name,) = {m["MetricName"] for m in stats}
+            out[name] = props
+    return out
+
+
+def test_alarms_watch_the_library_metrics_the_dlq_and_the_oldest_message(tpl: Json) -> None:
     alarms = _alarm_metrics(tpl)
-    for m in JOURNAL_METRICS:
-        assert alarms[(f"SqsLease/{PREFIX}", m.metric_name)]["Threshold"] == m.threshold
     assert alarms[("AWS/SQS", "ApproximateNumberOfMessagesVisible")]["Threshold"] == 1
     assert alarms[("AWS/SQS", "ApproximateAgeOfOldestMessage")]["Threshold"] == 2 * 1800
+    emf = _emf_alarms(tpl)
+    assert set(emf) == {m.metric_name for m in ALARM_METRICS}
+    for m in ALARM_METRICS:
+        assert emf[m.metric_name]["Threshold"] == m.threshold
 
 
-def test_journal_metrics_name_events_the_operations_table_lists() -> None:
-    table = (ROOT / "docs" / "operations.md").read_text()
-    for m in JOURNAL_METRICS:
-        assert f"| `{m.event}`" in table or f"`{m.event}` |" in table, m.event
+def test_the_alarms_name_exactly_the_metrics_namespace_and_dimensions_the_library_writes(
+    tpl: Json, jobs: App
+) -> None:
+    # One source of truth: what EmfMetrics writes for the example's classes, in the
+    # namespace both consumers are told, is what every alarm sums.
+    namespace = metrics_namespace(PREFIX)
+    for fn in _of_type(tpl, "AWS::Lambda::Function").values():
+        env = fn["Properties"]["Environment"]["Variables"]
+        assert (env["SQS_LEASE_METRICS"], env["SQS_LEASE_METRICS_NAMESPACE"]) == (
+            "true",
+            namespace,
+        )
+    (task,) = _of_type(tpl, "AWS::ECS::TaskDefinition").values()
+    (container,) = task["Properties"]["ContainerDefinitions"]
+    ecs_env = {e["Name"]: e["Value"] for e in container["Environment"]}
+    assert ecs_env["SQS_LEASE_METRICS_NAMESPACE"] == namespace
+    assert ecs_env["SQS_LEASE_METRICS"] == "true"
+    written: set[tuple[str, str, tuple[tuple[str, str], ...]]] = set()
+    for doc in EmfMetrics(jobs, namespace=namespace).documents():
+        (directive,) = doc["_aws"]["CloudWatchMetrics"]
+        (dims,) = directive["Dimensions"]
+        for metric in directive["Metrics"]:
+            written.add((directive["Namespace"], metric["Name"], tuple((d, doc[d]) for d in dims)))
+    alarmed = set()
+    for props in _emf_alarms(tpl).values():
+        for m in props["Metrics"]:
+            if "MetricStat" in m:
+                stat = m["MetricStat"]["Metric"]
+                dims = tuple((d["Name"], d["Value"]) for d in stat["Dimensions"])
+                alarmed.add((stat["Namespace"], stat["MetricName"], dims))
+    assert alarmed and alarmed <= written, alarmed - written
+    # Every class of the queue is summed in every alarm.
+    assert len(alarmed) == len(ALARM_METRICS) * len(jobs.classes)
+    assert {m.metric_name for m in ALARM_METRICS} <= {m.name for m in METRICS}
+
+
+def test_an_alarm_on_a_metric_the_library_does_not_write_is_refused() -> None:
+    from sqs_lease_cdk import AlarmMetric
+
+    with pytest.raises(ConfigError, match="metric_name='LeasesExpired'"):
+        AlarmMetric("LeasesExpired", "Expired leases", 5)
 
 
 # ------------------------------------------------------------------ least privilege
@@ -394,6 +451,99 @@ def test_cfn_lint_finds_no_error_in_the_template(tpl: Json) -> None:
     # "already enforced by a GetAtt"); the explicit order is harmless.
     warnings = {m.rule.id for m in matches if m.rule.id.startswith("W")}
     assert warnings <= {"W3005"}, [str(m) for m in matches]
+
+
+# ------------------------------------------------------------------ FIFO + KMS
+
+FIFO_PREFIX = f"f{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="module")
+def fifo_stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The example with both options on: FIFO queues, and a KMS key of its own."""
+    app = cdk.App(outdir=str(tmp_path_factory.mktemp("cdk.fifo.out")))
+    return EXAMPLE.ExampleStack(app, "FifoExample", prefix=FIFO_PREFIX, fifo=True, encrypted=True)
+
+
+@pytest.fixture(scope="module")
+def fifo_tpl(fifo_stack: Any) -> Json:
+    out: Json = Template.from_stack(fifo_stack).to_json()
+    return out
+
+
+def _key_id(tpl: Json) -> str:
+    (key_id,) = _of_type(tpl, "AWS::KMS::Key")
+    return key_id
+
+
+def test_a_fifo_stack_makes_both_queues_fifo_without_content_deduplication(
+    fifo_tpl: Json,
+) -> None:
+    queue, dlq = _queues(fifo_tpl)
+    settings = Settings(prefix=FIFO_PREFIX, fifo=True)
+    assert (queue["QueueName"], dlq["QueueName"]) == (settings.queue, settings.dlq)
+    assert (queue["QueueName"], dlq["QueueName"]) == (
+        f"{FIFO_PREFIX}-jobs.fifo",
+        f"{FIFO_PREFIX}-jobs-dlq.fifo",
+    )
+    for props in (queue, dlq):
+        assert props["FifoQueue"] is True
+        assert props["ContentBasedDeduplication"] is False
+    # Both consumers read the same names (and the FIFO flag) from their environment.
+    (fn,) = _of_type(fifo_tpl, "AWS::Lambda::Function").values()
+    env = fn["Properties"]["Environment"]["Variables"]
+    read = Settings.from_env(env)
+    assert (read.fifo, read.queue, read.dlq) == (True, settings.queue, settings.dlq)
+    (task,) = _of_type(fifo_tpl, "AWS::ECS::TaskDefinition").values()
+    (container,) = task["Properties"]["ContainerDefinitions"]
+    ecs_env = {e["Name"]: e["Value"] for e in container["Environment"]}
+    assert ecs_env["SQS_LEASE_FIFO"] == "true" and ecs_env["SQS_LEASE_QUEUE"] == settings.queue
+
+
+def test_a_kms_key_encrypts_both_queues_and_is_granted_to_consumers_and_producer(
+    fifo_tpl: Json,
+) -> None:
+    key_id = _key_id(fifo_tpl)
+    key = fifo_tpl["Resources"][key_id]["Properties"]
+    assert key["EnableKeyRotation"] is True
+    for props in _queues(fifo_tpl):
+        assert props["KmsMasterKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
+        assert "SqsManagedSseEnabled" not in props
+    # The key policy: the account administers it (CDK's default), nobody else is named;
+    # every use is granted on the roles, on this key only.
+    statements = key["KeyPolicy"]["Statement"]
+    assert len(statements) == 1 and statements[0]["Action"] == "kms:*"
+    assert "AWS" in statements[0]["Principal"] and "*" not in json.dumps(statements[0]["Principal"])
+    for fragment in ("LambdaConsumerRole", "FargateConsumerTaskTaskRole", "ProducerRole"):
+        kms = [s for s in _role_statements(fifo_tpl, fragment) if "kms:" in json.dumps(s)]
+        actions = {a for s in kms for a in _actions(s)}
+        assert actions == {"kms:GenerateDataKey", "kms:Decrypt"}, fragment
+        assert all(_resources(s) == [{"Fn::GetAtt": [key_id, "Arn"]}] for s in kms), fragment
+
+
+def test_cdk_nag_finds_nothing_in_the_fifo_kms_stack_and_cfn_lint_no_error(
+    fifo_stack: Any, fifo_tpl: Json
+) -> None:
+    from cdk_nag import AwsSolutionsChecks
+    from cfnlint.api import lint_all
+
+    report = AwsSolutionsChecks(fifo_stack.node.root).validate_scope(fifo_stack)
+    assert [v.rule_name for v in report.violations] == [] and report.success
+    matches = lint_all(json.dumps(fifo_tpl))
+    assert [str(m) for m in matches if m.rule.id.startswith("E")] == []
+    assert {m.rule.id for m in matches if m.rule.id.startswith("W")} <= {"W3005"}
+
+
+def test_a_batching_window_on_a_fifo_queue_is_refused() -> None:
+    with pytest.raises(ConfigError, match="max_batching_window=5 s: an event source on a FIFO"):
+        LeasedQueue(
+            _scratch(),
+            "Q",
+            job_classes=[_class()],
+            fifo=True,
+            lambda_timeout=cdk.Duration.seconds(60),
+            max_batching_window=cdk.Duration.seconds(5),
+        )
 
 
 # ------------------------------------------------------------------ props
@@ -500,9 +650,11 @@ def test_a_fargate_shutdown_grace_past_the_stop_timeout_cap_is_refused(stack: An
     assert scope.node.try_find_child("F") is None
 
 
-def test_monitoring_without_log_groups_is_refused(stack: Any) -> None:
-    with pytest.raises(ConfigError, match="log_groups: none given"):
-        LeaseMonitoring(_scratch(), "M", queue=stack.queue, log_groups=[])
+def test_monitoring_refuses_an_oldest_message_age_under_a_minute(stack: Any) -> None:
+    with pytest.raises(ConfigError, match="oldest_message_age=30 s"):
+        LeaseMonitoring(
+            _scratch(), "M", queue=stack.queue, oldest_message_age=cdk.Duration.seconds(30)
+        )
 
 
 def test_ttl_on_an_attribute_a_model_has_is_refused() -> None:

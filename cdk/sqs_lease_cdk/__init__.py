@@ -3,7 +3,7 @@
 - ``LeasedQueue``: job queue + DLQ, visibility and redrive from the job classes.
 - ``LeaseTables``: jobs, intents, attempts and groups tables from the library's models.
 - ``LambdaConsumer``, ``FargateConsumer``: the two ways to run workers.
-- ``LeaseMonitoring``: metric filters on the journal, alarms, a dashboard.
+- ``LeaseMonitoring``: alarms on the library's EMF metrics and the queues, a dashboard.
 
 Every construct checks its props before it builds anything and raises the
 library's ``ConfigError`` (or ``JobClassError``) naming the prop and the fix.
@@ -11,7 +11,7 @@ library's ``ConfigError`` (or ``JobClassError``) naming the prop and the fix.
 
 from ._common import job_classes_of, settings_for
 from .consumers import LAMBDA_HANDLER, FargateConsumer, LambdaConsumer, backlog_per_task
-from .monitoring import JOURNAL_METRICS, JournalMetric, LeaseMonitoring
+from .monitoring import ALARM_METRICS, AlarmMetric, LeaseMonitoring, metrics_namespace
 from .queue import (
     PRODUCER_QUEUE_ACTIONS,
     WORKER_DLQ_ACTIONS,
@@ -21,20 +21,21 @@ from .queue import (
 from .tables import PRODUCER_TABLE_ACTIONS, WORKER_TABLE_ACTIONS, LeaseTables
 
 __all__ = [
-    "JOURNAL_METRICS",
+    "ALARM_METRICS",
     "LAMBDA_HANDLER",
     "PRODUCER_QUEUE_ACTIONS",
     "PRODUCER_TABLE_ACTIONS",
     "WORKER_DLQ_ACTIONS",
     "WORKER_QUEUE_ACTIONS",
     "WORKER_TABLE_ACTIONS",
+    "AlarmMetric",
     "FargateConsumer",
-    "JournalMetric",
     "LambdaConsumer",
     "LeaseMonitoring",
     "LeaseTables",
     "LeasedQueue",
     "backlog_per_task",
     "job_classes_of",
+    "metrics_namespace",
     "settings_for",
 ]

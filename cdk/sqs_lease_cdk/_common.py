@@ -14,10 +14,11 @@ from sqs_lease import App, ConfigError, JobClass, Settings
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 
-def settings_for(prefix: str, queue_name: str | None = None) -> Settings:
+def settings_for(prefix: str, queue_name: str | None = None, fifo: bool = False) -> Settings:
     """The library's own settings for these names (the worker finds resources by them);
-    a bad prefix or queue name is a ``ConfigError`` naming the field."""
-    return Settings.from_env({}, prefix=prefix, queue_name=queue_name)
+    a bad prefix or queue name, or a name that disagrees with ``fifo``, is a
+    ``ConfigError`` naming the field."""
+    return Settings.from_env({}, prefix=prefix, queue_name=queue_name, fifo=fifo)
 
 
 def job_classes_of(job_classes: App | Iterable[JobClass]) -> tuple[JobClass, ...]:

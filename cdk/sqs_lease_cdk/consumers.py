@@ -19,6 +19,7 @@ from constructs import Construct
 from sqs_lease import ConfigError
 from sqs_lease.deploy import SHUTDOWN_GRACE_SECONDS, check_lambda_timing, ecs_stop_timeout
 
+from .monitoring import metrics_namespace
 from .queue import LeasedQueue
 from .tables import LeaseTables
 
@@ -48,11 +49,18 @@ def _environment(queue: LeasedQueue, tables: LeaseTables, app_ref: str) -> dict[
             "(SQS_LEASE_PREFIX); give both constructs the same prefix"
         )
     # The names the library's Settings.from_env reads; the region is the runtime's own.
-    return {
+    env = {
         "SQS_LEASE_PREFIX": tables.settings.prefix,
         "SQS_LEASE_QUEUE": queue.settings.queue,
         "SQS_LEASE_APP": app_ref,
     }
+    if queue.fifo:
+        env["SQS_LEASE_FIFO"] = "true"
+    # EMF metrics to stdout (CloudWatch Logs extracts them): LeaseMonitoring's alarms
+    # read this namespace. The image / asset needs `sqs-lease[metrics]`.
+    env["SQS_LEASE_METRICS"] = "true"
+    env["SQS_LEASE_METRICS_NAMESPACE"] = metrics_namespace(queue.settings.prefix)
+    return env
 
 
 class LambdaConsumer(Construct):
@@ -102,6 +110,11 @@ class LambdaConsumer(Construct):
             else int(max_batching_window.to_seconds())
         )
         check_lambda_timing(queue.visibility_timeout_seconds, timeout, window)
+        if queue.fifo and window:
+            raise ConfigError(
+                f"max_batching_window={window} s: an event source on a FIFO queue takes no "
+                "batching window; leave it unset"
+            )
         limit = 10 if queue.fifo else 10_000
         if not 1 <= batch_size <= limit:
             raise ConfigError(
@@ -169,7 +182,7 @@ class LambdaConsumer(Construct):
 
     @property
     def log_group(self) -> logs.ILogGroup:
-        """Where the function's journal goes (the monitoring's metric filters read it)."""
+        """Where the function's journal goes (its EMF metrics too)."""
         return self._log_group
 
     @property
@@ -290,7 +303,7 @@ class FargateConsumer(Construct):
 
     @property
     def log_group(self) -> logs.ILogGroup:
-        """Where the workers' journal goes (the monitoring's metric filters read it)."""
+        """Where the workers' journal goes (its EMF metrics too)."""
         return self._log_group
 
     @property

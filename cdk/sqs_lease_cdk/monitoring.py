@@ -1,4 +1,4 @@
-"""Alarms and a dashboard on the toolkit's signals: journal events and queue figures."""
+"""Alarms and a dashboard on the toolkit's signals: its EMF metrics and queue figures."""
 
 from __future__ import annotations
 
@@ -7,46 +7,65 @@ from dataclasses import dataclass
 
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
-from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from sqs_lease import ConfigError
+from sqs_lease.metrics import METRICS, dimensions_of
 
 from .queue import LeasedQueue
 
+_LIBRARY_METRICS = {m.name for m in METRICS}
+
 
 @dataclass(frozen=True)
-class JournalMetric:
-    """A CloudWatch metric counted from one journal event (a log metric filter)."""
+class AlarmMetric:
+    """An alarm on one of the library's EMF metrics (``sqs_lease.metrics.METRICS``)."""
 
     metric_name: str
-    event: str
     title: str
     threshold: int
-    """Events in one five-minute period that raise the alarm."""
+    """The metric's sum over the job classes in one five-minute period that alarms."""
+
+    def __post_init__(self) -> None:
+        if self.metric_name not in _LIBRARY_METRICS:
+            raise ConfigError(
+                f"metric_name={self.metric_name!r}: the library writes no such metric; "
+                f"choose one of {sorted(_LIBRARY_METRICS)}"
+            )
 
 
-JOURNAL_METRICS: tuple[JournalMetric, ...] = (
-    # The watchdog let a lease go (reserve spent, effect timeout, no progress, budget).
-    JournalMetric("LeasesExpired", "lease_dropped", "Expired leases", 5),
+ALARM_METRICS: tuple[AlarmMetric, ...] = (
+    # The heartbeat could not extend a lease before its reserve ran out.
+    AlarmMetric("ExpiredLeases", "Expired leases", 5),
     # Another claim took the job: duplicates or pauses; many mean leases are too short.
-    JournalMetric("LeasesLost", "heartbeat_lost", "Lost leases", 5),
-    JournalMetric("ResultsRejected", "result_rejected", "Rejected results", 1),
-    JournalMetric("IntentsAmbiguous", "intent_ambiguous", "Ambiguous intents", 1),
-    JournalMetric("JobsParked", "job_parked", "Parked jobs", 1),
+    AlarmMetric("LostLeases", "Lost leases", 5),
+    AlarmMetric("RejectedResults", "Rejected results", 1),
+    AlarmMetric("AmbiguousIntents", "Ambiguous intents", 1),
+    AlarmMetric("ParkedJobs", "Parked jobs", 1),
 )
-"""The journal events an operator alarms on (docs/operations.md), as metrics."""
+"""The library metrics an operator alarms on (docs/operations.md, "Metrics")."""
 
 PERIOD = Duration.minutes(5)
+MAX_CLASSES = 10
+"""CloudWatch's limit on the metrics one alarm's math expression may use."""
+
+
+def metrics_namespace(prefix: str) -> str:
+    """The EMF namespace of one deployment (``SQS_LEASE_METRICS_NAMESPACE`` in both
+    consumers; the alarms read the same): the prefix keeps deployments apart."""
+    return f"SqsLease/{prefix}"
 
 
 class LeaseMonitoring(Construct):
-    """Metric filters on the consumers' journals, alarms, and one dashboard.
+    """Alarms and one dashboard on the consumers' EMF metrics and the queues.
 
-    Journal events (one JSON object per line) become metrics in the namespace
-    ``SqsLease/<prefix>``; alarms fire on expired and lost leases, rejected
-    results, ambiguous intents, parked jobs, any message in the DLQ, and the
-    oldest message's age (default: twice the queue's visibility, at least 15 min).
+    The consumers (``LambdaConsumer``, ``FargateConsumer``) write the library's EMF
+    metrics (``sqs_lease.metrics``) in the namespace ``SqsLease/<prefix>``, one
+    dimension set per job class (``sqs_lease.metrics.dimensions_of``); each alarm
+    sums one metric over the queue's job classes (at most 10, CloudWatch's limit
+    for one alarm). Alarms fire on expired and lost leases, rejected results,
+    ambiguous intents, parked jobs, any message in the DLQ, and the oldest
+    message's age (default: twice the queue's visibility, at least 15 min).
     """
 
     def __init__(
@@ -55,14 +74,14 @@ class LeaseMonitoring(Construct):
         construct_id: str,
         *,
         queue: LeasedQueue,
-        log_groups: Sequence[logs.ILogGroup],
         oldest_message_age: Duration | None = None,
         alarm_actions: Sequence[cloudwatch.IAlarmAction] = (),
     ) -> None:
-        if not log_groups:
+        classes = queue.job_classes
+        if len(classes) > MAX_CLASSES:
             raise ConfigError(
-                "log_groups: none given; pass the consumers' log groups (their journals "
-                "are where leases, results and intents are counted)"
+                f"queue: {len(classes)} job classes; an alarm sums at most {MAX_CLASSES} "
+                "metrics: split the classes over more queues (one LeaseMonitoring each)"
             )
         age = (
             max(900, 2 * queue.visibility_timeout_seconds)
@@ -72,35 +91,34 @@ class LeaseMonitoring(Construct):
         if age < 60:
             raise ConfigError(f"oldest_message_age={age} s: give at least 60 s")
         super().__init__(scope, construct_id)
-        self._namespace = f"SqsLease/{queue.settings.prefix}"
+        self._namespace = metrics_namespace(queue.settings.prefix)
         self._alarms: dict[str, cloudwatch.Alarm] = {}
-        metrics: dict[str, cloudwatch.Metric] = {}
-        for jm in JOURNAL_METRICS:
-            for i, group in enumerate(log_groups):
-                logs.MetricFilter(
-                    self,
-                    f"{jm.metric_name}Filter{i}",
-                    log_group=group,
-                    filter_pattern=logs.FilterPattern.string_value("$.event", "=", jm.event),
-                    metric_namespace=self._namespace,
-                    metric_name=jm.metric_name,
-                    metric_value="1",
-                    default_value=0,
+        metrics: dict[str, cloudwatch.IMetric] = {}
+        for am in ALARM_METRICS:
+            per_class = {
+                # Ids unique across the dashboard's graphs, which show several sums.
+                f"{am.metric_name.lower()}_{i}": cloudwatch.Metric(
+                    namespace=self._namespace,
+                    metric_name=am.metric_name,
+                    dimensions_map=dimensions_of(c),
+                    statistic="Sum",
+                    period=PERIOD,
                 )
-            metric = cloudwatch.Metric(
-                namespace=self._namespace,
-                metric_name=jm.metric_name,
-                statistic="Sum",
+                for i, c in enumerate(classes)
+            }
+            metric = cloudwatch.MathExpression(
+                expression=f"SUM([{', '.join(per_class)}])",
+                using_metrics=per_class,
                 period=PERIOD,
-                label=jm.title,
+                label=am.title,
             )
-            metrics[jm.metric_name] = metric
+            metrics[am.metric_name] = metric
             self._alarm(
-                jm.metric_name,
+                am.metric_name,
                 metric,
-                jm.threshold,
-                f"{jm.title}: {jm.threshold}+ `{jm.event}` events in 5 min "
-                "(docs/operations.md, 'Reading the journal')",
+                am.threshold,
+                f"{am.title}: {am.threshold}+ in 5 min over all job classes "
+                "(docs/operations.md, 'Metrics')",
                 alarm_actions,
             )
         dlq_depth = queue.dead_letter_queue.metric_approximate_number_of_messages_visible(
@@ -129,15 +147,15 @@ class LeaseMonitoring(Construct):
         self._dashboard.add_widgets(
             cloudwatch.GraphWidget(
                 title="Leases",
-                left=[metrics["LeasesExpired"], metrics["LeasesLost"]],
+                left=[metrics["ExpiredLeases"], metrics["LostLeases"]],
                 width=12,
             ),
             cloudwatch.GraphWidget(
                 title="Results and intents",
                 left=[
-                    metrics["ResultsRejected"],
-                    metrics["IntentsAmbiguous"],
-                    metrics["JobsParked"],
+                    metrics["RejectedResults"],
+                    metrics["AmbiguousIntents"],
+                    metrics["ParkedJobs"],
                 ],
                 width=12,
             ),
@@ -182,7 +200,7 @@ class LeaseMonitoring(Construct):
 
     @property
     def namespace(self) -> str:
-        """The CloudWatch namespace of the journal metrics."""
+        """The CloudWatch namespace of the consumers' EMF metrics."""
         return self._namespace
 
     @property

@@ -52,7 +52,9 @@ class LeasedQueue(Construct):
       tight" in the sense of the ``redrive_too_tight`` event);
     - encryption: SQS-managed keys, or ``encryption_key`` (a KMS key) for both queues;
     - a queue policy that denies any access without TLS (both queues);
-    - ``fifo``: FIFO queues (names end in ``.fifo``; the DLQ is FIFO too).
+    - ``fifo``: FIFO queues (names end in ``.fifo``; the DLQ is FIFO too), content-based
+      deduplication off: the library sends every message in the job's group (else
+      its own) with its send id as the deduplication id (``sqs_lease._core.fifo``).
 
     Names follow the library's ``Settings`` for ``prefix`` and ``queue_name``, so
     a worker started with the same prefix finds the queue.
@@ -73,20 +75,19 @@ class LeasedQueue(Construct):
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
     ) -> None:
         classes = job_classes_of(job_classes)
-        if queue_name is None and fifo:
-            queue_name = f"{prefix}-jobs.fifo"
-        if queue_name is not None and queue_name.endswith(".fifo") != fifo:
-            raise ConfigError(
-                f"queue_name={queue_name!r} with fifo={fifo}: a FIFO queue's name ends in "
-                "'.fifo' and only a FIFO queue's does; fix the name or the fifo flag"
-            )
-        settings = settings_for(prefix, queue_name)
+        # The library's own rules: FIFO names end in .fifo (the DLQ's too), SQS's charset.
+        settings = settings_for(prefix, queue_name, fifo)
         if max_batching_window is not None and lambda_timeout is None:
             raise ConfigError(
                 "max_batching_window is the Lambda consumer's: give lambda_timeout too "
                 "(or neither when no Lambda reads this queue)"
             )
         window = 0 if max_batching_window is None else int(max_batching_window.to_seconds())
+        if fifo and window:
+            raise ConfigError(
+                f"max_batching_window={window} s: an event source on a FIFO queue takes no "
+                "batching window; leave it unset"
+            )
         visibility = queue_visibility_for(c.lease_seconds for c in classes)
         timeout: int | None = None
         if lambda_timeout is not None:
@@ -107,17 +108,20 @@ class LeasedQueue(Construct):
         self._window = window
         self._key = encryption_key
         self._fifo = fifo
-        dlq_name = settings.dlq if not fifo else settings.queue[: -len(".fifo")] + "-dlq.fifo"
+        # FIFO: explicit deduplication ids (the send id, sqs_lease._core.fifo), so
+        # content-based deduplication stays off; SQS wants a FIFO queue's DLQ FIFO.
+        dedup = False if fifo else None
         encryption = sqs.QueueEncryption.KMS if encryption_key else sqs.QueueEncryption.SQS_MANAGED
         self._dlq = sqs.Queue(
             self,
             "DeadLetterQueue",
-            queue_name=dlq_name,
+            queue_name=settings.dlq,
             retention_period=DLQ_RETENTION,
             encryption=encryption,
             encryption_master_key=encryption_key,
             enforce_ssl=True,
             fifo=fifo or None,
+            content_based_deduplication=dedup,
             removal_policy=removal_policy,
         )
         self._queue = sqs.Queue(
@@ -130,6 +134,7 @@ class LeasedQueue(Construct):
             encryption_master_key=encryption_key,
             enforce_ssl=True,
             fifo=fifo or None,
+            content_based_deduplication=dedup,
             removal_policy=removal_policy,
         )
 

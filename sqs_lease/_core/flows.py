@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from .._errors import (
     AwsCallFailed,
+    ConfigError,
     GroupCancelled,
     JobNotFound,
     RecordUnreadable,
@@ -22,6 +23,7 @@ from .._errors import (
     SubmitConflict,
 )
 from .calls import Call, Emit, Err, ErrorKind, Flow, Ok, Outcome, Sleep, call, emit, sqs_code_is
+from .fifo import fifo_params, is_fifo, message_group_id
 from .limits import REASON_LIMIT, bounded, result_problem
 from .records import UNDELIVERED_CODE, GroupRequests, JobRequests, JobState, JobView
 from .timeline import trim_count
@@ -127,14 +129,21 @@ def parse_message(
 def receive_flow(
     *, queue_url: str, max_messages: int, wait_seconds: int, visibility: int
 ) -> Flow[list[Delivery | Poison]]:
-    """Long-poll one batch; each message's local lease counts from before the request."""
+    """Long-poll one batch; each message's local lease counts from before the request.
+
+    From a FIFO queue one message at a time: a batch may hold several messages of one
+    group, which the worker would run side by side, out of their order; received one
+    by one, the next of a group comes only once the one before it is gone (SQS holds
+    a group while one of its messages is in flight), and no message is received
+    and handed back to wait (each receive would count towards the redrive)."""
+    most = 1 if is_fifo(queue_url) else max(1, min(SQS_BATCH, max_messages))
     out = yield from call(
         Call(
             "sqs",
             "ReceiveMessage",
             {
                 "QueueUrl": queue_url,
-                "MaxNumberOfMessages": max(1, min(SQS_BATCH, max_messages)),
+                "MaxNumberOfMessages": most,
                 "WaitTimeSeconds": wait_seconds,
                 "VisibilityTimeout": visibility,
                 "MessageSystemAttributeNames": ["ApproximateReceiveCount", "SentTimestamp"],
@@ -190,12 +199,17 @@ def send_job_message(
     wall_now: float,
     stage: str | None = None,
     delay_seconds: int = 0,
+    group: str | None = None,
 ) -> Flow[SendOutcome]:
     """Send the message of a send this caller won (``send_id`` is in the record),
-    then record it sent. Shared by submit, resume, resolve and the stranded sweep."""
+    then record it sent. Shared by submit, resume, resolve and the stranded sweep.
+
+    To a FIFO queue the message goes in the job's ``group`` (else its own id) with
+    the send id as its deduplication id (``_core.fifo`` says why)."""
     params: dict[str, Any] = {
         "QueueUrl": queue_url,
         "MessageBody": message_body(job_id, job_class, stage, send_id),
+        **fifo_params(queue_url, group_id=message_group_id(job_id, group), dedup_id=send_id),
     }
     if delay_seconds:
         params["DelaySeconds"] = delay_seconds
@@ -261,6 +275,11 @@ def submit_flow(
     (and says so); past it, or when that sender gave the right back, it takes the
     right over with a conditional write and sends under its own id.
     """
+    if delay_seconds and is_fifo(queue_url):
+        raise ConfigError(
+            f"delay_seconds={delay_seconds}: a FIFO queue ({queue_url}) takes no delay per "
+            "message (only a queue-wide DelaySeconds); submit without a delay"
+        )
     out: Outcome
     if group is None:
         out = yield from call(
@@ -332,6 +351,7 @@ def submit_flow(
         send_id=send_id,
         wall_now=wall_now,
         delay_seconds=delay_seconds,
+        group=group,
     )
     if sent.verdict == "failed":
         assert sent.error is not None
@@ -561,6 +581,7 @@ def sweep_flow(
             send_id=new_id,
             wall_now=wall_now,
             stage=job.stage,
+            group=job.group,
         )
         if sent.verdict == "failed":
             err = sent.error
@@ -1851,7 +1872,9 @@ def poison_flow(
     """Move a message nobody can process out of the way, with the reason journaled.
 
     With a DLQ it is copied there first (so the bytes survive for forensics), then
-    deleted; without one it is deleted. It never stops the worker.
+    deleted; without one it is deleted. It never stops the worker. A FIFO DLQ gets
+    the job's id (else the message's) as the group and the message id as the
+    deduplication id: a copy repeated because the delete failed stays one copy.
     """
     moved = False
     if dlq_url:
@@ -1868,6 +1891,11 @@ def poison_flow(
                             "StringValue": poison.reason[:256],
                         },
                     },
+                    **fifo_params(
+                        dlq_url,
+                        group_id=poison.job_id or poison.message_id,
+                        dedup_id=f"poison:{poison.message_id}",
+                    ),
                 },
             )
         )

@@ -1312,6 +1312,7 @@ def _send_resumed(
         send_id=send_id,
         wall_now=wall_now,
         stage=job.stage,
+        group=job.group,
     )
     _raise_unsent(sent, job_id, what)
     return sent
@@ -1349,6 +1350,7 @@ def _resume(
             send_id=send_id,
             wall_now=wall_now,
             stage=job.stage,
+            group=job.group,
         )
         _raise_unsent(sent, job_id, "resumed (one attempt granted)")
         note = _sent_note(sent, "re-enqueued (one attempt granted)")
@@ -1388,6 +1390,7 @@ def _resume(
                 send_id=send_id,
                 wall_now=wall_now,
                 stage=job.stage,
+                group=job.group,
             )
             _raise_unsent(sent, job_id, "queued")
             note = _sent_note(sent, "it was queued without a message: message sent")

@@ -1,0 +1,72 @@
+"""FIFO queues: which queue is one, and the group and deduplication ids of a send.
+
+A FIFO queue is known by its name (AWS's own rule: it ends in ``.fifo``, and so
+does its URL), so no flag travels with a queue URL. Every message sent to one
+carries two ids, and these are the toolkit's choices:
+
+- ``MessageGroupId``: the job's group (agent session) when the producer set one,
+  else the job id. SQS hands out a group's messages one at a time, in order, and
+  holds the rest of the group while one is in flight: a leased job holds its
+  message in flight for the whole attempt (hours, with heartbeats), and its
+  retry backoff too. A shared group for ungrouped jobs would make one long job
+  stall every other job of the queue; the job id as its own group keeps
+  independent jobs independent (the job's own re-sends and stages stay in order).
+  A session's jobs, sharing the session's group, run one at a time in the order
+  they were submitted, which is what a FIFO queue is chosen for; the Lambda
+  adapter's per-group stop (``eventsource.GroupStop``) keeps that order when a
+  record of the group fails. An id SQS would refuse (over 128 characters, or
+  characters outside its set) is replaced by a digest of it: stable, so the
+  order is the same.
+- ``MessageDeduplicationId``: the send id, the one the record names as its
+  current message (written conditionally by the one sender that won the right
+  to send). SQS accepts and drops a message whose deduplication id it saw in
+  the last 5 minutes (even one already received and deleted). A retried
+  SendMessage of one send (its answer lost) therefore leaves one message, while
+  every new send (a resubmission taking over, a resume, the stranded sweep's
+  re-send) has a new send id and is never dropped as a duplicate of the
+  message it replaces. Content-based deduplication is not used: an explicit id
+  wins over it anyway.
+
+A FIFO queue takes no per-message ``DelaySeconds`` (only a queue-wide delay): a
+delayed submit to one is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+FIFO_SUFFIX = ".fifo"
+
+GROUP_ID_LIMIT = 128
+"""SQS's limit on ``MessageGroupId`` (and ``MessageDeduplicationId``)."""
+
+# Letters, digits and ASCII punctuation: SQS's character set for both ids.
+_ID_CHARS = frozenset(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+    "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
+)
+
+
+def is_fifo(queue: str) -> bool:
+    """Whether the queue (its name, URL or ARN) is a FIFO queue."""
+    return queue.endswith(FIFO_SUFFIX)
+
+
+def sqs_id(value: str) -> str:
+    """``value`` if SQS takes it as a group or deduplication id, else a stable digest."""
+    if 0 < len(value) <= GROUP_ID_LIMIT and all(c in _ID_CHARS for c in value):
+        return value
+    return "sha256:" + hashlib.sha256(value.encode("utf-8")).hexdigest()
+
+
+def message_group_id(job_id: str, group: str | None) -> str:
+    """The ``MessageGroupId`` of a job's messages: its group, else the job id."""
+    return sqs_id(group if group else job_id)
+
+
+def fifo_params(queue_url: str, *, group_id: str, dedup_id: str) -> dict[str, Any]:
+    """The SendMessage parameters a FIFO queue requires (none for a standard queue)."""
+    if not is_fifo(queue_url):
+        return {}
+    return {"MessageGroupId": sqs_id(group_id), "MessageDeduplicationId": sqs_id(dedup_id)}

@@ -1,0 +1,325 @@
+"""FIFO queues end to end, on a real moto server: the settings' names, the queues
+``create_queue`` makes, the group and deduplication ids every send carries, jobs run
+by both worker shells, the stranded sweep's re-send, the DLQ both ways, and the
+Lambda adapter with a FIFO event."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from conftest import AwsTestEnv
+from pydantic import BaseModel
+from worker_helpers import (
+    FAST,
+    collect_journal,
+    drain,
+    read_view,
+    running,
+    use_shell,
+    wait_until,
+)
+
+from sqs_lease import (
+    App,
+    ConfigError,
+    JobContext,
+    Producer,
+    Settings,
+    Worker,
+    create_queue,
+    create_tables,
+)
+from sqs_lease._aws import SyncDriver
+from sqs_lease._core.calls import Call
+from sqs_lease._core.fifo import fifo_params, message_group_id, sqs_id
+from sqs_lease._core.flows import send_job_message
+from sqs_lease._core.records import JobState
+from sqs_lease._dlq import redrive_dlq
+from sqs_lease._schema import JobTable
+from sqs_lease.aws_lambda import handler
+
+if TYPE_CHECKING:
+    from types_boto3_dynamodb import DynamoDBClient
+    from types_boto3_sqs import SQSClient
+
+pytestmark = pytest.mark.integration
+
+HANG = 60.0  # hang guard only
+
+Shell: Any = Worker  # each worker shell in turn (use_shell)
+shell = use_shell(__name__)
+
+
+class Work(BaseModel):
+    n: int
+
+
+def _fifo(aws: AwsTestEnv) -> tuple[Settings, str, str]:
+    settings = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix, fifo=True)
+    create_tables(settings)
+    url, dlq = create_queue(settings)
+    return settings, url, dlq
+
+
+def _app(ran: list[int] | None = None) -> App:
+    app = App()
+
+    @app.job("work", payload=Work, **FAST)
+    def _work(ctx: JobContext[Work], p: Work) -> dict[str, int]:
+        if ran is not None:
+            ran.append(p.n)
+        return {"n": p.n}
+
+    return app
+
+
+def _attrs(sqs: SQSClient, url: str) -> dict[str, str]:
+    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    return {str(k): v for k, v in attrs.items()}
+
+
+# =========================================================================== settings
+
+
+def test_fifo_settings_name_the_queue_and_its_dlq_with_the_fifo_suffix() -> None:
+    s = Settings(prefix="p", fifo=True)
+    assert (s.queue, s.dlq) == ("p-jobs.fifo", "p-jobs-dlq.fifo")
+    named = Settings(prefix="p", queue_name="work.fifo", fifo=True)
+    assert (named.queue, named.dlq) == ("work.fifo", "work-dlq.fifo")
+    assert Settings(prefix="p").dlq == "p-jobs-dlq"
+    env = Settings.from_env({"SQS_LEASE_FIFO": "true", "SQS_LEASE_PREFIX": "e"})
+    assert (env.fifo, env.queue) == (True, "e-jobs.fifo")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "fix"),
+    [
+        ({"queue_name": "work", "fifo": True}, "queue_name='work'", "fifo=False"),
+        ({"queue_name": "work.fifo"}, "queue_name='work.fifo'", "SQS_LEASE_FIFO=true"),
+        ({"prefix": "my.app"}, "prefix='my.app'", "set queue_name"),
+        ({"queue_name": "w" * 77 + ".fifo", "fifo": True}, "queue_name=", "shorten"),
+        ({"queue_name": "w" * 78}, "dead-letter queue name", "shorten"),
+    ],
+)
+def test_a_queue_name_sqs_would_refuse_is_a_config_error_naming_the_field(
+    kwargs: dict[str, Any], field: str, fix: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        Settings(**kwargs)
+    assert field in str(err.value) and fix in str(err.value)
+
+
+def test_an_id_sqs_would_refuse_as_a_group_id_becomes_a_stable_digest() -> None:
+    assert message_group_id("job-1", None) == "job-1"
+    assert message_group_id("job-1", "session-9") == "session-9"
+    long = "j" * 129
+    assert sqs_id(long) == sqs_id(long) != long and len(sqs_id(long)) <= 128
+    assert sqs_id("naïve job").startswith("sha256:")
+    assert fifo_params("https://q/1/jobs", group_id="g", dedup_id="d") == {}
+
+
+# =========================================================================== queues
+
+
+def test_create_queue_makes_a_fifo_queue_and_a_fifo_dlq_without_content_deduplication(
+    aws: AwsTestEnv, sqs_client: SQSClient
+) -> None:
+    settings, url, dlq = _fifo(aws)
+    assert url.endswith("-jobs.fifo") and dlq.endswith("-jobs-dlq.fifo")
+    main, dead = _attrs(sqs_client, url), _attrs(sqs_client, dlq)
+    assert main["FifoQueue"] == dead["FifoQueue"] == "true"
+    assert main.get("ContentBasedDeduplication", "false") == "false"
+    assert json.loads(main["RedrivePolicy"])["deadLetterTargetArn"] == dead["QueueArn"]
+    assert create_queue(settings) == (url, dlq)  # again: idempotent
+
+
+# =========================================================================== sends
+
+
+def test_each_send_carries_the_jobs_group_or_id_and_its_send_id_for_deduplication(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
+) -> None:
+    settings, url, _ = _fifo(aws)
+    producer = Producer(settings, _app())
+    producer.submit("work", Work(n=1), job_id="alone")
+    producer.submit("work", Work(n=2), job_id="in-session", group="session-1")
+    got = drain(sqs_client, url, timeout=20, want=2)
+    by_job = {json.loads(m["Body"])["job_id"]: m["Attributes"] for m in got}
+    assert by_job["alone"]["MessageGroupId"] == "alone"
+    assert by_job["in-session"]["MessageGroupId"] == "session-1"
+    for job_id, attrs in by_job.items():
+        assert attrs["MessageDeduplicationId"] == read_view(ddb_client, settings, job_id).send_id
+
+
+def test_a_delayed_submit_to_a_fifo_queue_is_refused_before_anything_is_written(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    settings, _, _ = _fifo(aws)
+    with pytest.raises(ConfigError, match="delay_seconds=5"):
+        Producer(settings, _app()).submit("work", Work(n=1), job_id="later", delay_seconds=5)
+    got = ddb_client.get_item(TableName=settings.jobs_table, Key={"job_id": {"S": "later"}})
+    assert "Item" not in got
+
+
+def test_fifo_jobs_submitted_alone_and_in_a_session_all_run_on_the_worker(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    settings, _, _ = _fifo(aws)
+    ran: list[int] = []
+    app = _app(ran)
+    producer = Producer(settings, app)
+    ids = [producer.submit("work", Work(n=i), job_id=f"solo-{i}").job_id for i in range(3)]
+    ids += [
+        producer.submit("work", Work(n=10 + i), job_id=f"s-{i}", group="session").job_id
+        for i in range(3)
+    ]
+    with running(Shell(app, settings, receive_wait=1)):
+        wait_until(
+            lambda: all(
+                read_view(ddb_client, settings, j).state is JobState.SUCCEEDED for j in ids
+            ),
+            HANG,
+            "every FIFO job to succeed",
+        )
+    # One session is one message group: its jobs ran one at a time, in submit order.
+    assert [n for n in ran if n >= 10] == [10, 11, 12]
+
+
+def test_the_sweeps_resend_of_a_fifo_job_is_not_dropped_as_a_duplicate_and_the_job_runs(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
+) -> None:
+    # A producer sent its message (the library's own send) and died before recording
+    # it sent; the sweep re-sends within SQS's 5-minute deduplication window, and that
+    # message must not be dropped as a duplicate of the first (a stray by then).
+    settings, url, _ = _fifo(aws)
+    table = JobTable(settings.jobs_table)
+    put = table.put_new(
+        job_id="stranded",
+        job_class="work",
+        payload_json='{"n":7}',
+        payload_hash="h" * 64,
+        wall_now=time.time() - 120,
+        send_id="first-send",
+    )
+    ddb_client.put_item(**put.params)
+
+    class _DiesBeforeMarking(JobTable):
+        def mark_sent(self, job_id: str, send_id: str, wall_now: float) -> Call:
+            return super().mark_sent(job_id, "someone-else", wall_now)  # refused
+
+    first = SyncDriver(settings).run(
+        send_job_message(
+            _DiesBeforeMarking(settings.jobs_table),
+            queue_url=url,
+            job_id="stranded",
+            job_class="work",
+            send_id="first-send",
+            wall_now=time.time(),
+        )
+    )
+    assert first.verdict == "superseded"  # out, and the record still says unsent
+    report = Producer(settings, _app()).repair(older_than=60)
+    assert [s.verdict for s in report.jobs] == ["resent"]
+    resent = read_view(ddb_client, settings, "stranded").send_id
+    got = drain(sqs_client, url, timeout=20, want=2)
+    sends = [json.loads(m["Body"])["send_id"] for m in got]
+    assert sends == ["first-send", resent]  # both delivered, in send order
+    for m in got:
+        sqs_client.change_message_visibility(
+            QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
+        )
+    with running(Shell(_app(), settings, receive_wait=1)):
+        wait_until(
+            lambda: read_view(ddb_client, settings, "stranded").state is JobState.SUCCEEDED,
+            HANG,
+            "the re-sent job to succeed",
+        )
+
+
+# =========================================================================== the DLQ
+
+
+def test_a_poison_message_on_a_fifo_queue_is_copied_to_the_fifo_dlq_and_redriven_back(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
+) -> None:
+    settings, url, dlq = _fifo(aws)
+    sqs_client.send_message(
+        QueueUrl=url, MessageBody="not json", MessageGroupId="g", MessageDeduplicationId="p1"
+    )
+    with collect_journal() as journal, running(Shell(_app(), settings, receive_wait=1)):
+        (poisoned,) = journal.wait_for("message_poisoned", timeout=HANG)
+    assert poisoned["moved_to_dlq"] is True
+    # A job's message moved by SQS's redrive goes back to the FIFO queue and runs.
+    producer = Producer(settings, _app())
+    producer.submit("work", Work(n=3), job_id="back", group="session")
+    (m,) = drain(sqs_client, url, timeout=20, want=1)
+    sqs_client.send_message(
+        QueueUrl=dlq, MessageBody=m["Body"], MessageGroupId="session", MessageDeduplicationId="x"
+    )
+    sqs_client.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+    report = redrive_dlq(settings, job_ids=["back"])
+    assert [r.verdict for r in report.messages] == ["moved"], report
+    with running(Shell(_app(), settings, receive_wait=1)):
+        wait_until(
+            lambda: read_view(ddb_client, settings, "back").state is JobState.SUCCEEDED,
+            HANG,
+            "the redriven job to succeed",
+        )
+
+
+# =========================================================================== Lambda
+
+
+class _Context:
+    def get_remaining_time_in_millis(self) -> int:
+        return 600_000
+
+
+def test_the_lambda_adapter_runs_a_fifo_event_and_stops_only_the_failed_records_group(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient, shell: str
+) -> None:
+    if shell != "thread":
+        pytest.skip("the Lambda adapter is one shell: run once")
+    settings, url, _ = _fifo(aws)
+    ran: list[int] = []
+    app = App()
+
+    @app.job(
+        "work", payload=Work, **{**FAST, "stage_budget_seconds": 6.0, "effect_timeout_seconds": 1.0}
+    )
+    def _work(ctx: JobContext[Work], p: Work) -> dict[str, int]:
+        ran.append(p.n)
+        if p.n == 1:
+            raise RuntimeError("the session's first job fails")
+        return {"n": p.n}
+
+    producer = Producer(settings, app)
+    producer.submit("work", Work(n=1), job_id="s-1", group="session")
+    producer.submit("work", Work(n=2), job_id="s-2", group="session")
+    producer.submit("work", Work(n=3), job_id="solo")
+    got = drain(sqs_client, url, timeout=20, want=3)
+    arn = _attrs(sqs_client, url)["QueueArn"]
+    records = [
+        {
+            "messageId": m["MessageId"],
+            "receiptHandle": m["ReceiptHandle"],
+            "body": m["Body"],
+            "attributes": dict(m["Attributes"]),
+            "messageAttributes": {},
+            "md5OfBody": m["MD5OfBody"],
+            "eventSource": "aws:sqs",
+            "eventSourceARN": arn,
+            "awsRegion": "us-east-1",
+        }
+        for m in got
+    ]
+    assert [json.loads(r["body"])["job_id"] for r in records] == ["s-1", "s-2", "solo"]
+    answer = handler(app, settings)({"Records": records}, _Context())
+    failed = {f["itemIdentifier"] for f in answer["batchItemFailures"]}
+    assert failed == {records[0]["messageId"], records[1]["messageId"]}
+    assert sorted(ran) == [1, 3]  # s-2 waits behind s-1; solo is its own group
+    assert read_view(ddb_client, settings, "s-2").attempt == 0
+    assert read_view(ddb_client, settings, "solo").state is JobState.SUCCEEDED
