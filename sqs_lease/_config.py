@@ -118,6 +118,10 @@ class Settings(BaseModel):
         return f"{self.prefix}-groups"
 
     @property
+    def slots_table(self) -> str:
+        return f"{self.prefix}-slots"
+
+    @property
     def queue(self) -> str:
         return self.queue_name or f"{self.prefix}-jobs"
 

@@ -44,6 +44,16 @@ def check_group(group: str) -> str:
     return group
 
 
+def check_tenant(tenant: str) -> str:
+    """Refuse a tenant id that is not 1-200 of ``A-Z a-z 0-9 _ . : @ / + = -``."""
+    if not isinstance(tenant, str) or not GROUP_ID.match(tenant) or len(tenant) > 200:
+        raise ConfigError(
+            f"tenant={tenant!r}: a tenant id is 1-200 characters of letters, digits and "
+            "_ . : @ / + = - (a user or account id); pass your own id for it, never a payload's"
+        )
+    return tenant
+
+
 def new_send_id() -> str:
     """A send id unique to one send (or, as a prefix, to one sweep)."""
     return uuid.uuid4().hex
@@ -86,6 +96,7 @@ class Producer:
         *,
         delay_seconds: int = 0,
         group: str | None = None,
+        tenant: str | None = None,
     ) -> SubmitResult:
         """Submit once. The id should come from the source event; by default it is
         derived from class + payload, so submitting the same thing twice is a no-op.
@@ -93,6 +104,10 @@ class Producer:
         ``group`` puts the job in an agent session (or run) that :meth:`cancel_group`
         can end as a whole; it is the producer's, never the payload's. A submit to a
         cancelled group raises ``GroupCancelled``.
+
+        ``tenant`` names whose job it is (a user, an account): a worker whose app sets
+        a tenant limit (``App(tenant_limit=...)``) runs at most that many of the
+        tenant's jobs at once, fleet-wide. Like the group, it is the producer's.
 
         Raises ``LimitExceeded`` when the job id (over 2048 UTF-8 bytes) or the
         payload (over what a 400 KB DynamoDB item leaves for it) cannot be stored."""
@@ -104,6 +119,8 @@ class Producer:
             digest = payload_hash(text)
         if group is not None:
             check_group(group)
+        if tenant is not None:
+            check_tenant(tenant)
         jid = job_id or f"{job_class}-{digest[:24]}"
         # DynamoDB would refuse these with a ValidationException: say which limit now.
         check_payload(jid, text)
@@ -121,6 +138,7 @@ class Producer:
                 resend_after=self.unsent_grace,
                 group=group,
                 groups=self.groups,
+                tenant=tenant,
             )
         )
 

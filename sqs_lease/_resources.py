@@ -152,6 +152,12 @@ def check_table(settings: Settings) -> None:
         _check_one(ddb, table)
 
 
+def check_slots_table(settings: Settings) -> None:
+    """Raise ResourceMissing (with the fix) if the slots table (the app declares a
+    concurrency limit) is absent."""
+    _check_one(make_client(settings, "dynamodb"), settings.slots_table)
+
+
 def _check_one(ddb: Any, table: str) -> None:
     try:
         ddb.describe_table(TableName=table)

@@ -24,15 +24,15 @@ from typing import Any
 from ._aws import Timeouts
 from ._clock import lease_clock
 from ._config import Settings
-from ._core.attempt import AttemptEnv, HandlerRun, Now, redrive_rules
+from ._core.attempt import AttemptEnv, HandlerRun, Now, SlotEnv, redrive_rules
 from ._core.calls import Flow
 from ._core.flows import Delivery, Poison, receive_flow
 from ._core.leasebook import LeaseBook, Signal
 from ._errors import ConfigError
 from ._jobs import App, JobClass
 from ._journal import Journal
-from ._resources import check_table, queue_url, redrive
-from ._schema import IntentTable, JobTable
+from ._resources import check_slots_table, check_table, queue_url, redrive
+from ._schema import IntentTable, JobTable, SlotTable
 
 
 @dataclass
@@ -54,6 +54,7 @@ class WorkerStats:
     lost: int = 0
     released: int = 0
     deferred: int = 0
+    waited_for_slot: int = 0  # claims given back: the job's limit had no slot free
 
 
 def default_worker_id() -> str:
@@ -112,6 +113,8 @@ def find_queue(
 ) -> QueueSetup:
     """Check the tables, find the queue and its redrive, and warn of a redrive too tight."""
     check_table(settings)
+    if app.has_limits:
+        check_slots_table(settings)
     url = queue_url(settings)
     dlq_url, max_receives = redrive(settings, url)
     most = max(r.job_class.max_attempts for r in app.classes.values())
@@ -130,6 +133,13 @@ def _details(text: str | None) -> Any:
         return None if text is None else json.loads(text)
     except ValueError:
         return None
+
+
+def slot_env(app: App, settings: Settings) -> SlotEnv | None:
+    """The app's fleet-wide limits for the attempt flow (None: it declares none)."""
+    if not app.has_limits:
+        return None
+    return SlotEnv(SlotTable(settings.slots_table), app.class_limit_for, app.tenant_limit_for)
 
 
 class ShellBase:
@@ -219,6 +229,7 @@ class ShellBase:
             tally=self._count,
             new_signal=new_signal,
             run_handler=self._run_handler,
+            slots=slot_env(app, settings),
         )
         self._stopping = threading.Event()
         self._saved_signals: dict[int, Any] = {}

@@ -450,6 +450,7 @@ def queue_create(ctx: click.Context, visibility: int, max_receives: int, as_json
 )
 @click.option("--delay", type=click.IntRange(0, 900), default=0, show_default=True, help="Seconds.")
 @click.option("--group", default=None, help="Agent session (or run) id: `jobs cancel --group`.")
+@click.option("--tenant", default=None, help="Whose job it is (user, account): its own limit.")
 @json_option()
 @click.pass_context
 def submit(
@@ -460,6 +461,7 @@ def submit(
     app_spec: str | None,
     delay: int,
     group: str | None,
+    tenant: str | None,
     as_json: bool,
 ) -> None:
     """Submit a job once; submitting the same job again is a no-op.
@@ -477,7 +479,9 @@ def submit(
     producer = Producer(settings, app)
     _ = producer.queue_url  # a missing queue says `sqs-lease queue create`
     try:
-        result = producer.submit(job_class, data, job_id, delay_seconds=delay, group=group)
+        result = producer.submit(
+            job_class, data, job_id, delay_seconds=delay, group=group, tenant=tenant
+        )
     except ResourceMissing:
         check_table(settings)  # a missing table says `sqs-lease tables create`
         raise

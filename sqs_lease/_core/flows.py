@@ -245,6 +245,7 @@ def submit_flow(
     resend_after: float = UNSENT_GRACE_SECONDS,
     group: str | None = None,
     groups: GroupRequests | None = None,
+    tenant: str | None = None,
 ) -> Flow[SubmitResult]:
     """Write the job record (condition: new) with this submission's send id, then
     send its message.
@@ -271,6 +272,7 @@ def submit_flow(
                 payload_hash=payload_hash,
                 wall_now=wall_now,
                 send_id=send_id,
+                tenant=tenant,
             )
         )
     else:
@@ -286,6 +288,7 @@ def submit_flow(
                 wall_now=wall_now,
                 send_id=send_id,
                 group=group,
+                tenant=tenant,
             ),
         ]
         txn = yield from call(Call("dynamodb", "TransactWriteItems", {"TransactItems": entries}))
@@ -684,6 +687,8 @@ def claim_flow(
         send_id=old.send_id,
         granted_attempts=old.granted_attempts,
         progress_json=old.progress_json,
+        group=old.group,
+        tenant=old.tenant,
     )
     reclaimed = old.state is JobState.RUNNING
     allowed = max_attempts + old.granted_attempts
@@ -1787,8 +1792,10 @@ def release_flow(
     worker_id: str,
     wall_now: float,
     reason: str,
+    visibility: int = 0,
 ) -> Flow[int]:
-    """Hand messages back at once (shutdown): claimed records -> queued, visibility -> 0.
+    """Hand messages back (shutdown: at once): claimed records -> queued, visibility ->
+    ``visibility`` (0; a job waiting for a slot: its short wait).
 
     The worker, not the job, ended these attempts, so each claimed record gets
     back the attempt its claim counted. Returns how many messages SQS confirmed
@@ -1828,7 +1835,11 @@ def release_flow(
                 {
                     "QueueUrl": queue_url,
                     "Entries": [
-                        {"Id": str(i), "ReceiptHandle": d.receipt_handle, "VisibilityTimeout": 0}
+                        {
+                            "Id": str(i),
+                            "ReceiptHandle": d.receipt_handle,
+                            "VisibilityTimeout": visibility,
+                        }
                         for i, d in enumerate(chunk)
                     ],
                 },
