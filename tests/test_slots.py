@@ -154,9 +154,10 @@ def test_a_stale_slot_is_taken_over_fenced_by_the_version_it_was_read_at() -> No
     s, grant = _take([Pool("class:ocr", 2)], [full, holders, ok()])
     assert grant.granted and grant.held[0].key == "class:ocr#1"
     take = s.calls[2].params
-    assert ":" in take["ConditionExpression"] and {"N": "9"} in take[
-        "ExpressionAttributeValues"
-    ].values()
+    assert (
+        ":" in take["ConditionExpression"]
+        and {"N": "9"} in take["ExpressionAttributeValues"].values()
+    )
 
 
 def test_a_take_another_worker_won_moves_on_to_the_next_candidate() -> None:

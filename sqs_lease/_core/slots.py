@@ -179,9 +179,7 @@ def candidates(
     stale = [
         v
         for v in views
-        if v.job_id is not None
-        and v.job_id in holders
-        and not holder_live(v, holders[v.job_id])
+        if v.job_id is not None and v.job_id in holders and not holder_live(v, holders[v.job_id])
     ]
     return free + stale
 
@@ -324,9 +322,7 @@ def give_back_flow(req: SlotRequests, held: Sequence[HeldSlot], *, wall_now: flo
     return given
 
 
-def slot_wait_event(
-    job_id: str, token: int, grant: SlotGrant, delay: int
-) -> Flow[None]:
+def slot_wait_event(job_id: str, token: int, grant: SlotGrant, delay: int) -> Flow[None]:
     """Journal a job that waits for a slot (``job_waiting_for_slot``)."""
     pool = grant.waiting_for
     yield from emit(
