@@ -126,6 +126,11 @@ class Settings(BaseModel):
         return self.queue_name or f"{self.prefix}-jobs"
 
     @property
+    def interactive_queue(self) -> str:
+        """The queue of interactive jobs (priorities): the job queue's name + ``-interactive``."""
+        return f"{self.queue}-interactive"
+
+    @property
     def dlq(self) -> str:
         return f"{self.queue}-dlq"
 

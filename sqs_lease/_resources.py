@@ -88,9 +88,16 @@ def _add_missing_indexes(ddb: Any, model: type[Any], name: str, described: dict[
 
 
 def create_queue(
-    settings: Settings, *, visibility: int = 30, max_receives: int = DEFAULT_MAX_RECEIVES
+    settings: Settings,
+    *,
+    visibility: int = 30,
+    max_receives: int = DEFAULT_MAX_RECEIVES,
+    interactive: bool = False,
 ) -> tuple[str, str]:
-    """Create the job queue with a dead-letter queue and redrive; return both URLs."""
+    """Create the job queue with a dead-letter queue and redrive; return both URLs.
+
+    ``interactive``: also the interactive jobs' queue (priorities), with the same
+    visibility and redrive to the same DLQ; workers serve it first when it exists."""
     sqs = make_client(settings, "sqs")
     dlq_url = _call(
         sqs,
@@ -110,7 +117,23 @@ def create_queue(
             raise
         url = queue_url(settings)
         _call(sqs, "set_queue_attributes", QueueUrl=url, Attributes=attrs)
+    if interactive:
+        try:
+            _call(sqs, "create_queue", QueueName=settings.interactive_queue, Attributes=attrs)
+        except AwsCallFailed as exc:
+            if "QueueAlreadyExists" not in exc.code and "QueueNameExists" not in exc.code:
+                raise
+            fast = queue_url(settings, settings.interactive_queue)
+            _call(sqs, "set_queue_attributes", QueueUrl=fast, Attributes=attrs)
     return url, dlq_url
+
+
+def interactive_queue_url(settings: Settings) -> str | None:
+    """The interactive jobs' queue URL, or None when it was not created (no priorities)."""
+    try:
+        return queue_url(settings, settings.interactive_queue)
+    except ResourceMissing:
+        return None
 
 
 def queue_url(settings: Settings, name: str | None = None) -> str:

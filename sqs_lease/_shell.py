@@ -26,12 +26,19 @@ from ._clock import lease_clock
 from ._config import Settings
 from ._core.attempt import AttemptEnv, HandlerRun, Now, SlotEnv, redrive_rules
 from ._core.calls import Flow
-from ._core.flows import Delivery, Poison, receive_flow
+from ._core.flows import Delivery, Poison
 from ._core.leasebook import LeaseBook, Signal
+from ._core.priority import receive_prioritized_flow
 from ._errors import ConfigError
 from ._jobs import App, JobClass
 from ._journal import Journal
-from ._resources import check_slots_table, check_table, queue_url, redrive
+from ._resources import (
+    check_slots_table,
+    check_table,
+    interactive_queue_url,
+    queue_url,
+    redrive,
+)
 from ._schema import IntentTable, JobTable, SlotTable
 
 
@@ -106,6 +113,7 @@ class QueueSetup:
     queue_url: str
     dlq_url: str | None
     unknown_class_receives: int
+    interactive_url: str | None = None  # priorities: served first when it exists
 
 
 def find_queue(
@@ -121,7 +129,7 @@ def find_queue(
     unknown, warning = redrive_rules(max_receives, most, unknown_class_receives)
     if warning is not None:
         journal.write(warning.event, warning.fields)
-    return QueueSetup(url, dlq_url, unknown)
+    return QueueSetup(url, dlq_url, unknown, interactive_queue_url(settings))
 
 
 STAT_NAMES = frozenset(WorkerStats.__dataclass_fields__)
@@ -207,6 +215,9 @@ class ShellBase:
         self.intents = IntentTable(settings.intents_table, settings.attempts_table)
         setup = find_queue(app, settings, self.journal, unknown_class_receives)
         self.queue_url = setup.queue_url
+        # Highest priority first (_core/priority.py); one queue when there are no levels.
+        self.queue_urls = [u for u in (setup.interactive_url, setup.queue_url) if u]
+        self._receive_turn = 0
         self.dlq_url = setup.dlq_url
         self.unknown_class_receives = setup.unknown_class_receives
         self.stats = WorkerStats()
@@ -253,8 +264,10 @@ class ShellBase:
         return free if max_messages is None else min(free, max_messages - self.stats.received)
 
     def _receive_call(self, want: int) -> Flow[list[Delivery | Poison]]:
-        return receive_flow(
-            queue_url=self.queue_url,
+        self._receive_turn += 1
+        return receive_prioritized_flow(
+            queue_urls=self.queue_urls,
+            turn=self._receive_turn - 1,
             max_messages=want,
             wait_seconds=self.receive_wait,
             visibility=self.receive_visibility,

@@ -542,6 +542,7 @@ def deployed(tpl: Json, moto_endpoint: str) -> Iterator[Settings]:
         settings.intents_table,
         settings.attempts_table,
         settings.groups_table,
+        settings.slots_table,
     }
     for name, props in tables.items():
         params: Json = {
