@@ -4,9 +4,12 @@ Starts a moto server on 127.0.0.1 (its own process), creates the queue and
 tables, starts the fenced payment receiver, submits a mixed workload (three
 job classes with different leases), runs two worker processes, freezes one of
 them (SIGSTOP) in the middle of a payment call so the other takes over, thaws
-it, and prints a summary and the timeline of a job that was taken over
-(``sqs-lease jobs timeline``). Exits non-zero if any effect was duplicated, any job
-was lost, or no takeover happened.
+it, then runs a tool with a fleet-wide limit (a browser pool of two shared by
+both workers) and an agent session that is cancelled as a whole, and prints a
+summary and the timeline of a job that was taken over (``sqs-lease jobs
+timeline``). Exits non-zero if any effect was duplicated, any job was lost, no
+takeover happened, the browser limit was exceeded or the session was not
+cancelled.
 """
 
 from __future__ import annotations
@@ -28,7 +31,13 @@ sys.path.insert(0, str(ROOT))
 import boto3  # noqa: E402
 
 from examples.receiver_service import create_ledger_table, serve  # noqa: E402
-from sqs_lease import Producer, Settings, create_queue, create_tables  # noqa: E402
+from sqs_lease import (  # noqa: E402
+    GroupCancelled,
+    Producer,
+    Settings,
+    create_queue,
+    create_tables,
+)
 from sqs_lease._local import spawn_local_server, stop_local_server  # noqa: E402
 from sqs_lease.receiver import create_receiver_tables  # noqa: E402
 from sqs_lease.testing import read_journal  # noqa: E402
@@ -147,6 +156,68 @@ def cli(endpoint: str, *args: str) -> str:
     return out.stdout
 
 
+def most_at_once(journal: list[dict[str, Any]], opened: str, closed: str) -> int:
+    """The most attempts between ``opened`` and ``closed`` at one moment (journal times)."""
+    marks = sorted(
+        (e["ts"], 1 if e["event"] == opened else -1)
+        for e in journal
+        if e["event"] in (opened, closed)
+    )
+    running = most = 0
+    for _, step in marks:  # at equal times a close sorts first (-1 < 1)
+        running += step
+        most = max(most, running)
+    return most
+
+
+def limited_and_session(producer: Producer, endpoint: str, logs: list[Path]) -> dict[str, Any]:
+    """Steps 7-8: a tool with a fleet-wide limit, and an agent session cancelled whole."""
+    browse = [(f"browse-page-{i}", {"page": i, "seconds": 0.8}) for i in range(1, 9)]
+    for job_id, payload in browse:
+        producer.submit("browse", payload, job_id=job_id)
+    steps = [f"agent-7-step-{i}" for i in range(1, 5)]
+    for i, job_id in enumerate(steps, 1):
+        producer.submit("agent_step", {"step": i}, job_id=job_id, group="agent-session-7")
+    say(
+        f"7. submitted {len(browse)} browse jobs (class limit: 2 browsers for the whole fleet) "
+        f"and an agent session of {len(steps)} steps (group agent-session-7)"
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        started = {
+            e.get("job_id")
+            for log in logs
+            for e in events(log)
+            if e["event"] == "agent_step_started"
+        }
+        if sum(1 for s in steps if s in started) >= 2:
+            break
+        time.sleep(0.1)
+    out = cli(
+        endpoint,
+        "jobs",
+        "cancel",
+        "--group",
+        "agent-session-7",
+        "--reason",
+        "the user closed the chat",
+        "--json",
+    )
+    report: dict[str, Any] = json.loads(out)
+    say(
+        f"8. operator: sqs-lease jobs cancel --group agent-session-7: "
+        f"{len(report['cancelled'])} cancelled, {len(report['finished'])} already finished; "
+        "their owners lose their leases at the next heartbeat"
+    )
+    try:
+        producer.submit("agent_step", {"step": 5}, job_id="agent-7-step-5", group="agent-session-7")
+        refused = ""
+    except GroupCancelled as exc:
+        refused = str(exc)
+        say(f"   a new step for the session is refused: {refused[:90]}...")
+    return {"browse": [j for j, _ in browse], "steps": steps, "report": report, "refused": refused}
+
+
 def wait_states(settings: Settings, n: int, done: set[str], limit: float) -> dict[str, Any]:
     deadline = time.monotonic() + limit
     states: dict[str, dict[str, Any]] = {}
@@ -222,10 +293,12 @@ def main() -> int:
         time.sleep(9)  # longer than every lease: worker-B must take the held jobs over
         victim.send_signal(signal.SIGCONT)
         say("6. worker-A thawed (SIGCONT) after 9 s; its late results meet the fence")
+        extra = limited_and_session(producer, endpoint, [log for _, log in workers])
+        n_jobs = len(jobs) + len(extra["browse"]) + len(extra["steps"])
 
-        states = wait_states(settings, len(jobs), TERMINAL, 150)
+        states = wait_states(settings, n_jobs, TERMINAL, 150)
         parked = sorted(k for k, v in states.items() if v["state"] == "parked")
-        say(f"7. every job is terminal or parked; parked for an operator: {parked}")
+        say(f"9. every job is terminal or parked; parked for an operator: {parked}")
         listing = cli(endpoint, "intents", "list", "--state", "ambiguous", "--json")
         ambiguous = [json.loads(line) for line in listing.splitlines() if line.strip()]
         for intent in ambiguous:
@@ -244,13 +317,13 @@ def main() -> int:
                 "--who",
                 "demo-operator",
             )
-        states = wait_states(settings, len(jobs), TERMINAL - {"parked"}, 60)
-        say(f"8. {len(ambiguous)} ambiguous intent(s) resolved with the CLI; jobs resumed")
+        states = wait_states(settings, n_jobs, TERMINAL - {"parked"}, 60)
+        say(f"10. {len(ambiguous)} ambiguous intent(s) resolved with the CLI; jobs resumed")
         for proc, _ in workers:
             proc.send_signal(signal.SIGTERM)
         for proc, _ in workers:
             proc.wait(30)
-        say("9. all jobs terminal; workers stopped with SIGTERM")
+        say("11. all jobs terminal; workers stopped with SIGTERM")
 
         journal = [e for _, log in workers for e in events(log)]
         with urlopen(receiver_url + "/ledger", timeout=10) as resp:
@@ -259,9 +332,25 @@ def main() -> int:
         duplicates = sum(n - 1 for n in by_invoice.values() if n > 1)
         takeovers = sum(1 for e in journal if e["event"] == "job_reclaimed")
         rejected = sum(1 for e in journal if e["event"] == "result_rejected")
-        lost = len(jobs) - sum(1 for s in states.values() if s["state"] in TERMINAL)
+        lost = n_jobs - sum(1 for s in states.values() if s["state"] in TERMINAL)
         by_state = collections.Counter(s["state"] for s in states.values())
-        failed = {k: v["reason"] for k, v in states.items() if v["state"] == "failed"}
+        failed = {
+            k: v["reason"]
+            for k, v in states.items()
+            if v["state"] == "failed" and k not in extra["steps"]
+        }
+        browsers = most_at_once(journal, "browser_opened", "browser_closed")
+        browsed = sum(1 for j in extra["browse"] if states.get(j, {}).get("state") == "succeeded")
+        waited = sum(1 for e in journal if e["event"] == "job_waiting_for_slot")
+        session = {j: states.get(j, {}) for j in extra["steps"]}
+        session_cancelled = sum(
+            1 for s in session.values() if "cancelled" in (s.get("reason") or "")
+        )
+        session_lost = {
+            e["job_id"]
+            for e in journal
+            if e["event"] == "heartbeat_lost" and e.get("cancelled") and e["job_id"] in session
+        }
         intents = scan_intents(settings)
         intent_states = collections.Counter(i["state"] for i in intents)
         reconciled = sum(1 for i in intents if i["reconciled"])
@@ -284,6 +373,16 @@ def main() -> int:
         say(f"  effects at receiver:    {len(ledger)} charges for {len(by_invoice)} invoices")
         say(f"  duplicated effects:     {duplicates}")
         say(f"  jobs lost:              {lost}")
+        say(
+            f"  browse (limit 2):       {browsed} of {len(extra['browse'])} done, at most "
+            f"{browsers} browsers open at once across both workers; {waited} waits for a slot "
+            "(no attempt spent)"
+        )
+        say(
+            f"  session agent-session-7: {session_cancelled} of {len(session)} steps cancelled "
+            f"({len(session_lost)} running ones lost their leases at a heartbeat); "
+            f"a new submit to it refused: {bool(extra['refused'])}"
+        )
         say(f"  journals:               {WORK}/worker-*.journal.jsonl")
         ok = (
             duplicates == 0
@@ -292,6 +391,10 @@ def main() -> int:
             and reconciled >= 1
             and resolved >= 1
             and by_state.get("parked", 0) == 0
+            and browsed == len(extra["browse"])
+            and browsers <= 2
+            and session_cancelled == len(session)
+            and bool(extra["refused"])
         )
         # A job another worker took over; one whose late commit was refused first.
         refused = {e["job_id"] for e in journal if e["event"] == "result_rejected"}

@@ -1,4 +1,4 @@
-"""The demo's job app: four classes with different leases.
+"""The demo's job app: six classes with different leases.
 
 - ``ocr``: short calls (lease 6 s), pure computation, no side effect.
 - ``export``: slower calls (lease 10 s) that sometimes fail transiently.
@@ -6,6 +6,11 @@
   keyed and fenced; its check asks the payment service by key.
 - ``erp_post``: a posting to an ERP that cannot be asked (its check can never
   tell): a timeout there parks the job for an operator.
+- ``browse``: a page in a headless browser from a pool of two for the whole
+  fleet (``concurrency_limit=2``): never more than two run at once, whichever
+  worker holds them; the rest wait without spending an attempt.
+- ``agent_step``: one step of an agent session (submitted with a group); it
+  thinks until its session is cancelled (``sqs-lease jobs cancel --group``).
 
 Run workers for it with ``sqs-lease worker examples.demo_app:app``.
 """
@@ -51,6 +56,15 @@ class Payment(BaseModel):
     invoice: str
     amount: int = Field(gt=0)
     lose_response: bool = False  # demo only: the target applies it, the answer is lost
+
+
+class BrowsePage(BaseModel):
+    page: int = Field(ge=1)
+    seconds: float = Field(default=0.8, ge=0, le=10)
+
+
+class AgentStep(BaseModel):
+    step: int = Field(ge=1)
 
 
 class ErpPosting(BaseModel):
@@ -173,3 +187,36 @@ def erp_post(ctx: JobContext[Any], p: ErpPosting) -> dict[str, Any]:
 
     done = ctx.effect("post", "erp", {"invoice": p.invoice, "account": p.account}, post)
     return {"erp_id": done.external_id, "replayed": done.replayed}
+
+
+@app.job(
+    "browse",
+    payload=BrowsePage,
+    lease_seconds=6,
+    heartbeat_seconds=1.5,
+    jitter_seconds=1.0,
+    missed_heartbeats=2,
+    concurrency_limit=2,  # the browser pool: two for the whole fleet
+)
+def browse(ctx: JobContext[Any], p: BrowsePage) -> dict[str, Any]:
+    ctx.note("browser_opened", page=p.page)
+    try:
+        ctx.wait(p.seconds)  # the page loads
+    finally:
+        ctx.note("browser_closed", page=p.page)
+    return {"page": p.page, "title": f"page {p.page}"}
+
+
+@app.job(
+    "agent_step",
+    payload=AgentStep,
+    lease_seconds=6,
+    heartbeat_seconds=1.5,
+    jitter_seconds=1.0,
+    missed_heartbeats=2,
+)
+def agent_step(ctx: JobContext[Any], p: AgentStep) -> dict[str, Any]:
+    ctx.note("agent_step_started", step=p.step)
+    for _ in range(600):  # thinks for up to a minute; a cancel stops it at once
+        ctx.wait(0.1)
+    return {"step": p.step}

@@ -155,12 +155,24 @@ class Settings(BaseModel):
         return f"{self.prefix}-groups"
 
     @property
+    def slots_table(self) -> str:
+        return f"{self.prefix}-slots"
+
+    @property
     def queue(self) -> str:
         """The job queue's name: ``queue_name``, else ``PREFIX-jobs`` (``.fifo`` added
         for a FIFO queue)."""
         if self.queue_name:
             return self.queue_name
         return f"{self.prefix}-jobs" + (FIFO_SUFFIX if self.fifo else "")
+
+    @property
+    def interactive_queue(self) -> str:
+        """The queue of interactive jobs (priorities): the job queue's name +
+        ``-interactive`` (before ``.fifo`` on a FIFO queue: SQS requires the suffix)."""
+        if self.fifo:
+            return f"{self.queue.removesuffix(FIFO_SUFFIX)}-interactive{FIFO_SUFFIX}"
+        return f"{self.queue}-interactive"
 
     @property
     def dlq(self) -> str:

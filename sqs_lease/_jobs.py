@@ -25,6 +25,7 @@ from ._core.intents import (
 )
 from ._core.intents import default_key as _default_key
 from ._core.limits import check_intent, progress_text
+from ._core.slots import MAX_LIMIT, check_limit
 from ._core.timing import EFFECT_MARGIN, LocalLease, check_timing
 from ._errors import ConfigError, JobClassError, LeaseError, PayloadError
 from ._fence import fence_headers
@@ -78,6 +79,9 @@ class JobClass(BaseModel):
     backoff_max_seconds: float = Field(default=300.0, ge=0, le=43_200)
     stage_budget_seconds: float = 3600.0
     keep_rejected_results: bool = False  # also keep a rejected result's content (bounded)
+    # Fleet-wide: at most this many jobs of the class run at once, across every worker
+    # and process (slots in PREFIX-slots; None: no limit). See docs/operations.md.
+    concurrency_limit: int | None = Field(default=None, ge=1, le=MAX_LIMIT)
     # CloudWatch dimension values: printable ASCII, bounded; no payload belongs here.
     model: str | None = Field(default=None, pattern=r"^[ -~]{1,200}$")
     provider: str | None = Field(default=None, pattern=r"^[ -~]{1,200}$")
@@ -202,9 +206,45 @@ class EffectCall:
 class App:
     """A set of job classes and their handlers (what ``sqs-lease worker MODULE:OBJECT`` loads)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        tenant_limit: int | None = None,
+        tenant_limits: Mapping[str, int] | None = None,
+    ) -> None:
+        """``tenant_limit``: at most this many jobs of one tenant (``submit(...,
+        tenant=...)``) run at once, fleet-wide, whatever their class (None: no limit);
+        ``tenant_limits`` sets it per tenant (wins over ``tenant_limit``). Every worker
+        of the fleet must run the same limits."""
         self.classes: dict[str, Registered] = {}
         self.targets: dict[str, Target] = {}
+        try:
+            self.tenant_limit = check_limit("tenant_limit", tenant_limit)
+            self.tenant_limits = {
+                t: int(check_limit(f"tenant_limits[{t!r}]", n) or 0)
+                for t, n in (tenant_limits or {}).items()
+            }
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def tenant_limit_for(self, tenant: str) -> int | None:
+        """The limit of this tenant's running jobs (None: none)."""
+        return self.tenant_limits.get(tenant, self.tenant_limit)
+
+    def class_limit_for(self, job_class: str) -> int | None:
+        """The fleet-wide limit of this class's running jobs (None: none, or unknown)."""
+        reg = self.classes.get(job_class)
+        return reg.job_class.concurrency_limit if reg is not None else None
+
+    @property
+    def has_limits(self) -> bool:
+        """Whether any job class or tenant has a fleet-wide limit (the worker then
+        needs the slots table)."""
+        return (
+            self.tenant_limit is not None
+            or bool(self.tenant_limits)
+            or any(r.job_class.concurrency_limit is not None for r in self.classes.values())
+        )
 
     def target(
         self,

@@ -25,6 +25,7 @@ from ._core.flows import (
 from ._core.groups import GroupReport, cancel_group_flow
 from ._core.intents import Resumed, resume_flow
 from ._core.limits import check_payload
+from ._core.priority import PRIORITIES, Priority
 from ._core.records import JobView
 from ._errors import ConfigError
 from ._jobs import App, canonical_json, payload_hash
@@ -42,6 +43,16 @@ def check_group(group: str) -> str:
             "_ . : @ / + = - (an agent session or run id); pass it as given by your runner"
         )
     return group
+
+
+def check_tenant(tenant: str) -> str:
+    """Refuse a tenant id that is not 1-200 of ``A-Z a-z 0-9 _ . : @ / + = -``."""
+    if not isinstance(tenant, str) or not GROUP_ID.match(tenant) or len(tenant) > 200:
+        raise ConfigError(
+            f"tenant={tenant!r}: a tenant id is 1-200 characters of letters, digits and "
+            "_ . : @ / + = - (a user or account id); pass your own id for it, never a payload's"
+        )
+    return tenant
 
 
 def new_send_id() -> str:
@@ -71,12 +82,20 @@ class Producer:
         self.table = JobTable(settings.jobs_table)
         self.groups = GroupTable(settings.groups_table)
         self._queue_url: str | None = None
+        self._interactive_url: str | None = None
 
     @property
     def queue_url(self) -> str:
         if self._queue_url is None:
             self._queue_url = queue_url(self.settings)
         return self._queue_url
+
+    @property
+    def interactive_url(self) -> str:
+        """The interactive jobs' queue (ResourceMissing naming the fix when absent)."""
+        if self._interactive_url is None:
+            self._interactive_url = queue_url(self.settings, self.settings.interactive_queue)
+        return self._interactive_url
 
     def submit(
         self,
@@ -86,6 +105,8 @@ class Producer:
         *,
         delay_seconds: int = 0,
         group: str | None = None,
+        tenant: str | None = None,
+        priority: Priority = "batch",
     ) -> SubmitResult:
         """Submit once. The id should come from the source event; by default it is
         derived from class + payload, so submitting the same thing twice is a no-op.
@@ -93,6 +114,14 @@ class Producer:
         ``group`` puts the job in an agent session (or run) that :meth:`cancel_group`
         can end as a whole; it is the producer's, never the payload's. A submit to a
         cancelled group raises ``GroupCancelled``.
+
+        ``tenant`` names whose job it is (a user, an account): a worker whose app sets
+        a tenant limit (``App(tenant_limit=...)``) runs at most that many of the
+        tenant's jobs at once, fleet-wide. Like the group, it is the producer's.
+
+        ``priority``: ``interactive`` (a person waits: the interactive queue, which
+        workers serve first; ``sqs-lease queue create --interactive`` makes it) or
+        ``batch`` (the job queue).
 
         Raises ``LimitExceeded`` when the job id (over 2048 UTF-8 bytes) or the
         payload (over what a 400 KB DynamoDB item leaves for it) cannot be stored."""
@@ -104,13 +133,20 @@ class Producer:
             digest = payload_hash(text)
         if group is not None:
             check_group(group)
+        if tenant is not None:
+            check_tenant(tenant)
+        if priority not in PRIORITIES:
+            raise ConfigError(
+                f"priority={priority!r}: choose one of {', '.join(PRIORITIES)} "
+                "(interactive: a person waits for it; batch: the rest)"
+            )
         jid = job_id or f"{job_class}-{digest[:24]}"
         # DynamoDB would refuse these with a ValidationException: say which limit now.
         check_payload(jid, text)
         return self.driver.run(
             submit_flow(
                 self.table,
-                queue_url=self.queue_url,
+                queue_url=self.interactive_url if priority == "interactive" else self.queue_url,
                 job_id=jid,
                 job_class=job_class,
                 payload_json=text,
@@ -121,6 +157,7 @@ class Producer:
                 resend_after=self.unsent_grace,
                 group=group,
                 groups=self.groups,
+                tenant=tenant,
             )
         )
 

@@ -88,13 +88,20 @@ def _add_missing_indexes(ddb: Any, model: type[Any], name: str, described: dict[
 
 
 def create_queue(
-    settings: Settings, *, visibility: int = 30, max_receives: int = DEFAULT_MAX_RECEIVES
+    settings: Settings,
+    *,
+    visibility: int = 30,
+    max_receives: int = DEFAULT_MAX_RECEIVES,
+    interactive: bool = False,
 ) -> tuple[str, str]:
     """Create the job queue with a dead-letter queue and redrive; return both URLs.
 
     With ``settings.fifo`` both are FIFO queues (SQS requires a FIFO queue's DLQ to be
     FIFO), without content-based deduplication: every message carries its send id
-    as its deduplication id (``_core.fifo``)."""
+    as its deduplication id (``_core.fifo``).
+
+    ``interactive``: also the interactive jobs' queue (priorities), with the same
+    visibility and redrive to the same DLQ; workers serve it first when it exists."""
     sqs = make_client(settings, "sqs")
     # FifoQueue can only be given at creation; ContentBasedDeduplication is set again
     # on an existing queue like the other attributes.
@@ -120,7 +127,28 @@ def create_queue(
             raise
         url = queue_url(settings)
         _call(sqs, "set_queue_attributes", QueueUrl=url, Attributes=attrs)
+    if interactive:
+        try:
+            _call(
+                sqs,
+                "create_queue",
+                QueueName=settings.interactive_queue,
+                Attributes={**attrs, **fifo},
+            )
+        except AwsCallFailed as exc:
+            if "QueueAlreadyExists" not in exc.code and "QueueNameExists" not in exc.code:
+                raise
+            fast = queue_url(settings, settings.interactive_queue)
+            _call(sqs, "set_queue_attributes", QueueUrl=fast, Attributes=attrs)
     return url, dlq_url
+
+
+def interactive_queue_url(settings: Settings) -> str | None:
+    """The interactive jobs' queue URL, or None when it was not created (no priorities)."""
+    try:
+        return queue_url(settings, settings.interactive_queue)
+    except ResourceMissing:
+        return None
 
 
 def queue_url(settings: Settings, name: str | None = None) -> str:
@@ -160,6 +188,12 @@ def check_table(settings: Settings) -> None:
     ddb = make_client(settings, "dynamodb")
     for table in (settings.jobs_table, settings.intents_table, settings.attempts_table):
         _check_one(ddb, table)
+
+
+def check_slots_table(settings: Settings) -> None:
+    """Raise ResourceMissing (with the fix) if the slots table (the app declares a
+    concurrency limit) is absent."""
+    _check_one(make_client(settings, "dynamodb"), settings.slots_table)
 
 
 def _check_one(ddb: Any, table: str) -> None:

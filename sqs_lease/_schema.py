@@ -34,6 +34,7 @@ from ._core.intents import (
     successor_key,
 )
 from ._core.records import UNDELIVERED_CODE, GroupView, JobRequests, JobState, JobView
+from ._core.slots import SlotView
 from ._core.timeline import TimelineKind as TK
 from ._core.timeline import event
 from ._errors import RecordUnreadable
@@ -130,6 +131,8 @@ class JobRecord(Model):
     progress = UnicodeAttribute(null=True)
     progress_token = NumberAttribute(null=True)
     progress_at = NumberAttribute(null=True)
+    # Whose job it is (a user, an account), set by the producer: its own slot pool.
+    tenant = UnicodeAttribute(null=True)
 
     unsent_index = UnsentIndex()
     group_index = GroupIndex()
@@ -154,6 +157,28 @@ class GroupRecord(Model):
     updated_at = NumberAttribute(null=True)
     cancelled_at = NumberAttribute(null=True)
     reason = UnicodeAttribute(null=True)
+
+
+class SlotRecord(Model):
+    """One slot of a fleet-wide concurrency limit (a job class's, or a tenant's).
+
+    ``slot`` is ``POOL#i`` (``class:NAME#0``, ``tenant:ID#3``). A slot is a lease
+    with a token: ``version`` rises at every take and give-back (a take is
+    conditioned on the version it read), and the holder is a job and that job's
+    fencing token; it is held while that job's record is running under that token
+    (``sqs_lease._core.slots``). Never TTL-deleted: a removed record is a free slot.
+    """
+
+    class Meta:
+        table_name = "sqs-lease-slots"
+
+    slot = UnicodeAttribute(hash_key=True)
+    version = NumberAttribute(default=0)
+    job_id = UnicodeAttribute(null=True)
+    token = NumberAttribute(null=True)
+    owner = UnicodeAttribute(null=True)
+    taken_at = NumberAttribute(null=True)
+    updated_at = NumberAttribute(null=True)
 
 
 def _params(
@@ -264,9 +289,10 @@ class JobTable:
         wall_now: float,
         send_id: str,
         stage: str | None = None,
+        tenant: str | None = None,
     ) -> Call:
         params = self._put_new_params(
-            job_id, job_class, payload_json, payload_hash, wall_now, send_id, stage, None
+            job_id, job_class, payload_json, payload_hash, wall_now, send_id, stage, None, tenant
         )
         return Call("dynamodb", "PutItem", params)
 
@@ -280,10 +306,11 @@ class JobTable:
         wall_now: float,
         send_id: str,
         group: str,
+        tenant: str | None = None,
     ) -> dict[str, Any]:
         """The same new record, in a group, as a TransactWriteItems entry."""
         params = self._put_new_params(
-            job_id, job_class, payload_json, payload_hash, wall_now, send_id, None, group
+            job_id, job_class, payload_json, payload_hash, wall_now, send_id, None, group, tenant
         )
         return {"Put": params}
 
@@ -297,6 +324,7 @@ class JobTable:
         send_id: str,
         stage: str | None,
         group: str | None,
+        tenant: str | None = None,
     ) -> dict[str, Any]:
         record = JobRecord(
             job_id=job_id,
@@ -315,6 +343,7 @@ class JobTable:
             updated_at=wall_now,
             group_id=group,
             timeline=[event(TK.SUBMITTED, wall_now)],
+            tenant=tenant,
         )
         params: dict[str, Any] = {
             "TableName": self.table,
@@ -769,6 +798,97 @@ class GroupTable:
         )
 
 
+S = SlotRecord
+
+
+@dataclass(frozen=True)
+class SlotTable:
+    """Implements the core's ``SlotRequests`` for one slots table."""
+
+    table: str
+
+    def read(self, keys: Sequence[str]) -> Call:
+        return Call(
+            "dynamodb",
+            "BatchGetItem",
+            {
+                "RequestItems": {
+                    self.table: {
+                        "Keys": [{"slot": {"S": k}} for k in keys],
+                        "ConsistentRead": True,
+                    }
+                }
+            },
+        )
+
+    def items(self, response: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        return list((response.get("Responses") or {}).get(self.table, []))
+
+    def parse(self, item: Mapping[str, Any]) -> SlotView:
+        def n(name: str) -> int | None:
+            v = item.get(name)
+            return None if v is None or "NULL" in v else int(v["N"])
+
+        def s(name: str) -> str | None:
+            v = item.get(name)
+            return None if v is None or "NULL" in v else str(v["S"])
+
+        return SlotView(
+            key=s("slot") or "",
+            version=n("version") or 0,
+            job_id=s("job_id"),
+            token=n("token"),
+            owner=s("owner"),
+        )
+
+    def _update(self, key: str, condition: Condition, update: list[Action]) -> Call:
+        params: dict[str, Any] = {"TableName": self.table, "Key": {"slot": {"S": key}}}
+        params.update(_params(condition, update))
+        return Call("dynamodb", "UpdateItem", params)
+
+    def take(
+        self,
+        key: str,
+        *,
+        seen_version: int,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        wall_now: float,
+    ) -> Call:
+        # The fence: the take lands only on the version this taker read, so of two
+        # takers of one slot exactly one wins.
+        cond: Condition = (
+            S.slot.does_not_exist() if seen_version == 0 else S.version == seen_version
+        )
+        return self._update(
+            key,
+            cond,
+            [
+                S.version.set(seen_version + 1),
+                S.job_id.set(job_id),
+                S.token.set(token),
+                S.owner.set(worker_id),
+                S.taken_at.set(wall_now),
+                S.updated_at.set(wall_now),
+            ],
+        )
+
+    def give_back(self, key: str, *, job_id: str, token: int, wall_now: float) -> Call:
+        return self._update(
+            key,
+            (S.job_id == job_id) & (S.token == token),
+            [
+                S.version.add(1),
+                S.job_id.remove(),
+                S.token.remove(),
+                S.owner.remove(),
+                S.taken_at.remove(),
+                S.updated_at.set(wall_now),
+            ],
+        )
+
+
 def view_of(item: Mapping[str, Any]) -> JobView:
     """Read a low-level item (possibly projected) into the core's view.
 
@@ -811,6 +931,7 @@ def view_of(item: Mapping[str, Any]) -> JobView:
             group=s("group_id"),
             timeline_length=len((item.get("timeline") or {}).get("L") or ()),
             progress_json=s("progress"),
+            tenant=s("tenant"),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         detail = f"{type(exc).__name__}: {exc}"[:300]

@@ -24,16 +24,23 @@ from typing import Any
 from ._aws import Timeouts
 from ._clock import lease_clock
 from ._config import Settings
-from ._core.attempt import AttemptEnv, HandlerRun, Now, redrive_rules
+from ._core.attempt import AttemptEnv, HandlerRun, Now, SlotEnv, redrive_rules
 from ._core.calls import Flow
-from ._core.flows import Delivery, Poison, receive_flow
+from ._core.flows import Delivery, Poison
 from ._core.leasebook import LeaseBook, Signal
+from ._core.priority import receive_prioritized_flow
 from ._core.timing import Pace, pace_budget
 from ._errors import ConfigError
 from ._jobs import App, JobClass
 from ._journal import Journal
-from ._resources import check_table, queue_url, redrive
-from ._schema import IntentTable, JobTable
+from ._resources import (
+    check_slots_table,
+    check_table,
+    interactive_queue_url,
+    queue_url,
+    redrive,
+)
+from ._schema import IntentTable, JobTable, SlotTable
 
 
 @dataclass
@@ -56,6 +63,7 @@ class WorkerStats:
     released: int = 0
     deferred: int = 0
     released_late: int = 0  # leases its own late heartbeat let go, handed back uncharged
+    waited_for_slot: int = 0  # claims given back: the job's limit had no slot free
 
 
 def default_worker_id() -> str:
@@ -107,6 +115,7 @@ class QueueSetup:
     queue_url: str
     dlq_url: str | None
     unknown_class_receives: int
+    interactive_url: str | None = None  # priorities: served first when it exists
 
 
 def find_queue(
@@ -114,13 +123,15 @@ def find_queue(
 ) -> QueueSetup:
     """Check the tables, find the queue and its redrive, and warn of a redrive too tight."""
     check_table(settings)
+    if app.has_limits:
+        check_slots_table(settings)
     url = queue_url(settings)
     dlq_url, max_receives = redrive(settings, url)
     most = max(r.job_class.max_attempts for r in app.classes.values())
     unknown, warning = redrive_rules(max_receives, most, unknown_class_receives)
     if warning is not None:
         journal.write(warning.event, warning.fields)
-    return QueueSetup(url, dlq_url, unknown)
+    return QueueSetup(url, dlq_url, unknown, interactive_queue_url(settings))
 
 
 STAT_NAMES = frozenset(WorkerStats.__dataclass_fields__)
@@ -132,6 +143,13 @@ def _details(text: str | None) -> Any:
         return None if text is None else json.loads(text)
     except ValueError:
         return None
+
+
+def slot_env(app: App, settings: Settings) -> SlotEnv | None:
+    """The app's fleet-wide limits for the attempt flow (None: it declares none)."""
+    if not app.has_limits:
+        return None
+    return SlotEnv(SlotTable(settings.slots_table), app.class_limit_for, app.tenant_limit_for)
 
 
 class ShellBase:
@@ -199,6 +217,9 @@ class ShellBase:
         self.intents = IntentTable(settings.intents_table, settings.attempts_table)
         setup = find_queue(app, settings, self.journal, unknown_class_receives)
         self.queue_url = setup.queue_url
+        # Highest priority first (_core/priority.py); one queue when there are no levels.
+        self.queue_urls = [u for u in (setup.interactive_url, setup.queue_url) if u]
+        self._receive_turn = 0
         self.dlq_url = setup.dlq_url
         self.unknown_class_receives = setup.unknown_class_receives
         self.stats = WorkerStats()
@@ -225,6 +246,7 @@ class ShellBase:
             tally=self._count,
             new_signal=new_signal,
             run_handler=self._run_handler,
+            slots=slot_env(app, settings),
         )
         self._stopping = threading.Event()
         self._saved_signals: dict[int, Any] = {}
@@ -250,8 +272,10 @@ class ShellBase:
         return free if max_messages is None else min(free, max_messages - self.stats.received)
 
     def _receive_call(self, want: int) -> Flow[list[Delivery | Poison]]:
-        return receive_flow(
-            queue_url=self.queue_url,
+        self._receive_turn += 1
+        return receive_prioritized_flow(
+            queue_urls=self.queue_urls,
+            turn=self._receive_turn - 1,
             max_messages=want,
             wait_seconds=self.receive_wait,
             visibility=self.receive_visibility,

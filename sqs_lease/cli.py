@@ -52,6 +52,7 @@ from ._core.intents import (
     repeat_unprotected,
     resolve_flow,
 )
+from ._core.priority import Priority
 from ._errors import (
     AwsCallFailed,
     AwsUnavailable,
@@ -428,16 +429,29 @@ def queue() -> None:
     show_default=True,
     help="Receives before SQS moves a message to the DLQ.",
 )
-@json_option('{"queue": URL, "dlq": URL}.')
+@click.option(
+    "--interactive",
+    is_flag=True,
+    help="Also the interactive jobs' queue (QUEUE-interactive): workers serve it first.",
+)
+@json_option('{"queue": URL, "dlq": URL} (and "interactive": URL with --interactive).')
 @click.pass_context
-def queue_create(ctx: click.Context, visibility: int, max_receives: int, as_json: bool) -> None:
+def queue_create(
+    ctx: click.Context, visibility: int, max_receives: int, interactive: bool, as_json: bool
+) -> None:
     """Create the job queue with a DLQ and redrive (idempotent); print both URLs."""
-    url, dlq = create_queue(_settings(ctx), visibility=visibility, max_receives=max_receives)
+    settings = _settings(ctx)
+    url, dlq = create_queue(
+        settings, visibility=visibility, max_receives=max_receives, interactive=interactive
+    )
+    fast = queue_url(settings, settings.interactive_queue) if interactive else None
     if as_json:
-        emit_json({"queue": url, "dlq": dlq})
+        emit_json({"queue": url, "dlq": dlq, **({"interactive": fast} if fast else {})})
         return
     click.echo(f"queue {url}")
     click.echo(f"dlq {dlq}")
+    if fast:
+        click.echo(f"interactive {fast}")
 
 
 # --------------------------------------------------------------------------- submit
@@ -457,6 +471,14 @@ def queue_create(ctx: click.Context, visibility: int, max_receives: int, as_json
 )
 @click.option("--delay", type=click.IntRange(0, 900), default=0, show_default=True, help="Seconds.")
 @click.option("--group", default=None, help="Agent session (or run) id: `jobs cancel --group`.")
+@click.option("--tenant", default=None, help="Whose job it is (user, account): its own limit.")
+@click.option(
+    "--priority",
+    type=click.Choice(["interactive", "batch"]),
+    default="batch",
+    show_default=True,
+    help="interactive: the interactive queue, served first (queue create --interactive).",
+)
 @json_option()
 @click.pass_context
 def submit(
@@ -467,6 +489,8 @@ def submit(
     app_spec: str | None,
     delay: int,
     group: str | None,
+    tenant: str | None,
+    priority: Priority,
     as_json: bool,
 ) -> None:
     """Submit a job once; submitting the same job again is a no-op.
@@ -484,7 +508,15 @@ def submit(
     producer = Producer(settings, app)
     _ = producer.queue_url  # a missing queue says `sqs-lease queue create`
     try:
-        result = producer.submit(job_class, data, job_id, delay_seconds=delay, group=group)
+        result = producer.submit(
+            job_class,
+            data,
+            job_id,
+            delay_seconds=delay,
+            group=group,
+            tenant=tenant,
+            priority=priority,
+        )
     except ResourceMissing:
         check_table(settings)  # a missing table says `sqs-lease tables create`
         raise

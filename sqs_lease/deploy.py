@@ -27,7 +27,14 @@ from ._core.deploy import (
     queue_visibility_for,
     redrive_too_tight,
 )
-from ._schema import AttemptRecord, GroupRecord, IntentRecord, JobRecord, create_table_params
+from ._schema import (
+    AttemptRecord,
+    GroupRecord,
+    IntentRecord,
+    JobRecord,
+    SlotRecord,
+    create_table_params,
+)
 
 GC_TTL_ATTRIBUTE = "gc_expires_at"
 """The attribute a table's TTL may be set on, as garbage collection only: no model
@@ -40,6 +47,7 @@ TABLE_MODELS: dict[str, type[Model]] = {
     "intents": IntentRecord,
     "attempts": AttemptRecord,
     "groups": GroupRecord,
+    "slots": SlotRecord,
 }
 """The pynamodb model of each table, by role: the one schema."""
 
@@ -51,6 +59,7 @@ def table_names(settings: Settings) -> dict[str, str]:
         "intents": settings.intents_table,
         "attempts": settings.attempts_table,
         "groups": settings.groups_table,
+        "slots": settings.slots_table,
     }
 
 

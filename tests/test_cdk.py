@@ -135,7 +135,7 @@ def _resources(statement: Json) -> list[Any]:
 def test_the_example_stack_has_the_expected_resources(template: Template) -> None:
     template.resource_count_is("AWS::SQS::Queue", 2)
     template.resource_count_is("AWS::SQS::QueuePolicy", 2)
-    template.resource_count_is("AWS::DynamoDB::Table", 4)  # jobs, intents, attempts, groups
+    template.resource_count_is("AWS::DynamoDB::Table", 5)  # jobs, intents, attempts, groups, slots
     template.resource_count_is("AWS::Lambda::Function", 1)
     template.resource_count_is("AWS::Lambda::EventSourceMapping", 1)
     template.resource_count_is("AWS::ECS::Service", 1)
@@ -694,6 +694,7 @@ def deployed(tpl: Json, moto_endpoint: str) -> Iterator[Settings]:
         settings.intents_table,
         settings.attempts_table,
         settings.groups_table,
+        settings.slots_table,
     }
     for name, props in tables.items():
         params: Json = {

@@ -323,3 +323,13 @@ def test_the_lambda_adapter_runs_a_fifo_event_and_stops_only_the_failed_records_
     assert sorted(ran) == [1, 3]  # s-2 waits behind s-1; solo is its own group
     assert read_view(ddb_client, settings, "s-2").attempt == 0
     assert read_view(ddb_client, settings, "solo").state is JobState.SUCCEEDED
+
+
+def test_a_fifo_queue_s_interactive_queue_is_fifo_and_named_so(
+    aws: AwsTestEnv, sqs_client: SQSClient
+) -> None:
+    settings, _, _ = _fifo(aws)
+    assert settings.interactive_queue == f"{aws.prefix}-jobs-interactive.fifo"
+    create_queue(settings, interactive=True)
+    url = sqs_client.get_queue_url(QueueName=settings.interactive_queue)["QueueUrl"]
+    assert _attrs(sqs_client, url)["FifoQueue"] == "true"

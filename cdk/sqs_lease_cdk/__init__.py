@@ -1,7 +1,7 @@
 """AWS CDK constructs for sqs-lease.
 
 - ``LeasedQueue``: job queue + DLQ, visibility and redrive from the job classes.
-- ``LeaseTables``: jobs, intents, attempts and groups tables from the library's models.
+- ``LeaseTables``: jobs, intents, attempts, groups and slots tables from the library's models.
 - ``LambdaConsumer``, ``FargateConsumer``: the two ways to run workers.
 - ``LeaseMonitoring``: alarms on the library's EMF metrics and the queues, a dashboard.
 

@@ -49,6 +49,13 @@ WORKER_TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
         "dynamodb:PutItem",
         "dynamodb:UpdateItem",
     ),
+    # Concurrency limits: read a pool's slots (consistent BatchGetItem), take and
+    # give back one (conditional UpdateItem).
+    "slots": (
+        "dynamodb:DescribeTable",
+        "dynamodb:BatchGetItem",
+        "dynamodb:UpdateItem",
+    ),
 }
 """What a worker calls on each table (TransactWriteItems is authorised per item action)."""
 
@@ -64,7 +71,7 @@ PRODUCER_TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
 
 
 class LeaseTables(Construct):
-    """The jobs, intents, attempts and groups tables.
+    """The jobs, intents, attempts, groups and slots tables.
 
     Keys, attribute types and global secondary indexes come from the library's
     pynamodb models (``sqs_lease.deploy.table_params``), the same definition
@@ -132,6 +139,11 @@ class LeaseTables(Construct):
     def groups(self) -> dynamodb.ITable:
         """The agent sessions (groups): job counts and the cancelled marker."""
         return self._tables["groups"]
+
+    @property
+    def slots(self) -> dynamodb.ITable:
+        """The slots of the fleet-wide concurrency limits (per job class, per tenant)."""
+        return self._tables["slots"]
 
     def grant_worker(self, grantee: iam.IGrantable) -> None:
         """What a worker calls, per table, on that table (and its named indexes) only."""

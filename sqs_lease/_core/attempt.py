@@ -89,6 +89,16 @@ from .flows import (
 from .intents import EffectResult, EffectSpec, IntentRequests, effect_flow
 from .leasebook import Held, LeaseBook, LeaseRules, Signal
 from .records import JobRequests
+from .slots import (
+    HeldSlot,
+    SlotGrant,
+    SlotRequests,
+    give_back_flow,
+    pools_for,
+    slot_wait_event,
+    take_slots_flow,
+    wait_delay,
+)
 from .timing import Drop, LeaseStatus, LocalLease, Stop, backoff_delay
 
 UNKNOWN_CLASS_MAX_ATTEMPTS = 1_000_000  # an unknown class is never claimed: no bound applies
@@ -172,6 +182,16 @@ class Observer(Protocol):
     def round_failed(self, exc: Exception) -> None: ...
 
 
+@dataclass(frozen=True)
+class SlotEnv:
+    """The fleet-wide concurrency limits a shell's app declares (``_core/slots.py``):
+    where the slots are, and the limit of a job class and of a tenant (None: none)."""
+
+    requests: SlotRequests
+    class_limit: Callable[[str], int | None]
+    tenant_limit: Callable[[str], int | None]
+
+
 @dataclass
 class AttemptEnv:
     """What a shell gives the flows: who it is, where, its book, clocks and counters."""
@@ -194,6 +214,7 @@ class AttemptEnv:
     # How the shell runs a round's parts at once (``Invoke("parallel")``); None: one
     # after another in this flow.
     run_parallel: Callable[[Sequence[Flow[Any]]], Any] | None = None
+    slots: SlotEnv | None = None  # None: no limits declared, no slot is ever taken
 
 
 # What a delivery that was not claimed counts as, by its outcome.
@@ -294,6 +315,10 @@ def attempt_flow(
         return (yield from _fail(_At(env, claim, rules), invalid, poisoned=True))
     assert isinstance(checked, Ok)
     payload = checked.response["value"]
+    slots = yield from _take_slots(env, claim)
+    if slots is not None and not slots.granted:
+        yield from _wait_for_slot(env, claim, slots)
+        return None
     now = yield from _now(env)
     holding = env.book.hold(claim, rules, now.mono, env.new_signal(), tag)
     if holding.superseded:
@@ -306,7 +331,65 @@ def attempt_flow(
         fin = yield from _run(at, holding.held, payload, now.mono)
     finally:
         env.book.forget(holding.held, fin)
+    if slots is not None and slots.held:
+        yield from _give_back(env, slots.held)
     return fin
+
+
+# ----------------------------------------------------------------------------- slots
+
+
+def _take_slots(env: AttemptEnv, claim: Claimed) -> Flow[SlotGrant | None]:
+    """The slots of the limits this job falls under (None: it falls under none)."""
+    if env.slots is None:
+        return None
+    job = claim.job
+    tenant = job.tenant
+    pools = pools_for(
+        job.job_class,
+        env.slots.class_limit(job.job_class),
+        tenant,
+        env.slots.tenant_limit(tenant) if tenant is not None else None,
+    )
+    if not pools:
+        return None
+    now = yield from _now(env)
+    grant: SlotGrant = yield from take_slots_flow(
+        env.slots.requests,
+        env.table,
+        pools=pools,
+        job_id=job.job_id,
+        token=claim.token,
+        worker_id=env.worker_id,
+        wall_now=now.wall,
+    )
+    return grant
+
+
+def _wait_for_slot(env: AttemptEnv, claim: Claimed, grant: SlotGrant) -> Flow[None]:
+    """No slot: the claim does not count (record back to queued, its attempt given
+    back) and the message comes back after a short wait (``_core/slots.py``, rule 4)."""
+    rand: float = yield from _value("random", env.random)
+    delay = wait_delay(claim.delivery.receive_count, rand)
+    yield from slot_wait_event(claim.job.job_id, claim.token, grant, delay)
+    now = yield from _now(env)
+    pool = grant.waiting_for
+    yield from release_flow(
+        env.table,
+        queue_url=env.queue_url,
+        held=[(claim.job, claim.delivery)],
+        worker_id=env.worker_id,
+        wall_now=now.wall,
+        reason=f"waiting for a slot of {pool.name if pool else '?'}",
+        visibility=delay,
+    )
+    env.tally("waited_for_slot", 1)
+
+
+def _give_back(env: AttemptEnv, held: tuple[HeldSlot, ...]) -> Flow[None]:
+    assert env.slots is not None
+    now = yield from _now(env)
+    yield from give_back_flow(env.slots.requests, held, wall_now=now.wall)
 
 
 @dataclass(frozen=True)
@@ -761,6 +844,7 @@ __all__ = [
     "Now",
     "Observer",
     "Parallel",
+    "SlotEnv",
     "attempt_flow",
     "first_sweep_wait",
     "heartbeat_round_flow",

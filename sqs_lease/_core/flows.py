@@ -7,10 +7,10 @@ returns a result value. Drivers execute; flows decide.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from .._errors import (
     AwsCallFailed,
@@ -48,6 +48,26 @@ def _chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
         yield seq[i : i + n]
 
 
+Q = TypeVar("Q")
+
+
+def _by_queue(
+    items: Sequence[Q], default: str, queue_of: Callable[[Q], str]
+) -> Iterator[tuple[str, Sequence[Any]]]:
+    """Batches of at most 10 on one queue each (a worker serving several queues holds
+    messages of each), in the order the queues first appear."""
+    queues: dict[str, list[Q]] = {}
+    for item in items:
+        queues.setdefault(queue_of(item) or default, []).append(item)
+    for queue, on_it in queues.items():
+        for chunk in _chunks(on_it, SQS_BATCH):
+            yield queue, chunk
+
+
+def _lease_queue(lease: LocalLease) -> str:
+    return lease.queue_url
+
+
 def _fail_call(what: str, err: Err) -> SqsLeaseError:
     if err.kind is ErrorKind.NOT_FOUND:
         fix = (
@@ -75,6 +95,7 @@ class Delivery:
     visibility: int  # the visibility the receive granted
     send_id: str | None = None  # which send of the job this is (None: an older producer)
     body: str = ""  # the original bytes, kept for a DLQ copy should it prove poison
+    queue_url: str = ""  # the queue it came from (priorities); "": the flow's queue_url
 
 
 @dataclass(frozen=True)
@@ -86,6 +107,7 @@ class Poison:
     reason: str
     job_id: str | None = None
     body: str = ""  # kept so the DLQ copy carries the original bytes
+    queue_url: str = ""  # the queue it came from; "": the flow's queue_url
 
 
 def message_body(
@@ -100,10 +122,23 @@ def message_body(
     return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
 
+def on_queue(item: Delivery | Poison, default: str) -> str:
+    """The queue a message lives on: the one it was received from, else ``default``."""
+    return item.queue_url or default
+
+
 def parse_message(
+    message: Mapping[str, Any], received_at: float, visibility: int, queue_url: str = ""
+) -> Delivery | Poison:
+    """Turn one ReceiveMessage entry into a delivery, or say why it is poison
+    (``queue_url``: the queue it was received from, when a worker serves several)."""
+    item = _parse_message(message, received_at, visibility)
+    return replace(item, queue_url=queue_url) if queue_url else item
+
+
+def _parse_message(
     message: Mapping[str, Any], received_at: float, visibility: int
 ) -> Delivery | Poison:
-    """Turn one ReceiveMessage entry into a delivery, or say why it is poison."""
     mid = str(message.get("MessageId", ""))
     handle = str(message.get("ReceiptHandle", ""))
     raw = str(message.get("Body", ""))
@@ -127,9 +162,15 @@ def parse_message(
 
 
 def receive_flow(
-    *, queue_url: str, max_messages: int, wait_seconds: int, visibility: int
+    *,
+    queue_url: str,
+    max_messages: int,
+    wait_seconds: int,
+    visibility: int,
+    tag_queue: bool = False,
 ) -> Flow[list[Delivery | Poison]]:
     """Long-poll one batch; each message's local lease counts from before the request.
+    ``tag_queue``: each message names the queue it came from (a worker serving several).
 
     From a FIFO queue one message at a time: a batch may hold several messages of one
     group, which the worker would run side by side, out of their order; received one
@@ -155,7 +196,10 @@ def receive_flow(
             raise _fail_call(f"receive from {queue_url}", out)
         yield from emit("receive_failed", error_code=out.code or out.kind.value)
         return []
-    return [parse_message(m, out.sent_at, visibility) for m in out.response.get("Messages", [])]
+    return [
+        parse_message(m, out.sent_at, visibility, queue_url if tag_queue else "")
+        for m in out.response.get("Messages", [])
+    ]
 
 
 # --------------------------------------------------------------------------- submit
@@ -259,6 +303,7 @@ def submit_flow(
     resend_after: float = UNSENT_GRACE_SECONDS,
     group: str | None = None,
     groups: GroupRequests | None = None,
+    tenant: str | None = None,
 ) -> Flow[SubmitResult]:
     """Write the job record (condition: new) with this submission's send id, then
     send its message.
@@ -290,6 +335,7 @@ def submit_flow(
                 payload_hash=payload_hash,
                 wall_now=wall_now,
                 send_id=send_id,
+                tenant=tenant,
             )
         )
     else:
@@ -305,6 +351,7 @@ def submit_flow(
                 wall_now=wall_now,
                 send_id=send_id,
                 group=group,
+                tenant=tenant,
             ),
         ]
         txn = yield from call(Call("dynamodb", "TransactWriteItems", {"TransactItems": entries}))
@@ -705,6 +752,8 @@ def claim_flow(
         send_id=old.send_id,
         granted_attempts=old.granted_attempts,
         progress_json=old.progress_json,
+        group=old.group,
+        tenant=old.tenant,
     )
     reclaimed = old.state is JobState.RUNNING
     allowed = max_attempts + old.granted_attempts
@@ -724,7 +773,7 @@ def claim_flow(
         return NotClaimed(d, "exhausted", reason, job)
     # The receive granted d.visibility from d.received_at; CMV moves it to L from now.
     deadline = d.received_at + d.visibility
-    cmv = yield from _set_visibility(queue_url, d.receipt_handle, lease_seconds)
+    cmv = yield from _set_visibility(on_queue(d, queue_url), d.receipt_handle, lease_seconds)
     if isinstance(cmv, Ok):
         deadline = cmv.sent_at + lease_seconds
     drop = trim_count(old.timeline_length + 1)
@@ -760,21 +809,21 @@ def _refused_claim(
 ) -> Flow[NotClaimed]:
     """The claim's condition failed: ALL_OLD says why, and nothing was claimed."""
     if out.item is None:
-        yield from _delete(queue_url, d.receipt_handle)
+        yield from _delete(on_queue(d, queue_url), d.receipt_handle)
         reason = "no job record for the message"
         yield from emit("message_poisoned", job_id=d.job_id, message_id=d.message_id, reason=reason)
         return NotClaimed(d, "missing", reason)
     current = req.parse(out.item)
     if current.job_class != d.job_class:
         reason = f"message names job class {d.job_class!r}, record says {current.job_class!r}"
-        poison = Poison(d.message_id, d.receipt_handle, reason, d.job_id, d.body)
+        poison = Poison(d.message_id, d.receipt_handle, reason, d.job_id, d.body, d.queue_url)
         yield from poison_flow(
             req, queue_url=queue_url, poison=poison, dlq_url=dlq_url, body=d.body
         )
         return NotClaimed(d, "class_mismatch", reason, current)
     if current.state.terminal or current.state is JobState.PARKED:
         outcome: NotClaimedOutcome = "parked" if current.state is JobState.PARKED else "done"
-        yield from _delete(queue_url, d.receipt_handle)
+        yield from _delete(on_queue(d, queue_url), d.receipt_handle)
         yield from emit(
             "job_already_done" if outcome == "done" else "job_parked_skip",
             job_id=d.job_id,
@@ -784,7 +833,7 @@ def _refused_claim(
         return NotClaimed(d, outcome, f"job is {current.state}", current)
     # Queued or running under the same class: the message is not the job's current
     # one (a losing sender's, or one a re-send retired). Its owner keeps the job.
-    yield from _delete(queue_url, d.receipt_handle)
+    yield from _delete(on_queue(d, queue_url), d.receipt_handle)
     reason = (
         f"message send id {d.send_id!r} is not the job's current {current.send_id!r}"
         if d.send_id is not None or current.send_id is not None
@@ -854,7 +903,7 @@ def admit_flow(
             if given_up is not None:
                 return given_up
         delay = defer_delay(d.receive_count, rand)
-        cmv = yield from _set_visibility(queue_url, d.receipt_handle, delay)
+        cmv = yield from _set_visibility(on_queue(d, queue_url), d.receipt_handle, delay)
         yield from emit(
             "job_class_unknown",
             job_id=d.job_id,
@@ -985,7 +1034,7 @@ def _poison_delivery(queue_url: str, dlq_url: str | None, d: Delivery, reason: s
     yield from poison_flow(
         None,
         queue_url=queue_url,
-        poison=Poison(d.message_id, d.receipt_handle, bounded(reason), d.job_id, body),
+        poison=Poison(d.message_id, d.receipt_handle, bounded(reason), d.job_id, body, d.queue_url),
         dlq_url=dlq_url,
         body=body,
     )
@@ -1058,7 +1107,7 @@ def heartbeat_flow(
     # ``last_confirmed`` into a wall-clock time a person can read.
     mono_now: float | None = None
     by_id = {lease.job_id: lease for lease in leases}
-    for chunk in _chunks(list(leases), SQS_BATCH):
+    for queue, chunk in _by_queue(leases, queue_url, _lease_queue):
         entries = [
             {
                 "Id": str(i),
@@ -1068,7 +1117,7 @@ def heartbeat_flow(
             for i, lease in enumerate(chunk)
         ]
         out = yield from call(
-            Call("sqs", "ChangeMessageVisibilityBatch", {"QueueUrl": queue_url, "Entries": entries})
+            Call("sqs", "ChangeMessageVisibilityBatch", {"QueueUrl": queue, "Entries": entries})
         )
         calls += 1
         if mono_now is None:
@@ -1562,7 +1611,7 @@ def _end_attempt(
         )
     if fin.outcome is FinishOutcome.DONE:
         if delete:
-            yield from _delete(queue_url, delivery.receipt_handle)
+            yield from _delete(on_queue(delivery, queue_url), delivery.receipt_handle)
     elif fin.outcome is FinishOutcome.REJECTED:
         cur = fin.current
         yield from emit(
@@ -1758,7 +1807,7 @@ def retry_flow(
     )
     if fin.outcome != "done":
         return fin
-    cmv = yield from _set_visibility(queue_url, delivery.receipt_handle, delay)
+    cmv = yield from _set_visibility(on_queue(delivery, queue_url), delivery.receipt_handle, delay)
     yield from emit(
         "job_retry_scheduled",
         job_id=job.job_id,
@@ -1808,8 +1857,10 @@ def release_flow(
     worker_id: str,
     wall_now: float,
     reason: str,
+    visibility: int = 0,
 ) -> Flow[int]:
-    """Hand messages back at once (shutdown): claimed records -> queued, visibility -> 0.
+    """Hand messages back (shutdown: at once): claimed records -> queued, visibility ->
+    ``visibility`` (0; a job waiting for a slot: its short wait).
 
     The worker, not the job, ended these attempts, so each claimed record gets
     back the attempt its claim counted. Returns how many messages SQS confirmed
@@ -1841,15 +1892,19 @@ def release_flow(
                 ev = lost_event(job.job_id, job.token, LossSource.RELEASE, *loss)
                 yield from emit(ev.event, **ev.fields)
     released = 0
-    for chunk in _chunks(handback, SQS_BATCH):
+    for queue, chunk in _by_queue(handback, queue_url, lambda d: d.queue_url):
         out = yield from call(
             Call(
                 "sqs",
                 "ChangeMessageVisibilityBatch",
                 {
-                    "QueueUrl": queue_url,
+                    "QueueUrl": queue,
                     "Entries": [
-                        {"Id": str(i), "ReceiptHandle": d.receipt_handle, "VisibilityTimeout": 0}
+                        {
+                            "Id": str(i),
+                            "ReceiptHandle": d.receipt_handle,
+                            "VisibilityTimeout": visibility,
+                        }
                         for i, d in enumerate(chunk)
                     ],
                 },
@@ -1911,7 +1966,7 @@ def poison_flow(
                 kept=True,
             )
             return
-    yield from _delete(queue_url, poison.receipt_handle)
+    yield from _delete(on_queue(poison, queue_url), poison.receipt_handle)
     yield from emit(
         "message_poisoned",
         message_id=poison.message_id,

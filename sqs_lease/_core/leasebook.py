@@ -149,6 +149,7 @@ def new_lease(claim: Claimed, rules: LeaseRules, now: float) -> LocalLease:
         next_beat=now + rules.heartbeat_seconds,
         last_confirmed=now,
         advised_at=now,
+        queue_url=claim.delivery.queue_url,
     )
 
 

@@ -53,6 +53,7 @@ class JobView:
     group: str | None = None  # the agent session (or run) the producer put it in
     timeline_length: int = 0  # events on the record's timeline (where the item was read)
     progress_json: str | None = None  # the last owner's saved progress details (JSON)
+    tenant: str | None = None  # whose job it is (a user, an account): its own limit
 
 
 class JobRequests(Protocol):
@@ -68,6 +69,7 @@ class JobRequests(Protocol):
         wall_now: float,
         send_id: str,
         stage: str | None = None,
+        tenant: str | None = None,
     ) -> Call: ...
 
     def put_new_item(
@@ -80,6 +82,7 @@ class JobRequests(Protocol):
         wall_now: float,
         send_id: str,
         group: str,
+        tenant: str | None = None,
     ) -> Mapping[str, Any]: ...
 
     def group_query(self, group: str, start: Mapping[str, Any] | None) -> Call: ...

@@ -239,6 +239,7 @@ class LocalLease:
     dropped: Drop | None = None
     calls: dict[int, float] = field(default_factory=dict)
     _next_call: int = 0
+    queue_url: str = ""  # the queue its message came from ("": the worker's one queue)
 
     @property
     def conservative_deadline(self) -> float:

@@ -1,0 +1,88 @@
+"""Priorities: two queues, and the order a worker receives from them.
+
+A job is submitted ``interactive`` (a person is waiting) or ``batch`` (the
+default). Each level has its own SQS queue (``PREFIX-jobs-interactive`` and
+``PREFIX-jobs``, one DLQ); SQS has no priority within a queue, so the order is
+the worker's receive order. The rule (:func:`receive_order`) is a weighted round
+robin over the levels: of every ``sum(weights)`` receives, the interactive queue
+is asked first ``weights[0]`` times and the batch queue first ``weights[1]``
+times. A receive takes from the first queue of its turn that has messages
+(short polls, no wait), and long-polls the interactive queue when none has. So
+interactive work is served first whenever it is there, and batch work still gets
+the first pick of at least one receive in ``sum(weights)``: it is never starved.
+A claim does not care which queue a message came from (the record's send id
+decides), so a job re-sent to the batch queue (a sweep, a resume, a DLQ
+redrive) still runs, at batch priority.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from .calls import Flow
+from .flows import Delivery, Poison, receive_flow
+
+Priority = Literal["interactive", "batch"]
+PRIORITIES: tuple[Priority, ...] = ("interactive", "batch")
+WEIGHTS: tuple[int, ...] = (3, 1)
+"""Receives that ask each level first, per round (interactive, batch)."""
+
+
+def receive_order(turn: int, weights: Sequence[int] = WEIGHTS) -> list[int]:
+    """The levels (indexes, highest first) in the order receive ``turn`` asks them."""
+    if not weights or any(w < 1 for w in weights):
+        raise ValueError(f"weights={list(weights)!r}: every level needs a weight of 1 or more")
+    k = turn % sum(weights)
+    first = 0
+    for i, w in enumerate(weights):
+        if k < w:
+            first = i
+            break
+        k -= w
+    return [first, *(i for i in range(len(weights)) if i != first)]
+
+
+def receive_prioritized_flow(
+    *,
+    queue_urls: Sequence[str],
+    turn: int,
+    max_messages: int,
+    wait_seconds: int,
+    visibility: int,
+    weights: Sequence[int] = WEIGHTS,
+) -> Flow[list[Delivery | Poison]]:
+    """One receive over the levels' queues (highest first in ``queue_urls``): the first
+    queue of this turn's order with messages, else a long poll on the highest. Every
+    message names the queue it came from (its visibility and delete go there)."""
+    if len(queue_urls) == 1:
+        return (
+            yield from receive_flow(
+                queue_url=queue_urls[0],
+                max_messages=max_messages,
+                wait_seconds=wait_seconds,
+                visibility=visibility,
+            )
+        )
+    for level in receive_order(turn, weights[: len(queue_urls)]):
+        got = yield from receive_flow(
+            queue_url=queue_urls[level],
+            max_messages=max_messages,
+            wait_seconds=0,
+            visibility=visibility,
+            tag_queue=True,
+        )
+        if got:
+            return got
+    return (
+        yield from receive_flow(
+            queue_url=queue_urls[0],
+            max_messages=max_messages,
+            wait_seconds=wait_seconds,
+            visibility=visibility,
+            tag_queue=True,
+        )
+    )
+
+
+__all__ = ["PRIORITIES", "WEIGHTS", "Priority", "receive_order", "receive_prioritized_flow"]

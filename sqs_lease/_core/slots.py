@@ -1,0 +1,355 @@
+"""Fleet-wide concurrency limits: the slot rules, and the flows that take and give back slots.
+
+A job class (a tool) may declare a fleet-wide limit on its jobs running at once
+(``JobClass.concurrency_limit``), and a job may carry a tenant (set by the
+producer) whose jobs have a limit of their own (``App(tenant_limit=...)``). Each
+limit is a *pool* of ``limit`` slot records in the slots table (``PREFIX-slots``),
+keyed ``POOL#i``. The rules, each one a function below:
+
+1. **A slot is a lease with a token** (:func:`holder_live`). A slot record names
+   its holder: a job and that job's fencing token. Its ``version`` rises by one at
+   every take (the slot's own token): a take is a conditional write on the
+   version it read, so two takers of one slot are ordered by DynamoDB and one
+   loses. Its *time* is the holder job's lease: the slot is held exactly while the
+   job's record says ``running`` under that token. A worker that dies leaves its
+   jobs ``running``; their messages come back when their visibility (the lease
+   ``L``) lapses, the next claim moves the token, and from then on the slot is
+   free for anyone (a claim that moved on, a cancel, a finished job: the same).
+   No slot needs a heartbeat of its own: the job's heartbeat (visibility + the
+   ownership read) *is* the slot's, at no extra call.
+2. **Free before stale** (:func:`candidates`): a slot never taken or given back is
+   taken first; a stale one (rule 1) only when none is free, after reading its
+   holders' records (one consistent BatchGetItem). A holder whose record cannot be
+   read is counted live: a slot is never taken on a guess.
+3. **Pools in one order, all or nothing** (:func:`pools_for`): the class's pool,
+   then the tenant's; a job that cannot take every slot it needs gives back the
+   ones it took before it waits. No job holds a slot while waiting for another,
+   so no two jobs can wait on each other (no deadlock).
+4. **Waiting costs no attempt** (:func:`wait_delay`): a job that finds no slot
+   gives its claim back (record -> ``queued``, the attempt it counted returned)
+   and its message comes back after a short visibility that grows with its
+   receives, jittered, capped (never 0: an immediate redelivery would meet the
+   same full pool). Waiting jobs hold no worker capacity, so a class at its limit
+   never starves another class of workers.
+5. **Given back when the handler ends** (:func:`give_back_flow`): conditioned on
+   the holder (job and token), so a late give-back of an attempt whose slot was
+   taken over changes nothing. A give-back that gets no answer is harmless: rule 1
+   frees the slot once the job's record moves on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .._errors import RecordUnreadable
+from .calls import Call, Err, ErrorKind, Flow, Ok, call, emit
+from .records import JobRequests, JobState, JobView
+
+CLASS_POOL = "class"
+TENANT_POOL = "tenant"
+
+MAX_LIMIT = 100
+"""The most slots one pool may have: its records are read in one BatchGetItem."""
+
+TAKE_ROUNDS = 3
+"""Reads of a pool per take: another taker may win every candidate of one read."""
+
+WAIT_BASE = 1.0
+WAIT_CAP = 30.0
+"""Visibility (seconds) of a job waiting for a slot: ``WAIT_BASE`` doubling with its
+receives, up to ``WAIT_CAP``, half of it jittered."""
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One limit: ``limit`` slots named ``name#0`` .. ``name#(limit-1)``."""
+
+    name: str
+    limit: int
+
+    def slot_keys(self) -> list[str]:
+        """The pool's slot keys."""
+        return [f"{self.name}#{i}" for i in range(self.limit)]
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """One slot record as the core reads it (``version`` 0: never written)."""
+
+    key: str
+    version: int = 0
+    job_id: str | None = None
+    token: int | None = None
+    owner: str | None = None
+
+    @property
+    def free(self) -> bool:
+        """Never taken, or given back."""
+        return self.job_id is None
+
+
+@dataclass(frozen=True)
+class HeldSlot:
+    """A slot this attempt took: the key, and the holder the record names."""
+
+    pool: str
+    key: str
+    job_id: str
+    token: int
+
+
+@dataclass(frozen=True)
+class SlotGrant:
+    """What :func:`take_slots_flow` did: every slot taken (``waiting_for`` None), or none
+    (the pool it could not take a slot of, and why)."""
+
+    held: tuple[HeldSlot, ...]
+    waiting_for: Pool | None = None
+    why: str = ""
+
+    @property
+    def granted(self) -> bool:
+        return self.waiting_for is None
+
+
+class SlotRequests(Protocol):
+    """Builds DynamoDB calls for the slots table (implemented by ``_schema.SlotTable``)."""
+
+    def read(self, keys: Sequence[str]) -> Call:
+        """A consistent BatchGetItem of these slot records."""
+        ...
+
+    def items(self, response: Mapping[str, Any]) -> list[Mapping[str, Any]]: ...
+
+    def parse(self, item: Mapping[str, Any]) -> SlotView: ...
+
+    def take(
+        self,
+        key: str,
+        *,
+        seen_version: int,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        wall_now: float,
+    ) -> Call:
+        """Name the holder and raise the version, only if the version is still the one
+        read (``seen_version`` 0: only if the record does not exist)."""
+        ...
+
+    def give_back(self, key: str, *, job_id: str, token: int, wall_now: float) -> Call:
+        """Clear the holder (and raise the version), only if this job and token hold it."""
+        ...
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+def pools_for(
+    job_class: str, class_limit: int | None, tenant: str | None, tenant_limit: int | None
+) -> tuple[Pool, ...]:
+    """Rule 3: the pools a job needs, always in the same order (class, then tenant)."""
+    pools: list[Pool] = []
+    if class_limit is not None:
+        pools.append(Pool(f"{CLASS_POOL}:{job_class}", class_limit))
+    if tenant is not None and tenant_limit is not None:
+        pools.append(Pool(f"{TENANT_POOL}:{tenant}", tenant_limit))
+    return tuple(pools)
+
+
+def holder_live(slot: SlotView, holder: JobView | None) -> bool:
+    """Rule 1: the slot is held while its holder's record is running under its token."""
+    if slot.free:
+        return False
+    if holder is None:  # the holder's record is gone: nobody holds the slot
+        return False
+    return holder.state is JobState.RUNNING and holder.token == slot.token
+
+
+def candidates(
+    views: Sequence[SlotView], holders: Mapping[str, JobView | None] | None
+) -> list[SlotView]:
+    """Rule 2: the slots worth trying, free ones first, then stale ones (only once the
+    holders were read: ``holders`` None means they were not)."""
+    free = [v for v in views if v.free]
+    if holders is None:
+        return free
+    stale = [
+        v
+        for v in views
+        if v.job_id is not None and v.job_id in holders and not holder_live(v, holders[v.job_id])
+    ]
+    return free + stale
+
+
+def wait_delay(receive_count: int, rand: float) -> int:
+    """Rule 4: the visibility of a message whose job waits for a slot (seconds, >= 1)."""
+    ceiling = min(WAIT_CAP, WAIT_BASE * (2.0 ** min(max(0, receive_count - 1), 30)))
+    return max(1, round(ceiling / 2 + ceiling / 2 * rand))
+
+
+def check_limit(what: str, limit: int | None) -> int | None:
+    """A limit must be 1..MAX_LIMIT (or None: no limit). Returns it, or raises ValueError."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(
+            f"{what}={limit!r}: a concurrency limit is a whole number from 1 to {MAX_LIMIT} "
+            "(or None for no limit)"
+        )
+    return limit
+
+
+# ----------------------------------------------------------------------------- flows
+
+
+def _read_slots(req: SlotRequests, pool: Pool) -> Flow[list[SlotView] | None]:
+    out = yield from call(req.read(pool.slot_keys()))
+    if isinstance(out, Err):
+        return None
+    assert isinstance(out, Ok)
+    if out.response.get("UnprocessedKeys"):
+        return None  # a partial read could hide a holder: wait instead
+    found = {v.key: v for v in (req.parse(i) for i in req.items(out.response))}
+    return [found.get(k, SlotView(k)) for k in pool.slot_keys()]
+
+
+def _read_holders(
+    jobs: JobRequests, views: Sequence[SlotView]
+) -> Flow[dict[str, JobView | None] | None]:
+    ids = sorted({v.job_id for v in views if v.job_id is not None})
+    out = yield from call(jobs.batch_get(ids))
+    if isinstance(out, Err):
+        return None
+    assert isinstance(out, Ok)
+    unprocessed = (out.response.get("UnprocessedKeys") or {}) != {}
+    seen: dict[str, JobView | None] = {}
+    unreadable: set[str] = set()
+    for item in jobs.batch_items(out.response):
+        try:
+            view = jobs.parse(item)
+        except RecordUnreadable as exc:  # an unreadable holder counts live (rule 2)
+            unreadable.add(exc.job_id or "")
+            continue
+        seen[view.job_id] = view
+    if not unprocessed and "" not in unreadable:
+        for job_id in ids:
+            if job_id not in unreadable:
+                seen.setdefault(job_id, None)  # read and absent: the record is gone
+    return seen
+
+
+def _take_one(
+    req: SlotRequests,
+    jobs: JobRequests,
+    pool: Pool,
+    *,
+    job_id: str,
+    token: int,
+    worker_id: str,
+    wall_now: float,
+) -> Flow[tuple[HeldSlot | None, str]]:
+    why = f"all {pool.limit} slots of {pool.name} are held"
+    for _ in range(TAKE_ROUNDS):
+        views = yield from _read_slots(req, pool)
+        if views is None:
+            return None, f"the slots of {pool.name} could not be read"
+        holders: dict[str, JobView | None] | None = None
+        if not any(v.free for v in views):
+            holders = yield from _read_holders(jobs, views)
+            if holders is None:
+                return None, f"the holders of {pool.name}'s slots could not be read"
+        tried = candidates(views, holders)
+        if not tried:
+            return None, why
+        for v in tried:
+            out = yield from call(
+                req.take(
+                    v.key,
+                    seen_version=v.version,
+                    job_id=job_id,
+                    token=token,
+                    worker_id=worker_id,
+                    wall_now=wall_now,
+                )
+            )
+            if isinstance(out, Ok):
+                return HeldSlot(pool.name, v.key, job_id, token), ""
+            if out.kind is ErrorKind.CONDITION_FAILED:
+                continue  # another taker won this one: try the next
+            # No answer: the take may have applied. Give it back (conditioned on this
+            # job and token, so harmless if it did not) and wait.
+            yield from call(req.give_back(v.key, job_id=job_id, token=token, wall_now=wall_now))
+            return None, f"taking a slot of {pool.name} got no answer ({out.code or out.kind})"
+    return None, why
+
+
+def take_slots_flow(
+    req: SlotRequests,
+    jobs: JobRequests,
+    *,
+    pools: Sequence[Pool],
+    job_id: str,
+    token: int,
+    worker_id: str,
+    wall_now: float,
+) -> Flow[SlotGrant]:
+    """Take one slot of every pool, in order; all or nothing (rule 3)."""
+    taken: list[HeldSlot] = []
+    for pool in pools:
+        got, why = yield from _take_one(
+            req, jobs, pool, job_id=job_id, token=token, worker_id=worker_id, wall_now=wall_now
+        )
+        if got is None:
+            yield from give_back_flow(req, taken, wall_now=wall_now)
+            return SlotGrant((), pool, why)
+        taken.append(got)
+    return SlotGrant(tuple(taken))
+
+
+def give_back_flow(req: SlotRequests, held: Sequence[HeldSlot], *, wall_now: float) -> Flow[int]:
+    """Rule 5: give these slots back; how many writes answered (a refused or unanswered
+    one is left to rule 1)."""
+    given = 0
+    for slot in held:
+        out = yield from call(
+            req.give_back(slot.key, job_id=slot.job_id, token=slot.token, wall_now=wall_now)
+        )
+        if isinstance(out, Ok):
+            given += 1
+    return given
+
+
+def slot_wait_event(job_id: str, token: int, grant: SlotGrant, delay: int) -> Flow[None]:
+    """Journal a job that waits for a slot (``job_waiting_for_slot``)."""
+    pool = grant.waiting_for
+    yield from emit(
+        "job_waiting_for_slot",
+        job_id=job_id,
+        token=token,
+        pool=pool.name if pool else None,
+        limit=pool.limit if pool else None,
+        reason=grant.why,
+        delay=delay,
+    )
+
+
+__all__ = [
+    "CLASS_POOL",
+    "MAX_LIMIT",
+    "TENANT_POOL",
+    "HeldSlot",
+    "Pool",
+    "SlotGrant",
+    "SlotRequests",
+    "SlotView",
+    "candidates",
+    "check_limit",
+    "give_back_flow",
+    "holder_live",
+    "pools_for",
+    "take_slots_flow",
+    "wait_delay",
+]

@@ -1,0 +1,241 @@
+"""Fleet-wide concurrency limits with real worker processes on the embedded emulator:
+the limit is never exceeded at the target, and a SIGKILLed worker's slots come back."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import boto3
+import pytest
+from conftest import AwsTestEnv
+
+from sqs_lease import Producer, Settings, create_queue
+from sqs_lease._resources import create_tables
+from sqs_lease._schema import view_of
+
+HERE = Path(__file__).resolve().parent
+CLASS_LIMIT = 2  # tests/limit_worker.py's browse class
+
+
+class Target:
+    """A fake tool that counts the calls in flight (in total and per tenant) and the
+    most it ever saw. A call lasts ``hold`` seconds, or until its caller is gone (a
+    killed worker's socket closes: its call is no longer in flight)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+        self.per: dict[str, int] = {}
+        self.most_per: dict[str, int] = {}
+        self.calls: list[str] = []
+        self.done: list[str] = []
+        target = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                q = {k: v[0] for k, v in parse_qs(urlparse(self.path).query).items()}
+                who = q.get("who", "")
+                target.enter(q["job"], who)
+                gone = False
+                try:
+                    gone = _held(self.connection, float(q["hold"]))
+                finally:
+                    target.leave(q["job"], who, finished=not gone)
+                if not gone:
+                    self.send_response(200)
+                    self.end_headers()
+                    self.wfile.write(b"{}")
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def enter(self, job: str, who: str) -> None:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.per[who] = self.per.get(who, 0) + 1
+            self.most_per[who] = max(self.most_per.get(who, 0), self.per[who])
+            self.calls.append(job)
+
+    def leave(self, job: str, who: str, *, finished: bool) -> None:
+        with self.lock:
+            self.now -= 1
+            self.per[who] -= 1
+            if finished:
+                self.done.append(job)
+
+    def in_flight(self) -> int:
+        with self.lock:
+            return self.now
+
+
+def _held(conn: socket.socket, hold: float) -> bool:
+    """Hold the call open for ``hold`` s; True if the caller went away first."""
+    deadline = time.monotonic() + hold
+    while (left := deadline - time.monotonic()) > 0:
+        readable, _, _ = select.select([conn], [], [], min(0.05, left))
+        if readable:
+            try:
+                if conn.recv(1, socket.MSG_PEEK) == b"":
+                    return True
+            except OSError:
+                return True
+    return False
+
+
+class Proc:
+    def __init__(self, name: str, env: Settings, target: Target, log: Path, **extra: str) -> None:
+        self.name = name
+        self.log = log
+        self._fh = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "limit_worker.py")],
+            env={
+                **os.environ,
+                "AWS_ENDPOINT_URL": env.endpoint_url or "",
+                "SQS_LEASE_PREFIX": env.prefix,
+                "WORKER_NAME": name,
+                "TARGET": target.url,
+                **extra,
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=self._fh,
+        )
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log.read_text().splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and ev.get("event") == name:
+                out.append(ev)
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._fh.close()
+
+
+@pytest.fixture
+def env(aws: AwsTestEnv) -> Settings:
+    settings = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix)
+    create_tables(settings)
+    create_queue(settings, visibility=4)
+    return settings
+
+
+@pytest.fixture
+def target() -> Iterator[Target]:
+    t = Target()
+    yield t
+    t.server.shutdown()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    made: list[Proc] = []
+    yield made
+    for p in made:
+        p.stop()
+
+
+def _wait(pred: Any, what: str, procs: list[Proc], timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout  # a hang guard only
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    logs = "\n".join(f"--- {p.name}\n" + p.log.read_text()[-3000:] for p in procs)
+    raise AssertionError(f"no {what} within {timeout}s; logs:\n{logs}")
+
+
+def _states(settings: Settings, ids: list[str]) -> dict[str, str]:
+    ddb = boto3.client("dynamodb", endpoint_url=settings.endpoint_url, region_name="us-east-1")
+    out = {}
+    for jid in ids:
+        item = ddb.get_item(
+            TableName=settings.jobs_table, Key={"job_id": {"S": jid}}, ConsistentRead=True
+        )["Item"]
+        out[jid] = view_of(item).state.value
+    return out
+
+
+@pytest.mark.integration
+def test_three_worker_processes_never_run_more_than_the_class_or_tenant_limit_at_the_target(
+    env: Settings, target: Target, procs: list[Proc], tmp_path: Path
+) -> None:
+    p = Producer(env)
+    ids: list[str] = []
+    for n in range(9):
+        who = f"t{n % 3}"
+        jid = f"{env.prefix}-b{n}-{uuid.uuid4().hex[:4]}"
+        p.submit("browse", {"n": n, "hold": 0.4, "who": who}, jid, tenant=who)
+        ids.append(jid)
+    for name in ("W1", "W2", "W3"):
+        procs.append(Proc(name, env, target, tmp_path / f"{name}.log", TENANT_LIMIT="1"))
+    _wait(lambda: set(ids) <= set(target.done), "every job's call done", procs)
+    _wait(lambda: set(_states(env, ids).values()) == {"succeeded"}, "every job committed", procs)
+    assert target.most == CLASS_LIMIT  # reached, never exceeded
+    assert max(target.most_per.values()) == 1  # no tenant ever had two calls in flight
+    waited = [e for w in procs for e in w.events("job_waiting_for_slot")]
+    assert waited, "no job ever waited: the limits were not exercised"
+    assert {e["pool"] for e in waited} <= {"class:browse", "tenant:t0", "tenant:t1", "tenant:t2"}
+    # Waiting spent no attempt: each job committed on the attempt that ran it.
+    committed = [e for w in procs for e in w.events("result_committed")]
+    assert sorted(e["job_id"] for e in committed) == sorted(ids)
+    assert all(e["attempt"] == 1 for e in committed)
+
+
+@pytest.mark.integration
+def test_the_slots_of_a_sigkilled_worker_come_back_and_the_limit_still_holds(
+    env: Settings, target: Target, procs: list[Proc], tmp_path: Path
+) -> None:
+    p = Producer(env)
+    ids = [f"{env.prefix}-k{n}-{uuid.uuid4().hex[:4]}" for n in range(5)]
+    for n, jid in enumerate(ids):
+        p.submit("browse", {"n": n, "hold": 0.3}, jid)
+    # W1 alone takes both slots of the class and holds its calls open.
+    w1 = Proc("W1", env, target, tmp_path / "W1.log", HOLD_LONG="1")
+    procs.append(w1)
+    _wait(lambda: target.in_flight() == CLASS_LIMIT, "W1 holding both slots", procs)
+    held = [e["job_id"] for e in w1.events("browse_started")]
+    assert len(held) == CLASS_LIMIT
+    w1.proc.send_signal(signal.SIGKILL)
+    w1.proc.wait(30)
+    _wait(lambda: target.in_flight() == 0, "the killed worker's calls to end", procs)
+    for name in ("W2", "W3"):
+        procs.append(Proc(name, env, target, tmp_path / f"{name}.log"))
+    # Both slots were W1's: every job finishing means they came back.
+    _wait(lambda: set(ids) <= set(target.done), "every job's call done", procs)
+    _wait(lambda: set(_states(env, ids).values()) == {"succeeded"}, "every job committed", procs)
+    assert target.most == CLASS_LIMIT
+    reclaimed = {e["job_id"] for w in procs[1:] for e in w.events("job_reclaimed")}
+    assert set(held) <= reclaimed  # W1's jobs were taken over once their leases lapsed

@@ -1,0 +1,302 @@
+"""Fleet-wide concurrency limits: each slot rule by hand, the flows with a scripted
+driver, the attempt flow's hook, and the slot writes on a real moto server."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from conftest import AwsTestEnv
+from core_harness import (
+    QUEUE,
+    WORKER,
+    Script,
+    condition_failed,
+    job_item,
+    job_view,
+    ok,
+    table,
+    unreachable,
+)
+from test_core_attempt import MONO, Shell, _answers, _run
+
+from sqs_lease import App, ConfigError, JobClassError
+from sqs_lease._core.attempt import SlotEnv
+from sqs_lease._core.records import JobState
+from sqs_lease._core.slots import (
+    HeldSlot,
+    Pool,
+    SlotView,
+    candidates,
+    give_back_flow,
+    holder_live,
+    pools_for,
+    take_slots_flow,
+    wait_delay,
+)
+from sqs_lease._schema import SlotTable
+
+SLOTS = SlotTable("slots-test")
+
+
+def _slot(key: str, version: int = 0, job: str | None = None, token: int | None = None) -> Any:
+    item: dict[str, Any] = {"slot": {"S": key}, "version": {"N": str(version)}}
+    if job is not None:
+        item["job_id"] = {"S": job}
+        item["token"] = {"N": str(token)}
+        item["owner"] = {"S": "w-other"}
+    return item
+
+
+def _slots(*items: Any) -> Any:
+    return ok({"Responses": {"slots-test": list(items)}})
+
+
+def _jobs(*items: Any) -> Any:
+    return ok({"Responses": {"jobs-test": list(items)}})
+
+
+def _take(pools: list[Pool], answers: list[Any]) -> tuple[Script, Any]:
+    s = Script(answers)
+    grant = s.run(
+        take_slots_flow(
+            SLOTS, table(), pools=pools, job_id="job-1", token=5, worker_id=WORKER, wall_now=7.0
+        )
+    )
+    return s, grant
+
+
+# =========================================================================== the rules
+
+
+def test_a_job_needs_its_classs_pool_then_its_tenants_always_in_that_order() -> None:
+    assert pools_for("browse", 2, "acme", 1) == (Pool("class:browse", 2), Pool("tenant:acme", 1))
+    assert pools_for("browse", None, "acme", 1) == (Pool("tenant:acme", 1),)
+    assert pools_for("browse", 2, None, 1) == (Pool("class:browse", 2),)
+    assert pools_for("browse", None, "acme", None) == ()
+    assert Pool("class:b", 3).slot_keys() == ["class:b#0", "class:b#1", "class:b#2"]
+
+
+def test_a_slot_is_held_only_while_its_holder_runs_under_the_token_it_names() -> None:
+    held = SlotView("p#0", 3, "job-9", 4)
+    running = job_view("job-9", token=4)
+    assert holder_live(held, running)
+    assert not holder_live(held, job_view("job-9", token=5))  # claimed again: token moved
+    for state in (JobState.QUEUED, JobState.SUCCEEDED, JobState.FAILED, JobState.PARKED):
+        view = job_view("job-9", token=4)
+        assert not holder_live(held, type(view)(**{**view.__dict__, "state": state}))
+    assert not holder_live(held, None)  # the record is gone
+    assert not holder_live(SlotView("p#0", 4), running)  # given back
+
+
+def test_free_slots_are_tried_first_stale_ones_after_and_live_or_unread_ones_never() -> None:
+    free = SlotView("p#2", 2)
+    live = SlotView("p#0", 3, "a", 1)
+    stale = SlotView("p#1", 5, "b", 1)
+    unread = SlotView("p#3", 1, "c", 1)
+    holders = {"a": job_view("a", token=1), "b": job_view("b", token=2)}
+    assert candidates([live, stale, free, unread], holders) == [free, stale]
+    assert candidates([live, stale, free], None) == [free]  # holders not read: free only
+
+
+def test_a_waiting_job_comes_back_after_a_short_jittered_wait_that_grows_and_is_capped() -> None:
+    assert all(wait_delay(n, r) >= 1 for n in range(1, 60) for r in (0.0, 0.5, 0.999))
+    assert wait_delay(1, 0.0) < wait_delay(4, 0.0) < wait_delay(6, 0.0)
+    assert wait_delay(50, 1.0) == 30 and wait_delay(50, 0.0) == 15
+    assert wait_delay(3, 0.0) < wait_delay(3, 1.0)  # jittered
+
+
+def test_a_class_limit_or_a_tenant_limit_outside_1_to_100_is_refused_naming_the_field() -> None:
+    from pydantic import BaseModel
+
+    class P(BaseModel):
+        n: int
+
+    app = App()
+    with pytest.raises((JobClassError, ValueError), match="concurrency_limit"):
+        app.job("x", payload=P, concurrency_limit=0)(lambda ctx, p: None)
+    with pytest.raises(ConfigError, match="tenant_limit=0"):
+        App(tenant_limit=0)
+    with pytest.raises(ConfigError, match=r"tenant_limits\['big'\]=101"):
+        App(tenant_limits={"big": 101})
+    limited = App(tenant_limit=2, tenant_limits={"big": 5})
+    assert limited.tenant_limit_for("big") == 5 and limited.tenant_limit_for("x") == 2
+    assert limited.has_limits and not App().has_limits
+
+
+# =========================================================================== the flows
+
+
+def test_a_free_slot_is_taken_only_if_nobody_wrote_it_since_it_was_read() -> None:
+    s, grant = _take([Pool("class:ocr", 2)], [_slots(_slot("class:ocr#0", 3, "a", 1)), ok()])
+    assert grant.granted and grant.held == (HeldSlot("class:ocr", "class:ocr#1", "job-1", 5),)
+    assert s.ops == ["dynamodb.BatchGetItem", "dynamodb.UpdateItem"]
+    assert s.calls[0].params["RequestItems"]["slots-test"]["ConsistentRead"] is True
+    take = s.calls[1].params
+    assert take["Key"] == {"slot": {"S": "class:ocr#1"}}
+    assert "attribute_not_exists" in take["ConditionExpression"]  # never written: version 0
+
+
+def test_a_full_pool_of_live_holders_makes_the_job_wait_without_writing_anything() -> None:
+    full = _slots(_slot("class:ocr#0", 3, "a", 1), _slot("class:ocr#1", 2, "b", 7))
+    holders = _jobs(job_item("a", token=1), job_item("b", token=7))
+    s, grant = _take([Pool("class:ocr", 2)], [full, holders])
+    assert not grant.granted and grant.waiting_for == Pool("class:ocr", 2)
+    assert "all 2 slots of class:ocr are held" in grant.why
+    assert "dynamodb.UpdateItem" not in s.ops
+
+
+def test_a_stale_slot_is_taken_over_fenced_by_the_version_it_was_read_at() -> None:
+    full = _slots(_slot("class:ocr#0", 3, "a", 1), _slot("class:ocr#1", 9, "dead", 4))
+    # "dead"'s worker died: its job was claimed again (token 5), so its slot is stale.
+    holders = _jobs(job_item("a", token=1), job_item("dead", token=5))
+    s, grant = _take([Pool("class:ocr", 2)], [full, holders, ok()])
+    assert grant.granted and grant.held[0].key == "class:ocr#1"
+    take = s.calls[2].params
+    assert (
+        ":" in take["ConditionExpression"]
+        and {"N": "9"} in take["ExpressionAttributeValues"].values()
+    )
+
+
+def test_a_take_another_worker_won_moves_on_to_the_next_candidate() -> None:
+    s, grant = _take([Pool("class:ocr", 2)], [_slots(), condition_failed(None), ok()])
+    assert grant.granted and grant.held[0].key == "class:ocr#1"
+    assert [c.params["Key"]["slot"]["S"] for c in s.calls[1:]] == ["class:ocr#0", "class:ocr#1"]
+
+
+def test_a_job_that_takes_its_classs_slot_but_finds_its_tenant_full_gives_the_first_back() -> None:
+    tenant_full = _slots(_slot("tenant:acme#0", 1, "t", 3))
+    s, grant = _take(
+        [Pool("class:ocr", 1), Pool("tenant:acme", 1)],
+        [_slots(), ok(), tenant_full, _jobs(job_item("t", token=3)), ok()],
+    )
+    assert not grant.granted and grant.waiting_for == Pool("tenant:acme", 1)
+    back = s.calls[-1].params
+    assert back["Key"] == {"slot": {"S": "class:ocr#0"}} and "REMOVE" in back["UpdateExpression"]
+    assert {"S": "job-1"} in back["ExpressionAttributeValues"].values()
+
+
+def test_a_take_that_got_no_answer_is_given_back_and_the_job_waits() -> None:
+    s, grant = _take([Pool("class:ocr", 1)], [_slots(), unreachable(), ok()])
+    assert not grant.granted and "no answer" in grant.why
+    assert s.ops[-1] == "dynamodb.UpdateItem" and "REMOVE" in s.calls[-1].params["UpdateExpression"]
+
+
+def test_a_holder_whose_record_cannot_be_read_keeps_its_slot() -> None:
+    bad = job_item("x", token=1)
+    bad["state"] = {"S": "exploded"}
+    s, grant = _take([Pool("class:ocr", 1)], [_slots(_slot("class:ocr#0", 2, "x", 1)), _jobs(bad)])
+    assert not grant.granted
+    assert "dynamodb.UpdateItem" not in s.ops
+
+
+def test_a_give_back_is_conditioned_on_the_holder_so_a_late_one_changes_nothing() -> None:
+    s = Script([condition_failed(None)])
+    given = s.run(give_back_flow(SLOTS, [HeldSlot("p", "p#0", "job-1", 5)], wall_now=1.0))
+    assert given == 0
+    values = s.calls[0].params["ExpressionAttributeValues"].values()
+    assert {"S": "job-1"} in values and {"N": "5"} in values
+
+
+# =========================================================================== the attempt flow
+
+
+def _limited(shell: Shell, limit: int = 1) -> Shell:
+    shell.env.slots = SlotEnv(SLOTS, lambda c: limit, lambda t: None)
+    return shell
+
+
+def test_a_job_with_no_slot_free_gives_its_claim_back_uncounted_and_waits_briefly() -> None:
+    ran: list[Any] = []
+    shell = _limited(Shell(lambda run: ran.append(run)))
+    full = _slots(_slot("class:ocr#0", 3, "a", 1))
+    s = _run(
+        shell,
+        _answers(full, _jobs(job_item("a", token=1)), ok(), ok({"Successful": [{"Id": "0"}]})),
+    )
+    assert ran == []  # the handler never ran
+    release = s.calls[4].params
+    assert release["TableName"] == "jobs-test"
+    assert " - " in release["UpdateExpression"]  # the attempt its claim counted, given back
+    assert {"S": "queued"} in release["ExpressionAttributeValues"].values()
+    cmv = s.calls[5].params
+    assert cmv["QueueUrl"] == QUEUE and cmv["Entries"][0]["VisibilityTimeout"] == wait_delay(1, 0.5)
+    waiting = s.event("job_waiting_for_slot")
+    assert (waiting["pool"], waiting["limit"], waiting["token"]) == ("class:ocr", 1, 5)
+    assert shell.counts == Counter(claimed=1, waited_for_slot=1)
+    assert len(shell.book) == 0
+
+
+def test_a_job_that_takes_its_slot_runs_and_gives_the_slot_back_after_its_end() -> None:
+    during: list[int] = []
+
+    def handler(run: Any) -> Any:
+        during.append(len(shell.book))
+        return {"text": "ok"}
+
+    shell = _limited(Shell(handler))
+    s = _run(shell, _answers(_slots(), ok(), ok(), ok(), ok()))
+    assert during == [1]
+    assert [c.op for c in s.calls] == [
+        "UpdateItem",  # claim
+        "ChangeMessageVisibility",
+        "BatchGetItem",  # the pool
+        "UpdateItem",  # take the slot
+        "UpdateItem",  # commit
+        "DeleteMessage",
+        "UpdateItem",  # give the slot back
+    ]
+    assert s.calls[-1].params["TableName"] == "slots-test"
+    assert shell.counts["committed"] == 1
+
+
+def test_without_limits_the_attempt_makes_no_slot_call() -> None:
+    shell = Shell()
+    shell.env.slots = SlotEnv(SLOTS, lambda c: None, lambda t: None)
+    s = _run(shell, _answers(ok(), ok()))
+    assert all(c.params.get("TableName") != "slots-test" for c in s.calls)
+    assert MONO  # the shared shell's clock
+
+
+# =========================================================================== real moto
+
+
+@pytest.mark.integration
+def test_two_takers_of_one_slot_version_on_dynamodb_one_wins_and_a_stale_give_back_is_refused(
+    aws: AwsTestEnv,
+) -> None:
+    import boto3
+
+    from sqs_lease import Settings
+    from sqs_lease._resources import create_tables
+
+    settings = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix)
+    create_tables(settings)
+    ddb = boto3.client("dynamodb", endpoint_url=aws.endpoint_url, region_name="us-east-1")
+    req = SlotTable(settings.slots_table)
+
+    def do(c: Any) -> Any:
+        try:
+            return getattr(ddb, _snake(c.op))(**c.params)
+        except ddb.exceptions.ConditionalCheckFailedException:
+            return None
+
+    first = req.take("p#0", seen_version=0, job_id="a", token=1, worker_id="w1", wall_now=1.0)
+    second = req.take("p#0", seen_version=0, job_id="b", token=1, worker_id="w2", wall_now=1.0)
+    assert do(first) is not None and do(second) is None
+    (item,) = req.items(do(req.read(["p#0", "p#1"])))
+    view = req.parse(item)
+    assert (view.job_id, view.token, view.version) == ("a", 1, 1)
+    # b takes it over at the version it read (a's job moved on); a's late give-back fails
+    over = req.take("p#0", seen_version=1, job_id="b", token=3, worker_id="w2", wall_now=2.0)
+    assert do(over) is not None
+    assert do(req.give_back("p#0", job_id="a", token=1, wall_now=3.0)) is None
+    assert do(req.give_back("p#0", job_id="b", token=3, wall_now=3.0)) is not None
+    (item,) = req.items(do(req.read(["p#0"])))
+    assert req.parse(item).free and req.parse(item).version == 3
+
+
+def _snake(op: str) -> str:
+    return "".join("_" + ch.lower() if ch.isupper() else ch for ch in op).lstrip("_")
