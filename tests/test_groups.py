@@ -3,11 +3,6 @@ real moto server, with real worker processes holding the session's jobs."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -19,6 +14,7 @@ import pytest
 from conftest import AwsTestEnv
 from core_harness import Script
 from test_cli import run as run_cli
+from worker_helpers import WorkerProcess
 
 from sqs_lease import GroupCancelled, Producer, Settings, SubmitConflict, create_queue
 from sqs_lease._core.calls import Err, ErrorKind, Ok
@@ -285,55 +281,16 @@ def test_the_cli_cancels_a_group_and_says_what_it_did(aws: AwsTestEnv, env: Sett
 # ------------------------------------------------------------- real worker processes
 
 
-class _Proc:
-    def __init__(self, name: str, env: Settings, gates: Path, log: Path) -> None:
-        self.log = log
-        self._fh = log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "group_worker.py")],
-            env={
-                **os.environ,
-                "AWS_ENDPOINT_URL": env.endpoint_url or "",
-                "SQS_LEASE_PREFIX": env.prefix,
-                "WORKER_NAME": name,
-                "GATE_DIR": str(gates),
-            },
-            stdout=subprocess.DEVNULL,
-            stderr=self._fh,
-        )
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log.read_text().splitlines():
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(ev, dict) and ev.get("event") == name:
-                out.append(ev)
-        return out
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._fh.close()
-
-
 @pytest.fixture
-def procs(env: Settings, tmp_path: Path) -> Iterator[list[_Proc]]:
-    made: list[_Proc] = []
+def procs(env: Settings, tmp_path: Path) -> Iterator[list[WorkerProcess]]:
+    made: list[WorkerProcess] = []
     (tmp_path / "gates").mkdir()
     yield made
     for p in made:
         p.stop()
 
 
-def _wait(pred: Any, what: str, procs: list[_Proc], timeout: float = 90.0) -> None:
+def _wait(pred: Any, what: str, procs: list[WorkerProcess], timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout  # a hang guard only
     while time.monotonic() < deadline:
         if pred():
@@ -345,11 +302,15 @@ def _wait(pred: Any, what: str, procs: list[_Proc], timeout: float = 90.0) -> No
 
 @pytest.mark.integration
 def test_owners_of_a_cancelled_sessions_jobs_lose_their_leases_at_the_next_heartbeat(
-    env: Settings, procs: list[_Proc], tmp_path: Path
+    env: Settings, procs: list[WorkerProcess], tmp_path: Path
 ) -> None:
     gates = tmp_path / "gates"
     for name in ("W1", "W2"):
-        procs.append(_Proc(name, env, gates, tmp_path / f"{name}.log"))
+        procs.append(
+            WorkerProcess(
+                HERE / "group_worker.py", name, env, tmp_path / f"{name}.log", GATE_DIR=str(gates)
+            )
+        )
     p = Producer(env)
     ids = [f"{env.prefix}-step-{n}-{uuid.uuid4().hex[:4]}" for n in range(4)]
     for n, jid in enumerate(ids):

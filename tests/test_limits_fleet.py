@@ -3,13 +3,9 @@ the limit is never exceeded at the target, and a SIGKILLed worker's slots come b
 
 from __future__ import annotations
 
-import json
-import os
 import select
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -22,6 +18,7 @@ from urllib.parse import parse_qs, urlparse
 import boto3
 import pytest
 from conftest import AwsTestEnv
+from worker_helpers import WorkerProcess
 
 from sqs_lease import Producer, Settings, create_queue
 from sqs_lease._resources import create_tables
@@ -103,45 +100,10 @@ def _held(conn: socket.socket, hold: float) -> bool:
     return False
 
 
-class Proc:
-    def __init__(self, name: str, env: Settings, target: Target, log: Path, **extra: str) -> None:
-        self.name = name
-        self.log = log
-        self._fh = log.open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "limit_worker.py")],
-            env={
-                **os.environ,
-                "AWS_ENDPOINT_URL": env.endpoint_url or "",
-                "SQS_LEASE_PREFIX": env.prefix,
-                "WORKER_NAME": name,
-                "TARGET": target.url,
-                **extra,
-            },
-            stdout=subprocess.DEVNULL,
-            stderr=self._fh,
-        )
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        out = []
-        for line in self.log.read_text().splitlines():
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(ev, dict) and ev.get("event") == name:
-                out.append(ev)
-        return out
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._fh.close()
+def start_worker(
+    name: str, env: Settings, target: Target, log: Path, **extra: str
+) -> WorkerProcess:
+    return WorkerProcess(HERE / "limit_worker.py", name, env, log, TARGET=target.url, **extra)
 
 
 @pytest.fixture
@@ -160,14 +122,14 @@ def target() -> Iterator[Target]:
 
 
 @pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    made: list[Proc] = []
+def procs() -> Iterator[list[WorkerProcess]]:
+    made: list[WorkerProcess] = []
     yield made
     for p in made:
         p.stop()
 
 
-def _wait(pred: Any, what: str, procs: list[Proc], timeout: float = 180.0) -> None:
+def _wait(pred: Any, what: str, procs: list[WorkerProcess], timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout  # a hang guard only
     while time.monotonic() < deadline:
         if pred():
@@ -190,7 +152,7 @@ def _states(settings: Settings, ids: list[str]) -> dict[str, str]:
 
 @pytest.mark.integration
 def test_three_worker_processes_never_run_more_than_the_class_or_tenant_limit_at_the_target(
-    env: Settings, target: Target, procs: list[Proc], tmp_path: Path
+    env: Settings, target: Target, procs: list[WorkerProcess], tmp_path: Path
 ) -> None:
     p = Producer(env)
     ids: list[str] = []
@@ -200,7 +162,7 @@ def test_three_worker_processes_never_run_more_than_the_class_or_tenant_limit_at
         p.submit("browse", {"n": n, "hold": 0.4, "who": who}, jid, tenant=who)
         ids.append(jid)
     for name in ("W1", "W2", "W3"):
-        procs.append(Proc(name, env, target, tmp_path / f"{name}.log", TENANT_LIMIT="1"))
+        procs.append(start_worker(name, env, target, tmp_path / f"{name}.log", TENANT_LIMIT="1"))
     _wait(lambda: set(ids) <= set(target.done), "every job's call done", procs)
     _wait(lambda: set(_states(env, ids).values()) == {"succeeded"}, "every job committed", procs)
     assert target.most == CLASS_LIMIT  # reached, never exceeded
@@ -216,14 +178,14 @@ def test_three_worker_processes_never_run_more_than_the_class_or_tenant_limit_at
 
 @pytest.mark.integration
 def test_the_slots_of_a_sigkilled_worker_come_back_and_the_limit_still_holds(
-    env: Settings, target: Target, procs: list[Proc], tmp_path: Path
+    env: Settings, target: Target, procs: list[WorkerProcess], tmp_path: Path
 ) -> None:
     p = Producer(env)
     ids = [f"{env.prefix}-k{n}-{uuid.uuid4().hex[:4]}" for n in range(5)]
     for n, jid in enumerate(ids):
         p.submit("browse", {"n": n, "hold": 0.3}, jid)
     # W1 alone takes both slots of the class and holds its calls open.
-    w1 = Proc("W1", env, target, tmp_path / "W1.log", HOLD_LONG="1")
+    w1 = start_worker("W1", env, target, tmp_path / "W1.log", HOLD_LONG="1")
     procs.append(w1)
     _wait(lambda: target.in_flight() == CLASS_LIMIT, "W1 holding both slots", procs)
     held = [e["job_id"] for e in w1.events("browse_started")]
@@ -232,7 +194,7 @@ def test_the_slots_of_a_sigkilled_worker_come_back_and_the_limit_still_holds(
     w1.proc.wait(30)
     _wait(lambda: target.in_flight() == 0, "the killed worker's calls to end", procs)
     for name in ("W2", "W3"):
-        procs.append(Proc(name, env, target, tmp_path / f"{name}.log"))
+        procs.append(start_worker(name, env, target, tmp_path / f"{name}.log"))
     # Both slots were W1's: every job finishing means they came back.
     _wait(lambda: set(ids) <= set(target.done), "every job's call done", procs)
     _wait(lambda: set(_states(env, ids).values()) == {"succeeded"}, "every job committed", procs)

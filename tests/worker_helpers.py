@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import signal
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -277,3 +281,50 @@ def hold_heartbeat(worker: Worker | AsyncWorker, paused: threading.Event) -> Non
         beat()
 
     worker._beat_once = stalled  # type: ignore[method-assign]
+
+
+class WorkerProcess:
+    """A worker script run in a process of its own; its journal (stderr) goes to ``log``.
+
+    The script reads ``AWS_ENDPOINT_URL``, ``SQS_LEASE_PREFIX``, ``WORKER_NAME`` and
+    whatever ``extra`` names (e.g. a gate directory or a target's URL)."""
+
+    def __init__(self, script: Path, name: str, env: Settings, log: Path, **extra: str) -> None:
+        self.name = name
+        self.log = log
+        self._fh = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script)],
+            env={
+                **os.environ,
+                "AWS_ENDPOINT_URL": env.endpoint_url or "",
+                "SQS_LEASE_PREFIX": env.prefix,
+                "WORKER_NAME": name,
+                **extra,
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=self._fh,
+        )
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The journal events called ``name`` the process wrote so far."""
+        out = []
+        for line in self.log.read_text().splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and ev.get("event") == name:
+                out.append(ev)
+        return out
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it has not stopped within 20 s (a hang guard)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._fh.close()
