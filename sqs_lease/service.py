@@ -171,7 +171,7 @@ class WorkerEnv(BaseSettings):
     )
     otel: bool = Field(
         default=False,
-        description="OpenTelemetry spans for attempts and tool calls (extra `otel`)",
+        description="OpenTelemetry spans: attempts, claims, tool calls, commits (extra `otel`)",
     )
 
     @model_validator(mode="after")
