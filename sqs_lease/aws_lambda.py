@@ -55,7 +55,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._config import Settings
 from ._core.attempt import attempt_flow
@@ -73,6 +73,9 @@ from ._errors import ConfigError
 from ._jobs import App
 from ._journal import Journal
 from ._worker import Worker, load_app
+
+if TYPE_CHECKING:  # the extra `metrics`: imported only where it is asked for
+    from .metrics import EmfMetrics
 
 
 class LambdaContext(Protocol):
@@ -202,21 +205,33 @@ def handler(
     *,
     journal: Journal | None = None,
     tick: float = 0.1,
+    metrics: EmfMetrics | None = None,
 ) -> LambdaHandler:
     """A Lambda handler ``(event, context) -> {"batchItemFailures": [...]}`` for ``app``.
 
     ``settings`` default to ``Settings.from_env()`` (the function's environment). The tables
     and queue are found at the first invocation (cold start), once per execution
     environment. Handlers must be plain functions (no ``async def``).
+
+    ``metrics`` (:class:`sqs_lease.metrics.EmfMetrics`) is fed by the journal and
+    flushed to stdout at the end of every invocation: Lambda may freeze the
+    environment once the handler returns, so nothing is left in a buffer.
     """
     shells: list[LambdaShell] = []
+    if metrics is not None:
+        journal = journal or Journal()
+        journal.add_sink(metrics)
 
     def lambda_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
-        if not shells:
-            shells.append(
-                LambdaShell(app, settings or Settings.from_env(), journal=journal, tick=tick)
-            )
-        return shells[0].handle(event, context)
+        try:
+            if not shells:
+                shells.append(
+                    LambdaShell(app, settings or Settings.from_env(), journal=journal, tick=tick)
+                )
+            return shells[0].handle(event, context)
+        finally:
+            if metrics is not None:
+                metrics.flush()
 
     return lambda_handler
 
@@ -227,7 +242,11 @@ _from_env: list[LambdaHandler] = []
 def entry(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The function handler ``sqs_lease.aws_lambda.entry``: the app named by
     ``SQS_LEASE_APP`` (``MODULE:OBJECT``), settings from the environment; loaded
-    at the first invocation and kept for the execution environment's life."""
+    at the first invocation and kept for the execution environment's life.
+
+    ``SQS_LEASE_METRICS=true`` (namespace ``SQS_LEASE_METRICS_NAMESPACE``) writes
+    EMF metrics at the end of every invocation; ``SQS_LEASE_OTEL=true`` adds
+    OpenTelemetry spans, as for the worker."""
     if not _from_env:
         spec = os.environ.get("SQS_LEASE_APP", "")
         if not spec:
@@ -236,7 +255,21 @@ def entry(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
                 "(e.g. myjobs:app), or point the function's handler at your own "
                 "handler(app)"
             )
-        _from_env.append(handler(load_app(spec)))
+        from .service import WorkerEnv
+
+        env = WorkerEnv.load()
+        app = load_app(spec)
+        journal = Journal()
+        metrics = None
+        if env.metrics:
+            from .metrics import EmfMetrics as Emf
+
+            metrics = Emf(app, namespace=env.metrics_namespace)
+        if env.otel:
+            from .tracing import OtelSpans
+
+            journal.add_sink(OtelSpans())
+        _from_env.append(handler(app, journal=journal, metrics=metrics))
     return _from_env[0](event, context)
 
 

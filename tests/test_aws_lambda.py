@@ -322,3 +322,33 @@ def test_the_entry_point_loads_the_app_and_settings_from_the_functions_environme
     rec = read_record(ddb_client, settings, job_id)
     assert rec.state == "succeeded"
     assert result_of(rec) == {"triple": 15}
+
+
+def test_the_entry_point_writes_emf_metrics_at_the_end_of_each_invocation_when_asked(
+    aws: AwsTestEnv,
+    sqs_client: SQSClient,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Lambda may freeze the environment once the handler returns: the figures of an
+    # invocation are on stdout by then, not in a buffer for a flush that never comes.
+    settings, url, _ = prepare(aws.endpoint_url, aws.prefix)
+    monkeypatch.setattr(aws_lambda, "_from_env", [])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", aws.endpoint_url)
+    monkeypatch.setenv("SQS_LEASE_PREFIX", settings.prefix)
+    monkeypatch.setenv("SQS_LEASE_APP", f"{__name__}:ENV_APP")
+    monkeypatch.setenv("SQS_LEASE_METRICS", "true")
+    monkeypatch.setenv("SQS_LEASE_METRICS_NAMESPACE", "AgentTools")
+    Producer(settings, ENV_APP).submit("work", Work(n=7), job_id=f"{aws.prefix}-m")
+    capsys.readouterr()
+    answer = aws_lambda.entry(event_of(sqs_client, url, 1), RunningDown(60))
+    assert answer == {"batchItemFailures": []}
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    emf = [d for d in docs if d["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "AgentTools"]
+    assert emf and all(d["JobClass"] == "work" for d in emf)
+    succeeded = sum(
+        sum(d["JobsSucceeded"]) if isinstance(d["JobsSucceeded"], list) else d["JobsSucceeded"]
+        for d in emf
+        if "JobsSucceeded" in d
+    )
+    assert succeeded == 1

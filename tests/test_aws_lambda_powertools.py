@@ -14,7 +14,7 @@ from conftest import AwsTestEnv
 from test_aws_lambda import BUDGET, RunningDown, Work, event_of
 from worker_helpers import collect_journal, prepare, read_view
 
-from sqs_lease import App, JobContext, Journal, Producer
+from sqs_lease import App, JobContext, Producer
 from sqs_lease._core.records import JobState
 from sqs_lease.aws_lambda import handler
 from sqs_lease.metrics import EmfMetrics
@@ -60,11 +60,8 @@ def test_powertools_logger_metrics_and_tracer_wrap_our_handler_and_both_keep_the
     producer = Producer(settings, app)
     job_ids = [producer.submit("work", Work(n=i)).job_id for i in range(2)]
     event = event_of(sqs_client, producer.queue_url, 2)
-    # Our metrics from our journal, flushed at the end of each invocation, beside theirs.
-    journal = Journal()
-    ours_metrics = EmfMetrics(app)
-    journal.add_sink(ours_metrics)
-    ours = handler(app, settings, journal=journal)
+    # Ours: EMF from our journal, flushed by our handler at the end of each invocation.
+    ours = handler(app, settings, metrics=EmfMetrics(app))
 
     logger = Logger(service="agent-tools")
     metrics = Metrics(namespace="AgentTools", service="agent-tools")
@@ -76,10 +73,7 @@ def test_powertools_logger_metrics_and_tracer_wrap_our_handler_and_both_keep_the
     def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         metrics.add_metric(name="Batches", unit=MetricUnit.Count, value=1)
         logger.info("batch received", extra={"records": len(event["Records"])})
-        try:
-            answer = ours(event, context)
-        finally:
-            ours_metrics.flush()
+        answer = ours(event, context)
         logger.info("batch done", extra={"failures": len(answer["batchItemFailures"])})
         return answer
 
