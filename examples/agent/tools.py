@@ -126,6 +126,18 @@ def erp_check(intent: IntentView) -> CheckAnswer:
     return CheckAnswer(Verdict.NOT_APPLIED)
 
 
+_lost: set[str] = set()
+
+
+def _first_time(key: str) -> bool:
+    """Local only: True the first time this process answers for ``key`` (whichever
+    attempt that is: a retried attempt must meet the same lost answer)."""
+    with _erp_lock:
+        first = key not in _lost
+        _lost.add(key)
+    return first
+
+
 # ------------------------------------------------------------------- the handlers
 
 
@@ -174,7 +186,7 @@ def pay(ctx: JobContext[Any], p: Payment) -> dict[str, Any]:
             id_field="charge_id",
             body={"invoice": p.invoice, "amount": p.amount},
         )
-        if p.lose_first_answer and ctx.attempt == 1:
+        if p.lose_first_answer and _first_time(call.key):
             # The charge applied; the answer never came back. The check asks the
             # payment service by key instead of charging again.
             raise ToolOutcomeUnknown("payment service: response timed out")
