@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import botocore.config
 
-from ._aws import Timeouts, classify, client_kwargs, endpoint_of
+from ._aws import CallObserver, Timeouts, classify, client_kwargs, endpoint_of
 from ._clock import lease_clock
 from ._config import Settings
 from ._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
@@ -33,8 +33,11 @@ class AsyncDriver:
         journal: Journal | None = None,
         timeouts: Timeouts | None = None,
         clock: Callable[[], float] = lease_clock,
+        observers: list[CallObserver] | None = None,
     ) -> None:
         self.settings = settings
+        # As SyncDriver.observers; a pause they ask for is awaited, never slept.
+        self.observers: list[CallObserver] = observers if observers is not None else []
         self.journal = journal or Journal()
         self.timeouts = timeouts or Timeouts()
         self.clock = clock
@@ -74,13 +77,18 @@ class AsyncDriver:
 
         method = getattr(self.clients[c.service], xform_name(c.op))
         sent = self.clock()
+        outcome: Outcome
         try:
-            response = await method(**c.params)
+            outcome = Ok(await method(**c.params), sent, self.clock())
         except Exception as exc:
-            return classify(exc, sent, self.clock(), where=endpoint_of(self.clients[c.service]))
+            outcome = classify(exc, sent, self.clock(), where=endpoint_of(self.clients[c.service]))
         finally:
             self.calls += 1
-        return Ok(response, sent, self.clock())
+        for observe in self.observers:
+            pause = observe(c, outcome)
+            if pause:
+                await asyncio.sleep(pause)
+        return outcome
 
     async def invoke(self, inv: Invoke) -> Outcome:
         start = self.clock()

@@ -220,6 +220,7 @@ class AsyncWorker(ShellBase):
             self.journal,
             Timeouts(read=self.receive_wait + 5.0, attempts=1),
             clock=self._clock,
+            observers=self.receive_observers,
         )
         async with driver, poll:
             self._driver = driver

@@ -38,6 +38,10 @@ from ._journal import Journal
 
 T = TypeVar("T")
 
+CallObserver = Callable[[Call, Outcome], float | None]
+"""Sees each AWS call and its outcome (both drivers); returns seconds to pause
+before the flow goes on, or None. It never changes what the flow is told."""
+
 _NOT_FOUND = ("ResourceNotFoundException", "QueueDoesNotExist", "TableNotFoundException")
 _THROTTLED = (
     "ThrottlingException",
@@ -213,8 +217,9 @@ class SyncDriver:
         }
         self.calls = 0
         # Watchers of every AWS call's outcome (the container entry point's
-        # lost-AWS monitor); they see outcomes, never steer a flow.
-        self.observers: list[Callable[[Call, Outcome], None]] = []
+        # lost-AWS monitor); they see outcomes, never steer a flow, and may ask
+        # for a pause before the flow goes on (seconds; the driver sleeps it).
+        self.observers: list[CallObserver] = []
 
     def execute(self, c: Call) -> Outcome:
         method = getattr(self.clients[c.service], xform_name(c.op))
@@ -227,7 +232,9 @@ class SyncDriver:
         finally:
             self.calls += 1
         for observe in self.observers:
-            observe(c, outcome)
+            pause = observe(c, outcome)
+            if pause:
+                self.sleep(pause)
         return outcome
 
     def invoke(self, inv: Invoke) -> Outcome:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from ._aws import Timeouts
+from ._aws import CallObserver, Timeouts
 from ._clock import lease_clock
 from ._config import Settings
 from ._core.attempt import AttemptEnv, HandlerRun, Now, SlotEnv, redrive_rules
@@ -249,6 +249,9 @@ class ShellBase:
             slots=slot_env(app, settings),
         )
         self._stopping = threading.Event()
+        # Watchers of the receive loop's calls (the container entry point's lost-AWS
+        # monitor): each shell hands this list to the driver its receives run on.
+        self.receive_observers: list[CallObserver] = []
         self._saved_signals: dict[int, Any] = {}
         self._idle_since = 0.0  # set as the receive loop starts
 

@@ -120,6 +120,7 @@ class Worker(ShellBase):
         self.poll_driver = SyncDriver(
             settings, self.journal, Timeouts(read=receive_wait + 5.0, attempts=1), clock=self._clock
         )
+        self.poll_driver.observers = self.receive_observers
         self._slots = threading.Semaphore(concurrency)
         self._threads: list[threading.Thread] = []
         # A heartbeat round's parts (100 leases each) run at once on a small pool.

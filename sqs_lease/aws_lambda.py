@@ -211,23 +211,26 @@ def handler(
 
     ``settings`` default to ``Settings.from_env()`` (the function's environment). The tables
     and queue are found at the first invocation (cold start), once per execution
-    environment. Handlers must be plain functions (no ``async def``). ``metrics``
-    (``sqs_lease.metrics.EmfMetrics``) is fed the journal and flushed to stdout at the
-    end of every invocation (CloudWatch Logs extracts EMF from the function's output).
+    environment. Handlers must be plain functions (no ``async def``).
+
+    ``metrics`` (:class:`sqs_lease.metrics.EmfMetrics`) is fed by the journal and
+    flushed to stdout at the end of every invocation: Lambda may freeze the
+    environment once the handler returns, so nothing is left in a buffer.
     """
     shells: list[LambdaShell] = []
+    if metrics is not None:
+        journal = journal or Journal()
+        journal.add_sink(metrics)
 
     def lambda_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
-        if not shells:
-            shell = LambdaShell(app, settings or Settings.from_env(), journal=journal, tick=tick)
-            if metrics is not None:
-                shell.journal.add_sink(metrics)
-            shells.append(shell)
         try:
+            if not shells:
+                shells.append(
+                    LambdaShell(app, settings or Settings.from_env(), journal=journal, tick=tick)
+                )
             return shells[0].handle(event, context)
         finally:
             if metrics is not None:
-                # The environment may be frozen or ended after the return: write now.
                 metrics.flush()
 
     return lambda_handler
@@ -239,9 +242,11 @@ _from_env: list[LambdaHandler] = []
 def entry(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
     """The function handler ``sqs_lease.aws_lambda.entry``: the app named by
     ``SQS_LEASE_APP`` (``MODULE:OBJECT``), settings from the environment; loaded
-    at the first invocation and kept for the execution environment's life. With
-    ``SQS_LEASE_METRICS=true`` it writes EMF metrics (``SQS_LEASE_METRICS_NAMESPACE``)
-    after every invocation, as the ECS worker does every minute."""
+    at the first invocation and kept for the execution environment's life.
+
+    ``SQS_LEASE_METRICS=true`` (namespace ``SQS_LEASE_METRICS_NAMESPACE``) writes
+    EMF metrics at the end of every invocation; ``SQS_LEASE_OTEL=true`` adds
+    OpenTelemetry spans, as for the worker."""
     if not _from_env:
         spec = os.environ.get("SQS_LEASE_APP", "")
         if not spec:
@@ -252,14 +257,19 @@ def entry(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
             )
         from .service import WorkerEnv
 
+        env = WorkerEnv.load()
         app = load_app(spec)
-        env = WorkerEnv.load()  # SQS_LEASE_METRICS, SQS_LEASE_METRICS_NAMESPACE, as in ECS
+        journal = Journal()
         metrics = None
         if env.metrics:
-            from .metrics import EmfMetrics
+            from .metrics import EmfMetrics as Emf
 
-            metrics = EmfMetrics(app, namespace=env.metrics_namespace)
-        _from_env.append(handler(app, metrics=metrics))
+            metrics = Emf(app, namespace=env.metrics_namespace)
+        if env.otel:
+            from .tracing import OtelSpans
+
+            journal.add_sink(OtelSpans())
+        _from_env.append(handler(app, journal=journal, metrics=metrics))
     return _from_env[0](event, context)
 
 

@@ -34,7 +34,6 @@ import botocore.exceptions
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ._aws import SyncDriver
 from ._config import ENV_VARIABLES, Settings
 from ._core.calls import Call, Err, ErrorKind, Outcome
 from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
@@ -172,7 +171,7 @@ class WorkerEnv(BaseSettings):
     )
     otel: bool = Field(
         default=False,
-        description="OpenTelemetry spans for attempts and tool calls (extra `otel`)",
+        description="OpenTelemetry spans: attempts, claims, tool calls, commits (extra `otel`)",
     )
 
     @model_validator(mode="after")
@@ -265,51 +264,48 @@ RECEIVE_PAUSE = (0.1, 1.0)
 
 
 class _AwsLostMonitor:
-    """Watches the receive loop's calls: paces failed receives, and stops the worker
-    when every ReceiveMessage failed for ``after`` seconds (0: never)."""
+    """Watches a worker's receive calls (either shell: it is one of the worker's
+    ``receive_observers``): paces failed receives, and stops the worker when every
+    ReceiveMessage failed for ``after`` seconds (0: never). It answers the pause;
+    the driver performs it (a sleep in the thread worker, an await on the loop)."""
 
     def __init__(
-        self,
-        worker: Worker,
-        after: float,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        self, worker: Any, after: float, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.worker = worker
         self.after = after
         self.clock = clock
-        self.sleep = sleep
         self.failing_since: float | None = None
         self.failures = 0
         self.lost = False
         self._lock = threading.Lock()
 
-    def __call__(self, call: Call, outcome: Outcome) -> None:
+    def __call__(self, call: Call, outcome: Outcome) -> float | None:
         if call.op != "ReceiveMessage":
-            return
+            return None
         now = self.clock()
         with self._lock:
             if not isinstance(outcome, Err) or outcome.kind is ErrorKind.THROTTLED:
                 self.failing_since = None  # throttled is an answer: AWS is there
                 self.failures = 0
-                return
+                return None
             if self.failing_since is None:
                 self.failing_since = now
             self.failures += 1
-            pause = min(RECEIVE_PAUSE[1], RECEIVE_PAUSE[0] * 2 ** (self.failures - 1))
+            pause = min(RECEIVE_PAUSE[1], RECEIVE_PAUSE[0] * 2.0 ** (self.failures - 1))
             give_up = not self.lost and self.after > 0 and now - self.failing_since >= self.after
             self.lost = self.lost or give_up
         if not give_up:
             # A refused connection fails at once: without a pause the receive loop
             # would spin and flood the log with receive_failed.
-            self.sleep(pause)
-            return
+            return pause
         self.worker.journal(
             "aws_lost",
             failing_for=round(now - self.failing_since, 3),
             error_code=outcome.code or outcome.kind.value,
         )
         self.worker.stop()
+        return None
 
 
 def app_of(env: WorkerEnv) -> App | ServiceResult:
@@ -404,9 +400,7 @@ def run_worker(
     if on_worker is not None:
         on_worker(worker)
     monitor = _AwsLostMonitor(worker, env.aws_lost_after)
-    poll_driver = getattr(worker, "poll_driver", None)
-    if isinstance(poll_driver, SyncDriver):  # the async shell: no lost-AWS monitor yet
-        poll_driver.observers.append(monitor)
+    worker.receive_observers.append(monitor)
     if flusher is not None:
         flusher.start()
     try:

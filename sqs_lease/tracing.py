@@ -3,17 +3,24 @@
 :class:`OtelSpans` is a journal sink (``Journal.add_sink``), like the metrics: the
 worker shells sequence nothing new for it. It opens ``sqs_lease.attempt`` at each
 claim and ends it at the attempt's end (commit, rejected commit, failure, retry,
-park, loss); each tool call (``ctx.effect`` or ``ctx.tool_request``) is a child
-span ``sqs_lease.tool_call`` with its real start and end; the claim and the
-commit are events on the attempt span (``claimed``, ``committed``,
-``commit_rejected``), stamped when the journal saw them. Attributes are ids,
-tokens, attempt numbers and outcomes, never payloads. Only ``opentelemetry-api``
-is imported: with no SDK configured, spans are no-ops.
+park, loss). Its children: ``sqs_lease.claim`` (the conditional claim write and
+the lease it set), each tool call (``ctx.effect`` or ``ctx.tool_request``) as
+``sqs_lease.tool_call``, and ``sqs_lease.commit`` (the fenced result write and the
+message's delete; a rejected one too, outcome ``rejected``). A tool call's span
+starts and ends as the journal sees it start and end; the claim and commit spans
+end when the journal sees ``job_claimed`` / ``result_committed`` /
+``result_rejected`` and start the measured time before (``claim_seconds``,
+``commit_seconds``, ``write_seconds``: the flows' own stamps, on the lease clock).
+The attempt span also carries them as events (``claimed``, ``committed``,
+``commit_rejected``). Attributes are ids, tokens, attempt numbers and outcomes,
+never payloads. Only ``opentelemetry-api`` is imported: with no SDK configured,
+spans are no-ops.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +40,7 @@ _ENDS = {
     "job_release_skipped": "release_skipped",
 }
 _TOOL_ENDS = ("tool_request_finished", "tool_request_failed")
+_COMMITS = {"result_committed": "commit_seconds", "result_rejected": "write_seconds"}
 
 
 class OtelSpans:
@@ -62,12 +70,16 @@ class OtelSpans:
         token = fields.get("token")
         with self._lock:
             if event == "job_claimed":
+                end = time.time_ns()
+                start = end - _nanos(fields.get("claim_seconds"))
                 span = self._tracer.start_span(
                     "sqs_lease.attempt",
                     attributes=_attrs(
                         fields, ("job_id", "job_class", "token", "attempt", "reclaimed")
                     ),
+                    start_time=start,
                 )
+                self._child(span, "sqs_lease.claim", fields, start, end, "claimed")
                 span.add_event("claimed")
                 old = self._attempts.pop(job_id, None)
                 if old is not None:
@@ -97,9 +109,27 @@ class OtelSpans:
                     return
                 del self._attempts[job_id]
                 outcome = _ENDS[event]
+                if event in _COMMITS:
+                    end = time.time_ns()
+                    start = end - _nanos(fields.get(_COMMITS[event]))
+                    done = "committed" if event == "result_committed" else "rejected"
+                    self._child(held[1], "sqs_lease.commit", fields, start, end, done)
                 held[1].add_event(outcome)
                 held[1].set_attribute("sqs_lease.outcome", outcome)
                 held[1].end()
+
+    def _child(
+        self, parent: Any, name: str, fields: Mapping[str, Any], start: int, end: int, outcome: str
+    ) -> None:
+        """A finished child span of ``parent`` from ``start`` to ``end`` (ns, epoch)."""
+        span = self._tracer.start_span(
+            name,
+            context=self._trace.set_span_in_context(parent),
+            attributes=_attrs(fields, ("job_id", "token", "attempt")),
+            start_time=start,
+        )
+        span.set_attribute("sqs_lease.outcome", outcome)
+        span.end(end_time=end)
 
     def _end_all(self, outcome: str) -> None:
         with self._lock:
@@ -109,6 +139,13 @@ class OtelSpans:
         for span in spans:
             span.set_attribute("sqs_lease.outcome", outcome)
             span.end()
+
+
+def _nanos(seconds: Any) -> int:
+    """A measured duration in ns (0 when the event carries none)."""
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds > 0:
+        return int(seconds * 1e9)
+    return 0
 
 
 def _attrs(fields: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:

@@ -206,7 +206,10 @@ def test_a_worker_that_cannot_start_exits_with_the_documented_code(
 
 @pytest.mark.integration
 @pytest.mark.fault
-def test_a_worker_that_loses_aws_for_good_stops_with_the_aws_code(tmp_path: Path) -> None:
+@pytest.mark.parametrize("use_async", ["false", "true"], ids=["threads", "async"])
+def test_a_worker_that_loses_aws_for_good_stops_with_the_aws_code(
+    tmp_path: Path, use_async: str
+) -> None:
     server, endpoint = spawn_local_server()
     try:
         aws = AwsTestEnv(endpoint_url=endpoint, prefix="lost")
@@ -217,6 +220,7 @@ def test_a_worker_that_loses_aws_for_good_stops_with_the_aws_code(tmp_path: Path
             SQS_LEASE_AWS_LOST_AFTER="2",
             SQS_LEASE_RECEIVE_WAIT="1",
             SQS_LEASE_SWEEP_INTERVAL="0",
+            SQS_LEASE_USE_ASYNC=use_async,
         )
         with worker_process(env, tmp_path) as proc:
             wait_until(

@@ -792,6 +792,8 @@ def claim_flow(
         message_id=d.message_id,
         receive_count=d.receive_count,
         lease_seconds=lease_seconds if isinstance(cmv, Ok) else d.visibility,
+        # The claim's write sent to the lease's answer (lease clock): the claim span.
+        claim_seconds=round(max(0.0, cmv.received_at - out.sent_at), 3),
     )
     if reclaimed:
         yield from emit(
@@ -1453,9 +1455,20 @@ class Finish:
     reason: str = ""
     current: JobView | None = None
     request_id: str = ""  # of the unanswered or refused write, where the service gave one
+    # Lease-clock stamps: the write's first try sent, and the last answer (the message's
+    # delete included, where one followed). For spans and durations, never a decision.
+    sent_at: float | None = field(default=None, compare=False)
+    answered_at: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outcome", FinishOutcome(self.outcome))
+
+    @property
+    def seconds(self) -> float | None:
+        """How long the end write (and its delete) took, where both stamps are known."""
+        if self.sent_at is None or self.answered_at is None:
+            return None
+        return round(max(0.0, self.answered_at - self.sent_at), 3)
 
 
 def _set_visibility(queue_url: str, receipt_handle: str, seconds: int) -> Flow[Outcome]:
@@ -1487,6 +1500,31 @@ def _delete(queue_url: str, receipt_handle: str) -> Flow[Outcome]:
 
 
 def _fenced_write(
+    req: JobRequests,
+    build: Call,
+    *,
+    job: JobView,
+    worker_id: str,
+    applied: JobState,
+) -> Flow[Finish]:
+    """:func:`_fenced_tries`, its Finish stamped with when it was sent and answered."""
+    flow = _fenced_tries(req, build, job=job, worker_id=worker_id, applied=applied)
+    sent: float | None = None
+    answered: float | None = None
+    try:
+        instruction = next(flow)
+        while True:
+            outcome = yield instruction
+            if isinstance(instruction, Call) and outcome is not None:
+                sent = outcome.sent_at if sent is None else sent
+                answered = outcome.received_at
+            instruction = flow.send(outcome)
+    except StopIteration as stop:
+        fin: Finish = stop.value
+    return replace(fin, sent_at=sent, answered_at=answered)
+
+
+def _fenced_tries(
     req: JobRequests,
     build: Call,
     *,
@@ -1611,7 +1649,8 @@ def _end_attempt(
         )
     if fin.outcome is FinishOutcome.DONE:
         if delete:
-            yield from _delete(on_queue(delivery, queue_url), delivery.receipt_handle)
+            deleted = yield from _delete(on_queue(delivery, queue_url), delivery.receipt_handle)
+            fin = replace(fin, answered_at=deleted.received_at)
     elif fin.outcome is FinishOutcome.REJECTED:
         cur = fin.current
         yield from emit(
@@ -1624,6 +1663,7 @@ def _end_attempt(
             reason=fin.reason,
             current_token=cur.token if cur else None,
             current_state=cur.state.value if cur else None,
+            write_seconds=fin.seconds,
         )
     else:
         yield from emit(
@@ -1696,6 +1736,7 @@ def commit_flow(
             attempt=job.attempt,
             payload_hash=job.payload_hash,
             duration=round(duration, 3),
+            commit_seconds=fin.seconds,
         )
     elif fin.outcome is FinishOutcome.REJECTED and fin.current is not None:
         kept = yield from call(
