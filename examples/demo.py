@@ -55,6 +55,48 @@ def events(path: Path) -> list[dict[str, Any]]:
     return read_journal(path)
 
 
+def _in_hand(log: Path) -> tuple[int, int]:
+    """(jobs held, tool calls in flight) by a worker, read from its journal."""
+    evs = events(log)
+    kinds = collections.Counter(e["event"] for e in evs)
+    ended = sum(
+        kinds[k]
+        for k in (
+            "result_committed",
+            "job_failed",
+            "job_retry_scheduled",
+            "job_abandoned",
+            "job_parked",
+            "job_released",
+            "job_waiting_for_slot",
+        )
+    )
+    return kinds["job_claimed"] - ended, kinds["tool_request_started"] - kinds[
+        "tool_request_finished"
+    ]
+
+
+def freeze_mid_call(victim: subprocess.Popen[bytes], log: Path, tries: int = 20) -> int:
+    """SIGSTOP ``victim`` while it is inside a tool call (a short-lease job: payment or
+    ERP); returns how many jobs it held. A busy machine can let the call end between a
+    look and the signal: then it is thawed and tried again (bounded)."""
+    held = 0
+    for _ in range(tries):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            held, in_call = _in_hand(log)
+            if held >= 1 and in_call >= 1:
+                break
+            time.sleep(0.02)
+        victim.send_signal(signal.SIGSTOP)
+        held, in_call = _in_hand(log)
+        if held >= 1 and in_call >= 1:
+            return held
+        victim.send_signal(signal.SIGCONT)
+    victim.send_signal(signal.SIGSTOP)
+    return held
+
+
 def start_worker(name: str, endpoint: str, receiver: str) -> tuple[subprocess.Popen[bytes], Path]:
     log = WORK / f"{name}.journal.jsonl"
     env = {**os.environ, "RECEIVER_URL": receiver, "PYTHONPATH": str(ROOT)}
@@ -278,17 +320,7 @@ def main() -> int:
         workers = [start_worker(n, endpoint, receiver_url) for n in ("worker-A", "worker-B")]
         say("4. two worker processes started (4 slots each)")
         victim, victim_log = workers[0]
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if any(e["event"] == "tool_request_started" for e in events(victim_log)):
-                break
-            time.sleep(0.05)
-        victim.send_signal(signal.SIGSTOP)
-        frozen = sum(1 for e in events(victim_log) if e["event"] == "job_claimed") - sum(
-            1
-            for e in events(victim_log)
-            if e["event"] in ("result_committed", "job_failed", "job_retry_scheduled")
-        )
+        frozen = freeze_mid_call(victim, victim_log)
         say(f"5. worker-A frozen (SIGSTOP) in the middle of a payment call, holding ~{frozen} jobs")
         time.sleep(9)  # longer than every lease: worker-B must take the held jobs over
         victim.send_signal(signal.SIGCONT)
