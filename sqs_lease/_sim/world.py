@@ -476,8 +476,9 @@ class World:
                 f"{c.service} {c.op}: no answer within {timeout:g} s",
                 sent_at=p.sent_mono,
             )
-            if c.op == "TransactWriteItems":
-                op.origin.transient_cancel = False  # what ends the attempt now is a timeout
+            # What ends the attempt now is a call with no answer (any call: seed 411093
+            # gave up on a timed-out UpdateItem after an earlier transient cancel).
+            op.origin.transient_cancel = False
             if self.trace:
                 self.record(actor.id, "call_timeout", {"op": c.op, "key": _summary(c)})
             self.resume(p.task, err)
