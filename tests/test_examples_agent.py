@@ -53,7 +53,10 @@ def _check_session(out: str) -> None:
     assert all(state == "succeeded" for _, _, state in rows), rows
     charged = re.search(r"payment service: (\d+) charge\(s\)", out)
     assert charged and charged.group(1) == "1"  # the lost answer and the second job: one charge
-    assert '"reconciled": true' in out  # the lost answer was reconciled by the check, not repaid
+    # The lost answer was settled without paying again: reconciled by the check, or
+    # replayed from the intent the other job of the same invoice confirmed first
+    # (which one comes first is the machine's timing).
+    assert '"reconciled": true' in out or '"replayed": true' in out
     extended = re.search(r"lease was extended (\d+) times", out)
     assert extended and int(extended.group(1)) >= 2  # the browse outlived its 6 s lease
     assert out.rstrip().endswith("ok")

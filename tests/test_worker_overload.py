@@ -11,14 +11,18 @@ spend the second attempt ``max_attempts=1`` does not have, and fail the job.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import boto3
 import pytest
-from conftest import AwsTestEnv
+from conftest import REGION, AwsTestEnv
 from pydantic import BaseModel
 from worker_helpers import collect_journal, prepare, read_record, running, use_shell, wait_until
 
 from sqs_lease import App, JobContext, JobState, Producer, Timeouts, Worker
+from sqs_lease._local import spawn_local_server, stop_local_server
 
 if TYPE_CHECKING:
     from types_boto3_dynamodb import DynamoDBClient
@@ -38,6 +42,28 @@ PATIENT = Timeouts(read=30.0, attempts=1)
 
 class Nap(BaseModel):
     n: int
+
+
+@pytest.fixture(scope="module")
+def own_endpoint(moto_endpoint: str) -> Iterator[str]:
+    """A moto server of this module's own: late in the suite the shared one holds
+    thousands of queues and tables and answers slowly, which this test would measure
+    as the worker's lateness (seen: 300 s instead of 30 s in a full run)."""
+    proc, endpoint = spawn_local_server()
+    try:
+        yield endpoint
+    finally:
+        stop_local_server(proc)
+
+
+@pytest.fixture
+def aws(own_endpoint: str) -> AwsTestEnv:
+    return AwsTestEnv(endpoint_url=own_endpoint, prefix=f"t{uuid.uuid4().hex[:10]}")
+
+
+@pytest.fixture
+def ddb_client(own_endpoint: str) -> DynamoDBClient:
+    return boto3.client("dynamodb", endpoint_url=own_endpoint, region_name=REGION)
 
 
 def test_an_overloaded_worker_fails_no_job_and_reclaims_none_by_its_own_lateness(
