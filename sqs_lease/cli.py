@@ -194,6 +194,19 @@ def _fail(message: str, code: int) -> NoReturn:
 # --------------------------------------------------------------------------- helpers
 
 
+def _job_item(ctx: click.Context, job_id: str) -> dict[str, Any]:
+    """The job's record as stored (a consistent read), or exit "not found"."""
+    settings = _settings(ctx)
+    check_table(settings)
+    ddb = make_client(settings, "dynamodb")
+    item: dict[str, Any] | None = ddb.get_item(
+        TableName=settings.jobs_table, Key={"job_id": {"S": job_id}}, ConsistentRead=True
+    ).get("Item")
+    if not item:
+        _fail(f"no job {job_id!r}", EXIT_NOT_FOUND)
+    return item
+
+
 @contextmanager
 def _stop_signals(handler: Callable[[int, FrameType | None], None] | None) -> Iterator[None]:
     """Install ``handler`` for SIGINT/SIGTERM (if given) and restore the old ones after."""
@@ -797,14 +810,7 @@ def jobs_timeline(
     commit rides on the stale worker's record of its rejected result. Lease lost and
     ownership unknown show as the next owner's takeover, and in full with --journal.
     """
-    settings = _settings(ctx)
-    check_table(settings)
-    ddb = make_client(settings, "dynamodb")
-    item = ddb.get_item(
-        TableName=settings.jobs_table, Key={"job_id": {"S": job_id}}, ConsistentRead=True
-    ).get("Item")
-    if not item:
-        _fail(f"no job {job_id!r}", EXIT_NOT_FOUND)
+    item = _job_item(ctx, job_id)
     tl = timeline_of(item, read_journal(*journals))
     if html_path is not None:
         html_path.write_text(render_html(tl), encoding="utf-8")
@@ -825,19 +831,10 @@ def jobs_show(
     ctx: click.Context, job_id: str, with_payload: bool, with_result: bool, as_json: bool
 ) -> None:
     """Show one job record (the payload only with --payload)."""
-    settings = _settings(ctx)
-    check_table(settings)
-    ddb = make_client(settings, "dynamodb")
-    item = ddb.get_item(
-        TableName=settings.jobs_table, Key={"job_id": {"S": job_id}}, ConsistentRead=True
-    ).get("Item")
-    if not item:
-        _fail(f"no job {job_id!r}", 1)
+    item = _job_item(ctx, job_id)
     rec = record_of(item)
     now = time.time()
-    names = [
-        n for n in JobRecord.get_attributes() if n not in ("payload", "result", "timeline")
-    ]
+    names = [n for n in JobRecord.get_attributes() if n not in ("payload", "result", "timeline")]
     names.sort(key=lambda n: (n != "job_id", n))
     data = _fields(rec, now, names)
     data["timeline_events"] = len(rec.timeline or ())  # drawn by `jobs timeline`

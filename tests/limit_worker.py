@@ -20,8 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pydantic import BaseModel
 
-from sqs_lease import App, JobContext, Settings, Worker
-from sqs_lease._journal import configure_stderr
+from sqs_lease import App, JobContext
 
 CLASS_LIMIT = 2
 
@@ -53,21 +52,7 @@ def browse(ctx: JobContext[Any], p: Browse) -> dict[str, Any]:
     return {"n": p.n, "by": os.environ.get("WORKER_NAME", "?")}
 
 
-def main() -> int:
-    configure_stderr()
-    worker = Worker(
-        app,
-        Settings.from_env(),
-        worker_id=os.environ["WORKER_NAME"],
-        concurrency=4,
-        receive_wait=1,
-        shutdown_grace=5,
-        sweep_interval=None,
-    )
-    worker.install_signal_handlers()
-    worker.run(idle_exit=float(os.environ.get("IDLE_EXIT", "60")))
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from worker_helpers import serve_as_script_worker
+
+    raise SystemExit(serve_as_script_worker(app))

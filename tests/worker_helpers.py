@@ -328,3 +328,23 @@ class WorkerProcess:
                 self.proc.kill()
                 self.proc.wait(5)
         self._fh.close()
+
+
+def serve_as_script_worker(app: Any) -> int:
+    """The worker side of :class:`WorkerProcess`: run ``app`` from the environment
+    (``WORKER_NAME``, ``IDLE_EXIT``), journal on stderr, SIGTERM handled."""
+    from sqs_lease._journal import configure_stderr
+
+    configure_stderr()
+    worker = Worker(
+        app,
+        Settings.from_env(),
+        worker_id=os.environ["WORKER_NAME"],
+        concurrency=4,
+        receive_wait=1,
+        shutdown_grace=5,
+        sweep_interval=None,
+    )
+    worker.install_signal_handlers()
+    worker.run(idle_exit=float(os.environ.get("IDLE_EXIT", "60")))
+    return 0
