@@ -23,6 +23,7 @@ from ._core.intents import (
 )
 from ._core.limits import PROGRESS_LIMIT
 from ._core.records import JobState, JobView
+from ._core.stages import NextStage
 from ._errors import (
     AttemptTimedOut,
     AwsCallFailed,
@@ -55,7 +56,7 @@ from ._errors import (
     TransientError,
     WorkerShuttingDown,
 )
-from ._jobs import App, AsyncJobContext, EffectCall, JobClass, JobContext, Target
+from ._jobs import App, AsyncJobContext, EffectCall, JobClass, JobContext, StagedJob, Target
 from ._journal import Journal
 from ._producer import Producer
 from ._resources import create_queue, create_tables
@@ -98,6 +99,7 @@ __all__ = [
     "LeaseError",
     "LeaseLost",
     "LimitExceeded",
+    "NextStage",
     "OwnershipUnknown",
     "PayloadError",
     "PermanentError",
@@ -109,6 +111,7 @@ __all__ = [
     "Resumed",
     "Settings",
     "SqsLeaseError",
+    "StagedJob",
     "Stranded",
     "SubmitConflict",
     "SubmitResult",

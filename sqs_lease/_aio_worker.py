@@ -311,7 +311,7 @@ class AsyncWorker(ShellBase):
         return self._handler(run)
 
     async def _handler(self, run: HandlerRun) -> Any:
-        reg = self.app.get(run.claim.job.job_class)
+        reg = self.app.get(run.claim.job.job_class, run.claim.job.stage)
         assert reg is not None  # attempt_flow runs a handler only for a known class
         held = run.held
         stop = held.cancelled

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
 
 from ._core.intents import (
     RESPONSE_LIMIT,
@@ -26,6 +26,7 @@ from ._core.intents import (
 from ._core.intents import default_key as _default_key
 from ._core.limits import check_intent, progress_text
 from ._core.slots import MAX_LIMIT, check_limit
+from ._core.stages import STAGE_NAME, valid_stage_name
 from ._core.timing import EFFECT_MARGIN, LocalLease, check_timing
 from ._errors import ConfigError, JobClassError, LeaseError, PayloadError
 from ._fence import fence_headers
@@ -147,8 +148,105 @@ H = TypeVar("H", bound=Handler)
 
 @dataclass(frozen=True)
 class Registered:
+    """A job class and its handler; for a staged job, also its stages (first first)."""
+
     job_class: JobClass
     handler: Handler
+    stages: Mapping[str, Registered] | None = None
+    first_stage: str | None = None
+
+
+class StageInput(RootModel[Any]):
+    """The input model of a stage that declares none: any JSON (the handler gets it plain)."""
+
+
+def _unwrapped(fn: Handler) -> Handler:
+    # A stage without an input model gets its input as plain JSON data.
+    if inspect.iscoroutinefunction(fn):
+
+        async def unwrap_async(ctx: Any, p: Any) -> Any:
+            return await fn(ctx, p.root if isinstance(p, StageInput) else p)
+
+        return unwrap_async
+
+    def unwrap(ctx: Any, p: Any) -> Any:
+        return fn(ctx, p.root if isinstance(p, StageInput) else p)
+
+    return unwrap
+
+
+class StagedJob:
+    """A job of named stages (``app.staged``); each stage is declared with :meth:`stage`.
+
+    Each stage has its own job class (lease, heartbeat, timeouts, attempts,
+    budget: the job's defaults overridden per stage), its own handler, its own
+    idempotency keys (job id + stage) and its own checkpoint. The first stage
+    declared is the first to run; its input is the job's payload. A handler ends
+    its stage by returning :class:`~sqs_lease.NextStage` (the next stage's name
+    and input) or a final result (the job succeeds with it)::
+
+        report = app.staged("report", payload=Report, lease_seconds=60)
+
+        @report.stage("fetch")
+        def fetch(ctx, p: Report):
+            key = store(rows_for(p))
+            return NextStage("render", {"rows_key": key})
+
+        @report.stage("render", payload=Rows, stage_budget_seconds=1800)
+        def render(ctx, p: Rows):
+            ctx.results["fetch"]  # what fetch left: {"rows_key": ...}
+            return {"url": publish(p.rows_key)}
+
+    All stages share one job record and one fencing token (it keeps rising
+    across stages), so a fenced receiver's scope is the job for all of them.
+    """
+
+    def __init__(self, app: App, name: str, payload: type[BaseModel], policy: Mapping[str, Any]):
+        self.app = app
+        self.name = name
+        self.payload_model = payload
+        self.policy = dict(policy)
+        self.stages: dict[str, Registered] = {}
+        JobClass(name=name, payload_model=payload, **self.policy)  # refuse bad defaults now
+
+    def stage(
+        self, name: str, *, payload: type[BaseModel] | None = None, **policy: Any
+    ) -> Callable[[H], H]:
+        """Decorator: declare the next stage, with its input model and its own policy.
+
+        The first stage's input is the job's payload (``payload`` must be left out);
+        a later stage's input is what ``NextStage`` gave it, validated by
+        ``payload`` (None: any JSON, handed over plain).
+        """
+        if not valid_stage_name(name):
+            raise ConfigError(
+                f"staged job {self.name!r}: stage name {name!r}: a stage name is {STAGE_NAME}"
+            )
+        if name in self.stages:
+            raise ConfigError(f"staged job {self.name!r}: stage {name!r} is declared twice")
+        first = not self.stages
+        if first and payload is not None:
+            raise ConfigError(
+                f"staged job {self.name!r}: the first stage {name!r} gets the job's payload "
+                f"({self.payload_model.__name__}); leave payload= out"
+            )
+        model = self.payload_model if first else (payload or StageInput)
+        job_class = JobClass(name=self.name, payload_model=model, **{**self.policy, **policy})
+
+        def deco(fn: H) -> H:
+            handler = fn if payload is not None or first else _unwrapped(fn)
+            self.stages[name] = Registered(job_class, handler)
+            self.app._put_staged(self)
+            return fn
+
+        return deco
+
+    def registered(self) -> Registered:
+        """The job as the app registers it: the first stage's class and handler, with
+        every stage."""
+        first = next(iter(self.stages))
+        head = self.stages[first]
+        return Registered(head.job_class, head.handler, dict(self.stages), first)
 
 
 @dataclass(frozen=True)
@@ -218,6 +316,7 @@ class App:
         of the fleet must run the same limits."""
         self.classes: dict[str, Registered] = {}
         self.targets: dict[str, Target] = {}
+        self._staged: dict[str, StagedJob] = {}
         try:
             self.tenant_limit = check_limit("tenant_limit", tenant_limit)
             self.tenant_limits = {
@@ -268,7 +367,7 @@ class App:
         return t
 
     def register(self, job_class: JobClass, handler: Handler) -> None:
-        if job_class.name in self.classes:
+        if job_class.name in self.classes or job_class.name in self._staged:
             raise ConfigError(f"job class {job_class.name!r} is registered twice; rename one")
         self.classes[job_class.name] = Registered(job_class, handler)
 
@@ -282,8 +381,30 @@ class App:
 
         return deco
 
-    def get(self, name: str) -> Registered | None:
-        return self.classes.get(name)
+    def staged(self, name: str, *, payload: type[BaseModel], **policy: Any) -> StagedJob:
+        """A job of named stages; ``policy`` is every stage's default (see :class:`StagedJob`)."""
+        if name in self.classes or name in self._staged:
+            raise ConfigError(f"job class {name!r} is registered twice; rename one")
+        job = StagedJob(self, name, payload, policy)
+        self._staged[name] = job
+        return job
+
+    def _put_staged(self, job: StagedJob) -> None:
+        self.classes[job.name] = job.registered()
+
+    def get(self, name: str, stage: str | None = None) -> Registered | None:
+        """A job class, or one stage of a staged job (None: this app does not know it)."""
+        reg = self.classes.get(name)
+        if reg is None or stage is None:
+            return reg
+        return None if reg.stages is None else reg.stages.get(stage)
+
+    def job_classes(self) -> list[JobClass]:
+        """Every job class the app runs, each stage's own included."""
+        out: list[JobClass] = []
+        for reg in self.classes.values():
+            out.extend(r.job_class for r in (reg.stages or {reg.job_class.name: reg}).values())
+        return out
 
     def prepare(self, name: str, payload: BaseModel | Mapping[str, Any]) -> tuple[str, str]:
         """Validate a payload for a class; return (canonical JSON, hash)."""
@@ -321,6 +442,7 @@ class _ContextBase(Generic[P]):
         targets: Mapping[str, Target] | None = None,
         stage: str = "main",
         last_progress: Any = None,
+        results: Mapping[str, Any] | None = None,
     ) -> None:
         self._targets = dict(targets or {})
         self.last_progress: Any = last_progress
@@ -329,6 +451,8 @@ class _ContextBase(Generic[P]):
         effect already applied is known from its intent, a finished stage from its
         checkpoint, never from this."""
         self.stage = stage
+        self.results: Mapping[str, Any] = dict(results or {})
+        """What the earlier stages of a staged job left (stage name -> checkpoint)."""
         self.job_id = job_id
         self.job_class = job_class
         self.payload = payload

@@ -125,8 +125,11 @@ class Producer:
 
         Raises ``LimitExceeded`` when the job id (over 2048 UTF-8 bytes) or the
         payload (over what a 400 KB DynamoDB item leaves for it) cannot be stored."""
+        stage: str | None = None
         if self.app is not None:
             text, digest = self.app.prepare(job_class, payload)
+            reg = self.app.get(job_class)
+            stage = reg.first_stage if reg is not None else None
         else:
             data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
             text = canonical_json(data)
@@ -158,6 +161,7 @@ class Producer:
                 group=group,
                 groups=self.groups,
                 tenant=tenant,
+                stage=stage,
             )
         )
 

@@ -102,7 +102,9 @@ class JobRecord(Model):
     unsent_since = NumberAttribute(null=True)
     # Attempts an operator granted beyond the class's max_attempts (resume, resolve).
     granted_attempts = NumberAttribute(null=True)
-    stage = UnicodeAttribute(null=True)
+    stage = UnicodeAttribute(null=True)  # a staged job's current stage
+    stage_input = UnicodeAttribute(null=True)  # JSON: the current stage's input (NextStage)
+    stages = UnicodeAttribute(null=True)  # JSON list: checkpoints of the committed stages
     result = UnicodeAttribute(null=True)  # JSON text
     reason = UnicodeAttribute(null=True)
     error_code = UnicodeAttribute(null=True)
@@ -306,11 +308,12 @@ class JobTable:
         wall_now: float,
         send_id: str,
         group: str,
+        stage: str | None = None,
         tenant: str | None = None,
     ) -> dict[str, Any]:
         """The same new record, in a group, as a TransactWriteItems entry."""
         params = self._put_new_params(
-            job_id, job_class, payload_json, payload_hash, wall_now, send_id, None, group, tenant
+            job_id, job_class, payload_json, payload_hash, wall_now, send_id, stage, group, tenant
         )
         return {"Put": params}
 
@@ -481,6 +484,54 @@ class JobTable:
                 R.reason.remove(),
                 R.error_code.remove(),
                 _log(event(TK.COMMITTED, wall_now, owner=worker_id, token=token)),
+            ],
+        )
+
+    def advance_stage(
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        *,
+        stage: str,
+        next_stage: str,
+        stage_input: str,
+        stage_log: str,
+        send_id: str,
+        wall_now: float,
+    ) -> Call:
+        # Fenced like a commit. The stage log is written whole: only the holder of
+        # the current token writes it, and it read the log with its claim (ALL_OLD).
+        # The owner stays (the worker that ended the stage) so that a retried write
+        # whose first try applied is recognised as its own (with the new send id).
+        return self._update(
+            job_id,
+            _mine(token, worker_id),
+            [
+                R.state.set(JobState.QUEUED.value),
+                R.stage.set(next_stage),
+                R.stage_input.set(stage_input),
+                R.stages.set(stage_log),
+                R.attempt.set(0),
+                R.granted_attempts.remove(),
+                R.send_id.set(send_id),
+                R.message_sent.set(False),
+                R.unsent.set(UNSENT_BUCKET),
+                R.unsent_since.set(wall_now),
+                R.updated_at.set(wall_now),
+                R.lease_deadline.remove(),
+                R.reason.remove(),
+                R.error_code.remove(),
+                _log(
+                    event(
+                        TK.STAGE_DONE,
+                        wall_now,
+                        owner=worker_id,
+                        token=token,
+                        stage=stage,
+                        detail=f"next: {next_stage}",
+                    )
+                ),
             ],
         )
 
@@ -932,6 +983,8 @@ def view_of(item: Mapping[str, Any]) -> JobView:
             timeline_length=len((item.get("timeline") or {}).get("L") or ()),
             progress_json=s("progress"),
             tenant=s("tenant"),
+            stage_input=s("stage_input"),
+            stage_log=s("stages"),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         detail = f"{type(exc).__name__}: {exc}"[:300]

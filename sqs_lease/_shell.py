@@ -29,6 +29,7 @@ from ._core.calls import Flow
 from ._core.flows import Delivery, Poison
 from ._core.leasebook import LeaseBook, Signal
 from ._core.priority import receive_prioritized_flow
+from ._core.stages import stage_results
 from ._core.timing import Pace, pace_budget
 from ._errors import ConfigError
 from ._jobs import App, JobClass
@@ -103,10 +104,13 @@ def check_options(
 def async_handlers(app: App) -> list[str]:
     """The job classes whose handler is an ``async def`` (they need the async worker)."""
     return sorted(
-        name
-        for name, reg in app.classes.items()
-        if inspect.iscoroutinefunction(reg.handler)
-        or inspect.iscoroutinefunction(type(reg.handler).__call__)
+        {
+            name
+            for name, top in app.classes.items()
+            for reg in (top.stages or {name: top}).values()
+            if inspect.iscoroutinefunction(reg.handler)
+            or inspect.iscoroutinefunction(type(reg.handler).__call__)
+        }
     )
 
 
@@ -196,7 +200,7 @@ class ShellBase:
         self.worker_id = worker_id or default_worker_id()
         self.concurrency = concurrency
         self.receive_wait = receive_wait
-        shortest = min(r.job_class.lease_seconds for r in app.classes.values())
+        shortest = min(c.lease_seconds for c in app.job_classes())
         self.receive_visibility = receive_visibility or shortest
         self.shutdown_grace = shutdown_grace
         self.tick = tick
@@ -207,7 +211,7 @@ class ShellBase:
         self.journal = journal or Journal(worker_id=self.worker_id)
         if self.journal.worker_id is None:
             self.journal.worker_id = self.worker_id
-        heartbeat = min(r.job_class.heartbeat_seconds for r in app.classes.values())
+        heartbeat = min(c.heartbeat_seconds for c in app.job_classes())
         # A heartbeat call must give up well inside the reserve (jitter) of a lease.
         self.timeouts = timeouts or Timeouts(read=max(0.5, min(5.0, heartbeat)))
         # Every lease measurement of this worker (its drivers' stamps, its heartbeat,
@@ -247,6 +251,8 @@ class ShellBase:
             new_signal=new_signal,
             run_handler=self._run_handler,
             slots=slot_env(app, settings),
+            stage_rules_of=self._stage_rules_of,
+            first_stage_of=self._first_stage_of,
         )
         self._stopping = threading.Event()
         # Watchers of the receive loop's calls (the container entry point's lost-AWS
@@ -342,10 +348,18 @@ class ShellBase:
         reg = self.app.get(job_class)
         return reg.job_class if reg else None
 
+    def _first_stage_of(self, job_class: str) -> str | None:
+        reg = self.app.get(job_class)
+        return reg.first_stage if reg else None
+
+    def _stage_rules_of(self, job_class: str, stage: str) -> JobClass | None:
+        reg = self.app.get(job_class, stage)
+        return reg.job_class if reg else None
+
     def _context_fields(self, run: HandlerRun) -> dict[str, Any]:
         """What a handler's context (sync or async) is built from, for ``run``."""
         held, claim = run.held, run.claim
-        reg = self.app.get(claim.job.job_class)
+        reg = self.app.get(claim.job.job_class, claim.job.stage)
         assert reg is not None  # attempt_flow runs a handler only for a known class
         return {
             "job_id": claim.job.job_id,
@@ -363,4 +377,5 @@ class ShellBase:
             "targets": self.app.targets,
             "stage": claim.job.stage or "main",
             "last_progress": _details(claim.job.progress_json),
+            "results": stage_results(claim.job),
         }

@@ -25,6 +25,7 @@ _MARK = {
     TimelineKind.SUBMITTED: "o",
     TimelineKind.CLAIMED: "●",
     TimelineKind.COMMITTED: "✔",
+    TimelineKind.STAGE_DONE: "✔",
     TimelineKind.REFUSED: "✘",
     TimelineKind.RETRY: "↺",
     TimelineKind.PARKED: "■",
@@ -41,6 +42,7 @@ _MARK = {
 _COLOUR = {
     TimelineKind.CLAIMED: "#1f6feb",
     TimelineKind.COMMITTED: "#1a7f37",
+    TimelineKind.STAGE_DONE: "#1a7f37",
     TimelineKind.REFUSED: "#cf222e",
     TimelineKind.FAILED: "#cf222e",
     TimelineKind.LEASE_LOST: "#cf222e",
@@ -52,6 +54,7 @@ _COLOUR = {
 _ENDS_HOLD = frozenset(
     {
         TimelineKind.COMMITTED,
+        TimelineKind.STAGE_DONE,
         TimelineKind.RETRY,
         TimelineKind.PARKED,
         TimelineKind.FAILED,
@@ -135,6 +138,7 @@ def describe(ev: TimelineEvent, previous_owner: str | None = None) -> str:
         TimelineKind.SUBMITTED: "submitted",
         TimelineKind.CLAIMED: "claimed",
         TimelineKind.COMMITTED: "committed",
+        TimelineKind.STAGE_DONE: f"stage {ev.stage or '?'} done",
         TimelineKind.REFUSED: f"REFUSED {ev.stage or 'write'} (stale token)",
         TimelineKind.RETRY: "retry",
         TimelineKind.PARKED: "parked",

@@ -225,7 +225,7 @@ class Worker(ShellBase):
 
     def _run_handler(self, run: HandlerRun) -> Any:
         """``Invoke("handler")``, in the job's thread: build its context, call the handler."""
-        reg = self.app.get(run.claim.job.job_class)
+        reg = self.app.get(run.claim.job.job_class, run.claim.job.stage)
         assert reg is not None  # attempt_flow runs a handler only for a known class
         ctx: JobContext[Any] = JobContext(
             run_effect=lambda spec: self._run_effect(spec, run), **self._context_fields(run)

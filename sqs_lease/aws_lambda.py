@@ -58,7 +58,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._config import Settings
-from ._core.attempt import attempt_flow
+from ._core.attempt import attempt_flow, rules_for
 from ._core.deploy import lambda_visibility_floor
 from ._core.eventsource import (
     GroupStop,
@@ -142,7 +142,12 @@ class LambdaShell(Worker):
                 mid = str(record.get("messageId", ""))
                 group = message_group(record)
                 item = parse_event_record(record, self._clock(), 0)
-                rules = self._rules_of(item.job_class) if isinstance(item, Delivery) else None
+                # A staged job's record starts only when its own stage's budget fits.
+                rules = (
+                    rules_for(self.env, item.job_class, item.stage)
+                    if isinstance(item, Delivery)
+                    else None
+                )
                 budget = rules.stage_budget_seconds if rules is not None else 0.0
                 if groups.blocked(group) or not can_start(
                     context.get_remaining_time_in_millis(), budget
@@ -166,7 +171,7 @@ class LambdaShell(Worker):
         """One record through the attempt flow; True when its message was deleted."""
         self._count("received")
         if isinstance(item, Delivery):
-            rules = self._rules_of(item.job_class)
+            rules = rules_for(self.env, item.job_class, item.stage)
             lease = rules.lease_seconds if rules is not None else self.receive_visibility
             taken = self.driver.run(take_record_flow(self.queue_url, item, lease))
             if taken is None:

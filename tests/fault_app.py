@@ -95,3 +95,68 @@ def charge(ctx: JobContext[Any], p: Charge) -> dict[str, Any]:
     if os.environ.get("GATE_BEFORE_RETURN"):
         _gate(f"{me}.return")
     return {"by": me, "charge_status": status1, "charge": body1, "receipt_status": status2}
+
+
+# ----------------------------------------------------------------------------- staged
+
+ship = app.staged(
+    "ship",
+    payload=Charge,
+    lease_seconds=4,
+    heartbeat_seconds=1.0,
+    jitter_seconds=1.0,
+    missed_heartbeats=2,
+    max_attempts=5,
+)
+"""A job of three stages (charge -> receipt -> close) for the stage tests.
+
+Every run of a stage's handler appends ``stage token worker`` to ``RUNS_FILE`` (a
+file, so runs of processes that were killed count too). ``GATE_AFTER_EFFECT``:
+the charge stage waits for the gate ``{worker}.late`` after its effect (the test
+pauses the process there); ``LATE_EFFECT=1``: it then sends a second, late call
+to the receiver under its own token before it returns."""
+
+
+class Receipt(BaseModel):
+    charge_status: int
+
+
+def _ran(ctx: JobContext[Any]) -> None:
+    with open(os.environ["RUNS_FILE"], "a") as fh:
+        fh.write(f"{ctx.stage} {ctx.token} {os.environ.get('WORKER_NAME', '?')}\n")
+
+
+@ship.stage("charge")
+def ship_charge(ctx: JobContext[Any], p: Charge) -> Any:
+    from sqs_lease import NextStage
+
+    me = os.environ.get("WORKER_NAME", "?")
+    _ran(ctx)
+    ctx.check()
+    status, _ = _post(ctx, "/charge", f"{ctx.job_id}:charge", {"invoice": p.invoice, "amount": 1})
+    ctx.note("step_done", step="charge", status=status)
+    if os.environ.get("GATE_AFTER_EFFECT"):
+        _gate(f"{me}.late")
+    if os.environ.get("LATE_EFFECT") == "1":
+        late, _ = _post(ctx, "/charge", f"{ctx.job_id}:late", {"invoice": "late", "amount": 1})
+        ctx.note("late_effect", status=late)
+    return NextStage("receipt", Receipt(charge_status=status), result={"by": me})
+
+
+@ship.stage("receipt", payload=Receipt)
+def ship_receipt(ctx: JobContext[Any], p: Receipt) -> Any:
+    from sqs_lease import NextStage
+
+    _ran(ctx)
+    ctx.check()
+    status, _ = _post(ctx, "/charge", f"{ctx.job_id}:receipt", {"invoice": "rcpt", "amount": 1})
+    ctx.note("step_done", step="receipt", status=status)
+    if os.environ.get("GATE_IN_RECEIPT"):
+        _gate(f"{os.environ.get('WORKER_NAME', '?')}.receipt")
+    return NextStage("close", {"receipt_status": status})
+
+
+@ship.stage("close")
+def ship_close(ctx: JobContext[Any], p: dict[str, Any]) -> dict[str, Any]:
+    _ran(ctx)
+    return {"earlier": sorted(ctx.results), "input": p}

@@ -7,13 +7,17 @@ test can show that its checks catch the broken variant (the checker bites):
 ``commit_after_stop`` commits what a handler returns after its attempt was told
 to stop (the worker's own guard, in front of the token condition).
 ``SQS_LEASE_SHELL``: ``thread`` (default) runs the thread worker, ``async`` the
-async worker.
+async worker. ``SQS_LEASE_KILL_AT`` (thread worker) SIGKILLs the process at a
+point of a stage ending: ``after_checkpoint`` (before the next stage's message
+is sent) or ``before_delete`` (after it was sent, before the current message is
+deleted).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +60,33 @@ def _no_commit_token() -> None:
     _schema.JobTable.commit = commit  # type: ignore[method-assign]
 
 
+def _kill_at(point: str) -> None:
+    import json
+    import signal
+
+    from sqs_lease import _aws
+
+    original = _aws.SyncDriver.execute
+    sent = threading.Event()
+
+    def execute(self: Any, c: Any) -> Any:
+        staged = c.op == "SendMessage" and "stage" in json.loads(c.params["MessageBody"])
+        if staged and point == "after_checkpoint":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if c.op == "DeleteMessage" and sent.is_set() and point == "before_delete":
+            os.kill(os.getpid(), signal.SIGKILL)
+        out = original(self, c)
+        if staged:
+            sent.set()
+        return out
+
+    _aws.SyncDriver.execute = execute  # type: ignore[method-assign]
+
+
 def main() -> int:
     configure_stderr()
+    if os.environ.get("SQS_LEASE_KILL_AT"):
+        _kill_at(os.environ["SQS_LEASE_KILL_AT"])
     if os.environ.get("SQS_LEASE_MUTATION"):
         _mutate(os.environ["SQS_LEASE_MUTATION"])
     from fault_app import app

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .._errors import LeaseLost, PayloadError
@@ -99,6 +99,7 @@ from .slots import (
     take_slots_flow,
     wait_delay,
 )
+from .stages import NextStage, continue_flow, refused_next, stage_input_json
 from .timing import Drop, LeaseStatus, LocalLease, Stop, backoff_delay
 
 UNKNOWN_CLASS_MAX_ATTEMPTS = 1_000_000  # an unknown class is never claimed: no bound applies
@@ -215,6 +216,18 @@ class AttemptEnv:
     # after another in this flow.
     run_parallel: Callable[[Sequence[Flow[Any]]], Any] | None = None
     slots: SlotEnv | None = None  # None: no limits declared, no slot is ever taken
+    # A staged job's stage -> its rules (None: the shell runs no staged jobs).
+    stage_rules_of: Callable[[str, str], ClassRules | None] | None = None
+    # A staged job's first stage (None: not staged): names it on a record submitted
+    # without the app (a producer that cannot know the stages).
+    first_stage_of: Callable[[str], str | None] | None = None
+
+
+def rules_for(env: AttemptEnv, job_class: str, stage: str | None) -> ClassRules | None:
+    """The rules of a job class, or of one stage of a staged job (each stage has its own)."""
+    if stage is not None and env.stage_rules_of is not None:
+        return env.stage_rules_of(job_class, stage)
+    return env.rules_of(job_class)
 
 
 # What a delivery that was not claimed counts as, by its outcome.
@@ -279,7 +292,7 @@ def attempt_flow(
             env.table, queue_url=env.queue_url, poison=item, dlq_url=env.dlq_url, body=item.body
         )
         return None
-    rules = env.rules_of(item.job_class)
+    rules = rules_for(env, item.job_class, item.stage)
     now = yield from _now(env)
     # Drawn only when needed: the random stream stays the retries' own.
     rand = 0.5 if rules is not None else (yield from _value("random", env.random))
@@ -305,7 +318,11 @@ def attempt_flow(
     env.tally("reclaimed", int(claim.reclaimed))
     if rules is None:  # pragma: no cover - admit_flow never claims it
         return None
-    text = claim.job.payload_json or ""
+    if claim.job.stage is None and env.first_stage_of is not None:
+        first = env.first_stage_of(claim.job.job_class)
+        if first is not None:
+            claim = replace(claim, job=replace(claim.job, stage=first))
+    text = stage_input_json(claim.job)
     checked = yield Invoke("validate", lambda: rules.validate_payload(text))
     if isinstance(checked, Err):
         if not isinstance(checked.exc, PayloadError):
@@ -482,6 +499,8 @@ def _run(at: _At, held: Held, payload: Any, start: float) -> Flow[Finish | None]
 
 def _commit(at: _At, result: Any, now: Now, duration: float) -> Flow[Finish]:
     env = at.env
+    if isinstance(result, NextStage):
+        return (yield from _continue(at, result, now, duration))
     text = result_json(result)
     if text is None:
         bad = Ending(EndKind.FAIL, "handler returned a result that is not JSON", "bad_result")
@@ -503,6 +522,38 @@ def _commit(at: _At, result: Any, now: Now, duration: float) -> Flow[Finish]:
     env.tally(COMMIT_COUNTS.get(fin.outcome, "commit_unknown"), 1)
     yield from at.rejected(fin, LossSource.COMMIT)
     return fin
+
+
+def _continue(at: _At, nxt: NextStage, now: Now, duration: float) -> Flow[Finish]:
+    """The handler ended its stage with ``NextStage``: checkpoint, next message, delete
+    (``stages.continue_flow``); a next stage the job does not have, or an input its
+    payload model refuses, fails the job naming the stage and the field."""
+    env, job = at.env, at.claim.job
+    lookup = env.stage_rules_of
+    rules = lookup(job.job_class, nxt.name) if lookup and isinstance(nxt.name, str) else None
+    why = refused_next(job, nxt, rules is not None)
+    text = result_json(nxt.payload)
+    if why is None and (text is None or result_json(nxt.checkpoint) is None):
+        why = f"NextStage({nxt.name!r}): its payload and result must be JSON"
+    if why is None and rules is not None and text is not None:
+        checked = yield Invoke("validate", lambda: rules.validate_payload(text))
+        if isinstance(checked, Err):
+            if not isinstance(checked.exc, PayloadError):
+                raise checked.exc if checked.exc is not None else RuntimeError(checked.message)
+            why = f"NextStage({nxt.name!r}): {checked.exc}"
+    if why is not None or text is None:
+        bad = Ending(EndKind.FAIL, why or "", "bad_next_stage")
+        return (yield from _fail(at, bad, now))
+    done = yield from continue_flow(
+        env.table,
+        **at.end_args(now),
+        nxt=nxt,
+        input_json=text,
+        duration=duration,
+    )
+    env.tally(COMMIT_COUNTS.get(done.fin.outcome, "commit_unknown"), 1)
+    yield from at.rejected(done.fin, LossSource.COMMIT)
+    return done.fin
 
 
 def _retry(at: _At, end: Ending, now: Now | None = None) -> Flow[Finish]:
@@ -667,7 +718,7 @@ def watchdog_drops_flow(
                 "lease_left": round(lease.deadline - now, 3),
             },
         )
-        rules = env.rules_of(held.job.job_class)
+        rules = rules_for(env, held.job.job_class, held.job.stage)
         if why is Drop.RESERVE_SPENT or rules is None:
             continue
         # The watchdog gives the job back for a counted retry; the handler's late
@@ -853,6 +904,7 @@ __all__ = [
     "redrive_rules",
     "release_unstarted_flow",
     "result_json",
+    "rules_for",
     "shutdown_flow",
     "sweep_once_flow",
     "watchdog_drops_flow",

@@ -96,6 +96,7 @@ class Delivery:
     send_id: str | None = None  # which send of the job this is (None: an older producer)
     body: str = ""  # the original bytes, kept for a DLQ copy should it prove poison
     queue_url: str = ""  # the queue it came from (priorities); "": the flow's queue_url
+    stage: str | None = None  # the stage the message was sent for (None: a job of one stage)
 
 
 @dataclass(frozen=True)
@@ -156,9 +157,14 @@ def _parse_message(
     send_id = body.get("send_id")
     if send_id is not None and (not isinstance(send_id, str) or not send_id):
         return Poison(mid, handle, "message send_id is not a non-empty string", job_id, raw)
+    stage = body.get("stage")
+    if stage is not None and (not isinstance(stage, str) or not stage):
+        return Poison(mid, handle, "message stage is not a non-empty string", job_id, raw)
     attrs = message.get("Attributes") or {}
     count = int(attrs.get("ApproximateReceiveCount", "1"))
-    return Delivery(mid, handle, job_id, job_class, count, received_at, visibility, send_id, raw)
+    return Delivery(
+        mid, handle, job_id, job_class, count, received_at, visibility, send_id, raw, stage=stage
+    )
 
 
 def receive_flow(
@@ -304,6 +310,7 @@ def submit_flow(
     group: str | None = None,
     groups: GroupRequests | None = None,
     tenant: str | None = None,
+    stage: str | None = None,
 ) -> Flow[SubmitResult]:
     """Write the job record (condition: new) with this submission's send id, then
     send its message.
@@ -336,6 +343,7 @@ def submit_flow(
                 wall_now=wall_now,
                 send_id=send_id,
                 tenant=tenant,
+                stage=stage,
             )
         )
     else:
@@ -352,6 +360,7 @@ def submit_flow(
                 send_id=send_id,
                 group=group,
                 tenant=tenant,
+                stage=stage,
             ),
         ]
         txn = yield from call(Call("dynamodb", "TransactWriteItems", {"TransactItems": entries}))
@@ -397,6 +406,7 @@ def submit_flow(
         job_class=job_class,
         send_id=send_id,
         wall_now=wall_now,
+        stage=stage,
         delay_seconds=delay_seconds,
         group=group,
     )
@@ -754,6 +764,8 @@ def claim_flow(
         progress_json=old.progress_json,
         group=old.group,
         tenant=old.tenant,
+        stage_input=old.stage_input,
+        stage_log=old.stage_log,
     )
     reclaimed = old.state is JobState.RUNNING
     allowed = max_attempts + old.granted_attempts

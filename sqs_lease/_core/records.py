@@ -54,6 +54,8 @@ class JobView:
     timeline_length: int = 0  # events on the record's timeline (where the item was read)
     progress_json: str | None = None  # the last owner's saved progress details (JSON)
     tenant: str | None = None  # whose job it is (a user, an account): its own limit
+    stage_input: str | None = None  # JSON input of the current stage (None: the job payload)
+    stage_log: str | None = None  # JSON list of the committed stages' checkpoints
 
 
 class JobRequests(Protocol):
@@ -83,6 +85,7 @@ class JobRequests(Protocol):
         send_id: str,
         group: str,
         tenant: str | None = None,
+        stage: str | None = None,
     ) -> Mapping[str, Any]: ...
 
     def group_query(self, group: str, start: Mapping[str, Any] | None) -> Call: ...
@@ -111,6 +114,25 @@ class JobRequests(Protocol):
     def commit(
         self, job_id: str, token: int, worker_id: str, result_json: str, wall_now: float
     ) -> Call: ...
+
+    def advance_stage(
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        *,
+        stage: str,
+        next_stage: str,
+        stage_input: str,
+        stage_log: str,
+        send_id: str,
+        wall_now: float,
+    ) -> Call:
+        """A stage's checkpoint, fenced like a commit: the stage log gains the ending
+        ``stage``, the record moves to ``next_stage`` (queued, attempt 0, its input) and
+        names ``send_id`` as its one unsent message (found by the stranded sweep); the
+        timeline gains a ``stage_done`` event in the same write."""
+        ...
 
     def finish_failed(
         self,

@@ -2,8 +2,9 @@
 
 Each event is appended to the job record's ``timeline`` list **in the same
 conditional write that makes the change** (``_schema.JobTable`` adds the append to
-the claim, commit, retry, park, fail, release, cancel, resume and resolve writes),
-so keeping it costs no request. Three kinds of event cannot ride on their own write:
+the claim, commit, stage checkpoint, retry, park, fail, release, cancel, resume and
+resolve writes), so keeping it costs no request. Three kinds of event cannot ride
+on their own write:
 
 - a *refused commit*: the refused write changed nothing, so it cannot append. The
   stale attempt already sends one unfenced write after the refusal (``keep_rejected``,
@@ -54,6 +55,7 @@ class TimelineKind(StrEnum):
     SUBMITTED = "submitted"
     CLAIMED = "claimed"  # moves the token
     COMMITTED = "committed"
+    STAGE_DONE = "stage_done"  # a stage's checkpoint: the job moves to its next stage
     REFUSED = "refused"  # a stale owner's write the fence refused
     RETRY = "retry"
     PARKED = "parked"

@@ -1,0 +1,351 @@
+"""Durable stages: how one stage of a job ends and the next begins (commit and continue).
+
+A staged job is one job record and one fencing token; its stages follow one
+another on that record. A handler ends its stage by returning
+:class:`NextStage`; the attempt flow then runs :func:`continue_flow`:
+
+1. **checkpoint** - one UpdateItem fenced on the job's token (like a commit):
+   the stage log gains the ending stage (its result, token, attempt, duration),
+   the record moves to the next stage (``queued``, attempt 0, the stage's
+   input) and names a new send id as its one current message, *unsent*;
+2. **next message** - SendMessage naming the job, the next stage and that send
+   id, then the record is marked sent (``send_job_message``, as at submit);
+3. **delete** the current message.
+
+A crash between any two steps neither loses nor repeats a stage:
+
+- before 1: nothing was committed; the message comes back and the stage runs
+  again (its effects are intents keyed by job id + stage: replayed, not repeated);
+- between 1 and 2: the record waits without a sent message in the sparse
+  ``unsent`` index; every worker's stranded-record sweep sends it after its
+  grace (the same sweep that covers a producer that died after its put). The
+  continuation is recovered by the sweep, not recorded as an intent: the record
+  itself is the intent (its send id names the one message allowed to claim it);
+- between 2 and 3 (or a failed delete): the old message comes back, names the
+  old send id, claims nothing (a stray) and is deleted;
+- a second message for the next stage (a sweep racing a slow sender) carries a
+  retired send id: a stray too. A committed stage is never claimed again.
+
+The token keeps rising across stages (every claim adds one, the checkpoint adds
+none), so a stale owner of stage 1 is fenced out once stage 1 was taken over or
+stage 2 claimed; a fenced receiver's scope is the job id for all its stages.
+
+The core reads no clock and knows no app: the caller passes the next stage's
+rules (None: the job has no such stage) and validates its input.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .calls import Flow, emit
+from .flows import Delivery, Finish, FinishOutcome, _delete, _end_attempt, fail_flow, on_queue
+from .flows import send_job_message as _send
+from .limits import ITEM_LIMIT, RECORD_ROOM, utf8_len
+from .records import JobRequests, JobState, JobView
+
+STAGE_NAME = "1 to 100 characters of A-Z a-z 0-9 _ . : -"
+"""What a stage name may be: it is part of the idempotency keys of the stage's effects."""
+
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
+
+
+def valid_stage_name(name: object) -> bool:
+    """Whether ``name`` can name a stage (:data:`STAGE_NAME`)."""
+    return isinstance(name, str) and 0 < len(name) <= 100 and set(name) <= _NAME_CHARS
+
+
+def _plain(value: Any) -> Any:
+    # A pydantic model (or anything with its ``model_dump``) becomes JSON data; the
+    # core does not import pydantic.
+    dump = getattr(value, "model_dump", None)
+    return dump(mode="json") if callable(dump) else value
+
+
+@dataclass(frozen=True)
+class NextStage:
+    """What a handler returns to end its stage and start the next one.
+
+    ``return NextStage("render", {"file": key})``: the record moves to stage
+    ``name`` with ``payload`` as that stage's input (validated by its payload
+    model), and a new message is sent for it. ``result`` is the ending stage's own
+    checkpoint, which later stages read (``ctx.results[stage]``); None keeps the
+    ``payload`` as the checkpoint. Both must be JSON (a pydantic model is dumped);
+    keep them small (references to stored data, not the data: they share the job
+    record's 400 KB with the payload).
+    """
+
+    name: str
+    payload: Any = field(default_factory=dict)
+    result: Any = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "payload", _plain(self.payload))
+        object.__setattr__(self, "result", _plain(self.result))
+
+    @property
+    def checkpoint(self) -> Any:
+        """What the ending stage leaves for later stages."""
+        return self.payload if self.result is None else self.result
+
+
+@dataclass(frozen=True)
+class StageEntry:
+    """One committed stage as the job record keeps it (its checkpoint)."""
+
+    stage: str
+    result: Any
+    token: int
+    attempt: int
+    duration: float
+    finished_at: float
+    worker: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "result": self.result,
+            "token": self.token,
+            "attempt": self.attempt,
+            "duration": self.duration,
+            "finished_at": self.finished_at,
+            "worker": self.worker,
+        }
+
+
+def stage_log(job: JobView) -> list[StageEntry]:
+    """The committed stages of a job, in order (empty for a job of one stage)."""
+    if not job.stage_log:
+        return []
+    out: list[StageEntry] = []
+    for e in json.loads(job.stage_log):
+        out.append(
+            StageEntry(
+                stage=str(e["stage"]),
+                result=e.get("result"),
+                token=int(e.get("token", 0)),
+                attempt=int(e.get("attempt", 0)),
+                duration=float(e.get("duration", 0.0)),
+                finished_at=float(e.get("finished_at", 0.0)),
+                worker=str(e.get("worker", "")),
+            )
+        )
+    return out
+
+
+def stage_results(job: JobView) -> dict[str, Any]:
+    """What the earlier stages left (stage name -> checkpoint), for ``ctx.results``."""
+    return {e.stage: e.result for e in stage_log(job)}
+
+
+def stage_input_json(job: JobView) -> str:
+    """The JSON the current stage's handler gets: the input its predecessor gave it,
+    or, for the first stage (and a job of one stage), the job's payload."""
+    return job.stage_input if job.stage_input is not None else (job.payload_json or "")
+
+
+def continuation_send_id(token: int, next_stage: str) -> str:
+    """The send id of the next stage's message: unique per job, since one token ends
+    at most one stage (the checkpoint leaves ``running``)."""
+    return f"stage.{token}.{next_stage}"
+
+
+def refused_next(job: JobView, nxt: NextStage, known: bool) -> str | None:
+    """Why the job cannot go on to ``nxt`` (None: it can).
+
+    A stage runs once per job: going back to a committed stage (or the current
+    one) would reuse its idempotency keys and replay its effects instead of
+    running them, so it is refused.
+    """
+    if not valid_stage_name(nxt.name):
+        return f"NextStage name {nxt.name!r}: a stage name is {STAGE_NAME}"
+    if not known:
+        return (
+            f"NextStage({nxt.name!r}): job class {job.job_class!r} has no stage {nxt.name!r}; "
+            "declare it with @job.stage(...)"
+        )
+    done = [e.stage for e in stage_log(job)]
+    if nxt.name == job.stage or nxt.name in done:
+        return (
+            f"NextStage({nxt.name!r}): stage {nxt.name!r} already ran for job {job.job_id!r} "
+            f"(stages so far: {', '.join([*done, job.stage or '?'])}); a stage runs once per job"
+        )
+    return None
+
+
+def _size_problem(job: JobView, log_json: str, input_json: str) -> str | None:
+    total = (
+        utf8_len(job.payload_json or "")
+        + utf8_len(log_json)
+        + utf8_len(input_json)
+        + RECORD_ROOM
+        + utf8_len(job.job_id)
+    )
+    if total <= ITEM_LIMIT:
+        return None
+    return (
+        f"the stage checkpoints, the next stage's input and the payload would make the job "
+        f"record about {total} bytes, over DynamoDB's item limit of {ITEM_LIMIT} bytes "
+        "(400 KB): return references to stored data in NextStage, not the data"
+    )
+
+
+@dataclass(frozen=True)
+class Continued:
+    """How ending a stage went: the checkpoint write, and the next message's send."""
+
+    fin: Finish
+    sent: bool = False  # the next stage's message is out (else the sweep sends it)
+
+
+def continue_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job: JobView,
+    delivery: Delivery,
+    worker_id: str,
+    wall_now: float,
+    nxt: NextStage,
+    input_json: str,
+    duration: float,
+) -> Flow[Continued]:
+    """End the current stage and start ``nxt`` (checkpoint, next message, delete).
+
+    ``input_json`` is ``nxt.payload`` as canonical JSON, already validated by the
+    caller against the next stage's payload model. A checkpoint refused by the
+    fence (the token moved on) is ``result_rejected`` and nothing is sent.
+    """
+    entry = StageEntry(
+        stage=job.stage or "main",
+        result=nxt.checkpoint,
+        token=job.token,
+        attempt=job.attempt,
+        duration=round(duration, 3),
+        finished_at=wall_now,
+        worker=worker_id,
+    )
+    log = [e.as_json() for e in stage_log(job)] + [entry.as_json()]
+    log_json = json.dumps(log, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    problem = _size_problem(job, log_json, input_json)
+    if problem is not None:
+        failed = yield from fail_flow(
+            req,
+            queue_url=queue_url,
+            job=job,
+            delivery=delivery,
+            worker_id=worker_id,
+            wall_now=wall_now,
+            reason=problem,
+            error_code="stage_too_large",
+        )
+        return Continued(
+            Finish(FinishOutcome.FAILED, problem)
+            if failed.outcome is FinishOutcome.DONE
+            else failed
+        )
+    send_id = continuation_send_id(job.token, nxt.name)
+    fin = yield from _end_attempt(
+        req,
+        queue_url=queue_url,
+        job=job,
+        delivery=delivery,
+        worker_id=worker_id,
+        write=req.advance_stage(
+            job.job_id,
+            job.token,
+            worker_id,
+            stage=entry.stage,
+            next_stage=nxt.name,
+            stage_input=input_json,
+            stage_log=log_json,
+            send_id=send_id,
+            wall_now=wall_now,
+        ),
+        applied=JobState.QUEUED,
+        stage="stage",
+        wall_now=wall_now,
+        delete=False,
+    )
+    if fin.outcome is not FinishOutcome.DONE:
+        return Continued(fin)
+    yield from emit(
+        "stage_committed",
+        job_id=job.job_id,
+        job_class=job.job_class,
+        stage=entry.stage,
+        next_stage=nxt.name,
+        token=job.token,
+        attempt=job.attempt,
+        duration=entry.duration,
+    )
+    # The queue this message came from (priorities): the next stage keeps the job's
+    # priority. A continuation the sweep has to send goes to the default queue.
+    home = on_queue(delivery, queue_url)
+    sent = yield from _send(
+        req,
+        queue_url=home,
+        job_id=job.job_id,
+        job_class=job.job_class,
+        send_id=send_id,
+        wall_now=wall_now,
+        stage=nxt.name,
+        # FIFO: the job's group (else its id), so the next stage keeps its place in
+        # its session's order; it is received once this message is deleted below.
+        group=job.group,
+    )
+    # Sent or not, this message's work is done: a failed send leaves the record in
+    # the unsent index (the sweep sends it); this message would only be a stray.
+    yield from _delete(home, delivery.receipt_handle)
+    return Continued(fin, sent.verdict != "failed")
+
+
+def stage_rows(job: JobView, record: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The stages of a job for people (``jobs show``): the committed ones from the
+    log, then the current one with the record's state and attempt."""
+    rows: list[dict[str, Any]] = [
+        {
+            "stage": e.stage,
+            "state": JobState.SUCCEEDED.value,
+            "attempts": e.attempt,
+            "token": e.token,
+            "duration": e.duration,
+            "result": e.result,
+        }
+        for e in stage_log(job)
+    ]
+    if job.stage is not None:
+        current: dict[str, Any] = {
+            "stage": job.stage,
+            "state": job.state.value,
+            "attempts": job.attempt,
+            "token": job.token,
+            "duration": None,
+            "result": None,
+        }
+        if record is not None:
+            started, finished = record.get("started"), record.get("finished")
+            if isinstance(started, (int, float)) and isinstance(finished, (int, float)):
+                current["duration"] = round(finished - started, 3)
+            current["result"] = record.get("result")
+        rows.append(current)
+    return rows
+
+
+__all__ = [
+    "STAGE_NAME",
+    "Continued",
+    "NextStage",
+    "StageEntry",
+    "continuation_send_id",
+    "continue_flow",
+    "refused_next",
+    "stage_input_json",
+    "stage_log",
+    "stage_results",
+    "stage_rows",
+    "valid_stage_name",
+]

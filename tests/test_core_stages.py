@@ -1,0 +1,188 @@
+"""Durable stages in the core, driven by hand: a stage ending is checkpoint (fenced),
+next message, delete; each stage has its own rules; bad continuations fail the job.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+from core_harness import (
+    Script,
+    assert_fenced,
+    condition_failed,
+    delivery,
+    err,
+    job_item,
+    ok,
+    update_sets,
+)
+from test_core_attempt import MONO, Rules, Shell
+
+from sqs_lease._core.attempt import HandlerRun, attempt_flow
+from sqs_lease._core.calls import ErrorKind, Outcome
+from sqs_lease._core.flows import Delivery, FinishOutcome, message_body, parse_message
+from sqs_lease._core.records import JobState
+from sqs_lease._core.stages import NextStage, continuation_send_id, stage_results
+from sqs_lease._errors import PayloadError
+from sqs_lease._schema import view_of
+
+
+class RenderRules(Rules):
+    """The second stage's own class: another lease, and its own input model."""
+
+    lease_seconds = 120
+
+    def validate_payload(self, payload_json: str) -> Any:
+        data = json.loads(payload_json)
+        if "rows_key" not in data:
+            raise PayloadError("payload field 'rows_key': Field required")
+        return data
+
+
+def _staged_shell(handler: Any, stages: dict[str, Rules] | None = None) -> Shell:
+    shell = Shell(handler)
+    known = stages if stages is not None else {"fetch": Rules(), "render": RenderRules()}
+    shell.env.stage_rules_of = lambda job_class, stage: known.get(stage)
+    return shell
+
+
+def _claimed(stage: str = "fetch", token: int = 4, **extra: str) -> Outcome:
+    item = job_item(state=JobState.QUEUED, owner=None, token=token, attempt=0, stage=stage)
+    for name, text in extra.items():
+        item[name] = {"S": text}
+    return ok({"Attributes": item})
+
+
+def _staged_delivery(stage: str = "fetch", send_id: str = "send-1") -> Delivery:
+    return replace(delivery(send_id=send_id), stage=stage)
+
+
+def _run(shell: Shell, answers: list[Outcome], item: Delivery) -> Script:
+    s = Script(answers)
+    s.result = s.run(attempt_flow(shell.env, item))  # type: ignore[attr-defined]
+    return s
+
+
+def test_a_message_keeps_the_stage_it_was_sent_for() -> None:
+    body = message_body("j", "report", stage="render", send_id="s-1")
+    got = parse_message({"MessageId": "m", "ReceiptHandle": "rh", "Body": body}, 1.0, 30)
+    assert isinstance(got, Delivery)
+    assert (got.stage, got.send_id) == ("render", "s-1")
+
+
+def test_a_stage_ending_checkpoints_fenced_then_sends_the_next_stage_then_deletes() -> None:
+    def fetch(run: HandlerRun) -> Any:
+        return NextStage("render", {"rows_key": "s3://b/rows"}, result={"rows": 3})
+
+    shell = _staged_shell(fetch)
+    answers = [_claimed(), ok(sent_at=MONO), ok(), ok({"MessageId": "m-2"}), ok(), ok()]
+    s = _run(shell, answers, _staged_delivery())
+    assert [c.op for c in s.calls] == [
+        "UpdateItem",  # claim (token 5)
+        "ChangeMessageVisibility",
+        "UpdateItem",  # checkpoint, fenced on token 5
+        "SendMessage",  # the next stage's message
+        "UpdateItem",  # marked sent
+        "DeleteMessage",  # the current message, last
+    ]
+    assert s.result.outcome is FinishOutcome.DONE  # type: ignore[attr-defined]
+    checkpoint = s.calls[2].params
+    assert_fenced(checkpoint, token=5)
+    sets = update_sets(checkpoint)
+    send_id = continuation_send_id(5, "render")
+    assert sets["stage"] == "'render'" and sets["send_id"] == repr(send_id)
+    assert sets["stage_input"] == repr('{"rows_key":"s3://b/rows"}')
+    assert sets["attempt"] == "0" and sets["state"] == "'queued'"
+    assert sets["message_sent"] == "False"  # until the send is recorded: the sweep's to find
+    (entry,) = json.loads(eval(sets["stages"]))
+    assert (entry["stage"], entry["result"], entry["token"]) == ("fetch", {"rows": 3}, 5)
+    body = json.loads(s.calls[3].params["MessageBody"])
+    assert (body["stage"], body["send_id"], body["job_id"]) == ("render", send_id, "job-1")
+    done = s.event("stage_committed")
+    assert (done["stage"], done["next_stage"], done["token"]) == ("fetch", "render", 5)
+    assert shell.counts == Counter(claimed=1, committed=1)
+
+
+def test_a_later_stage_runs_on_its_input_with_its_own_class_and_reads_earlier_results() -> None:
+    seen: list[HandlerRun] = []
+
+    def render(run: HandlerRun) -> Any:
+        seen.append(run)
+        return {"url": "https://x/report"}
+
+    log = json.dumps([{"stage": "fetch", "result": {"rows": 3}, "token": 5}])
+    shell = _staged_shell(render)
+    answers = [
+        _claimed("render", token=5, stage_input='{"rows_key":"k"}', stages=log),
+        ok(sent_at=MONO),
+        ok(),
+        ok(),
+    ]
+    s = _run(shell, answers, _staged_delivery("render", "stage.5.render"))
+    assert s.calls[1].params["VisibilityTimeout"] == RenderRules.lease_seconds
+    (run,) = seen
+    assert run.payload == {"rows_key": "k"} and isinstance(run.rules, RenderRules)
+    assert run.claim.token == 6  # the token keeps rising across stages
+    assert stage_results(run.claim.job) == {"fetch": {"rows": 3}}
+    assert s.result.outcome is FinishOutcome.DONE  # type: ignore[attr-defined]
+    assert [c.op for c in s.calls][2:] == ["UpdateItem", "DeleteMessage"]  # the final commit
+
+
+def test_a_next_stage_the_job_does_not_have_fails_the_job_naming_it() -> None:
+    shell = _staged_shell(lambda run: NextStage("publsh", {}))
+    s = _run(shell, [_claimed(), ok(sent_at=MONO), ok(), ok()], _staged_delivery())
+    sets = update_sets(s.calls[2].params)
+    assert sets["state"] == "'failed'" and sets["error_code"] == "'bad_next_stage'"
+    assert "no stage 'publsh'" in sets["reason"]
+    assert "SendMessage" not in [c.op for c in s.calls]
+
+
+def test_a_next_stage_input_its_model_refuses_fails_the_job_naming_the_field() -> None:
+    shell = _staged_shell(lambda run: NextStage("render", {"rows": 1}))
+    s = _run(shell, [_claimed(), ok(sent_at=MONO), ok(), ok()], _staged_delivery())
+    reason = update_sets(s.calls[2].params)["reason"]
+    assert "NextStage('render')" in reason and "rows_key" in reason
+
+
+def test_a_stage_that_already_ran_is_not_run_again() -> None:
+    log = json.dumps([{"stage": "fetch", "result": None, "token": 5}])
+    shell = _staged_shell(lambda run: NextStage("fetch", {}))
+    answers = [
+        _claimed("render", token=5, stage_input='{"rows_key":"k"}', stages=log),
+        ok(sent_at=MONO),
+    ]
+    s = _run(shell, [*answers, ok(), ok()], _staged_delivery("render", "stage.5.render"))
+    assert "already ran" in update_sets(s.calls[2].params)["reason"]
+
+
+def test_a_checkpoint_refused_by_the_fence_sends_nothing_and_deletes_nothing() -> None:
+    shell = _staged_shell(lambda run: NextStage("render", {"rows_key": "k"}))
+    moved = condition_failed(job_item(token=9, owner="w-2", stage="fetch"))
+    s = _run(shell, [_claimed(), ok(sent_at=MONO), moved], _staged_delivery())
+    assert [c.op for c in s.calls] == ["UpdateItem", "ChangeMessageVisibility", "UpdateItem"]
+    assert s.result.outcome is FinishOutcome.REJECTED  # type: ignore[attr-defined]
+    assert s.event("result_rejected")["stage"] == "stage"
+    assert s.event("heartbeat_lost")["detected_by"] == "commit"
+    assert shell.counts == Counter(claimed=1, rejected=1)
+
+
+def test_a_failed_send_leaves_the_record_to_the_sweep_and_still_deletes_the_message() -> None:
+    shell = _staged_shell(lambda run: NextStage("render", {"rows_key": "k"}))
+    down = err(ErrorKind.SERVER, "ServiceUnavailable")
+    answers = [_claimed(), ok(sent_at=MONO), ok(), down, ok(), ok()]
+    s = _run(shell, answers, _staged_delivery())
+    assert [c.op for c in s.calls][3:] == ["SendMessage", "UpdateItem", "DeleteMessage"]
+    assert s.event("job_send_failed")["released"] is True
+    assert s.result.outcome is FinishOutcome.DONE  # type: ignore[attr-defined]
+
+
+def test_the_checkpoint_is_read_back_from_the_record() -> None:
+    item = job_item(stage="render")
+    item["stages"] = {"S": json.dumps([{"stage": "fetch", "result": [1, 2], "token": 3}])}
+    item["stage_input"] = {"S": '{"a":1}'}
+    view = view_of(item)
+    assert stage_results(view) == {"fetch": [1, 2]}
+    assert view.stage_input == '{"a":1}'
