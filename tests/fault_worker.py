@@ -3,7 +3,8 @@
 Environment: ``AWS_ENDPOINT_URL``, ``SQS_LEASE_PREFIX``, ``WORKER_NAME``; optional
 ``SQS_LEASE_MUTATION`` (comma-separated) breaks protocol rules on purpose, so a
 test can show that its checks catch the broken variant (the checker bites):
-``no_commit_token`` drops the token from the commit's condition;
+``no_commit_token`` drops the token from the commit's condition
+(``no_checkpoint_token``: from a stage checkpoint's);
 ``commit_after_stop`` commits what a handler returns after its attempt was told
 to stop (the worker's own guard, in front of the token condition).
 ``SQS_LEASE_SHELL``: ``thread`` (default) runs the thread worker, ``async`` the
@@ -32,12 +33,30 @@ def _mutate(names: str) -> None:
     for name in names.split(","):
         if name == "no_commit_token":
             _no_commit_token()
+        elif name == "no_checkpoint_token":
+            _no_checkpoint_token()
         elif name == "commit_after_stop":
             from sqs_lease._core import attempt
 
             setattr(attempt, "stopped_ending", lambda end, stop: end)  # noqa: B010
         else:
             raise SystemExit(f"unknown mutation {name!r}")
+
+
+def _no_checkpoint_token() -> None:
+    from sqs_lease import _schema
+
+    original = _schema.JobTable.advance_stage
+
+    def advance_stage(self: Any, *args: Any, **kwargs: Any) -> Any:
+        saved = _schema._mine
+        _schema._mine = lambda token, worker_id: _schema.R.state == "running"
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _schema._mine = saved
+
+    _schema.JobTable.advance_stage = advance_stage  # type: ignore[method-assign]
 
 
 def _no_commit_token() -> None:
