@@ -19,13 +19,19 @@ from core_harness import (
     ok,
     update_sets,
 )
-from test_core_attempt import MONO, Rules, Shell
+from test_core_attempt import MONO, WALL, Rules, Shell
 
 from sqs_lease._core.attempt import HandlerRun, attempt_flow
 from sqs_lease._core.calls import ErrorKind, Outcome
 from sqs_lease._core.flows import Delivery, FinishOutcome, message_body, parse_message
 from sqs_lease._core.records import JobState
-from sqs_lease._core.stages import NextStage, continuation_send_id, stage_results
+from sqs_lease._core.stages import (
+    MESSAGE_CAP_SECONDS,
+    NextStage,
+    cap_budget,
+    continuation_send_id,
+    stage_results,
+)
 from sqs_lease._errors import PayloadError
 from sqs_lease._schema import view_of
 
@@ -186,3 +192,43 @@ def test_the_checkpoint_is_read_back_from_the_record() -> None:
     view = view_of(item)
     assert stage_results(view) == {"fetch": [1, 2]}
     assert view.stage_input == '{"a":1}'
+
+
+# ----------------------------------------------------------------------------- the cap
+
+
+def test_a_message_reads_when_sqs_sent_it_and_first_gave_it_out() -> None:
+    body = message_body("j", "report", send_id="s-1")
+    attrs = {"SentTimestamp": "1700000000000", "ApproximateFirstReceiveTimestamp": "1700000060500"}
+    got = parse_message(
+        {"MessageId": "m", "ReceiptHandle": "rh", "Body": body, "Attributes": attrs}, 1.0, 30
+    )
+    assert isinstance(got, Delivery)
+    assert (got.sent_wall, got.first_received_wall) == (1_700_000_000.0, 1_700_000_060.5)
+
+
+def test_an_attempt_on_an_old_message_gets_only_what_is_left_of_the_12_hour_cap() -> None:
+    held: list[HandlerRun] = []
+
+    def fetch(run: HandlerRun) -> Any:
+        held.append(run)
+        return {"done": True}
+
+    shell = _staged_shell(fetch)
+    # Sent 11.5 h before now (WALL), first received an hour later; the cap is 11.75 h.
+    item = replace(
+        _staged_delivery(), sent_wall=WALL - 11.5 * 3600, first_received_wall=WALL - 10.5 * 3600
+    )
+    s = _run(shell, [_claimed(), ok(sent_at=MONO), ok(), ok()], item)
+    left = MESSAGE_CAP_SECONDS - 11.5 * 3600
+    capped = s.event("stage_budget_capped")
+    assert (capped["budget"], capped["class_budget"]) == (left, Rules.stage_budget_seconds)
+    lease = held[0].held.lease
+    assert lease.stage_deadline == item.received_at + left
+
+
+def test_a_young_message_keeps_the_whole_stage_budget() -> None:
+    assert cap_budget(replace(delivery(), sent_wall=WALL - 60), 3600.0, WALL) == 3600.0
+    assert cap_budget(delivery(), 3600.0, WALL) == 3600.0  # SQS said nothing: the class's own
+    old = replace(delivery(), first_received_wall=WALL - 13 * 3600)
+    assert cap_budget(old, 3600.0, WALL) == 0.0

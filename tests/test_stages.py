@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -103,6 +104,41 @@ def test_a_staged_job_runs_each_stage_once_in_order_with_a_rising_token(
         ("fetch", 1, 1),
         ("render", 2, 1),
     ]
+
+
+def test_a_stage_that_overruns_its_budget_is_stopped_with_a_reason_not_kept_alive(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+    report = app.staged("report", payload=Order, **FAST)
+
+    @report.stage("fetch")
+    def fetch(ctx: JobContext[Any], p: Order) -> NextStage:
+        return NextStage("render", {"rows_key": "k"})
+
+    # The render stage's own budget: 5.5 s, and one attempt.
+    @report.stage("render", stage_budget_seconds=5.5, effect_timeout_seconds=0.5, max_attempts=1)
+    def render(ctx: JobContext[Any], p: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(8)  # a blocked tool, deaf to the stop
+        return {"late": True}
+
+    job_id = Producer(settings, app).submit("report", Order(order="o-2")).job_id
+    worker = Shell(app, settings, worker_id="w", receive_wait=1)
+    with collect_journal() as journal, running(worker):
+        journal.wait_for("job_failed", job_id=job_id, timeout=40)
+        journal.wait_for("result_discarded", job_id=job_id, timeout=20)
+    (dropped,) = journal.events("lease_dropped", job_id=job_id)
+    assert (dropped["reason"], dropped["token"]) == ("stage_budget_exceeded", 2)
+    # Not kept alive: no extension of the render stage's token after the drop.
+    assert all(
+        b["_mono"] < dropped["_mono"]
+        for b in journal.events("heartbeat_ok", job_id=job_id, token=2)
+    )
+    view = read_view(ddb_client, settings, job_id)
+    assert (view.state, view.stage, view.error_code) == ("failed", "render", "attempts_exhausted")
+    assert view.reason is not None and "watchdog: stage_budget_exceeded" in view.reason
+    assert [e.stage for e in stage_log(view)] == ["fetch"]  # the committed stage stays
 
 
 # --------------------------------------------------------------------------- processes

@@ -99,7 +99,14 @@ from .slots import (
     take_slots_flow,
     wait_delay,
 )
-from .stages import NextStage, continue_flow, refused_next, stage_input_json
+from .stages import (
+    CappedRules,
+    NextStage,
+    cap_budget,
+    continue_flow,
+    refused_next,
+    stage_input_json,
+)
 from .timing import Drop, LeaseStatus, LocalLease, Stop, backoff_delay
 
 UNKNOWN_CLASS_MAX_ATTEMPTS = 1_000_000  # an unknown class is never claimed: no bound applies
@@ -337,7 +344,23 @@ def attempt_flow(
         yield from _wait_for_slot(env, claim, slots)
         return None
     now = yield from _now(env)
-    holding = env.book.hold(claim, rules, now.mono, env.new_signal(), tag)
+    held_rules: LeaseRules = rules
+    budget = cap_budget(item, rules.stage_budget_seconds, now.wall)
+    if budget < rules.stage_budget_seconds:
+        # The message has used part of SQS's 12-hour cap (earlier attempts, a
+        # backlog): this attempt gets what is left, never a lease past the cap.
+        held_rules = CappedRules(rules, budget)
+        yield Emit(
+            "stage_budget_capped",
+            {
+                "job_id": claim.job.job_id,
+                "token": claim.token,
+                "stage": claim.job.stage,
+                "budget": round(budget, 3),
+                "class_budget": rules.stage_budget_seconds,
+            },
+        )
+    holding = env.book.hold(claim, held_rules, now.mono, env.new_signal(), tag)
     if holding.superseded:
         env.tally("own_claim_superseded", 1)
     if holding.event is not None:

@@ -97,6 +97,10 @@ class Delivery:
     body: str = ""  # the original bytes, kept for a DLQ copy should it prove poison
     queue_url: str = ""  # the queue it came from (priorities); "": the flow's queue_url
     stage: str | None = None  # the stage the message was sent for (None: a job of one stage)
+    # SQS's wall times (seconds) of the send and of the first receive, where it said:
+    # the 12-hour cap counts from the first receive (AWS) or the send (moto).
+    sent_wall: float | None = None
+    first_received_wall: float | None = None
 
 
 @dataclass(frozen=True)
@@ -163,8 +167,27 @@ def _parse_message(
     attrs = message.get("Attributes") or {}
     count = int(attrs.get("ApproximateReceiveCount", "1"))
     return Delivery(
-        mid, handle, job_id, job_class, count, received_at, visibility, send_id, raw, stage=stage
+        mid,
+        handle,
+        job_id,
+        job_class,
+        count,
+        received_at,
+        visibility,
+        send_id,
+        raw,
+        stage=stage,
+        sent_wall=_epoch(attrs.get("SentTimestamp")),
+        first_received_wall=_epoch(attrs.get("ApproximateFirstReceiveTimestamp")),
     )
+
+
+def _epoch(millis: Any) -> float | None:
+    """An SQS timestamp attribute (epoch milliseconds, as text) in seconds, or None."""
+    try:
+        return int(millis) / 1000.0 if millis is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def receive_flow(
@@ -193,7 +216,11 @@ def receive_flow(
                 "MaxNumberOfMessages": most,
                 "WaitTimeSeconds": wait_seconds,
                 "VisibilityTimeout": visibility,
-                "MessageSystemAttributeNames": ["ApproximateReceiveCount", "SentTimestamp"],
+                "MessageSystemAttributeNames": [
+                    "ApproximateReceiveCount",
+                    "SentTimestamp",
+                    "ApproximateFirstReceiveTimestamp",
+                ],
             },
         )
     )

@@ -46,6 +46,13 @@ from .flows import Delivery, Finish, FinishOutcome, _delete, _end_attempt, fail_
 from .flows import send_job_message as _send
 from .limits import ITEM_LIMIT, RECORD_ROOM, utf8_len
 from .records import JobRequests, JobState, JobView
+from .timing import CAP_MARGIN, SQS_MAX_VISIBILITY
+
+MESSAGE_CAP_SECONDS = SQS_MAX_VISIBILITY - CAP_MARGIN
+"""How long one message may be held in all, counted from the older of its send and its
+first receive: SQS refuses visibility past 12 hours from the first receive (moto
+counts from the send); the margin also covers a few minutes of skew between SQS's
+clock and the worker's, the one place the core compares them."""
 
 STAGE_NAME = "1 to 100 characters of A-Z a-z 0-9 _ . : -"
 """What a stage name may be: it is part of the idempotency keys of the stage's effects."""
@@ -174,6 +181,59 @@ def refused_next(job: JobView, nxt: NextStage, known: bool) -> str | None:
             f"(stages so far: {', '.join([*done, job.stage or '?'])}); a stage runs once per job"
         )
     return None
+
+
+def cap_budget(delivery: Delivery, budget: float, wall_now: float) -> float:
+    """The budget an attempt on this message may have: its stage budget, less what the
+    message has already used of the 12-hour cap (:data:`MESSAGE_CAP_SECONDS`).
+
+    A retry of a stage runs on the same message as the attempts before it, and a
+    message may wait in a backlog before its first receive: both count against the
+    cap, so a late attempt gets what is left (possibly nothing: the watchdog then
+    stops it at once, a counted retry, until the attempts are spent)."""
+    known = [t for t in (delivery.sent_wall, delivery.first_received_wall) if t is not None]
+    if not known:
+        return budget
+    used = max(0.0, wall_now - min(known))
+    return max(0.0, min(budget, MESSAGE_CAP_SECONDS - used))
+
+
+@dataclass(frozen=True)
+class CappedRules:
+    """A class's lease rules with the stage budget a message's age leaves (see
+    :func:`cap_budget`); everything else is the class's own."""
+
+    rules: Any  # a LeaseRules
+    stage_budget_seconds: float
+
+    @property
+    def lease_seconds(self) -> int:
+        return int(self.rules.lease_seconds)
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return float(self.rules.heartbeat_seconds)
+
+    @property
+    def jitter_seconds(self) -> float:
+        return float(self.rules.jitter_seconds)
+
+    @property
+    def progress_timeout_seconds(self) -> float | None:
+        value = self.rules.progress_timeout_seconds
+        return None if value is None else float(value)
+
+    @property
+    def max_attempts(self) -> int:
+        return int(self.rules.max_attempts)
+
+    @property
+    def backoff_base_seconds(self) -> float:
+        return float(self.rules.backoff_base_seconds)
+
+    @property
+    def backoff_max_seconds(self) -> float:
+        return float(self.rules.backoff_max_seconds)
 
 
 def _size_problem(job: JobView, log_json: str, input_json: str) -> str | None:
@@ -336,7 +396,10 @@ def stage_rows(job: JobView, record: Mapping[str, Any] | None = None) -> list[di
 
 
 __all__ = [
+    "MESSAGE_CAP_SECONDS",
     "STAGE_NAME",
+    "CappedRules",
+    "cap_budget",
     "Continued",
     "NextStage",
     "StageEntry",
