@@ -10,7 +10,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
 
@@ -31,6 +31,9 @@ from ._core.timing import EFFECT_MARGIN, LocalLease, check_timing
 from ._errors import ConfigError, JobClassError, LeaseError, PayloadError
 from ._fence import fence_headers
 from ._journal import Journal
+
+if TYPE_CHECKING:
+    from .plans import PlannedJob
 
 P = TypeVar("P", bound=BaseModel)
 
@@ -154,6 +157,7 @@ class Registered:
     handler: Handler
     stages: Mapping[str, Registered] | None = None
     first_stage: str | None = None
+    planned: PlannedJob | None = None  # a job whose stages come from its plan
 
 
 class StageInput(RootModel[Any]):
@@ -316,7 +320,7 @@ class App:
         of the fleet must run the same limits."""
         self.classes: dict[str, Registered] = {}
         self.targets: dict[str, Target] = {}
-        self._staged: dict[str, StagedJob] = {}
+        self._staged: dict[str, StagedJob | PlannedJob] = {}
         try:
             self.tenant_limit = check_limit("tenant_limit", tenant_limit)
             self.tenant_limits = {
@@ -392,11 +396,36 @@ class App:
     def _put_staged(self, job: StagedJob) -> None:
         self.classes[job.name] = job.registered()
 
+    def planned(self, name: str, **policy: Any) -> PlannedJob:
+        """A job run from a plan of tool steps (see :mod:`sqs_lease.plans`); ``policy`` is
+        every tool's default class."""
+        from .plans import PlannedJob
+
+        if name in self.classes or name in self._staged:
+            raise ConfigError(f"job class {name!r} is registered twice; rename one")
+        job = PlannedJob(self, name, policy)
+        self._staged[name] = job
+        return job
+
+    def _put_planned(self, job: PlannedJob) -> None:
+        self.classes[job.name] = job.registered()
+
+    def first_stage(self, name: str, payload_json: str) -> str | None:
+        """The stage a new job of class ``name`` with this payload starts at (None: one stage)."""
+        reg = self.classes.get(name)
+        if reg is None:
+            return None
+        if reg.planned is not None:
+            return reg.planned.first_stage(payload_json)
+        return reg.first_stage
+
     def get(self, name: str, stage: str | None = None) -> Registered | None:
         """A job class, or one stage of a staged job (None: this app does not know it)."""
         reg = self.classes.get(name)
         if reg is None or stage is None:
             return reg
+        if reg.planned is not None:
+            return reg.planned.stage(stage)
         return None if reg.stages is None else reg.stages.get(stage)
 
     def job_classes(self) -> list[JobClass]:
@@ -404,6 +433,8 @@ class App:
         out: list[JobClass] = []
         for reg in self.classes.values():
             out.extend(r.job_class for r in (reg.stages or {reg.job_class.name: reg}).values())
+            if reg.planned is not None:
+                out.extend(t.job_class for t in reg.planned.tools.values())
         return out
 
     def prepare(self, name: str, payload: BaseModel | Mapping[str, Any]) -> tuple[str, str]:
@@ -443,6 +474,7 @@ class _ContextBase(Generic[P]):
         stage: str = "main",
         last_progress: Any = None,
         results: Mapping[str, Any] | None = None,
+        job_payload_json: str | None = None,
     ) -> None:
         self._targets = dict(targets or {})
         self.last_progress: Any = last_progress
@@ -450,6 +482,8 @@ class _ContextBase(Generic[P]):
         or None: where a taken-over or retried attempt may resume. A hint only: an
         effect already applied is known from its intent, a finished stage from its
         checkpoint, never from this."""
+        self.job_payload_json = job_payload_json
+        """The job's own payload (JSON): a later stage's ``payload`` is its stage input."""
         self.stage = stage
         self.results: Mapping[str, Any] = dict(results or {})
         """What the earlier stages of a staged job left (stage name -> checkpoint)."""

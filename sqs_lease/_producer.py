@@ -128,8 +128,7 @@ class Producer:
         stage: str | None = None
         if self.app is not None:
             text, digest = self.app.prepare(job_class, payload)
-            reg = self.app.get(job_class)
-            stage = reg.first_stage if reg is not None else None
+            stage = self.app.first_stage(job_class, text)
         else:
             data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
             text = canonical_json(data)

@@ -378,4 +378,5 @@ class ShellBase:
             "stage": claim.job.stage or "main",
             "last_progress": _details(claim.job.progress_json),
             "results": stage_results(claim.job),
+            "job_payload_json": claim.job.payload_json,
         }
