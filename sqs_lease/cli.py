@@ -53,6 +53,7 @@ from ._core.intents import (
     resolve_flow,
 )
 from ._core.priority import Priority
+from ._core.stages import stage_rows
 from ._errors import (
     AwsCallFailed,
     AwsUnavailable,
@@ -72,7 +73,15 @@ from ._resources import (
     create_tables,
     queue_url,
 )
-from ._schema import AttemptRecord, IntentRecord, IntentTable, JobRecord, JobTable, record_of
+from ._schema import (
+    AttemptRecord,
+    IntentRecord,
+    IntentTable,
+    JobRecord,
+    JobTable,
+    record_of,
+    view_of,
+)
 from ._timeline_view import render_html, render_text, timeline_of
 from ._worker import load_app
 
@@ -834,10 +843,16 @@ def jobs_show(
     item = _job_item(ctx, job_id)
     rec = record_of(item)
     now = time.time()
-    names = [n for n in JobRecord.get_attributes() if n not in ("payload", "result", "timeline")]
+    # A staged job's checkpoints and stage input are shown as its stages, not as JSON
+    # text; the timeline is drawn by `jobs timeline`.
+    hidden = ("payload", "result", "timeline", "stages", "stage_input")
+    names = [n for n in JobRecord.get_attributes() if n not in hidden]
     names.sort(key=lambda n: (n != "job_id", n))
     data = _fields(rec, now, names)
     data["timeline_events"] = len(rec.timeline or ())  # drawn by `jobs timeline`
+    rows = stage_rows(view_of(item))
+    if rows:
+        data["stages"] = rows
     if with_payload:
         data["payload"] = _json_or_text(rec.payload)
     if with_result:
@@ -846,11 +861,26 @@ def jobs_show(
         click.echo(json.dumps(data, default=str))
         return
     for name, value in data.items():
+        if name == "stages":
+            click.echo("stages:")
+            for row in value:
+                took = "-" if row["duration"] is None else f"{row['duration']:g} s"
+                result = "-" if row["result"] is None else _short_json(row["result"])
+                click.echo(
+                    f"  {row['stage']}: {row['state']}, attempts {row['attempts']}, "
+                    f"token {row['token']}, {took}, result {result}"
+                )
+            continue
         if name in _TIME_FIELDS and value is not None:
             value = f"{value} ({_iso(value)})"
         elif name in ("payload", "result") and value is not None:
             value = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
         click.echo(f"{name}: {'-' if value is None else value}")
+
+
+def _short_json(value: Any, limit: int = 120) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _json_or_text(text: str | None) -> Any:

@@ -23,6 +23,7 @@ import pytest
 from conftest import AwsTestEnv
 from pydantic import BaseModel
 from test_proof import WorkerProc, named
+from test_stranded import _cli
 from worker_helpers import (
     FAST,
     collect_journal,
@@ -104,6 +105,16 @@ def test_a_staged_job_runs_each_stage_once_in_order_with_a_rising_token(
         ("fetch", 1, 1),
         ("render", 2, 1),
     ]
+    shown = _cli(settings, "jobs", "show", job_id)
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.split("stages:\n", 1)[1].splitlines()[:3]
+    assert [line.split(":")[0].strip() for line in lines] == ["fetch", "render", "publish"]
+    assert lines[0].startswith("  fetch: succeeded, attempts 1, token 1, ")
+    assert lines[0].endswith('result {"rows": 3}')
+    assert lines[2] == "  publish: succeeded, attempts 1, token 3, -, result -"  # the job's result
+    as_json = json.loads(_cli(settings, "jobs", "show", job_id, "--json").output)
+    assert [r["stage"] for r in as_json["stages"]] == ["fetch", "render", "publish"]
+    assert "stage_input" not in as_json  # shown as the stages, not as raw JSON
 
 
 def test_a_stage_that_overruns_its_budget_is_stopped_with_a_reason_not_kept_alive(

@@ -37,7 +37,6 @@ rules (None: the job has no such stage) and validates its input.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -363,7 +362,7 @@ def continue_flow(
     return Continued(fin, sent.verdict != "failed")
 
 
-def stage_rows(job: JobView, record: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+def stage_rows(job: JobView) -> list[dict[str, Any]]:
     """The stages of a job for people (``jobs show``): the committed ones from the
     log, then the current one with the record's state and attempt."""
     rows: list[dict[str, Any]] = [
@@ -378,20 +377,16 @@ def stage_rows(job: JobView, record: Mapping[str, Any] | None = None) -> list[di
         for e in stage_log(job)
     ]
     if job.stage is not None:
-        current: dict[str, Any] = {
-            "stage": job.stage,
-            "state": job.state.value,
-            "attempts": job.attempt,
-            "token": job.token,
-            "duration": None,
-            "result": None,
-        }
-        if record is not None:
-            started, finished = record.get("started"), record.get("finished")
-            if isinstance(started, (int, float)) and isinstance(finished, (int, float)):
-                current["duration"] = round(finished - started, 3)
-            current["result"] = record.get("result")
-        rows.append(current)
+        rows.append(
+            {
+                "stage": job.stage,
+                "state": job.state.value,
+                "attempts": job.attempt,
+                "token": job.token,
+                "duration": None,
+                "result": None,
+            }
+        )
     return rows
 
 
