@@ -271,7 +271,7 @@ def _unstaged(ctx: Any, plan: Any) -> Any:
     # submitted without it cannot tell its first step's class.
     raise PermanentError(
         f"planned job {ctx.job_id!r} was submitted without its stage: submit it with "
-        "Producer(settings, app) (or `sqs-lease jobs submit APP ...`)",
+        "Producer(settings, app) (or `sqs-lease submit CLASS --app MODULE:OBJECT`)",
         code="plan_without_stage",
     )
 
