@@ -38,7 +38,9 @@ from sqs_lease import (  # noqa: E402
     create_queue,
     create_tables,
 )
+from sqs_lease._core.stages import stage_rows  # noqa: E402
 from sqs_lease._local import spawn_local_server, stop_local_server  # noqa: E402
+from sqs_lease._schema import view_of  # noqa: E402
 from sqs_lease.receiver import create_receiver_tables  # noqa: E402
 from sqs_lease.testing import read_journal  # noqa: E402
 
@@ -142,6 +144,20 @@ def scan_states(settings: Settings) -> dict[str, dict[str, Any]]:
     return rows
 
 
+def staged_jobs(settings: Settings) -> dict[str, list[str]]:
+    """Each staged job's stages as ``jobs show`` lists them: ``stage (state, token)``."""
+    ddb = boto3.client("dynamodb", endpoint_url=settings.endpoint_url, region_name=settings.region)
+    out: dict[str, list[str]] = {}
+    for page in ddb.get_paginator("scan").paginate(TableName=settings.jobs_table):
+        for item in page["Items"]:
+            view = view_of(item)
+            if view.stage is not None:
+                out[view.job_id] = [
+                    f"{r['stage']} ({r['state']}, token {r['token']})" for r in stage_rows(view)
+                ]
+    return dict(sorted(out.items()))
+
+
 def workload() -> list[tuple[str, dict[str, Any], str]]:
     jobs: list[tuple[str, dict[str, Any], str]] = []
     for i in range(1, 26):
@@ -165,6 +181,10 @@ def workload() -> list[tuple[str, dict[str, Any], str]]:
                 },
                 f"charge-INV-{1000 + i}",
             )
+        )
+    for i in range(1, 3):
+        jobs.append(
+            ("report_export", {"report": f"quarterly-{i}", "months": 3 * i}, f"report-export-{i}")
         )
     for i in range(1, 5):
         jobs.append(
@@ -415,6 +435,9 @@ def main() -> int:
             f"({len(session_lost)} running ones lost their leases at a heartbeat); "
             f"a new submit to it refused: {bool(extra['refused'])}"
         )
+        staged = staged_jobs(settings)
+        for job_id, stages in staged.items():
+            say(f"  staged {job_id}: {' -> '.join(stages)}")
         say(f"  journals:               {WORK}/worker-*.journal.jsonl")
         ok = (
             duplicates == 0
@@ -427,6 +450,7 @@ def main() -> int:
             and browsers <= 2
             and session_cancelled == len(session)
             and bool(extra["refused"])
+            and all(len(s) == 3 and "succeeded" in s[-1] for s in staged.values())
         )
         # A job another worker took over; one whose late commit was refused first.
         refused = {e["job_id"] for e in journal if e["event"] == "result_rejected"}

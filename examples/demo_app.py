@@ -1,4 +1,4 @@
-"""The demo's job app: six classes with different leases.
+"""The demo's job app: seven classes with different leases.
 
 - ``ocr``: short calls (lease 6 s), pure computation, no side effect.
 - ``export``: slower calls (lease 10 s) that sometimes fail transiently.
@@ -11,6 +11,8 @@
   worker holds them; the rest wait without spending an attempt.
 - ``agent_step``: one step of an agent session (submitted with a group); it
   thinks until its session is cancelled (``sqs-lease jobs cancel --group``).
+- ``report_export``: a job of three stages (fetch -> render -> publish), each
+  with its own class and checkpoint (docs/stages.md).
 
 Run workers for it with ``sqs-lease worker examples.demo_app:app``.
 """
@@ -31,6 +33,7 @@ from sqs_lease import (
     EffectCall,
     IntentView,
     JobContext,
+    NextStage,
     ToolOutcomeUnknown,
     ToolResult,
     TransientError,
@@ -220,3 +223,50 @@ def agent_step(ctx: JobContext[Any], p: AgentStep) -> dict[str, Any]:
     for _ in range(600):  # thinks for up to a minute; a cancel stops it at once
         ctx.wait(0.1)
     return {"step": p.step}
+
+
+class ReportExport(BaseModel):
+    report: str
+    months: int = Field(ge=1, le=24)
+
+
+class Rendered(BaseModel):
+    rows_key: str
+    rows: int
+
+
+report_export = app.staged(
+    "report_export",
+    payload=ReportExport,
+    lease_seconds=6,
+    heartbeat_seconds=1.5,
+    jitter_seconds=1.0,
+    missed_heartbeats=3,
+    max_attempts=4,
+    backoff_base_seconds=1.0,
+    backoff_max_seconds=3.0,
+)
+"""A multi-stage job: fetch the months' rows, render the report, publish it. Each
+stage is its own checkpoint; a worker that dies in a stage redoes only that one."""
+
+
+@report_export.stage("fetch")
+def report_fetch(ctx: JobContext[Any], p: ReportExport) -> NextStage:
+    rows = 0
+    for _ in range(p.months):
+        ctx.wait(0.1)  # one month's rows (raises once the attempt must stop)
+        rows += 120
+    # The rows would go to S3; the stage's input and checkpoint carry a reference.
+    return NextStage("render", Rendered(rows_key=f"s3://reports/{p.report}/rows", rows=rows))
+
+
+@report_export.stage("render", payload=Rendered, lease_seconds=10, heartbeat_seconds=2.0)
+def report_render(ctx: JobContext[Any], p: Rendered) -> NextStage:
+    ctx.wait(0.3)
+    return NextStage("publish", {"pdf_key": p.rows_key.replace("/rows", ".pdf")})
+
+
+@report_export.stage("publish")
+def report_publish(ctx: JobContext[Any], p: dict[str, Any]) -> dict[str, Any]:
+    rows = ctx.results["fetch"]["rows"]  # fetch left its rendered input as its checkpoint
+    return {"url": p["pdf_key"].replace("s3://", "https://"), "rows": rows}
