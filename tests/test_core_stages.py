@@ -5,6 +5,7 @@ next message, delete; each stage has its own rules; bad continuations fail the j
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import replace
 from typing import Any
@@ -23,6 +24,7 @@ from test_core_attempt import MONO, WALL, Rules, Shell
 
 from sqs_lease._core.attempt import HandlerRun, attempt_flow
 from sqs_lease._core.calls import ErrorKind, Outcome
+from sqs_lease._core.fifo import message_group_id
 from sqs_lease._core.flows import Delivery, FinishOutcome, message_body, parse_message
 from sqs_lease._core.records import JobState
 from sqs_lease._core.stages import (
@@ -32,6 +34,7 @@ from sqs_lease._core.stages import (
     continuation_send_id,
     stage_results,
 )
+from sqs_lease._core.timeline import TimelineKind, decode
 from sqs_lease._errors import PayloadError
 from sqs_lease._schema import view_of
 
@@ -110,6 +113,57 @@ def test_a_stage_ending_checkpoints_fenced_then_sends_the_next_stage_then_delete
     done = s.event("stage_committed")
     assert (done["stage"], done["next_stage"], done["token"]) == ("fetch", "render", 5)
     assert shell.counts == Counter(claimed=1, committed=1)
+
+
+def _fetch_ends(run: HandlerRun) -> Any:
+    return NextStage("render", {"rows_key": "s3://b/rows"}, result={"rows": 3})
+
+
+def _after_claim() -> list[Outcome]:
+    """CMV, checkpoint, next stage's message, marked sent, delete."""
+    return [ok(sent_at=MONO), ok(), ok({"MessageId": "m-2"}), ok(), ok()]
+
+
+def test_a_stage_checkpoint_appends_a_stage_done_event_to_the_timeline_in_the_same_write() -> None:
+    shell = _staged_shell(_fetch_ends)
+    s = _run(shell, [_claimed(), *_after_claim()], _staged_delivery())
+    checkpoint = s.calls[2].params
+    assert_fenced(checkpoint, token=5)
+    appended = update_sets(checkpoint)["timeline"]
+    (text,) = re.findall(r"'(\{[^']*\})'", appended)
+    ev = decode(text)
+    assert ev is not None
+    assert (ev.kind, ev.stage, ev.token, ev.owner) == (
+        TimelineKind.STAGE_DONE,
+        "fetch",
+        5,
+        shell.env.worker_id,
+    )
+    assert ev.detail == "next: render"
+
+
+def test_on_a_fifo_queue_the_next_stage_is_sent_in_the_jobs_group_deduplicated_by_its_send_id() -> (
+    None
+):
+    shell = _staged_shell(_fetch_ends)
+    shell.env.queue_url = "https://sqs.test/123/work.fifo"
+    s = _run(shell, [_claimed(group_id="agent-7"), *_after_claim()], _staged_delivery())
+    send = s.calls[3]
+    assert send.op == "SendMessage" and send.params["QueueUrl"].endswith(".fifo")
+    assert send.params["MessageGroupId"] == message_group_id("job-1", "agent-7")
+    assert send.params["MessageDeduplicationId"] == continuation_send_id(5, "render")
+
+
+def test_the_next_stage_goes_to_the_queue_the_stage_came_from_and_that_message_is_deleted() -> None:
+    shell = _staged_shell(_fetch_ends)
+    interactive = "https://sqs.test/123/work-interactive"
+    item = replace(_staged_delivery(), queue_url=interactive)
+    s = _run(shell, [_claimed(), *_after_claim()], item)
+    assert [(c.op, c.params.get("QueueUrl")) for c in s.calls if c.service == "sqs"] == [
+        ("ChangeMessageVisibility", interactive),
+        ("SendMessage", interactive),  # the job keeps its priority
+        ("DeleteMessage", interactive),
+    ]
 
 
 def test_a_later_stage_runs_on_its_input_with_its_own_class_and_reads_earlier_results() -> None:

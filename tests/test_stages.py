@@ -38,6 +38,7 @@ from worker_helpers import (
 from examples.receiver_service import create_ledger_table, serve
 from sqs_lease import App, JobContext, NextStage, Producer, Settings, Worker
 from sqs_lease._core.stages import stage_log
+from sqs_lease._timeline_view import timeline_of
 from sqs_lease.receiver import create_receiver_tables
 
 if TYPE_CHECKING:
@@ -115,6 +116,33 @@ def test_a_staged_job_runs_each_stage_once_in_order_with_a_rising_token(
     as_json = json.loads(_cli(settings, "jobs", "show", job_id, "--json").output)
     assert [r["stage"] for r in as_json["stages"]] == ["fetch", "render", "publish"]
     assert "stage_input" not in as_json  # shown as the stages, not as raw JSON
+
+
+def test_a_staged_jobs_timeline_shows_each_stage_ending_between_its_claims(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = _report_app([])
+    job_id = Producer(settings, app).submit("report", Order(order="o-2")).job_id
+    worker = Shell(app, settings, worker_id="w", receive_wait=1)
+    with collect_journal() as journal, running(worker):
+        journal.wait_for("result_committed", job_id=job_id, timeout=30)
+    item = read_item(ddb_client, settings, job_id)
+    assert item is not None
+    tl = timeline_of(item)
+    assert [(ev.kind.value, ev.stage, ev.token) for ev in tl.events] == [
+        ("submitted", None, 0),
+        ("claimed", None, 1),
+        ("stage_done", "fetch", 1),
+        ("claimed", None, 2),
+        ("stage_done", "render", 2),
+        ("claimed", None, 3),
+        ("committed", None, 3),
+    ]
+    shown = _cli(settings, "jobs", "timeline", job_id)
+    assert shown.exit_code == 0, shown.output
+    assert "stage fetch done: next: render" in shown.output
+    assert "stage render done: next: publish" in shown.output
 
 
 def test_a_stage_that_overruns_its_budget_is_stopped_with_a_reason_not_kept_alive(
