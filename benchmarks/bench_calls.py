@@ -6,9 +6,11 @@ the queue never holds more than ``depth`` messages: moto's receive scans the
 whole queue, and a deep queue would measure moto. Every call the worker makes
 is counted by op (the library's drivers, subclassed to count).
 
-Floor per job (DESIGN.md section 5): receive/10 + claim + CMV (set the lease) +
-commit + delete/10 + heartbeats x (1/10 CMV batch + 1/100 BatchGetItem), plus
-the advisory lease write about twice per lease.
+Floor per job (DESIGN.md section 5): receive/10 + claim + commit + delete/10 (the
+receive's own VisibilityTimeout is the first lease) + heartbeats x (1/10 CMV batch
++ 1/100 BatchGetItem). The advisory lease write (about twice per lease) is not in
+the floor: one liveness write per worker per round is to replace it (issue 12
+item 4), so it shows as the excess it is.
 """
 
 from __future__ import annotations
@@ -118,7 +120,8 @@ def _pass(
     table_ = JobTable(settings.jobs_table)
 
     def deleted() -> int:
-        return tally.count("DeleteMessage")
+        with tally.lock:
+            return tally.calls["DeleteMessage"] + tally.entries["DeleteMessageBatch"]
 
     def submit_wave(first: int, count: int) -> None:
         ids = [f"c{i:05d}" for i in range(first, first + count)]
@@ -196,6 +199,8 @@ def _summary(
         "cmv_batch_fill": tally.entries["ChangeMessageVisibilityBatch"]
         / max(1, tally.calls["ChangeMessageVisibilityBatch"]),
         "batch_get_fill": reads / max(1, tally.calls["BatchGetItem"]),
+        "delete_batch_fill": tally.entries["DeleteMessageBatch"]
+        / max(1, tally.calls["DeleteMessageBatch"]),
         "messages_per_receive": tally.entries["ReceiveMessage"]
         / max(1, tally.calls["ReceiveMessage"]),
         "advisories_per_job": tally.calls["UpdateItem(advise)"] / n_jobs,
@@ -237,12 +242,10 @@ def run(quick: bool) -> dict[str, Any]:
     floor_ops = {
         "ReceiveMessage": 1 / 10,
         "UpdateItem(claim)": 1.0,
-        "ChangeMessageVisibility": 1.0,
         "UpdateItem(commit)": 1.0,
-        "DeleteMessage": 1 / 10,
+        "DeleteMessageBatch": 1 / 10,
         "ChangeMessageVisibilityBatch": k / 10,
         "BatchGetItem": k / 100,
-        "UpdateItem(advise)": float(adv_expected),
     }
     floor = sum(floor_ops.values())
     app = _app(duration)
@@ -312,7 +315,10 @@ def render(r: dict[str, Any]) -> str:
             f"messages per receive: {fmt(b['messages_per_receive'], 1)} batched, "
             f"{fmt(t['messages_per_receive'], 1)} one by one"
         ),
-        "DeleteMessage": "one DeleteMessage per job, right after its commit (not batched)",
+        "DeleteMessageBatch": (
+            f"ended jobs' messages, {fmt(b['delete_batch_fill'], 1)} / "
+            f"{fmt(t['delete_batch_fill'], 1)} per batch"
+        ),
         "ChangeMessageVisibilityBatch": (
             f"{fmt(b['heartbeats_per_job'])} beats/job; entries per batch: "
             f"{fmt(b['cmv_batch_fill'], 1)} / {fmt(t['cmv_batch_fill'], 1)}"
@@ -320,7 +326,8 @@ def render(r: dict[str, Any]) -> str:
         "BatchGetItem": (
             f"keys per call: {fmt(b['batch_get_fill'], 1)} / {fmt(t['batch_get_fill'], 1)}"
         ),
-        "UpdateItem(advise)": "advisory lease fields, one per lease/2 of handler time",
+        "UpdateItem(advise)": "advisory lease fields, one per lease/2 of handler time: "
+        "not in the floor (one liveness write per worker per round is to replace it)",
         "ReceiveMessage(empty)": "idle long polls (between waves); not in the total",
     }
     labels = sorted(set(b["calls_by_op_per_job"]) | set(t["calls_by_op_per_job"]) | set(floor))

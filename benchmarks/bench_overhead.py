@@ -6,11 +6,14 @@ The same N messages (handler duration 0, the same concurrency) go through:
 - ``powertools``: the same loop, each handler wrapped in Powertools for AWS
   Lambda's ``idempotent_function`` with its ``DynamoDBPersistenceLayer`` (what an
   idempotent SQS-triggered Lambda does per record), when the package is installed;
-- ``raw calls``: the same loop making, per message, exactly the calls the worker
-  makes (UpdateItem claim, ChangeMessageVisibility, UpdateItem commit,
-  DeleteMessage) with plain boto3 and no logic: moto's own throughput for the
-  worker's calls, the baseline that tells whether moto or the worker is the limit;
-- ``sqs-lease``: a real threaded ``Worker``.
+- ``fenced loop``: the minimal fenced loop, the protocol's floor made by hand: the
+  same loop making, per message, the conditional claim (UpdateItem, token + 1) and
+  the fenced commit (UpdateItem on that token), with plain boto3 and no logic, and
+  one DeleteMessageBatch per receive (2.2 requests per job): moto's own throughput
+  for the calls the protocol needs, the baseline that tells whether moto or the
+  worker is the limit;
+- ``sqs-lease``: a real threaded ``Worker``;
+- ``sqs-lease async``: a real ``AsyncWorker`` (the same plain handler, in its pool).
 
 A feeder keeps every queue at the same depth (SendMessageBatch, its calls not
 counted), so moto's queue scans cost the same for everyone. Contenders run
@@ -48,7 +51,9 @@ from benchmarks.bench_common import (
     table,
     wait_until,
 )
-from sqs_lease import App, Journal, Settings, Worker
+from sqs_lease import App, AsyncWorker, Journal, Settings, Worker
+from sqs_lease._aio import AsyncDriver
+from sqs_lease._core.calls import Call, Outcome
 from sqs_lease._jobs import JobContext
 from sqs_lease._schema import JobTable
 
@@ -58,7 +63,8 @@ TITLE = "2. Overhead vs a bare boto3 loop (and Powertools idempotency), same run
 JOB_CLASS = "bench.overhead"
 LEASE = 30
 RAW_WORKER = "bench-raw"
-CONTENDERS = ("bare", "powertools", "raw calls", "sqs-lease")
+CONTENDERS = ("bare", "powertools", "fenced loop", "sqs-lease", "sqs-lease async")
+WORKERS = ("sqs-lease", "sqs-lease async")
 
 
 class OverheadPayload(BaseModel):
@@ -133,7 +139,7 @@ def _loop_contender(
     kind: str,
     pt: Any,
 ) -> Run:
-    """bare / powertools / raw calls: receive 10, handle on the pool, delete."""
+    """bare / powertools / fenced loop: receive 10, handle on the pool, delete."""
     sqs, ddb = raw_clients(settings)
     feed_sqs, _ = raw_clients(settings)
     calls: Counter[str] = Counter()
@@ -165,11 +171,7 @@ def _loop_contender(
             )
             old = ddb.update_item(**claim.params)
             token = int(old["Attributes"]["token"]["N"]) + 1
-            sqs.change_message_visibility(
-                QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=LEASE
-            )
             ddb.update_item(**jobs.commit(job_id, token, RAW_WORKER, "{}", now).params)
-            sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
 
     done = 0
     with lock:
@@ -190,11 +192,11 @@ def _loop_contender(
                 list(pool.map(per_message, records))
             else:
                 list(pool.map(per_message, msgs))
-            if kind != "raw calls":
-                entries = [
-                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(msgs)
-                ]
-                sqs.delete_message_batch(QueueUrl=url, Entries=entries)
+            # Every loop deletes a receive's messages in one batch.
+            entries = [
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(msgs)
+            ]
+            sqs.delete_message_batch(QueueUrl=url, Entries=entries)
             done += len(msgs)
     feeder.stop()
     if done < len(bodies):
@@ -202,31 +204,75 @@ def _loop_contender(
     return Run(kind, done, window.wall, window.moto_cpu, window.client_cpu, calls, feeder.max_depth)
 
 
+def _counting_async(calls: Counter[str], lock: threading.Lock) -> Callable[[], None]:
+    """Count the async driver's calls by op (its clients are made inside ``serve``)."""
+    execute = AsyncDriver.execute
+
+    async def counted(driver: AsyncDriver, c: Call) -> Outcome:
+        with lock:
+            calls[c.op] += 1
+        return await execute(driver, c)
+
+    AsyncDriver.execute = counted  # type: ignore[method-assign,assignment]
+
+    def undo() -> None:
+        AsyncDriver.execute = execute  # type: ignore[method-assign]
+
+    return undo
+
+
 def _worker_contender(
-    moto: Moto, settings: Settings, url: str, bodies: list[str], concurrency: int, depth: int
+    moto: Moto,
+    settings: Settings,
+    url: str,
+    bodies: list[str],
+    concurrency: int,
+    depth: int,
+    kind: str,
 ) -> Run:
-    worker = Worker(_app(), settings, concurrency=concurrency, receive_wait=1, journal=Journal())
-    feed_sqs, _ = raw_clients(settings)
+    worker: Worker | AsyncWorker
     calls: Counter[str] = Counter()
     lock = threading.Lock()
-    for drv in (worker.driver, worker.poll_driver):
-        for client in drv.clients.values():
-            count_client_calls(client, calls, lock)
+    undo: Callable[[], None] = lambda: None  # noqa: E731
+    if kind == "sqs-lease":
+        worker = Worker(
+            _app(), settings, concurrency=concurrency, receive_wait=1, journal=Journal()
+        )
+        for drv in (worker.driver, worker.poll_driver):
+            for client in drv.clients.values():
+                count_client_calls(client, calls, lock)
+    else:
+        worker = AsyncWorker(
+            _app(),
+            settings,
+            concurrency=concurrency,
+            threads=concurrency,
+            receive_wait=1,
+            journal=Journal(),
+        )
+        undo = _counting_async(calls, lock)
+    feed_sqs, _ = raw_clients(settings)
 
     def committed() -> int:
         return worker.stats.committed
 
     feeder = Feeder(feed_sqs, url, bodies, depth, committed)
     thread = threading.Thread(target=worker.run, name="bench-worker", daemon=True)
+    # Started before the window: the async worker makes its clients as it starts
+    # (the thread worker made them in its constructor); a start is not per job.
+    thread.start()
+    if isinstance(worker, AsyncWorker):
+        wait_until(lambda: worker._driver is not None, 60, "the async worker started")
+    time.sleep(0.5)
     with CpuWindow(moto) as window:
-        thread.start()
         feeder.start()
         wait_until(lambda: committed() >= len(bodies), 300, "sqs-lease: all jobs committed")
     feeder.stop()
     worker.stop()
     thread.join(timeout=30)
+    undo()
     return Run(
-        "sqs-lease",
+        kind,
         committed(),
         window.wall,
         window.moto_cpu,
@@ -239,7 +285,7 @@ def _worker_contender(
 def _one(moto: Moto, kind: str, n: int, concurrency: int, depth: int, pt: Any) -> Run:
     settings, url = fresh_settings(moto.endpoint, "ovh")
     ids = [f"o{i:05d}" for i in range(n)]
-    if kind in ("raw calls", "sqs-lease"):
+    if kind in ("fenced loop", *WORKERS):
         _sqs, ddb = raw_clients(settings)
         jobs = JobTable(settings.jobs_table)
         put_items(
@@ -248,8 +294,8 @@ def _one(moto: Moto, kind: str, n: int, concurrency: int, depth: int, pt: Any) -
             [job_item(jobs, j, JOB_CLASS, {"n": i}) for i, j in enumerate(ids)],
         )
     bodies = job_bodies(ids, JOB_CLASS)
-    if kind == "sqs-lease":
-        return _worker_contender(moto, settings, url, bodies, concurrency, depth)
+    if kind in WORKERS:
+        return _worker_contender(moto, settings, url, bodies, concurrency, depth, kind)
     return _loop_contender(moto, settings, url, bodies, concurrency, depth, kind, pt)
 
 
@@ -286,15 +332,17 @@ def run(quick: bool) -> dict[str, Any]:
             "max_depth": best.max_depth,
         }
     c = out["contenders"]
-    worker = c["sqs-lease"]
     out["ratios"] = {
-        kind: {
-            "throughput": ratio(worker["jobs_per_second"], c[kind]["jobs_per_second"]),
-            "calls": ratio(worker["calls_per_job"], c[kind]["calls_per_job"]),
-            "moto_cpu": ratio(worker["moto_cpu_ms_per_job"], c[kind]["moto_cpu_ms_per_job"]),
+        w: {
+            kind: {
+                "throughput": ratio(c[w]["jobs_per_second"], c[kind]["jobs_per_second"]),
+                "calls": ratio(c[w]["calls_per_job"], c[kind]["calls_per_job"]),
+                "moto_cpu": ratio(c[w]["moto_cpu_ms_per_job"], c[kind]["moto_cpu_ms_per_job"]),
+            }
+            for kind in contenders
+            if kind not in WORKERS
         }
-        for kind in contenders
-        if kind != "sqs-lease"
+        for w in WORKERS
     }
     return out
 
@@ -305,18 +353,21 @@ def render(r: dict[str, Any]) -> str:
     desc = {
         "bare": "receive 10, handlers, DeleteMessageBatch",
         "powertools": "bare + `idempotent_function` (DynamoDB persistence) per message",
-        "raw calls": "bare loop making the worker's calls per message, no logic (moto's pace)",
-        "sqs-lease": "threaded `Worker`: claim, lease, fenced commit, delete",
+        "fenced loop": "bare + conditional claim and fenced commit per message, no logic "
+        "(the protocol's floor, 2.2 requests per job)",
+        "sqs-lease": "threaded `Worker`: claim, lease, fenced commit, batched delete",
+        "sqs-lease async": "`AsyncWorker`, the same plain handler in its pool",
     }
     rows: list[list[Any]] = []
     for kind, v in c.items():
-        rt = r["ratios"].get(kind)
+        rt = r["ratios"]["sqs-lease"].get(kind)
+        rta = r["ratios"]["sqs-lease async"].get(kind)
         rows.append(
             [
                 f"{kind}: {desc[kind]}",
                 v["jobs_per_second"],
                 " / ".join(fmt(x, 1) for x in v["jobs_per_second_all"]),
-                "1.00" if rt is None else fmt(rt["throughput"]),
+                "-" if rt is None else f"{fmt(rt['throughput'])} / {fmt(rta['throughput'])}",
                 v["calls_per_job"],
                 v["moto_cpu_ms_per_job"],
                 f"{fmt(100 * v['moto_busy'], 0)}%",
@@ -327,26 +378,21 @@ def render(r: dict[str, Any]) -> str:
         f"{kind}: " + ", ".join(f"{k} {fmt(n)}" for k, n in v["calls_by_op_per_job"].items())
         for kind, v in c.items()
     )
-    raw = r["ratios"].get("raw calls")
-    bare = r["ratios"].get("bare")
-    verdict = ""
-    if raw is not None and bare is not None:
-        verdict = (
-            f"The worker runs at **{fmt(bare['throughput'])} x the bare loop's throughput** "
-            f"and **{fmt(raw['throughput'])} x that of its own calls made raw** "
-            f"(moto CPU per job: {fmt(bare['moto_cpu'])} x bare, {fmt(raw['moto_cpu'])} x raw). "
-            + (
-                "Against the raw replay of the same calls it loses little: **moto is the limit "
-                'here** (it is "busy" below 100% only because it shares 2 cores with the '
-                "client and other jobs), and the gap to the bare loop is the protocol's extra "
-                "calls "
-                f"({fmt(c['sqs-lease']['calls_per_job'])} vs {fmt(c['bare']['calls_per_job'])} "
-                "per job), not the worker's shell."
-                if raw["throughput"] >= 0.8
-                else "The worker is well below its own calls made raw: its shell (thread per "
-                "job, heartbeat thread, flows, journal) costs more than moto here."
+    lines: list[str] = []
+    for w, label in (("sqs-lease", "thread worker"), ("sqs-lease async", "async worker")):
+        rs = r["ratios"][w]
+        parts = [
+            f"**{fmt(rs[k]['throughput'])} x {k}**"
+            for k in ("powertools", "fenced loop")
+            if k in rs
+        ]
+        if parts:
+            lines.append(
+                f"The {label} runs at {' and '.join(parts)} (throughput; requests per job "
+                f"{fmt(c[w]['calls_per_job'])} vs the fenced loop's "
+                f"{fmt(c['fenced loop']['calls_per_job'])})."
             )
-        )
+    verdict = " ".join(lines)
     pt_line = (
         f"Powertools: {r['powertools']}, installed into .venv by hand: it is not a project "
         "dependency, so on a fresh .venv this row is left out and the reason printed here."
@@ -364,7 +410,7 @@ def render(r: dict[str, Any]) -> str:
                     "contender",
                     "jobs/s",
                     "all runs",
-                    "sqs-lease ÷ this",
+                    "sqs-lease ÷ this (thread / async)",
                     "calls/job",
                     "moto CPU ms/job",
                     "moto busy",

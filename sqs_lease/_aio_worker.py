@@ -44,6 +44,7 @@ from ._core.attempt import (
     HandlerRun,
     attempt_flow,
     first_sweep_wait,
+    flush_deletes_flow,
     heartbeat_tick_flow,
     held_effect_flow,
     release_unstarted_flow,
@@ -179,6 +180,8 @@ class AsyncWorker(ShellBase):
             new_signal=_Stop,
         )
         self._tasks: set[asyncio.Task[None]] = set()
+        self._jobs = 0  # attempt tasks started and not yet through their attempt
+        self._slot_freed: asyncio.Event | None = None  # made on the loop, by serve()
         self._step: _Step | None = None  # the job step running on the loop now
         self._step_lock = threading.Lock()
         self._watch_stop = threading.Event()
@@ -230,12 +233,17 @@ class AsyncWorker(ShellBase):
                 if self.sweep_interval is not None
                 else None
             )
+            deleter = asyncio.create_task(self._delete_loop(), name="deletes")
             watch.start()
             try:
                 await self._receive_loop(poll, max_messages, idle_exit)
             finally:
                 await self._shutdown()
                 self._stopping.set()
+                deleter.cancel()
+                await asyncio.gather(deleter, return_exceptions=True)
+                # Every finished job's message is deleted before the worker stops.
+                await self._run(flush_deletes_flow(self.env, force=True))
                 with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                     await asyncio.wait_for(beat, 5.0)
                 if sweep is not None:
@@ -252,11 +260,15 @@ class AsyncWorker(ShellBase):
         self, poll: AsyncDriver, max_messages: int | None, idle_exit: float | None
     ) -> None:
         self._idle_since = self._clock()
-        while (
-            want := self._receive_more(self.concurrency - len(self._tasks), max_messages)
-        ) is not None:
+        freed = self._slot_freed = asyncio.Event()
+        while True:
+            freed.clear()
+            want = self._receive_more(self._free_slots(), max_messages)
+            if want is None:
+                break
             if want == 0:
-                await asyncio.sleep(self.tick)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(freed.wait(), self.tick)
                 continue
             batch = await poll.run(self._receive_call(want))
             if self._idle_over(bool(batch or len(self.book) or self._tasks), idle_exit):
@@ -266,10 +278,11 @@ class AsyncWorker(ShellBase):
                 if self._stopping.is_set():
                     await self._run(release_unstarted_flow(self.env, item))
                     continue
+                self._jobs += 1
                 self._spawn(self._observed(getattr(item, "job_id", None), self._attempt(item)))
 
     def _free_slots(self) -> int:
-        return self.concurrency - len(self._tasks)
+        return self.concurrency - self._jobs
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -304,7 +317,22 @@ class AsyncWorker(ShellBase):
     # ----------------------------------------------------------------- one job
 
     async def _attempt(self, item: Delivery | Poison) -> None:
-        await self._run(attempt_flow(self.env, item))
+        try:
+            await self._run(attempt_flow(self.env, item))
+        finally:
+            self._jobs -= 1
+            if self._slot_freed is not None:
+                self._slot_freed.set()
+
+    async def _delete_loop(self) -> None:
+        """Send the deletes that waited their window (full batches go at once, from
+        the attempt that filled them)."""
+        while True:
+            await asyncio.sleep(self.deletes.window / 2)
+            try:
+                await self._run(flush_deletes_flow(self.env))
+            except Exception as exc:  # the driver's own failure: the task survives it
+                self.journal("message_delete_failed", error_code=type(exc).__name__)
 
     def _run_handler(self, run: HandlerRun) -> Coroutine[Any, Any, Any]:
         """``Invoke("handler")``: the driver awaits what this returns."""

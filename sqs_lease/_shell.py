@@ -24,9 +24,11 @@ from typing import Any
 from ._aws import CallObserver, Timeouts
 from ._clock import lease_clock
 from ._config import Settings
-from ._core.attempt import AttemptEnv, HandlerRun, Now, SlotEnv, redrive_rules
+from ._core.attempt import AttemptEnv, HandlerRun, Now, SlotEnv, receive_size, redrive_rules
 from ._core.calls import Flow
-from ._core.flows import Delivery, Poison
+from ._core.deletes import DeleteBatch
+from ._core.fifo import is_fifo
+from ._core.flows import SQS_BATCH, Delivery, Poison
 from ._core.leasebook import LeaseBook, Signal
 from ._core.priority import receive_prioritized_flow
 from ._core.stages import stage_results
@@ -235,6 +237,9 @@ class ShellBase:
             (c.lease_seconds, c.heartbeat_seconds, c.jitter_seconds) for c in classes
         )
         self.book = LeaseBook(self._lock, pace=Pace(budget))
+        # Ended jobs' messages, deleted 10 per call (the shell's flusher sends the
+        # rest once they waited the window, and all of them at stop).
+        self.deletes = DeleteBatch(lock=threading.Lock())
         self.env = AttemptEnv(
             table=self.table,
             intents=self.intents,
@@ -253,6 +258,7 @@ class ShellBase:
             slots=slot_env(app, settings),
             stage_rules_of=self._stage_rules_of,
             first_stage_of=self._first_stage_of,
+            deletes=self.deletes,
         )
         self._stopping = threading.Event()
         # Watchers of the receive loop's calls (the container entry point's lost-AWS
@@ -260,6 +266,7 @@ class ShellBase:
         self.receive_observers: list[CallObserver] = []
         self._saved_signals: dict[int, Any] = {}
         self._idle_since = 0.0  # set as the receive loop starts
+        self._short_since: float | None = None  # a slot free, but not a full receive's
 
     def _run_handler(self, run: HandlerRun) -> Any:  # pragma: no cover - every shell has one
         raise NotImplementedError
@@ -268,17 +275,27 @@ class ShellBase:
 
     def _receive_more(self, free: int, max_messages: int | None) -> int | None:
         """How many messages the receive loop asks for now (``free``: open slots):
-        None once it must end (stopping, or ``max_messages`` received), 0 while no
-        slot is free (wait a tick)."""
+        None once it must end (stopping, or ``max_messages`` received), 0 while it
+        waits for enough free slots (the core's ``receive_size``)."""
         if self._stopping.is_set():
             return None
         if max_messages is not None and self.stats.received >= max_messages:
             return None
         # Backpressure: no more than the heartbeat keeps on time (the core's pace).
         free = self.book.room(free)
+        left = None if max_messages is None else max_messages - self.stats.received
+        now = self._clock()
         if free <= 0:
-            return 0
-        return free if max_messages is None else min(free, max_messages - self.stats.received)
+            self._short_since = None
+        elif self._short_since is None:
+            self._short_since = now
+        waited = 0.0 if self._short_since is None else now - self._short_since
+        # A FIFO queue gives one message per receive: a free slot is a full batch.
+        batch = 1 if is_fifo(self.queue_url) else SQS_BATCH
+        want = receive_size(free, self.concurrency, left, waited, batch=batch)
+        if want:
+            self._short_since = None
+        return want
 
     def _receive_call(self, want: int) -> Flow[list[Delivery | Poison]]:
         self._receive_turn += 1

@@ -28,6 +28,7 @@ from ._core.attempt import (
     HandlerRun,
     attempt_flow,
     first_sweep_wait,
+    flush_deletes_flow,
     heartbeat_tick_flow,
     held_effect_flow,
     release_unstarted_flow,
@@ -121,11 +122,13 @@ class Worker(ShellBase):
             settings, self.journal, Timeouts(read=receive_wait + 5.0, attempts=1), clock=self._clock
         )
         self.poll_driver.observers = self.receive_observers
-        self._slots = threading.Semaphore(concurrency)
         self._threads: list[threading.Thread] = []
         # A heartbeat round's parts (100 leases each) run at once on a small pool.
         self._round_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.env.run_parallel = self._run_parallel
+        self._running = 0  # job threads started and not yet through their attempt
+        self._slot_freed = threading.Event()  # a job thread ended: the receive loop looks
+        self._deletes_done = threading.Event()
 
     # ----------------------------------------------------------------- running
 
@@ -153,11 +156,18 @@ class Worker(ShellBase):
         if self.sweep_interval is not None:
             sweep = threading.Thread(target=self._sweep_loop, name="sweep", daemon=True)
             sweep.start()
+        self._deletes_done.clear()
+        deleter = threading.Thread(target=self._delete_loop, name="deletes", daemon=True)
+        deleter.start()
         self._idle_since = self._clock()
         try:
-            while (want := self._receive_more(self._free_slots(), max_messages)) is not None:
+            while True:
+                self._slot_freed.clear()
+                want = self._receive_more(self._free_slots(), max_messages)
+                if want is None:
+                    break
                 if want == 0:
-                    self._stopping.wait(self.tick)
+                    self._slot_freed.wait(self.tick)
                     continue
                 batch = self.poll_driver.run(self._receive_call(want))
                 if self._idle_over(bool(batch or len(self.book) or self._alive()), idle_exit):
@@ -171,6 +181,8 @@ class Worker(ShellBase):
         finally:
             self._shutdown()
             self._stopping.set()
+            self._deletes_done.set()
+            deleter.join(timeout=5)
             beat.join(timeout=5)
             self._round_pool.shutdown(wait=False)
             if sweep is not None:
@@ -187,7 +199,7 @@ class Worker(ShellBase):
 
     def _free_slots(self) -> int:
         with self._lock:
-            return max(0, self.concurrency - sum(1 for t in self._threads if t.is_alive()))
+            return max(0, self.concurrency - self._running)
 
     def _start(self, item: Delivery | Poison) -> None:
         t = threading.Thread(
@@ -199,6 +211,7 @@ class Worker(ShellBase):
         with self._lock:
             self._threads = [x for x in self._threads if x.is_alive()]
             self._threads.append(t)
+            self._running += 1
         t.start()
 
     def _release_unstarted(self, item: Delivery | Poison) -> None:
@@ -217,11 +230,29 @@ class Worker(ShellBase):
         ending = self._clock() + SHUTDOWN_RELEASE_MARGIN / 2
         while not self._ending_over(ending):
             time.sleep(self.tick / 4)
+        # Every finished job's message is deleted before the worker stops (a worker
+        # killed first leaves them to their redelivery, deleted at the claim); after
+        # the ending attempts, whose deletes are queued as their end writes land.
+        self.driver.run(flush_deletes_flow(self.env, force=True))
 
     # ----------------------------------------------------------------- one job
 
     def _process(self, item: Delivery | Poison) -> None:
-        self.driver.run(attempt_flow(self.env, item))
+        try:
+            self.driver.run(attempt_flow(self.env, item))
+        finally:
+            with self._lock:
+                self._running -= 1
+            self._slot_freed.set()
+
+    def _delete_loop(self) -> None:
+        """Send the deletes that waited their window (full batches go at once, from
+        the job thread that filled them)."""
+        while not self._deletes_done.wait(self.deletes.window / 2):
+            try:
+                self.driver.run(flush_deletes_flow(self.env))
+            except Exception as exc:  # the driver's own failure: the thread survives it
+                self.journal("message_delete_failed", error_code=type(exc).__name__)
 
     def _run_handler(self, run: HandlerRun) -> Any:
         """``Invoke("handler")``, in the job's thread: build its context, call the handler."""

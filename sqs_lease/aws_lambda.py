@@ -102,6 +102,9 @@ class LambdaShell(Worker):
             tick=tick,
             sweep_interval=None,
         )
+        # Lambda deletes a record's message by not reporting it failed: the attempt
+        # must delete at once, where settled_flow sees it (no batching across records).
+        self.env.deletes = None
         self._warned = False
 
     def warn_timing(self, context: LambdaContext) -> None:

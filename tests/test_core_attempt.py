@@ -27,17 +27,21 @@ from core_harness import (
 )
 
 from sqs_lease._core.attempt import (
+    RECEIVE_FILL_WAIT,
     ActFor,
     AttemptEnv,
     HandlerRun,
     Now,
     attempt_flow,
+    flush_deletes_flow,
     heartbeat_round_flow,
+    receive_size,
     redrive_rules,
     result_json,
     shutdown_flow,
 )
 from sqs_lease._core.calls import Call, Flow, Invoke, Outcome
+from sqs_lease._core.deletes import DeleteBatch
 from sqs_lease._core.flows import (
     Delivery,
     Finish,
@@ -126,13 +130,15 @@ def _claimed(token: int = 4, attempt: int = 1, **kw: Any) -> Outcome:
             "Attributes": job_item(
                 state=JobState.QUEUED, owner=None, token=token, attempt=attempt, **kw
             )
-        }
+        },
+        sent_at=MONO,
+        received_at=MONO,
     )
 
 
 def _answers(*rest: Outcome) -> list[Outcome]:
-    """A claim that lands, its visibility change, then ``rest``."""
-    return [_claimed(), ok(sent_at=MONO), *rest]
+    """A claim that lands (the receive's lease kept: no visibility change), then ``rest``."""
+    return [_claimed(), *rest]
 
 
 def _run(shell: Shell, answers: list[Outcome], item: Delivery | Poison | None = None) -> Script:
@@ -158,10 +164,10 @@ def test_a_handler_that_returns_commits_its_result_fenced_and_forgets_the_lease(
 
     shell = Shell(handler)
     s = _run(shell, _answers(ok(), ok()))
-    assert _ops(s) == ["UpdateItem", "ChangeMessageVisibility", "UpdateItem", "DeleteMessage"]
+    assert _ops(s) == ["UpdateItem", "UpdateItem", "DeleteMessage"]  # claim, commit, delete
     assert s.result == Finish(FinishOutcome.DONE)  # type: ignore[attr-defined]
     assert seen[0].payload == {"page": 1} and seen[0].claim.token == 5
-    values = s.calls[2].params["ExpressionAttributeValues"].values()
+    values = s.calls[1].params["ExpressionAttributeValues"].values()
     assert {"S": '{"text":"ok"}'} in values  # the canonical JSON of what it returned
     assert shell.counts == Counter(claimed=1, committed=1)
     assert len(shell.book) == 0
@@ -188,9 +194,9 @@ def test_a_transient_error_retries_with_the_backoff_the_random_draw_gives() -> N
 
     shell = Shell(handler, rand=0.25)
     s = _run(shell, _answers(ok(), ok()))
-    assert _ops(s)[2:] == ["UpdateItem", "ChangeMessageVisibility"]  # attempt 2 of 3
+    assert _ops(s)[1:] == ["UpdateItem", "ChangeMessageVisibility"]  # attempt 2 of 3
     delay = backoff_delay(2, Rules.backoff_base_seconds, Rules.backoff_max_seconds, 0.25)
-    assert s.calls[3].params["VisibilityTimeout"] == delay
+    assert s.calls[2].params["VisibilityTimeout"] == delay
     assert shell.counts == Counter(claimed=1, retried=1)
     assert "invoke:random" in s.kinds
 
@@ -202,7 +208,7 @@ def test_an_unknown_tool_outcome_parks_the_job() -> None:
     shell = Shell(handler)
     s = _run(shell, _answers(ok(), ok()))
     assert shell.counts == Counter(claimed=1, parked=1)
-    assert "PARKED" in json.dumps(s.calls[2].params).upper()
+    assert "PARKED" in json.dumps(s.calls[1].params).upper()
 
 
 def test_a_permanent_error_fails_the_job() -> None:
@@ -211,15 +217,15 @@ def test_a_permanent_error_fails_the_job() -> None:
 
     shell = Shell(handler)
     s = _run(shell, _answers(ok(), ok()))
-    assert _ops(s)[2:] == ["UpdateItem", "DeleteMessage"]
+    assert _ops(s)[1:] == ["UpdateItem", "DeleteMessage"]
     assert shell.counts == Counter(claimed=1, failed=1)
-    assert "no_page" in json.dumps(s.calls[2].params)
+    assert "no_page" in json.dumps(s.calls[1].params)
 
 
 def test_a_result_that_is_not_json_fails_the_job_as_bad_result() -> None:
     shell = Shell(lambda run: {"when": object()})
     s = _run(shell, _answers(ok(), ok()))
-    assert "bad_result" in json.dumps(s.calls[2].params)
+    assert "bad_result" in json.dumps(s.calls[1].params)
     assert shell.counts == Counter(claimed=1, failed=1)
 
 
@@ -244,7 +250,7 @@ def test_an_invalid_payload_is_poisoned_and_failed_without_running_the_handler()
     s = _run(shell, _answers(ok(), ok()))
     assert ran == []
     assert s.event("message_poisoned")["error_code"] == "invalid_payload"
-    assert _ops(s)[2:] == ["UpdateItem", "DeleteMessage"]  # failed, fenced
+    assert _ops(s)[1:] == ["UpdateItem", "DeleteMessage"]  # failed, fenced
     assert shell.counts == Counter(claimed=1, poisoned=1)
     assert len(shell.book) == 0  # never held
 
@@ -266,7 +272,7 @@ def test_a_stop_told_during_the_handler_releases_the_job_and_spends_no_attempt()
 
     shell = Shell(handler)
     s = _run(shell, _answers(ok(), RELEASED))
-    assert _ops(s)[2:] == ["UpdateItem", "ChangeMessageVisibilityBatch"]  # back to queued
+    assert _ops(s)[1:] == ["UpdateItem", "ChangeMessageVisibilityBatch"]  # back to queued
     assert shell.counts == Counter(claimed=1, released=1)
     assert "partial" not in json.dumps([c.params for c in s.calls])  # never committed
     assert s.result is None  # type: ignore[attr-defined]
@@ -279,7 +285,7 @@ def test_a_result_returned_after_the_lease_was_lost_is_discarded_unwritten() -> 
 
     shell = Shell(handler)
     s = _run(shell, _answers())
-    assert _ops(s) == ["UpdateItem", "ChangeMessageVisibility"]  # nothing after the handler
+    assert _ops(s) == ["UpdateItem"]  # nothing after the handler
     ev = s.event("result_discarded")
     assert (ev["stop"], ev["error_code"]) == (Stop.LEASE_LOST.value, "result_discarded")
     assert shell.counts == Counter(claimed=1, lost=1)
@@ -298,10 +304,10 @@ def test_an_attempt_claimed_while_stopping_never_starts_its_handler() -> None:
 # ----------------------------------------------------------------------------- the book
 
 
-def _up_to_handler(shell: Shell) -> tuple[HandlerRun, Flow[Any]]:
+def _up_to_handler(shell: Shell, visibility: int = 30) -> tuple[HandlerRun, Flow[Any]]:
     """Drive an attempt until its handler would run; return that run (the lease held)
     and the suspended flow (keep it: a flow collected forgets its lease)."""
-    flow = attempt_flow(shell.env, delivery())
+    flow = attempt_flow(shell.env, delivery(visibility=visibility))
     answers = iter(_answers())
     instr = next(flow)
     while not (isinstance(instr, Invoke) and instr.what == "handler"):
@@ -319,7 +325,7 @@ def test_a_newer_own_claim_supersedes_the_held_attempt_of_the_same_job() -> None
     shell = Shell()
     run, _flow = _up_to_handler(shell)
     held = run.held  # the first attempt runs; a second claim lands
-    s2 = _run(shell, [_claimed(token=5), ok(sent_at=MONO), ok(), ok()])
+    s2 = _run(shell, [_claimed(token=5), ok(), ok()])
     assert held.lease.status is LeaseStatus.LOST and held.cancelled.is_set()
     assert s2.event("heartbeat_lost")["detected_by"] == "own_claim"
     assert shell.counts["own_claim_superseded"] == 1
@@ -328,7 +334,7 @@ def test_a_newer_own_claim_supersedes_the_held_attempt_of_the_same_job() -> None
 def test_the_watchdog_drop_retries_the_job_and_gives_the_lease_back() -> None:
     shell = Shell(lambda run: None)
     shell.rules.progress_timeout_seconds = 5.0
-    run, _flow = _up_to_handler(shell)
+    run, _flow = _up_to_handler(shell, visibility=60)  # the lease outlasts the 30 s
     held = run.held
     shell.mono = MONO + 30  # no progress for 30 s
     s = Script([ok(), ok()])
@@ -391,3 +397,142 @@ def test_key_retention_is_one_rule_for_the_effect_flow_and_the_operator(
     retention: float | None, first_started: float | None, now: float, why: Unprotected | None
 ) -> None:
     assert repeat_unprotected(retention, first_started, now) is why
+
+
+# ----------------------------------------------------------------------------- the floor
+
+
+def test_a_claim_keeps_the_receives_lease_and_its_first_beat_is_due_at_once_when_shorter() -> None:
+    seen: list[HandlerRun] = []
+    shell = Shell(lambda run: seen.append(run))
+    s = _run(shell, _answers(ok(), ok()))
+    assert "ChangeMessageVisibility" not in _ops(s)  # no visibility change per claim
+    lease = seen[0].held.lease
+    # The receive granted 30 s from before it was sent: the local lease counts from there.
+    assert lease.deadline == 1000.0 + 30
+    assert s.event("job_claimed")["lease_seconds"] == 30
+    # 30 s granted, the class wants 60: due at once (the round brings it to L).
+    assert lease.next_beat <= MONO
+    assert lease.stage_deadline == 1000.0 + Rules.stage_budget_seconds
+
+
+def test_a_receive_lease_as_long_as_the_class_lease_is_beaten_h_after_the_receive() -> None:
+    seen: list[HandlerRun] = []
+    shell = Shell(lambda run: seen.append(run))
+    _run(shell, _answers(ok(), ok()), delivery(visibility=60))
+    lease = seen[0].held.lease
+    assert lease.deadline == 1060.0
+    assert lease.next_beat == 1000.0 + Rules.heartbeat_seconds
+
+
+def test_a_message_whose_receive_lease_left_no_beat_reserve_gets_the_class_lease_at_claim() -> None:
+    seen: list[HandlerRun] = []
+    shell = Shell(lambda run: seen.append(run))
+    # It waited: the claim was answered 20 s after the receive, 10 s of 30 left,
+    # not more than H + J = 15 s: the claim sets L now, as before the floor.
+    late = ok(_claimed().response, sent_at=1019.0, received_at=1020.0)  # type: ignore[union-attr]
+    s = _run(shell, [late, ok(sent_at=1021.0), ok(), ok()])
+    assert _ops(s)[:2] == ["UpdateItem", "ChangeMessageVisibility"]
+    assert s.calls[1].params["VisibilityTimeout"] == Rules.lease_seconds
+    assert seen[0].held.lease.deadline == 1021.0 + Rules.lease_seconds
+    assert s.event("job_claimed")["lease_seconds"] == Rules.lease_seconds
+
+
+class _Batched(Shell):
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.env.deletes = DeleteBatch(window=0.25)
+
+
+def test_ended_jobs_messages_are_deleted_ten_per_batch_by_the_attempt_that_fills_it() -> None:
+    shell = _Batched()
+    ops: list[list[str]] = []
+    for i in range(10):
+        d = delivery(f"job-{i}", receipt_handle=f"rh-{i}")
+        batch = [ok({"Successful": [{"Id": str(n)} for n in range(10)]})] if i == 9 else []
+        s = _run(shell, [_claimed(job_id=f"job-{i}"), ok(), *batch], d)
+        ops.append(_ops(s))
+    entries = s.calls[-1].params["Entries"]
+    assert [e["ReceiptHandle"] for e in entries] == [f"rh-{i}" for i in range(10)]
+    assert ops[:9] == [["UpdateItem", "UpdateItem"]] * 9  # claim, commit: no delete yet
+    assert ops[9] == ["UpdateItem", "UpdateItem", "DeleteMessageBatch"]
+    assert len(shell.env.deletes or []) == 0
+
+
+def test_a_pending_delete_goes_once_its_window_passed_and_all_go_at_stop() -> None:
+    shell = _Batched()
+    _run(shell, _answers(ok()), delivery("job-a", receipt_handle="rh-a"))
+    assert shell.env.deletes is not None and len(shell.env.deletes) == 1
+    s = Script([])
+    assert s.run(flush_deletes_flow(shell.env)) == 0  # not due yet: no call
+    assert s.calls == []
+    shell.mono = MONO + 0.3  # the window passed
+    s = Script([ok({"Successful": [{"Id": "0"}]})])
+    assert s.run(flush_deletes_flow(shell.env)) == 1
+    assert s.calls[0].params["Entries"] == [{"Id": "0", "ReceiptHandle": "rh-a"}]
+    _run(shell, _answers(ok()), delivery("job-b", receipt_handle="rh-b"))
+    s = Script([ok({"Successful": [{"Id": "0"}]})])
+    assert s.run(flush_deletes_flow(shell.env, force=True)) == 1  # a stop: not due, sent
+    assert s.calls[0].op == "DeleteMessageBatch"
+
+
+def test_a_refused_delete_entry_is_journaled_and_left_for_its_redelivery() -> None:
+    shell = _Batched()
+    _run(shell, [_claimed(job_id="job-a"), ok()], delivery("job-a", receipt_handle="rh-a"))
+    _run(shell, [_claimed(job_id="job-b"), ok()], delivery("job-b", receipt_handle="rh-b"))
+    refused = ok(
+        {
+            "Successful": [{"Id": "0"}],
+            "Failed": [{"Id": "1", "Code": "ReceiptHandleIsInvalid", "SenderFault": True}],
+        }
+    )
+    s = Script([refused])
+    assert s.run(flush_deletes_flow(shell.env, force=True)) == 1
+    failed = s.event("message_delete_failed")
+    assert (failed["job_id"], failed["token"], failed["error_code"]) == (
+        "job-b",
+        5,
+        "ReceiptHandleIsInvalid",
+    )
+    assert len(s.calls) == 1  # never retried: the redelivery meets a terminal record
+    assert len(shell.env.deletes or []) == 0
+
+
+def test_a_job_that_failed_has_its_delete_batched_too() -> None:
+    def handler(run: HandlerRun) -> Any:
+        raise PermanentError("no such page", code="no_page")
+
+    shell = _Batched()
+    shell.env.run_handler = handler
+    s = _run(shell, _answers(ok()), delivery("job-x", receipt_handle="rh-x"))
+    assert _ops(s) == ["UpdateItem", "UpdateItem"]  # claim, fail: the delete waits
+    assert shell.counts == Counter(claimed=1, failed=1)
+    assert shell.env.deletes is not None and len(shell.env.deletes) == 1
+
+
+def test_a_job_given_back_for_a_retry_keeps_its_message() -> None:
+    def handler(run: HandlerRun) -> Any:
+        raise TransientError("flaky", code="flaky")
+
+    shell = _Batched()
+    shell.env.run_handler = handler
+    _run(shell, _answers(ok(), ok()), delivery("job-r", receipt_handle="rh-r"))
+    assert shell.env.deletes is not None and len(shell.env.deletes) == 0
+
+
+@pytest.mark.parametrize(
+    ("free", "concurrency", "left", "waited", "want"),
+    [
+        (1, 10, None, 0.0, 0),  # one slot of 10 free: wait for a full receive
+        (10, 10, None, 0.0, 10),
+        (12, 50, None, 0.0, 12),  # SQS caps a receive at 10; the flow asks for 10
+        (3, 3, None, 0.0, 3),  # a small worker fills its own concurrency
+        (1, 10, None, RECEIVE_FILL_WAIT, 1),  # waited long enough: take what fits
+        (2, 10, 2, 0.0, 2),  # only 2 messages left to receive
+        (0, 10, None, 99.0, 0),  # never more than the concurrency
+    ],
+)
+def test_a_receive_asks_for_a_full_batch_of_free_slots(
+    free: int, concurrency: int, left: int | None, waited: float, want: int
+) -> None:
+    assert receive_size(free, concurrency, left, waited) == want

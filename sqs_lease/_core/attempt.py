@@ -62,11 +62,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .._errors import LeaseLost, PayloadError
-from .calls import Emit, Err, Flow, Invoke, Ok
+from .calls import Call, Emit, Err, Flow, Invoke, Ok
+from .deletes import DeleteBatch
 from .deploy import redrive_too_tight
 from .endings import Ending, EndKind, ending_for, stopped_ending
 from .flows import (
     DDB_BATCH_GET,
+    SQS_BATCH,
     Claimed,
     Delivery,
     Finish,
@@ -235,6 +237,9 @@ def rules_for(env: AttemptEnv, job_class: str, stage: str | None) -> ClassRules 
     if stage is not None and env.stage_rules_of is not None:
         return env.stage_rules_of(job_class, stage)
     return env.rules_of(job_class)
+    # Deletes of ended jobs' messages, batched (None: each deleted right after its
+    # end write, as the Lambda adapter needs to see it).
+    deletes: DeleteBatch | None = None
 
 
 # What a delivery that was not claimed counts as, by its outcome.
@@ -315,6 +320,9 @@ def attempt_flow(
         max_attempts=rules.max_attempts if rules else UNKNOWN_CLASS_MAX_ATTEMPTS,
         unknown_class_receives=env.unknown_class_receives,
         rand=rand,
+        # The receive's lease is kept while a first beat, with a missed beat's
+        # reserve, still fits in it (no CMV per claim: the protocol's floor).
+        keep_receive_lease=rules.heartbeat_seconds + rules.jitter_seconds if rules else None,
     )
     if not isinstance(claim, Claimed):
         counter = NOT_CLAIMED_COUNTS.get(claim.outcome)
@@ -336,7 +344,9 @@ def attempt_flow(
             raise checked.exc if checked.exc is not None else RuntimeError(checked.message)
         env.tally("poisoned", 1)
         invalid = Ending(EndKind.FAIL, str(checked.exc), "invalid_payload")
-        return (yield from _fail(_At(env, claim, rules), invalid, poisoned=True))
+        failed = yield from _fail(_At(env, claim, rules), invalid, poisoned=True)
+        yield from _settle(env, claim, failed)
+        return failed
     assert isinstance(checked, Ok)
     payload = checked.response["value"]
     slots = yield from _take_slots(env, claim)
@@ -373,6 +383,7 @@ def attempt_flow(
         env.book.forget(holding.held, fin)
     if slots is not None and slots.held:
         yield from _give_back(env, slots.held)
+    yield from _settle(env, claim, fin)
     return fin
 
 
@@ -432,6 +443,58 @@ def _give_back(env: AttemptEnv, held: tuple[HeldSlot, ...]) -> Flow[None]:
     yield from give_back_flow(env.slots.requests, held, wall_now=now.wall)
 
 
+def _settle(env: AttemptEnv, claim: Claimed, fin: Finish | None) -> Flow[None]:
+    """An end write that ended the job left its message to delete: queue it in the
+    batch, and send the batch when this one filled it."""
+    if fin is None or not fin.delete_pending or env.deletes is None:
+        return
+    now = yield from _now(env)
+    d = claim.delivery
+    if env.deletes.add(d.receipt_handle, claim.job.job_id, claim.token, now.mono, d.queue_url):
+        yield from flush_deletes_flow(env)
+
+
+def flush_deletes_flow(env: AttemptEnv, *, force: bool = False) -> Flow[int]:
+    """Send the deletes that are due (a full batch, or one that waited the window;
+    ``force``: all, at shutdown) 10 per DeleteMessageBatch; how many SQS deleted.
+
+    Never raises and never retries: an entry or a batch SQS refused is journaled
+    (``message_delete_failed``) and left to its redelivery, which meets the job's
+    terminal record at the claim and is deleted then."""
+    if env.deletes is None:
+        return 0
+    deleted = 0
+    now = yield from _now(env)
+    while batch := env.deletes.take(now.mono, force=force):
+        entries = [{"Id": str(i), "ReceiptHandle": p.receipt_handle} for i, p in enumerate(batch)]
+        out = yield Call(
+            "sqs",
+            "DeleteMessageBatch",
+            {"QueueUrl": batch[0].queue_url or env.queue_url, "Entries": entries},
+        )
+        if isinstance(out, Err):
+            for p in batch:
+                yield Emit(
+                    "message_delete_failed",
+                    {
+                        "job_id": p.job_id,
+                        "token": p.token,
+                        "error_code": out.code or out.kind.value,
+                    },
+                )
+            continue
+        assert isinstance(out, Ok)
+        deleted += len(out.response.get("Successful", []))
+        # Batch calls report per-entry failures on HTTP 200: always read Failed[].
+        for bad in out.response.get("Failed", []):
+            p = batch[int(bad["Id"])]
+            yield Emit(
+                "message_delete_failed",
+                {"job_id": p.job_id, "token": p.token, "error_code": str(bad.get("Code", ""))},
+            )
+    return deleted
+
+
 @dataclass(frozen=True)
 class _At:
     """One attempt as its ending steps see it: the shell's env, the claim, the class,
@@ -450,6 +513,7 @@ class _At:
             "delivery": self.claim.delivery,
             "worker_id": self.env.worker_id,
             "wall_now": now.wall,
+            "defer_delete": self.env.deletes is not None,
         }
 
     def rejected(self, fin: Finish, source: LossSource) -> Flow[None]:
@@ -752,6 +816,7 @@ def watchdog_drops_flow(
         yield Invoke("act_for", ActFor("heartbeat", {lease.job_id: lease.token}))
         watchdog = Ending(EndKind.RETRY, f"watchdog: {why.value}", why.value)
         fin = yield from _retry(_At(env, claim, rules, held), watchdog)
+        yield from _settle(env, claim, fin)  # attempts spent: the job failed
         yield Invoke("act_for", ActFor("heartbeat"))
         if fin.outcome in (FinishOutcome.DONE, FinishOutcome.FAILED):
             book.gave_back([held], f"watchdog: {why.value}")
@@ -801,6 +866,36 @@ def heartbeat_tick_flow(env: AttemptEnv, *, stopping: bool) -> Flow[None]:
         yield Emit("heartbeat_error", {"error_code": type(exc).__name__})
         if env.observer is not None:
             env.observer.round_failed(exc)
+
+
+RECEIVE_FILL_WAIT = 0.5
+"""Seconds a worker with some free slots, but fewer than a full receive, waits for
+more to free up before it asks for what it has."""
+
+
+def receive_size(
+    free: int, concurrency: int, left: int | None, waited: float, *, batch: int = SQS_BATCH
+) -> int:
+    """How many messages a worker asks for now (0: wait for more free slots).
+
+    ``free``: slots open now (of ``concurrency``); ``left``: messages it may still
+    receive (None: no bound); ``waited``: seconds since it first had a free slot
+    but not enough. A receive asks for a full batch (10, or the concurrency, or
+    what is left, whichever is least) once that many slots are free, so short jobs
+    cost 1/10 of a receive each, not one receive per freed slot; with fewer free
+    it waits for more, at most :data:`RECEIVE_FILL_WAIT`, then asks for what it
+    can hold. It never holds more than ``concurrency`` jobs. ``batch``: the most one
+    receive returns (1 from a FIFO queue, which then never waits for more slots).
+    """
+    if free <= 0:
+        return 0
+    want = free if left is None else min(free, left)
+    full = min(batch, concurrency, batch if left is None else left)
+    if want <= 0:
+        return 0
+    if want >= full or waited >= RECEIVE_FILL_WAIT:
+        return want
+    return 0
 
 
 def first_sweep_wait(interval: float, rand: float) -> float:
@@ -921,9 +1016,11 @@ __all__ = [
     "SlotEnv",
     "attempt_flow",
     "first_sweep_wait",
+    "flush_deletes_flow",
     "heartbeat_round_flow",
     "heartbeat_tick_flow",
     "held_effect_flow",
+    "receive_size",
     "redrive_rules",
     "release_unstarted_flow",
     "result_json",

@@ -737,8 +737,17 @@ def claim_flow(
     lease_seconds: int,
     max_attempts: int,
     dlq_url: str | None = None,
+    keep_receive_lease: float | None = None,
 ) -> Flow[ClaimResult]:
-    """Claim the job a message names: token + 1, owner = me, then set the lease to L.
+    """Claim the job a message names: token + 1, owner = me; the lease is the receive's.
+
+    The receive's own VisibilityTimeout is the first lease (counted from before the
+    receive was sent), so a claim makes no ChangeMessageVisibility when more than
+    ``keep_receive_lease`` seconds of it are left once the claim is answered (the
+    class's heartbeat interval plus jitter: its first beat, due at once if the
+    receive granted less than L, still has a missed beat's reserve). With less left
+    (a message that waited, a receive shorter than the class needs), or with
+    ``keep_receive_lease`` None, the claim sets the lease to L now, as before.
 
     Receiving the message is the right to try; this conditional write is the
     ownership. It lands only for the job's current message (its send id) and the
@@ -810,11 +819,17 @@ def claim_flow(
             error_code="attempts_exhausted",
         )
         return NotClaimed(d, "exhausted", reason, job)
-    # The receive granted d.visibility from d.received_at; CMV moves it to L from now.
+    # The receive granted d.visibility from d.received_at: the first lease. Only when
+    # too little of it is left does a CMV move it to L from now (the heartbeat brings
+    # a kept receive lease to L at the class's first beat).
     deadline = d.received_at + d.visibility
-    cmv = yield from _set_visibility(on_queue(d, queue_url), d.receipt_handle, lease_seconds)
-    if isinstance(cmv, Ok):
-        deadline = cmv.sent_at + lease_seconds
+    lease_granted = d.visibility
+    cmv: Outcome | None = None
+    if keep_receive_lease is None or deadline - out.received_at <= keep_receive_lease:
+        cmv = yield from _set_visibility(on_queue(d, queue_url), d.receipt_handle, lease_seconds)
+        if isinstance(cmv, Ok):
+            deadline = cmv.sent_at + lease_seconds
+            lease_granted = lease_seconds
     drop = trim_count(old.timeline_length + 1)
     if drop:
         # Advisory: a trim that fails leaves a longer timeline, nothing else.
@@ -830,9 +845,11 @@ def claim_flow(
         previous_owner=old.owner,
         message_id=d.message_id,
         receive_count=d.receive_count,
-        lease_seconds=lease_seconds if isinstance(cmv, Ok) else d.visibility,
+        lease_seconds=lease_granted,
         # The claim's write sent to the lease's answer (lease clock): the claim span.
-        claim_seconds=round(max(0.0, cmv.received_at - out.sent_at), 3),
+        claim_seconds=round(
+            max(0.0, (cmv.received_at if cmv is not None else out.received_at) - out.sent_at), 3
+        ),
     )
     if reclaimed:
         yield from emit(
@@ -921,6 +938,7 @@ def admit_flow(
     max_attempts: int,
     unknown_class_receives: int = UNKNOWN_CLASS_RECEIVES,
     rand: float = 0.5,
+    keep_receive_lease: float | None = None,
 ) -> Flow[ClaimResult]:
     """Decide whether this worker may claim a delivery, and claim it.
 
@@ -965,6 +983,7 @@ def admit_flow(
             lease_seconds=lease_seconds,
             max_attempts=max_attempts,
             dlq_url=dlq_url,
+            keep_receive_lease=keep_receive_lease,
         )
     except RecordUnreadable as exc:
         reason = str(exc)
@@ -1498,6 +1517,9 @@ class Finish:
     # delete included, where one followed). For spans and durations, never a decision.
     sent_at: float | None = field(default=None, compare=False)
     answered_at: float | None = field(default=None, compare=False)
+    # The write ended the job and its message is still to be deleted: the caller
+    # asked to batch the delete (``defer_delete``) and queues the receipt handle.
+    delete_pending: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outcome", FinishOutcome(self.outcome))
@@ -1650,8 +1672,10 @@ def _end_attempt(
     stage: str,
     wall_now: float,
     delete: bool = True,
+    defer_delete: bool = False,
 ) -> Flow[Finish]:
-    """A fenced write that ends this attempt; then delete the message (if asked).
+    """A fenced write that ends this attempt; then delete the message (if asked;
+    ``defer_delete``: the caller batches it, told by ``Finish.delete_pending``).
 
     A rejected write is journaled ``result_rejected`` (never reported as done), an
     unanswered one ``ownership_unknown``; both leave the message alone.
@@ -1682,12 +1706,17 @@ def _end_attempt(
             wall_now=wall_now,
             reason=reason,
             error_code="dynamodb_validation",
+            defer_delete=defer_delete,
         )
         return (
-            Finish(FinishOutcome.FAILED, reason) if failed.outcome is FinishOutcome.DONE else failed
+            Finish(FinishOutcome.FAILED, reason, delete_pending=failed.delete_pending)
+            if failed.outcome is FinishOutcome.DONE
+            else failed
         )
     if fin.outcome is FinishOutcome.DONE:
-        if delete:
+        if delete and defer_delete:
+            fin = replace(fin, delete_pending=True)
+        elif delete:
             deleted = yield from _delete(on_queue(delivery, queue_url), delivery.receipt_handle)
             fin = replace(fin, answered_at=deleted.received_at)
     elif fin.outcome is FinishOutcome.REJECTED:
@@ -1727,6 +1756,7 @@ def commit_flow(
     wall_now: float,
     duration: float,
     keep_rejected_content: bool = False,
+    defer_delete: bool = False,
 ) -> Flow[Finish]:
     """Write the result on condition of the token; then delete the message.
 
@@ -1749,9 +1779,10 @@ def commit_flow(
             wall_now=wall_now,
             reason=problem,
             error_code="result_too_large",
+            defer_delete=defer_delete,
         )
         return (
-            Finish(FinishOutcome.FAILED, problem)
+            Finish(FinishOutcome.FAILED, problem, delete_pending=failed.delete_pending)
             if failed.outcome is FinishOutcome.DONE
             else failed
         )
@@ -1765,6 +1796,7 @@ def commit_flow(
         applied=JobState.SUCCEEDED,
         stage="commit",
         wall_now=wall_now,
+        defer_delete=defer_delete,
     )
     if fin.outcome is FinishOutcome.DONE:
         yield from emit(
@@ -1809,6 +1841,7 @@ def fail_flow(
     wall_now: float,
     reason: str,
     error_code: str,
+    defer_delete: bool = False,
 ) -> Flow[Finish]:
     """End the job ``failed`` with a reason (fenced), then delete its message."""
     fin = yield from _end_attempt(
@@ -1823,6 +1856,7 @@ def fail_flow(
         applied=JobState.FAILED,
         stage="fail",
         wall_now=wall_now,
+        defer_delete=defer_delete,
     )
     if fin.outcome is FinishOutcome.DONE:
         yield from emit(
@@ -1849,6 +1883,7 @@ def retry_flow(
     error_code: str,
     delay: int,
     max_attempts: int,
+    defer_delete: bool = False,
 ) -> Flow[Finish]:
     """Give the job back for a later attempt: record -> queued (fenced), visibility -> delay.
 
@@ -1869,6 +1904,7 @@ def retry_flow(
                     f"last error: {reason}"
                 ),
                 error_code="attempts_exhausted",
+                defer_delete=defer_delete,
             )
         )
     fin = yield from _end_attempt(
@@ -1911,6 +1947,7 @@ def park_flow(
     worker_id: str,
     wall_now: float,
     reason: str,
+    defer_delete: bool = False,
 ) -> Flow[Finish]:
     """Park the job for an operator (fenced), then delete its message."""
     fin = yield from _end_attempt(
@@ -1923,6 +1960,7 @@ def park_flow(
         applied=JobState.PARKED,
         stage="park",
         wall_now=wall_now,
+        defer_delete=defer_delete,
     )
     if fin.outcome is FinishOutcome.DONE:
         yield from emit("job_parked", job_id=job.job_id, token=job.token, reason=reason)

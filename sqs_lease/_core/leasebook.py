@@ -133,6 +133,10 @@ def new_lease(claim: Claimed, rules: LeaseRules, now: float) -> LocalLease:
 
     The stage deadline counts from the receive (``received_at``), not the claim:
     the time a message waited in this worker before its claim is the stage's too.
+    The first beat comes when a lease of L granted at the deadline's start would
+    be due (``deadline - L + H``), or ``H`` from now if that is sooner: a lease the
+    receive granted shorter than the class's L (its VisibilityTimeout is the
+    shortest lease of the worker's classes) is brought to L at once.
     """
     return LocalLease(
         job_id=claim.job.job_id,
@@ -146,7 +150,10 @@ def new_lease(claim: Claimed, rules: LeaseRules, now: float) -> LocalLease:
         stage_deadline=claim.delivery.received_at + rules.stage_budget_seconds,
         progress_timeout=rules.progress_timeout_seconds,
         last_progress=now,
-        next_beat=now + rules.heartbeat_seconds,
+        next_beat=min(
+            now + rules.heartbeat_seconds,
+            claim.deadline - rules.lease_seconds + rules.heartbeat_seconds,
+        ),
         last_confirmed=now,
         advised_at=now,
         queue_url=claim.delivery.queue_url,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 from .._core import attempt as core
 from .._core.attempt import ActFor, AttemptEnv, HandlerRun, Now, Parallel
 from .._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
+from .._core.deletes import DeleteBatch
 from .._core.flows import UNKNOWN_CLASS_RECEIVES, Claimed, Delivery, Poison, receive_flow
 from .._core.intents import EffectResult, EffectSpec, default_key
 from .._core.leasebook import Flag, Held, LeaseBook
@@ -199,6 +200,10 @@ class SimWorker(Actor):
                 )
             ),
         )
+        # Ended jobs' messages, deleted 10 per call; the flusher sleeps until one is due.
+        self.deletes = DeleteBatch(on_add=lambda: self.world.interrupt(self.delete_task))
+        self.delete_task: Task | None = None
+        self._short_since: float | None = None
         self.env = AttemptEnv(
             table=self.table,
             intents=self.intents,
@@ -216,6 +221,7 @@ class SimWorker(Actor):
             run_handler=_no_sync_handler,
             observer=self,
             run_parallel=_no_sync_parallel,  # drive() runs Invoke("parallel") itself
+            deletes=self.deletes,
         )
 
     # ------------------------------------------------------------------ plumbing
@@ -233,6 +239,7 @@ class SimWorker(Actor):
     def start(self) -> None:
         self.receive_task = self.spawn("receive", self.receive_loop())
         self.heartbeat_task = self.spawn("heartbeat", self.heartbeat_loop())
+        self.delete_task = self.spawn("deletes", self._delete_loop())
         if self.world.plan.sweep is not None:
             self.sweep_task = self.spawn("sweep", self._sweep_loop())
 
@@ -284,12 +291,21 @@ class SimWorker(Actor):
                 break
             free = self.book.room(max(0, self.concurrency - self._alive_jobs()))
             if free == 0:
-                yield SleepOp(1.0, wakeable=True)  # woken when a job task ends
+                self._short_since = None
+            elif self._short_since is None:
+                self._short_since = self.mono()
+            waited = 0.0 if self._short_since is None else self.mono() - self._short_since
+            want = core.receive_size(free, self.concurrency, None, waited)
+            if want == 0:
+                # Woken when a job task ends; a free slot waits at most the fill wait.
+                pause = 1.0 if free == 0 else max(0.01, core.RECEIVE_FILL_WAIT - waited)
+                yield SleepOp(pause, wakeable=True)
                 continue
+            self._short_since = None
             batch = yield from self.drive(
                 receive_flow(
                     queue_url=self.queue_url,
-                    max_messages=free,
+                    max_messages=want,
                     wait_seconds=self.receive_wait,
                     visibility=self.receive_visibility,
                 ),
@@ -331,6 +347,25 @@ class SimWorker(Actor):
                 break
             yield SleepOp(max(0.01, deadline - self.mono()), wakeable=True)
         yield from self.drive(core.shutdown_flow(self.env), Origin(self.id, "release", "release"))
+        yield from self.drive(
+            core.flush_deletes_flow(self.env, force=True), Origin(self.id, "deletes", "deletes")
+        )
+
+    def _delete_loop(self) -> SimGen[None]:
+        """As the real workers' flusher: send the deletes that waited their window
+        (a full batch goes at once, from the job task that filled it)."""
+        origin = Origin(self.id, "deletes", "deletes")
+        for _ in range(_LOOP_LIMIT):
+            due = self.deletes.due()
+            if due is None:
+                if self.stopping and not self._alive_jobs():
+                    return
+                yield SleepOp(30.0, wakeable=True)  # woken when a delete is queued
+                continue
+            if due > self.mono():
+                yield SleepOp(due - self.mono() + 1e-6, wakeable=True)
+                continue
+            yield from self.drive(core.flush_deletes_flow(self.env), origin)
 
     # ------------------------------------------------------------------ one job
 
