@@ -59,9 +59,9 @@ class Worker(ShellBase):
 
     ``receive_visibility`` is the lease a message gets at receive, by default the
     shortest lease among the classes: it is the job's first lease (no visibility
-    change at the claim while more than the class's heartbeat + jitter of it is
-    left), and the heartbeat brings a shorter one to the class's own lease at once.
-    Ended jobs' messages are deleted 10 per call within 0.25 s, and all at the stop.
+    change at the claim while its first beat keeps a full reserve), and the
+    heartbeat brings a shorter one to the class's own lease at once. Ended jobs'
+    messages are deleted 10 per call within 0.25 s, and all at the stop.
 
     Every ``sweep_interval`` seconds (``None`` turns it off) a separate thread sends
     again up to ``sweep_limit`` records left without a sent message for longer than

@@ -33,6 +33,7 @@ from sqs_lease._core.attempt import (
     HandlerRun,
     Now,
     attempt_flow,
+    first_beat_reserve,
     flush_deletes_flow,
     heartbeat_round_flow,
     receive_size,
@@ -428,9 +429,10 @@ def test_a_receive_lease_as_long_as_the_class_lease_is_beaten_h_after_the_receiv
 def test_a_message_whose_receive_lease_left_no_beat_reserve_gets_the_class_lease_at_claim() -> None:
     seen: list[HandlerRun] = []
     shell = Shell(lambda run: seen.append(run))
-    # It waited: the claim was answered 20 s after the receive, 10 s of 30 left,
-    # not more than H + J = 15 s: the claim sets L now, as before the floor.
-    late = ok(_claimed().response, sent_at=1019.0, received_at=1020.0)  # type: ignore[union-attr]
+    # It waited: the claim was answered 11 s after the receive, 19 s of 30 left, less
+    # than 30 - H = 20 s (a first beat, due at once, would have less reserve than a
+    # later beat gets): the claim sets L now, as before the floor.
+    late = ok(_claimed().response, sent_at=1010.0, received_at=1011.0)  # type: ignore[union-attr]
     s = _run(shell, [late, ok(sent_at=1021.0), ok(), ok()])
     assert _ops(s)[:2] == ["UpdateItem", "ChangeMessageVisibility"]
     assert s.calls[1].params["VisibilityTimeout"] == Rules.lease_seconds
@@ -536,3 +538,18 @@ def test_a_receive_asks_for_a_full_batch_of_free_slots(
     free: int, concurrency: int, left: int | None, waited: float, want: int
 ) -> None:
     assert receive_size(free, concurrency, left, waited) == want
+
+
+@pytest.mark.parametrize(
+    ("visibility", "reserve"),
+    [
+        (60, 50.0),  # V = L: kept while the claim answered within H of the receive
+        (30, 20.0),  # V < L: the first beat, due at once, with V - H left at least
+        (20, 15.0),  # never less than H + J (one missed beat survived)
+        (600, 50.0),  # V > L: the first beat comes H after the receive and sets L
+    ],
+)
+def test_the_receives_lease_is_kept_while_its_first_beat_has_a_full_reserve(
+    visibility: int, reserve: float
+) -> None:
+    assert first_beat_reserve(Rules(), visibility) == reserve

@@ -320,9 +320,7 @@ def attempt_flow(
         max_attempts=rules.max_attempts if rules else UNKNOWN_CLASS_MAX_ATTEMPTS,
         unknown_class_receives=env.unknown_class_receives,
         rand=rand,
-        # The receive's lease is kept while a first beat, with a missed beat's
-        # reserve, still fits in it (no CMV per claim: the protocol's floor).
-        keep_receive_lease=rules.heartbeat_seconds + rules.jitter_seconds if rules else None,
+        keep_receive_lease=first_beat_reserve(rules, item.visibility) if rules else None,
     )
     if not isinstance(claim, Claimed):
         counter = NOT_CLAIMED_COUNTS.get(claim.outcome)
@@ -441,6 +439,19 @@ def _give_back(env: AttemptEnv, held: tuple[HeldSlot, ...]) -> Flow[None]:
     assert env.slots is not None
     now = yield from _now(env)
     yield from give_back_flow(env.slots.requests, held, wall_now=now.wall)
+
+
+def first_beat_reserve(rules: LeaseRules, visibility: int) -> float:
+    """How much of the receive's lease must be left when the claim answers for the
+    claim to keep it (no ChangeMessageVisibility: the protocol's floor).
+
+    The first beat comes ``H`` after the receive (at once when the receive granted
+    less than the class's L), so keeping the lease while at least ``min(V, L) - H``
+    is left gives the first beat no less reserve than any later beat; and never
+    less than ``H + J``, the reserve a beat needs to survive one miss
+    (``check_beat_reserve``). With less left, the claim sets L itself."""
+    lease, beat = rules.lease_seconds, rules.heartbeat_seconds
+    return max(beat + rules.jitter_seconds, min(visibility, lease) - beat)
 
 
 def _settle(env: AttemptEnv, claim: Claimed, fin: Finish | None) -> Flow[None]:
@@ -1015,6 +1026,7 @@ __all__ = [
     "Parallel",
     "SlotEnv",
     "attempt_flow",
+    "first_beat_reserve",
     "first_sweep_wait",
     "flush_deletes_flow",
     "heartbeat_round_flow",

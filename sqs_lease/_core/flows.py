@@ -743,9 +743,10 @@ def claim_flow(
 
     The receive's own VisibilityTimeout is the first lease (counted from before the
     receive was sent), so a claim makes no ChangeMessageVisibility when more than
-    ``keep_receive_lease`` seconds of it are left once the claim is answered (the
-    class's heartbeat interval plus jitter: its first beat, due at once if the
-    receive granted less than L, still has a missed beat's reserve). With less left
+    ``keep_receive_lease`` seconds of it are left once the claim is answered (see
+    ``attempt.first_beat_reserve``: the first beat, due ``H`` after the receive or at
+    once if the receive granted less than L, has no less reserve than any later
+    beat). With less left
     (a message that waited, a receive shorter than the class needs), or with
     ``keep_receive_lease`` None, the claim sets the lease to L now, as before.
 
