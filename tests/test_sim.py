@@ -911,17 +911,19 @@ def test_seed_52_a_retried_intent_start_is_recognised_as_our_own() -> None:
     Before the fix the flow read that as "another attempt owns it" and abandoned the
     attempt without calling the tool (a later check could then park the job for an
     operator although nothing ever ran). Now it re-reads the intent, sees its own
-    attempt and token, and goes on.
-    Replay: python -m simtools replay --seed 33 --widen none"""
-    seen = _followed_by(_events(33), "retried_applied_intent_start", "intent_started")
+    attempt and token, and goes on. Seed 33 found it; the floor (issue 12) moved the
+    schedules, seed 52 shows it since.
+    Replay: python -m simtools replay --seed 52 --widen none"""
+    seen = _followed_by(_events(52), "retried_applied_intent_start", "intent_started")
     assert seen and all(seen)
 
 
 def test_seed_52_a_retried_intent_confirm_is_recognised_as_our_own() -> None:
     """The confirm transaction applied, its answer was lost, the resend is cancelled (the
     intent is confirmed already). Before the fix: OwnershipUnknown, the attempt abandoned
-    with its effect done. Now: recognised as confirmed.
-    Replay: python -m simtools replay --seed 49 --widen none"""
+    with its effect done. Now: recognised as confirmed. Seed 49 found it; the floor
+    (issue 12) moved the schedules, seed 52 shows it since.
+    Replay: python -m simtools replay --seed 52 --widen none"""
     seen = _followed_by(
         _events(52), "retried_applied_intent_confirm", "intent_confirmed", already=True
     )
