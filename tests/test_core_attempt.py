@@ -553,3 +553,16 @@ def test_the_receives_lease_is_kept_while_its_first_beat_has_a_full_reserve(
     visibility: int, reserve: float
 ) -> None:
     assert first_beat_reserve(Rules(), visibility) == reserve
+
+
+def test_an_ended_jobs_delete_is_queued_before_its_attempt_leaves_the_book() -> None:
+    # A stop waits while attempts are ending (LeaseBook.ending), then flushes the
+    # deletes: one queued after its entry left the book could miss that flush.
+    shell = _Batched()
+    ending_at_add: list[int] = []
+    shell.env.deletes = DeleteBatch(
+        window=0.25, on_add=lambda: ending_at_add.append(shell.env.book.ending())
+    )
+    _run(shell, _answers(ok()), delivery("job-a", receipt_handle="rh-a"))
+    assert ending_at_add == [1]
+    assert len(shell.env.book) == 0 and len(shell.env.deletes) == 1

@@ -374,14 +374,19 @@ def attempt_flow(
     if holding.event is not None:
         yield holding.event
     fin: Finish | None = None
+    full = False
     try:
         at = _At(env, claim, rules, holding.held)
         fin = yield from _run(at, holding.held, payload, now.mono)
+        # Queued while the book still holds the attempt: a stop that waits for the
+        # ending attempts (``LeaseBook.ending``) then flushes this delete too.
+        full = yield from _queue_delete(env, claim, fin)
     finally:
         env.book.forget(holding.held, fin)
     if slots is not None and slots.held:
         yield from _give_back(env, slots.held)
-    yield from _settle(env, claim, fin)
+    if full:
+        yield from flush_deletes_flow(env)
     return fin
 
 
@@ -454,14 +459,19 @@ def first_beat_reserve(rules: LeaseRules, visibility: int) -> float:
     return max(beat + rules.jitter_seconds, min(visibility, lease) - beat)
 
 
-def _settle(env: AttemptEnv, claim: Claimed, fin: Finish | None) -> Flow[None]:
+def _queue_delete(env: AttemptEnv, claim: Claimed, fin: Finish | None) -> Flow[bool]:
     """An end write that ended the job left its message to delete: queue it in the
-    batch, and send the batch when this one filled it."""
+    batch; True when this one filled the batch."""
     if fin is None or not fin.delete_pending or env.deletes is None:
-        return
+        return False
     now = yield from _now(env)
     d = claim.delivery
-    if env.deletes.add(d.receipt_handle, claim.job.job_id, claim.token, now.mono, d.queue_url):
+    return env.deletes.add(d.receipt_handle, claim.job.job_id, claim.token, now.mono, d.queue_url)
+
+
+def _settle(env: AttemptEnv, claim: Claimed, fin: Finish | None) -> Flow[None]:
+    """Queue the ended job's delete, and send the batch when this one filled it."""
+    if (yield from _queue_delete(env, claim, fin)):
         yield from flush_deletes_flow(env)
 
 
