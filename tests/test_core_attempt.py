@@ -566,3 +566,10 @@ def test_an_ended_jobs_delete_is_queued_before_its_attempt_leaves_the_book() -> 
     _run(shell, _answers(ok()), delivery("job-a", receipt_handle="rh-a"))
     assert ending_at_add == [1]
     assert len(shell.env.book) == 0 and len(shell.env.deletes) == 1
+
+
+def test_a_fifo_receive_takes_its_one_message_as_soon_as_one_slot_is_free() -> None:
+    # A FIFO queue gives one message per receive: waiting for 10 free slots would
+    # only delay it (the floor's full batch met the FIFO rule on the rebase).
+    assert receive_size(1, 10, None, 0.0) == 0
+    assert receive_size(1, 10, None, 0.0, batch=1) == 1
