@@ -185,3 +185,19 @@ def test_deletes_still_pending_when_the_worker_stops_are_sent_before_it_returns(
     assert stats.committed == 3
     assert len(worker.deletes) == 0
     assert queue_depth(sqs_client, url) == 0  # deleted, not merely in flight
+
+
+def test_a_delete_batch_never_mixes_queues() -> None:
+    """A DeleteMessageBatch names one queue: a worker that reads the interactive and
+    the batch queue sends each queue's handles in batches of their own."""
+    batch = DeleteBatch(window=1.0)
+    for i in range(9):
+        assert not batch.add(f"rh-b{i}", f"b{i}", 1, 0.0, "q/batch")
+    assert not batch.add("rh-i0", "i0", 1, 0.1, "q/interactive")
+    assert batch.take(0.5) == []  # ten handles, but no queue has ten yet
+    assert batch.add("rh-b9", "b9", 1, 0.2, "q/batch")  # the batch queue's tenth
+    full = batch.take(0.5)
+    assert [p.queue_url for p in full] == ["q/batch"] * 10
+    rest = batch.take(1.1)  # the interactive one waited the window
+    assert [(p.queue_url, p.job_id) for p in rest] == [("q/interactive", "i0")]
+    assert len(batch) == 0

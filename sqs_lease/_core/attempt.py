@@ -230,6 +230,9 @@ class AttemptEnv:
     # A staged job's first stage (None: not staged): names it on a record submitted
     # without the app (a producer that cannot know the stages).
     first_stage_of: Callable[[str], str | None] | None = None
+    # Deletes of ended jobs' messages, batched (None: each deleted right after its
+    # end write, as the Lambda adapter needs to see it).
+    deletes: DeleteBatch | None = None
 
 
 def rules_for(env: AttemptEnv, job_class: str, stage: str | None) -> ClassRules | None:
@@ -237,9 +240,6 @@ def rules_for(env: AttemptEnv, job_class: str, stage: str | None) -> ClassRules 
     if stage is not None and env.stage_rules_of is not None:
         return env.stage_rules_of(job_class, stage)
     return env.rules_of(job_class)
-    # Deletes of ended jobs' messages, batched (None: each deleted right after its
-    # end write, as the Lambda adapter needs to see it).
-    deletes: DeleteBatch | None = None
 
 
 # What a delivery that was not claimed counts as, by its outcome.
