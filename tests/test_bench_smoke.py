@@ -64,8 +64,12 @@ def test_quick_bench_run_completes(tmp_path: Path) -> None:
         } <= set(calls[col])
 
     overhead = results["overhead"]
-    assert {"bare", "raw calls", "sqs-lease"} <= set(overhead["contenders"])
-    assert {"bare", "raw calls"} <= set(overhead["ratios"])
+    assert {"bare", "fenced loop", "sqs-lease", "sqs-lease async"} <= set(overhead["contenders"])
+    for worker in ("sqs-lease", "sqs-lease async"):
+        # Each worker side by side with the minimal fenced loop (and Powertools, when
+        # installed) in the same run: the ratios the issue asks for.
+        assert "fenced loop" in overhead["ratios"][worker]
+        assert {"throughput", "calls"} <= set(overhead["ratios"][worker]["fenced loop"])
     for c in overhead["contenders"].values():
         assert {"jobs_per_second", "calls_per_job", "moto_busy"} <= set(c)
 

@@ -62,11 +62,13 @@ def _claimed(stage: str = "fetch", token: int = 4, **extra: str) -> Outcome:
     item = job_item(state=JobState.QUEUED, owner=None, token=token, attempt=0, stage=stage)
     for name, text in extra.items():
         item[name] = {"S": text}
-    return ok({"Attributes": item})
+    return ok({"Attributes": item}, sent_at=MONO, received_at=MONO)
 
 
 def _staged_delivery(stage: str = "fetch", send_id: str = "send-1") -> Delivery:
-    return replace(delivery(send_id=send_id), stage=stage)
+    # A receive lease too short to keep (``first_beat_reserve``): the claim sets the
+    # stage's own lease with a visibility change, which these tests script and check.
+    return replace(delivery(send_id=send_id, visibility=1), stage=stage)
 
 
 def _run(shell: Shell, answers: list[Outcome], item: Delivery) -> Script:

@@ -271,8 +271,13 @@ def continue_flow(
     nxt: NextStage,
     input_json: str,
     duration: float,
+    defer_delete: bool = False,
 ) -> Flow[Continued]:
     """End the current stage and start ``nxt`` (checkpoint, next message, delete).
+
+    The stage's message is deleted at once, never batched (``defer_delete`` is
+    ignored): on a FIFO queue it holds the job's group until it goes, and the next
+    stage's message waits behind it.
 
     ``input_json`` is ``nxt.payload`` as canonical JSON, already validated by the
     caller against the next stage's payload model. A checkpoint refused by the
