@@ -573,3 +573,40 @@ def test_a_fifo_receive_takes_its_one_message_as_soon_as_one_slot_is_free() -> N
     # only delay it (the floor's full batch met the FIFO rule on the rebase).
     assert receive_size(1, 10, None, 0.0) == 0
     assert receive_size(1, 10, None, 0.0, batch=1) == 1
+
+
+def test_a_retry_after_the_lease_lapsed_changes_no_visibility_with_the_old_handle() -> None:
+    """Past its conservative deadline the message may be another receive's: a visibility
+    change with this attempt's old receipt handle could move that receive's lease (moto
+    applies it), so the retry is recorded and the message left to its lapse."""
+
+    def overran(run: HandlerRun) -> Any:
+        shell.mono = run.held.lease.conservative_deadline + 1.0  # a held loop, a pause
+        raise RuntimeError("the tool failed")
+
+    shell = Shell(overran)
+    s = _run(shell, [_claimed(token=5), ok({"Attributes": {}})])
+    assert _ops(s) == ["UpdateItem", "UpdateItem"]  # claim, requeue: no visibility change
+    scheduled = s.event("job_retry_scheduled")
+    assert scheduled["visibility_set"] is False and scheduled["lease_lapsed"] is True
+
+
+def test_a_retry_while_the_lease_holds_sets_the_backoff_as_the_visibility() -> None:
+    def failed(run: HandlerRun) -> Any:
+        raise RuntimeError("the tool failed")
+
+    shell = Shell(failed)
+    s = _run(shell, [_claimed(token=5), ok({"Attributes": {}}), ok()])
+    assert _ops(s) == ["UpdateItem", "UpdateItem", "ChangeMessageVisibility"]
+    scheduled = s.event("job_retry_scheduled")
+    assert scheduled["visibility_set"] is True and scheduled["lease_lapsed"] is False
+
+
+def test_shutdown_releases_a_lapsed_lease_by_its_record_alone() -> None:
+    shell = Shell()
+    live, _f1 = _up_to_handler(shell)
+    s = Script(lambda call: ok({"Successful": [{"Id": "0"}]}) if "Batch" in call.op else ok())
+    shell.mono = live.held.lease.conservative_deadline + 0.1  # the worker was suspended
+    s.run(shutdown_flow(shell.env))
+    assert _ops(s) == ["UpdateItem"]  # the record back to queued; the handle not used
+    assert s.event("messages_released")["lapsed"] == 1

@@ -526,6 +526,15 @@ class _At:
     rules: ClassRules
     held: Held | None = None
 
+    def handle_ours(self, now: Now) -> bool:
+        """Whether a visibility change with this attempt's receipt handle is still safe
+        (``LocalLease.handle_ours``; before the attempt is held: the claim's own)."""
+        return self.held is None or self.held.lease.handle_ours(now.mono)
+
+    def lapsed(self, now: Now) -> tuple[str, ...]:
+        """This attempt's receipt handle when a release must not change its visibility."""
+        return () if self.handle_ours(now) else (self.claim.delivery.receipt_handle,)
+
     def end_args(self, now: Now) -> dict[str, Any]:
         """The arguments every end write of an attempt shares."""
         return {
@@ -572,6 +581,7 @@ def _run(at: _At, held: Held, payload: Any, start: float) -> Flow[Finish | None]
             worker_id=env.worker_id,
             wall_now=now.wall,
             reason=end.reason,
+            lapsed=at.lapsed(now),
         )
         env.tally("released", released)
         return None
@@ -680,6 +690,7 @@ def _retry(at: _At, end: Ending, now: Now | None = None) -> Flow[Finish]:
         error_code=end.code,
         delay=delay,
         max_attempts=rules.max_attempts,
+        handle_ours=at.handle_ours(now),
     )
     if fin.outcome is FinishOutcome.DONE:
         spent = claim.attempt >= rules.max_attempts + claim.job.granted_attempts
@@ -861,14 +872,15 @@ def _handed_back_late(env: AttemptEnv, held: Held, now: float) -> Flow[None]:
         },
     )
     yield Invoke("act_for", ActFor("release", {lease.job_id: lease.token}))
-    wall = (yield from _now(env)).wall
+    t = yield from _now(env)
     released = yield from release_flow(
         env.table,
         queue_url=env.queue_url,
         held=[(held.job, held.delivery)],
         worker_id=env.worker_id,
-        wall_now=wall,
+        wall_now=t.wall,
         reason="worker late: its heartbeat fell behind; attempt not charged",
+        lapsed=() if lease.handle_ours(t.mono) else (held.delivery.receipt_handle,),
     )
     yield Invoke("act_for", ActFor("heartbeat"))
     env.tally("released_late", released)
@@ -959,6 +971,7 @@ def shutdown_flow(env: AttemptEnv) -> Flow[None]:
         worker_id=env.worker_id,
         wall_now=now.wall,
         reason="shutdown: handler overran the grace period",
+        lapsed=[h.delivery.receipt_handle for h in left if not h.lease.handle_ours(now.mono)],
     )
     env.tally("released", released)
     # Handed back, or found taken (release_flow journaled that loss): a late end

@@ -7,7 +7,7 @@ returns a result value. Drivers execute; flows decide.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Literal, TypeVar
@@ -1885,10 +1885,14 @@ def retry_flow(
     delay: int,
     max_attempts: int,
     defer_delete: bool = False,
+    handle_ours: bool = True,
 ) -> Flow[Finish]:
     """Give the job back for a later attempt: record -> queued (fenced), visibility -> delay.
 
-    When the attempts are spent the job fails instead, with that reason.
+    When the attempts are spent the job fails instead, with that reason. With
+    ``handle_ours`` False (the local lease lapsed: ``LocalLease.handle_ours``) no
+    visibility change is sent: the message comes back when its lease runs out,
+    without the backoff, rather than risk moving another receive's visibility.
     """
     if job.attempt >= max_attempts + job.granted_attempts:
         granted = f" + {job.granted_attempts} granted" if job.granted_attempts else ""
@@ -1924,7 +1928,11 @@ def retry_flow(
     )
     if fin.outcome != "done":
         return fin
-    cmv = yield from _set_visibility(on_queue(delivery, queue_url), delivery.receipt_handle, delay)
+    cmv: Outcome | None = None
+    if handle_ours:
+        cmv = yield from _set_visibility(
+            on_queue(delivery, queue_url), delivery.receipt_handle, delay
+        )
     yield from emit(
         "job_retry_scheduled",
         job_id=job.job_id,
@@ -1935,6 +1943,7 @@ def retry_flow(
         error_code=error_code,
         reason=reason,
         visibility_set=isinstance(cmv, Ok),
+        lease_lapsed=not handle_ours,
     )
     return fin
 
@@ -1977,15 +1986,20 @@ def release_flow(
     wall_now: float,
     reason: str,
     visibility: int = 0,
+    lapsed: Collection[str] = (),
 ) -> Flow[int]:
     """Hand messages back (shutdown: at once): claimed records -> queued, visibility ->
     ``visibility`` (0; a job waiting for a slot: its short wait).
 
     The worker, not the job, ended these attempts, so each claimed record gets
-    back the attempt its claim counted. Returns how many messages SQS confirmed
-    released.
+    back the attempt its claim counted. ``lapsed``: receipt handles whose local
+    lease has run out (``LocalLease.handle_ours``): their records are handed back,
+    but no visibility change is sent with them, since the message may already be
+    another receive's. Returns how many messages are back: SQS confirmed the
+    change, or the lease had already lapsed.
     """
     handback: list[Delivery] = []
+    gone_back = 0  # lapsed leases handed back by their record alone
     for job, d in held:
         if job is None:
             handback.append(d)
@@ -1998,7 +2012,10 @@ def release_flow(
             applied=JobState.QUEUED,
         )
         if fin.outcome is FinishOutcome.DONE:
-            handback.append(d)
+            if d.receipt_handle in lapsed:
+                gone_back += 1
+            else:
+                handback.append(d)
         else:
             # Not ours any more (or unknown): its visibility belongs to the new owner.
             yield from emit(
@@ -2031,7 +2048,8 @@ def release_flow(
         )
         if isinstance(out, Ok):
             released += len(out.response.get("Successful", []))
-    yield from emit("messages_released", count=released, reason=reason)
+    released += gone_back
+    yield from emit("messages_released", count=released, reason=reason, lapsed=gone_back)
     return released
 
 

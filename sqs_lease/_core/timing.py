@@ -246,6 +246,16 @@ class LocalLease:
         """Past this point no irreversible step may start, and the heartbeat stops."""
         return self.deadline - self.jitter_seconds
 
+    def handle_ours(self, now: float) -> bool:
+        """Whether a visibility change with this attempt's receipt handle can touch only
+        its own receive. Past the conservative deadline SQS may have made the message
+        visible and another receive may hold it: a change sent with the old handle
+        would then move that receive's visibility (moto applies it; AWS does not
+        promise to refuse it), handing the message to a third receiver under a live
+        owner. So a lapsed attempt hands its message back by its record alone and lets
+        the visibility it was given run out."""
+        return now < self.conservative_deadline
+
     def begin_call(self, now: float, timeout: float) -> int:
         """An effect call starts now and may take ``timeout``; returns its handle."""
         self._next_call += 1
