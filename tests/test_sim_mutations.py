@@ -85,7 +85,7 @@ from sqs_lease._sim.plan import PASSING_FEATURES, draw_plan
 SEED_LIMIT = 200  # each mutation must be caught within this many seeds
 
 # The invariant each mutation is expected to break first.
-EXPECTED = {
+EXPECTED: dict[str, str | tuple[str, ...]] = {
     "no_commit_token": I3,
     "no_ownership_check": I5,
     "blind_retry": I2,
@@ -101,7 +101,10 @@ EXPECTED = {
     # issue 14, each with the feature that exposes it (mutations.WORLDS)
     "stray_claims": I11,
     "resume_keeps_attempts": I12,
-    "unreadable_aborts_round": I13,
+    # The plain error aborts the claim as well as the round: since the claim sends no
+    # visibility change (issue 12), a claim meets the record first on some seeds, and
+    # the error escapes the worker's task (E_unhandled_exception) before a round runs.
+    "unreadable_aborts_round": (I13, "E_unhandled_exception"),
     "validation_as_unknown": I14,
     # the rest of issues 7 and 14
     "intent_write_unchecked": I15,  # issue 7 item 13
@@ -146,7 +149,8 @@ def test_mutation_is_caught_and_the_protocol_passes_the_same_seeds(name: str) ->
             violation = result.violations[0]
             break
     assert caught is not None, f"{name} was not caught in {SEED_LIMIT} seeds"
-    assert violation.name == EXPECTED[name], (
+    expected = EXPECTED[name]
+    assert violation.name in ((expected,) if isinstance(expected, str) else expected), (
         f"{name} broke {violation.name} first (seed {caught}): {violation.message}; "
         f"replay: {replay_command(caught, name, features=features)}"
     )
