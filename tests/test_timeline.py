@@ -127,7 +127,7 @@ def _taken_over(aws: AwsTestEnv, tmp_path: Path) -> tuple[Any, str, str, str, Pa
     @app.job("slow", payload=Work, **FAST)
     def slow(ctx: JobContext[Any], p: Work) -> dict[str, int]:
         if ctx.token == 1:
-            release.wait(30)
+            release.wait(300)  # released by the test; a hang guard, not a timing
         return {"token": ctx.token}
 
     job_id = Producer(settings, app).submit("slow", Work(n=1), job_id=f"{aws.prefix}-t").job_id
@@ -139,13 +139,13 @@ def _taken_over(aws: AwsTestEnv, tmp_path: Path) -> tuple[Any, str, str, str, Pa
         journal.wait_for("job_claimed", job_id=job_id, worker="W1")
         paused.set()
         with running(w2):
-            journal.wait_for("result_committed", job_id=job_id, worker="W2", timeout=20)
+            journal.wait_for("result_committed", job_id=job_id, worker="W2", timeout=120)
         paused.clear()
         release.set()
-        journal.wait_for("rejected_result_kept", job_id=job_id, worker="W1", timeout=15)
+        journal.wait_for("rejected_result_kept", job_id=job_id, worker="W1", timeout=120)
         wait_until(
             lambda: bool(journal.events("heartbeat_lost", job_id=job_id, worker="W1")),
-            10,
+            60,
             "W1 journals its loss",
         )
     log = tmp_path / "w1.journal.jsonl"
@@ -204,7 +204,7 @@ def test_the_timeline_of_a_job_taken_over_shows_both_owners_tokens_and_the_refus
             [browser, "--headless", "--disable-gpu", "--dump-dom", page.as_uri()],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=300,  # a hang guard: a loaded machine starts Chromium slowly
         ).stdout
         assert dumped.count('class="event"') == len(events)
 

@@ -64,10 +64,19 @@ def prepare(endpoint_url: str, prefix: str) -> tuple[Settings, str, str]:
     return settings, url, dlq
 
 
+HANG_GUARD = 120.0
+"""The least any wait in these tests allows. A wait's timeout is a hang guard, never
+a timing check: a test asks for something that will happen, and on a shared machine
+beside a CPU-bound job it may take far longer than the number its author had in
+mind (10-20 s waits failed so under load). Only a failure pays the guard."""
+
+
 def wait_until(
     predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05
 ) -> None:
-    """Poll ``predicate`` until true; fail naming ``what`` after ``timeout`` seconds."""
+    """Poll ``predicate`` until true; fail naming ``what`` after ``timeout`` seconds
+    (at least :data:`HANG_GUARD`)."""
+    timeout = max(timeout, HANG_GUARD)
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() >= deadline:
@@ -104,7 +113,9 @@ class JournalCollector(logging.Handler):
     def wait_for(
         self, name: str, *, count: int = 1, timeout: float = 10.0, **match: Any
     ) -> list[Event]:
-        """Wait until at least ``count`` matching events arrived; return them."""
+        """Wait until at least ``count`` matching events arrived; return them (the
+        timeout is at least :data:`HANG_GUARD`)."""
+        timeout = max(timeout, HANG_GUARD)
         deadline = time.monotonic() + timeout
         while True:
             found = self.events(name, **match)
