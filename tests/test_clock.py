@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import AwsTestEnv
 from pydantic import BaseModel
-from worker_helpers import FAST, collect_journal, prepare, read_view, running
+from worker_helpers import FAST, HANG_GUARD, collect_journal, prepare, read_view, running
 
 from sqs_lease import App, JobContext, JobState, OwnershipUnknown, Producer, Worker, _clock
 from sqs_lease._aio import AsyncDriver
@@ -134,7 +134,7 @@ def test_the_worker_its_drivers_and_the_context_measure_leases_on_the_lease_cloc
         seen["context_clock"] = ctx._clock
         ctx.check()  # the lease is fresh
         inside.set()
-        assert resumed.wait(30)
+        assert resumed.wait(HANG_GUARD)
         try:
             ctx.check()
         except OwnershipUnknown as exc:
@@ -147,7 +147,7 @@ def test_the_worker_its_drivers_and_the_context_measure_leases_on_the_lease_cloc
     assert worker._clock is lease_clock
     assert worker.driver.clock is lease_clock and worker.poll_driver.clock is lease_clock
     with collect_journal() as journal, running(worker) as (runner,):
-        assert inside.wait(20)
+        assert inside.wait(HANG_GUARD)
         jump[0] = 3600.0  # the machine slept an hour; CLOCK_MONOTONIC would not know
         resumed.set()
         journal.wait_for("job_abandoned", job_id=job_id, timeout=20)

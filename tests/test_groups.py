@@ -14,7 +14,7 @@ import pytest
 from conftest import AwsTestEnv
 from core_harness import Script
 from test_cli import run as run_cli
-from worker_helpers import WorkerProcess
+from worker_helpers import HANG_GUARD, WorkerProcess
 
 from sqs_lease import GroupCancelled, Producer, Settings, SubmitConflict, create_queue
 from sqs_lease._core.calls import Err, ErrorKind, Ok
@@ -252,7 +252,7 @@ def test_submits_racing_a_group_cancel_end_cancelled_or_refused_never_open(env: 
 
     t = threading.Thread(target=producer)
     t.start()
-    assert started.wait(60)
+    assert started.wait(HANG_GUARD)
     rep = p.cancel_group("race", "stop now")
     t.join(120)
     assert not t.is_alive()

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from test_core_flows import FakeAws
 from worker_helpers import (
     FAST,
+    HANG_GUARD,
     collect_journal,
     hold_heartbeat,
     prepare,
@@ -125,7 +126,7 @@ def test_progress_details_survive_a_takeover_and_a_stale_owner_cannot_overwrite_
         seen[ctx.token] = ctx.last_progress
         if ctx.token == 1:
             ctx.progress({"pages_done": 5, "cursor": "c5"})
-            release.wait(30)  # paused here; taken over meanwhile
+            release.wait(HANG_GUARD)  # paused here; taken over meanwhile
             ctx.progress({"pages_done": 9, "cursor": "c9"})  # a stale owner's details
             ctx.wait(10)  # raises once the attempt learns it lost the lease
         return {"resumed_from": ctx.last_progress}

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import AwsTestEnv
+from worker_helpers import HANG_GUARD
 
 from sqs_lease import ConfigError, EffectCall
 from sqs_lease._aws import make_client
@@ -204,13 +205,13 @@ def test_in_flight_key_answers_409(rcv: FencedReceiver) -> None:
 
     def slow() -> EffectResult:
         started.set()
-        assert release.wait(20)
+        assert release.wait(HANG_GUARD)
         return EffectResult(200, {"slow": True})
 
     t = threading.Thread(target=lambda: results.append(rcv.apply("acct-1", 1, k, PAYLOAD, slow)))
     t.start()
     try:
-        assert started.wait(20)
+        assert started.wait(HANG_GUARD)
         effect = Counter()
         second = rcv.apply("acct-1", 1, k, PAYLOAD, effect)
         assert second == Reply(
@@ -258,13 +259,13 @@ def test_release_frees_a_stuck_in_flight_key(rcv: FencedReceiver) -> None:
 
     def slow() -> EffectResult:
         started.set()
-        release.wait(20)
+        release.wait(HANG_GUARD)
         return EffectResult(200, {})
 
     t = threading.Thread(target=rcv.apply, args=("acct-1", 1, k, PAYLOAD, slow))
     t.start()
     try:
-        assert started.wait(20)
+        assert started.wait(HANG_GUARD)
         assert rcv.release(k) is True
         assert rcv.record(k) is None
     finally:
@@ -730,13 +731,13 @@ def test_a_409_to_a_newer_owner_raises_the_mark(rcv: FencedReceiver) -> None:
 
     def slow() -> EffectResult:
         started.set()
-        assert release.wait(20)
+        assert release.wait(HANG_GUARD)
         return EffectResult(200, {})
 
     t = threading.Thread(target=rcv.apply, args=("job-1", 1, k, PAYLOAD, slow))
     t.start()
     try:
-        assert started.wait(20)
+        assert started.wait(HANG_GUARD)
         assert rcv.apply("job-1", 2, k, PAYLOAD, Counter()).status == 409
         assert rcv.highest("job-1") == 2
         effect = Counter()
