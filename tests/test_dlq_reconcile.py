@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import AwsTestEnv
 from pydantic import BaseModel
-from worker_helpers import collect_journal, read_view
+from worker_helpers import collect_journal, read_view, running, wait_until
 
-from sqs_lease import App, Producer, Settings, Worker
+from sqs_lease import App, AsyncWorker, Producer, Settings, Worker
 from sqs_lease._aws import SyncDriver
 from sqs_lease._core.flows import Claimed, Delivery, claim_flow, receive_flow
 from sqs_lease._core.records import DEAD_LETTERED_CODE, JobState
@@ -266,3 +266,23 @@ def test_the_worker_sweep_leaves_a_job_resent_since_alone(env: Env) -> None:
         worker.sweep_once()
     assert read_view(env.ddb, env.settings, "again").state is JobState.QUEUED
     assert journal.events("job_dead_lettered") == []
+
+
+def test_the_async_workers_sweep_parks_a_job_left_in_the_dlq_too(env: Env) -> None:
+    env.submit("async-lost")
+    env.receive_without_claiming()
+    env.let_sqs_move_it()
+    worker = AsyncWorker(
+        _app(),
+        env.settings,
+        receive_wait=1,
+        sweep_interval=0.2,
+        journal=Journal(worker_id="async-sweeper"),
+    )
+    with running(worker):
+        wait_until(
+            lambda: read_view(env.ddb, env.settings, "async-lost").state is JobState.PARKED,
+            HANG,
+            "the async worker's sweep to park the job",
+        )
+    assert read_view(env.ddb, env.settings, "async-lost").error_code == DEAD_LETTERED_CODE
