@@ -303,15 +303,16 @@ def _reconcile_one(
         if isinstance(out, Err):
             return DlqFinding(m, DlqVerdict.FAILED, state, f"delete failed: {_said(out)}")
         return DlqFinding(m, DlqVerdict.DELETED, state)
-    detail = {
-        DlqVerdict.SUPERSEDED: f"the job was re-sent since (its send is {job.send_id!r})"
-        if job is not None
-        else "",
-        DlqVerdict.CLASS_MISMATCH: f"the record's class is {job.job_class!r}"
-        if job is not None
-        else "",
-    }.get(verdict, "")
+    detail = _why_left(verdict, job)
     return DlqFinding(m, verdict, state, detail)
+
+
+def _why_left(verdict: DlqVerdict, job: JobView | None) -> str:
+    if job is not None and verdict is DlqVerdict.SUPERSEDED:
+        return f"the job was re-sent since (its send is {job.send_id!r})"
+    if job is not None and verdict is DlqVerdict.CLASS_MISMATCH:
+        return f"the record's class is {job.job_class!r}"
+    return ""
 
 
 def _park(
