@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import AwsTestEnv
 from pydantic import BaseModel
-from worker_helpers import collect_journal, read_view, running, wait_until
+from worker_helpers import HANG_GUARD, collect_journal, read_view, running, wait_until
 
 from sqs_lease import App, AsyncWorker, Producer, Settings, Worker
 from sqs_lease._aws import SyncDriver
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 
-HANG = 30.0  # hang guard only
+HANG = HANG_GUARD  # hang guard only
 
 
 class Doc(BaseModel):
