@@ -4,7 +4,8 @@ Synthesise with ``python app.py`` (no CDK CLI needed) or deploy with ``cdk deplo
 (see README.md). Context values: ``prefix`` (resource names, as the library's
 ``--prefix``), ``lambda_asset`` (a directory holding sqs-lease and the job
 module), ``worker_image`` (the ECS worker image), ``fifo`` (``true``: FIFO
-queues), ``encrypted`` (``true``: a KMS key of the stack's own for both queues).
+queues), ``encrypted`` (``true``: a KMS key of the stack's own for the queues),
+``interactive`` (``true``: the interactive jobs' queue too, for priorities).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class ExampleStack(cdk.Stack):
         worker_image: str = "sqs-lease-worker:latest",
         fifo: bool = False,
         encrypted: bool = False,
+        interactive: bool = False,
         **kwargs: object,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -90,6 +92,7 @@ class ExampleStack(cdk.Stack):
             prefix=prefix,
             lambda_timeout=LAMBDA_TIMEOUT,
             fifo=fifo,
+            interactive=interactive,
             encryption_key=self.queue_key,
         )
         self.tables = LeaseTables(self, "Tables", prefix=prefix)
@@ -162,6 +165,7 @@ def build(app: cdk.App) -> ExampleStack:
         worker_image=image,
         fifo=_flag(app.node.try_get_context("fifo")),
         encrypted=_flag(app.node.try_get_context("encrypted")),
+        interactive=_flag(app.node.try_get_context("interactive")),
     )
 
 

@@ -41,6 +41,7 @@ from ._aio import AsyncDriver
 from ._aws import Timeouts
 from ._config import Settings
 from ._core.attempt import (
+    DLQ_SWEEP_RECEIVES,
     HandlerRun,
     attempt_flow,
     first_sweep_wait,
@@ -511,5 +512,6 @@ class AsyncWorker(ShellBase):
                 older_than=self.sweep_grace,
                 limit=self.sweep_limit,
                 send_id_prefix=uuid.uuid4().hex,
+                dlq_receives=DLQ_SWEEP_RECEIVES,
             )
         )

@@ -11,6 +11,7 @@ import click
 
 from ._cli_out import EXIT_NOT_FOUND, emit_json, json_option, note, table
 from ._config import Settings
+from ._core.deadletter import DlqFinding, DlqReport, DlqVerdict
 from ._dlq import (
     DlqMessage,
     age,
@@ -18,6 +19,7 @@ from ._dlq import (
     dlq_url_of,
     find_in_dlq,
     peek_dlq,
+    reconcile_dlq,
     redrive_dlq,
 )
 
@@ -51,15 +53,48 @@ def dlq() -> None:
 
 @dlq.command("list")
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option(
+    "--reconcile",
+    is_flag=True,
+    help="Also settle each message's job: park a job still queued or running on a "
+    "message SQS moved here (its record says why); report finished jobs' messages.",
+)
+@click.option(
+    "--delete-finished",
+    is_flag=True,
+    help="With --reconcile: delete the messages of jobs that have finished.",
+)
+@click.option("--dry-run", is_flag=True, help="With --reconcile: only say what it would do.")
 @json_option("One JSON object per message, one per line (no bodies).")
 @click.pass_context
-def dlq_list(ctx: click.Context, limit: int, as_json: bool) -> None:
+def dlq_list(
+    ctx: click.Context,
+    limit: int,
+    reconcile: bool,
+    delete_finished: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
     """List DLQ messages: the job each names and why it is there (never bodies).
 
     SQS shows a message only by receiving it: each is hidden for a moment while
     the list is made, and made visible again before the command ends.
+
+    With --reconcile each message's job record is read too. A job still `queued` or
+    `running` whose current message is here would wait forever (nothing runs a DLQ
+    message): it is parked, with a reason naming the DLQ and the receive count, by a
+    write that holds only while the record still names this message (a job re-sent
+    since is left alone). Exit 1 if a park or delete failed.
     """
     settings = _settings(ctx)
+    if (delete_finished or dry_run) and not reconcile:
+        raise click.UsageError("--delete-finished and --dry-run go with --reconcile")
+    if reconcile:
+        report = reconcile_dlq(
+            settings, limit=limit, delete_finished=delete_finished, dry_run=dry_run
+        )
+        _reconciled(settings, report, limit, as_json)
+        return
     found, more = peek_dlq(settings, limit=limit)
     if more:
         _, url = dlq_url_of(settings)
@@ -85,6 +120,88 @@ def dlq_list(ctx: click.Context, limit: int, as_json: bool) -> None:
             ]
         )
     click.echo(table(rows))
+
+
+_VERDICT_SAID = {
+    DlqVerdict.PARKED: "job parked",
+    DlqVerdict.WOULD_PARK: "would park the job",
+    DlqVerdict.ALREADY_PARKED: "job already parked: left",
+    DlqVerdict.FINISHED: "job finished: message left (--delete-finished deletes it)",
+    DlqVerdict.DELETED: "job finished: message deleted",
+    DlqVerdict.WOULD_DELETE: "job finished: would delete the message",
+    DlqVerdict.SUPERSEDED: "job re-sent since: left",
+    DlqVerdict.NO_RECORD: "no such job: left",
+    DlqVerdict.CLASS_MISMATCH: "message names another class: left",
+    DlqVerdict.NOT_A_JOB: "not a job message: left",
+    DlqVerdict.UNREADABLE: "job record unreadable: left",
+    DlqVerdict.FAILED: "FAILED",
+}
+
+
+def _finding_fields(f: DlqFinding) -> dict[str, Any]:
+    m = f.message
+    return {
+        "message_id": m.message_id,
+        "job_id": m.job_id,
+        "job_class": m.job_class,
+        "send_id": m.send_id,
+        "reason": m.reason,
+        "receive_count": m.receive_count,
+        "sent_at": m.sent_wall,
+        "is_job_message": f.verdict is not DlqVerdict.NOT_A_JOB,
+        "verdict": f.verdict.value,
+        "job_state": f.job_state.value if f.job_state is not None else None,
+        "token": f.token,
+        "detail": f.detail,
+    }
+
+
+def _reconciled(settings: Settings, report: DlqReport, limit: int, as_json: bool) -> None:
+    if report.more:
+        note(
+            f"--limit {limit} reached: the DLQ holds more (about "
+            f"{approximate_depth(settings, report.dlq_url)} in all); run again, or raise "
+            "--limit (up to 1000)"
+        )
+    if as_json:
+        for f in report.findings:
+            emit_json(_finding_fields(f))
+    else:
+        now = time.time()
+        rows = [["MESSAGE ID", "JOB", "CLASS", "AGE", "RECEIVES", "JOB STATE", "RECONCILED"]]
+        for f in report.findings:
+            said = _VERDICT_SAID[f.verdict]
+            if f.detail and f.verdict is not DlqVerdict.PARKED:
+                said += f" ({f.detail})"
+            rows.append(
+                [
+                    f.message.message_id,
+                    f.message.job_id or "-",
+                    f.message.job_class or "-",
+                    age(f.message.sent_wall, now),
+                    str(f.message.receive_count),
+                    f.job_state.value if f.job_state is not None else "-",
+                    said,
+                ]
+            )
+        click.echo(table(rows))
+        c = report.count
+        if any(
+            f.verdict in (DlqVerdict.WOULD_PARK, DlqVerdict.WOULD_DELETE) for f in report.findings
+        ):
+            summary = (
+                f"{len(report.findings)} messages: {c(DlqVerdict.WOULD_PARK)} jobs would be "
+                f"parked, {c(DlqVerdict.WOULD_DELETE)} messages deleted (dry run: nothing changed)"
+            )
+        else:
+            summary = (
+                f"{len(report.findings)} messages: {c(DlqVerdict.PARKED)} jobs parked, "
+                f"{c(DlqVerdict.DELETED)} messages deleted"
+            )
+            summary += f", {c(DlqVerdict.FAILED)} failed" if c(DlqVerdict.FAILED) else ""
+        click.echo(summary)
+    if report.count(DlqVerdict.FAILED):
+        raise click.exceptions.Exit(EXIT_NOT_FOUND)
 
 
 @dlq.command("show")

@@ -21,15 +21,15 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ._aws import make_client
+from ._aws import SyncDriver, make_client
 from ._config import Settings
+from ._core.deadletter import REASON_ATTRIBUTE, SQS_REDRIVE_REASON, DlqReport, reconcile_dlq_flow
 from ._core.fifo import fifo_params
 from ._core.flows import Delivery, parse_message
 from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
-from ._resources import _call, queue_url, redrive
+from ._resources import _call, check_table, queue_url, redrive
+from ._schema import JobTable
 
-REASON_ATTRIBUTE = "sqs_lease_reason"
-SQS_REDRIVE_REASON = "moved by the queue's redrive policy (its receives ran out before a claim)"
 _BATCH = 10  # SQS's largest receive and batch
 _HOLD = 60  # seconds a looked-at message stays hidden while the look goes on
 
@@ -240,6 +240,34 @@ def redrive_dlq(
     finally:
         looker.give_back()
     return RedriveReport(url, dlq, out, more)
+
+
+def reconcile_dlq(
+    settings: Settings,
+    *,
+    limit: int = 50,
+    delete_finished: bool = False,
+    dry_run: bool = False,
+    driver: SyncDriver | None = None,
+) -> DlqReport:
+    """Reconcile up to ``limit`` DLQ messages with their jobs' records (the decisions
+    are the core's, :mod:`sqs_lease._core.deadletter`): a job whose current message
+    SQS moved to the DLQ while its record says ``queued`` or ``running`` is parked
+    with the reason; finished jobs' messages are reported (deleted with
+    ``delete_finished``); everything else is left. ``dry_run`` changes nothing."""
+    _, dlq = dlq_url_of(settings)
+    check_table(settings)
+    return (driver or SyncDriver(settings)).run(
+        reconcile_dlq_flow(
+            JobTable(settings.jobs_table),
+            dlq_url=dlq,
+            wall_now=time.time(),
+            limit=limit,
+            delete_finished=delete_finished,
+            dry_run=dry_run,
+            by="cli",
+        )
+    )
 
 
 def _move_one(looker: _Looker, url: str, msg: DlqMessage) -> Redriven:

@@ -33,7 +33,14 @@ from ._core.intents import (
     success_meaning,
     successor_key,
 )
-from ._core.records import UNDELIVERED_CODE, GroupView, JobRequests, JobState, JobView
+from ._core.records import (
+    DEAD_LETTERED_CODE,
+    UNDELIVERED_CODE,
+    GroupView,
+    JobRequests,
+    JobState,
+    JobView,
+)
 from ._core.slots import SlotView
 from ._core.timeline import TimelineKind as TK
 from ._core.timeline import event
@@ -654,6 +661,52 @@ class JobTable:
         # carried, and the park says so instead of leaving `running` behind. The
         # token moves on (as a cancel's does), so a lapsed owner that comes back
         # reads "lost", never "finished by my own write".
+        return self._park_unheld(
+            job_id,
+            job_class=job_class,
+            send_id=send_id,
+            reason=reason,
+            wall_now=wall_now,
+            error_code=UNDELIVERED_CODE,
+            kind=TK.UNDELIVERABLE,
+            sent=[],
+        )
+
+    def park_dead_lettered(
+        self,
+        job_id: str,
+        *,
+        job_class: str,
+        send_id: str | None,
+        reason: str,
+        wall_now: float,
+    ) -> Call:
+        # The same park for a message SQS moved to the DLQ itself (its receives ran
+        # out): a DLQ reconciliation found it there. That message was sent, so the
+        # record leaves the unsent index too.
+        return self._park_unheld(
+            job_id,
+            job_class=job_class,
+            send_id=send_id,
+            reason=reason,
+            wall_now=wall_now,
+            error_code=DEAD_LETTERED_CODE,
+            kind=TK.DEAD_LETTERED,
+            sent=_SENT,
+        )
+
+    def _park_unheld(
+        self,
+        job_id: str,
+        *,
+        job_class: str,
+        send_id: str | None,
+        reason: str,
+        wall_now: float,
+        error_code: str,
+        kind: TK,
+        sent: list[Action],
+    ) -> Call:
         current: Condition = (
             (R.send_id.does_not_exist() & R.unsent.does_not_exist())
             if send_id is None
@@ -669,10 +722,11 @@ class JobTable:
                 R.state.set(JobState.PARKED.value),
                 R.token.set(R.token + 1),
                 R.reason.set(reason),
-                R.error_code.set(UNDELIVERED_CODE),
+                R.error_code.set(error_code),
                 R.updated_at.set(wall_now),
                 R.lease_deadline.remove(),
-                _log(event(TK.UNDELIVERABLE, wall_now, detail=reason)),
+                *sent,
+                _log(event(kind, wall_now, detail=reason)),
             ],
             returns="ALL_OLD",
         )

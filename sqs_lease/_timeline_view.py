@@ -16,7 +16,8 @@ from typing import Any
 from ._core.timeline import TimelineEvent, TimelineKind, from_journal, from_record, merged
 
 RECORD_LANE = "(record)"
-"""The lane of events no worker owns: submit, cancel, resume, resolve, undeliverable."""
+"""The lane of events no worker owns: submit, cancel, resume, resolve, undeliverable,
+dead-lettered."""
 
 GAP_SECONDS = 5.0
 """A pause between two events at least this long is drawn as a gap."""
@@ -30,6 +31,7 @@ _MARK = {
     TimelineKind.RETRY: "↺",
     TimelineKind.PARKED: "■",
     TimelineKind.UNDELIVERABLE: "■",
+    TimelineKind.DEAD_LETTERED: "■",
     TimelineKind.FAILED: "✘",
     TimelineKind.RELEASED: "○",
     TimelineKind.CANCELLED: "⊘",
@@ -50,6 +52,7 @@ _COLOUR = {
     TimelineKind.LEASE_DROPPED: "#cf222e",
     TimelineKind.PARKED: "#bf8700",
     TimelineKind.UNDELIVERABLE: "#bf8700",
+    TimelineKind.DEAD_LETTERED: "#bf8700",
 }
 _ENDS_HOLD = frozenset(
     {
@@ -65,7 +68,9 @@ _ENDS_HOLD = frozenset(
 )
 
 
-_ENDS_ALL = frozenset({TimelineKind.CANCELLED, TimelineKind.UNDELIVERABLE})
+_ENDS_ALL = frozenset(
+    {TimelineKind.CANCELLED, TimelineKind.UNDELIVERABLE, TimelineKind.DEAD_LETTERED}
+)
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,7 @@ def describe(ev: TimelineEvent, previous_owner: str | None = None) -> str:
         TimelineKind.RETRY: "retry",
         TimelineKind.PARKED: "parked",
         TimelineKind.UNDELIVERABLE: "parked: undeliverable",
+        TimelineKind.DEAD_LETTERED: "parked: message in the DLQ",
         TimelineKind.FAILED: "failed",
         TimelineKind.RELEASED: "released (shutdown)",
         TimelineKind.CANCELLED: "cancelled",

@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from ._aws import SyncDriver, Timeouts
 from ._config import Settings
 from ._core.attempt import (
+    DLQ_SWEEP_RECEIVES,
     HandlerRun,
     attempt_flow,
     first_sweep_wait,
@@ -318,6 +319,7 @@ class Worker(ShellBase):
                 older_than=self.sweep_grace,
                 limit=self.sweep_limit,
                 send_id_prefix=uuid.uuid4().hex,
+                dlq_receives=DLQ_SWEEP_RECEIVES,
             )
         )
 

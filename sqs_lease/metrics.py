@@ -113,7 +113,11 @@ METRICS: tuple[MetricSpec, ...] = (
         "effects whose outcome nobody can tell: an operator must resolve them",
     ),
     MetricSpec(
-        "ParkedJobs", "Count", "counter", "`job_parked`", "jobs parked for an operator"
+        "ParkedJobs",
+        "Count",
+        "counter",
+        "`job_parked`, `job_dead_lettered`",
+        "jobs parked for an operator",
     ),
     MetricSpec("JobsClaimed", "Count", "counter", "`job_claimed`", "attempts started"),
     MetricSpec("JobsSucceeded", "Count", "counter", "`result_committed`", "results committed"),
@@ -145,6 +149,7 @@ _COUNTER_OF: dict[str, str] = {
     "result_rejected": "RejectedResults",
     "intent_ambiguous": "AmbiguousIntents",
     "job_parked": "ParkedJobs",
+    "job_dead_lettered": "ParkedJobs",  # a DLQ reconciliation parked it
     "job_claimed": "JobsClaimed",
     "result_committed": "JobsSucceeded",
     "job_failed": "JobsFailed",

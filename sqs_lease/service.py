@@ -141,7 +141,8 @@ class WorkerEnv(BaseSettings):
     sweep_interval: float = Field(
         default=60.0,
         ge=0,
-        description="seconds between sweeps for jobs stranded without a message; 0: off",
+        description="seconds between sweeps for jobs stranded without a message (each "
+        "sweep also reconciles one receive of the DLQ); 0: off",
     )
     sweep_grace: float = Field(
         default=UNSENT_GRACE_SECONDS,

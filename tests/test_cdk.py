@@ -95,9 +95,14 @@ def _of_type(tpl: Json, kind: str) -> dict[str, Json]:
 
 
 def _queues(tpl: Json) -> tuple[Json, Json]:
-    """(job queue, DLQ) properties: the job queue is the one with a redrive policy."""
+    """(job queue, DLQ) properties: the job queue is the one with a redrive policy
+    (and not the interactive queue, which has one too)."""
     queues = _of_type(tpl, "AWS::SQS::Queue")
-    main = next(v for v in queues.values() if "RedrivePolicy" in v["Properties"])
+    main = next(
+        v
+        for v in queues.values()
+        if "RedrivePolicy" in v["Properties"] and "-interactive" not in v["Properties"]["QueueName"]
+    )
     dlq_id = main["Properties"]["RedrivePolicy"]["deadLetterTargetArn"]["Fn::GetAtt"][0]
     return main["Properties"], queues[dlq_id]["Properties"]
 
@@ -397,8 +402,10 @@ def test_the_consumers_get_the_worker_actions_on_their_own_resources_only(tpl: J
         # The only index granted is the one the worker queries, by name.
         (query_on,) = [granted["dynamodb:Query"]]
         assert any("/index/unsent" in r for r in query_on), query_on
-        # Receive is granted on the job queue only, never on the DLQ.
-        assert len(granted["sqs:ReceiveMessage"]) == 1
+        # Receive is granted on the job queue and the DLQ (the sweep's reconciliation
+        # looks at a few DLQ messages and gives them back), delete on the job queue only.
+        assert len(granted["sqs:ReceiveMessage"]) == 2
+        assert len(granted["sqs:DeleteMessage"]) == 1
         # PutItem never on the jobs table (the worker does not create records).
         assert all("Jobs" not in r for r in granted["dynamodb:PutItem"]), fragment
 
@@ -460,9 +467,12 @@ FIFO_PREFIX = f"f{uuid.uuid4().hex[:10]}"
 
 @pytest.fixture(scope="module")
 def fifo_stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The example with both options on: FIFO queues, and a KMS key of its own."""
+    """The example with every option on: FIFO queues, a KMS key of its own, and the
+    interactive queue (priorities)."""
     app = cdk.App(outdir=str(tmp_path_factory.mktemp("cdk.fifo.out")))
-    return EXAMPLE.ExampleStack(app, "FifoExample", prefix=FIFO_PREFIX, fifo=True, encrypted=True)
+    return EXAMPLE.ExampleStack(
+        app, "FifoExample", prefix=FIFO_PREFIX, fifo=True, encrypted=True, interactive=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -532,6 +542,115 @@ def test_cdk_nag_finds_nothing_in_the_fifo_kms_stack_and_cfn_lint_no_error(
     matches = lint_all(json.dumps(fifo_tpl))
     assert [str(m) for m in matches if m.rule.id.startswith("E")] == []
     assert {m.rule.id for m in matches if m.rule.id.startswith("W")} <= {"W3005"}
+
+
+def _interactive(tpl: Json) -> tuple[str, Json]:
+    (found,) = [
+        (k, v["Properties"])
+        for k, v in _of_type(tpl, "AWS::SQS::Queue").items()
+        if "-interactive" in v["Properties"]["QueueName"]
+    ]
+    return found
+
+
+def _queue_id(tpl: Json, name: str) -> str:
+    (qid,) = [
+        k
+        for k, v in _of_type(tpl, "AWS::SQS::Queue").items()
+        if v["Properties"]["QueueName"] == name
+    ]
+    return qid
+
+
+def test_the_interactive_queue_has_the_job_queues_lease_dlq_key_grants_and_alarm(
+    fifo_stack: Any, fifo_tpl: Json
+) -> None:
+    settings = Settings(prefix=FIFO_PREFIX, fifo=True)
+    queue, _ = _queues(fifo_tpl)
+    fast_id, fast = _interactive(fifo_tpl)
+    # The library's own name: the worker and `submit --priority interactive` find it.
+    assert fast["QueueName"] == settings.interactive_queue == f"{FIFO_PREFIX}-jobs-interactive.fifo"
+    assert fast["FifoQueue"] is True and fast["ContentBasedDeduplication"] is False
+    # The same lease, the same redrive to the one DLQ, the same key.
+    assert fast["VisibilityTimeout"] == queue["VisibilityTimeout"]
+    assert fast["RedrivePolicy"] == queue["RedrivePolicy"]
+    assert (
+        fast["KmsMasterKeyId"]
+        == queue["KmsMasterKeyId"]
+        == {"Fn::GetAtt": [_key_id(fifo_tpl), "Arn"]}
+    )
+    assert stack_queue_count(fifo_tpl) == 3
+    assert fifo_stack.queue.interactive_queue is not None
+    # Deny without TLS, like the others.
+    denied = [
+        p["Properties"]["Queues"]
+        for p in _of_type(fifo_tpl, "AWS::SQS::QueuePolicy").values()
+        if {"Ref": fast_id} in p["Properties"]["Queues"]
+    ]
+    assert len(denied) == 1
+    # Workers receive and delete there; the producer sends there.
+    arn = {"Fn::GetAtt": [fast_id, "Arn"]}
+    for fragment, action in (
+        ("LambdaConsumerRole", "sqs:ReceiveMessage"),
+        ("FargateConsumerTaskTaskRole", "sqs:DeleteMessage"),
+        ("ProducerRole", "sqs:SendMessage"),
+    ):
+        on = [
+            r
+            for st in _role_statements(fifo_tpl, fragment)
+            if action in _actions(st)
+            for r in _resources(st)
+        ]
+        assert arn in on, (fragment, action)
+    # The Fargate service scales on both queues' backlog.
+    expressions = {
+        m["Expression"]
+        for a in _of_type(fifo_tpl, "AWS::CloudWatch::Alarm").values()
+        for m in a["Properties"].get("Metrics", [])
+        if "Expression" in m and "tasks" in m["Expression"]
+    }
+    assert expressions == {"(visible + inflight + ivisible + iinflight) / IF(tasks < 1, 1, tasks)"}
+    # Its oldest message alarms as the job queue's does.
+    ages: list[tuple[Json, Json]] = []
+    for alarm in _of_type(fifo_tpl, "AWS::CloudWatch::Alarm").values():
+        props = alarm["Properties"]
+        stats = [m["MetricStat"]["Metric"] for m in props.get("Metrics", []) if "MetricStat" in m]
+        metric = props if "MetricName" in props else (stats[0] if len(stats) == 1 else {})
+        if metric.get("MetricName") == "ApproximateAgeOfOldestMessage":
+            ages.append((props, metric))
+    assert len(ages) == 2
+    (fast_age,) = [
+        props
+        for props, metric in ages
+        if metric["Dimensions"][0]["Value"] == {"Fn::GetAtt": [fast_id, "QueueName"]}
+    ]
+    assert fast_age["Threshold"] == 2 * queue["VisibilityTimeout"]
+
+
+def stack_queue_count(tpl: Json) -> int:
+    return len(_of_type(tpl, "AWS::SQS::Queue"))
+
+
+def test_a_standard_interactive_queue_is_named_as_the_library_names_it() -> None:
+    scope = _scratch()
+    queue = LeasedQueue(scope, "Q", job_classes=[_class()], prefix="shop", interactive=True)
+    LeaseMonitoring(scope, "M", queue=queue)
+    tpl: Json = Template.from_stack(scope).to_json()
+    assert stack_queue_count(tpl) == 3
+    _, fast = _interactive(tpl)
+    assert fast["QueueName"] == Settings(prefix="shop").interactive_queue == "shop-jobs-interactive"
+    dlq_id = _queue_id(tpl, "shop-jobs-dlq")
+    assert fast["RedrivePolicy"]["deadLetterTargetArn"] == {"Fn::GetAtt": [dlq_id, "Arn"]}
+    assert "FifoQueue" not in fast
+    # Without the option: no interactive queue, and no alarm for one.
+    plain = _scratch()
+    LeaseMonitoring(plain, "M", queue=LeasedQueue(plain, "Q", job_classes=[_class()]))
+    plain_tpl: Json = Template.from_stack(plain).to_json()
+    assert stack_queue_count(plain_tpl) == 2
+    assert (
+        len(_of_type(plain_tpl, "AWS::CloudWatch::Alarm"))
+        == len(_of_type(tpl, "AWS::CloudWatch::Alarm")) - 1
+    )
 
 
 def test_a_batching_window_on_a_fifo_queue_is_refused() -> None:

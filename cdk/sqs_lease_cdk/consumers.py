@@ -72,6 +72,10 @@ class LambdaConsumer(Construct):
     against the queue's visibility (>= 6 x timeout + window, AWS's guidance)
     before anything is built. The handler is ``sqs_lease.aws_lambda.entry``
     (the adapter of issue 10), which loads the app named by ``app_ref``.
+
+    It reads the job queue only: the Lambda adapter serves one queue, so a queue made
+    with ``interactive=True`` needs a ``FargateConsumer`` (whose workers serve the
+    interactive queue first) for its interactive jobs.
     """
 
     def __init__(
@@ -198,7 +202,8 @@ class FargateConsumer(Construct):
     it needs to hand back what it still holds (``sqs_lease.deploy.ecs_stop_timeout``),
     so SIGKILL never lands inside a shutdown. The service scales on backlog per
     task: (visible + in-flight messages) / running tasks, against ``concurrency``
-    (what one task runs at once).
+    (what one task runs at once); the interactive queue's messages count too where
+    the queue has one (the workers find it by name and serve it first).
     """
 
     def __init__(
@@ -329,17 +334,28 @@ def backlog_per_task(
         statistic="Average",
         period=period,
     )
+    using: dict[str, cloudwatch.IMetric] = {
+        "visible": queue.queue.metric_approximate_number_of_messages_visible(
+            period=period, statistic="Maximum"
+        ),
+        "inflight": queue.queue.metric_approximate_number_of_messages_not_visible(
+            period=period, statistic="Maximum"
+        ),
+        "tasks": tasks,
+    }
+    backlog = "visible + inflight"
+    fast = queue.interactive_queue
+    if fast is not None:
+        using["ivisible"] = fast.metric_approximate_number_of_messages_visible(
+            period=period, statistic="Maximum"
+        )
+        using["iinflight"] = fast.metric_approximate_number_of_messages_not_visible(
+            period=period, statistic="Maximum"
+        )
+        backlog += " + ivisible + iinflight"
     return cloudwatch.MathExpression(
-        expression="(visible + inflight) / IF(tasks < 1, 1, tasks)",
-        using_metrics={
-            "visible": queue.queue.metric_approximate_number_of_messages_visible(
-                period=period, statistic="Maximum"
-            ),
-            "inflight": queue.queue.metric_approximate_number_of_messages_not_visible(
-                period=period, statistic="Maximum"
-            ),
-            "tasks": tasks,
-        },
+        expression=f"({backlog}) / IF(tasks < 1, 1, tasks)",
+        using_metrics=using,
         label="backlog per task",
         period=period,
     )

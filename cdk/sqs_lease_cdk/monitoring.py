@@ -65,7 +65,8 @@ class LeaseMonitoring(Construct):
     sums one metric over the queue's job classes (at most 10, CloudWatch's limit
     for one alarm). Alarms fire on expired and lost leases, rejected results,
     ambiguous intents, parked jobs, any message in the DLQ, and the oldest
-    message's age (default: twice the queue's visibility, at least 15 min).
+    message's age (default: twice the queue's visibility, at least 15 min), on the
+    job queue and, where the queue has one, on the interactive queue too.
     """
 
     def __init__(
@@ -141,6 +142,33 @@ class LeaseMonitoring(Construct):
             f"the oldest message waited {age}+ s: too few consumers, or they fail",
             alarm_actions,
         )
+        fast = queue.interactive_queue
+        queue_widget_left = [
+            queue.queue.metric_approximate_number_of_messages_visible(period=PERIOD),
+            queue.queue.metric_approximate_number_of_messages_not_visible(period=PERIOD),
+        ]
+        queue_widget_right = [oldest]
+        if fast is not None:
+            fast_oldest = fast.metric_approximate_age_of_oldest_message(
+                period=PERIOD, statistic="Maximum", label="Oldest interactive message age (s)"
+            )
+            self._alarm(
+                "InteractiveOldestMessageAge",
+                fast_oldest,
+                age,
+                f"the oldest interactive message waited {age}+ s: too few consumers, or "
+                "they fail (a person is waiting)",
+                alarm_actions,
+            )
+            queue_widget_left += [
+                fast.metric_approximate_number_of_messages_visible(
+                    period=PERIOD, label="Interactive visible"
+                ),
+                fast.metric_approximate_number_of_messages_not_visible(
+                    period=PERIOD, label="Interactive in flight"
+                ),
+            ]
+            queue_widget_right.append(fast_oldest)
         self._dashboard = cloudwatch.Dashboard(
             self, "Dashboard", dashboard_name=f"{queue.settings.prefix}-sqs-lease"
         )
@@ -163,11 +191,8 @@ class LeaseMonitoring(Construct):
         self._dashboard.add_widgets(
             cloudwatch.GraphWidget(
                 title="Queue",
-                left=[
-                    queue.queue.metric_approximate_number_of_messages_visible(period=PERIOD),
-                    queue.queue.metric_approximate_number_of_messages_not_visible(period=PERIOD),
-                ],
-                right=[oldest],
+                left=queue_widget_left,
+                right=queue_widget_right,
                 width=12,
             ),
             cloudwatch.GraphWidget(title="Dead-letter queue", left=[dlq_depth], width=12),

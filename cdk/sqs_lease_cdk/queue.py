@@ -32,6 +32,10 @@ WORKER_QUEUE_ACTIONS = (
 WORKER_DLQ_ACTIONS = (
     "sqs:SendMessage",  # a poison message is copied there with its reason
     "sqs:GetQueueUrl",  # the DLQ is found from the redrive policy's ARN
+    # The sweep's DLQ reconciliation: it receives a few DLQ messages (parking a job
+    # whose message SQS moved there) and makes them visible again at once.
+    "sqs:ReceiveMessage",
+    "sqs:ChangeMessageVisibility",  # also ChangeMessageVisibilityBatch
 )
 """What a worker calls on the dead-letter queue."""
 
@@ -54,7 +58,11 @@ class LeasedQueue(Construct):
     - a queue policy that denies any access without TLS (both queues);
     - ``fifo``: FIFO queues (names end in ``.fifo``; the DLQ is FIFO too), content-based
       deduplication off: the library sends every message in the job's group (else
-      its own) with its send id as the deduplication id (``sqs_lease._core.fifo``).
+      its own) with its send id as the deduplication id (``sqs_lease._core.fifo``);
+    - ``interactive``: also the interactive jobs' queue (priorities: ``Settings.
+      interactive_queue``, ``PREFIX-jobs-interactive``, ``-interactive.fifo`` on FIFO),
+      with the job queue's visibility, encryption and TLS policy, and a redrive to the
+      same DLQ with the same ``maxReceiveCount``; workers serve it first when it exists.
 
     Names follow the library's ``Settings`` for ``prefix`` and ``queue_name``, so
     a worker started with the same prefix finds the queue.
@@ -69,6 +77,7 @@ class LeasedQueue(Construct):
         prefix: str = "sqs-lease",
         queue_name: str | None = None,
         fifo: bool = False,
+        interactive: bool = False,
         lambda_timeout: Duration | None = None,
         max_batching_window: Duration | None = None,
         encryption_key: kms.IKey | None = None,
@@ -137,11 +146,40 @@ class LeasedQueue(Construct):
             content_based_deduplication=dedup,
             removal_policy=removal_policy,
         )
+        # Priorities (docs/operations.md, "Priorities"): a queue of its own per level,
+        # the same lease and redrive, one DLQ; the worker finds it by name at start.
+        self._interactive: sqs.Queue | None = None
+        if interactive:
+            self._interactive = sqs.Queue(
+                self,
+                "InteractiveQueue",
+                queue_name=settings.interactive_queue,
+                visibility_timeout=Duration.seconds(visibility),
+                dead_letter_queue=sqs.DeadLetterQueue(
+                    queue=self._dlq, max_receive_count=max_receives
+                ),
+                encryption=encryption,
+                encryption_master_key=encryption_key,
+                enforce_ssl=True,
+                fifo=fifo or None,
+                content_based_deduplication=dedup,
+                removal_policy=removal_policy,
+            )
 
     @property
     def queue(self) -> sqs.IQueue:
         """The job queue."""
         return self._queue
+
+    @property
+    def interactive_queue(self) -> sqs.IQueue | None:
+        """The interactive jobs' queue (``interactive=True``), else None."""
+        return self._interactive
+
+    @property
+    def job_queues(self) -> tuple[sqs.IQueue, ...]:
+        """Every queue jobs are sent to: the interactive one (when made), then the job queue."""
+        return (self._interactive, self._queue) if self._interactive else (self._queue,)
 
     @property
     def dead_letter_queue(self) -> sqs.IQueue:
@@ -189,14 +227,15 @@ class LeasedQueue(Construct):
         return self._key
 
     def grant_worker(self, grantee: iam.IGrantable) -> None:
-        """What a worker calls: receive, extend, delete and send on the queue, send on the DLQ."""
-        allow(grantee, WORKER_QUEUE_ACTIONS, [self._queue.queue_arn])
+        """What a worker calls: receive, extend, delete and send on the job queues; send,
+        and the sweep's look, on the DLQ."""
+        allow(grantee, WORKER_QUEUE_ACTIONS, [q.queue_arn for q in self.job_queues])
         allow(grantee, WORKER_DLQ_ACTIONS, [self._dlq.queue_arn])
         self._grant_key(grantee)
 
     def grant_producer(self, grantee: iam.IGrantable) -> None:
-        """What a producer calls: send on the queue."""
-        allow(grantee, PRODUCER_QUEUE_ACTIONS, [self._queue.queue_arn])
+        """What a producer calls: send on the job queues (``--priority interactive``)."""
+        allow(grantee, PRODUCER_QUEUE_ACTIONS, [q.queue_arn for q in self.job_queues])
         self._grant_key(grantee)
 
     def _grant_key(self, grantee: iam.IGrantable) -> None:

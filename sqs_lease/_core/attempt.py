@@ -63,6 +63,7 @@ from typing import Any, Protocol
 
 from .._errors import LeaseLost, PayloadError
 from .calls import Call, Emit, Err, Flow, Invoke, Ok
+from .deadletter import DlqReport, DlqVerdict, reconcile_dlq_flow
 from .deletes import DeleteBatch
 from .deploy import redrive_too_tight
 from .endings import Ending, EndKind, ending_for, stopped_ending
@@ -982,11 +983,28 @@ def shutdown_flow(env: AttemptEnv) -> Flow[None]:
 # ----------------------------------------------------------------------------- sweep
 
 
+DLQ_SWEEP_RECEIVES = 1
+"""DLQ receives (up to 10 messages each) a worker's periodic sweep reconciles: one per
+sweep keeps its cost a few calls a minute; ``sqs-lease dlq list --reconcile`` walks
+the whole DLQ."""
+
+
 def sweep_once_flow(
-    env: AttemptEnv, *, older_than: float, limit: int, send_id_prefix: str
+    env: AttemptEnv,
+    *,
+    older_than: float,
+    limit: int,
+    send_id_prefix: str,
+    dlq_receives: int = 0,
 ) -> Flow[int]:
     """One bounded sweep of stranded records; how many were sent again. Never raises:
-    a failed sweep is journaled (``stranded_sweep_failed``) and the next one tries."""
+    a failed sweep is journaled (``stranded_sweep_failed``) and the next one tries.
+
+    With ``dlq_receives`` (and a DLQ) it then reconciles that many receives of the
+    DLQ (up to 10 messages each): a job whose current message SQS moved there is
+    parked (``job_dead_lettered``), so no record waits ``queued`` or ``running`` for
+    a message nothing will run; a failure is journaled (``dlq_reconcile_failed``)."""
+    resent = 0
     try:
         now = yield from _now(env)
         report: SweepReport = yield from sweep_flow(
@@ -997,14 +1015,35 @@ def sweep_once_flow(
             limit=limit,
             send_id_prefix=send_id_prefix,
         )
+        resent = sum(1 for j in report.jobs if j.verdict == "resent")
+        env.tally("stranded_resent", resent)
     except Exception as exc:  # the sweep must never stop the worker
         yield Emit(
             "stranded_sweep_failed", {"error_code": type(exc).__name__, "reason": str(exc)[:300]}
         )
-        return 0
-    resent = sum(1 for j in report.jobs if j.verdict == "resent")
-    env.tally("stranded_resent", resent)
+    if dlq_receives > 0 and env.dlq_url:
+        yield from _reconcile_dlq_once(env, env.dlq_url, dlq_receives)
     return resent
+
+
+def _reconcile_dlq_once(env: AttemptEnv, dlq_url: str, receives: int) -> Flow[None]:
+    try:
+        now = yield from _now(env)
+        dlq: DlqReport = yield from reconcile_dlq_flow(
+            env.table,
+            dlq_url=dlq_url,
+            wall_now=now.wall,
+            limit=receives * SQS_BATCH,
+            receives=receives,
+            wait_seconds=0,
+            by="sweep",
+        )
+    except Exception as exc:  # the sweep must never stop the worker
+        yield Emit(
+            "dlq_reconcile_failed", {"error_code": type(exc).__name__, "reason": str(exc)[:300]}
+        )
+        return
+    env.tally("dlq_parked", dlq.count(DlqVerdict.PARKED))
 
 
 # ----------------------------------------------------------------------------- startup
@@ -1040,6 +1079,7 @@ def redrive_rules(
 
 
 __all__ = [
+    "DLQ_SWEEP_RECEIVES",
     "ActFor",
     "AttemptEnv",
     "ClassRules",

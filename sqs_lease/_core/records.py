@@ -19,6 +19,11 @@ UNDELIVERED_CODE = "undeliverable"
 that knows its class took it within the bound."""
 
 
+DEAD_LETTERED_CODE = "dead_lettered"
+"""``error_code`` of a job parked because SQS moved its current message to the DLQ
+(its receives reached the queue's ``maxReceiveCount``): found by a DLQ reconciliation."""
+
+
 class JobState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
@@ -178,6 +183,19 @@ class JobRequests(Protocol):
         reason: str,
         wall_now: float,
     ) -> Call: ...
+
+    def park_dead_lettered(
+        self,
+        job_id: str,
+        *,
+        job_class: str,
+        send_id: str | None,
+        reason: str,
+        wall_now: float,
+    ) -> Call:
+        """Park a job whose current message (``send_id``) is in the DLQ: only while it is
+        queued or running with that send and class; the token moves on (ALL_OLD back)."""
+        ...
 
     def save_progress(self, job_id: str, token: int, details_json: str, wall_now: float) -> Call:
         """Keep a handler's progress details on the record (fenced on the token)."""

@@ -60,6 +60,7 @@ class TimelineKind(StrEnum):
     RETRY = "retry"
     PARKED = "parked"
     UNDELIVERABLE = "undeliverable"  # parked by a worker that could not run it; moves the token
+    DEAD_LETTERED = "dead_lettered"  # parked: SQS moved its message to the DLQ; moves the token
     FAILED = "failed"
     RELEASED = "released"
     CANCELLED = "cancelled"  # moves the token
@@ -72,7 +73,12 @@ class TimelineKind(StrEnum):
 
     @property
     def moves_token(self) -> bool:
-        return self in (TimelineKind.CLAIMED, TimelineKind.UNDELIVERABLE, TimelineKind.CANCELLED)
+        return self in (
+            TimelineKind.CLAIMED,
+            TimelineKind.UNDELIVERABLE,
+            TimelineKind.DEAD_LETTERED,
+            TimelineKind.CANCELLED,
+        )
 
 
 @dataclass(frozen=True)
