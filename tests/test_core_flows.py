@@ -1522,7 +1522,7 @@ def test_release_requeues_records_and_sets_visibility_zero() -> None:
         {"Id": "1", "ReceiptHandle": "rh-b", "VisibilityTimeout": 0},
         {"Id": "2", "ReceiptHandle": "rh-c", "VisibilityTimeout": 0},
     ]
-    assert s.event("messages_released") == {"count": 2, "reason": "shutdown"}
+    assert s.event("messages_released") == {"count": 2, "reason": "shutdown", "lapsed": 0}
 
 
 def test_release_batches_by_ten_and_skips_rejected_requeue() -> None:
