@@ -146,7 +146,9 @@ def _measure(moto: Moto, m: int, rounds: int, naive_rounds: int) -> dict[str, An
                 raise RuntimeError(f"naive CMV failed: {out.code}")
         now = time.time()
         for lease in leases:
-            out = driver.execute(jobs.advise(lease.job_id, 1, WORKER, now, lease.lease_seconds))
+            # A fenced conditional write per job (token 1 and running), as a naive
+            # heartbeat would confirm ownership one job at a time.
+            out = driver.execute(jobs.save_progress(lease.job_id, 1, "{}", now))
             calls += 1
             if not isinstance(out, Ok):
                 raise RuntimeError(f"naive conditional UpdateItem failed: {out.code}")

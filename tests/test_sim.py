@@ -26,6 +26,7 @@ from simtools.cli import main, replay_command, run_seeds
 from sqs_lease import Settings, create_tables
 from sqs_lease._core.calls import Call, Err, ErrorKind, Ok, Outcome
 from sqs_lease._core.intents import EffectSpec, IntentState, Resolution, Verdict
+from sqs_lease._core.liveness import HeldJob, Liveness
 from sqs_lease._schema import IntentTable, JobTable
 from sqs_lease._sim.chaos import Chaos
 from sqs_lease._sim.ddb import DdbFaults, IndexSpec, SimDynamo, TableSpec
@@ -407,7 +408,8 @@ def test_job_requests_claim_commit_and_fence() -> None:
     stale = _send(db, T.commit("j1", 1, "w1", '{"r":1}', 12.0))
     assert isinstance(stale, Err) and stale.kind is ErrorKind.CONDITION_FAILED
     assert stale.item is not None and stale.item["token"] == {"N": "2"}
-    assert isinstance(_send(db, T.advise("j1", 2, "w2", 12.0, 30)), Ok)
+    alive = Liveness("w2", 12.0, 0.1, 0, 1, (HeldJob("j1", 2, 42.0),))
+    assert isinstance(_send(db, T.liveness(alive)), Ok)  # unconditional, its own item
     assert isinstance(_send(db, T.commit("j1", 2, "w2", '{"r":2}', 13.0)), Ok)
     job = _job(db)
     assert job["state"] == {"S": "succeeded"} and job["result"] == {"S": '{"r":2}'}
@@ -842,7 +844,7 @@ def test_sim_and_moto_agree_on_real_requests(aws: AwsTestEnv, ddb_client: Any) -
             reconciled=False,
         ),
         jt.commit("j1", 1, "w1", "{}", 14.0),
-        jt.advise("j1", 2, "w2", 14.0, 30),
+        jt.liveness(Liveness("w2", 14.0, 0.1, 0, 1, (HeldJob("j1", 2, 44.0),))),
         jt.commit("j1", 2, "w2", '{"ok":true}', 15.0),
         jt.cancel("j1", "late", 16.0),
     ]
