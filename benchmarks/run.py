@@ -198,7 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=NAMES, help="run only this (repeatable)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     parser.add_argument("--full", action="store_true", help="the long runs (about an hour)")
-    parser.add_argument("--plot", type=Path, default=ROOT / "benchmarks.png")
+    parser.add_argument(
+        "--plot", type=Path, help="draw the plot here (default when writing: benchmarks.png)"
+    )
     parser.add_argument("--write", dest="write", action="store_true", default=None)
     parser.add_argument("--no-write", dest="write", action="store_false")
     parser.add_argument("--json", type=Path, help="also dump the raw results as JSON here")
@@ -226,8 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if write:
         write_markdown(args.output, results, host)
         say(f"wrote {args.output}")
+    plot = args.plot or (ROOT / "benchmarks.png" if write else None)
+    if plot is not None:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-        drawn = write_plot(results, args.plot, f"{stamp}, load {load_average():.1f}")
+        drawn = write_plot(results, plot, f"{stamp}, load {load_average():.1f}")
         say(f"wrote {drawn}" if drawn else "no plot: matplotlib is not installed (bench extra)")
     say(
         f"make bench took {time.monotonic() - started:.0f} s; 1-min load average "
