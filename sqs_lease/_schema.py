@@ -47,6 +47,7 @@ from ._core.timeline import TimelineKind as TK
 from ._core.timeline import event
 from ._errors import RecordUnreadable
 
+GC_TTL = "gc_expires_at"  # = deploy.GC_TTL_ATTRIBUTE (deploy imports this module)
 UNSENT_INDEX = "unsent"
 UNSENT_BUCKET = "unsent"
 
@@ -815,7 +816,7 @@ class JobTable:
 
     def liveness(self, part: Liveness) -> Call:
         # No condition: the liveness record is advisory, never a fence. It has no
-        # ``state``, so no job index holds it; ``expires_at`` is for the table's TTL.
+        # ``state``, so no job index holds it; GC_TTL is for the table's TTL.
         item = {
             "job_id": {"S": liveness_key(part.worker_id, part.part)},
             "kind": {"S": "liveness"},
@@ -825,7 +826,8 @@ class JobTable:
             "part": {"N": str(part.part)},
             "parts": {"N": str(part.parts)},
             "held": {"S": held_json(part.held)},
-            "expires_at": {"N": str(int(part.beat_at + LIVENESS_KEEP_SECONDS))},
+            # The tables' garbage-collection TTL attribute (deploy.GC_TTL_ATTRIBUTE).
+            GC_TTL: {"N": str(int(part.beat_at + LIVENESS_KEEP_SECONDS))},
         }
         return Call("dynamodb", "PutItem", {"TableName": self.table, "Item": item})
 

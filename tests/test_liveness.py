@@ -146,3 +146,10 @@ def test_a_worker_holding_more_than_a_part_writes_one_item_per_part() -> None:
     assert max(len(json.dumps(i)) for i in items) < 40_000
     assert [liveness_of(i) for i in items] == parts
     assert liveness_parts("w", WALL, 0.2, [])[0].held == ()  # holding nothing says so
+
+
+def test_a_liveness_item_expires_by_the_tables_garbage_collection_ttl_attribute() -> None:
+    from sqs_lease.deploy import GC_TTL_ATTRIBUTE
+
+    item = JobTable(TABLE).liveness(liveness_parts("w", WALL, 0.1, [])[0]).params["Item"]
+    assert int(item[GC_TTL_ATTRIBUTE]["N"]) > WALL  # TTL: garbage collection, a day on

@@ -9,8 +9,9 @@ deadline (wall clock). ``jobs show`` reads it by the job record's owner.
 It is advisory: no condition, no decision and no fence reads it; a failed write
 is journaled (``liveness_failed``) and changes nothing. The item lives in the
 job table under a key no job uses (``worker#<id>``, then ``worker#<id>#<n>``
-for further parts), carries no ``state`` (so no job index holds it) and an
-``expires_at`` for the table's TTL (garbage collection only).
+for further parts), carries no ``state`` (so no job index holds it) and a
+``gc_expires_at`` (the tables' garbage-collection TTL attribute,
+``deploy.GC_TTL_ATTRIBUTE``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ LIVENESS_PART = 500
 DynamoDB's 400 KB item limit (and a write costs about 30 WCU, not 400)."""
 
 LIVENESS_KEEP_SECONDS = 86_400.0
-"""How long after its round a liveness item may be removed by TTL (``expires_at``)."""
+"""How long after its round a liveness item may be removed by TTL (``gc_expires_at``)."""
 
 
 @dataclass(frozen=True)
