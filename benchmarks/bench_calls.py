@@ -8,9 +8,8 @@ is counted by op (the library's drivers, subclassed to count).
 
 Floor per job (DESIGN.md section 5): receive/10 + claim + commit + delete/10 (the
 receive's own VisibilityTimeout is the first lease) + heartbeats x (1/10 CMV batch
-+ 1/100 BatchGetItem). The advisory lease write (about twice per lease) is not in
-the floor: one liveness write per worker per round is to replace it (issue 12
-item 4), so it shows as the excess it is.
++ 1/100 BatchGetItem) + the worker's one liveness write per round, shared by the
+jobs it holds (1/concurrency per job-round); no write per job (issue 12 item 1).
 """
 
 from __future__ import annotations
@@ -246,6 +245,7 @@ def run(quick: bool) -> dict[str, Any]:
         "DeleteMessageBatch": 1 / 10,
         "ChangeMessageVisibilityBatch": k / 10,
         "BatchGetItem": k / 100,
+        "PutItem(liveness)": k / concurrency,
     }
     floor = sum(floor_ops.values())
     app = _app(duration)
@@ -296,12 +296,10 @@ def _journal_line(b: dict[str, Any], t: dict[str, Any]) -> str:
         text += (
             " **Each is a heartbeat round racing its job's own commit**: the round picked the "
             "job while its handler ran, the handler returned and committed, then the round's "
-            "conditional advisory UpdateItem (or its consistent read) found the job "
+            "consistent ownership read found the job "
             "`succeeded` and the flow journaled a lost lease for a job that had just succeeded. "
-            "Harmless (the worker ignores beats of finished jobs; no lease was lost), but each "
-            "costs a wasted write and a misleading event. The advisory write could skip jobs "
-            "whose handler has returned, or the flow could read our own token in a terminal "
-            "state as finished rather than lost."
+            "Harmless (the worker ignores beats of finished jobs; no lease was lost), but a "
+            "misleading event."
         )
     return text
 
@@ -326,8 +324,8 @@ def render(r: dict[str, Any]) -> str:
         "BatchGetItem": (
             f"keys per call: {fmt(b['batch_get_fill'], 1)} / {fmt(t['batch_get_fill'], 1)}"
         ),
-        "UpdateItem(advise)": "advisory lease fields, one per lease/2 of handler time: "
-        "not in the floor (one liveness write per worker per round is to replace it)",
+        "PutItem(liveness)": "the worker's liveness record, once per round for all the jobs "
+        "it holds (lease left and heartbeat age for `jobs show`)",
         "ReceiveMessage(empty)": "idle long polls (between waves); not in the total",
     }
     labels = sorted(set(b["calls_by_op_per_job"]) | set(t["calls_by_op_per_job"]) | set(floor))

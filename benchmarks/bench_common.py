@@ -127,7 +127,10 @@ def fresh_settings(endpoint: str, tag: str) -> tuple[Settings, str]:
 
 
 def call_label(c: Call) -> str:
-    """The op name, with UpdateItem told apart by the attributes it sets."""
+    """The op name, with UpdateItem told apart by the attributes it sets (and the
+    worker's liveness PutItem from other puts)."""
+    if c.op == "PutItem" and c.params.get("Item", {}).get("kind", {}).get("S") == "liveness":
+        return "PutItem(liveness)"
     if c.op != "UpdateItem":
         return c.op
     names = c.params.get("ExpressionAttributeNames") or {}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import threading
 import time
 import warnings
@@ -282,6 +283,15 @@ def _worker_contender(
     )
 
 
+def _point(r: Run, concurrency: int) -> dict[str, float]:
+    return {
+        "concurrency": concurrency,
+        "jobs_per_second": r.jobs_per_second,
+        "calls_per_job": sum(r.calls.values()) / r.jobs,
+        "moto_busy": r.moto_cpu / r.wall,
+    }
+
+
 def _one(moto: Moto, kind: str, n: int, concurrency: int, depth: int, pt: Any) -> Run:
     settings, url = fresh_settings(moto.endpoint, "ovh")
     ids = [f"o{i:05d}" for i in range(n)]
@@ -299,20 +309,45 @@ def _one(moto: Moto, kind: str, n: int, concurrency: int, depth: int, pt: Any) -
     return _loop_contender(moto, settings, url, bodies, concurrency, depth, kind, pt)
 
 
+SWEPT = ("powertools", "fenced loop", "sqs-lease", "sqs-lease async")
+"""Contenders run again at other concurrencies, for the plot (throughput and requests
+per job against concurrency)."""
+
+
 def run(quick: bool) -> dict[str, Any]:
-    n = 10 if quick else 200
-    reps = 1 if quick else 3
+    full = bool(os.environ.get("BENCH_FULL"))
+    n = 10 if quick else (200 if full else 100)
+    reps = 1 if quick else (3 if full else 2)
     concurrency, depth = 10, 50
+    sweep_n = 10 if quick else (100 if full else 50)
+    sweep_at = (2, 20) if quick else ((1, 5, 25, 50) if full else (1, 25))
     pt, pt_note = _powertools()
     contenders = [c for c in CONTENDERS if c != "powertools" or pt is not None]
     runs: dict[str, list[Run]] = {c: [] for c in contenders}
+    sweep: dict[str, list[dict[str, float]]] = {c: [] for c in SWEPT if c in contenders}
     warnings.filterwarnings("ignore", message=".*remaining time left.*")
     with moto_server() as moto:
         for _ in range(reps):
             for kind in contenders:
                 runs[kind].append(_one(moto, kind, n, concurrency, depth, pt))
+        for conc in sweep_at:
+            for kind in sweep:
+                one = _one(moto, kind, sweep_n, conc, max(depth, 2 * conc), pt)
+                sweep[kind].append(_point(one, conc))
+    for kind in sweep:
+        # The main runs are the point at concurrency 10 (their median).
+        main = sorted(runs[kind], key=lambda r: r.jobs_per_second)[len(runs[kind]) // 2]
+        sweep[kind].append(_point(main, concurrency))
+        sweep[kind].sort(key=lambda p: p["concurrency"])
     out: dict[str, Any] = {
-        "params": {"messages": n, "concurrency": concurrency, "queue_depth": depth, "reps": reps},
+        "params": {
+            "messages": n,
+            "concurrency": concurrency,
+            "queue_depth": depth,
+            "reps": reps,
+            "sweep_messages": sweep_n,
+        },
+        "sweep": sweep,
         "powertools": pt_note if pt is None else f"aws-lambda-powertools {pt_note}",
         "powertools_included": pt is not None,
         "contenders": {},
@@ -422,9 +457,31 @@ def render(r: dict[str, Any]) -> str:
             verdict,
             "",
             f"- Calls per job by op: {ops}.",
+            _sweep_line(r),
             f"- {pt_line} Powertools writes the idempotency record twice per message "
             "(PutItem IN_PROGRESS with a condition, UpdateItem COMPLETED); it gives no lease, "
             "no fencing and no heartbeat, so it is cheaper per message but does not stop a "
             "second delivery from running while the first is still alive.",
         ]
+    )
+
+
+def _sweep_line(r: dict[str, Any]) -> str:
+    """The concurrency sweep (the plot's upper panels), as one line per contender."""
+    sweep: dict[str, list[dict[str, float]]] = r.get("sweep") or {}
+    if not sweep:
+        return "- No concurrency sweep in this run."
+    parts = []
+    for kind, points in sweep.items():
+        cells = ", ".join(
+            f"{int(pt['concurrency'])}: {fmt(pt['jobs_per_second'], 1)} jobs/s "
+            f"{fmt(pt['calls_per_job'])} req/job"
+            for pt in points
+        )
+        parts.append(f"{kind} ({cells})")
+    return (
+        f"- Against concurrency ({r['params'].get('sweep_messages')} messages per point; the "
+        "point at 10 is the median run above; plotted in `benchmarks.png`): "
+        + "; ".join(parts)
+        + "."
     )

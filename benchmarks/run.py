@@ -2,15 +2,20 @@
 
 Usage::
 
-    python benchmarks/run.py [--only NAME ...] [--quick] [--no-write | --write]
-                             [--json FILE] [--output FILE] [--max-load X] [--max-wait S]
+    python benchmarks/run.py [--only NAME ...] [--quick | --full] [--no-write | --write]
+                             [--json FILE] [--output FILE] [--plot FILE]
+                             [--max-load X] [--max-wait S]
 
 Each benchmark starts its own moto server in a separate process. The figures go
 between ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in BENCHMARKS.md, one
 sub-section per benchmark (``--only`` rewrites just its own); the rest of the file
 is kept. ``--quick`` (tiny sizes, for the smoke test) does not write unless
-``--write`` is given. Timings are measured, never asserted: the machines are
-shared and noisy, so read the ratios measured within one run.
+``--write`` is given. The default sizes fit in about 15 minutes on a shared
+2-core machine; ``--full`` (``BENCH_FULL=1``) runs the long ones (3 runs of
+200 messages per contender, a wider concurrency sweep, 1,000 and 5,000 held
+jobs). The plot (``benchmarks.png``, matplotlib) is drawn from the same run.
+Timings are measured, never asserted: the machines are shared and noisy, so
+read the ratios measured within one run.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import re
 import sys
 import time
@@ -34,12 +40,14 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import (  # noqa: E402
     bench_calls,
+    bench_cost,
     bench_heartbeat,
     bench_overhead,
     bench_scale,
     bench_takeover,
 )
 from benchmarks.bench_common import load_average, machine, setup_env  # noqa: E402
+from benchmarks.plot import write_plot  # noqa: E402
 
 COMMAND = "make bench  (= .venv/bin/python benchmarks/run.py)"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
@@ -58,7 +66,8 @@ def _bench(module: ModuleType) -> Bench:
 
 
 BENCHES: tuple[Bench, ...] = tuple(
-    _bench(m) for m in (bench_calls, bench_overhead, bench_heartbeat, bench_takeover, bench_scale)
+    _bench(m)
+    for m in (bench_calls, bench_overhead, bench_heartbeat, bench_takeover, bench_scale, bench_cost)
 )
 NAMES = tuple(b.name for b in BENCHES)
 
@@ -143,6 +152,11 @@ def _intro() -> str:
             "the worker, is the limit**. The machine is shared and noisy (2 cores, other "
             "jobs running): compare the ratios measured side by side within one section, not "
             "absolute figures across sections or runs.",
+            "",
+            "Plot of this run: [benchmarks.png](benchmarks.png) (throughput and requests per job "
+            "against concurrency; heartbeat lateness against jobs in flight). Cost per million "
+            "jobs: benchmark 6. What one queue and its tables carry, and the read cost of the "
+            "operator queries at 10 million records: [docs/scale.md](docs/scale.md).",
         ]
     )
 
@@ -183,19 +197,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks/run.py", description=__doc__.split("\n")[0])
     parser.add_argument("--only", action="append", choices=NAMES, help="run only this (repeatable)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    parser.add_argument("--full", action="store_true", help="the long runs (about an hour)")
+    parser.add_argument(
+        "--plot", type=Path, help="draw the plot here (default when writing: benchmarks.png)"
+    )
     parser.add_argument("--write", dest="write", action="store_true", default=None)
     parser.add_argument("--no-write", dest="write", action="store_false")
     parser.add_argument("--json", type=Path, help="also dump the raw results as JSON here")
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--markdown", type=Path, help="write the rendered block here too")
     parser.add_argument("--max-load", type=float, default=1.5)
-    parser.add_argument("--max-wait", type=float, default=None, help="s (default 180; quick 0)")
+    parser.add_argument("--max-wait", type=float, default=None, help="s (default 60; quick 0)")
     args = parser.parse_args(argv)
+    if args.full:
+        os.environ["BENCH_FULL"] = "1"
+    started = time.monotonic()
     write = (not args.quick) if args.write is None else args.write
     names = args.only or list(NAMES)
     setup_env()
     host = machine()
-    max_wait = args.max_wait if args.max_wait is not None else (0.0 if args.quick else 180.0)
+    max_wait = args.max_wait if args.max_wait is not None else (0.0 if args.quick else 60.0)
     load = wait_for_quiet(args.max_load, max_wait)
     say(f"machine: {host}; load average {load:.2f}")
     results = run_all(names, args.quick)
@@ -207,6 +228,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if write:
         write_markdown(args.output, results, host)
         say(f"wrote {args.output}")
+    plot = args.plot or (ROOT / "benchmarks.png" if write else None)
+    if plot is not None:
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        drawn = write_plot(results, plot, f"{stamp}, load {load_average():.1f}")
+        say(f"wrote {drawn}" if drawn else "no plot: matplotlib is not installed (bench extra)")
+    say(
+        f"make bench took {time.monotonic() - started:.0f} s; 1-min load average "
+        f"{load_average():.2f}"
+    )
     failed = [n for n, r in results.items() if "error" in r]
     if failed:
         say(f"failed: {', '.join(failed)}")

@@ -21,7 +21,7 @@ from pynamodb.attributes import (
 )
 from pynamodb.expressions.condition import Condition
 from pynamodb.expressions.update import Action, Update
-from pynamodb.indexes import GlobalSecondaryIndex, IncludeProjection
+from pynamodb.indexes import GlobalSecondaryIndex, IncludeProjection, KeysOnlyProjection
 from pynamodb.models import Model
 
 from ._core.calls import Call
@@ -33,6 +33,7 @@ from ._core.intents import (
     success_meaning,
     successor_key,
 )
+from ._core.liveness import LIVENESS_KEEP_SECONDS, Liveness, held_json, liveness_key
 from ._core.records import (
     DEAD_LETTERED_CODE,
     UNDELIVERED_CODE,
@@ -46,6 +47,7 @@ from ._core.timeline import TimelineKind as TK
 from ._core.timeline import event
 from ._errors import RecordUnreadable
 
+GC_TTL = "gc_expires_at"  # = deploy.GC_TTL_ATTRIBUTE (deploy imports this module)
 UNSENT_INDEX = "unsent"
 UNSENT_BUCKET = "unsent"
 
@@ -84,6 +86,60 @@ class GroupIndex(GlobalSecondaryIndex["JobRecord"]):  # type: ignore[no-untyped-
 
     group_id = UnicodeAttribute(hash_key=True)
     created_at = NumberAttribute(range_key=True)
+
+
+ATTENTION_INDEX = "attention"
+WORKERS_INDEX = "workers"
+ATTENTION_STATES = (JobState.PARKED.value, JobState.FAILED.value)
+"""Job states an operator lists (``jobs list --state``) from the sparse ``attention``
+index: only records in them carry ``attention``."""
+
+
+class AttentionIndex(GlobalSecondaryIndex["JobRecord"]):  # type: ignore[no-untyped-call]
+    """Sparse index of the jobs that need a person: parked and failed, newest first.
+
+    Only a write that parks or fails a job sets ``attention`` (to the state); a
+    resume removes it. A job that succeeds never enters it, so the index costs
+    no write on the common path, and ``jobs list --state parked`` is one Query per
+    page however many records the table holds.
+    """
+
+    class Meta:
+        index_name = ATTENTION_INDEX
+        projection = IncludeProjection(
+            [
+                "job_class",
+                "state",
+                "owner",
+                "token",
+                "attempt",
+                "payload_hash",
+                "reason",
+                "error_code",
+                "stage",
+                "created_at",
+                "finished_at",
+            ]
+        )
+
+    attention = UnicodeAttribute(hash_key=True)
+    updated_at = NumberAttribute(range_key=True)
+
+
+class WorkersIndex(GlobalSecondaryIndex["JobRecord"]):  # type: ignore[no-untyped-call]
+    """Sparse, keys-only index of the workers' liveness records (``kind = liveness``).
+
+    ``jobs list --state running`` finds the running jobs through it: every live
+    worker's liveness record lists the jobs it holds. Keys only and a key that
+    never changes, so a worker's rewrite of its record each round writes nothing
+    to the index.
+    """
+
+    class Meta:
+        index_name = WORKERS_INDEX
+        projection = KeysOnlyProjection()
+
+    kind = UnicodeAttribute(hash_key=True)
 
 
 class JobRecord(Model):
@@ -143,8 +199,15 @@ class JobRecord(Model):
     # Whose job it is (a user, an account), set by the producer: its own slot pool.
     tenant = UnicodeAttribute(null=True)
 
+    # Present (= the state) only while the job is parked or failed (sparse index).
+    attention = UnicodeAttribute(null=True)
+    # "liveness" on a worker's liveness record (_core/liveness.py); absent on jobs.
+    kind = UnicodeAttribute(null=True)
+
     unsent_index = UnsentIndex()
     group_index = GroupIndex()
+    attention_index = AttentionIndex()
+    workers_index = WorkersIndex()
 
 
 class GroupRecord(Model):
@@ -254,6 +317,7 @@ def _unpark(send_id: str, wall_now: float) -> tuple[Condition, list[Action]]:
         R.state == JobState.PARKED.value,
         [
             R.state.set(JobState.QUEUED.value),
+            R.attention.remove(),
             R.reason.set("resumed after an operator's decision"),
             R.error_code.remove(),
             R.granted_attempts.add(1),
@@ -556,6 +620,7 @@ class JobTable:
             _mine(token, worker_id),
             [
                 R.state.set(JobState.FAILED.value),
+                R.attention.set(JobState.FAILED.value),
                 R.reason.set(reason),
                 R.error_code.set(error_code),
                 R.updated_at.set(wall_now),
@@ -607,6 +672,7 @@ class JobTable:
             _mine(token, worker_id),
             [
                 R.state.set(JobState.PARKED.value),
+                R.attention.set(JobState.PARKED.value),
                 R.reason.set(reason),
                 R.error_code.set("parked"),
                 R.updated_at.set(wall_now),
@@ -720,6 +786,7 @@ class JobTable:
             & current,
             [
                 R.state.set(JobState.PARKED.value),
+                R.attention.set(JobState.PARKED.value),
                 R.token.set(R.token + 1),
                 R.reason.set(reason),
                 R.error_code.set(error_code),
@@ -747,14 +814,22 @@ class JobTable:
         # so only the owner that read the length trims, and only once.
         return self._update(job_id, _mine(token, ""), [R.timeline[i].remove() for i in range(drop)])
 
-    def advise(
-        self, job_id: str, token: int, worker_id: str, wall_now: float, lease_seconds: int
-    ) -> Call:
-        return self._update(
-            job_id,
-            _mine(token, worker_id),
-            [R.last_heartbeat.set(wall_now), R.lease_deadline.set(wall_now + lease_seconds)],
-        )
+    def liveness(self, part: Liveness) -> Call:
+        # No condition: the liveness record is advisory, never a fence. It has no
+        # ``state``, so no job index holds it; GC_TTL is for the table's TTL.
+        item = {
+            "job_id": {"S": liveness_key(part.worker_id, part.part)},
+            "kind": {"S": "liveness"},
+            "owner": {"S": part.worker_id},
+            "beat_at": {"N": repr(round(part.beat_at, 3))},
+            "round_seconds": {"N": repr(round(part.round_seconds, 3))},
+            "part": {"N": str(part.part)},
+            "parts": {"N": str(part.parts)},
+            "held": {"S": held_json(part.held)},
+            # The tables' garbage-collection TTL attribute (deploy.GC_TTL_ATTRIBUTE).
+            GC_TTL: {"N": str(int(part.beat_at + LIVENESS_KEEP_SECONDS))},
+        }
+        return Call("dynamodb", "PutItem", {"TableName": self.table, "Item": item})
 
     def cancel(self, job_id: str, reason: str, wall_now: float) -> Call:
         # Moving the token on fences the current owner out at its next heartbeat.
@@ -763,6 +838,7 @@ class JobTable:
             R.job_id.exists() & R.state.is_in(JobState.QUEUED.value, _RUNNING, "parked"),
             [
                 R.state.set(JobState.FAILED.value),
+                R.attention.set(JobState.FAILED.value),
                 R.token.set(R.token + 1),
                 R.reason.set(f"cancelled: {reason}"),
                 R.error_code.set("cancelled"),
@@ -1109,6 +1185,38 @@ def index_params(index: type[GlobalSecondaryIndex[Any]]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- intents
 
 
+AMBIGUOUS_INDEX = "ambiguous"
+
+
+class AmbiguousIndex(GlobalSecondaryIndex["IntentRecord"]):  # type: ignore[no-untyped-call]
+    """Sparse index of the intents an operator must decide (``ambiguous``), newest first.
+
+    Only the write that marks an intent ambiguous sets ``attention``; an operator's
+    resolution removes it. ``intents list --state ambiguous`` is one Query per page.
+    """
+
+    class Meta:
+        index_name = AMBIGUOUS_INDEX
+        projection = IncludeProjection(
+            [
+                "job_id",
+                "stage",
+                "action",
+                "target",
+                "state",
+                "attempts",
+                "last_token",
+                "external_id",
+                "reason",
+                "resolution",
+                "created_at",
+            ]
+        )
+
+    attention = UnicodeAttribute(hash_key=True)
+    updated_at = NumberAttribute(range_key=True)
+
+
 class IntentRecord(Model):
     """What a side effect was meant to be: key, immutable payload, state, outcome."""
 
@@ -1144,6 +1252,10 @@ class IntentRecord(Model):
     # A new, separate operation an operator approved in this one's place, and back.
     successor = UnicodeAttribute(null=True)
     predecessor = UnicodeAttribute(null=True)
+    # "ambiguous" only while the intent waits for an operator (sparse index).
+    attention = UnicodeAttribute(null=True)
+
+    ambiguous_index = AmbiguousIndex()
 
 
 class AttemptRecord(Model):
@@ -1426,6 +1538,7 @@ class IntentTable:
             (IR.state == IntentState.IN_PROGRESS.value) & (IR.attempts == attempts),
             [
                 IR.state.set(IntentState.AMBIGUOUS.value),
+                IR.attention.set(IntentState.AMBIGUOUS.value),
                 IR.reason.set(reason),
                 IR.updated_at.set(wall_now),
             ],
@@ -1444,6 +1557,7 @@ class IntentTable:
         wall_now: float,
     ) -> dict[str, Any]:
         actions: list[Action] = [
+            IR.attention.remove(),  # decided: out of the ambiguous index
             IR.resolution.set(resolution.value),
             IR.resolved_by.set(who),
             IR.resolved_at.set(wall_now),

@@ -19,7 +19,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from importlib import metadata
@@ -52,6 +52,7 @@ from ._core.intents import (
     repeat_unprotected,
     resolve_flow,
 )
+from ._core.liveness import LIVENESS_PREFIX, Liveness, liveness_key, liveness_of
 from ._core.priority import Priority
 from ._core.stages import stage_rows
 from ._errors import (
@@ -74,6 +75,10 @@ from ._resources import (
     queue_url,
 )
 from ._schema import (
+    AMBIGUOUS_INDEX,
+    ATTENTION_INDEX,
+    ATTENTION_STATES,
+    WORKERS_INDEX,
     AttemptRecord,
     IntentRecord,
     IntentTable,
@@ -266,11 +271,69 @@ def _seconds(value: float) -> str:
     return f"{value:.1f}s"
 
 
-def _lease_left(rec: JobRecord, now: float) -> str:
-    # Advisory only: the lease is SQS's visibility, arbitrated by SQS's clock.
-    if rec.state != "running" or rec.lease_deadline is None:
-        return "-"
-    return _seconds(rec.lease_deadline - now)
+def _liveness(settings: Settings, owners: Iterable[str]) -> dict[str, list[Liveness]]:
+    """The liveness records (every part) of these workers, read in BatchGetItem calls of
+    100 keys (eventually consistent: advisory data, half the read cost)."""
+    ddb = make_client(settings, "dynamodb")
+    found: dict[str, list[Liveness]] = {}
+
+    def read(keys: list[str]) -> None:
+        for i in range(0, len(keys), 100):
+            want: dict[str, Any] = {
+                settings.jobs_table: {"Keys": [{"job_id": {"S": k}} for k in keys[i : i + 100]]}
+            }
+            for _ in range(5):  # UnprocessedKeys: a few more tries, then show what came
+                page = ddb.batch_get_item(RequestItems=want)
+                for item in page.get("Responses", {}).get(settings.jobs_table, []):
+                    live = liveness_of(item)
+                    if live is not None:
+                        found.setdefault(live.worker_id, []).append(live)
+                want = page.get("UnprocessedKeys") or {}
+                if not want:
+                    break
+
+    read(sorted({liveness_key(o) for o in owners}))
+    more = [liveness_key(w, n) for w, parts in found.items() for n in range(1, parts[0].parts)]
+    read(more)
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class _Alive:
+    """What a running job's worker says of it: lease left, heartbeat age, and how known."""
+
+    lease_left: str = "-"
+    heartbeat_age: str = "-"
+    liveness: str | None = None  # None: not running; else where the figures came from
+
+
+def _alive(rec: JobRecord, now: float, live: dict[str, list[Liveness]]) -> _Alive:
+    # Advisory only: the lease is SQS's visibility, arbitrated by SQS's clock. The
+    # figures come from the owner's liveness record (one write per worker per round).
+    if rec.state != "running" or not rec.owner:
+        return _Alive()
+    parts = live.get(rec.owner)
+    if not parts:
+        return _Alive(
+            liveness=f"none found for worker {rec.owner!r} (not yet written, the worker "
+            "stopped long ago, or an older version): lease left and heartbeat age unknown"
+        )
+    beat_at = max(p.beat_at for p in parts)
+    held = next((h for p in parts if (h := p.find(rec.job_id)) is not None), None)
+    age = _seconds(now - beat_at)
+    if held is None or held.token != rec.token:
+        mine = "does not list this job" if held is None else f"lists token {held.token}"
+        return _Alive(
+            heartbeat_age=age,
+            liveness=f"worker {rec.owner!r} beat {age} ago; its liveness record {mine} "
+            f"(token {rec.token}): lease left unknown",
+        )
+    round_s = max(p.round_seconds for p in parts)
+    return _Alive(
+        _seconds(held.lease_deadline - now),
+        age,
+        f"worker {rec.owner!r}, round of {round_s:.2f}s",
+    )
 
 
 def _iso(ts: float | None) -> str | None:
@@ -282,10 +345,15 @@ def _reason(text: str | None) -> str:
     return _one_line(text) if text else "-"
 
 
-def _fields(rec: JobRecord, now: float, names: Sequence[str]) -> dict[str, Any]:
+def _fields(
+    rec: JobRecord, now: float, names: Sequence[str], live: dict[str, list[Liveness]]
+) -> dict[str, Any]:
     out: dict[str, Any] = {name: getattr(rec, name, None) for name in names}
-    out["lease_left"] = _lease_left(rec, now)
-    out["heartbeat_age"] = _age(now, rec.last_heartbeat)
+    alive = _alive(rec, now, live)
+    out["lease_left"] = alive.lease_left
+    out["heartbeat_age"] = alive.heartbeat_age
+    if alive.liveness is not None:
+        out["liveness"] = alive.liveness
     return out
 
 
@@ -701,23 +769,121 @@ def jobs() -> None:
     """Inspect and cancel jobs."""
 
 
-def _scan(settings: Settings, state: str | None, limit: int) -> tuple[list[JobRecord], bool]:
+_INDEXED_STATES = (*ATTENTION_STATES, "running")
+
+
+def _list_jobs(
+    settings: Settings, state: str | None, limit: int, scan: bool
+) -> tuple[list[JobRecord], bool]:
+    """Up to ``limit`` job records, and whether more exist. Never a full Scan unless
+    asked: parked and failed jobs come from the sparse ``attention`` index, running
+    ones from the workers' liveness records (``workers`` index), no state from one
+    bounded page of the table; a state with no index needs ``--scan``."""
     ddb = make_client(settings, "dynamodb")
     names = {f"#f{i}": name for i, name in enumerate(_LIST_FIELDS)}
-    params: dict[str, Any] = {
-        "TableName": settings.jobs_table,
-        # Never read payloads or results just to list jobs.
-        "ProjectionExpression": ", ".join(names),
-        "ExpressionAttributeNames": names,
-    }
-    if state:
-        params["FilterExpression"] = "#st = :st"
-        params["ExpressionAttributeNames"] = {**names, "#st": "state"}
-        params["ExpressionAttributeValues"] = {":st": {"S": state}}
-    items, more = _scan_items(ddb, params, limit)
-    found = [record_of(item) for item in items]
+    projection = {"ProjectionExpression": ", ".join(names), "ExpressionAttributeNames": names}
+    if state in ATTENTION_STATES:
+        items, more = _query_items(
+            ddb,
+            {
+                "TableName": settings.jobs_table,
+                "IndexName": ATTENTION_INDEX,
+                "KeyConditionExpression": "#a = :a",
+                "ExpressionAttributeNames": {"#a": "attention"},
+                "ExpressionAttributeValues": {":a": {"S": state}},
+                "ScanIndexForward": False,  # newest first
+            },
+            limit,
+        )
+        found = [record_of(item) for item in items]
+    elif state == "running":
+        found, more = _running_jobs(settings, ddb, projection, limit)
+    elif state is not None and not scan:
+        _fail(
+            f"jobs list --state {state}: no index holds {state} jobs, so listing them reads "
+            "the whole table (a Scan: about 0.5 read units per 4 KB of every record); add "
+            "--scan to run it anyway, or list an indexed state "
+            f"({', '.join(_INDEXED_STATES)}); `jobs show ID` reads one job",
+            EXIT_ERROR,
+        )
+    else:
+        params: dict[str, Any] = {"TableName": settings.jobs_table, **projection}
+        if state:
+            params["FilterExpression"] = "#st = :st"
+            params["ExpressionAttributeNames"] = {**names, "#st": "state"}
+            params["ExpressionAttributeValues"] = {":st": {"S": state}}
+        else:
+            # Not the workers' liveness records.
+            params["FilterExpression"] = "attribute_exists(#st)"
+            params["ExpressionAttributeNames"] = {**names, "#st": "state"}
+        items, more = _scan_items(ddb, params, limit)
+        found = [record_of(item) for item in items]
     found.sort(key=lambda r: (r.created_at or 0, r.job_id))
     return found, more
+
+
+def _query_items(ddb: Any, params: dict[str, Any], limit: int) -> tuple[list[dict[str, Any]], bool]:
+    """Up to ``limit`` items of a Query, following its pages (one item past the
+    limit is read to know whether more exist): reads only what it returns."""
+    params = dict(params)
+    found: list[dict[str, Any]] = []
+    want = limit + 1
+    while len(found) < want:
+        page = ddb.query(**params, Limit=want - len(found))
+        found.extend(page.get("Items", []))
+        start = page.get("LastEvaluatedKey")
+        if not start:
+            break
+        params["ExclusiveStartKey"] = start
+    return found[:limit], len(found) > limit
+
+
+def _running_jobs(
+    settings: Settings, ddb: Any, projection: dict[str, Any], limit: int
+) -> tuple[list[JobRecord], bool]:
+    """Running jobs: what the workers' liveness records say they hold (found through
+    the keys-only ``workers`` index), each read from its record (eventually
+    consistent) and kept only if it still says running."""
+    workers: list[str] = []
+    params: dict[str, Any] = {
+        "TableName": settings.jobs_table,
+        "IndexName": WORKERS_INDEX,
+        "KeyConditionExpression": "#k = :k",
+        "ExpressionAttributeNames": {"#k": "kind"},
+        "ExpressionAttributeValues": {":k": {"S": "liveness"}},
+    }
+    while True:
+        page = ddb.query(**params)
+        for item in page.get("Items", []):
+            key = item["job_id"]["S"].removeprefix(LIVENESS_PREFIX)
+            if "#" not in key:  # part 0 names the worker; _liveness reads the rest
+                workers.append(key)
+        if not page.get("LastEvaluatedKey"):
+            break
+        params["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    live = _liveness(settings, workers) if workers else {}
+    held = sorted({h.job_id for parts in live.values() for p in parts for h in p.held})
+    found: list[JobRecord] = []
+    for i in range(0, len(held), 100):
+        want: dict[str, Any] = {
+            settings.jobs_table: {
+                "Keys": [{"job_id": {"S": j}} for j in held[i : i + 100]],
+                **projection,
+            }
+        }
+        for _ in range(5):
+            page = ddb.batch_get_item(RequestItems=want)
+            for item in page.get("Responses", {}).get(settings.jobs_table, []):
+                rec = record_of(item)
+                if rec.state == "running":
+                    found.append(rec)
+            want = page.get("UnprocessedKeys") or {}
+            if not want:
+                break
+        if len(found) > limit:
+            break
+    found.sort(key=lambda r: (r.created_at or 0, r.job_id))
+    return found[:limit], len(found) > limit
 
 
 def _scan_items(ddb: Any, params: dict[str, Any], limit: int) -> tuple[list[dict[str, Any]], bool]:
@@ -740,8 +906,8 @@ def _scan_items(ddb: Any, params: dict[str, Any], limit: int) -> tuple[list[dict
 
 def _limit_note(what: str, limit: int, narrow: str) -> None:
     note(
-        f"--limit {limit} reached: more {what} exist and are not shown (a table scan "
-        f"reads them in no particular order); raise --limit, or narrow with {narrow}"
+        f"--limit {limit} reached: more {what} exist and are not shown; raise --limit, "
+        f"or narrow with {narrow}"
     )
 
 
@@ -752,25 +918,36 @@ def _limit_note(what: str, limit: int, narrow: str) -> None:
     default=None,
 )
 @click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
+@click.option(
+    "--scan",
+    is_flag=True,
+    help="Allow a filtered table Scan for a state no index holds (queued, succeeded).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_context
-def jobs_list(ctx: click.Context, state: str | None, limit: int, as_json: bool) -> None:
-    """List jobs (a bounded table scan); the whole reason, wrapped on a terminal.
+def jobs_list(ctx: click.Context, state: str | None, limit: int, scan: bool, as_json: bool) -> None:
+    """List jobs; the whole reason, wrapped on a terminal.
 
-    When --limit cut the list, a note on stderr says so.
+    Parked and failed jobs come from an index (newest first), running ones from the
+    workers' liveness records, no --state from one bounded page of the table; queued
+    and succeeded need --scan (no index holds them). When --limit cut the list, a
+    note on stderr says so.
     """
     settings = _settings(ctx)
     check_table(settings)
-    records, more = _scan(settings, state, limit)
+    records, more = _list_jobs(settings, state, limit, scan)
+    owners = {r.owner for r in records if r.state == "running" and r.owner}
+    live = _liveness(settings, owners) if owners else {}
     now = time.time()
     if more:
         _limit_note("jobs", limit, "--state")
     if as_json:
         for rec in records:
-            click.echo(json.dumps(_fields(rec, now, _LIST_FIELDS), default=str))
+            click.echo(json.dumps(_fields(rec, now, _LIST_FIELDS, live), default=str))
         return
     rows = [["JOB ID", "CLASS", "STATE", "OWNER", "TOKEN", "ATT", "LEASE", "BEAT", "REASON"]]
     for rec in records:
+        alive = _alive(rec, now, live)
         rows.append(
             [
                 rec.job_id,
@@ -779,8 +956,8 @@ def jobs_list(ctx: click.Context, state: str | None, limit: int, as_json: bool) 
                 rec.owner or "-",
                 str(rec.token),
                 str(rec.attempt),
-                _lease_left(rec, now),
-                _age(now, rec.last_heartbeat),
+                alive.lease_left,
+                alive.heartbeat_age,
                 _reason(rec.reason),
             ]
         )
@@ -839,7 +1016,13 @@ def jobs_timeline(
 def jobs_show(
     ctx: click.Context, job_id: str, with_payload: bool, with_result: bool, as_json: bool
 ) -> None:
-    """Show one job record (the payload only with --payload)."""
+    """Show one job record (the payload only with --payload).
+
+    A running job's lease left and heartbeat age come from its owner's liveness
+    record (written once per heartbeat round); ``liveness`` says where they came
+    from, or that none was found.
+    """
+    settings = _settings(ctx)
     item = _job_item(ctx, job_id)
     rec = record_of(item)
     now = time.time()
@@ -848,7 +1031,8 @@ def jobs_show(
     hidden = ("payload", "result", "timeline", "stages", "stage_input")
     names = [n for n in JobRecord.get_attributes() if n not in hidden]
     names.sort(key=lambda n: (n != "job_id", n))
-    data = _fields(rec, now, names)
+    live = _liveness(settings, [rec.owner]) if rec.state == "running" and rec.owner else {}
+    data = _fields(rec, now, names, live)
     data["timeline_events"] = len(rec.timeline or ())  # drawn by `jobs timeline`
     rows = stage_rows(view_of(item))
     if rows:
@@ -1108,10 +1292,42 @@ def _attempt_of(item: dict[str, Any]) -> AttemptRecord:
     return rec
 
 
-def _scan_intents(
-    settings: Settings, state: str | None, job_id: str | None, limit: int
+def _list_intents(
+    settings: Settings, state: str | None, job_id: str | None, limit: int, scan: bool
 ) -> tuple[list[IntentRecord], bool]:
+    """Up to ``limit`` intents: ambiguous ones from the sparse ``ambiguous`` index (a
+    Query, newest first), none filtered from one bounded page of the table; any
+    other filter needs ``--scan`` (no index holds it)."""
     ddb = make_client(settings, "dynamodb")
+    if state == IntentState.AMBIGUOUS.value:
+        params_q: dict[str, Any] = {
+            "TableName": settings.intents_table,
+            "IndexName": AMBIGUOUS_INDEX,
+            "KeyConditionExpression": "#a = :a",
+            "ExpressionAttributeNames": {"#a": "attention"},
+            "ExpressionAttributeValues": {":a": {"S": state}},
+            "ScanIndexForward": False,
+        }
+        if job_id:
+            params_q["FilterExpression"] = "#job = :job"
+            params_q["ExpressionAttributeNames"]["#job"] = "job_id"
+            params_q["ExpressionAttributeValues"][":job"] = {"S": job_id}
+        items, more = _query_items(ddb, params_q, limit)
+        found = [_intent_of(item) for item in items]
+        found.sort(key=lambda r: (r.created_at or 0, r.intent_key))
+        return found, more
+    if (state or job_id) and not scan:
+        what = " ".join(
+            part
+            for part in (f"--state {state}" if state else "", f"--job {job_id}" if job_id else "")
+            if part
+        )
+        _fail(
+            f"intents list {what}: no index holds this filter, so listing reads the whole "
+            "intents table (a Scan); add --scan to run it anyway, or list --state ambiguous "
+            "(indexed); `jobs timeline JOB_ID` and `intents show KEY` read one job or intent",
+            EXIT_ERROR,
+        )
     names = {f"#f{i}": name for i, name in enumerate(_INTENT_LIST_FIELDS)}
     params: dict[str, Any] = {
         "TableName": settings.intents_table,
@@ -1153,16 +1369,24 @@ def intents() -> None:
 @click.option("--state", type=click.Choice([s.value for s in IntentState]), default=None)
 @click.option("--job", "job_id", default=None, help="Only this job's intents.")
 @click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
+@click.option(
+    "--scan", is_flag=True, help="Allow a filtered table Scan for a filter no index holds."
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_context
 def intents_list(
-    ctx: click.Context, state: str | None, job_id: str | None, limit: int, as_json: bool
+    ctx: click.Context,
+    state: str | None,
+    job_id: str | None,
+    limit: int,
+    scan: bool,
+    as_json: bool,
 ) -> None:
-    """List intents (a bounded table scan; never payloads); a note says when --limit
-    cut the list."""
+    """List intents (never payloads): ambiguous ones from an index, no filter from one
+    bounded page; other filters need --scan. A note says when --limit cut the list."""
     settings = _settings(ctx)
     check_table(settings)
-    records, more = _scan_intents(settings, state, job_id, limit)
+    records, more = _list_intents(settings, state, job_id, limit, scan)
     now = time.time()
     if more:
         _limit_note("intents", limit, "--state or --job")

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.fault
 @pytest.mark.timeout(600)  # hang guards only: a calm machine takes about 20 s
 def test_quick_bench_run_completes(tmp_path: Path) -> None:
-    out, md = tmp_path / "results.json", tmp_path / "block.md"
+    out, md, png = tmp_path / "results.json", tmp_path / "block.md", tmp_path / "plot.png"
     proc = subprocess.run(
         [
             sys.executable,
@@ -34,6 +34,8 @@ def test_quick_bench_run_completes(tmp_path: Path) -> None:
             str(out),
             "--markdown",
             str(md),
+            "--plot",
+            str(png),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -44,7 +46,7 @@ def test_quick_bench_run_completes(tmp_path: Path) -> None:
     data: dict[str, Any] = json.loads(out.read_text())
     assert {"nproc", "python", "moto"} <= set(data["machine"])
     results = data["results"]
-    assert set(results) == {"calls", "overhead", "heartbeat", "takeover", "scale"}
+    assert set(results) == {"calls", "overhead", "heartbeat", "takeover", "scale", "cost"}
     for r in results.values():
         assert "error" not in r
         assert {"date", "seconds", "load_before"} <= set(r["meta"])
@@ -101,6 +103,18 @@ def test_quick_bench_run_completes(tmp_path: Path) -> None:
         assert sum(p["calls"].get("ChangeMessageVisibilityBatch", 0) for p in r["periods"]) >= 1
     # The stand-in answered every call itself and no extension came after its lease ran out.
     assert scale["runs"][2]["lapsed_extensions"] == 0
+
+    cost = results["cost"]
+    for shape in ("short", "effect", "staged", "held"):
+        raw = cost[shape]["raw"]
+        assert raw["committed"] == raw["jobs"] and raw["failed"] == 0, shape
+        assert cost[shape]["per_job"]["requests"] > 0 and cost[shape]["per_job"]["wcu"] > 0
+    assert cost["held"]["raw"]["calls"].get("PutItem(liveness)", 0) >= 1
+    assert "UpdateItem(advise)" not in cost["held"]["raw"]["calls"]  # no write per job
+    assert cost["ten_minutes"]["rounds"] == 120 and cost["prices_date"]
+    for points in results["overhead"]["sweep"].values():
+        assert len(points) >= 2 and all(p["jobs_per_second"] > 0 for p in points)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     text = md.read_text()
     assert text.startswith(bench_run.START) and text.rstrip().endswith(bench_run.END)

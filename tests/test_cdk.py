@@ -192,7 +192,7 @@ def test_the_tables_take_keys_and_indexes_from_the_library_models(tpl: Json) -> 
             hash_keys
         )
     indexes = {i["IndexName"]: i for i in tables[f"{PREFIX}-jobs"]["GlobalSecondaryIndexes"]}
-    assert set(indexes) == {"unsent", "group"}
+    assert set(indexes) == {"unsent", "group", "attention", "workers"}
     assert indexes["unsent"]["Projection"]["ProjectionType"] == "INCLUDE"
 
 
@@ -406,8 +406,12 @@ def test_the_consumers_get_the_worker_actions_on_their_own_resources_only(tpl: J
         # looks at a few DLQ messages and gives them back), delete on the job queue only.
         assert len(granted["sqs:ReceiveMessage"]) == 2
         assert len(granted["sqs:DeleteMessage"]) == 1
-        # PutItem never on the jobs table (the worker does not create records).
-        assert all("Jobs" not in r for r in granted["dynamodb:PutItem"]), fragment
+        # PutItem on the jobs table only for its liveness record (worker#<id> keys):
+        # the worker never creates a job record.
+        for stmt in statements:
+            if "dynamodb:PutItem" in _actions(stmt) and "Jobs" in json.dumps(stmt["Resource"]):
+                leading = stmt["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"]
+                assert leading == ["worker#*"], stmt
 
 
 def test_the_producer_role_may_only_write_records_and_send(tpl: Json) -> None:

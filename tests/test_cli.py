@@ -144,7 +144,7 @@ def test_submit_list_show_cancel(aws: AwsTestEnv) -> None:
     assert len(rows) == 1
     assert rows[0].split()[:6] == ["j1", "ocr", "queued", "-", "0", "0"]
 
-    as_json = run(aws, "jobs", "list", "--json", "--state", "queued")
+    as_json = run(aws, "jobs", "list", "--json", "--state", "queued", "--scan")
     (record,) = [json.loads(line) for line in as_json.stdout.splitlines()]
     assert record["job_id"] == "j1" and record["token"] == 0 and "payload" not in record
     assert run(aws, "jobs", "list", "--state", "running").stdout.splitlines()[1:] == []

@@ -113,6 +113,7 @@ class Parked:
             updated_at=now - 5,
             first_started_at=now - 110,
             success="accepted",
+            attention="ambiguous",  # as the library's mark_ambiguous writes it
         )
         self.ddb.put_item(TableName=self.settings.intents_table, Item=intent.serialize())
 
@@ -150,6 +151,7 @@ def parked(aws: AwsTestEnv) -> Parked:
         error_code="parked",
         created_at=now - 300,
         updated_at=now - 5,
+        attention="parked",  # as the library's park writes it
     )
     ddb.put_item(TableName=settings.jobs_table, Item=job.serialize())
     p.add_ambiguous(p.key)
@@ -201,14 +203,19 @@ def test_list_shows_the_ambiguous_intent_and_filters(parked: Parked) -> None:
     assert parked.key in result.stdout and other in result.stdout
 
     result = run(parked.aws, "intents", "list", "--state", "confirmed")
+    assert result.exit_code == 2  # no index holds confirmed intents: a Scan, only if asked
+    assert "--scan" in result.output and "--state ambiguous" in result.output
+    result = run(parked.aws, "intents", "list", "--state", "confirmed", "--scan")
     assert result.exit_code == 0
     assert parked.key not in result.stdout and other not in result.stdout
 
-    result = run(parked.aws, "intents", "list", "--job", parked.job_id)
+    result = run(parked.aws, "intents", "list", "--job", parked.job_id, "--scan")
     assert result.exit_code == 0
     assert parked.key in result.stdout and other not in result.stdout
 
-    result = run(parked.aws, "intents", "list", "--job", parked.job_id, "--state", "prepared")
+    result = run(
+        parked.aws, "intents", "list", "--job", parked.job_id, "--state", "prepared", "--scan"
+    )
     assert result.exit_code == 0
     assert parked.key not in result.stdout
 

@@ -784,24 +784,15 @@ class FakeAws:
         raise AssertionError(f"unexpected call {c.op}")
 
 
-def _beat(
-    script: Script, leases: Sequence[LocalLease], advise: frozenset[str] = frozenset()
-) -> HeartbeatReport:
+def _beat(script: Script, leases: Sequence[LocalLease]) -> HeartbeatReport:
     return script.run(
-        heartbeat_flow(
-            table(),
-            queue_url=QUEUE,
-            leases=leases,
-            worker_id=WORKER,
-            wall_now=WALL,
-            advise=advise,
-        )
+        heartbeat_flow(table(), queue_url=QUEUE, leases=leases, worker_id=WORKER, wall_now=WALL)
     )
 
 
 def _lost(leases: Sequence[LocalLease], report: HeartbeatReport) -> list[Mapping[str, Any]]:
     """The heartbeat_lost events the round's verdicts produce (journaled by the shell)."""
-    out = apply_beats(leases, report, started=WALL, advised=frozenset())
+    out = apply_beats(leases, report, started=WALL)
     assert all(e.event == "heartbeat_lost" for e in out.events)
     return [e.fields for e in out.events]
 
@@ -1071,62 +1062,19 @@ def test_heartbeat_dynamodb_unreachable_on_retry_keeps_what_was_read() -> None:
     assert report.beats["job-b"].reason == "dynamodb: EndpointConnectionError"
 
 
-def test_heartbeat_advise_only_for_ok_jobs() -> None:
-    leases = [local_lease("job-a", token=2), local_lease("job-b", token=2)]
-    aws = FakeAws({"job-a": _running("job-a"), "job-b": job_item("job-b", owner=OTHER, token=3)})
-    s = Script(aws)
-    report = _beat(s, leases, advise=frozenset({"job-a", "job-b", "job-zzz"}))
-    advised = s.calls_to("UpdateItem")
-    assert len(advised) == 1  # job-b is lost, job-zzz is not held
-    params = advised[0].params
-    assert params["Key"] == {"job_id": {"S": "job-a"}}
-    assert_fenced(params, token=2)
-    assert update_sets(params) == {
-        "last_heartbeat": repr(WALL),
-        "lease_deadline": repr(WALL + 60),
-    }
-    assert report.calls == 3  # one CMV batch, one BatchGetItem, one advise
-    assert report.beats["job-a"].status == "ok"
-
-
-def test_heartbeat_advise_condition_failure_turns_ok_into_lost() -> None:
-    now_item = job_item("job-1", state=JobState.RUNNING, owner=OTHER, token=3)
-
-    def respond(c: Call) -> Outcome:
-        if c.op == "UpdateItem":
-            return condition_failed(now_item)
-        return FakeAws({"job-1": _running("job-1")})(c)
-
-    s = Script(respond)
-    lease = local_lease("job-1")
-    report = _beat(s, [lease], advise=frozenset({"job-1"}))
-    beat = report.beats["job-1"]
-    assert (beat.status, beat.reason, beat.deadline) == ("lost", "token moved to 3", None)
-    assert s.event_names() == []
-    assert [e["reason"] for e in _lost([lease], report)] == ["token moved to 3"]
-
-
-def test_heartbeat_advise_condition_failure_without_item_is_lost() -> None:
-    def respond(c: Call) -> Outcome:
-        if c.op == "UpdateItem":
-            return condition_failed(None)
-        return FakeAws({"job-1": _running("job-1")})(c)
-
-    s = Script(respond)
-    report = _beat(s, [local_lease("job-1")], advise=frozenset({"job-1"}))
-    assert report.beats["job-1"].status == "lost"
-    assert report.beats["job-1"].reason == "job record is gone"
-
-
-def test_heartbeat_advise_unanswered_keeps_ok() -> None:
-    def respond(c: Call) -> Outcome:
-        if c.op == "UpdateItem":
-            return unreachable()
-        return FakeAws({"job-1": _running("job-1")}, sent_at=300.0)(c)
-
-    s = Script(respond)
-    report = _beat(s, [local_lease("job-1")], advise=frozenset({"job-1"}))
-    assert (report.beats["job-1"].status, report.beats["job-1"].deadline) == ("ok", 360.0)
+def test_heartbeat_round_writes_nothing_per_job() -> None:
+    # Lease left and heartbeat age come from the worker's liveness record (one write
+    # per round, attempt.liveness_flow): the round itself makes no per-job write.
+    leases = [local_lease(f"job-{i}", token=2) for i in range(12)]
+    s = Script(FakeAws({lease.job_id: _running(lease.job_id) for lease in leases}))
+    report = _beat(s, leases)
+    assert [c.op for c in s.calls] == [
+        "ChangeMessageVisibilityBatch",
+        "ChangeMessageVisibilityBatch",
+        "BatchGetItem",
+    ]
+    assert report.calls == 3
+    assert all(b.status == "ok" for b in report.beats.values())
 
 
 # =========================================================================== commit
@@ -1748,15 +1696,9 @@ def test_apply_beats_moves_each_lease_by_its_verdict() -> None:
         [ok_l, lost_l, canc_l, unk_l, done_l, fin_l],
         report,
         started=1100.0,
-        advised=frozenset({"job-ok"}),
     )
     assert out.extended == (ok_l,) and out.cancel == (lost_l, canc_l)
-    assert (ok_l.deadline, ok_l.status, ok_l.next_beat, ok_l.advised_at) == (
-        1180.0,
-        LeaseStatus.OK,
-        1110.0,
-        1100.0,
-    )
+    assert (ok_l.deadline, ok_l.status, ok_l.next_beat) == (1180.0, LeaseStatus.OK, 1110.0)
     assert (lost_l.status, lost_l.reason) == (LeaseStatus.LOST, "token moved to 3")
     assert canc_l.status is LeaseStatus.CANCELLED
     # unknown: the old deadline stands, another try soon (within the reserve)

@@ -404,7 +404,7 @@ def test_a_finished_job_is_not_parked_and_its_spent_message_still_goes_to_the_dl
 def test_a_lost_lease_is_journaled_once_per_attempt_however_it_is_learned() -> None:
     lease = local_lease("job-1", token=2)
     report = HeartbeatReport({"job-1": Beat("job-1", BeatStatus.LOST, reason="token moved to 3")})
-    out = apply_beats([lease], report, started=1000.0, advised=frozenset())
+    out = apply_beats([lease], report, started=1000.0)
     (ev,) = out.events
     assert ev.event == "heartbeat_lost"
     assert (ev.fields["token"], ev.fields["detected_by"], ev.fields["cancelled"]) == (
@@ -414,7 +414,7 @@ def test_a_lost_lease_is_journaled_once_per_attempt_however_it_is_learned() -> N
     )
     # The rejected commit that follows learns the same loss: nothing more to journal.
     assert lose(lease, LossSource.COMMIT, "token moved from 2 to 3") is None
-    assert apply_beats([lease], report, started=1001.0, advised=frozenset()).events == ()
+    assert apply_beats([lease], report, started=1001.0).events == ()
 
 
 def test_a_loss_first_seen_by_a_rejected_commit_after_a_drop_is_journaled() -> None:

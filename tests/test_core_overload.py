@@ -122,8 +122,9 @@ def test_a_rounds_parts_run_through_the_shells_parallel_runner() -> None:
         claimed = ok({"Attributes": job_item(f"job-{i}", state=JobState.QUEUED, token=4)})
         flows.append(_hold(shell, d, claimed))
     shell.mono = MONO + 10.0
-    s = Script([])
+    s = Script([ok()])  # the parts ran in the runner; then the one liveness write
     s.run(heartbeat_round_flow(shell.env))
+    assert [c.op for c in s.calls] == ["PutItem"]
     assert ran == [3]  # 250 leases: three parts of at most 100, run at once
     assert [i.fn for i in s.invoked if isinstance(i.fn, Parallel)]
     assert all(h.lease.next_beat == MONO + 20.0 for h in shell.book.entries())

@@ -476,22 +476,6 @@ def test_plan_reserve_spent_wins_over_other_drop_reasons() -> None:
     assert plan_heartbeat([lease], now=1058.0).drop == ((lease, Drop.RESERVE_SPENT),)
 
 
-def test_plan_advises_about_twice_a_lease_and_only_extended_leases() -> None:
-    fresh = local_lease("fresh", lease_seconds=60)
-    fresh.advised_at = 1000.0
-    stale = local_lease("stale", lease_seconds=60)
-    stale.advised_at = 980.0
-    dropped = local_lease("dropped", lease_seconds=60)
-    dropped.begin_call(1000.0, 1.0)
-    not_due = local_lease("not-due", lease_seconds=60, next_beat=2000.0)
-    plan = plan_heartbeat([fresh, stale, dropped, not_due], now=1010.0)
-    assert [lease.job_id for lease in plan.extend] == ["fresh", "stale"]
-    assert plan.advise == frozenset({"stale"})  # 30 s = L/2 since its last advice
-    fresh_later = plan_heartbeat([fresh], now=1030.0)
-    assert fresh_later.advise == frozenset({"fresh"})
-    assert plan_heartbeat([fresh], now=1029.9).advise == frozenset()
-
-
 # --------------------------------------------------------------------------- loop lag
 
 

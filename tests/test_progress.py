@@ -77,7 +77,7 @@ def test_changed_progress_is_saved_once_fenced_on_the_token_and_not_again_unchan
     sets = update_sets(saves[0].params)
     assert (sets["progress"], sets["progress_token"]) == ("'{\"page\":5}'", "2")
     assert s.event("progress_saved") == {"job_id": "job-1", "token": 2, "size": 10}
-    apply_beats([lease], report, started=WALL, advised=frozenset())
+    apply_beats([lease], report, started=WALL)
     assert lease.progress_saved == '{"page":5}'
     again = Script(FakeAws({"job-1": _running("job-1")}))
     _beat(again, [lease])
@@ -98,7 +98,7 @@ def test_a_stale_tokens_progress_write_is_refused_and_turns_the_beat_into_lost()
     report = _beat(s, [lease])
     assert report.beats["job-1"].status == "lost"
     assert s.event("progress_refused") == {"job_id": "job-1", "token": 2}
-    apply_beats([lease], report, started=WALL, advised=frozenset())
+    apply_beats([lease], report, started=WALL)
     assert lease.progress_saved is None
 
 

@@ -26,6 +26,7 @@ from simtools.cli import main, replay_command, run_seeds
 from sqs_lease import Settings, create_tables
 from sqs_lease._core.calls import Call, Err, ErrorKind, Ok, Outcome
 from sqs_lease._core.intents import EffectSpec, IntentState, Resolution, Verdict
+from sqs_lease._core.liveness import HeldJob, Liveness
 from sqs_lease._schema import IntentTable, JobTable
 from sqs_lease._sim.chaos import Chaos
 from sqs_lease._sim.ddb import DdbFaults, IndexSpec, SimDynamo, TableSpec
@@ -161,11 +162,13 @@ def test_replay_in_another_process_is_identical() -> None:
 
 
 def test_replay_prints_the_log_and_the_violation(capsys: pytest.CaptureFixture[str]) -> None:
-    # Seed 64 breaks it in the narrow world since the floor (issue 12); changes
-    # elsewhere move schedules, so the search starts a little before it.
+    # Seed 122 breaks it in the narrow world since the liveness record replaced the
+    # per-job advisory write (issue 12; 64 before); changes elsewhere move schedules,
+    # so the search starts at it. (95 breaks too, but at the commit's own call, before
+    # any result_committed event.)
     seed = next(
         s
-        for s in range(60, 150)
+        for s in range(122, 250)
         if not run_seed(s, mutation="no_commit_token", features=frozenset()).ok
     )
     argv = ["replay", "--seed", str(seed), "--mutation", "no_commit_token", "--widen", "none"]
@@ -176,14 +179,15 @@ def test_replay_prints_the_log_and_the_violation(capsys: pytest.CaptureFixture[s
 
 
 def test_run_reports_rate_coverage_and_replay_commands(capsys: pytest.CaptureFixture[str]) -> None:
-    # Seed 65 is one no_commit_token breaks in the narrow world (33 was, before the
+    # Seed 122 is one no_commit_token breaks in the narrow world (33 was, before the
     # floor of issue 12 moved the schedules: no CMV per claim, batched deletes, full
     # receives; then 64, until the floor was rebased onto the overload pace and FIFO
-    # receives, which moved them again): a worker discards
+    # receives, which moved them again; then 65, until the liveness record replaced
+    # the per-job advisory write, one call per worker per round): a worker discards
     # what a handler returns after its attempt was told to stop, so only a late result
     # the worker did not know to be stale reaches the (broken) commit.
     narrow = ["--widen", "none"]
-    args = ["run", "--seeds", "2", "--start", "65", "--mutation", "no_commit_token", *narrow]
+    args = ["run", "--seeds", "2", "--start", "122", "--mutation", "no_commit_token", *narrow]
     assert main(args) == 1
     out = capsys.readouterr().out
     assert "schedules/s" in out and "fault coverage" in out
@@ -407,7 +411,8 @@ def test_job_requests_claim_commit_and_fence() -> None:
     stale = _send(db, T.commit("j1", 1, "w1", '{"r":1}', 12.0))
     assert isinstance(stale, Err) and stale.kind is ErrorKind.CONDITION_FAILED
     assert stale.item is not None and stale.item["token"] == {"N": "2"}
-    assert isinstance(_send(db, T.advise("j1", 2, "w2", 12.0, 30)), Ok)
+    alive = Liveness("w2", 12.0, 0.1, 0, 1, (HeldJob("j1", 2, 42.0),))
+    assert isinstance(_send(db, T.liveness(alive)), Ok)  # unconditional, its own item
     assert isinstance(_send(db, T.commit("j1", 2, "w2", '{"r":2}', 13.0)), Ok)
     job = _job(db)
     assert job["state"] == {"S": "succeeded"} and job["result"] == {"S": '{"r":2}'}
@@ -842,7 +847,7 @@ def test_sim_and_moto_agree_on_real_requests(aws: AwsTestEnv, ddb_client: Any) -
             reconciled=False,
         ),
         jt.commit("j1", 1, "w1", "{}", 14.0),
-        jt.advise("j1", 2, "w2", 14.0, 30),
+        jt.liveness(Liveness("w2", 14.0, 0.1, 0, 1, (HeldJob("j1", 2, 44.0),))),
         jt.commit("j1", 2, "w2", '{"ok":true}', 15.0),
         jt.cancel("j1", "late", 16.0),
     ]
@@ -913,9 +918,10 @@ def test_seed_52_a_retried_intent_start_is_recognised_as_our_own() -> None:
     attempt without calling the tool (a later check could then park the job for an
     operator although nothing ever ran). Now it re-reads the intent, sees its own
     attempt and token, and goes on. Seed 33 found it; the floor (issue 12) moved the
-    schedules, seed 52 shows it since.
-    Replay: python -m simtools replay --seed 52 --widen none"""
-    seen = _followed_by(_events(52), "retried_applied_intent_start", "intent_started")
+    schedules, seed 52 showed it until the liveness record replaced the per-job
+    advisory write (one call per worker per round), seed 49 since.
+    Replay: python -m simtools replay --seed 49 --widen none"""
+    seen = _followed_by(_events(49), "retried_applied_intent_start", "intent_started")
     assert seen and all(seen)
 
 
@@ -923,10 +929,11 @@ def test_seed_52_a_retried_intent_confirm_is_recognised_as_our_own() -> None:
     """The confirm transaction applied, its answer was lost, the resend is cancelled (the
     intent is confirmed already). Before the fix: OwnershipUnknown, the attempt abandoned
     with its effect done. Now: recognised as confirmed. Seed 49 found it; the floor
-    (issue 12) moved the schedules, seed 52 shows it since.
-    Replay: python -m simtools replay --seed 52 --widen none"""
+    (issue 12) moved the schedules, seed 52 showed it until the liveness record
+    replaced the per-job advisory write, seed 51 since.
+    Replay: python -m simtools replay --seed 51 --widen none"""
     seen = _followed_by(
-        _events(52), "retried_applied_intent_confirm", "intent_confirmed", already=True
+        _events(51), "retried_applied_intent_confirm", "intent_confirmed", already=True
     )
     assert seen and all(seen)
 
@@ -947,9 +954,10 @@ def test_seed_132_a_stale_verdict_cancels_nothing() -> None:
     Seed 132 found it; changes elsewhere move schedules, so any of these seeds that
     still shows the case will do (209 and 403 did after the intent-flow changes; 517
     since the floor of issue 12, rebased onto the overload pace, moved all three:
-    none of 100-160, 200-260, 400-516 shows it).
-    Replay: python -m simtools replay --seed 517 --widen none"""
-    runs = [run_seed(seed, features=NARROW) for seed in (517,)]
+    none of 100-160, 200-260, 400-516 shows it; 336 since the liveness record
+    replaced the per-job advisory write: none of 100-335 shows it).
+    Replay: python -m simtools replay --seed 336 --widen none"""
+    runs = [run_seed(seed, features=NARROW) for seed in (336,)]
     assert all(r.ok for r in runs)
     assert any(r.counts.get("verdict_for_superseded_attempt") for r in runs)
 
@@ -1312,9 +1320,10 @@ def test_issue_14_features_leave_the_schedules_of_the_others_alone() -> None:
 
 
 def test_concurrent_producers_send_strays_that_claim_nothing() -> None:
-    # Seed 1 showed it until the floor (issue 12) moved the schedules; seed 5 since.
-    r = _issue14(5, "concurrent_submits")
-    assert r.ok, _verdict(r, 5, *PASSING_FEATURES, "concurrent_submits")
+    # Seed 1 showed it until the floor (issue 12) moved the schedules; seed 5 until
+    # the liveness record replaced the per-job advisory write; seed 1 again since.
+    r = _issue14(1, "concurrent_submits")
+    assert r.ok, _verdict(r, 1, *PASSING_FEATURES, "concurrent_submits")
     assert _events_of(r, "message_stray") and _events_of(r, "job_send_superseded")
 
 
@@ -1369,23 +1378,24 @@ def test_plain_calls_leave_the_schedules_of_the_others_alone() -> None:
 
 
 def test_an_older_owner_s_plain_fenced_call_after_a_newer_owner_s_replay_is_refused() -> None:
-    # Seed 33: w1 (token 1) calls plain:job-005:call0, is dropped by the watchdog in a
-    # long step; a newer owner (token 3 since the floor's rebase onto the overload
-    # pace moved the schedule; token 2 before) repeats call0 and gets the stored
-    # answer replayed; then
-    # w1, not yet told, sends its next key, call2. The replay raised the job's mark, so
-    # the target refuses it (412) and w1's attempt is abandoned (LeaseLost). With the
-    # mark raised on applied effects only (fence_mark_on_success_only) it is let through.
+    # Seed 33: an owner of job-005 (token 2 since the liveness record replaced the
+    # per-job advisory write; token 1 before) calls plain:job-005:call0 and is dropped
+    # by the watchdog in a long step; a newer owner (token 4; 3 before, 2 before the
+    # floor's rebase onto the overload pace) repeats call0 and gets the stored answer
+    # replayed; then the older owner, not yet told, sends its next key, call2. The
+    # replay raised the job's mark, so the target refuses it (412) and the older
+    # attempt is abandoned (LeaseLost). With the mark raised on applied effects only
+    # (fence_mark_on_success_only) it is let through.
     r = _issue14(33, "plain_calls")
     assert r.ok, _verdict(r, 33, *PASSING_FEATURES, "plain_calls")
     plain = [e for e in _events_of(r, "effect") if e["key"].startswith("plain:job-005:")]
-    replay = next(i for i, e in enumerate(plain) if e["replayed"] and e["token"] == 3)
+    replay = next(i for i, e in enumerate(plain) if e["replayed"] and e["token"] == 4)
     stale = plain[replay + 1]
-    assert (stale["token"], stale["status"], stale["key"]) == (1, 412, "plain:job-005:call2")
+    assert (stale["token"], stale["status"], stale["key"]) == (2, 412, "plain:job-005:call2")
     assert [
         e
         for e in _events_of(r, "job_abandoned")
-        if e["job_id"] == "job-005" and e["token"] == 1 and e["error_code"] == "LeaseLost"
+        if e["job_id"] == "job-005" and e["token"] == 2 and e["error_code"] == "LeaseLost"
     ]
 
 
@@ -1508,7 +1518,7 @@ def test_soak_seed_401269_an_effect_waits_for_an_unconfirmed_lease_instead_of_gi
     assert _events_of(r, "ownership_wait"), "seed 401272 no longer waits for a verdict"
 
 
-@pytest.mark.parametrize("seed", [401782, 401982])
+@pytest.mark.parametrize("seed", [401782, 401810])
 def test_soak_seed_401794_an_oversize_result_is_judged_by_its_own_attempts_end(seed: int) -> None:
     # Found by the soak of 2026-12-03 (I14, a checker error): a duplicate delivery
     # took the job over while its owner's handler returned an oversize result; the
@@ -1516,7 +1526,8 @@ def test_soak_seed_401794_an_oversize_result_is_judged_by_its_own_attempts_end(s
     # owner's claim ended the job (attempts exhausted). I14 now judges an oversize
     # result only by the end its own attempt (token) wrote. Pinned on 401794 and
     # 401988 until the floor of issue 12 rebased onto the overload pace moved their
-    # schedules (clean, but no refused owner's end); 401782 and 401982 show it now.
+    # schedules (clean, but no refused owner's end); 401782 and 401982 then, and
+    # 401782 and 401810 since the liveness record replaced the per-job advisory write.
     features = tuple(sorted(WIDE_FEATURES))
     r = _wide(seed, *features)
     assert r.ok, _verdict(r, seed, *features)

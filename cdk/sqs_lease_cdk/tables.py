@@ -10,6 +10,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from sqs_lease import ConfigError, Settings
+from sqs_lease._core.liveness import LIVENESS_PREFIX
 from sqs_lease.deploy import GC_TTL_ATTRIBUTE, model_attributes, table_params
 
 from ._common import allow, settings_for
@@ -146,9 +147,19 @@ class LeaseTables(Construct):
         return self._tables["slots"]
 
     def grant_worker(self, grantee: iam.IGrantable) -> None:
-        """What a worker calls, per table, on that table (and its named indexes) only."""
+        """What a worker calls, per table, on that table (and its named indexes) only;
+        and its liveness record: PutItem on the jobs table for ``worker#`` keys only
+        (it never creates a job record)."""
         for role, actions in WORKER_TABLE_ACTIONS.items():
             allow(grantee, actions, self._arns(role))
+        iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["dynamodb:PutItem"],
+            resource_arns=[self._tables["jobs"].table_arn],
+            conditions={
+                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{LIVENESS_PREFIX}*"]}
+            },
+        )
 
     def grant_producer(self, grantee: iam.IGrantable) -> None:
         """What a producer calls: submitting writes the job record."""

@@ -62,7 +62,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .._errors import LeaseLost, PayloadError
-from .calls import Call, Emit, Err, Flow, Invoke, Ok
+from .calls import Call, Emit, Err, Flow, Invoke, Ok, call
 from .deadletter import DlqReport, DlqVerdict, reconcile_dlq_flow
 from .deletes import DeleteBatch
 from .deploy import redrive_too_tight
@@ -90,7 +90,8 @@ from .flows import (
     sweep_flow,
 )
 from .intents import EffectResult, EffectSpec, IntentRequests, effect_flow
-from .leasebook import Held, LeaseBook, LeaseRules, Signal
+from .leasebook import Held, LeaseBook, LeaseRules, Signal, is_open
+from .liveness import HeldJob, liveness_parts
 from .records import JobRequests
 from .slots import (
     HeldSlot,
@@ -790,7 +791,6 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
             leases=extend[i : i + ROUND_PART],
             worker_id=env.worker_id,
             wall_now=wall,
-            advise=plan.advise,
         )
         for i in range(0, len(extend), ROUND_PART)
     ]
@@ -804,17 +804,57 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
         {job_id: beat for r in reports for job_id, beat in r.beats.items()},
         sum(r.calls for r in reports),
     )
-    changed, superseded = book.apply_round(extend, report, started=now, advised=plan.advise)
+    changed, superseded = book.apply_round(extend, report, started=now)
     if superseded:
         env.tally("verdict_for_superseded_attempt", superseded)
     yield from changed.events
     if env.observer is not None:
         env.observer.round_applied(changed.extended)
+    end = yield from _now(env)
+    pressure = None
     if book.pace is not None:
-        ended = (yield from _now(env)).mono
-        pressure = book.paced(extend, due=due, started=now, ended=ended)
-        if pressure is not None:
-            yield pressure
+        pressure = book.paced(extend, due=due, started=now, ended=end.mono)
+    yield from liveness_flow(env, end, round_seconds=end.mono - now)
+    if pressure is not None:
+        yield pressure
+
+
+def liveness_flow(env: AttemptEnv, at: Now, *, round_seconds: float) -> Flow[int]:
+    """After a round: the worker's one liveness record (``_core/liveness.py``): every
+    open lease it holds, with its token and deadline on the wall clock. Advisory:
+    unconditional, and a failure only journaled (``liveness_failed``). Written at
+    most once per heartbeat interval (the shortest held), however many rounds the
+    leases' own schedules make. Returns the calls made (one per
+    :data:`~sqs_lease._core.liveness.LIVENESS_PART` jobs)."""
+    book = env.book
+    open_ = [h for h in book.entries() if is_open(h)]
+    if not open_:
+        return 0
+    every = min(h.lease.heartbeat_seconds for h in open_)
+    if book.liveness_at is not None and at.mono - book.liveness_at < every:
+        return 0
+    book.liveness_at = at.mono
+    held = sorted(
+        (
+            HeldJob(h.job.job_id, h.lease.token, at.wall + (h.lease.deadline - at.mono))
+            for h in open_
+        ),
+        key=lambda j: j.job_id,
+    )
+    parts = liveness_parts(env.worker_id, at.wall, round_seconds, held)
+    for part in parts:
+        out = yield from call(env.table.liveness(part))
+        if isinstance(out, Err):
+            yield Emit(
+                "liveness_failed",
+                {
+                    "part": part.part,
+                    "jobs": len(part.held),
+                    "error_code": out.code or out.kind.value,
+                },
+            )
+    env.tally("liveness_writes", len(parts))
+    return len(parts)
 
 
 def watchdog_drops_flow(

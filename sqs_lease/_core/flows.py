@@ -1150,14 +1150,13 @@ def heartbeat_flow(
     leases: Sequence[LocalLease],
     worker_id: str,
     wall_now: float,
-    advise: frozenset[str] = frozenset(),
 ) -> Flow[HeartbeatReport]:
     """Extend visibility (batches of 10), then confirm ownership (BatchGetItem of 100).
 
     Both must succeed for a local lease to move forward; the new deadline counts
-    from before the visibility change was sent. ``advise`` names jobs whose
-    advisory lease fields are also refreshed (a conditional write, so it too can
-    reveal a lost lease).
+    from before the visibility change was sent. No write per job: what people see
+    (lease left, heartbeat age) comes from the worker's one liveness record per
+    round (``_core/liveness.py``), written after the round.
     """
     beats: dict[str, Beat] = {}
     extended: dict[str, float] = {}
@@ -1258,32 +1257,6 @@ def heartbeat_flow(
                     )
                 continue
             beats[job_id] = _verdict(lease, found, worker_id, extended[job_id])
-    for job_id in sorted(advise):
-        lease = by_id.get(job_id)
-        if lease is None or (b := beats.get(job_id)) is None or b.status != BeatStatus.OK:
-            continue
-        out = yield from call(
-            req.advise(job_id, lease.token, worker_id, wall_now, lease.lease_seconds)
-        )
-        calls += 1
-        if isinstance(out, Err) and out.kind is ErrorKind.CONDITION_FAILED:
-            try:
-                now_view = req.parse(out.item) if out.item else None
-            except RecordUnreadable as exc:
-                yield from emit(
-                    "job_record_unreadable",
-                    job_id=job_id,
-                    token=lease.token,
-                    stage="heartbeat",
-                    reason=str(exc),
-                )
-                beats[job_id] = Beat(job_id, BeatStatus.UNKNOWN, reason="job record unreadable")
-                continue
-            beats[job_id] = (
-                _verdict(lease, now_view, worker_id, extended[job_id])
-                if now_view is not None
-                else Beat(job_id, BeatStatus.LOST, reason="job record is gone")
-            )
     saved: dict[str, str] = {}
     for lease in leases:
         # Progress details: a separate, only-when-changed write, fenced on the token,
@@ -1356,7 +1329,7 @@ class BeatOutcome:
 class LossSource(StrEnum):
     """How an attempt learned that its lease is gone (the ``detected_by`` field)."""
 
-    HEARTBEAT = "heartbeat"  # the heartbeat's ownership read or advisory write
+    HEARTBEAT = "heartbeat"  # the heartbeat's ownership read (or its progress save)
     COMMIT = "commit"  # a fenced end write was rejected: the token had moved
     FAIL = "fail"
     RETRY = "retry"
@@ -1427,7 +1400,6 @@ def apply_beats(
     report: HeartbeatReport,
     *,
     started: float,
-    advised: frozenset[str],
 ) -> BeatOutcome:
     """Move each lease by its verdict (the shells call this; they decide nothing).
 
@@ -1451,8 +1423,6 @@ def apply_beats(
             lease.status = LeaseStatus.OK
             lease.last_confirmed = started
             lease.next_beat = started + lease.heartbeat_seconds
-            if lease.job_id in advised:
-                lease.advised_at = started
             if lease.job_id in report.progress_saved:
                 lease.progress_saved = report.progress_saved[lease.job_id]
             extended.append(lease)

@@ -155,7 +155,6 @@ def new_lease(claim: Claimed, rules: LeaseRules, now: float) -> LocalLease:
             claim.deadline - rules.lease_seconds + rules.heartbeat_seconds,
         ),
         last_confirmed=now,
-        advised_at=now,
         queue_url=claim.delivery.queue_url,
     )
 
@@ -188,6 +187,8 @@ class LeaseBook:
         # now on is told to stop as it is held.
         self.stopping = False
         self._on_hold = on_hold  # a shell whose heartbeat sleeps until due wakes it
+        # When the heartbeat last wrote the worker's liveness record (lease clock).
+        self.liveness_at: float | None = None
 
     # ------------------------------------------------------------------ reading
 
@@ -408,7 +409,6 @@ class LeaseBook:
         report: HeartbeatReport,
         *,
         started: float,
-        advised: frozenset[str],
     ) -> tuple[BeatOutcome, int]:
         """Move the leases this worker still holds by the round's verdicts, and tell the
         attempts that lost theirs. Returns the changes and how many verdicts were for
@@ -422,7 +422,7 @@ class LeaseBook:
                     current.append(lease)
                 elif h is not None:
                     superseded += 1
-            changed = apply_beats(current, report, started=started, advised=advised)
+            changed = apply_beats(current, report, started=started)
             for lease in changed.cancel:
                 self._held[lease.job_id].cancelled.set()
         return changed, superseded

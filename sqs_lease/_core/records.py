@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from .calls import Call
+from .liveness import Liveness
 
 UNDELIVERED_CODE = "undeliverable"
 """``error_code`` of a job parked because its message went to the DLQ: no worker
@@ -205,9 +206,9 @@ class JobRequests(Protocol):
         """Drop the ``drop`` oldest timeline events (fenced on the token)."""
         ...
 
-    def advise(
-        self, job_id: str, token: int, worker_id: str, wall_now: float, lease_seconds: int
-    ) -> Call: ...
+    def liveness(self, part: Liveness) -> Call:
+        """Write one part of a worker's liveness record (unconditional; advisory)."""
+        ...
 
     def cancel(self, job_id: str, reason: str, wall_now: float) -> Call: ...
 

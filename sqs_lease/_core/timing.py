@@ -230,7 +230,6 @@ class LocalLease:
     status: LeaseStatus = LeaseStatus.OK
     reason: str = ""
     last_confirmed: float = 0.0
-    advised_at: float = 0.0
     # The handler's progress details (JSON, bounded) and the last the heartbeat saved:
     # a round writes them only when they differ (at most one write per heartbeat).
     progress: str | None = None
@@ -343,7 +342,6 @@ class LocalLease:
 class BeatPlan:
     extend: tuple[LocalLease, ...]
     drop: tuple[tuple[LocalLease, Drop], ...]
-    advise: frozenset[str] = frozenset()
 
 
 def plan_heartbeat(leases: Iterable[LocalLease], now: float) -> BeatPlan:
@@ -378,12 +376,7 @@ def plan_heartbeat(leases: Iterable[LocalLease], now: float) -> BeatPlan:
             drop.append((lease, Drop.STAGE_BUDGET))
         elif now >= lease.next_beat:
             extend.append(lease)
-    # The advisory deadline in the record is for people; refresh it about twice a
-    # lease, not every beat, to keep the call count near the protocol's floor.
-    advise = frozenset(
-        lease.job_id for lease in extend if now - lease.advised_at >= lease.lease_seconds / 2
-    )
-    return BeatPlan(tuple(extend), tuple(drop), advise)
+    return BeatPlan(tuple(extend), tuple(drop))
 
 
 # --------------------------------------------------------------------------- the event loop

@@ -1100,7 +1100,8 @@ class World:
         running = sorted(
             (str(item["job_id"]["S"]), key)
             for key, item in table.items()
-            if item["state"]["S"] == "running"
+            # (the workers' liveness records share the table and carry no state)
+            if item.get("state", {}).get("S") == "running"
         )
         if not running:
             return
@@ -1114,7 +1115,7 @@ class World:
 
         def restore() -> None:
             item = table.get(key)
-            if item is not None and item["state"] == {"S": "archived"}:
+            if item is not None and item.get("state") == {"S": "archived"}:
                 table[key] = {**item, "state": saved}
                 self.record("world", "record_readable", {"job_id": job_id})
 
@@ -1123,9 +1124,9 @@ class World:
     def _operator_sees(self, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
         """operator_races: a job that parks gets an operator's decision a little later
         (at most two per job), while the workers go on with the others."""
-        if new is None or new["state"]["S"] != "parked":
-            return
-        if old is not None and old["state"]["S"] == "parked":
+        if new is None or new.get("state", {}).get("S") != "parked":
+            return  # (a worker's liveness record carries no state)
+        if old is not None and old.get("state", {}).get("S") == "parked":
             return
         job_id = str(new["job_id"]["S"])
         n = self._decisions.get(job_id, 0)
