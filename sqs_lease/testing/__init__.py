@@ -29,6 +29,9 @@ What the kit offers:
 - Assertions: :func:`assert_no_effect_applied_twice`,
   :func:`assert_every_job_terminal_or_parked`.
 - :func:`read_journal`: the events of journal files (a worker's stderr).
+- :func:`simulate`: your handlers in the deterministic simulator, one random fault
+  schedule per seed, every invariant a schedule broke with the :func:`replay` call
+  that reproduces it (what the simulated world covers: its docstring).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from .._resources import create_queue, create_tables
 from .._schema import view_of
 from .._shell import WorkerStats
 from .._worker import Worker
+from ._simulate import SeedFailure, SimulationReport, replay, simulate
 
 __all__ = [
     "SHELLS",
@@ -69,7 +73,9 @@ __all__ = [
     "Faults",
     "FencedTarget",
     "LeaseEnv",
+    "SeedFailure",
     "ShiftedClock",
+    "SimulationReport",
     "StaleFence",
     "WorkerRunner",
     "assert_every_job_terminal_or_parked",
@@ -78,7 +84,9 @@ __all__ = [
     "job_item",
     "make_env",
     "read_journal",
+    "replay",
     "running",
+    "simulate",
     "wait_for",
 ]
 
