@@ -30,7 +30,7 @@ from .._core.attempt import HandlerRun
 from .._core.intents import EffectResult, EffectSpec
 from .._jobs import App, JobContext
 from .._journal import Journal
-from .._shell import _details
+from .._shell import context_fields
 from .world import SimCheck, SimGen, SimTool, SleepOp
 
 if TYPE_CHECKING:
@@ -185,29 +185,23 @@ class _SimJournal(Journal):
 
 def run_user_handler(worker: SimWorker, run: HandlerRun, user: UserJobs) -> SimGen[Any]:
     """``Invoke("handler")`` for a user's job: its handler, in lock step (see the module)."""
-    held, claim = run.held, run.claim
-    job = user.job_for(claim.job.job_id)
+    job = user.job_for(run.claim.job.job_id)
     reg = user.app.get(job.job_class, None)
     if reg is None:
         raise RuntimeError(f"simulate: the app has no job class {job.job_class!r}")
     bridge = _Bridge()
     ctx = SimContext(
         bridge,
-        job_id=claim.job.job_id,
-        job_class=reg.job_class,
-        payload=job.payload,
-        payload_hash=claim.job.payload_hash,
-        token=claim.token,
-        attempt=claim.attempt,
-        worker_id=worker.id,
-        lease=held.lease,
-        lock=threading.Lock(),
-        cancelled=held.cancelled,
-        clock=worker.mono,
-        journal=_SimJournal(worker),
-        targets=user.app.targets,
-        stage=claim.job.stage or "main",
-        last_progress=_details(claim.job.progress_json),
+        **context_fields(
+            run,
+            job_class=reg.job_class,
+            payload=job.payload,
+            worker_id=worker.id,
+            lock=threading.Lock(),
+            clock=worker.mono,
+            journal=_SimJournal(worker),
+            targets=user.app.targets,
+        ),
     )
     try:
         request = bridge.start(lambda: reg.handler(ctx, job.payload))
