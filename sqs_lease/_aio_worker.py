@@ -189,6 +189,9 @@ class AsyncWorker(ShellBase):
         self._async_classes = frozenset(async_handlers(app))
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._driver: AsyncDriver | None = None
+        # Called with each driver serve() builds, before it runs (the testing kit's
+        # Faults wrap their calls here: the drivers exist only while serving).
+        self._driver_hooks: list[Callable[[AsyncDriver], None]] = []
         self.calls = 0  # AWS calls made by the last run (both drivers)
         self.env.run_parallel = self._run_parallel
 
@@ -226,6 +229,9 @@ class AsyncWorker(ShellBase):
             clock=self._clock,
             observers=self.receive_observers,
         )
+        for hook in self._driver_hooks:
+            hook(driver)
+            hook(poll)
         async with driver, poll:
             self._driver = driver
             beat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")

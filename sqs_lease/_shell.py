@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -34,7 +34,7 @@ from ._core.priority import receive_prioritized_flow
 from ._core.stages import stage_results
 from ._core.timing import Pace, pace_budget
 from ._errors import ConfigError
-from ._jobs import App, JobClass
+from ._jobs import App, JobClass, Target
 from ._journal import Journal
 from ._resources import (
     check_slots_table,
@@ -141,6 +141,41 @@ def find_queue(
 
 
 STAT_NAMES = frozenset(WorkerStats.__dataclass_fields__)
+
+
+def context_fields(
+    run: HandlerRun,
+    *,
+    job_class: JobClass,
+    payload: Any,
+    worker_id: str,
+    lock: Any,
+    clock: Callable[[], float],
+    journal: Journal,
+    targets: Mapping[str, Target],
+) -> dict[str, Any]:
+    """What a handler's context is built from for ``run``: every shell's (the
+    simulator's too, ``_sim/user.py``), so the contexts agree."""
+    held, claim = run.held, run.claim
+    return {
+        "job_id": claim.job.job_id,
+        "job_class": job_class,
+        "payload": payload,
+        "payload_hash": claim.job.payload_hash,
+        "token": claim.token,
+        "attempt": claim.attempt,
+        "worker_id": worker_id,
+        "lease": held.lease,
+        "lock": lock,
+        "cancelled": held.cancelled,  # each shell's new_signal
+        "clock": clock,
+        "journal": journal,
+        "targets": targets,
+        "stage": claim.job.stage or "main",
+        "last_progress": _details(claim.job.progress_json),
+        "results": stage_results(claim.job),
+        "job_payload_json": claim.job.payload_json,
+    }
 
 
 def _details(text: str | None) -> Any:
@@ -375,25 +410,15 @@ class ShellBase:
 
     def _context_fields(self, run: HandlerRun) -> dict[str, Any]:
         """What a handler's context (sync or async) is built from, for ``run``."""
-        held, claim = run.held, run.claim
-        reg = self.app.get(claim.job.job_class, claim.job.stage)
+        reg = self.app.get(run.claim.job.job_class, run.claim.job.stage)
         assert reg is not None  # attempt_flow runs a handler only for a known class
-        return {
-            "job_id": claim.job.job_id,
-            "job_class": reg.job_class,
-            "payload": run.payload,
-            "payload_hash": claim.job.payload_hash,
-            "token": claim.token,
-            "attempt": claim.attempt,
-            "worker_id": self.worker_id,
-            "lease": held.lease,
-            "lock": self._lock,
-            "cancelled": held.cancelled,  # a threading.Event (each shell's new_signal)
-            "clock": self._clock,
-            "journal": self.journal,
-            "targets": self.app.targets,
-            "stage": claim.job.stage or "main",
-            "last_progress": _details(claim.job.progress_json),
-            "results": stage_results(claim.job),
-            "job_payload_json": claim.job.payload_json,
-        }
+        return context_fields(
+            run,
+            job_class=reg.job_class,
+            payload=run.payload,
+            worker_id=self.worker_id,
+            lock=self._lock,
+            clock=self._clock,
+            journal=self.journal,
+            targets=self.app.targets,
+        )

@@ -13,7 +13,16 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
-from ._core.timeline import TimelineEvent, TimelineKind, from_journal, from_record, merged
+from ._core.timeline import (
+    IntentFacts,
+    TimelineEvent,
+    TimelineKind,
+    attributed,
+    from_intents,
+    from_journal,
+    from_record,
+    merged,
+)
 
 RECORD_LANE = "(record)"
 """The lane of events no worker owns: submit, cancel, resume, resolve, undeliverable,
@@ -40,6 +49,13 @@ _MARK = {
     TimelineKind.LEASE_LOST: "x",
     TimelineKind.OWNERSHIP_UNKNOWN: "?",
     TimelineKind.LEASE_DROPPED: "x",
+    TimelineKind.INTENT_PREPARED: "·",
+    TimelineKind.INTENT_STARTED: "▷",
+    TimelineKind.INTENT_CONFIRMED: "◆",
+    TimelineKind.INTENT_UNKNOWN: "?",
+    TimelineKind.INTENT_NOT_APPLIED: "◇",
+    TimelineKind.INTENT_RECONCILED: "◈",
+    TimelineKind.INTENT_AMBIGUOUS: "‼",
 }
 _COLOUR = {
     TimelineKind.CLAIMED: "#1f6feb",
@@ -53,6 +69,11 @@ _COLOUR = {
     TimelineKind.PARKED: "#bf8700",
     TimelineKind.UNDELIVERABLE: "#bf8700",
     TimelineKind.DEAD_LETTERED: "#bf8700",
+    TimelineKind.INTENT_STARTED: "#8250df",
+    TimelineKind.INTENT_CONFIRMED: "#8250df",
+    TimelineKind.INTENT_RECONCILED: "#8250df",
+    TimelineKind.INTENT_UNKNOWN: "#bf8700",
+    TimelineKind.INTENT_AMBIGUOUS: "#cf222e",
 }
 _ENDS_HOLD = frozenset(
     {
@@ -118,13 +139,17 @@ def lane_of(ev: TimelineEvent) -> str:
 
 
 def timeline_of(
-    item: Mapping[str, Any], journal: Sequence[Mapping[str, Any]] = ()
+    item: Mapping[str, Any],
+    journal: Sequence[Mapping[str, Any]] = (),
+    intents: Sequence[IntentFacts] = (),
 ) -> Timeline:
-    """The timeline of a low-level job item, merged with journal lines about it."""
+    """The timeline of a low-level job item, merged with journal lines about it and
+    with the transitions of its intents (read from the intents and attempts tables)."""
     job_id = str(item.get("job_id", {}).get("S", ""))
     token = int(item.get("token", {}).get("N", "0"))
     stored = [str(v.get("S", "")) for v in (item.get("timeline") or {}).get("L") or ()]
-    events = merged(from_record(stored, token), from_journal(job_id, journal))
+    beside = [*from_journal(job_id, journal), *from_intents(job_id, intents)]
+    events = attributed(merged(from_record(stored, token), beside))
     return Timeline(job_id, str(item.get("state", {}).get("S", "")), token, tuple(events))
 
 
@@ -157,6 +182,13 @@ def describe(ev: TimelineEvent, previous_owner: str | None = None) -> str:
         TimelineKind.LEASE_LOST: "lease lost",
         TimelineKind.OWNERSHIP_UNKNOWN: "ownership unknown",
         TimelineKind.LEASE_DROPPED: "let the lease go",
+        TimelineKind.INTENT_PREPARED: "intent prepared",
+        TimelineKind.INTENT_STARTED: "intent started",
+        TimelineKind.INTENT_CONFIRMED: "intent confirmed",
+        TimelineKind.INTENT_UNKNOWN: "intent outcome UNKNOWN",
+        TimelineKind.INTENT_NOT_APPLIED: "intent not applied (reopened)",
+        TimelineKind.INTENT_RECONCILED: "intent reconciled",
+        TimelineKind.INTENT_AMBIGUOUS: "intent AMBIGUOUS",
     }[kind]
     if kind is TimelineKind.CLAIMED and previous_owner:
         text += f" (took over from {previous_owner})"
@@ -222,7 +254,9 @@ def render_text(tl: Timeline, width: int = 26) -> str:
     if not tl.events:
         lines.append("(no events on the record: it was written before the timeline existed)")
     lines.append(
-        "legend: ● claim  ✔ commit  ✘ refused/failed  ↺ retry  ■ parked  x lease lost  │ held"
+        "legend: ● claim  ✔ commit/stage done  ✘ refused/failed  ↺ retry  ■ parked  "
+        "x lease lost  │ held;  intents: · prepared  ▷ started  ◆ confirmed  ? unknown  "
+        "◈ reconciled"
     )
     return "\n".join(lines)
 

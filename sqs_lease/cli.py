@@ -55,6 +55,7 @@ from ._core.intents import (
 from ._core.liveness import LIVENESS_PREFIX, Liveness, liveness_key, liveness_of
 from ._core.priority import Priority
 from ._core.stages import stage_rows
+from ._core.timeline import IntentAttemptFacts, IntentFacts
 from ._errors import (
     AwsCallFailed,
     AwsUnavailable,
@@ -981,6 +982,14 @@ def jobs_list(ctx: click.Context, state: str | None, limit: int, scan: bool, as_
     help="A worker's journal file (JSON lines): adds its lease-lost and ownership-unknown"
     " events for the job. Repeatable.",
 )
+@click.option(
+    "--intents/--no-intents",
+    "with_intents",
+    default=True,
+    show_default=True,
+    help="Add the job's intent transitions, read from the intents and attempts tables"
+    " (a filtered scan of the intents table: --no-intents skips it on a large one).",
+)
 @json_option("One JSON object: job_id, state, token, events[].")
 @click.pass_context
 def jobs_timeline(
@@ -988,6 +997,7 @@ def jobs_timeline(
     job_id: str,
     html_path: Path | None,
     journals: tuple[Path, ...],
+    with_intents: bool,
     as_json: bool,
 ) -> None:
     """Draw who held a job when: owners as lanes, tokens, gaps, refused writes marked.
@@ -995,9 +1005,16 @@ def jobs_timeline(
     The events are kept on the job record by the writes that made them; a refused
     commit rides on the stale worker's record of its rejected result. Lease lost and
     ownership unknown show as the next owner's takeover, and in full with --journal.
+    Intent transitions (prepared, started, confirmed, unknown, reconciled) come from
+    the intents' own records: their keys and tools, never payloads.
     """
     item = _job_item(ctx, job_id)
-    tl = timeline_of(item, read_journal(*journals))
+    facts: list[IntentFacts] = []
+    if with_intents:
+        facts, more = _intent_facts(_settings(ctx), job_id)
+        if more:
+            _limit_note("intents of the job", TIMELINE_INTENTS, "--no-intents")
+    tl = timeline_of(item, read_journal(*journals), facts)
     if html_path is not None:
         html_path.write_text(render_html(tl), encoding="utf-8")
         note(f"wrote {html_path}")
@@ -1256,6 +1273,8 @@ _INTENT_LIST_FIELDS = (
     "created_at",
     "updated_at",
 )
+# Read besides, for a job's timeline (still never payloads or responses).
+_INTENT_TIMELINE_FIELDS = ("confirmed_at", "reconciled")
 _INTENT_TIME_FIELDS = (
     "created_at",
     "updated_at",
@@ -1328,7 +1347,8 @@ def _list_intents(
             "(indexed); `jobs timeline JOB_ID` and `intents show KEY` read one job or intent",
             EXIT_ERROR,
         )
-    names = {f"#f{i}": name for i, name in enumerate(_INTENT_LIST_FIELDS)}
+    fields = _INTENT_LIST_FIELDS + _INTENT_TIMELINE_FIELDS
+    names = {f"#f{i}": name for i, name in enumerate(fields)}
     params: dict[str, Any] = {
         "TableName": settings.intents_table,
         # Never read payloads or responses just to list intents.
@@ -1424,6 +1444,41 @@ def intents_list(
             ]
         )
     click.echo(table(rows))
+
+
+TIMELINE_INTENTS = 200
+"""Intents of one job `jobs timeline` reads at most (a note says when more exist)."""
+
+
+def _intent_facts(settings: Settings, job_id: str) -> tuple[list[IntentFacts], bool]:
+    """The job's intents and their attempt logs, as the timeline reads them."""
+    records, more = _list_intents(settings, None, job_id, TIMELINE_INTENTS, scan=True)
+    facts = [
+        IntentFacts(
+            key=rec.intent_key,
+            target=rec.target,
+            action=rec.action,
+            state=rec.state,
+            created_at=float(rec.created_at or 0),
+            updated_at=float(rec.updated_at or 0),
+            confirmed_at=None if rec.confirmed_at is None else float(rec.confirmed_at),
+            reconciled=bool(rec.reconciled),
+            attempts=tuple(
+                IntentAttemptFacts(
+                    attempt=int(a.attempt),
+                    job_id=a.job_id,
+                    token=int(a.token),
+                    worker=a.worker,
+                    started_at=float(a.started_at),
+                    ended_at=None if a.ended_at is None else float(a.ended_at),
+                    outcome=a.outcome,
+                )
+                for a in _attempts_of(settings, rec.intent_key)
+            ),
+        )
+        for rec in records
+    ]
+    return facts, more
 
 
 def _attempts_of(settings: Settings, key: str) -> list[AttemptRecord]:

@@ -151,3 +151,11 @@ def test_the_readme_example_runs_as_written_on_the_embedded_emulator(
     )["Item"]
     assert item["state"]["S"] == "succeeded", item
     assert json.loads(item["result"]["S"]) == result
+
+
+def test_the_readme_links_testing_your_handlers_and_the_page_shows_the_kit_from_pytest() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "[Testing your handlers](docs/testing.md)" in readme
+    page = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
+    assert page.startswith("# Testing your handlers")
+    assert "sqs_lease.testing" in page and "pytest11" in page

@@ -186,6 +186,15 @@ def test_the_wheel_declares_ranges_and_keeps_aiobotocore_and_moto_in_extras(
     assert [r for r in requires if r.startswith("moto") and 'extra == "local"' in r]
 
 
+def test_the_wheel_offers_the_testing_kit_to_pytest_as_a_plugin(dists: Dists) -> None:
+    # An installed package gives pytest its fixtures with no `-p` and no conftest line.
+    with zipfile.ZipFile(dists.wheel) as whl:
+        text = whl.read(f"sqs_lease-{_version()}.dist-info/entry_points.txt").decode()
+    section = text.split("[pytest11]", 1)[1].split("[", 1)[0]
+    plugins = [line.replace(" ", "") for line in section.splitlines() if line.strip()]
+    assert plugins == ["sqs_lease.testing.pytest_plugin=sqs_lease.testing.pytest_plugin"], text
+
+
 def test_the_sdist_holds_what_the_wheel_is_built_from(dists: Dists) -> None:
     with tarfile.open(dists.sdist) as tar:
         names = {m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name}

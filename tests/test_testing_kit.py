@@ -8,13 +8,19 @@ is applied twice, and the job ends.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 from sqs_lease import App, JobContext
 from sqs_lease.testing import (
+    SHORT_LEASE,
     Faults,
     FencedTarget,
     LeaseEnv,
@@ -22,22 +28,17 @@ from sqs_lease.testing import (
     assert_no_effect_applied_twice,
 )
 
-LEASE = {
-    "lease_seconds": 3,
-    "heartbeat_seconds": 1.0,
-    "jitter_seconds": 0.5,
-    "missed_heartbeats": 2,
-}
-
 
 class Charge(BaseModel):
     invoice: str
     amount: int
 
 
+@pytest.mark.parametrize("shell", ["thread", "async"])
 def test_a_takeover_after_a_lost_response_pays_once(
-    lease_env: LeaseEnv, fenced_target: FencedTarget
+    lease_env: LeaseEnv, fenced_target: FencedTarget, shell: str
 ) -> None:
+    # The same faults, whichever shell the stalled worker runs in.
     app = App()
     app.target("payments", check=fenced_target.check, key_retention_seconds=3600)
     w1_applied = threading.Event()
@@ -52,13 +53,13 @@ def test_a_takeover_after_a_lost_response_pays_once(
             w1_applied.set()
         return out
 
-    @app.job("charge", payload=Charge, **LEASE)
+    @app.job("charge", payload=Charge, **SHORT_LEASE)
     def charge(ctx: JobContext[Any], p: Charge) -> dict[str, Any]:
         done = ctx.effect("capture", "payments", p, pay)
         return {"charge": done.external_id}
 
     job_id = lease_env.submit(app, "charge", Charge(invoice="INV-1", amount=100))
-    w1 = lease_env.worker(app, "W1", concurrency=1)
+    w1 = lease_env.worker(app, "W1", concurrency=1, shell=shell)
     faults["W1"] = Faults(w1)
     w2 = lease_env.worker(app, "W2")
     with lease_env.running(w1):
@@ -80,7 +81,7 @@ def test_a_message_delivered_twice_applies_its_effect_once(
     app = App()
     app.target("payments", check=fenced_target.check, key_retention_seconds=3600)
 
-    @app.job("charge", payload=Charge, **LEASE)
+    @app.job("charge", payload=Charge, **SHORT_LEASE)
     def charge(ctx: JobContext[Any], p: Charge) -> dict[str, Any]:
         return {"charge": ctx.effect("capture", "payments", p, fenced_target.call).external_id}
 
@@ -110,7 +111,7 @@ def test_the_assertions_fail_on_a_duplicate_and_on_an_open_job(
         raise AssertionError("a duplicate went unnoticed")
     app = App()
 
-    @app.job("idle", payload=Charge, **LEASE)
+    @app.job("idle", payload=Charge, **SHORT_LEASE)
     def idle(ctx: JobContext[Any], p: Charge) -> None:  # pragma: no cover - never run
         return None
 
@@ -131,7 +132,7 @@ def test_a_worker_whose_clock_is_moved_past_its_lease_lets_the_job_go(
     app = App()
     claimed = threading.Event()
 
-    @app.job("hold", payload=Charge, **LEASE)
+    @app.job("hold", payload=Charge, **SHORT_LEASE)
     def hold(ctx: JobContext[Any], p: Charge) -> dict[str, int]:
         if ctx.token == 1:
             claimed.set()
@@ -148,3 +149,35 @@ def test_a_worker_whose_clock_is_moved_past_its_lease_lets_the_job_go(
         lease_env.wait_until_final(job_id)
     record = lease_env.record(job_id)
     assert (record.state.value, record.token) == ("succeeded", 2)
+
+
+def test_the_installed_package_offers_the_plugin_to_pytest_as_an_entry_point() -> None:
+    (plugin,) = [ep for ep in entry_points(group="pytest11") if ep.value.startswith("sqs_lease")]
+    assert plugin.value == "sqs_lease.testing.pytest_plugin"
+    # The entry point's name is the module's, so a conftest that lists the module too
+    # finds it registered (a plugin registered twice is an error in pytest).
+    assert plugin.name == plugin.value
+
+
+def test_a_users_test_gets_the_fixtures_with_no_conftest_and_with_one_listing_the_plugin(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "test_user.py").write_text(
+        "def test_fixture(fenced_target):\n    assert fenced_target.ledger == []\n"
+    )
+    bare = tmp_path / "bare"
+    listed = tmp_path / "listed"
+    for where in (bare, listed):
+        where.mkdir()
+        (where / "test_user.py").write_text((tmp_path / "test_user.py").read_text())
+    (listed / "conftest.py").write_text('pytest_plugins = ["sqs_lease.testing.pytest_plugin"]\n')
+    for where in (bare, listed):
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, f"{where.name}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        assert "1 passed" in proc.stdout

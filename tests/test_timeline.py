@@ -29,15 +29,20 @@ from sqs_lease._core.limits import TIMELINE_ROOM
 from sqs_lease._core.timeline import (
     EVENT_BYTES,
     TIMELINE_LIMIT,
+    IntentAttemptFacts,
+    IntentFacts,
     TimelineEvent,
     TimelineKind,
+    attributed,
     decode,
+    from_intents,
     from_journal,
     merged,
     trim_count,
     with_tokens,
 )
 from sqs_lease.cli import cli
+from sqs_lease.testing import SHORT_LEASE, Faults, FencedTarget, LeaseEnv
 
 if TYPE_CHECKING:
     from types_boto3_dynamodb import DynamoDBClient
@@ -86,9 +91,7 @@ def test_the_timeline_is_trimmed_only_once_it_reaches_its_limit() -> None:
     assert TIMELINE_LIMIT - trim_count(TIMELINE_LIMIT) < TIMELINE_LIMIT
 
 
-def test_journal_events_fall_between_record_events_by_time_without_reordering_the_record() -> (
-    None
-):
+def test_journal_events_fall_between_record_events_by_time_without_reordering_the_record() -> None:
     # The record's order is DynamoDB's; its writers' clocks may disagree (w3's is late).
     record = [
         TimelineEvent(K.CLAIMED, 10.0, "w1"),
@@ -237,3 +240,120 @@ def test_a_claim_on_a_full_timeline_trims_the_oldest_events_in_one_fenced_write(
     assert len(kept) < TIMELINE_LIMIT
     assert [e["k"] for e in kept[-2:]] == ["claimed", "committed"]
     assert kept[0]["at"] == 1.0 + trim_count(TIMELINE_LIMIT + 1)  # the oldest went
+
+
+# --------------------------------------------------------------------------- intents
+
+
+def _attempt(
+    n: int, job: str, token: int, worker: str, t0: float, t1: float | None, out: str
+) -> IntentAttemptFacts:
+    return IntentAttemptFacts(n, job, token, worker, t0, t1, out)
+
+
+def test_intent_transitions_name_key_and_tool_and_fall_in_the_owners_lane() -> None:
+    pay = IntentFacts(
+        key="j:main:capture:psp",
+        target="psp",
+        action="capture",
+        state="confirmed",
+        created_at=11.0,
+        updated_at=40.0,
+        confirmed_at=35.0,
+        reconciled=True,
+        attempts=(
+            _attempt(1, "j", 1, "w1", 12.0, 13.0, "confirmed_by_check"),
+            _attempt(2, "other", 1, "w9", 12.5, 12.6, "ok"),  # another job's, shared key
+        ),
+    )
+    mail = IntentFacts(
+        "j:main:send:mail",
+        "mail",
+        "send",
+        "ambiguous",
+        36.0,
+        38.0,
+        attempts=(_attempt(1, "j", 2, "w2", 36.5, 37.0, "unknown"),),
+    )
+    record = [
+        TimelineEvent(K.CLAIMED, 10.0, "w1", 1),
+        TimelineEvent(K.CLAIMED, 30.0, "w2", 2),
+        TimelineEvent(K.PARKED, 39.0, "w2", 2),
+    ]
+    out = attributed(merged(record, from_intents("j", [pay, mail])))
+    assert [(e.kind.value, e.owner, e.token) for e in out] == [
+        ("claimed", "w1", 1),
+        ("intent_prepared", "w1", 1),
+        ("intent_started", "w1", 1),
+        ("claimed", "w2", 2),
+        ("intent_reconciled", "w2", 2),  # when the check answered, by the owner then
+        ("intent_prepared", "w2", 2),
+        ("intent_started", "w2", 2),
+        ("intent_unknown", "w2", 2),
+        ("intent_ambiguous", "w2", 2),
+        ("parked", "w2", 2),
+    ]
+    assert all(
+        (e.detail or "").startswith(
+            ("j:main:capture:psp (psp.capture)", "j:main:send:mail (mail.send)")
+        )
+        for e in out
+        if e.kind.is_intent
+    )
+    assert {e.source for e in out if e.kind.is_intent} == {"intent"}
+
+
+class Charge(BaseModel):
+    invoice: str
+    card: str
+
+
+def test_the_timeline_shows_the_intent_the_first_owner_started_and_the_second_reconciled(
+    lease_env: LeaseEnv, fenced_target: FencedTarget
+) -> None:
+    # W1 pays and stalls before its confirm; W2 takes over and asks the target.
+    app = App()
+    app.target("psp", check=fenced_target.check, key_retention_seconds=3600)
+    faults: dict[str, Faults] = {}
+    paid = threading.Event()
+
+    def pay(ec: Any) -> dict[str, Any]:
+        out = fenced_target.call(ec)
+        if ec.token == 1:
+            faults["W1"].pause()
+            paid.set()
+        return out
+
+    @app.job("charge", payload=Charge, **SHORT_LEASE)
+    def charge(ctx: JobContext[Any], p: Charge) -> dict[str, Any]:
+        return {"id": ctx.effect("capture", "psp", p, pay).external_id}
+
+    job_id = lease_env.submit(app, "charge", Charge(invoice="INV-9", card="4111-SECRET"))
+    w1 = lease_env.worker(app, "W1", concurrency=1)
+    faults["W1"] = Faults(w1)
+    with lease_env.running(w1):
+        lease_env.wait_for(paid.is_set, what="W1 pays")
+        with lease_env.running(lease_env.worker(app, "W2")):
+            lease_env.wait_until_final(job_id)
+        faults["W1"].resume()
+    settings = lease_env.settings
+    base = ["--endpoint-url", settings.endpoint_url or "", "--prefix", settings.prefix]
+    got = CliRunner().invoke(cli, [*base, "jobs", "timeline", job_id, "--json"])
+    assert got.exit_code == 0, got.output
+    events = [(e["kind"], e["owner"], e["token"]) for e in json.loads(got.stdout)["events"]]
+    key = f"{job_id}:main:capture:psp"
+    order = [
+        ("claimed", "W1", 1),
+        ("intent_prepared", "W1", 1),
+        ("intent_started", "W1", 1),
+        ("claimed", "W2", 2),
+        ("intent_reconciled", "W2", 2),
+        ("committed", "W2", 2),
+    ]
+    assert [e for e in events if e in order] == order, events
+    text = CliRunner().invoke(cli, [*base, "jobs", "timeline", job_id])
+    assert f"intent started: {key} (psp.capture)" in text.stdout
+    assert "intent reconciled" in text.stdout
+    assert "SECRET" not in got.stdout + text.stdout  # never a payload
+    bare = CliRunner().invoke(cli, [*base, "jobs", "timeline", job_id, "--no-intents", "--json"])
+    assert not [e for e in json.loads(bare.stdout)["events"] if e["kind"].startswith("intent_")]

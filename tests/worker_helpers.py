@@ -1,4 +1,8 @@
-"""Helpers for the worker integration tests: journal collector, worker runner, record reads."""
+"""Helpers for the worker integration tests: journal collector, shells, record reads.
+
+What the public testing kit (``sqs_lease.testing``) offers is used from there, not
+copied: the worker runner, the wait, the env set-up, the record read, the short lease.
+"""
 
 from __future__ import annotations
 
@@ -18,28 +22,23 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sqs_lease import AsyncWorker, Settings, Worker, WorkerStats, create_queue, create_tables
+from sqs_lease import AsyncWorker, Settings, Worker
 from sqs_lease._core.records import JobView
 from sqs_lease._journal import LOGGER_NAME
 from sqs_lease._schema import JobRecord, record_of, view_of
+from sqs_lease.testing import SHELLS as SHELLS  # the tests import these from here
+from sqs_lease.testing import SHORT_LEASE, job_item, make_env, read_journal, wait_for
+from sqs_lease.testing import WorkerRunner as WorkerRunner
+from sqs_lease.testing import running as running
 
 if TYPE_CHECKING:
     from types_boto3_dynamodb import DynamoDBClient
     from types_boto3_sqs import SQSClient
 
-FAST: dict[str, Any] = {
-    "lease_seconds": 3,
-    "heartbeat_seconds": 1.0,
-    "jitter_seconds": 0.5,
-    "missed_heartbeats": 2,
-}
-"""A short lease that keeps the timing rule: 3 > 2 x 1 + 0.5 and 1 <= 3 / 2."""
+FAST = SHORT_LEASE
+"""A short lease that keeps the timing rule (the kit's)."""
 
 Event = dict[str, Any]
-
-SHELLS: dict[str, Any] = {"thread": Worker, "async": AsyncWorker}
-"""The worker shells every integration test runs against (same constructor, same run/stop)."""
-
 
 def use_shell(module: str) -> Any:
     """An autouse fixture for a test module: its ``Shell`` is each worker shell in turn.
@@ -57,11 +56,10 @@ def use_shell(module: str) -> Any:
 
 
 def prepare(endpoint_url: str, prefix: str) -> tuple[Settings, str, str]:
-    """Settings for one test, with its table and queue (plus DLQ) created."""
-    settings = Settings(endpoint_url=endpoint_url, prefix=prefix)
-    create_tables(settings)
-    url, dlq = create_queue(settings)
-    return settings, url, dlq
+    """Settings for one test, with its table and queue (plus DLQ) created (the kit's
+    ``make_env``)."""
+    env = make_env(endpoint_url, prefix)
+    return env.settings, env.queue_url, env.dlq_url
 
 
 HANG_GUARD = 120.0
@@ -74,14 +72,8 @@ mind (10-20 s waits failed so under load). Only a failure pays the guard."""
 def wait_until(
     predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05
 ) -> None:
-    """Poll ``predicate`` until true; fail naming ``what`` after ``timeout`` seconds
-    (at least :data:`HANG_GUARD`)."""
-    timeout = max(timeout, HANG_GUARD)
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+    """The kit's ``wait_for``, allowing at least :data:`HANG_GUARD` seconds."""
+    wait_for(predicate, max(timeout, HANG_GUARD), what, interval)
 
 
 class JournalCollector(logging.Handler):
@@ -168,61 +160,7 @@ class TextCapture(logging.Handler):
             return "\n".join(self.lines)
 
 
-class WorkerRunner:
-    """Runs ``worker.run(**kwargs)`` in a thread; ``stop``/``join`` re-raise its error."""
-
-    def __init__(self, worker: Worker | AsyncWorker, **run_kwargs: Any) -> None:
-        self.worker = worker
-        self.run_kwargs = run_kwargs
-        self.stats: WorkerStats | None = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(
-            target=self._main, name=f"runner-{worker.worker_id}", daemon=True
-        )
-
-    def _main(self) -> None:
-        try:
-            self.stats = self.worker.run(**self.run_kwargs)
-        except BaseException as exc:  # surfaced by join()
-            self.error = exc
-
-    def start(self) -> WorkerRunner:
-        self.thread.start()
-        return self
-
-    def join(self, timeout: float) -> WorkerStats:
-        self.thread.join(timeout)
-        if self.thread.is_alive():
-            raise AssertionError(f"worker {self.worker.worker_id} still running after {timeout} s")
-        if self.error is not None:
-            raise self.error
-        assert self.stats is not None
-        return self.stats
-
-    def stop(self, timeout: float = 20.0) -> WorkerStats:
-        self.worker.stop()
-        return self.join(timeout)
-
-
-@contextmanager
-def running(*workers: Worker | AsyncWorker, **run_kwargs: Any) -> Iterator[list[WorkerRunner]]:
-    """Run workers in threads for the block; always stop them at the end."""
-    runners = [WorkerRunner(w, **run_kwargs).start() for w in workers]
-    try:
-        yield runners
-    finally:
-        for r in runners:
-            r.worker.stop()
-        for r in runners:
-            r.thread.join(30.0)
-
-
-def read_item(ddb: DynamoDBClient, settings: Settings, job_id: str) -> dict[str, Any] | None:
-    got = ddb.get_item(
-        TableName=settings.jobs_table, Key={"job_id": {"S": job_id}}, ConsistentRead=True
-    )
-    item = got.get("Item")
-    return None if item is None else dict(item)
+read_item = job_item
 
 
 def read_view(ddb: DynamoDBClient, settings: Settings, job_id: str) -> JobView:
@@ -319,15 +257,7 @@ class WorkerProcess:
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """The journal events called ``name`` the process wrote so far."""
-        out = []
-        for line in self.log.read_text().splitlines():
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(ev, dict) and ev.get("event") == name:
-                out.append(ev)
-        return out
+        return [ev for ev in read_journal(self.log) if ev["event"] == name]
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it has not stopped within 20 s (a hang guard)."""

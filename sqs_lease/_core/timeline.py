@@ -23,12 +23,21 @@ from the record's current token (every write that moves the token appends one).
 The list is bounded: at :data:`TIMELINE_LIMIT` events the owner that claimed the job
 trims the oldest (:func:`trim_count`) in one fenced write, once per
 :data:`TIMELINE_TRIM` events: the only write the timeline adds.
+
+A job's **intent transitions** (prepared, started, confirmed, outcome unknown, not
+applied, reconciled, ambiguous) are not copied onto the job record: the intent and
+its attempt log already hold each of them, written by the transition itself (the
+start in the same transaction as the job's fence check). :func:`from_intents` reads
+them from there (the key, the tool and its action; never a payload or a response),
+so they cost no write and do not crowd the record's bounded list. A transition that
+does not name its worker (a preparation, a reconciliation) is drawn in the lane of
+the job's owner at that moment (:func:`attributed`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -70,6 +79,18 @@ class TimelineKind(StrEnum):
     LEASE_LOST = "lease_lost"
     OWNERSHIP_UNKNOWN = "ownership_unknown"
     LEASE_DROPPED = "lease_dropped"  # the worker let the message go (deadline, watchdog)
+    # From the job's intents and their attempt log (from_intents), never on the record.
+    INTENT_PREPARED = "intent_prepared"
+    INTENT_STARTED = "intent_started"
+    INTENT_CONFIRMED = "intent_confirmed"
+    INTENT_UNKNOWN = "intent_unknown"  # the call's outcome unknown: left to reconciliation
+    INTENT_NOT_APPLIED = "intent_not_applied"  # the tool said it certainly did not apply
+    INTENT_RECONCILED = "intent_reconciled"  # the target's check answered for the call
+    INTENT_AMBIGUOUS = "intent_ambiguous"  # nobody can tell: the job parks
+
+    @property
+    def is_intent(self) -> bool:
+        return self.value.startswith("intent_")
 
     @property
     def moves_token(self) -> bool:
@@ -228,4 +249,102 @@ def merged(
             j += 1
         out.append(ev)
     out.extend(pending[j:])
+    return out
+
+
+@dataclass(frozen=True)
+class IntentAttemptFacts:
+    """One row of an intent's attempt log, as the timeline needs it (no bodies)."""
+
+    attempt: int
+    job_id: str
+    token: int
+    worker: str
+    started_at: float
+    ended_at: float | None
+    outcome: str  # started | ok | not_applied | unknown | confirmed_by_check | ...
+
+
+@dataclass(frozen=True)
+class IntentFacts:
+    """One intent of a job, as the timeline needs it: its key, tool (target) and
+    action, state and times; never its payload or response."""
+
+    key: str
+    target: str
+    action: str
+    state: str
+    created_at: float
+    updated_at: float
+    confirmed_at: float | None = None
+    reconciled: bool = False
+    attempts: tuple[IntentAttemptFacts, ...] = ()
+
+
+_ENDED = {
+    "ok": TimelineKind.INTENT_CONFIRMED,
+    "unknown": TimelineKind.INTENT_UNKNOWN,
+    "not_applied": TimelineKind.INTENT_NOT_APPLIED,
+    "failed": TimelineKind.INTENT_NOT_APPLIED,  # the name versions before the rule wrote
+    "confirmed_by_check": TimelineKind.INTENT_RECONCILED,
+    "not_applied_by_check": TimelineKind.INTENT_RECONCILED,
+}
+
+
+def from_intents(job_id: str, intents: Iterable[IntentFacts]) -> list[TimelineEvent]:
+    """The intent transitions of ``job_id``'s intents, in time order (``source="intent"``).
+
+    The detail names the key, the tool and its action (``KEY (target.action)``); an
+    attempt's events carry its worker and token; another job's attempts under a
+    shared key are left out.
+    """
+    out: list[TimelineEvent] = []
+    for it in intents:
+        out.extend(_intent_events(job_id, it))
+    out.sort(key=lambda ev: ev.at)
+    return out
+
+
+def _intent_events(job_id: str, it: IntentFacts) -> Iterator[TimelineEvent]:
+    name = f"{it.key} ({it.target}.{it.action})"
+
+    def ev(
+        kind: TimelineKind, at: float, owner: str | None, token: int | None, why: str
+    ) -> TimelineEvent:
+        detail = f"{name}: {why}" if why else name
+        return TimelineEvent(kind, at, owner, token, detail[:DETAIL_LIMIT], source="intent")
+
+    yield ev(TimelineKind.INTENT_PREPARED, it.created_at, None, None, "")
+    for a in it.attempts:
+        if a.job_id != job_id:
+            continue
+        attempt = f"attempt {a.attempt}"
+        yield ev(TimelineKind.INTENT_STARTED, a.started_at, a.worker, a.token, attempt)
+        ended = _ENDED.get(a.outcome)
+        if ended is None or a.ended_at is None:
+            continue
+        if ended is TimelineKind.INTENT_RECONCILED:
+            # A reconciling owner closes the attempt it found: the attempt keeps its
+            # first end, the intent the moment the check answered.
+            applied = a.outcome == "confirmed_by_check"
+            at = it.confirmed_at if applied and it.confirmed_at else a.ended_at
+            why = "applied" if applied else "not applied"
+            yield ev(ended, at, None, None, f"{why}, the target's check says")
+        else:
+            yield ev(ended, a.ended_at, a.worker, a.token, attempt)
+    if it.state == "ambiguous":
+        yield ev(TimelineKind.INTENT_AMBIGUOUS, it.updated_at, None, None, "nobody can tell")
+
+
+def attributed(events: Sequence[TimelineEvent]) -> list[TimelineEvent]:
+    """Intent events that name no worker, given the lane and token of the job's owner
+    at that moment (the last claim before them); others unchanged."""
+    out: list[TimelineEvent] = []
+    holder: TimelineEvent | None = None
+    for ev in events:
+        if ev.kind is TimelineKind.CLAIMED:
+            holder = ev
+        if ev.kind.is_intent and ev.owner is None and holder is not None:
+            ev = replace(ev, owner=holder.owner, token=ev.token or holder.token)
+        out.append(ev)
     return out

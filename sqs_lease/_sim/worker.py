@@ -380,6 +380,10 @@ class SimWorker(Actor):
 
     def _handler(self, run: HandlerRun) -> SimGen[Any]:
         """``Invoke("handler")``: the job's scripted plan, in simulated time."""
+        if self.world.user is not None:  # a user's own handlers (testing.simulate)
+            from .user import run_user_handler
+
+            return (yield from run_user_handler(self, run, self.world.user))
         held, claim, origin = run.held, run.claim, run.held.tag
         plan = self.world.job_plans.get(claim.job.job_id)
         if plan is None:  # pragma: no cover - every sim job has a plan

@@ -16,7 +16,7 @@ import http.client
 import json
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pydantic import BaseModel
 
@@ -42,6 +42,9 @@ from .invariants import E_BUDGET, E_EXC, TRANSIENT_REASONS, Checker, Origin, Vio
 from .plan import FAULT_KINDS, RunPlan
 from .receiver import Receivers, Reply
 from .sqs import Message, SimSQS, Wait
+
+if TYPE_CHECKING:
+    from .user import UserJobs
 
 T = TypeVar("T")
 
@@ -263,8 +266,11 @@ class World:
         mutation: str | None = None,
         trace: bool = True,
         features: frozenset[str] | None = None,
+        user: UserJobs | None = None,
     ) -> None:
         self.seed = seed
+        # A user's app: its handlers run instead of the scripted plans (user.py).
+        self.user = user
         self.mutation = mutation
         self.trace = trace
         self.now = 0.0

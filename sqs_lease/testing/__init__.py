@@ -13,8 +13,11 @@ docs/testing.md ("Testing your handlers").
 What the kit offers:
 
 - :class:`LeaseEnv`: settings with a fresh prefix, the queue (with DLQ) and the
-  tables created; ``submit``, ``worker``, ``record``, ``deliver_twice``.
-- :class:`Faults` for one worker: ``pause``/``resume`` (its AWS calls wait, as a
+  tables created; ``submit``, ``worker`` (thread or async shell), ``running``,
+  ``record``, ``deliver_twice``, ``wait_for``, ``wait_until_final``.
+- :func:`running` / :class:`WorkerRunner`: workers run in threads, their errors
+  surfaced when stopped; :func:`wait_for`: a polling hang guard; :data:`SHORT_LEASE`.
+- :class:`Faults` for one worker of either shell: ``pause``/``resume`` (its AWS calls wait, as a
   paused process's would), ``cut``/``restore`` (its AWS calls fail as unreachable),
   ``lose_next_response(op)`` (the next call of that operation is applied, and its
   answer lost).
@@ -26,10 +29,14 @@ What the kit offers:
 - Assertions: :func:`assert_no_effect_applied_twice`,
   :func:`assert_every_job_terminal_or_parked`.
 - :func:`read_journal`: the events of journal files (a worker's stderr).
+- :func:`simulate`: your handlers in the deterministic simulator, one random fault
+  schedule per seed, every invariant a schedule broke with the :func:`replay` call
+  that reproduces it (what the simulated world covers: its docstring).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -41,6 +48,7 @@ from typing import Any
 from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 from pydantic import BaseModel
 
+from .._aio_worker import AsyncWorker
 from .._aws import classify
 from .._clock import lease_clock
 from .._config import Settings
@@ -54,21 +62,126 @@ from .._local import local_credentials_env, spawn_local_server, stop_local_serve
 from .._producer import Producer
 from .._resources import create_queue, create_tables
 from .._schema import view_of
+from .._shell import WorkerStats
 from .._worker import Worker
+from ._simulate import SeedFailure, SimulationReport, replay, simulate
 
 __all__ = [
+    "SHELLS",
+    "SHORT_LEASE",
     "Applied",
     "Faults",
     "FencedTarget",
     "LeaseEnv",
+    "SeedFailure",
     "ShiftedClock",
+    "SimulationReport",
     "StaleFence",
+    "WorkerRunner",
     "assert_every_job_terminal_or_parked",
     "assert_no_effect_applied_twice",
     "emulator",
+    "job_item",
     "make_env",
     "read_journal",
+    "replay",
+    "running",
+    "simulate",
+    "wait_for",
 ]
+
+AnyWorker = Worker | AsyncWorker
+
+SHELLS: dict[str, type[Worker] | type[AsyncWorker]] = {"thread": Worker, "async": AsyncWorker}
+"""The worker shells (same constructor, same ``run``/``stop``): ``LeaseEnv.worker``'s
+``shell``; the async one needs the ``async`` extra."""
+
+SHORT_LEASE: dict[str, Any] = {
+    "lease_seconds": 3,
+    "heartbeat_seconds": 1.0,
+    "jitter_seconds": 0.5,
+    "missed_heartbeats": 2,
+}
+"""A short lease for tests that keeps the timing rule (3 > 2 x 1 + 0.5 and 1 <= 3 / 2):
+``@app.job("charge", payload=Charge, **SHORT_LEASE)``; takeovers come within seconds."""
+
+
+def wait_for(
+    predicate: Callable[[], bool],
+    timeout: float = 30.0,
+    what: str = "a condition",
+    interval: float = 0.05,
+) -> None:
+    """Poll ``predicate`` until true; fail naming ``what`` after ``timeout`` seconds (a
+    hang guard, not a measure of speed)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+class WorkerRunner:
+    """Runs ``worker.run(**run_kwargs)`` in a thread; :meth:`stop` and :meth:`join`
+    re-raise what the worker raised, so a crashed worker fails the test."""
+
+    def __init__(self, worker: AnyWorker, **run_kwargs: Any) -> None:
+        self.worker = worker
+        self.run_kwargs = run_kwargs
+        self.stats: WorkerStats | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(
+            target=self._main, name=f"runner-{worker.worker_id}", daemon=True
+        )
+
+    def _main(self) -> None:
+        try:
+            self.stats = self.worker.run(**self.run_kwargs)
+        except BaseException as exc:  # surfaced by join()
+            self.error = exc
+
+    def start(self) -> WorkerRunner:
+        self.thread.start()
+        return self
+
+    def join(self, timeout: float) -> WorkerStats:
+        """Wait for the worker's end (a hang guard); its counters, or its error raised."""
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise AssertionError(f"worker {self.worker.worker_id} still running after {timeout} s")
+        if self.error is not None:
+            raise self.error
+        assert self.stats is not None
+        return self.stats
+
+    def stop(self, timeout: float = 20.0) -> WorkerStats:
+        """Ask the worker to stop (a graceful shutdown) and join it."""
+        self.worker.stop()
+        return self.join(timeout)
+
+
+@contextmanager
+def running(*workers: AnyWorker, **run_kwargs: Any) -> Iterator[list[WorkerRunner]]:
+    """Run workers in threads for the block (``run_kwargs`` go to ``run``); always
+    stop and join them at its end."""
+    runners = [WorkerRunner(w, **run_kwargs).start() for w in workers]
+    try:
+        yield runners
+    finally:
+        for r in runners:
+            r.worker.stop()
+        for r in runners:
+            r.thread.join(30.0)
+
+
+def job_item(ddb: Any, settings: Settings, job_id: str) -> dict[str, Any] | None:
+    """A job record's DynamoDB item (a consistent read), None when there is none;
+    ``view_of(item)`` is the toolkit's reading of it."""
+    got = ddb.get_item(
+        TableName=settings.jobs_table, Key={"job_id": {"S": job_id}}, ConsistentRead=True
+    )
+    item = got.get("Item")
+    return None if item is None else dict(item)
 
 
 @contextmanager
@@ -95,7 +208,7 @@ class LeaseEnv:
     settings: Settings
     queue_url: str
     dlq_url: str
-    workers: list[Worker] = field(default_factory=list)
+    workers: list[AnyWorker] = field(default_factory=list)
 
     def submit(
         self, app: App, job_class: str, payload: BaseModel | Mapping[str, Any], **kw: Any
@@ -103,41 +216,27 @@ class LeaseEnv:
         """Submit a job; return its id (``kw``: ``job_id``, ``group``, ...)."""
         return Producer(self.settings, app).submit(job_class, payload, **kw).job_id
 
-    def worker(self, app: App, name: str, **kw: Any) -> Worker:
-        """A thread worker on this env (short receive wait), stopped by :meth:`stop_all`."""
+    def worker(self, app: App, name: str, *, shell: str = "thread", **kw: Any) -> AnyWorker:
+        """A worker on this env (short receive wait) in ``shell`` (``thread`` or
+        ``async``, :data:`SHELLS`); the plugin's ``lease_env`` stops it after the test."""
+        if shell not in SHELLS:
+            raise ValueError(f"shell={shell!r}: use one of {sorted(SHELLS)}")
         kw.setdefault("receive_wait", 1)
         kw.setdefault("shutdown_grace", 3.0)
-        w = Worker(app, self.settings, worker_id=name, **kw)
+        w = SHELLS[shell](app, self.settings, worker_id=name, **kw)
         self.workers.append(w)
         return w
 
     @contextmanager
-    def running(self, *workers: Worker) -> Iterator[None]:
-        """Run workers in threads for the block; stop and join them at its end."""
-        threads = [
-            threading.Thread(target=w.run, name=f"kit-{w.worker_id}", daemon=True) for w in workers
-        ]
-        for t in threads:
-            t.start()
-        try:
-            yield
-        finally:
-            for w in workers:
-                w.stop()
-            for t in threads:
-                t.join(30.0)
+    def running(self, *workers: AnyWorker) -> Iterator[list[WorkerRunner]]:
+        """Run workers in threads for the block; stop and join them at its end
+        (:func:`running`)."""
+        with running(*workers) as runners:
+            yield runners
 
     def record(self, job_id: str) -> JobView:
         """The job's record as the toolkit reads it (a consistent read)."""
-        item = (
-            self._ddb()
-            .get_item(
-                TableName=self.settings.jobs_table,
-                Key={"job_id": {"S": job_id}},
-                ConsistentRead=True,
-            )
-            .get("Item")
-        )
+        item = job_item(self._ddb(), self.settings, job_id)
         if item is None:
             raise AssertionError(f"no job record {job_id!r}")
         return view_of(item)
@@ -151,13 +250,8 @@ class LeaseEnv:
     def wait_for(
         self, predicate: Callable[[], bool], *, timeout: float = 30.0, what: str = "a condition"
     ) -> None:
-        """Poll ``predicate`` until true; fail naming ``what`` after ``timeout`` (a
-        hang guard, not a measure of speed)."""
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() >= deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-            time.sleep(0.05)
+        """Poll ``predicate`` until true (:func:`wait_for`)."""
+        wait_for(predicate, timeout, what)
 
     def wait_until_final(self, *job_ids: str, timeout: float = 60.0) -> None:
         """Wait until every job is terminal or parked."""
@@ -192,15 +286,16 @@ def make_env(endpoint_url: str, prefix: str | None = None, **queue: Any) -> Leas
 
 
 class Faults:
-    """Faults applied to one thread worker's AWS traffic (its every driver).
+    """Faults applied to one worker's AWS traffic (its every driver), thread or async.
 
     Apply them before or while the worker runs. They act where the worker meets
     AWS, so the protocol sees what a real fault would show it: a paused worker's
     calls wait, a cut worker's calls fail as unreachable, a lost response is a call
-    that applied and whose answer never came (outcome unknown).
+    that applied and whose answer never came (outcome unknown). The async worker
+    builds its drivers when it runs: the faults wrap them then.
     """
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: AnyWorker) -> None:
         self.worker = worker
         self._running = threading.Event()
         self._running.set()
@@ -208,8 +303,25 @@ class Faults:
         self._lose: dict[str, int] = {}
         self._mutex = threading.Lock()
         self.lost: list[Call] = []
-        for driver in (worker.driver, worker.poll_driver):
-            self._wrap(driver)
+        if isinstance(worker, AsyncWorker):
+            worker._driver_hooks.append(self._wrap_async)
+        else:
+            for driver in (worker.driver, worker.poll_driver):
+                self._wrap(driver)
+
+    def _cut_outcome(self, sent: float, clock: Callable[[], float]) -> Outcome | None:
+        if not self._cut:
+            return None
+        return classify(EndpointConnectionError(endpoint_url="kit-fault"), sent, clock())
+
+    def _after(self, c: Call, out: Outcome, sent: float, clock: Callable[[], float]) -> Outcome:
+        with self._mutex:
+            left = self._lose.get(c.op, 0)
+            if not left:
+                return out
+            self._lose[c.op] = left - 1
+            self.lost.append(c)
+        return classify(ReadTimeoutError(endpoint_url="kit-fault"), sent, clock())
 
     def _wrap(self, driver: Any) -> None:
         real: Callable[[Call], Outcome] = driver.execute
@@ -217,18 +329,24 @@ class Faults:
         def execute(c: Call) -> Outcome:
             self._running.wait()
             sent = driver.clock()
-            where = "kit-fault"
-            if self._cut:
-                return classify(EndpointConnectionError(endpoint_url=where), sent, driver.clock())
-            out = real(c)
-            with self._mutex:
-                left = self._lose.get(c.op, 0)
-                if left:
-                    self._lose[c.op] = left - 1
-                    self.lost.append(c)
-                    err = ReadTimeoutError(endpoint_url=where)
-                    return classify(err, sent, driver.clock())
-            return out
+            cut = self._cut_outcome(sent, driver.clock)
+            if cut is not None:
+                return cut
+            return self._after(c, real(c), sent, driver.clock)
+
+        driver.execute = execute
+
+    def _wrap_async(self, driver: Any) -> None:
+        real: Callable[[Call], Any] = driver.execute
+
+        async def execute(c: Call) -> Outcome:
+            while not self._running.is_set():
+                await asyncio.sleep(0.02)  # paused: the call waits, the loop does not
+            sent = driver.clock()
+            cut = self._cut_outcome(sent, driver.clock)
+            if cut is not None:
+                return cut
+            return self._after(c, await real(c), sent, driver.clock)
 
         driver.execute = execute
 
@@ -273,11 +391,12 @@ class ShiftedClock:
     def advance(self, seconds: float) -> None:
         self.offset += seconds
 
-    def install(self, worker: Worker) -> ShiftedClock:
-        """Make this the worker's lease clock (before it runs)."""
+    def install(self, worker: AnyWorker) -> ShiftedClock:
+        """Make this the worker's lease clock (before it runs; thread or async)."""
         worker._clock = self
-        for driver in (worker.driver, worker.poll_driver):
-            driver.clock = self
+        if isinstance(worker, Worker):
+            for driver in (worker.driver, worker.poll_driver):
+                driver.clock = self
         return self
 
 
