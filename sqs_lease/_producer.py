@@ -27,6 +27,7 @@ from ._core.intents import Resumed, resume_flow
 from ._core.limits import check_payload
 from ._core.priority import PRIORITIES, Priority
 from ._core.records import JobView
+from ._core.stages import Retried, retry_flow
 from ._errors import ConfigError
 from ._jobs import App, canonical_json, payload_hash
 from ._resources import queue_url
@@ -199,6 +200,21 @@ class Producer:
                 job_id=job_id,
                 wall_now=time.time(),
                 send_id=new_send_id(),
+            )
+        )
+
+    def retry(self, job_id: str, stage: str | None = None) -> Retried:
+        """Run a failed (or parked) job again from where it ended: a staged job at its
+        failed stage, its committed stages kept (see :func:`retry_flow`). Conditional
+        on the record's state and token: a second retry of one failure does nothing."""
+        return self.driver.run(
+            retry_flow(
+                self.table,
+                queue_url=self.queue_url,
+                job_id=job_id,
+                wall_now=time.time(),
+                send_id=new_send_id(),
+                stage=stage,
             )
         )
 

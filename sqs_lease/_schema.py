@@ -779,6 +779,28 @@ class JobTable:
         actions.append(_log(event(TK.RESUMED, wall_now)))
         return self._update(job_id, condition, actions, returns="ALL_NEW")
 
+    def retry_failed(
+        self, job_id: str, token: int, send_id: str, wall_now: float, detail: str
+    ) -> Call:
+        # On the state and the token the operator read: two retries of one failure (two
+        # operators, a command run twice) cannot both re-enqueue it.
+        condition = (R.state == JobState.FAILED.value) & (R.token == token)
+        actions: list[Action] = [
+            R.state.set(JobState.QUEUED.value),
+            R.reason.set("retried by an operator"),
+            R.error_code.remove(),
+            R.finished_at.remove(),
+            R.attempt.set(0),
+            R.granted_attempts.remove(),
+            R.send_id.set(send_id),
+            R.message_sent.set(False),
+            R.unsent.set(UNSENT_BUCKET),
+            R.unsent_since.set(wall_now),
+            R.updated_at.set(wall_now),
+            _log(event(TK.RESUMED, wall_now, token=token, detail=detail)),
+        ]
+        return self._update(job_id, condition, actions, returns="ALL_NEW")
+
     def unpark_item(self, job_id: str, send_id: str, wall_now: float) -> dict[str, Any]:
         """The same unpark as a TransactWriteItems entry (an operator's resolution)."""
         condition, actions = _unpark(send_id, wall_now)

@@ -213,6 +213,15 @@ class JobRequests(Protocol):
 
     def unpark(self, job_id: str, send_id: str, wall_now: float) -> Call: ...
 
+    def retry_failed(
+        self, job_id: str, token: int, send_id: str, wall_now: float, detail: str
+    ) -> Call:
+        """An operator's retry of a failed job: failed -> queued (on condition of the
+        state and the token the operator read) at its current stage with a fresh
+        count of attempts, ``send_id`` its one unsent message; its stage log, its
+        stage's input and its intents are kept."""
+        ...
+
     def unpark_item(self, job_id: str, send_id: str, wall_now: float) -> Mapping[str, Any]: ...
 
     def fence_check(self, job_id: str, token: int) -> Mapping[str, Any]: ...
