@@ -155,7 +155,12 @@ def slot_env(app: App, settings: Settings) -> SlotEnv | None:
     """The app's fleet-wide limits for the attempt flow (None: it declares none)."""
     if not app.has_limits:
         return None
-    return SlotEnv(SlotTable(settings.slots_table), app.class_limit_for, app.tenant_limit_for)
+    return SlotEnv(
+        SlotTable(settings.slots_table),
+        app.class_limit_for,
+        app.tenant_limit_for,
+        app.stage_limit_for,
+    )
 
 
 class ShellBase:

@@ -201,6 +201,9 @@ class SlotEnv:
     requests: SlotRequests
     class_limit: Callable[[str], int | None]
     tenant_limit: Callable[[str], int | None]
+    # A staged job's stage -> its own limit (None: the shell runs no staged jobs);
+    # each stage's limit is a pool of its own (``CLASS:STAGE``).
+    stage_limit: Callable[[str, str], int | None] | None = None
 
 
 @dataclass
@@ -400,9 +403,19 @@ def _take_slots(env: AttemptEnv, claim: Claimed) -> Flow[SlotGrant | None]:
         return None
     job = claim.job
     tenant = job.tenant
+    pool, limit = job.job_class, None
+    if job.stage is not None and env.slots.stage_limit is not None:
+        # A stage's own limit (its class's concurrency_limit), in its own pool: a
+        # stage limited to 2 (an upload to an ERP) does not share slots with another.
+        pool, limit = (
+            f"{job.job_class}:{job.stage}",
+            env.slots.stage_limit(job.job_class, job.stage),
+        )
+    else:
+        limit = env.slots.class_limit(job.job_class)
     pools = pools_for(
-        job.job_class,
-        env.slots.class_limit(job.job_class),
+        pool,
+        limit,
         tenant,
         env.slots.tenant_limit(tenant) if tenant is not None else None,
     )
