@@ -142,6 +142,9 @@ class JobRecord(Model):
     progress_at = NumberAttribute(null=True)
     # Whose job it is (a user, an account), set by the producer: its own slot pool.
     tenant = UnicodeAttribute(null=True)
+    # "interactive" for a job submitted to the interactive queue (absent: batch): a
+    # re-send (sweep, resume, retry) goes back to the queue the job was submitted to
+    priority = UnicodeAttribute(null=True)
 
     unsent_index = UnsentIndex()
     group_index = GroupIndex()
@@ -299,9 +302,19 @@ class JobTable:
         send_id: str,
         stage: str | None = None,
         tenant: str | None = None,
+        priority: str | None = None,
     ) -> Call:
         params = self._put_new_params(
-            job_id, job_class, payload_json, payload_hash, wall_now, send_id, stage, None, tenant
+            job_id,
+            job_class,
+            payload_json,
+            payload_hash,
+            wall_now,
+            send_id,
+            stage,
+            None,
+            tenant,
+            priority,
         )
         return Call("dynamodb", "PutItem", params)
 
@@ -317,10 +330,20 @@ class JobTable:
         group: str,
         stage: str | None = None,
         tenant: str | None = None,
+        priority: str | None = None,
     ) -> dict[str, Any]:
         """The same new record, in a group, as a TransactWriteItems entry."""
         params = self._put_new_params(
-            job_id, job_class, payload_json, payload_hash, wall_now, send_id, stage, group, tenant
+            job_id,
+            job_class,
+            payload_json,
+            payload_hash,
+            wall_now,
+            send_id,
+            stage,
+            group,
+            tenant,
+            priority,
         )
         return {"Put": params}
 
@@ -335,6 +358,7 @@ class JobTable:
         stage: str | None,
         group: str | None,
         tenant: str | None = None,
+        priority: str | None = None,
     ) -> dict[str, Any]:
         record = JobRecord(
             job_id=job_id,
@@ -354,6 +378,7 @@ class JobTable:
             group_id=group,
             timeline=[event(TK.SUBMITTED, wall_now)],
             tenant=tenant,
+            priority=priority if priority != "batch" else None,
         )
         params: dict[str, Any] = {
             "TableName": self.table,
@@ -1059,6 +1084,7 @@ def view_of(item: Mapping[str, Any]) -> JobView:
             timeline_length=len((item.get("timeline") or {}).get("L") or ()),
             progress_json=s("progress"),
             tenant=s("tenant"),
+            priority=s("priority"),
             stage_input=s("stage_input"),
             stage_log=s("stages"),
         )

@@ -262,6 +262,7 @@ class ShellBase:
             run_handler=self._run_handler,
             slots=slot_env(app, settings),
             stage_rules_of=self._stage_rules_of,
+            interactive_url=setup.interactive_url,
             first_stage_of=self._first_stage_of,
             deletes=self.deletes,
         )

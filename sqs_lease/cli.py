@@ -71,6 +71,7 @@ from ._resources import (
     check_table,
     create_queue,
     create_tables,
+    interactive_queue_url,
     queue_url,
 )
 from ._schema import (
@@ -1425,6 +1426,8 @@ def intents_resolve(
                 why=reason or "resolved by operator",
                 wall_now=time.time(),
                 send_id=new_send_id(),
+                # an interactive job goes back to its own queue
+                interactive_url=interactive_queue_url(settings),
             )
         )
     except IntentNotAmbiguous as exc:

@@ -237,6 +237,9 @@ class AttemptEnv:
     # Deletes of ended jobs' messages, batched (None: each deleted right after its
     # end write, as the Lambda adapter needs to see it).
     deletes: DeleteBatch | None = None
+    # Priorities: the interactive queue (None: none), where the sweep re-sends an
+    # interactive job's message.
+    interactive_url: str | None = None
 
 
 def rules_for(env: AttemptEnv, job_class: str, stage: str | None) -> ClassRules | None:
@@ -1027,6 +1030,7 @@ def sweep_once_flow(
             older_than=older_than,
             limit=limit,
             send_id_prefix=send_id_prefix,
+            interactive_url=env.interactive_url,
         )
         resent = sum(1 for j in report.jobs if j.verdict == "resent")
         env.tally("stranded_resent", resent)

@@ -61,6 +61,7 @@ class JobView:
     tenant: str | None = None  # whose job it is (a user, an account): its own limit
     stage_input: str | None = None  # JSON input of the current stage (None: the job payload)
     stage_log: str | None = None  # JSON list of the committed stages' checkpoints
+    priority: str | None = None  # "interactive": submitted to the interactive queue
 
 
 class JobRequests(Protocol):
@@ -77,6 +78,7 @@ class JobRequests(Protocol):
         send_id: str,
         stage: str | None = None,
         tenant: str | None = None,
+        priority: str | None = None,
     ) -> Call: ...
 
     def put_new_item(
@@ -91,6 +93,7 @@ class JobRequests(Protocol):
         group: str,
         tenant: str | None = None,
         stage: str | None = None,
+        priority: str | None = None,
     ) -> Mapping[str, Any]: ...
 
     def group_query(self, group: str, start: Mapping[str, Any] | None) -> Call: ...

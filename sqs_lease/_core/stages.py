@@ -49,6 +49,7 @@ from .flows import (
     _end_attempt,
     _fail_call,
     fail_flow,
+    home_queue,
     on_queue,
 )
 from .flows import send_job_message as _send
@@ -410,6 +411,7 @@ def retry_flow(
     wall_now: float,
     send_id: str,
     stage: str | None = None,
+    interactive_url: str | None = None,
 ) -> Flow[Retried]:
     """Run a failed or parked job again from where it ended (``sqs-lease jobs retry``).
 
@@ -457,7 +459,12 @@ def retry_flow(
         )
     if job.state is JobState.PARKED or (job.state is JobState.QUEUED and not job.message_sent):
         resumed = yield from resume_flow(
-            req, queue_url=queue_url, job_id=job_id, wall_now=wall_now, send_id=send_id
+            req,
+            queue_url=queue_url,
+            job_id=job_id,
+            wall_now=wall_now,
+            send_id=send_id,
+            interactive_url=interactive_url,
         )
         verdict: RetryVerdict = (
             "nothing_to_do" if resumed.verdict == "not_parked" else (resumed.verdict)
@@ -495,7 +502,7 @@ def retry_flow(
     yield from emit("job_retried", job_id=job_id, stage=job.stage, token=job.token, send_id=send_id)
     sent = yield from _send(
         req,
-        queue_url=queue_url,
+        queue_url=home_queue(job, queue_url, interactive_url),  # the job's own queue
         job_id=job_id,
         job_class=job.job_class,
         send_id=send_id,
