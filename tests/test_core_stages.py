@@ -22,11 +22,10 @@ from core_harness import (
     ok,
     update_sets,
 )
-from test_core_attempt import WALL, Rules, Shell
+from test_core_attempt import MONO, WALL, Rules, Shell
 
 from sqs_lease._core.attempt import HandlerRun, attempt_flow
 from sqs_lease._core.calls import ErrorKind, Outcome
-from sqs_lease._core.deletes import DeleteBatch
 from sqs_lease._core.fifo import message_group_id
 from sqs_lease._core.flows import Delivery, FinishOutcome, message_body, parse_message
 from sqs_lease._core.records import JobState
@@ -96,17 +95,18 @@ def test_a_stage_ending_checkpoints_fenced_then_sends_the_next_stage_then_delete
         return NextStage("render", {"rows_key": "s3://b/rows"}, result={"rows": 3})
 
     shell = _staged_shell(fetch)
-    answers = [_claimed(), ok(), ok({"MessageId": "m-2"}), ok(), ok()]
+    answers = [_claimed(), ok(sent_at=MONO), ok(), ok({"MessageId": "m-2"}), ok(), ok()]
     s = _run(shell, answers, _staged_delivery())
     assert [c.op for c in s.calls] == [
-        "UpdateItem",  # claim (token 5); the receive's lease is kept (no CMV)
+        "UpdateItem",  # claim (token 5)
+        "ChangeMessageVisibility",
         "UpdateItem",  # checkpoint, fenced on token 5
         "SendMessage",  # the next stage's message
         "UpdateItem",  # marked sent
         "DeleteMessage",  # the current message, last
     ]
     assert s.result.outcome is FinishOutcome.DONE  # type: ignore[attr-defined]
-    checkpoint = s.calls[1].params
+    checkpoint = s.calls[2].params
     assert_fenced(checkpoint, token=5)
     sets = update_sets(checkpoint)
     send_id = continuation_send_id(5, "render")
@@ -116,7 +116,7 @@ def test_a_stage_ending_checkpoints_fenced_then_sends_the_next_stage_then_delete
     assert sets["message_sent"] == "False"  # until the send is recorded: the sweep's to find
     (entry,) = json.loads(eval(sets["stages"]))
     assert (entry["stage"], entry["result"], entry["token"]) == ("fetch", {"rows": 3}, 5)
-    body = json.loads(s.calls[2].params["MessageBody"])
+    body = json.loads(s.calls[3].params["MessageBody"])
     assert (body["stage"], body["send_id"], body["job_id"]) == ("render", send_id, "job-1")
     done = s.event("stage_committed")
     assert (done["stage"], done["next_stage"], done["token"]) == ("fetch", "render", 5)
@@ -128,15 +128,14 @@ def _fetch_ends(run: HandlerRun) -> Any:
 
 
 def _after_claim() -> list[Outcome]:
-    """Checkpoint, next stage's message, marked sent, delete (the claim keeps the
-    receive's lease: no CMV)."""
-    return [ok(), ok({"MessageId": "m-2"}), ok(), ok()]
+    """CMV, checkpoint, next stage's message, marked sent, delete."""
+    return [ok(sent_at=MONO), ok(), ok({"MessageId": "m-2"}), ok(), ok()]
 
 
 def test_a_stage_checkpoint_appends_a_stage_done_event_to_the_timeline_in_the_same_write() -> None:
     shell = _staged_shell(_fetch_ends)
     s = _run(shell, [_claimed(), *_after_claim()], _staged_delivery())
-    checkpoint = s.calls[1].params
+    checkpoint = s.calls[2].params
     assert_fenced(checkpoint, token=5)
     appended = update_sets(checkpoint)["timeline"]
     (text,) = re.findall(r"'(\{[^']*\})'", appended)
@@ -157,7 +156,7 @@ def test_on_a_fifo_queue_the_next_stage_is_sent_in_the_jobs_group_deduplicated_b
     shell = _staged_shell(_fetch_ends)
     shell.env.queue_url = "https://sqs.test/123/work.fifo"
     s = _run(shell, [_claimed(group_id="agent-7"), *_after_claim()], _staged_delivery())
-    send = s.calls[2]
+    send = s.calls[3]
     assert send.op == "SendMessage" and send.params["QueueUrl"].endswith(".fifo")
     assert send.params["MessageGroupId"] == message_group_id("job-1", "agent-7")
     assert send.params["MessageDeduplicationId"] == continuation_send_id(5, "render")
@@ -169,20 +168,10 @@ def test_the_next_stage_goes_to_the_queue_the_stage_came_from_and_that_message_i
     item = replace(_staged_delivery(), queue_url=interactive)
     s = _run(shell, [_claimed(), *_after_claim()], item)
     assert [(c.op, c.params.get("QueueUrl")) for c in s.calls if c.service == "sqs"] == [
+        ("ChangeMessageVisibility", interactive),
         ("SendMessage", interactive),  # the job keeps its priority
         ("DeleteMessage", interactive),
     ]
-
-
-def test_with_batched_deletes_a_stage_ending_queues_its_delete_after_the_next_send() -> None:
-    # The shells batch deletes (the floor): the stage ending must too, and only once
-    # the next stage's message is out.
-    shell = _staged_shell(_fetch_ends)
-    shell.env.deletes = DeleteBatch(window=0.25)
-    s = _run(shell, [_claimed(), ok(), ok({"MessageId": "m-2"}), ok()], _staged_delivery())
-    assert [c.op for c in s.calls] == ["UpdateItem", "UpdateItem", "SendMessage", "UpdateItem"]
-    assert s.result.outcome is FinishOutcome.DONE  # type: ignore[attr-defined]
-    assert len(shell.env.deletes) == 1  # the old message's delete, waiting for its batch
 
 
 def test_a_later_stage_runs_on_its_input_with_its_own_class_and_reads_earlier_results() -> None:
@@ -196,23 +185,24 @@ def test_a_later_stage_runs_on_its_input_with_its_own_class_and_reads_earlier_re
     shell = _staged_shell(render)
     answers = [
         _claimed("render", token=5, stage_input='{"rows_key":"k"}', stages=log),
+        ok(sent_at=MONO),
         ok(),
         ok(),
     ]
     s = _run(shell, answers, _staged_delivery("render", "stage.5.render"))
+    assert s.calls[1].params["VisibilityTimeout"] == RenderRules.lease_seconds
     (run,) = seen
-    assert run.held.lease.lease_seconds == RenderRules.lease_seconds  # the stage's own lease
     assert run.payload == {"rows_key": "k"} and isinstance(run.rules, RenderRules)
     assert run.claim.token == 6  # the token keeps rising across stages
     assert stage_results(run.claim.job) == {"fetch": {"rows": 3}}
     assert s.result.outcome is FinishOutcome.DONE  # type: ignore[attr-defined]
-    assert [c.op for c in s.calls][1:] == ["UpdateItem", "DeleteMessage"]  # the final commit
+    assert [c.op for c in s.calls][2:] == ["UpdateItem", "DeleteMessage"]  # the final commit
 
 
 def test_a_next_stage_the_job_does_not_have_fails_the_job_naming_it() -> None:
     shell = _staged_shell(lambda run: NextStage("publsh", {}))
-    s = _run(shell, [_claimed(), ok(), ok()], _staged_delivery())
-    sets = update_sets(s.calls[1].params)
+    s = _run(shell, [_claimed(), ok(sent_at=MONO), ok(), ok()], _staged_delivery())
+    sets = update_sets(s.calls[2].params)
     assert sets["state"] == "'failed'" and sets["error_code"] == "'bad_next_stage'"
     assert "no stage 'publsh'" in sets["reason"]
     assert "SendMessage" not in [c.op for c in s.calls]
@@ -220,8 +210,8 @@ def test_a_next_stage_the_job_does_not_have_fails_the_job_naming_it() -> None:
 
 def test_a_next_stage_input_its_model_refuses_fails_the_job_naming_the_field() -> None:
     shell = _staged_shell(lambda run: NextStage("render", {"rows": 1}))
-    s = _run(shell, [_claimed(), ok(), ok()], _staged_delivery())
-    reason = update_sets(s.calls[1].params)["reason"]
+    s = _run(shell, [_claimed(), ok(sent_at=MONO), ok(), ok()], _staged_delivery())
+    reason = update_sets(s.calls[2].params)["reason"]
     assert "NextStage('render')" in reason and "rows_key" in reason
 
 
@@ -230,16 +220,17 @@ def test_a_stage_that_already_ran_is_not_run_again() -> None:
     shell = _staged_shell(lambda run: NextStage("fetch", {}))
     answers = [
         _claimed("render", token=5, stage_input='{"rows_key":"k"}', stages=log),
+        ok(sent_at=MONO),
     ]
     s = _run(shell, [*answers, ok(), ok()], _staged_delivery("render", "stage.5.render"))
-    assert "already ran" in update_sets(s.calls[1].params)["reason"]
+    assert "already ran" in update_sets(s.calls[2].params)["reason"]
 
 
 def test_a_checkpoint_refused_by_the_fence_sends_nothing_and_deletes_nothing() -> None:
     shell = _staged_shell(lambda run: NextStage("render", {"rows_key": "k"}))
     moved = condition_failed(job_item(token=9, owner="w-2", stage="fetch"))
-    s = _run(shell, [_claimed(), moved], _staged_delivery())
-    assert [c.op for c in s.calls] == ["UpdateItem", "UpdateItem"]
+    s = _run(shell, [_claimed(), ok(sent_at=MONO), moved], _staged_delivery())
+    assert [c.op for c in s.calls] == ["UpdateItem", "ChangeMessageVisibility", "UpdateItem"]
     assert s.result.outcome is FinishOutcome.REJECTED  # type: ignore[attr-defined]
     assert s.event("result_rejected")["stage"] == "stage"
     assert s.event("heartbeat_lost")["detected_by"] == "commit"
@@ -249,9 +240,9 @@ def test_a_checkpoint_refused_by_the_fence_sends_nothing_and_deletes_nothing() -
 def test_a_failed_send_leaves_the_record_to_the_sweep_and_still_deletes_the_message() -> None:
     shell = _staged_shell(lambda run: NextStage("render", {"rows_key": "k"}))
     down = err(ErrorKind.SERVER, "ServiceUnavailable")
-    answers = [_claimed(), ok(), down, ok(), ok()]
+    answers = [_claimed(), ok(sent_at=MONO), ok(), down, ok(), ok()]
     s = _run(shell, answers, _staged_delivery())
-    assert [c.op for c in s.calls][2:] == ["SendMessage", "UpdateItem", "DeleteMessage"]
+    assert [c.op for c in s.calls][3:] == ["SendMessage", "UpdateItem", "DeleteMessage"]
     assert s.event("job_send_failed")["released"] is True
     assert s.result.outcome is FinishOutcome.DONE  # type: ignore[attr-defined]
 
@@ -290,7 +281,7 @@ def test_an_attempt_on_an_old_message_gets_only_what_is_left_of_the_12_hour_cap(
     item = replace(
         _staged_delivery(), sent_wall=WALL - 11.5 * 3600, first_received_wall=WALL - 10.5 * 3600
     )
-    s = _run(shell, [_claimed(), ok(), ok()], item)
+    s = _run(shell, [_claimed(), ok(sent_at=MONO), ok(), ok()], item)
     left = MESSAGE_CAP_SECONDS - 11.5 * 3600
     capped = s.event("stage_budget_capped")
     assert (capped["budget"], capped["class_budget"]) == (left, Rules.stage_budget_seconds)

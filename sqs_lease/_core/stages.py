@@ -37,7 +37,7 @@ rules (None: the job has no such stage) and validates its input.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .calls import Err, ErrorKind, Flow, call, emit
@@ -292,9 +292,6 @@ def continue_flow(
     ``input_json`` is ``nxt.payload`` as canonical JSON, already validated by the
     caller against the next stage's payload model. A checkpoint refused by the
     fence (the token moved on) is ``result_rejected`` and nothing is sent.
-    ``defer_delete``: the shell batches deletes (as for any ended job): the old
-    message's delete is left to the batch (``Finish.delete_pending``), queued only
-    after the next stage's send.
     """
     entry = StageEntry(
         stage=job.stage or "main",
@@ -318,10 +315,9 @@ def continue_flow(
             wall_now=wall_now,
             reason=problem,
             error_code="stage_too_large",
-            defer_delete=defer_delete,
         )
         return Continued(
-            Finish(FinishOutcome.FAILED, problem, delete_pending=failed.delete_pending)
+            Finish(FinishOutcome.FAILED, problem)
             if failed.outcome is FinishOutcome.DONE
             else failed
         )
@@ -377,10 +373,7 @@ def continue_flow(
     )
     # Sent or not, this message's work is done: a failed send leaves the record in
     # the unsent index (the sweep sends it); this message would only be a stray.
-    if defer_delete:
-        fin = replace(fin, delete_pending=True)
-    else:
-        yield from _delete(home, delivery.receipt_handle)
+    yield from _delete(home, delivery.receipt_handle)
     return Continued(fin, sent.verdict != "failed")
 
 
