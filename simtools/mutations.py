@@ -18,6 +18,7 @@ must stay well above the attempts the worker counts.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -576,6 +577,92 @@ def shared_request_tokens() -> Iterator[None]:
         yield
 
 
+# ------------------------------------------------------------------ issue 9 (stages)
+
+
+@contextmanager
+def unfenced_checkpoint() -> Iterator[None]:
+    """Issue 9 item 2: a stage's checkpoint forgets the job's token (any running record
+    takes it), so a stale owner of a stage, taken over, still ends that stage: its
+    checkpoint lands beside (or instead of) the new owner's. Expected: I18 (the
+    checkpoint appended under a token that no longer held the stage)."""
+    from sqs_lease import _schema
+
+    real = JobTable.advance_stage
+
+    def running_only(token: int, worker_id: str) -> Any:
+        return R.state == "running"
+
+    def advance_stage(self: JobTable, job_id: str, token: int, worker_id: str, **kw: Any) -> Call:
+        with _patch(_schema, "_mine", running_only):
+            return real(self, job_id, token, worker_id, **kw)
+
+    with _patch(JobTable, "advance_stage", advance_stage):
+        yield
+
+
+@contextmanager
+def checkpoint_replaces_log() -> Iterator[None]:
+    """Issue 9 item 1: a stage's checkpoint writes the stage log as its own entry alone
+    instead of appending to it, so the checkpoints of the stages before are lost
+    (later stages no longer read them). Expected: I18."""
+    real = JobTable.advance_stage
+
+    def advance_stage(
+        self: JobTable, job_id: str, token: int, worker_id: str, *, stage_log: str, **kw: Any
+    ) -> Call:
+        own = json.loads(stage_log)[-1:]
+        return real(self, job_id, token, worker_id, stage_log=json.dumps(own), **kw)
+
+    with _patch(JobTable, "advance_stage", advance_stage):
+        yield
+
+
+@contextmanager
+def continuation_not_unsent() -> Iterator[None]:
+    """Issue 9 item 2: the checkpoint trusts the send that follows it and leaves the
+    record out of the sparse ``unsent`` index, so a worker that dies between the two
+    (or a send that fails) strands the job: no sweep finds it. Expected: I10 (the
+    ``staged`` world's deaths after a checkpoint)."""
+    from sqs_lease import _schema
+
+    def advance_stage(
+        self: JobTable,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        *,
+        stage: str,
+        next_stage: str,
+        stage_input: str,
+        stage_log: str,
+        send_id: str,
+        wall_now: float,
+    ) -> Call:
+        # _schema.JobTable.advance_stage without R.unsent / R.unsent_since
+        return self._update(
+            job_id,
+            _schema._mine(token, worker_id),
+            [
+                R.state.set(JobState.QUEUED.value),
+                R.stage.set(next_stage),
+                R.stage_input.set(stage_input),
+                R.stages.set(stage_log),
+                R.attempt.set(0),
+                R.granted_attempts.remove(),
+                R.send_id.set(send_id),
+                R.message_sent.set(False),
+                R.updated_at.set(wall_now),
+                R.lease_deadline.remove(),
+                R.reason.remove(),
+                R.error_code.remove(),
+            ],
+        )
+
+    with _patch(JobTable, "advance_stage", advance_stage):
+        yield
+
+
 PENDING: dict[str, tuple[Callable[[], Any], str, str]] = {
     # name: (mutation, widened feature that exposes it, invariant expected first)
     # moved to MUTATIONS once their fixes landed (kept here for the table in the docs)
@@ -618,6 +705,9 @@ MUTATIONS: dict[str, Callable[[], Any]] = {
     "shared_request_tokens": shared_request_tokens,
     # issue 14 item 3, a variant of the targets (in the plain_calls world)
     "fence_mark_on_success_only": fence_mark_on_success_only,
+    # issue 9: stages (in the staged world, one of plan.PASSING_FEATURES)
+    "checkpoint_replaces_log": checkpoint_replaces_log,
+    "continuation_not_unsent": continuation_not_unsent,
 }
 WORLDS: dict[str, frozenset[str]] = {
     "resolve_in_two_writes": frozenset({"operator_races"}),
@@ -631,9 +721,12 @@ WORLDS: dict[str, frozenset[str]] = {
 }
 """The widened features a mutation needs beyond ``plan.PASSING_FEATURES`` (the
 mutation check runs it with both)."""
-UNCAUGHT: dict[str, Callable[[], Any]] = {}
-"""Mutations no seed of the mutation check catches yet (runnable with ``--mutation``);
-empty since ``fence_mark_on_success_only`` met the plain_calls world."""
+UNCAUGHT: dict[str, Callable[[], Any]] = {"unfenced_checkpoint": unfenced_checkpoint}
+"""Mutations no seed of the mutation check catches yet (runnable with ``--mutation``).
+``unfenced_checkpoint``: in 200 seeds of the staged world no stale owner of a stage
+reaches its stage's end without having learnt of the takeover (its heartbeat tells it
+first, and a stopped attempt's result is discarded); ``tests/test_stages.py`` shows the
+fence biting with real processes (a paused worker's late stage end)."""
 VARIANTS: dict[str, Callable[[], Any]] = {
     **MUTATIONS,
     **UNCAUGHT,

@@ -97,6 +97,11 @@ class JobNotFound(SqsLeaseError):
     """No job record exists for the id."""
 
 
+class RetryRefused(SqsLeaseError):
+    """A retry the job's record does not allow (a stage already committed, a job
+    cancelled, another stage named); the message names what to do instead."""
+
+
 class ResourceMissing(SqsLeaseError):
     """A queue or table does not exist (create it with the CLI)."""
 

@@ -339,6 +339,12 @@ class App:
         reg = self.classes.get(job_class)
         return reg.job_class.concurrency_limit if reg is not None else None
 
+    def stage_limit_for(self, job_class: str, stage: str) -> int | None:
+        """The fleet-wide limit of one stage's running jobs: the stage's own class's
+        ``concurrency_limit`` (None: none, or unknown)."""
+        reg = self.get(job_class, stage)
+        return reg.job_class.concurrency_limit if reg is not None else None
+
     @property
     def has_limits(self) -> bool:
         """Whether any job class or tenant has a fleet-wide limit (the worker then
@@ -346,7 +352,7 @@ class App:
         return (
             self.tenant_limit is not None
             or bool(self.tenant_limits)
-            or any(r.job_class.concurrency_limit is not None for r in self.classes.values())
+            or any(c.concurrency_limit is not None for c in self.job_classes())
         )
 
     def target(

@@ -27,7 +27,8 @@ from ._core.intents import Resumed, resume_flow
 from ._core.limits import check_payload
 from ._core.priority import PRIORITIES, Priority
 from ._core.records import JobView
-from ._errors import ConfigError
+from ._core.stages import Retried, retry_flow
+from ._errors import ConfigError, ResourceMissing
 from ._jobs import App, canonical_json, payload_hash
 from ._resources import queue_url
 from ._schema import GroupTable, JobTable
@@ -161,8 +162,17 @@ class Producer:
                 groups=self.groups,
                 tenant=tenant,
                 stage=stage,
+                priority=priority,
             )
         )
+
+    def _interactive_or_none(self) -> str | None:
+        """The interactive queue's address if it exists (None: there is none): where a
+        re-send of an interactive job goes."""
+        try:
+            return self.interactive_url
+        except ResourceMissing:
+            return None
 
     def cancel(self, job_id: str, reason: str = "cancelled by request") -> JobView:
         """End the job ``failed`` (cancelled); its owner loses the lease at its next beat.
@@ -199,6 +209,23 @@ class Producer:
                 job_id=job_id,
                 wall_now=time.time(),
                 send_id=new_send_id(),
+                interactive_url=self._interactive_or_none(),
+            )
+        )
+
+    def retry(self, job_id: str, stage: str | None = None) -> Retried:
+        """Run a failed (or parked) job again from where it ended: a staged job at its
+        failed stage, its committed stages kept (see :func:`retry_flow`). Conditional
+        on the record's state and token: a second retry of one failure does nothing."""
+        return self.driver.run(
+            retry_flow(
+                self.table,
+                queue_url=self.queue_url,
+                job_id=job_id,
+                wall_now=time.time(),
+                send_id=new_send_id(),
+                stage=stage,
+                interactive_url=self._interactive_or_none(),
             )
         )
 
@@ -220,5 +247,6 @@ class Producer:
                 limit=limit,
                 send_id_prefix=new_send_id(),
                 dry_run=dry_run,
+                interactive_url=None if dry_run else self._interactive_or_none(),
             )
         )

@@ -198,6 +198,9 @@ class JobRecord(Model):
     progress_at = NumberAttribute(null=True)
     # Whose job it is (a user, an account), set by the producer: its own slot pool.
     tenant = UnicodeAttribute(null=True)
+    # "interactive" for a job submitted to the interactive queue (absent: batch): a
+    # re-send (sweep, resume, retry) goes back to the queue the job was submitted to
+    priority = UnicodeAttribute(null=True)
 
     # Present (= the state) only while the job is parked or failed (sparse index).
     attention = UnicodeAttribute(null=True)
@@ -363,9 +366,19 @@ class JobTable:
         send_id: str,
         stage: str | None = None,
         tenant: str | None = None,
+        priority: str | None = None,
     ) -> Call:
         params = self._put_new_params(
-            job_id, job_class, payload_json, payload_hash, wall_now, send_id, stage, None, tenant
+            job_id,
+            job_class,
+            payload_json,
+            payload_hash,
+            wall_now,
+            send_id,
+            stage,
+            None,
+            tenant,
+            priority,
         )
         return Call("dynamodb", "PutItem", params)
 
@@ -381,10 +394,20 @@ class JobTable:
         group: str,
         stage: str | None = None,
         tenant: str | None = None,
+        priority: str | None = None,
     ) -> dict[str, Any]:
         """The same new record, in a group, as a TransactWriteItems entry."""
         params = self._put_new_params(
-            job_id, job_class, payload_json, payload_hash, wall_now, send_id, stage, group, tenant
+            job_id,
+            job_class,
+            payload_json,
+            payload_hash,
+            wall_now,
+            send_id,
+            stage,
+            group,
+            tenant,
+            priority,
         )
         return {"Put": params}
 
@@ -399,6 +422,7 @@ class JobTable:
         stage: str | None,
         group: str | None,
         tenant: str | None = None,
+        priority: str | None = None,
     ) -> dict[str, Any]:
         record = JobRecord(
             job_id=job_id,
@@ -418,6 +442,7 @@ class JobTable:
             group_id=group,
             timeline=[event(TK.SUBMITTED, wall_now)],
             tenant=tenant,
+            priority=priority if priority != "batch" else None,
         )
         params: dict[str, Any] = {
             "TableName": self.table,
@@ -855,6 +880,28 @@ class JobTable:
         actions.append(_log(event(TK.RESUMED, wall_now)))
         return self._update(job_id, condition, actions, returns="ALL_NEW")
 
+    def retry_failed(
+        self, job_id: str, token: int, send_id: str, wall_now: float, detail: str
+    ) -> Call:
+        # On the state and the token the operator read: two retries of one failure (two
+        # operators, a command run twice) cannot both re-enqueue it.
+        condition = (R.state == JobState.FAILED.value) & (R.token == token)
+        actions: list[Action] = [
+            R.state.set(JobState.QUEUED.value),
+            R.reason.set("retried by an operator"),
+            R.error_code.remove(),
+            R.finished_at.remove(),
+            R.attempt.set(0),
+            R.granted_attempts.remove(),
+            R.send_id.set(send_id),
+            R.message_sent.set(False),
+            R.unsent.set(UNSENT_BUCKET),
+            R.unsent_since.set(wall_now),
+            R.updated_at.set(wall_now),
+            _log(event(TK.RESUMED, wall_now, token=token, detail=detail)),
+        ]
+        return self._update(job_id, condition, actions, returns="ALL_NEW")
+
     def unpark_item(self, job_id: str, send_id: str, wall_now: float) -> dict[str, Any]:
         """The same unpark as a TransactWriteItems entry (an operator's resolution)."""
         condition, actions = _unpark(send_id, wall_now)
@@ -1113,6 +1160,7 @@ def view_of(item: Mapping[str, Any]) -> JobView:
             timeline_length=len((item.get("timeline") or {}).get("L") or ()),
             progress_json=s("progress"),
             tenant=s("tenant"),
+            priority=s("priority"),
             stage_input=s("stage_input"),
             stage_log=s("stages"),
         )

@@ -190,7 +190,12 @@ def slot_env(app: App, settings: Settings) -> SlotEnv | None:
     """The app's fleet-wide limits for the attempt flow (None: it declares none)."""
     if not app.has_limits:
         return None
-    return SlotEnv(SlotTable(settings.slots_table), app.class_limit_for, app.tenant_limit_for)
+    return SlotEnv(
+        SlotTable(settings.slots_table),
+        app.class_limit_for,
+        app.tenant_limit_for,
+        app.stage_limit_for,
+    )
 
 
 class ShellBase:
@@ -292,6 +297,7 @@ class ShellBase:
             run_handler=self._run_handler,
             slots=slot_env(app, settings),
             stage_rules_of=self._stage_rules_of,
+            interactive_url=setup.interactive_url,
             first_stage_of=self._first_stage_of,
             deletes=self.deletes,
         )

@@ -73,6 +73,7 @@ from ._resources import (
     check_table,
     create_queue,
     create_tables,
+    interactive_queue_url,
     queue_url,
 )
 from ._schema import (
@@ -1195,6 +1196,43 @@ def jobs_resume(ctx: click.Context, job_id: str, as_json: bool) -> None:
     click.echo(f"{job_id}\tqueued\t{resumed.note}")
 
 
+@jobs.command("retry")
+@click.argument("job_id")
+@click.option(
+    "--stage",
+    default=None,
+    help="The stage to retry: must be the job's failed (current) stage; a committed "
+    "stage is refused (it runs once per job).",
+)
+@json_option()
+@click.pass_context
+def jobs_retry(ctx: click.Context, job_id: str, stage: str | None, as_json: bool) -> None:
+    """Run a failed (or parked) job again from where it ended (see docs/stages.md).
+
+    A staged job goes on at its failed stage with a fresh count of attempts; the
+    stages committed before it keep their checkpoints and are not run again. The
+    write is conditional on the state and token read: a second retry of the same
+    failure does nothing ("nothing to do", exit 3). A cancelled job is refused.
+    """
+    retried = Producer(_settings(ctx)).retry(job_id, stage)
+    data = {
+        "job_id": job_id,
+        "verdict": retried.verdict,
+        "state": retried.state.value,
+        "stage": retried.stage,
+        "committed_stages": list(retried.kept),
+        "note": retried.note,
+        "send_id": retried.send_id,
+        "message_id": retried.message_id,
+    }
+    if retried.verdict == "nothing_to_do":
+        noop(f"job {job_id!r}: {retried.note}", as_json=as_json, data=data)
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"{job_id}\tqueued\t{retried.note}")
+
+
 @jobs.command("repair")
 @click.option(
     "--older-than",
@@ -1667,6 +1705,8 @@ def intents_resolve(
                 why=reason or "resolved by operator",
                 wall_now=time.time(),
                 send_id=new_send_id(),
+                # an interactive job goes back to its own queue
+                interactive_url=interactive_queue_url(settings),
             )
         )
     except IntentNotAmbiguous as exc:

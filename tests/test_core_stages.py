@@ -10,9 +10,11 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from core_harness import (
     Script,
     assert_fenced,
+    condition_equalities,
     condition_failed,
     delivery,
     err,
@@ -32,11 +34,15 @@ from sqs_lease._core.stages import (
     NextStage,
     cap_budget,
     continuation_send_id,
+    retry_flow,
     stage_results,
 )
 from sqs_lease._core.timeline import TimelineKind, decode
-from sqs_lease._errors import PayloadError
-from sqs_lease._schema import view_of
+from sqs_lease._errors import PayloadError, RetryRefused
+from sqs_lease._schema import JobTable, view_of
+
+T = JobTable("jobs")
+QUEUE = "https://sqs.test/123/work"
 
 
 class RenderRules(Rules):
@@ -288,3 +294,65 @@ def test_a_young_message_keeps_the_whole_stage_budget() -> None:
     assert cap_budget(delivery(), 3600.0, WALL) == 3600.0  # SQS said nothing: the class's own
     old = replace(delivery(), first_received_wall=WALL - 13 * 3600)
     assert cap_budget(old, 3600.0, WALL) == 0.0
+
+
+# ----------------------------------------------------------------------------- retry
+
+
+def _failed_render(token: int = 6) -> dict[str, Any]:
+    item = job_item(
+        state=JobState.FAILED,
+        token=token,
+        attempt=3,
+        stage="render",
+        reason="attempts exhausted (3 of 3); last error: renderer down",
+        error_code="attempts_exhausted",
+    )
+    item["stages"] = {"S": json.dumps([{"stage": "fetch", "result": {"rows": 3}, "token": 5}])}
+    return item
+
+
+def test_a_retry_requeues_the_failed_stage_on_condition_of_its_state_and_token() -> None:
+    s = Script(
+        [ok({"Item": _failed_render()}), ok({"Attributes": {}}), ok({"MessageId": "m"}), ok()]
+    )
+    done = s.run(retry_flow(T, queue_url=QUEUE, job_id="job-1", wall_now=WALL, send_id="r-1"))
+    assert [c.op for c in s.calls] == ["GetItem", "UpdateItem", "SendMessage", "UpdateItem"]
+    write = s.calls[1].params
+    assert condition_equalities(write) == {"state": "failed", "token": 6}
+    sets = update_sets(write)
+    assert sets["state"] == "'queued'" and sets["attempt"] == "0" and sets["send_id"] == "'r-1'"
+    assert "stages" not in sets and "stage" not in sets  # the checkpoints and stage are kept
+    body = json.loads(s.calls[2].params["MessageBody"])
+    assert (body["stage"], body["send_id"]) == ("render", "r-1")
+    assert (done.verdict, done.stage, done.kept) == ("retried", "render", ("fetch",))
+    assert s.event("job_retried")["stage"] == "render"
+
+
+def test_a_second_retry_of_the_same_failure_is_refused_by_the_condition_and_sends_nothing() -> None:
+    # Read failed at token 6; meanwhile another operator's retry ran and a worker claimed it.
+    moved = job_item(state=JobState.RUNNING, token=7, stage="render")
+    s = Script([ok({"Item": _failed_render()}), condition_failed(moved)])
+    done = s.run(retry_flow(T, queue_url=QUEUE, job_id="job-1", wall_now=WALL, send_id="r-2"))
+    assert [c.op for c in s.calls] == ["GetItem", "UpdateItem"]
+    assert (done.verdict, done.state) == ("nothing_to_do", JobState.RUNNING)
+
+
+@pytest.mark.parametrize(
+    ("stage", "says"),
+    [("fetch", "stage 'fetch' of job 'job-1' is committed"), ("publish", "not 'publish'")],
+)
+def test_a_retry_naming_another_stage_than_the_failed_one_is_refused(stage: str, says: str) -> None:
+    s = Script([ok({"Item": _failed_render()})])
+    with pytest.raises(RetryRefused, match=says):
+        s.run(
+            retry_flow(T, queue_url=QUEUE, job_id="job-1", wall_now=WALL, send_id="r", stage=stage)
+        )
+    assert [c.op for c in s.calls] == ["GetItem"]
+
+
+def test_a_cancelled_job_is_not_retried() -> None:
+    item = job_item(state=JobState.FAILED, error_code="cancelled", reason="operator")
+    s = Script([ok({"Item": item})])
+    with pytest.raises(RetryRefused, match="cancelled"):
+        s.run(retry_flow(T, queue_url=QUEUE, job_id="job-1", wall_now=WALL, send_id="r"))

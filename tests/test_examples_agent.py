@@ -48,7 +48,6 @@ def _check_session(out: str) -> None:
         "export",
         "pay",
         "pay-again",
-        "export:publish",
     }
     assert all(state == "succeeded" for _, _, state in rows), rows
     charged = re.search(r"payment service: (\d+) charge\(s\)", out)
@@ -57,6 +56,13 @@ def _check_session(out: str) -> None:
     # replayed from the intent the other job of the same invoice confirmed first
     # (which one comes first is the machine's timing).
     assert '"reconciled": true' in out or '"replayed": true' in out
+    # The ERP export is one job of three durable stages, in order, its token rising.
+    stages = re.search(r"the ERP export's stages: (.*)$", out, re.M)
+    assert stages, out
+    seen = re.findall(r"(\w+) \(token (\d+)\)", stages.group(1))
+    assert [name for name, _ in seen] == ["fetch", "transform", "upload"]
+    tokens = [int(t) for _, t in seen]
+    assert tokens == sorted(set(tokens))
     extended = re.search(r"lease was extended (\d+) times", out)
     assert extended and int(extended.group(1)) >= 2  # the browse outlived its 6 s lease
     assert out.rstrip().endswith("ok")

@@ -127,3 +127,98 @@ def test_an_unknown_priority_is_refused_naming_the_field(aws: AwsTestEnv) -> Non
     settings = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix)
     with pytest.raises(ConfigError, match="priority='urgent'"):
         Producer(settings).submit("c", {"n": 1}, "x", priority="urgent")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- re-sends
+
+
+def _interactive_item(**extra: Any) -> dict[str, Any]:
+    from core_harness import job_item
+
+    from sqs_lease._core.records import JobState
+
+    item = job_item(state=JobState.QUEUED, owner=None, token=2, message_sent=False, **extra)
+    item["priority"] = {"S": "interactive"}
+    return item
+
+
+INTERACTIVE = "https://sqs.test/123/work-interactive"
+
+
+def test_the_sweep_sends_an_interactive_job_back_to_the_interactive_queue() -> None:
+    from core_harness import QUEUE, table
+
+    from sqs_lease._core.flows import sweep_flow
+
+    stranded = _interactive_item(unsent_since=1.0)
+    s = Script(
+        [ok({"Items": [stranded]}), ok({"Attributes": stranded}), ok({"MessageId": "m"}), ok()]
+    )
+    s.run(
+        sweep_flow(
+            table(),
+            queue_url=QUEUE,
+            wall_now=500.0,
+            older_than=60.0,
+            limit=10,
+            send_id_prefix="sw",
+            interactive_url=INTERACTIVE,
+        )
+    )
+    (send,) = [c for c in s.calls if c.op == "SendMessage"]
+    assert send.params["QueueUrl"] == INTERACTIVE  # not the batch queue: it keeps its priority
+
+
+def test_a_resumed_interactive_job_goes_back_to_the_interactive_queue() -> None:
+    from core_harness import QUEUE, table
+
+    from sqs_lease._core.intents import resume_flow
+
+    resumed = _interactive_item()
+    s = Script([ok({"Attributes": resumed}), ok({"MessageId": "m"}), ok()])
+    s.run(
+        resume_flow(
+            table(),
+            queue_url=QUEUE,
+            job_id="job-1",
+            wall_now=500.0,
+            send_id="r-1",
+            interactive_url=INTERACTIVE,
+        )
+    )
+    (send,) = [c for c in s.calls if c.op == "SendMessage"]
+    assert send.params["QueueUrl"] == INTERACTIVE
+
+
+@pytest.mark.integration
+def test_an_interactive_job_resumed_from_the_cli_is_sent_to_the_interactive_queue(
+    aws: AwsTestEnv, ddb_client: Any, sqs_client: Any
+) -> None:
+    from test_stranded import _cli
+
+    settings = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix)
+    create_tables(settings)
+    create_queue(settings, visibility=10, interactive=True)
+    producer = Producer(settings)
+    job_id = producer.submit("c", {"n": 1}, priority="interactive").job_id
+    # Its message is taken (and dropped); an operator parks the job, then resumes it.
+    got = sqs_client.receive_message(QueueUrl=producer.interactive_url, WaitTimeSeconds=1)
+    sqs_client.delete_message(
+        QueueUrl=producer.interactive_url, ReceiptHandle=got["Messages"][0]["ReceiptHandle"]
+    )
+    ddb_client.update_item(
+        TableName=settings.jobs_table,
+        Key={"job_id": {"S": job_id}},
+        UpdateExpression="SET #s = :p",
+        ExpressionAttributeNames={"#s": "state"},
+        ExpressionAttributeValues={":p": {"S": "parked"}},
+    )
+    out = _cli(settings, "jobs", "resume", job_id)
+    assert out.exit_code == 0, out.output
+    batch = sqs_client.receive_message(QueueUrl=producer.queue_url, WaitTimeSeconds=0)
+    assert not batch.get("Messages")  # not sent to the batch queue
+    got = sqs_client.receive_message(QueueUrl=producer.interactive_url, WaitTimeSeconds=1)
+    (message,) = got["Messages"]
+    assert json.loads(message["Body"])["job_id"] == job_id
+    item = ddb_client.get_item(TableName=settings.jobs_table, Key={"job_id": {"S": job_id}})
+    assert item["Item"]["priority"] == {"S": "interactive"}  # the record says where it belongs

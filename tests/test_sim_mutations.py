@@ -51,6 +51,13 @@ The rest of issues 7 and 14:
   ``plain_calls``): a job's mark rises only when an effect applies, so after a newer
   owner's replay or 422 an older owner's next plain fenced call is let through.
 
+Issue 9's (stages, in the ``staged`` world):
+
+- ``checkpoint_replaces_log``: a stage's checkpoint writes its own entry as the whole
+  stage log, losing the earlier stages' checkpoints (I18);
+- ``continuation_not_unsent``: the checkpoint leaves the record out of the ``unsent``
+  index, so a worker dying before the next stage's send strands the job (I10).
+
 They run in the world of ``plan.PASSING_FEATURES`` (the widened features whose
 defects are fixed), plus the features ``mutations.WORLDS`` names for a mutation.
 """
@@ -79,6 +86,7 @@ from sqs_lease._sim.invariants import (
     I15,
     I16,
     I17,
+    I18,
 )
 from sqs_lease._sim.plan import PASSING_FEATURES, draw_plan
 
@@ -116,6 +124,9 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
     "resolve_in_two_writes": I16,  # issue 14 item 6, in the operator_races world
     "shared_request_tokens": I17,  # issue 14 item 7
     "fence_mark_on_success_only": I1,  # issue 14 item 3, in the plain_calls world
+    # issue 9: stages (the staged world is one of PASSING_FEATURES)
+    "checkpoint_replaces_log": I18,
+    "continuation_not_unsent": I10,
 }
 
 _correct: dict[tuple[int, frozenset[str]], bool] = {}
@@ -197,6 +208,7 @@ def test_mutations_are_undone_on_exit() -> None:
             receiver.Receivers.__dict__["_fence"],
             intents.__dict__["resolve_flow"],
             _schema.__dict__["_request_token"],
+            JobTable.__dict__["advance_stage"],
         )
 
     before = state()

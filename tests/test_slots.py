@@ -19,6 +19,7 @@ from core_harness import (
     table,
     unreachable,
 )
+from pydantic import BaseModel
 from test_core_attempt import MONO, Shell, _answers, _run
 
 from sqs_lease import App, ConfigError, JobClassError
@@ -200,6 +201,10 @@ def test_a_give_back_is_conditioned_on_the_holder_so_a_late_one_changes_nothing(
     assert {"S": "job-1"} in values and {"N": "5"} in values
 
 
+class Order(BaseModel):
+    order: str
+
+
 # =========================================================================== the attempt flow
 
 
@@ -249,6 +254,54 @@ def test_a_job_that_takes_its_slot_runs_and_gives_the_slot_back_after_its_end() 
     ]
     assert s.calls[-1].params["TableName"] == "slots-test"
     assert shell.counts["committed"] == 1
+
+
+def test_a_stage_takes_its_slot_from_its_own_pool_under_its_own_limit() -> None:
+    # A staged job's "upload" stage declares concurrency_limit=1; its job class (the
+    # head stage) declares none. The stage's limit applies, in a pool of its own.
+    ran: list[Any] = []
+    shell = Shell(lambda run: ran.append(run))
+    shell.env.stage_rules_of = lambda job_class, stage: shell.env.rules_of(job_class)
+    shell.env.slots = SlotEnv(
+        SLOTS, lambda c: None, lambda t: None, lambda c, stage: 1 if stage == "upload" else None
+    )
+    full = _slots(_slot("class:ocr:upload#0", 3, "a", 1))
+    claimed = ok(
+        {
+            "Attributes": job_item(
+                state=JobState.QUEUED, owner=None, token=4, attempt=0, stage="upload"
+            )
+        }
+    )
+    s = _run(
+        shell,
+        [claimed, full, _jobs(job_item("a", token=1)), ok(), ok({"Successful": [{"Id": "0"}]})],
+    )
+    assert ran == []  # the other upload holds the stage's one slot
+    keys = s.calls[1].params["RequestItems"]["slots-test"]["Keys"]
+    assert keys == [{"slot": {"S": "class:ocr:upload#0"}}]
+    waiting = s.event("job_waiting_for_slot")
+    assert (waiting["pool"], waiting["limit"]) == ("class:ocr:upload", 1)
+
+
+def test_an_app_reports_each_stages_own_limit_and_needs_the_slots_table_for_it() -> None:
+    app = App()
+    report = app.staged("report", payload=Order)
+
+    @report.stage("fetch")
+    def fetch(ctx: Any, p: Order) -> Any:
+        return None
+
+    @report.stage("upload", concurrency_limit=2)
+    def upload(ctx: Any, p: Any) -> Any:
+        return None
+
+    assert app.has_limits  # a worker needs the slots table for the upload stage
+    assert app.class_limit_for("report") is None  # the job class: its first stage
+    assert (app.stage_limit_for("report", "fetch"), app.stage_limit_for("report", "upload")) == (
+        None,
+        2,
+    )
 
 
 def test_without_limits_the_attempt_makes_no_slot_call() -> None:

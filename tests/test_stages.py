@@ -36,7 +36,7 @@ from worker_helpers import (
 )
 
 from examples.receiver_service import create_ledger_table, serve
-from sqs_lease import App, JobContext, NextStage, Producer, Settings, Worker
+from sqs_lease import App, JobContext, NextStage, PermanentError, Producer, Settings, Worker
 from sqs_lease._core.stages import stage_log
 from sqs_lease._timeline_view import timeline_of
 from sqs_lease.receiver import create_receiver_tables
@@ -178,6 +178,58 @@ def test_a_stage_that_overruns_its_budget_is_stopped_with_a_reason_not_kept_aliv
     assert (view.state, view.stage, view.error_code) == ("failed", "render", "attempts_exhausted")
     assert view.reason is not None and "watchdog: stage_budget_exceeded" in view.reason
     assert [e.stage for e in stage_log(view)] == ["fetch"]  # the committed stage stays
+
+
+def test_a_failed_stage_is_retried_from_the_cli_once_and_the_committed_stage_is_not_run_again(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient, shell: str
+) -> None:
+    if shell != "thread":
+        pytest.skip("the retry is the CLI's; the stage runs on either shell alike")
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+    report = app.staged("report", payload=Order, **FAST)
+    runs: list[tuple[str, int]] = []
+    renderer = {"down": True}
+
+    @report.stage("fetch")
+    def fetch(ctx: JobContext[Any], p: Order) -> NextStage:
+        runs.append((ctx.stage, ctx.token))
+        return NextStage("render", {"rows_key": "k"}, result={"rows": 3})
+
+    @report.stage("render", max_attempts=1)
+    def render(ctx: JobContext[Any], p: dict[str, Any]) -> dict[str, Any]:
+        runs.append((ctx.stage, ctx.token))
+        if renderer["down"]:
+            raise PermanentError("the renderer is down", code="renderer_down")
+        return {"url": "https://reports/k.pdf", "rows": ctx.results["fetch"]["rows"]}
+
+    job_id = Producer(settings, app).submit("report", Order(order="o-r")).job_id
+    with collect_journal() as journal, running(Shell(app, settings, worker_id="w", receive_wait=1)):
+        journal.wait_for("job_failed", job_id=job_id, timeout=30)
+    view = read_view(ddb_client, settings, job_id)
+    assert (view.state, view.stage, view.token) == ("failed", "render", 2)
+
+    # A committed stage is not retried: it ran once and its checkpoint stays.
+    refused = _cli(settings, "jobs", "retry", job_id, "--stage", "fetch")
+    assert refused.exit_code != 0 and "'fetch' of job" in refused.output, refused.output
+    assert "is committed" in refused.output
+    retried = _cli(settings, "jobs", "retry", job_id, "--stage", "render")
+    assert retried.exit_code == 0, retried.output
+    assert "queued again at stage render" in retried.output and "kept: fetch" in retried.output
+    # Run twice, the retry of the same failure does nothing the second time.
+    again = _cli(settings, "jobs", "retry", job_id, "--json")
+    assert again.exit_code == 3, again.output
+    assert json.loads(again.output)["verdict"] == "nothing_to_do"
+
+    renderer["down"] = False
+    with collect_journal() as journal, running(Shell(app, settings, worker_id="w", receive_wait=1)):
+        journal.wait_for("result_committed", job_id=job_id, timeout=30)
+    assert runs == [("fetch", 1), ("render", 2), ("render", 3)]  # fetch once, render again
+    view = read_view(ddb_client, settings, job_id)
+    assert (view.state, view.stage, view.token) == ("succeeded", "render", 3)
+    assert [(e.stage, e.token) for e in stage_log(view)] == [("fetch", 1)]
+    item = read_item(ddb_client, settings, job_id) or {}
+    assert json.loads(item["result"]["S"]) == {"url": "https://reports/k.pdf", "rows": 3}
 
 
 # --------------------------------------------------------------------------- processes

@@ -4,7 +4,7 @@
 
 Starts the embedded emulator (moto, on 127.0.0.1) and the fenced payment service,
 submits one agent session's tool calls (``examples/agent/tools.py``: a quick search,
-OCR, a browse that runs for many leases, an ERP export in two stages, the same
+OCR, a browse that runs for many leases, an ERP export in three stages, the same
 invoice paid twice with the first answer lost), runs a worker on ``tools.app``
 until every call has ended, and reports how each call ended. Exits 0 when every
 call succeeded, the browse's lease was extended while it ran, and the invoice was

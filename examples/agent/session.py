@@ -46,8 +46,8 @@ class Session:
     job_ids: list[str]
 
     def expected_jobs(self) -> list[str]:
-        """The submitted jobs and the export's second stage (submitted by the first)."""
-        return [*self.job_ids, f"{self.group}:export:publish"]
+        """The submitted jobs (the ERP export is one job of three stages)."""
+        return list(self.job_ids)
 
 
 def options(argv: Sequence[str] | None, description: str) -> argparse.Namespace:
@@ -96,8 +96,8 @@ def local_aws(args: argparse.Namespace, *, visibility: int = 30) -> Iterator[Set
 def submit_session(settings: Settings) -> Session:
     """The tool calls an agent decided on, one job each, in one group (its session):
     a search that takes a moment and a browse that takes many leases, OCR, an ERP
-    export in two stages, and the same invoice paid twice (the agent asked again
-    after the first answer was lost)."""
+    export in three stages (fetch, transform, upload), and the same invoice paid
+    twice (the agent asked again after the first answer was lost)."""
     group = f"session-{uuid.uuid4().hex[:8]}"
     producer = Producer(settings)
     calls: list[tuple[str, str, dict[str, Any]]] = [
@@ -110,7 +110,7 @@ def submit_session(settings: Settings) -> Session:
             "browse",
             {"url": "https://example.com/report", "steps": 12, "step_seconds": 0.8},
         ),
-        ("export", "export_fetch", {"export_id": f"{group}-q3", "rows": 1200}),
+        ("export", "export", {"export_id": f"{group}-q3", "rows": 1200}),
         ("pay", "pay", {"invoice": f"{group}-INV-7", "amount": 4200, "lose_first_answer": True}),
         ("pay-again", "pay", {"invoice": f"{group}-INV-7", "amount": 4200}),
     ]
@@ -135,11 +135,19 @@ def job_states(session: Session) -> dict[str, dict[str, Any]]:
         if item is None:
             continue
         result = item.get("result", {}).get("S")
+        log = json.loads(item.get("stages", {}).get("S", "[]"))
         out[job_id] = {
             "class": item["job_class"]["S"],
             "state": item["state"]["S"],
             "attempt": int(item.get("attempt", {}).get("N", "0")),
             "result": json.loads(result) if result else None,
+            # a staged job: (stage, token) of each committed stage, then the current one
+            "stages": [(e["stage"], e["token"]) for e in log]
+            + (
+                [(item["stage"]["S"], int(item["token"]["N"]))]
+                if "stage" in item and item["stage"].get("S")
+                else []
+            ),
         }
     return out
 
@@ -181,6 +189,12 @@ def report(session: Session, journal: Sequence[dict[str, Any]]) -> bool:
     charged = charges_for(session, invoice)
     pays = [states.get(f"{session.group}:pay"), states.get(f"{session.group}:pay-again")]
     charge_ids = {p["result"]["charge_id"] for p in pays if p and p["result"]}
+    export = states.get(f"{session.group}:export") or {}
+    stages = export.get("stages", [])
+    say(
+        "the ERP export's stages: "
+        + " -> ".join(f"{name} (token {token})" for name, token in stages)
+    )
     say(f"the browse call's lease was extended {extended} times while it ran")
     say(f"payment service: {charged} charge(s) for {invoice}, charge ids {sorted(charge_ids)}")
     ok = (
@@ -189,6 +203,7 @@ def report(session: Session, journal: Sequence[dict[str, Any]]) -> bool:
         and charged == 1
         and len(charge_ids) == 1
         and extended > 0
+        and [name for name, _ in stages] == ["fetch", "transform", "upload"]
     )
     say("ok" if ok else "NOT OK")
     return ok

@@ -10,11 +10,14 @@ The agent (its planner is not shown) turns each tool call it decides on into a j
   its lease while it runs; a lost lease or a shutdown stops it at the next
   ``ctx.wait``. The payload says how many pages and how long each takes (the local
   run uses seconds; an hour is ``steps=3600, step_seconds=1``).
-- ``export_fetch`` then ``export_publish``: an ERP export as two stages. The fetch
-  stage's result is the checkpoint (the rows' digest); it submits the publish
-  stage as its own job, with a job id taken from the export id, so a second owner
-  that redoes the fetch submits nothing new. The publish stage posts the digest
-  to the ERP through an intent.
+- ``export``: an ERP export as one job of three durable stages (``app.staged``,
+  docs/stages.md): ``fetch`` reads the rows from the source and stores them (a
+  stand-in store: the stage passes on a reference, not the rows), ``transform``
+  normalises them into the upload file, ``upload`` posts that file to the ERP
+  through an intent. Each stage ends with ``NextStage`` (its checkpoint, the next
+  stage's input), has its own lease, attempts and keys, and reads what the earlier
+  ones left (``ctx.results``); a stage that fails is retried alone (``sqs-lease
+  jobs retry ID``), the committed ones are not run again.
 - ``pay``: a payment at the fenced receiver (``examples/receiver_service.py``)
   through an intent keyed on the invoice, with the attempt's fencing token: a
   retried attempt, a lost answer or a second job for the same invoice never pays
@@ -45,8 +48,7 @@ from sqs_lease import (
     EffectCall,
     IntentView,
     JobContext,
-    Producer,
-    Settings,
+    NextStage,
     ToolOutcomeUnknown,
     ToolResult,
     Verdict,
@@ -91,9 +93,18 @@ class Export(BaseModel):
     rows: int = Field(ge=0)
 
 
-class Publish(BaseModel):
+class Fetched(BaseModel):
+    """The transform stage's input: where the fetch stage stored the rows."""
+
     export_id: str
-    rows: int
+    rows_key: str
+
+
+class Upload(BaseModel):
+    """The upload stage's input: the file to post, and its digest."""
+
+    export_id: str
+    file_key: str
     digest: str
 
 
@@ -101,6 +112,26 @@ class Payment(BaseModel):
     invoice: str
     amount: int = Field(gt=0)
     lose_first_answer: bool = False  # local only: the charge applies, its answer is lost
+
+
+# ------------------------------------------------------------------- the stores (stand-ins)
+
+_store_lock = threading.Lock()
+STORE: dict[str, list[str]] = {}
+"""Stands in for the object store (S3) the export's stages pass references into: a
+stage's checkpoint names a key here, never the rows themselves (a job record holds
+400 KB in all)."""
+
+
+def _put(key: str, lines: list[str]) -> str:
+    with _store_lock:
+        STORE[key] = lines  # written whole under one key: a retried stage rewrites it
+    return key
+
+
+def _get(key: str) -> list[str]:
+    with _store_lock:
+        return list(STORE[key])
 
 
 # ------------------------------------------------------------------- the ERP (a stand-in)
@@ -160,22 +191,40 @@ def browse(ctx: JobContext[Any], b: Browse) -> dict[str, Any]:
     return {"url": b.url, "pages": b.steps}
 
 
-def export_fetch(ctx: JobContext[Any], e: Export) -> dict[str, Any]:
-    ctx.wait(0.3)  # read the rows from the source system
-    digest = hashlib.sha256(f"{e.export_id}:{e.rows}".encode()).hexdigest()[:16]
-    # The next stage is a job of its own, named after the export: a second owner of
-    # this stage (after a takeover) submits the same id and payload, a no-op.
-    next_stage = _producer().submit(
-        "export_publish",
-        Publish(export_id=e.export_id, rows=e.rows, digest=digest),
-        job_id=f"{ctx.job_id}:publish",
+def export_fetch(ctx: JobContext[Any], e: Export) -> NextStage:
+    """Stage 1: read the rows from the source system and store them."""
+    ctx.wait(0.3)  # the source system's query
+    rows = [f"{e.export_id},row-{i},{(i * 37) % 1000}" for i in range(e.rows)]
+    key = _put(f"exports/{ctx.job_id}/rows.csv", rows)
+    return NextStage(
+        "transform",
+        Fetched(export_id=e.export_id, rows_key=key),
+        result={"rows": len(rows), "rows_key": key},
     )
-    return {"rows": e.rows, "digest": digest, "next": next_stage.job_id}
 
 
-def export_publish(ctx: JobContext[Any], p: Publish) -> dict[str, Any]:
-    done = ctx.effect("publish", "erp", {"export_id": p.export_id, "digest": p.digest}, erp_post)
-    return {"erp_id": done.external_id, "replayed": done.replayed}
+def export_transform(ctx: JobContext[Any], f: Fetched) -> NextStage:
+    """Stage 2: normalise the stored rows into the ERP's upload file."""
+    ctx.wait(0.2)
+    lines = [line.upper() for line in _get(f.rows_key)]
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+    key = _put(f"exports/{ctx.job_id}/upload.csv", lines)
+    return NextStage(
+        "upload",
+        Upload(export_id=f.export_id, file_key=key, digest=digest),
+        result={"file_key": key, "digest": digest},
+    )
+
+
+def export_upload(ctx: JobContext[Any], u: Upload) -> dict[str, Any]:
+    """Stage 3: post the file to the ERP, once (an intent keyed by job id + stage)."""
+    done = ctx.effect("post", "erp", {"export_id": u.export_id, "digest": u.digest}, erp_post)
+    return {
+        "erp_id": done.external_id,
+        "replayed": done.replayed,
+        "rows": ctx.results["fetch"]["rows"],  # what the fetch stage left
+        "digest": u.digest,
+    }
 
 
 def pay(ctx: JobContext[Any], p: Payment) -> dict[str, Any]:
@@ -199,7 +248,9 @@ def pay(ctx: JobContext[Any], p: Payment) -> dict[str, Any]:
         capture,
         key=f"payment:{p.invoice}:capture",  # one invoice, one capture: across jobs too
     )
-    return {"charge_id": done.external_id, "reconciled": done.reconciled}
+    # Settled without a second charge either way: reconciled by the check, or replayed
+    # from the intent the other job of the same invoice confirmed first.
+    return {"charge_id": done.external_id, "reconciled": done.reconciled, "replayed": done.replayed}
 
 
 # ------------------------------------------------------------------- the apps
@@ -214,20 +265,13 @@ def build_app(stage_budget_seconds: float) -> App:
     a.job("search", payload=Query, **policy)(search)
     a.job("ocr", payload=Page, **policy)(ocr)
     a.job("browse", payload=Browse, progress_timeout_seconds=60, **policy)(browse)
-    a.job("export_fetch", payload=Export, **policy)(export_fetch)
-    a.job("export_publish", payload=Publish, effect_timeout_seconds=30, **policy)(export_publish)
+    export = a.staged("export", payload=Export, **policy)
+    export.stage("fetch")(export_fetch)
+    export.stage("transform", payload=Fetched)(export_transform)
+    export.stage("upload", payload=Upload, effect_timeout_seconds=30)(export_upload)
     a.job("pay", payload=Payment, effect_timeout_seconds=30, max_attempts=5, **policy)(pay)
     return a
 
 
 app = build_app(WORKER_BUDGET)
 lambda_app = build_app(LAMBDA_BUDGET)
-
-_producers: dict[str, Producer] = {}
-
-
-def _producer() -> Producer:
-    """The producer the stages submit with (settings from the environment, made once)."""
-    if "p" not in _producers:
-        _producers["p"] = Producer(Settings.from_env())
-    return _producers["p"]

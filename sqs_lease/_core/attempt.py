@@ -202,6 +202,9 @@ class SlotEnv:
     requests: SlotRequests
     class_limit: Callable[[str], int | None]
     tenant_limit: Callable[[str], int | None]
+    # A staged job's stage -> its own limit (None: the shell runs no staged jobs);
+    # each stage's limit is a pool of its own (``CLASS:STAGE``).
+    stage_limit: Callable[[str, str], int | None] | None = None
 
 
 @dataclass
@@ -235,6 +238,9 @@ class AttemptEnv:
     # Deletes of ended jobs' messages, batched (None: each deleted right after its
     # end write, as the Lambda adapter needs to see it).
     deletes: DeleteBatch | None = None
+    # Priorities: the interactive queue (None: none), where the sweep re-sends an
+    # interactive job's message.
+    interactive_url: str | None = None
 
 
 def rules_for(env: AttemptEnv, job_class: str, stage: str | None) -> ClassRules | None:
@@ -401,9 +407,19 @@ def _take_slots(env: AttemptEnv, claim: Claimed) -> Flow[SlotGrant | None]:
         return None
     job = claim.job
     tenant = job.tenant
+    pool, limit = job.job_class, None
+    if job.stage is not None and env.slots.stage_limit is not None:
+        # A stage's own limit (its class's concurrency_limit), in its own pool: a
+        # stage limited to 2 (an upload to an ERP) does not share slots with another.
+        pool, limit = (
+            f"{job.job_class}:{job.stage}",
+            env.slots.stage_limit(job.job_class, job.stage),
+        )
+    else:
+        limit = env.slots.class_limit(job.job_class)
     pools = pools_for(
-        job.job_class,
-        env.slots.class_limit(job.job_class),
+        pool,
+        limit,
         tenant,
         env.slots.tenant_limit(tenant) if tenant is not None else None,
     )
@@ -1054,6 +1070,7 @@ def sweep_once_flow(
             older_than=older_than,
             limit=limit,
             send_id_prefix=send_id_prefix,
+            interactive_url=env.interactive_url,
         )
         resent = sum(1 for j in report.jobs if j.verdict == "resent")
         env.tally("stranded_resent", resent)

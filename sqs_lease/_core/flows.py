@@ -338,6 +338,7 @@ def submit_flow(
     groups: GroupRequests | None = None,
     tenant: str | None = None,
     stage: str | None = None,
+    priority: str | None = None,
 ) -> Flow[SubmitResult]:
     """Write the job record (condition: new) with this submission's send id, then
     send its message.
@@ -371,6 +372,7 @@ def submit_flow(
                 send_id=send_id,
                 tenant=tenant,
                 stage=stage,
+                priority=priority,
             )
         )
     else:
@@ -388,6 +390,7 @@ def submit_flow(
                 group=group,
                 tenant=tenant,
                 stage=stage,
+                priority=priority,
             ),
         ]
         txn = yield from call(Call("dynamodb", "TransactWriteItems", {"TransactItems": entries}))
@@ -597,6 +600,16 @@ class SweepReport:
     more: bool  # the page was full: more stranded records may be waiting
 
 
+def home_queue(job: JobView, queue_url: str, interactive_url: str | None) -> str:
+    """The queue a job's re-sent message goes to (a sweep, a resume, a retry): the one
+    it was submitted to, so an interactive job keeps its priority. Without the
+    interactive queue's address the default queue (the job still runs, at batch
+    priority)."""
+    if job.priority == "interactive" and interactive_url:
+        return interactive_url
+    return queue_url
+
+
 def sweep_flow(
     req: JobRequests,
     *,
@@ -606,6 +619,7 @@ def sweep_flow(
     limit: int,
     send_id_prefix: str,
     dry_run: bool = False,
+    interactive_url: str | None = None,
 ) -> Flow[SweepReport]:
     """Find records left without a sent message for ``older_than`` seconds and send
     them again, at most ``limit`` per run, oldest first.
@@ -659,7 +673,7 @@ def sweep_flow(
         )
         sent = yield from send_job_message(
             req,
-            queue_url=queue_url,
+            queue_url=home_queue(job, queue_url, interactive_url),
             job_id=job.job_id,
             job_class=job.job_class,
             send_id=new_id,

@@ -35,7 +35,7 @@ from .._errors import (
     TransientError,
 )
 from .calls import Call, Err, ErrorKind, Flow, Invoke, Ok, Sleep, call, emit
-from .flows import UNSENT_GRACE_SECONDS, SendOutcome, _fail_call, send_job_message
+from .flows import UNSENT_GRACE_SECONDS, SendOutcome, _fail_call, home_queue, send_job_message
 from .records import JobRequests, JobState, JobView
 
 MAX_REPEATS = 3
@@ -1059,6 +1059,7 @@ def resolve_flow(
     why: str,
     wall_now: float,
     send_id: str,
+    interactive_url: str | None = None,
 ) -> Flow[Resolved]:
     """An operator's decision on an ambiguous intent, and the parked job's resume,
     as one decision.
@@ -1083,7 +1084,12 @@ def resolve_flow(
     if intent.state is not IntentState.AMBIGUOUS:
         if intent.resolution is not None:
             finished = yield from _finish_earlier(
-                jreq, intent, queue_url=queue_url, wall_now=wall_now, send_id=send_id
+                jreq,
+                intent,
+                queue_url=queue_url,
+                wall_now=wall_now,
+                send_id=send_id,
+                interactive_url=interactive_url,
             )
             if finished is not None:
                 return finished
@@ -1172,6 +1178,7 @@ def resolve_flow(
         send_id=send_id,
         wall_now=wall_now,
         what=f"is queued (intent {key!r} resolved: {resolution.value})",
+        interactive_url=interactive_url,
     )
     return Resolved(
         resolved,
@@ -1268,11 +1275,22 @@ def _resolve_intent_only(
 
 
 def _finish_earlier(
-    jreq: JobRequests, intent: IntentView, *, queue_url: str, wall_now: float, send_id: str
+    jreq: JobRequests,
+    intent: IntentView,
+    *,
+    queue_url: str,
+    wall_now: float,
+    send_id: str,
+    interactive_url: str | None = None,
 ) -> Flow[Resolved | None]:
     """An intent an earlier resolution settled: resume its job if that half is missing."""
     resumed = yield from _resume(
-        jreq, queue_url=queue_url, job_id=intent.job_id, wall_now=wall_now, send_id=send_id
+        jreq,
+        queue_url=queue_url,
+        job_id=intent.job_id,
+        wall_now=wall_now,
+        send_id=send_id,
+        interactive_url=interactive_url,
     )
     if resumed.verdict == "not_parked":
         return None  # nothing half done: the caller says there is nothing to resolve
@@ -1293,7 +1311,14 @@ def _finish_earlier(
 
 
 def _send_resumed(
-    jreq: JobRequests, *, queue_url: str, job_id: str, send_id: str, wall_now: float, what: str
+    jreq: JobRequests,
+    *,
+    queue_url: str,
+    job_id: str,
+    send_id: str,
+    wall_now: float,
+    what: str,
+    interactive_url: str | None = None,
 ) -> Flow[SendOutcome]:
     got = yield from call(jreq.get(job_id))
     if isinstance(got, Err) or not got.response.get("Item"):
@@ -1306,7 +1331,7 @@ def _send_resumed(
     job = jreq.parse(got.response["Item"])
     sent = yield from send_job_message(
         jreq,
-        queue_url=queue_url,
+        queue_url=home_queue(job, queue_url, interactive_url),
         job_id=job_id,
         job_class=job.job_class,
         send_id=send_id,
@@ -1319,7 +1344,13 @@ def _send_resumed(
 
 
 def resume_flow(
-    jreq: JobRequests, *, queue_url: str, job_id: str, wall_now: float, send_id: str
+    jreq: JobRequests,
+    *,
+    queue_url: str,
+    job_id: str,
+    wall_now: float,
+    send_id: str,
+    interactive_url: str | None = None,
 ) -> Flow[Resumed]:
     """Parked -> queued with one attempt granted, then send its message.
 
@@ -1328,7 +1359,12 @@ def resume_flow(
     new send id that retires any older message. ``send_id`` is unique to this call.
     """
     resumed = yield from _resume(
-        jreq, queue_url=queue_url, job_id=job_id, wall_now=wall_now, send_id=send_id
+        jreq,
+        queue_url=queue_url,
+        job_id=job_id,
+        wall_now=wall_now,
+        send_id=send_id,
+        interactive_url=interactive_url,
     )
     if resumed.verdict == "not_parked":
         yield from emit("job_resume_skipped", job_id=job_id, state=resumed.state.value)
@@ -1336,7 +1372,13 @@ def resume_flow(
 
 
 def _resume(
-    jreq: JobRequests, *, queue_url: str, job_id: str, wall_now: float, send_id: str
+    jreq: JobRequests,
+    *,
+    queue_url: str,
+    job_id: str,
+    wall_now: float,
+    send_id: str,
+    interactive_url: str | None = None,
 ) -> Flow[Resumed]:
     out = yield from call(jreq.unpark(job_id, send_id, wall_now))
     if isinstance(out, Ok):
@@ -1344,7 +1386,7 @@ def _resume(
         yield from emit("job_resumed", job_id=job_id, send_id=send_id, by="resume")
         sent = yield from send_job_message(
             jreq,
-            queue_url=queue_url,
+            queue_url=home_queue(job, queue_url, interactive_url),
             job_id=job_id,
             job_class=job.job_class,
             send_id=send_id,
@@ -1384,7 +1426,7 @@ def _resume(
             )
             sent = yield from send_job_message(
                 jreq,
-                queue_url=queue_url,
+                queue_url=home_queue(job, queue_url, interactive_url),
                 job_id=job_id,
                 job_class=job.job_class,
                 send_id=send_id,

@@ -11,8 +11,10 @@ times. A receive takes from the first queue of its turn that has messages
 interactive work is served first whenever it is there, and batch work still gets
 the first pick of at least one receive in ``sum(weights)``: it is never starved.
 A claim does not care which queue a message came from (the record's send id
-decides), so a job re-sent to the batch queue (a sweep, a resume, a DLQ
-redrive) still runs, at batch priority.
+decides). The record remembers an interactive job (``priority``), so a re-send (a
+sweep, a resume, a retry, a resolve: ``flows.home_queue``) goes back to its queue;
+a DLQ redrive moves messages to the batch queue, where they still run, at batch
+priority.
 """
 
 from __future__ import annotations

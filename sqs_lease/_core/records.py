@@ -62,6 +62,7 @@ class JobView:
     tenant: str | None = None  # whose job it is (a user, an account): its own limit
     stage_input: str | None = None  # JSON input of the current stage (None: the job payload)
     stage_log: str | None = None  # JSON list of the committed stages' checkpoints
+    priority: str | None = None  # "interactive": submitted to the interactive queue
 
 
 class JobRequests(Protocol):
@@ -78,6 +79,7 @@ class JobRequests(Protocol):
         send_id: str,
         stage: str | None = None,
         tenant: str | None = None,
+        priority: str | None = None,
     ) -> Call: ...
 
     def put_new_item(
@@ -92,6 +94,7 @@ class JobRequests(Protocol):
         group: str,
         tenant: str | None = None,
         stage: str | None = None,
+        priority: str | None = None,
     ) -> Mapping[str, Any]: ...
 
     def group_query(self, group: str, start: Mapping[str, Any] | None) -> Call: ...
@@ -213,6 +216,15 @@ class JobRequests(Protocol):
     def cancel(self, job_id: str, reason: str, wall_now: float) -> Call: ...
 
     def unpark(self, job_id: str, send_id: str, wall_now: float) -> Call: ...
+
+    def retry_failed(
+        self, job_id: str, token: int, send_id: str, wall_now: float, detail: str
+    ) -> Call:
+        """An operator's retry of a failed job: failed -> queued (on condition of the
+        state and the token the operator read) at its current stage with a fresh
+        count of attempts, ``send_id`` its one unsent message; its stage log, its
+        stage's input and its intents are kept."""
+        ...
 
     def unpark_item(self, job_id: str, send_id: str, wall_now: float) -> Mapping[str, Any]: ...
 

@@ -38,10 +38,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from .calls import Flow, emit
-from .flows import Delivery, Finish, FinishOutcome, _delete, _end_attempt, fail_flow, on_queue
+from .calls import Err, ErrorKind, Flow, call, emit
+from .flows import (
+    Delivery,
+    Finish,
+    FinishOutcome,
+    _delete,
+    _end_attempt,
+    _fail_call,
+    fail_flow,
+    home_queue,
+    on_queue,
+)
 from .flows import send_job_message as _send
 from .limits import ITEM_LIMIT, RECORD_ROOM, utf8_len
 from .records import JobRequests, JobState, JobView
@@ -367,6 +377,152 @@ def continue_flow(
     return Continued(fin, sent.verdict != "failed")
 
 
+RetryVerdict = Literal["retried", "resumed", "resent", "nothing_to_do"]
+
+
+@dataclass(frozen=True)
+class Retried:
+    """What an operator's retry did: ``retried`` (failed -> queued at its stage, message
+    sent), ``resumed``/``resent`` (it was parked, or queued without a sent message: as
+    ``jobs resume``), ``nothing_to_do`` (running, queued and sent, or succeeded)."""
+
+    job_id: str
+    verdict: RetryVerdict
+    state: JobState
+    stage: str | None
+    note: str
+    send_id: str | None = None
+    message_id: str | None = None
+    kept: tuple[str, ...] = ()  # the committed stages, kept as they are
+
+
+def retry_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job_id: str,
+    wall_now: float,
+    send_id: str,
+    stage: str | None = None,
+    interactive_url: str | None = None,
+) -> Flow[Retried]:
+    """Run a failed or parked job again from where it ended (``sqs-lease jobs retry``).
+
+    A staged job goes on at its failed stage: the stages committed before it keep
+    their checkpoints and are not run again (their effects were applied; a stage
+    runs once per job), the failed stage gets its input and a fresh count of
+    attempts, and its intents replay what it already did. ``stage`` (optional) must
+    name that stage: a committed stage, or one the job has not reached, is refused
+    (:class:`~sqs_lease.RetryRefused`). The write is conditional on the state and
+    token read, so a second retry of the same failure (or one racing a worker) is
+    refused: it reports ``nothing_to_do``. A cancelled job is refused (submit again).
+    A parked job, or one queued without a sent message, is resumed as by
+    ``jobs resume`` (safe to repeat).
+    """
+    from .._errors import JobNotFound, RetryRefused
+    from .intents import resume_flow
+
+    got = yield from call(req.get(job_id))
+    if isinstance(got, Err):
+        raise _fail_call(f"retry job {job_id!r}: read its record", got)
+    item = got.response.get("Item")
+    if not item:
+        raise JobNotFound(f"no job {job_id!r}")
+    job = req.parse(item)
+    done = tuple(e.stage for e in stage_log(job))
+    if stage is not None and stage != job.stage:
+        if stage in done:
+            why = (
+                f"stage {stage!r} of job {job_id!r} is committed (its checkpoint is kept and a "
+                f"stage runs once per job); the job is at stage {job.stage!r}: retry that one"
+            )
+        else:
+            why = (
+                f"job {job_id!r} is at stage {job.stage!r}, not {stage!r}"
+                + (f" (committed: {', '.join(done)})" if done else "")
+                + f"; retry with --stage {job.stage}"
+                if job.stage is not None
+                else f"job {job_id!r} has no stages; leave --stage out"
+            )
+        raise RetryRefused(why)
+    if job.state is JobState.FAILED and job.error_code == "cancelled":
+        raise RetryRefused(
+            f"job {job_id!r} was cancelled ({job.reason}); a cancelled job is not retried: "
+            "submit it again under a new id"
+        )
+    if job.state is JobState.PARKED or (job.state is JobState.QUEUED and not job.message_sent):
+        resumed = yield from resume_flow(
+            req,
+            queue_url=queue_url,
+            job_id=job_id,
+            wall_now=wall_now,
+            send_id=send_id,
+            interactive_url=interactive_url,
+        )
+        verdict: RetryVerdict = (
+            "nothing_to_do" if resumed.verdict == "not_parked" else (resumed.verdict)
+        )
+        return Retried(
+            job_id,
+            verdict,
+            resumed.state,
+            job.stage,
+            resumed.note,
+            resumed.send_id,
+            resumed.message_id,
+            done,
+        )
+    if job.state is not JobState.FAILED:
+        return Retried(
+            job_id, "nothing_to_do", job.state, job.stage, f"job is {job.state.value}, not failed"
+        )
+    where = f"stage {job.stage}" if job.stage is not None else "the job"
+    out = yield from call(
+        req.retry_failed(job_id, job.token, send_id, wall_now, f"retry of {where}")
+    )
+    if isinstance(out, Err):
+        if out.kind is not ErrorKind.CONDITION_FAILED:
+            raise _fail_call(f"retry job {job_id!r}", out)
+        now = req.parse(out.item) if out.item is not None else job
+        return Retried(
+            job_id,
+            "nothing_to_do",
+            now.state,
+            now.stage,
+            f"job is {now.state.value} at token {now.token}: another retry (or a worker) "
+            "changed it since it was read",
+        )
+    yield from emit("job_retried", job_id=job_id, stage=job.stage, token=job.token, send_id=send_id)
+    sent = yield from _send(
+        req,
+        queue_url=home_queue(job, queue_url, interactive_url),  # the job's own queue
+        job_id=job_id,
+        job_class=job.job_class,
+        send_id=send_id,
+        wall_now=wall_now,
+        stage=job.stage,
+        group=job.group,
+    )
+    if sent.verdict == "failed":
+        assert sent.error is not None
+        raise _fail_call(
+            f"job {job_id!r} is queued again at {where}, but its message was not sent: run "
+            f"`sqs-lease jobs resume {job_id}`, or a worker's stranded sweep sends it; send",
+            sent.error,
+        )
+    kept = f"; committed stages kept: {', '.join(done)}" if done else ""
+    return Retried(
+        job_id,
+        "retried",
+        JobState.QUEUED,
+        job.stage,
+        f"queued again at {where} with its full attempts{kept}",
+        send_id,
+        sent.message_id,
+        done,
+    )
+
+
 def stage_rows(job: JobView) -> list[dict[str, Any]]:
     """The stages of a job for people (``jobs show``): the committed ones from the
     log, then the current one with the record's state and attempt."""
@@ -401,11 +557,13 @@ __all__ = [
     "CappedRules",
     "Continued",
     "NextStage",
+    "Retried",
     "StageEntry",
     "cap_budget",
     "continuation_send_id",
     "continue_flow",
     "refused_next",
+    "retry_flow",
     "stage_input_json",
     "stage_log",
     "stage_results",

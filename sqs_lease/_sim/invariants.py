@@ -66,6 +66,17 @@ And the rest of issues 7 and 14:
   ``IdempotentParameterMismatch``: a ClientRequestToken names one owner's one write, so
   only an identical retry ever repeats one.
 
+Issue 9 (staged jobs, the ``staged`` world) adds:
+
+- ``I18_stage_checkpoint``: a stage's checkpoint is never lost nor applied twice: every
+  write of a staged job's record keeps the stage log it found as its start; a log
+  names each stage at most once and never the record's current stage; a log grows
+  by one entry only, the ending stage's, written at the token that held it while it
+  ran; and a staged job that succeeded went through each of its stages in order.
+- ``I19_stage_effect_after_checkpoint``: each stage's effects at most once: no effect
+  of a stage applies at a target after that stage's checkpoint was written (a stale
+  attempt of a finished stage acts no more; its intents and fences stop it).
+
 ``I1`` is scoped to what a token orders: the tokens of one job (its fence scope).
 
 Two more names report a broken run rather than a broken protocol:
@@ -75,6 +86,7 @@ would have died) and ``E_budget`` (the run hit its event budget).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +112,8 @@ I14 = "I14_oversize_result"
 I15 = "I15_write_after_lease"
 I16 = "I16_half_resolution"
 I17 = "I17_shared_request_token"
+I18 = "I18_stage_checkpoint"
+I19 = "I19_stage_effect_after_checkpoint"
 E_EXC = "E_unhandled_exception"
 E_BUDGET = "E_budget"
 
@@ -121,6 +135,8 @@ INVARIANTS: dict[str, str] = {
     I15: "no intent write (but a confirm) from an attempt whose local lease is gone",
     I16: "no job left parked after an operator resolved its intent (a half-done resolve)",
     I17: "no ClientRequestToken shared by two different writes (one owner's one write)",
+    I18: "no stage checkpoint lost or applied twice; a succeeded staged job ran every stage",
+    I19: "no effect of a stage applied after that stage's checkpoint",
 }
 
 TRANSIENT_REASONS = frozenset(
@@ -176,6 +192,10 @@ class Checker:
         self._resolved_at: dict[str, tuple[float, str]] = {}  # I16: job -> (when, intent key)
         # worker id -> the job classes its app knows (None: not a worker); set by the world
         self.known_classes: Any = lambda worker: None
+        # staged: job -> its stages in order (set by the world); I19: job -> stage ->
+        # (when its checkpoint was written, at which token)
+        self.staged: dict[str, tuple[str, ...]] = {}
+        self._checkpointed: dict[str, dict[str, tuple[float, int]]] = {}
 
     def fail(self, name: str, message: str) -> None:
         self.violations.append(Violation(name, self.now, message))
@@ -253,6 +273,8 @@ class Checker:
             return
         o = view_of(old)
         job = o.job_id
+        if job in self.staged:
+            self._stage_log_written(o, n, origin)
         if n.state is not o.state:
             self._since[job] = self.now
         self._resume_exhausted(o.state, n.state, n.attempt, n.reason, job, origin)
@@ -329,6 +351,55 @@ class Checker:
                     f"{_who(origin)} acting under token {mine} {what} while the job's token "
                     f"was {o.token}",
                 )
+
+    def _stage_log_written(self, o: Any, n: Any, origin: Any) -> None:
+        """I18 on one write of a staged job's record (and I19's checkpoint times)."""
+        job = n.job_id
+        before, after = _stage_entries(o), _stage_entries(n)
+        if after[: len(before)] != before:
+            self.fail(
+                I18,
+                f"{_who(origin)} rewrote {job}'s stage log: {_names(before)} became "
+                f"{_names(after)} (a checkpoint lost or changed)",
+            )
+            return
+        names = [stage for stage, _ in after]
+        if len(set(names)) != len(names) or n.stage in names:
+            self.fail(
+                I18,
+                f"{_who(origin)} left {job} with stage log {_names(after)} at stage {n.stage}: "
+                "a stage checkpointed twice, or run again after its checkpoint",
+            )
+            return
+        added = after[len(before) :]
+        if not added:
+            return
+        stage, token = added[0]
+        if (
+            len(added) > 1
+            or stage != o.stage
+            or token != o.token
+            or o.state is not JobState.RUNNING
+        ):
+            self.fail(
+                I18,
+                f"{_who(origin)} checkpointed {job} as {_names(added)} on a record at stage "
+                f"{o.stage}, {o.state}, token {o.token}: only the running stage's own "
+                "checkpoint, at its token, may be appended",
+            )
+            return
+        self._checkpointed.setdefault(job, {})[stage] = (self.now, token)
+
+    def stage_effect_applied(self, job: str, stage: str, key: str, token: int, worker: str) -> None:
+        """I19: an effect of ``stage`` applied at a target (the world tells)."""
+        done = self._checkpointed.get(job, {}).get(stage)
+        if done is not None:
+            when, by = done
+            self.fail(
+                I19,
+                f"an effect of {job}'s stage {stage} ({key!r}, token {token}, {worker}) applied "
+                f"after that stage's checkpoint at t={when:.3f} (token {by})",
+            )
 
     def _intent_written(self, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
         """I16: when an operator's resolution lands on an intent (its job is then
@@ -603,6 +674,15 @@ class Checker:
                 )
             elif v.state in (JobState.FAILED, JobState.PARKED) and not (v.reason or "").strip():
                 self.fail(I4, f"{job_id} is {v.state} without a reason")
+            elif v.state is JobState.SUCCEEDED and job_id in self.staged:
+                stages = self.staged[job_id]
+                done = [stage for stage, _ in _stage_entries(v)]
+                if done != list(stages[:-1]) or v.stage != stages[-1]:
+                    self.fail(
+                        I18,
+                        f"{job_id} succeeded at stage {v.stage} with checkpoints {done}; its "
+                        f"stages are {list(stages)}",
+                    )
 
 
 def _intent_write(call: Any, intents_table: str) -> str | None:
@@ -625,6 +705,17 @@ def _intent_write(call: Any, intents_table: str) -> str | None:
     if not kinds:
         return None
     return "confirm" if "confirm" in kinds else "transaction"
+
+
+def _stage_entries(view: Any) -> list[tuple[str, int]]:
+    """A record's stage log as (stage, token) pairs, in order."""
+    if not view.stage_log:
+        return []
+    return [(str(e["stage"]), int(e.get("token", 0))) for e in json.loads(view.stage_log)]
+
+
+def _names(entries: Sequence[tuple[str, int]]) -> str:
+    return "[" + ", ".join(f"{stage}@{token}" for stage, token in entries) + "]"
 
 
 def _unreadable(item: Mapping[str, Any]) -> bool:

@@ -42,9 +42,13 @@ ISSUE14_FEATURES = (
 # Fenced calls a handler makes without an intent (issue 14 item 3), drawn from a fourth
 # stream (``plain-SEED``) after everything else.
 PLAIN_FEATURES = ("plain_calls",)
-WIDE_FEATURES = ISSUE7_FEATURES + ISSUE14_FEATURES + PLAIN_FEATURES
+# Staged jobs (issue 9), drawn from a fifth stream (``staged-SEED``) after everything else.
+STAGED_FEATURES = ("staged",)
+WIDE_FEATURES = ISSUE7_FEATURES + ISSUE14_FEATURES + PLAIN_FEATURES + STAGED_FEATURES
 
-PASSING_FEATURES: frozenset[str] = frozenset({"shared_keys", "cut_responses", "txn_transient"})
+PASSING_FEATURES: frozenset[str] = frozenset(
+    {"shared_keys", "cut_responses", "txn_transient", "staged"}
+)
 """The widened features the fixed-seed tests and the mutation check run with: those
 whose defects are fixed in the protocol. A feature joins when the fixes for the
 invariants it breaks land (and its ``xfail`` seeds in tests/test_sim.py turn into
@@ -58,6 +62,7 @@ WIDE_FAULT_KINDS = (
     "stray_class_message",
     "producer_died",
     "concurrent_submit",
+    "stage_death",
 )
 
 
@@ -97,6 +102,13 @@ class JobPlan:
     # concurrent_submits: more producers submit this job id, these seconds after the first
     extra_submits: tuple[float, ...] = ()
     result_bytes: int = 0  # oversize: the handler's result pads to this many bytes
+    # staged: the job's stages in order, each (name, its steps); () for a job of one
+    # stage (its ``steps``). A staged job's ``steps`` are all its stages' steps.
+    stages: tuple[tuple[str, tuple[Step, ...]], ...] = ()
+
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.stages)
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,10 @@ class Widening:
     tool_work: float = 0.0  # shared_keys: a target takes up to this long to apply a call
     # unreadable_records: (when, for how long) a job record has a state no version knows
     unreadable: tuple[tuple[float, float], ...] = ()
+    # staged: per continuation a job task sends, the chance its worker dies right
+    # before that send (after the checkpoint), and right before the delete after it
+    stage_death_before_send: float = 0.0
+    stage_death_before_delete: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -272,6 +288,7 @@ def draw_plan(
     _widen14(c, plan, calm, allowed)
     _dense(plan)
     _plain(c, plan, allowed)
+    _staged(plan, allowed)
     _sweep(plan)
     return plan
 
@@ -343,6 +360,53 @@ def _plain(c: Chaos, plan: RunPlan, allowed: frozenset[str]) -> None:
     plan.wide = replace(plan.wide, features=plan.wide.features | {"plain_calls"})
 
 
+STAGE_NAMES = ("fetch", "transform", "upload", "notify", "archive")
+"""The stages a staged simulated job may have, in order (the world draws a prefix of 2-4)."""
+
+
+def _staged(plan: RunPlan, allowed: frozenset[str]) -> None:
+    """staged (issue 9): about a third of the runs make some jobs jobs of stages.
+
+    About 2 jobs in 3 of such a run have their steps cut into 2-4 consecutive stages
+    (``fetch``, ``transform``, ...; a job of one step stays a job of one stage):
+    each stage's handler runs its own steps and ends with ``NextStage`` (the last
+    with the job's result); its effects are keyed by job id + stage. While faults
+    are on, a worker may die right after a stage's checkpoint (before the next
+    stage's message is sent) or right after that send (before the old message is
+    deleted), as the SIGKILL tests do on moto. Drawn from its own stream
+    (``staged-SEED``), whatever is allowed, so no other run's schedule, nor any
+    other feature's draw, moved.
+    """
+    r = random.Random(f"staged-{plan.seed}")
+    on = r.random() < 0.35
+    before_send = r.uniform(0.0, 0.2)
+    before_delete = r.uniform(0.0, 0.15)
+    picks = [(r.random() < 0.65, r.randint(2, 4), r.random()) for _ in plan.job_plans]
+    if not on or "staged" not in allowed:
+        return
+    jobs = []
+    staged = 0
+    for jp, (chosen, n, salt) in zip(plan.job_plans, picks, strict=True):
+        if not chosen or len(jp.steps) < 2 or jp.job_class != "sim":
+            jobs.append(jp)
+            continue
+        n = min(n, len(jp.steps))
+        cuts = sorted(random.Random(f"{salt}").sample(range(1, len(jp.steps)), n - 1))
+        bounds = [0, *cuts, len(jp.steps)]
+        stages = tuple((STAGE_NAMES[i], jp.steps[bounds[i] : bounds[i + 1]]) for i in range(n))
+        jobs.append(replace(jp, stages=stages))
+        staged += 1
+    if not staged:
+        return
+    plan.job_plans = jobs
+    plan.wide = replace(
+        plan.wide,
+        features=plan.wide.features | {"staged"},
+        stage_death_before_send=before_send,
+        stage_death_before_delete=before_delete,
+    )
+
+
 def _sweep(plan: RunPlan) -> None:
     """The workers sweep stranded records where the world can strand one.
 
@@ -351,9 +415,11 @@ def _sweep(plan: RunPlan) -> None:
     send, as ``submit_flow``'s default does); elsewhere it is off and the producer
     takes over at once, so the narrow world's schedules (and every seed pinned in
     it) stay byte for byte as they were: the sweep's calls would draw from the
-    seed's stream and move them.
+    seed's stream and move them. The ``staged`` world needs it too: a continuation
+    whose send failed (or whose worker died after the checkpoint) is recovered by
+    the sweep and nothing else.
     """
-    if "producer_death" in plan.wide.features:
+    if plan.wide.features & {"producer_death", "staged"}:
         plan.sweep = SweepPlan()
 
 

@@ -28,6 +28,7 @@ from .._core.flows import UNKNOWN_CLASS_RECEIVES, Claimed, Delivery, Poison, rec
 from .._core.intents import EffectResult, EffectSpec, default_key
 from .._core.leasebook import Flag, Held, LeaseBook
 from .._core.limits import ITEM_LIMIT
+from .._core.stages import NextStage
 from .._core.timing import EFFECT_MARGIN, OPEN, LocalLease, Pace, Stop, pace_budget
 from .._errors import (
     LeaseLost,
@@ -38,7 +39,7 @@ from .._errors import (
 )
 from .._jobs import JobClass, canonical_json, payload_hash
 from .invariants import Origin
-from .plan import Step
+from .plan import STAGE_NAMES, Step
 from .world import (
     DLQ,
     QUEUE,
@@ -222,9 +223,16 @@ class SimWorker(Actor):
             observer=self,
             run_parallel=_no_sync_parallel,  # drive() runs Invoke("parallel") itself
             deletes=self.deletes,
+            stage_rules_of=self._stage_rules,
         )
 
     # ------------------------------------------------------------------ plumbing
+
+    def _stage_rules(self, job_class: str, stage: str) -> JobClass | None:
+        """staged: every stage of a known class runs with that class's rules."""
+        if stage not in STAGE_NAMES:
+            return None
+        return self.classes.get(job_class)
 
     def bump(self, what: str, n: int = 1) -> None:
         self.stats[what] = self.stats.get(what, 0) + n
@@ -374,7 +382,51 @@ class SimWorker(Actor):
         origin = Origin(self.id, task_name, "job")
         if isinstance(item, Delivery):
             origin.send_id = item.send_id  # the checker's I11: which send this task claims with
-        yield from self.drive(core.attempt_flow(self.env, item, tag=origin), origin)
+        flow: Flow[Any] = core.attempt_flow(self.env, item, tag=origin)
+        if "staged" in self.world.plan.wide.features:
+            flow = self._mortal_continuation(flow)
+        yield from self.drive(flow, origin)
+
+    def _mortal_continuation(self, flow: Flow[T]) -> Flow[T]:
+        """staged: pass the attempt's instructions through; while faults are on, the
+        process may die right before the next stage's message is sent (after the
+        checkpoint) or right before the old message is deleted (after that send), as
+        a SIGKILLed worker would. A job task's only SendMessage is a continuation;
+        the delete after it may be queued in the batch: the death comes before the
+        step that follows the send, whatever it is."""
+        w = self.world.plan.wide
+        chaos = self.world.chaos
+        sent = False
+        try:
+            instr = next(flow)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        while True:
+            dies = False
+            where = "before_send"
+            if isinstance(instr, Call) and instr.op == "SendMessage":
+                dies = chaos.roll_wide("stage_death", w.stage_death_before_send)
+            elif sent:
+                where = "before_delete"
+                # the next step after the send: the old message's delete (or queuing it)
+                dies = chaos.roll_wide("stage_death", w.stage_death_before_delete)
+                sent = False
+            if dies:
+                flow.close()
+                self.world.record(self.id, "sim_stage_death", {"where": where})
+                delay = chaos.uniform(1.0, 30.0)
+                self.world.at(
+                    self.world.now,
+                    lambda d=delay: self.world.worker_exited(self, restart_after=d),  # type: ignore[misc]
+                )
+                yield Sleep(1e9)  # killed before this wakes
+                raise RuntimeError("a dead worker's task ran on")  # pragma: no cover
+            sent = isinstance(instr, Call) and instr.op == "SendMessage"
+            out = yield instr
+            try:
+                instr = flow.send(out)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ the handler
 
@@ -389,7 +441,14 @@ class SimWorker(Actor):
         if plan is None:  # pragma: no cover - every sim job has a plan
             return {"job": claim.job.job_id}
         r = self.world.chaos.random()
-        for step in plan.steps:
+        steps = plan.steps
+        after: str | None = None  # staged: the stage that follows this one
+        if plan.stages:
+            names = plan.stage_names
+            i = names.index(claim.job.stage or names[0])
+            steps = plan.stages[i][1]
+            after = names[i + 1] if i + 1 < len(names) else None
+        for step in steps:
             if step.kind == "work":
                 yield SleepOp(step.seconds)
                 if plan.cooperative:
@@ -407,6 +466,10 @@ class SimWorker(Actor):
         if r < plan.p_unknown + plan.p_permanent + plan.p_transient:
             raise TransientError("scripted transient failure", code="sim_transient")
         result = {"job": claim.job.job_id, "attempt": claim.attempt, "worker": self.id}
+        if after is not None:
+            # staged: the checkpoint names who ended the stage; the next stage's input
+            # is the job's payload again (every stage's model is SimPayload)
+            return NextStage(after, {"n": int(claim.job.job_id.rsplit("-", 1)[1])}, result=result)
         if plan.result_bytes:  # oversize: a result over DynamoDB's item limit
             result["blob"] = "x" * plan.result_bytes
         return result
@@ -421,7 +484,8 @@ class SimWorker(Actor):
         attempt is abandoned); anything else, a transient error (the attempt is retried
         and repeats the key)."""
         job_id = claim.job.job_id
-        key = f"plain:{job_id}:{step.action}"
+        # a staged job's calls are its stage's own (stages share the step actions)
+        key = f"plain:{job_id}:{claim.job.stage + ':' if claim.job.stage else ''}{step.action}"
         body: dict[str, Any] = {"job": job_id, "action": step.action}
         if step.per_attempt:
             body["attempt"] = claim.attempt
@@ -471,7 +535,17 @@ class SimWorker(Actor):
             target=target,
             payload_json=text,
             payload_hash=digest,
-            tool=SimTool(target, key, resource, job_id, claim.token, digest, self.id, timeout),
+            tool=SimTool(
+                target,
+                key,
+                resource,
+                job_id,
+                claim.token,
+                digest,
+                self.id,
+                timeout,
+                stage=claim.job.stage or "",
+            ),
             check=SimCheck(target, key, resource, job_id, claim.token, p.tool_http_timeout),
             lease_check=lambda: lease.check(self.mono()),
             may_record=lambda: lease.may_record(self.mono()),

@@ -104,6 +104,7 @@ class SimTool:
     worker: str
     timeout: float
     kind: str = "tool"
+    stage: str = ""  # staged: the stage whose attempt sends it (the checker's I19)
 
     def __call__(self, *args: Any) -> Any:
         raise RemoteCall(self, args)
@@ -342,6 +343,8 @@ class World:
             backoff_max_seconds=p.backoff_max,
         )
         self.job_plans = {jp.job_id: jp for jp in p.job_plans}
+        # staged: each staged job's stages, in order (the checker's I18)
+        self.checker.staged = {jp.job_id: jp.stage_names for jp in p.job_plans if jp.stages}
         self._old_left = p.wide.old_workers  # mixed_versions: first workers on the old app
         self._journal_hooks: dict[str, Callable[[str, Any], None]] = {
             "intent_confirmed": self._effect_reported,
@@ -662,6 +665,7 @@ class World:
         out: Outcome
         self.checker.now = self.now  # the fence tells the checker what it admits (I1)
         if isinstance(r, SimTool):
+            applied_before = len(self.receivers.ledger)
             reply = self.receivers.apply(
                 r.target,
                 key=r.key,
@@ -673,6 +677,9 @@ class World:
                 now=self.now,
             )
             out = _tool_outcome(r, reply, p.sent_mono)
+            if r.stage and len(self.receivers.ledger) > applied_before:
+                # staged: an effect of a stage applied (even when answered 500 after)
+                self.checker.stage_effect_applied(r.scope, r.stage, r.key, r.token, r.worker)
             if reply.status == 412:
                 self.checker.now = self.now
                 self.checker.owner_fenced(
@@ -872,6 +879,8 @@ class World:
             wall_now=self.producer.wall(),
             send_id=f"{job_id}{'.' + producer if producer else ''}.{tries}",
             resend_after=self._resend_after(),
+            # staged: submitted with the app, the record and message name the first stage
+            stage=jp.stages[0][0] if jp.stages else None,
         )
         if jp.producer_dies:
             flow = self._dies_before_send(flow, job_id)
