@@ -25,10 +25,18 @@ typecheck: $(STAMP)
 
 # pytest includes tests/test_packaging.py: it builds the sdist and the wheel and
 # runs the wheel from a fresh virtualenv. --durations keeps the slow ones in view.
+# Four worker processes (pytest-xdist) on two cores: most tests spend their time
+# waiting (leases lapsing, long polls, worker processes starting), not computing,
+# so four overlap their waits; more would stretch the CPU-bound ones (the
+# simulator, the CDK synth, the wheel build) and the lease timings beside them.
+# loadgroup keeps each file marked xdist_group on one worker (its module fixture,
+# e.g. the wheel build or the CDK synth, is built once); every other test goes
+# wherever a worker is free. A test run alone (pytest tests/x.py) stays serial.
+TEST_WORKERS ?= 4
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=10
 
 soak: $(STAMP)
 	$(BIN)/python -m simtools soak --seeds 100000

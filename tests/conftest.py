@@ -83,6 +83,14 @@ def _no_traffic_beyond_loopback() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def _no_inherited_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI takes ``COLUMNS`` as the terminal's width, and pytest-xdist's worker
+    processes start with ``COLUMNS=80``: a test of piped output (one row per line)
+    would see an 80-column terminal. A test that means a width sets it itself."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """Endpoint URL of a moto server in its own process, shared by the whole session.

@@ -49,6 +49,10 @@ from sqs_lease_cdk import (
 
 ROOT = Path(__file__).resolve().parent.parent
 CDK_DIR = ROOT / "cdk"
+
+# One xdist worker runs this file (`make test` uses --dist loadgroup): its module
+# fixtures synthesize each stack once (jsii and node: CPU-seconds each).
+pytestmark = pytest.mark.xdist_group("cdk")
 PREFIX = f"t{uuid.uuid4().hex[:10]}"
 """Unique per run: the deploy-shaped test creates these names on the shared emulator."""
 

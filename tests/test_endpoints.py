@@ -29,6 +29,10 @@ from sqs_lease._local import spawn_local_server, stop_local_server
 CLI = str(Path(sys.executable).parent / "sqs-lease")
 DEAD = "http://127.0.0.1:9"  # the discard port: nothing listens there
 
+# One xdist worker runs this file (`make test` uses --dist loadgroup): its module
+# fixture starts two emulators once.
+pytestmark = pytest.mark.xdist_group("endpoints")
+
 APP_SOURCE = """
 from pydantic import BaseModel
 from sqs_lease import App, JobContext

@@ -77,7 +77,9 @@ if TYPE_CHECKING:
     from types_boto3_dynamodb import DynamoDBClient
     from types_boto3_sqs import SQSClient
 
-pytestmark = pytest.mark.integration
+# One xdist worker runs this file (`make test` uses --dist loadgroup): the module
+# fixtures (the receiver service, the takeover scenario) are built once.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("intents")]
 
 SECRET = f"memo-secret-{uuid.uuid4().hex}"
 """Travels in every job and effect payload; must never reach a log line."""

@@ -34,7 +34,13 @@ PUBLIC_MODULES = ("sqs_lease", "sqs_lease.cli", "sqs_lease.effects", "sqs_lease.
 BUILD_TIMEOUT = 600.0
 RUN_TIMEOUT = 300.0
 
-pytestmark = [pytest.mark.packaging, pytest.mark.timeout(1200)]
+# One xdist worker runs this file (`make test` uses --dist loadgroup): its module
+# fixtures build the wheel and a virtualenv once, not once per worker.
+pytestmark = [
+    pytest.mark.packaging,
+    pytest.mark.timeout(1200),
+    pytest.mark.xdist_group("packaging"),
+]
 
 _NOT_SOURCE = shutil.ignore_patterns(
     ".git",

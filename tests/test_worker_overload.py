@@ -27,7 +27,9 @@ from sqs_lease._local import spawn_local_server, stop_local_server
 if TYPE_CHECKING:
     from types_boto3_dynamodb import DynamoDBClient
 
-pytestmark = pytest.mark.integration
+# One xdist worker runs this file (`make test` uses --dist loadgroup): its module
+# fixture starts a moto server of its own once.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("worker_overload")]
 
 Shell: Any = Worker  # each worker shell in turn (use_shell)
 shell = use_shell(__name__)
