@@ -32,11 +32,17 @@ typecheck: $(STAMP)
 # loadgroup keeps each file marked xdist_group on one worker (its module fixture,
 # e.g. the wheel build or the CDK synth, is built once); every other test goes
 # wherever a worker is free. A test run alone (pytest tests/x.py) stays serial.
+# mypy (one core, minutes from a cold cache) runs beside pytest rather than before
+# it: its report is printed after pytest's only if it found something, so pytest's
+# summary stays the closing line; either failing fails the target.
 TEST_WORKERS ?= 4
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=10
+	$(BIN)/mypy > $(VENV)/mypy.out 2>&1 & mypy=$$!; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=10; \
+	tests=$$?; \
+	if wait $$mypy; then typed=0; else typed=1; echo "mypy:"; cat $(VENV)/mypy.out; fi; \
+	test $$tests -eq 0 -a $$typed -eq 0
 
 soak: $(STAMP)
 	$(BIN)/python -m simtools soak --seeds 100000

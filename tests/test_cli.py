@@ -290,20 +290,22 @@ def test_local_prints_endpoint_and_stops_on_signal(stop_with: signal.Signals) ->
         out = _line_reader(proc)
         lines: list[str] = []
         while not (lines and lines[-1].startswith("endpoint ")):
-            line = out.get(timeout=20)
+            # A hang guard: the child imports moto and starts a server (seen: over 20 s
+            # with four test processes and other work on two cores).
+            line = out.get(timeout=120)
             assert line, proc.stderr.read() if proc.stderr else ""
             lines.append(line)
         endpoint = lines[-1].split()[1]
         assert endpoint.startswith("http://127.0.0.1:")
         assert "table loc-jobs\n" in lines
-        assert f"export AWS_ENDPOINT_URL={endpoint}" in out.get(timeout=5)
+        assert f"export AWS_ENDPOINT_URL={endpoint}" in out.get(timeout=60)
         # The emulator answers the CLI while it runs.
         listed = CliRunner().invoke(
             cli, ["--endpoint-url", endpoint, "--prefix", "loc", "jobs", "list"]
         )
         assert listed.exit_code == 0, listed.output
         proc.send_signal(stop_with)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=60) == 0
         assert proc.stderr is not None and "Traceback" not in proc.stderr.read()
     finally:
         if proc.poll() is None:
