@@ -484,7 +484,8 @@ def serve_receiver(endpoint: str, prefix: str) -> int:
 def scan(ddb: Any, table: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     for page in ddb.get_paginator("scan").paginate(TableName=table, ConsistentRead=True):
-        items += page["Items"]
+        # The jobs table also holds the workers' liveness items (no state): not jobs.
+        items += [i for i in page["Items"] if i.get("kind", {}).get("S") != "liveness"]
     return items
 
 

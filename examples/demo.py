@@ -135,6 +135,8 @@ def scan_states(settings: Settings) -> dict[str, dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     for page in ddb.get_paginator("scan").paginate(TableName=settings.jobs_table):
         for item in page["Items"]:
+            if "state" not in item:  # a worker's liveness item, not a job
+                continue
             rows[item["job_id"]["S"]] = {
                 "state": item["state"]["S"],
                 "class": item["job_class"]["S"],
@@ -150,6 +152,8 @@ def staged_jobs(settings: Settings) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for page in ddb.get_paginator("scan").paginate(TableName=settings.jobs_table):
         for item in page["Items"]:
+            if "state" not in item:  # a worker's liveness item, not a job
+                continue
             view = view_of(item)
             if view.stage is not None:
                 out[view.job_id] = [

@@ -79,7 +79,7 @@ def journal(logs: Path) -> list[dict[str, Any]]:
 
 def scan_states(ddb: DynamoDBClient, settings: Settings) -> dict[str, str]:
     items = ddb.scan(TableName=settings.jobs_table, ConsistentRead=True)["Items"]
-    return {i["job_id"]["S"]: i["state"]["S"] for i in items}
+    return {i["job_id"]["S"]: i["state"]["S"] for i in items if "state" in i}  # not liveness
 
 
 # --------------------------------------------------------------------------- SIGTERM

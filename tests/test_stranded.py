@@ -141,9 +141,15 @@ def test_tables_create_adds_the_unsent_index_to_a_jobs_table_made_without_it(
     indexes = ddb.describe_table(TableName=settings.jobs_table)["Table"].get(
         "GlobalSecondaryIndexes", []
     )
-    # every index this version queries: ``unsent`` (the sweep), ``group`` (group cancel)
+    # every index this version queries: ``unsent`` (the sweep), ``group`` (group cancel),
+    # ``attention`` (parked and failed jobs) and ``workers`` (the liveness items)
     keys = {i["IndexName"]: [k["AttributeName"] for k in i["KeySchema"]] for i in indexes}
-    assert keys == {"unsent": ["unsent", "unsent_since"], "group": ["group_id", "created_at"]}
+    assert keys == {
+        "unsent": ["unsent", "unsent_since"],
+        "group": ["group_id", "created_at"],
+        "attention": ["attention", "updated_at"],
+        "workers": ["kind"],
+    }
     create_tables(settings)  # idempotent
 
 
