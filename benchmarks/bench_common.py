@@ -39,6 +39,10 @@ from sqs_lease._schema import JobTable
 ROOT = Path(__file__).resolve().parent.parent
 _LOOPBACK = ("127.0.0.1", "localhost")
 
+HANG_GUARD = 600.0
+"""The bound of every wait in the benchmarks: a hang guard for a loaded machine (the
+smoke test runs them beside the whole suite); a wait that succeeds returns at once."""
+
 
 def setup_env() -> None:
     """Dummy credentials for moto; loopback never goes through a proxy."""

@@ -40,6 +40,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from benchmarks.bench_common import (
+    HANG_GUARD,
     CountingDriver,
     Moto,
     Tally,
@@ -258,7 +259,7 @@ def _pass(moto: Moto, shape: str, n: int, concurrency: int, hold: float) -> dict
     thread.start()
     wait_until(
         lambda: worker.stats.committed + worker.stats.failed >= n,
-        180 + 3 * hold,
+        HANG_GUARD + 3 * hold,
         f"{shape}: all jobs ended",
     )
     wall = time.monotonic() - t0

@@ -37,6 +37,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from benchmarks.bench_common import (
+    HANG_GUARD,
     CpuWindow,
     Feeder,
     Moto,
@@ -180,7 +181,7 @@ def _loop_contender(
     feeder = Feeder(feed_sqs, url, bodies, depth, lambda: done)
     with ThreadPoolExecutor(concurrency) as pool, CpuWindow(moto) as window:
         feeder.start()
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + HANG_GUARD
         while done < len(bodies) and time.monotonic() < deadline:
             out = sqs.receive_message(
                 QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1, VisibilityTimeout=LEASE
@@ -263,11 +264,11 @@ def _worker_contender(
     # (the thread worker made them in its constructor); a start is not per job.
     thread.start()
     if isinstance(worker, AsyncWorker):
-        wait_until(lambda: worker._driver is not None, 60, "the async worker started")
+        wait_until(lambda: worker._driver is not None, HANG_GUARD, "the async worker started")
     time.sleep(0.5)
     with CpuWindow(moto) as window:
         feeder.start()
-        wait_until(lambda: committed() >= len(bodies), 300, "sqs-lease: all jobs committed")
+        wait_until(lambda: committed() >= len(bodies), HANG_GUARD, "sqs-lease: all jobs committed")
     feeder.stop()
     worker.stop()
     thread.join(timeout=30)

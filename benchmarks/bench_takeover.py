@@ -29,7 +29,15 @@ from typing import IO, Any
 
 from pydantic import BaseModel
 
-from benchmarks.bench_common import ROOT, fmt, fresh_settings, median, moto_server, table
+from benchmarks.bench_common import (
+    HANG_GUARD,
+    ROOT,
+    fmt,
+    fresh_settings,
+    median,
+    moto_server,
+    table,
+)
 from sqs_lease import App, Producer
 from sqs_lease._jobs import JobContext
 
@@ -178,11 +186,13 @@ def run(quick: bool) -> dict[str, Any]:
         slots = [start(0), start(1)]
         try:
             for p in slots:
-                _wait_event([p], "worker_started", 60)
+                _wait_event([p], "worker_started", HANG_GUARD)
             for rep in range(reps):
                 job_id = f"take-{rep}"
                 producer.submit(JOB_CLASS, {"n": rep}, job_id)
-                holder, claimed = _wait_event(slots, "job_claimed", 30, job_id=job_id, token=1)
+                holder, claimed = _wait_event(
+                    slots, "job_claimed", HANG_GUARD, job_id=job_id, token=1
+                )
                 time.sleep(0.3 if quick else rng.uniform(0.3, 1.7))
                 extensions = [claimed, *holder.events("heartbeat_ok", job_id=job_id, token=1)]
                 last_extension = max(float(e["ts"]) for e in extensions)
@@ -190,9 +200,13 @@ def run(quick: bool) -> dict[str, Any]:
                 holder.kill()
                 survivor = [p for p in slots if p is not holder]
                 _, taken = _wait_event(
-                    survivor, "job_claimed", lease + RECEIVE_WAIT + 30, job_id=job_id, token=2
+                    survivor,
+                    "job_claimed",
+                    lease + RECEIVE_WAIT + HANG_GUARD,
+                    job_id=job_id,
+                    token=2,
                 )
-                _wait_event(survivor, "result_committed", 30, job_id=job_id, token=2)
+                _wait_event(survivor, "result_committed", HANG_GUARD, job_id=job_id, token=2)
                 takeover = float(taken["ts"]) - kill_at
                 visible_after = last_extension + lease - kill_at
                 samples.append(
@@ -207,7 +221,7 @@ def run(quick: bool) -> dict[str, Any]:
                 if rep + 1 < reps:
                     i = slots.index(holder)
                     slots[i] = start(i)
-                    _wait_event([slots[i]], "worker_started", 60)
+                    _wait_event([slots[i]], "worker_started", HANG_GUARD)
         finally:
             for p in slots:
                 p.stop()

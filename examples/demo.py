@@ -47,6 +47,7 @@ from sqs_lease.testing import read_journal  # noqa: E402
 PREFIX = "demo"
 WORK = ROOT / ".demo"
 TERMINAL = {"succeeded", "failed", "parked"}
+HANG_GUARD = 300.0  # every wait's bound: a hang guard for a busy machine, never a speed check
 
 
 def say(text: str) -> None:
@@ -84,7 +85,7 @@ def freeze_mid_call(victim: subprocess.Popen[bytes], log: Path, tries: int = 20)
     look and the signal: then it is thawed and tried again (bounded)."""
     held = 0
     for _ in range(tries):
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_GUARD
         while time.monotonic() < deadline:
             held, in_call = _in_hand(log)
             if held >= 1 and in_call >= 1:
@@ -248,7 +249,7 @@ def limited_and_session(producer: Producer, endpoint: str, logs: list[Path]) -> 
         f"7. submitted {len(browse)} browse jobs (class limit: 2 browsers for the whole fleet) "
         f"and an agent session of {len(steps)} steps (group agent-session-7)"
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + HANG_GUARD
     while time.monotonic() < deadline:
         started = {
             e.get("job_id")
@@ -352,7 +353,7 @@ def main() -> int:
         extra = limited_and_session(producer, endpoint, [log for _, log in workers])
         n_jobs = len(jobs) + len(extra["browse"]) + len(extra["steps"])
 
-        states = wait_states(settings, n_jobs, TERMINAL, 150)
+        states = wait_states(settings, n_jobs, TERMINAL, HANG_GUARD)
         parked = sorted(k for k, v in states.items() if v["state"] == "parked")
         say(f"9. every job is terminal or parked; parked for an operator: {parked}")
         listing = cli(endpoint, "intents", "list", "--state", "ambiguous", "--json")
@@ -373,7 +374,7 @@ def main() -> int:
                 "--who",
                 "demo-operator",
             )
-        states = wait_states(settings, n_jobs, TERMINAL - {"parked"}, 60)
+        states = wait_states(settings, n_jobs, TERMINAL - {"parked"}, HANG_GUARD)
         say(f"10. {len(ambiguous)} ambiguous intent(s) resolved with the CLI; jobs resumed")
         for proc, _ in workers:
             proc.send_signal(signal.SIGTERM)

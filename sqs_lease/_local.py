@@ -33,6 +33,7 @@ from sqs_lease._errors import AwsUnavailable, ConfigError, SqsLeaseError
 
 __all__ = [
     "HOST",
+    "START_TIMEOUT_SECONDS",
     "LocalAws",
     "local_credentials_env",
     "main",
@@ -42,6 +43,10 @@ __all__ = [
 
 HOST = "127.0.0.1"
 """The only address the emulator ever binds: it has no auth, so never expose it."""
+
+START_TIMEOUT_SECONDS = 120.0
+"""How long a start may take before it counts as hung. A hang guard, not a speed
+check: importing moto alone takes ten seconds and more on a busy 2-core machine."""
 
 _ENDPOINT_PREFIX = "endpoint "
 _INSTALL_HINT = "the local AWS emulator needs moto: pip install 'sqs-lease[local]'"
@@ -137,7 +142,7 @@ class LocalAws:
         self,
         port: int = 0,
         *,
-        start_timeout: float = 10.0,
+        start_timeout: float = START_TIMEOUT_SECONDS,
         quiet: bool = True,
         serial_dynamodb: bool = True,
     ) -> None:
@@ -239,7 +244,7 @@ def _read_endpoint_line(proc: subprocess.Popen[str], timeout: float) -> str:
 
 
 def spawn_local_server(
-    port: int = 0, *, timeout: float = 10.0, serial_dynamodb: bool = True
+    port: int = 0, *, timeout: float = START_TIMEOUT_SECONDS, serial_dynamodb: bool = True
 ) -> tuple[subprocess.Popen[str], str]:
     """Start ``python -m sqs_lease._local`` as a child process; return it and its endpoint URL.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from ._aws import classify, endpoint_of, make_client
@@ -60,31 +61,67 @@ def _describe(ddb: Any, name: str) -> dict[str, Any] | None:
 
 
 def _add_missing_indexes(ddb: Any, model: type[Any], name: str, described: dict[str, Any]) -> None:
-    """A table made by an earlier version gets the indexes this one queries (the
-    jobs table's sparse ``unsent`` index); DynamoDB backfills them."""
+    """A table made by an earlier version gets the indexes this one queries, as this
+    version defines them; DynamoDB backfills them. An index whose projection changed
+    cannot be altered in place: it is deleted, and created anew once gone (a listing
+    through it fails with a clear error meanwhile; the records are untouched)."""
     wanted = create_table_params(model, name)
     indexes = wanted.get("GlobalSecondaryIndexes", [])
     if not indexes:
         return
-    have = {i["IndexName"] for i in described.get("GlobalSecondaryIndexes", [])}
+    have = {i["IndexName"]: i for i in described.get("GlobalSecondaryIndexes", [])}
     for index in indexes:
-        if index["IndexName"] in have:
+        old = have.get(index["IndexName"])
+        if old is not None and _same_projection(old.get("Projection", {}), index["Projection"]):
             continue
+        if old is not None:
+            _update_indexes(ddb, name, [], {"Delete": {"IndexName": index["IndexName"]}})
+            _wait_index_gone(ddb, name, index["IndexName"])
         keys = {k["AttributeName"] for k in index["KeySchema"]}
-        try:
-            _call(
-                ddb,
-                "update_table",
-                TableName=name,
-                AttributeDefinitions=[
-                    d for d in wanted["AttributeDefinitions"] if d["AttributeName"] in keys
-                ],
-                GlobalSecondaryIndexUpdates=[{"Create": index}],
+        defs = [d for d in wanted["AttributeDefinitions"] if d["AttributeName"] in keys]
+        _update_indexes(ddb, name, defs, {"Create": index})
+
+
+def _same_projection(have: dict[str, Any], want: dict[str, Any]) -> bool:
+    return have.get("ProjectionType") == want.get("ProjectionType") and sorted(
+        have.get("NonKeyAttributes", [])
+    ) == sorted(want.get("NonKeyAttributes", []))
+
+
+def _update_indexes(
+    ddb: Any, name: str, defs: list[dict[str, str]], update: dict[str, Any]
+) -> None:
+    try:
+        _call(
+            ddb,
+            "update_table",
+            TableName=name,
+            **({"AttributeDefinitions": defs} if defs else {}),
+            GlobalSecondaryIndexUpdates=[update],
+        )
+    except AwsCallFailed as exc:
+        # Another `tables create` is changing it (one index change at a time).
+        if exc.code not in ("ResourceInUseException", "LimitExceededException"):
+            raise
+
+
+_INDEX_DELETE_WAIT = 1800.0
+"""DynamoDB takes minutes to delete an index of a large table; past this, give up."""
+
+
+def _wait_index_gone(ddb: Any, name: str, index: str) -> None:
+    deadline = time.monotonic() + _INDEX_DELETE_WAIT
+    while True:
+        described = _describe(ddb, name) or {}
+        if all(i["IndexName"] != index for i in described.get("GlobalSecondaryIndexes", [])):
+            return
+        if time.monotonic() > deadline:
+            raise AwsCallFailed(
+                f"update_table on {name}: index {index} still being deleted after "
+                f"{_INDEX_DELETE_WAIT:g} s; run `sqs-lease tables create` again later",
+                "IndexDeleteTimeout",
             )
-        except AwsCallFailed as exc:
-            # Another `tables create` is adding it (one index change at a time).
-            if exc.code not in ("ResourceInUseException", "LimitExceededException"):
-                raise
+        time.sleep(2.0)
 
 
 def create_queue(

@@ -88,6 +88,51 @@ class GroupIndex(GlobalSecondaryIndex["JobRecord"]):  # type: ignore[no-untyped-
     created_at = NumberAttribute(range_key=True)
 
 
+JOB_LIST_FIELDS = (
+    "job_id",
+    "job_class",
+    "state",
+    "owner",
+    "token",
+    "attempt",
+    "payload_hash",
+    "reason",
+    "error_code",
+    "stage",
+    "created_at",
+    "updated_at",
+    "finished_at",
+    "lease_deadline",
+    "last_heartbeat",
+)
+"""What ``jobs list`` shows of a record. The ``attention`` index projects exactly
+these, so a listing from the index shows what one from the table shows."""
+
+INTENT_LIST_FIELDS = (
+    "intent_key",
+    "job_id",
+    "stage",
+    "action",
+    "target",
+    "state",
+    "attempts",
+    "last_token",
+    "external_id",
+    "reason",
+    "resolution",
+    "created_at",
+    "updated_at",
+)
+"""What ``intents list`` shows of an intent (never its payload or response); the
+``ambiguous`` index projects exactly these."""
+
+
+def _non_keys(fields: tuple[str, ...], *keys: str) -> list[str]:
+    # DynamoDB always projects the table's and the index's keys, and refuses them in
+    # NonKeyAttributes.
+    return [f for f in fields if f not in keys]
+
+
 ATTENTION_INDEX = "attention"
 WORKERS_INDEX = "workers"
 ATTENTION_STATES = (JobState.PARKED.value, JobState.FAILED.value)
@@ -106,21 +151,7 @@ class AttentionIndex(GlobalSecondaryIndex["JobRecord"]):  # type: ignore[no-unty
 
     class Meta:
         index_name = ATTENTION_INDEX
-        projection = IncludeProjection(
-            [
-                "job_class",
-                "state",
-                "owner",
-                "token",
-                "attempt",
-                "payload_hash",
-                "reason",
-                "error_code",
-                "stage",
-                "created_at",
-                "finished_at",
-            ]
-        )
+        projection = IncludeProjection(_non_keys(JOB_LIST_FIELDS, "job_id", "updated_at"))
 
     attention = UnicodeAttribute(hash_key=True)
     updated_at = NumberAttribute(range_key=True)
@@ -1245,21 +1276,7 @@ class AmbiguousIndex(GlobalSecondaryIndex["IntentRecord"]):  # type: ignore[no-u
 
     class Meta:
         index_name = AMBIGUOUS_INDEX
-        projection = IncludeProjection(
-            [
-                "job_id",
-                "stage",
-                "action",
-                "target",
-                "state",
-                "attempts",
-                "last_token",
-                "external_id",
-                "reason",
-                "resolution",
-                "created_at",
-            ]
-        )
+        projection = IncludeProjection(_non_keys(INTENT_LIST_FIELDS, "intent_key", "updated_at"))
 
     attention = UnicodeAttribute(hash_key=True)
     updated_at = NumberAttribute(range_key=True)

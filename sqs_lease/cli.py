@@ -80,6 +80,8 @@ from ._schema import (
     AMBIGUOUS_INDEX,
     ATTENTION_INDEX,
     ATTENTION_STATES,
+    INTENT_LIST_FIELDS,
+    JOB_LIST_FIELDS,
     WORKERS_INDEX,
     AttemptRecord,
     IntentRecord,
@@ -103,23 +105,6 @@ def _package_version() -> str:
 
 
 _VERSION = _package_version()
-_LIST_FIELDS = (
-    "job_id",
-    "job_class",
-    "state",
-    "owner",
-    "token",
-    "attempt",
-    "payload_hash",
-    "reason",
-    "error_code",
-    "stage",
-    "created_at",
-    "updated_at",
-    "finished_at",
-    "lease_deadline",
-    "last_heartbeat",
-)
 _TIME_FIELDS = (
     "created_at",
     "updated_at",
@@ -782,7 +767,7 @@ def _list_jobs(
     ones from the workers' liveness records (``workers`` index), no state from one
     bounded page of the table; a state with no index needs ``--scan``."""
     ddb = make_client(settings, "dynamodb")
-    names = {f"#f{i}": name for i, name in enumerate(_LIST_FIELDS)}
+    names = {f"#f{i}": name for i, name in enumerate(JOB_LIST_FIELDS)}
     projection = {"ProjectionExpression": ", ".join(names), "ExpressionAttributeNames": names}
     if state in ATTENTION_STATES:
         items, more = _query_items(
@@ -945,7 +930,7 @@ def jobs_list(ctx: click.Context, state: str | None, limit: int, scan: bool, as_
         _limit_note("jobs", limit, "--state")
     if as_json:
         for rec in records:
-            click.echo(json.dumps(_fields(rec, now, _LIST_FIELDS, live), default=str))
+            click.echo(json.dumps(_fields(rec, now, JOB_LIST_FIELDS, live), default=str))
         return
     rows = [["JOB ID", "CLASS", "STATE", "OWNER", "TOKEN", "ATT", "LEASE", "BEAT", "REASON"]]
     for rec in records:
@@ -1296,21 +1281,6 @@ def jobs_repair(
 
 # --------------------------------------------------------------------------- intents
 
-_INTENT_LIST_FIELDS = (
-    "intent_key",
-    "job_id",
-    "stage",
-    "action",
-    "target",
-    "state",
-    "attempts",
-    "last_token",
-    "external_id",
-    "reason",
-    "resolution",
-    "created_at",
-    "updated_at",
-)
 # Read besides, for a job's timeline (still never payloads or responses).
 _INTENT_TIMELINE_FIELDS = ("confirmed_at", "reconciled")
 _INTENT_TIME_FIELDS = (
@@ -1385,7 +1355,7 @@ def _list_intents(
             "(indexed); `jobs timeline JOB_ID` and `intents show KEY` read one job or intent",
             EXIT_ERROR,
         )
-    fields = _INTENT_LIST_FIELDS + _INTENT_TIMELINE_FIELDS
+    fields = INTENT_LIST_FIELDS + _INTENT_TIMELINE_FIELDS
     names = {f"#f{i}": name for i, name in enumerate(fields)}
     params: dict[str, Any] = {
         "TableName": settings.intents_table,
@@ -1413,7 +1383,7 @@ def _list_intents(
 
 
 def _intent_row(rec: IntentRecord, now: float) -> dict[str, Any]:
-    out: dict[str, Any] = {name: getattr(rec, name, None) for name in _INTENT_LIST_FIELDS}
+    out: dict[str, Any] = {name: getattr(rec, name, None) for name in INTENT_LIST_FIELDS}
     out["updated_age"] = _age(now, rec.updated_at)
     return out
 

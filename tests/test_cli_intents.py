@@ -227,6 +227,26 @@ def test_list_shows_the_ambiguous_intent_and_filters(parked: Parked) -> None:
     assert "payload" not in rows[0] and parked.secret not in result.output
 
 
+def test_the_indexed_ambiguous_listing_shows_every_field_the_table_listing_shows(
+    parked: Parked,
+) -> None:
+    """The ``ambiguous`` index projects only some attributes: a listed field it lacked
+    would come out empty from the Query although the record has it."""
+    indexed = run(parked.aws, "intents", "list", "--json", "--state", "ambiguous")
+    from_table = run(parked.aws, "intents", "list", "--json")
+    assert indexed.exit_code == 0 and from_table.exit_code == 0, indexed.output
+    by_key = {r["intent_key"]: r for r in _rows(from_table.stdout)}
+    rows = _rows(indexed.stdout)
+    assert rows and all(r["updated_at"] and r["created_at"] for r in rows)
+    assert rows == [by_key[r["intent_key"]] for r in rows]
+
+
+def _rows(out: str) -> list[dict[str, object]]:
+    """JSON rows without the ages (computed from the moment of each listing)."""
+    rows = [json.loads(line) for line in out.splitlines()]
+    return [{k: v for k, v in r.items() if not k.endswith("_age")} for r in rows]
+
+
 def test_list_without_tables_says_how_to_create_them(aws: AwsTestEnv) -> None:
     line = one_line_error(run(aws, "intents", "list"), 2)
     assert "tables create" in line

@@ -142,6 +142,14 @@ def test_jobs_list_parked_and_failed_use_the_attention_index_never_a_scan(
     assert [json.loads(x)["job_id"] for x in failed.stdout.splitlines()] == ["f-1"]
     assert json.loads(failed.stdout)["reason"] == "boom"
     assert "Scan" not in ops and ops.count("Query") == 2
+    # The index projects only some attributes: each row shows what the table shows.
+    table_rows = {
+        r["job_id"]: r
+        for r in map(json.loads, run(aws, "jobs", "list", "--json").stdout.splitlines())
+    }
+    for listed in (parked, failed):
+        row = json.loads(listed.stdout)
+        assert row == table_rows[row["job_id"]]
 
     # A resume takes the job out of the index.
     ddb.update_item(**jobs.unpark("p-1", "p-1.s2", now).params)

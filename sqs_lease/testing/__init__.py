@@ -67,6 +67,7 @@ from .._worker import Worker
 from ._simulate import SeedFailure, SimulationReport, replay, simulate
 
 __all__ = [
+    "HANG_GUARD",
     "SHELLS",
     "SHORT_LEASE",
     "Applied",
@@ -92,6 +93,10 @@ __all__ = [
 
 AnyWorker = Worker | AsyncWorker
 
+HANG_GUARD = 120.0
+"""Every wait's default bound, in seconds: a hang guard sized for a loaded CI machine,
+never a speed check (a wait that succeeds returns as soon as its condition holds)."""
+
 SHELLS: dict[str, type[Worker] | type[AsyncWorker]] = {"thread": Worker, "async": AsyncWorker}
 """The worker shells (same constructor, same ``run``/``stop``): ``LeaseEnv.worker``'s
 ``shell``; the async one needs the ``async`` extra."""
@@ -108,7 +113,7 @@ SHORT_LEASE: dict[str, Any] = {
 
 def wait_for(
     predicate: Callable[[], bool],
-    timeout: float = 30.0,
+    timeout: float = HANG_GUARD,
     what: str = "a condition",
     interval: float = 0.05,
 ) -> None:
@@ -154,7 +159,7 @@ class WorkerRunner:
         assert self.stats is not None
         return self.stats
 
-    def stop(self, timeout: float = 20.0) -> WorkerStats:
+    def stop(self, timeout: float = HANG_GUARD) -> WorkerStats:
         """Ask the worker to stop (a graceful shutdown) and join it."""
         self.worker.stop()
         return self.join(timeout)
@@ -171,7 +176,7 @@ def running(*workers: AnyWorker, **run_kwargs: Any) -> Iterator[list[WorkerRunne
         for r in runners:
             r.worker.stop()
         for r in runners:
-            r.thread.join(30.0)
+            r.thread.join(HANG_GUARD)
 
 
 def job_item(ddb: Any, settings: Settings, job_id: str) -> dict[str, Any] | None:
@@ -248,12 +253,16 @@ class LeaseEnv:
         self._sqs().send_message(QueueUrl=self.queue_url, MessageBody=body)
 
     def wait_for(
-        self, predicate: Callable[[], bool], *, timeout: float = 30.0, what: str = "a condition"
+        self,
+        predicate: Callable[[], bool],
+        *,
+        timeout: float = HANG_GUARD,
+        what: str = "a condition",
     ) -> None:
         """Poll ``predicate`` until true (:func:`wait_for`)."""
         wait_for(predicate, timeout, what)
 
-    def wait_until_final(self, *job_ids: str, timeout: float = 60.0) -> None:
+    def wait_until_final(self, *job_ids: str, timeout: float = HANG_GUARD) -> None:
         """Wait until every job is terminal or parked."""
 
         def final() -> bool:
