@@ -39,12 +39,14 @@ TEST_WORKERS ?= 4
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy > $(VENV)/mypy.out 2>&1 & mypy=$$!; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=10; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=10 -m 'not long'; \
 	tests=$$?; \
 	if wait $$mypy; then typed=0; else typed=1; echo "mypy:"; cat $(VENV)/mypy.out; fi; \
 	test $$tests -eq 0 -a $$typed -eq 0
 
+# The long checks first (the mutation search, the long seed batches), then the soak.
 soak: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 -m long
 	$(BIN)/python -m simtools soak --seeds 100000
 
 chaos: $(STAMP)

@@ -3,6 +3,10 @@
 - ``run --seeds N [--start S] [--workers K] [--jobs J] [--mutation NAME] [--processes P]``
 - ``soak --seeds 100000 [--processes 2]``: the same, with progress lines and a final report
 - ``replay --seed N [--mutation NAME]``: the full event log of one schedule and its violation
+- ``mutations [--only NAME ...] [--processes P]``: where each mutation is first caught
+  (``catch.first_catch``), printed as the ``CAUGHT_AT`` table to pin in
+  ``tests/test_sim_mutations.py``; exit status 1 if one is not caught, or if the real
+  protocol fails a seed of the search
 
 ``--widen F1,F2`` (or ``none``) limits the widened world to those features
 (default: all of ``plan.WIDE_FEATURES``); a replay needs the same ``--widen``.
@@ -26,7 +30,8 @@ from typing import Any, TextIO
 from sqs_lease._sim.invariants import INVARIANTS
 from sqs_lease._sim.plan import WIDE_FEATURES
 
-from .mutations import VARIANTS
+from .catch import Catch, first_catch
+from .mutations import MUTATIONS, VARIANTS
 
 Args = tuple[int, int | None, int | None, str | None, frozenset[str] | None]
 
@@ -325,6 +330,9 @@ def _main(argv: Sequence[str] | None) -> int:
         p.add_argument("--processes", type=int, default=1 if name == "run" else 2)
         p.add_argument("--json", dest="json_path", default=None, help="also write the summary here")
         p.add_argument("--widen", default=None, help=_WIDEN_HELP)
+    mp = sub.add_parser("mutations")
+    mp.add_argument("--only", nargs="+", choices=sorted(MUTATIONS), default=None)
+    mp.add_argument("--processes", type=int, default=2)
     rp = sub.add_parser("replay")
     rp.add_argument("--widen", default=None, help=_WIDEN_HELP)
     rp.add_argument("--seed", type=int, required=True)
@@ -332,6 +340,8 @@ def _main(argv: Sequence[str] | None) -> int:
     rp.add_argument("--workers", type=int, default=None)
     rp.add_argument("--jobs", type=int, default=None)
     args = parser.parse_args(argv)
+    if args.cmd == "mutations":
+        return _mutations(args.only or sorted(MUTATIONS), args.processes, sys.stdout)
     try:
         features = parse_widen(args.widen)
     except ValueError as exc:
@@ -380,3 +390,28 @@ def _main(argv: Sequence[str] | None) -> int:
                 indent=2,
             )
     return 1 if summary.failures else 0
+
+
+def _mutations(names: Sequence[str], processes: int, out: TextIO) -> int:
+    """Search where each mutation is first caught; print the table to pin."""
+    started = time.perf_counter()
+    if processes > 1:
+        with multiprocessing.get_context("fork").Pool(processes) as pool:
+            found: list[Catch] = pool.map(first_catch, names, chunksize=1)
+    else:
+        found = [first_catch(n) for n in names]
+    bad = 0
+    out.write("CAUGHT_AT = {\n")
+    for c in found:
+        if c.seed is None:
+            bad += 1
+            out.write(f"    # {c.name}: NOT CAUGHT in its search\n")
+            continue
+        note = f"  # {c.violation}"
+        if c.protocol_fails:
+            bad += 1
+            note += f"; the real protocol FAILS seeds {c.protocol_fails}"
+        out.write(f'    "{c.name}": {c.seed},{note}\n')
+    out.write("}\n")
+    out.write(f"searched {len(found)} mutations in {time.perf_counter() - started:.1f} s\n")
+    return 1 if bad else 0

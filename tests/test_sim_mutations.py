@@ -1,6 +1,11 @@
 """The checker bites: every deliberately broken variant of the protocol is caught by
-the simulation within a bounded number of seeds, and the real protocol passes the
-same seeds.
+the simulation, and the real protocol passes the same seeds.
+
+``make test`` replays each mutation at its pinned seed (``CAUGHT_AT``): the mutated
+protocol breaks the expected invariant there, the real one passes it. The search
+for the first catching seed within ``catch.SEED_LIMIT`` seeds (``simtools.catch``)
+is marked ``long`` and runs in ``make soak``; when a change moves the schedules,
+``python -m simtools mutations`` prints the new table to pin.
 
 Each mutation monkeypatches one piece inside this process (``simtools.mutations``):
 
@@ -67,9 +72,9 @@ from __future__ import annotations
 import pytest
 
 from simtools import run_seed
+from simtools.catch import SEED_LIMIT, first_catch, search_seeds, world
 from simtools.cli import replay_command
-from simtools.mutations import MUTATIONS, UNCAUGHT, WORLDS
-from sqs_lease._sim.chaos import Chaos
+from simtools.mutations import MUTATIONS, UNCAUGHT
 from sqs_lease._sim.invariants import (
     I1,
     I2,
@@ -88,14 +93,33 @@ from sqs_lease._sim.invariants import (
     I17,
     I18,
 )
-from sqs_lease._sim.plan import PASSING_FEATURES, draw_plan
 
-SEED_LIMIT = 200  # each mutation must be caught within this many seeds
-# Where a mutation's search starts (else 0). Two owners writing one attempt of a job,
-# on a table that honours request tokens, is a rare schedule: since the claim sends no
-# visibility change (issue 12) the first seed to draw it for shared_request_tokens is
-# 435 (a search of seeds 200-999 on 78d16e8; the protocol passes it).
-FIRST_SEED = {"shared_request_tokens": 400}
+# The first seed of each mutation's search that catches it, as `python -m simtools
+# mutations` printed it (with the invariant it broke); the search runs in `make soak`.
+CAUGHT_AT: dict[str, int] = {
+    "blind_retry": 0,  # I2_double_effect
+    "checkpoint_replaces_log": 3,  # I18_stage_checkpoint
+    "commit_after_stop": 52,  # I3_superseded_commit
+    "continuation_not_unsent": 33,  # I10_stranded_record
+    "extend_after_end": 10,  # I5_extended_lost_lease
+    "fence_mark_on_success_only": 6,  # I1_stale_effect
+    "fence_per_resource": 2,  # I7_live_owner_fenced
+    "intent_write_unchecked": 0,  # I15_write_after_lease
+    "no_commit_token": 95,  # I3_superseded_commit
+    "no_ownership_check": 3,  # I5_extended_lost_lease
+    "no_stranded_sweep": 5,  # I10_stranded_record
+    "plain_error_not_applied": 0,  # I2_double_effect
+    "resolve_in_two_writes": 24,  # I16_half_resolution
+    "resume_keeps_attempts": 36,  # I12_resume_exhausted
+    "shared_key_as_own": 0,  # I2_double_effect
+    "shared_request_tokens": 435,  # I17_shared_request_token
+    "stray_claims": 1,  # I11_stray_claim
+    "transient_cancel_as_refusal": 13,  # I8_transient_cancel_lost
+    "unknown_class_claims": 10,  # I9_unknown_class
+    "unreadable_aborts_round": 2,  # E_unhandled_exception
+    "validation_as_unknown": 0,  # I14_oversize_result
+    "wall_clock_fence": 130,  # I3_superseded_commit
+}
 
 # The invariant each mutation is expected to break first.
 EXPECTED: dict[str, str | tuple[str, ...]] = {
@@ -129,51 +153,49 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
     "continuation_not_unsent": I10,
 }
 
-_correct: dict[tuple[int, frozenset[str]], bool] = {}
+
+def _expected(name: str) -> tuple[str, ...]:
+    expected = EXPECTED[name]
+    return (expected,) if isinstance(expected, str) else expected
 
 
-def _world(name: str) -> frozenset[str]:
-    return PASSING_FEATURES | WORLDS.get(name, frozenset())
-
-
-def _correct_protocol_passes(seed: int, features: frozenset[str]) -> bool:
-    if (seed, features) not in _correct:
-        _correct[seed, features] = run_seed(seed, features=features).ok
-    return _correct[seed, features]
-
-
-def test_every_mutation_has_an_expectation() -> None:
-    assert set(EXPECTED) == set(MUTATIONS)
+def test_every_mutation_has_an_expectation_and_a_pinned_seed() -> None:
+    assert set(EXPECTED) == set(MUTATIONS) == set(CAUGHT_AT)
 
 
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
-def test_mutation_is_caught_and_the_protocol_passes_the_same_seeds(name: str) -> None:
-    features = _world(name)
-    # A mutation that needs a feature beyond PASSING_FEATURES is only exposed by it:
-    # seeds that do not draw it are the fixed-seed batch's, skipped to keep this quick.
-    own = features - PASSING_FEATURES
-    seeds = [
-        s
-        for s in range(FIRST_SEED.get(name, 0), FIRST_SEED.get(name, 0) + SEED_LIMIT)
-        if not own or own <= draw_plan(Chaos(s), features=features).wide.features
-    ]
-    caught: int | None = None
-    for seed in seeds:
-        result = run_seed(seed, mutation=name, features=features)
-        if not result.ok:
-            caught = seed
-            violation = result.violations[0]
-            break
-    assert caught is not None, f"{name} was not caught in {SEED_LIMIT} seeds"
-    expected = EXPECTED[name]
-    assert violation.name in ((expected,) if isinstance(expected, str) else expected), (
-        f"{name} broke {violation.name} first (seed {caught}): {violation.message}; "
-        f"replay: {replay_command(caught, name, features=features)}"
+def test_mutation_is_caught_at_its_pinned_seed_and_the_protocol_passes_it(name: str) -> None:
+    seed, features = CAUGHT_AT[name], world(name)
+    repin = "the schedules moved? search and re-pin: python -m simtools mutations"
+    assert seed in search_seeds(name), f"{name}: pinned seed {seed} is outside its search"
+    result = run_seed(seed, mutation=name, features=features)
+    assert not result.ok, f"{name} was not caught at its pinned seed {seed}; {repin}"
+    violation = result.violations[0]
+    assert violation.name in _expected(name), (
+        f"{name} broke {violation.name} first (seed {seed}): {violation.message}; "
+        f"replay: {replay_command(seed, name, features=features)}; {repin}"
     )
-    failing = [s for s in seeds if s <= caught and not _correct_protocol_passes(s, features)]
-    assert not failing, (
-        f"the unmutated protocol fails seeds {failing}; replay: "
-        f"{replay_command(failing[0], None, features=features)}"
+    assert run_seed(seed, features=features).ok, (
+        f"the unmutated protocol fails seed {seed}; "
+        f"replay: {replay_command(seed, None, features=features)}"
+    )
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_mutation_is_caught_within_its_search_and_the_protocol_passes_the_same_seeds(
+    name: str,
+) -> None:
+    found = first_catch(name)
+    features = world(name)
+    assert found.seed is not None, f"{name} was not caught in {SEED_LIMIT} seeds"
+    assert found.violation in _expected(name), (
+        f"{name} broke {found.violation} first (seed {found.seed}): {found.message}; "
+        f"replay: {replay_command(found.seed, name, features=features)}"
+    )
+    assert not found.protocol_fails, (
+        f"the unmutated protocol fails seeds {found.protocol_fails}; "
+        f"replay: {replay_command(found.protocol_fails[0], None, features=features)}"
     )
 
 

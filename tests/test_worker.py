@@ -26,6 +26,7 @@ from conftest import AwsTestEnv
 from pydantic import BaseModel
 from worker_helpers import (
     FAST,
+    ROOMY,
     TextCapture,
     collect_journal,
     drain,
@@ -99,7 +100,7 @@ def test_happy_path_five_jobs_succeed_once_and_leave_the_queue_empty(
     settings, url, _ = prepare(aws.endpoint_url, aws.prefix)
     app = App()
 
-    @app.job("work", payload=Work, **FAST)
+    @app.job("work", payload=Work, **ROOMY)
     def work(ctx: JobContext[Any], p: Work) -> dict[str, int]:
         return {"double": p.n * 2}
 
@@ -124,10 +125,10 @@ def test_happy_path_five_jobs_succeed_once_and_leave_the_queue_empty(
         assert (rec.token, rec.attempt, rec.owner) == (1, 1, worker.worker_id)
         assert rec.reason is None and rec.error_code is None
         claimed = journal.events("job_claimed", job_id=job_id)
-        assert [(e["token"], e["attempt"], e["lease_seconds"]) for e in claimed] == [(1, 1, 3)]
+        assert [(e["token"], e["attempt"], e["lease_seconds"]) for e in claimed] == [(1, 1, 30)]
         assert [e["token"] for e in journal.events("result_committed", job_id=job_id)] == [1]
-    # Every message was deleted after its commit; or, where a 3 s lease lapsed on a
-    # loaded machine before its batched delete went (a stale handle deletes nothing),
+    # Every message was deleted after its commit; or, where the lease lapsed on an
+    # overloaded machine before its batched delete went (a stale handle deletes nothing),
     # it is back on the queue and the next worker deletes it as already done: it
     # never runs a finished job again.
     left = queue_depth(sqs_client, url)

@@ -38,7 +38,18 @@ if TYPE_CHECKING:
 FAST = SHORT_LEASE
 """A short lease that keeps the timing rule (the kit's)."""
 
+ROOMY = {
+    "lease_seconds": 30,
+    "heartbeat_seconds": 5.0,
+    "jitter_seconds": 1.0,
+    "missed_heartbeats": 2,
+}
+"""A lease no busy machine lapses (a thread starved for 20 s would): for tests whose
+subject is not a lapse or a takeover, yet which count claims exactly. Finishing takes
+no longer with it; only a lapse would wait for it."""
+
 Event = dict[str, Any]
+
 
 def use_shell(module: str) -> Any:
     """An autouse fixture for a test module: its ``Shell`` is each worker shell in turn.
