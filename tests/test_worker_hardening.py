@@ -257,7 +257,16 @@ def test_a_worker_that_learns_after_a_pause_that_its_job_was_taken_journals_one_
             journal.wait_for("result_committed", job_id=job_id, worker=b.worker_id, timeout=20)
         paused.clear()
         release.set()
-        journal.wait_for("result_rejected", job_id=job_id, worker=a.worker_id, timeout=15)
+        # Its late result is refused by the commit's fence or, where its heartbeat saw
+        # its own lateness first (a loaded machine), discarded without a commit.
+        wait_until(
+            lambda: bool(
+                journal.events("result_rejected", job_id=job_id, worker=a.worker_id)
+                + journal.events("result_discarded", job_id=job_id, worker=a.worker_id)
+            ),
+            15,
+            "the first owner's late result refused or discarded",
+        )
         wait_until(
             lambda: bool(journal.events("heartbeat_lost", job_id=job_id, worker=a.worker_id)),
             5,
