@@ -796,6 +796,8 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
     extend = book.still_open(plan.extend)
     if not extend:
         return
+    # Leases joined to their group's shared round ahead of their own beat.
+    env.tally("beats_early", len(book.still_open(plan.early)))
     if env.observer is not None:
         env.observer.round_planned(extend)
     due = min(lease.next_beat for lease in extend)

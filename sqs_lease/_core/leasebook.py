@@ -189,6 +189,9 @@ class LeaseBook:
         self._on_hold = on_hold  # a shell whose heartbeat sleeps until due wakes it
         # When the heartbeat last wrote the worker's liveness record (lease clock).
         self.liveness_at: float | None = None
+        # Per heartbeat interval, when its leases' next shared round is due
+        # (``timing.shared_round``): the leases of one interval beat together.
+        self.rounds: dict[float, float] = {}
 
     # ------------------------------------------------------------------ reading
 
@@ -327,9 +330,13 @@ class LeaseBook:
 
     def plan_round(self, now: float) -> tuple[BeatPlan, list[tuple[Held, Drop]]]:
         """Plan a heartbeat round at ``now``; the watchdog's drops are applied (their
-        attempts told) and returned with their reasons."""
+        attempts told) and returned with their reasons. The round also extends, with
+        the due leases, those that join their group's shared round (``plan.early``:
+        :func:`~sqs_lease._core.timing.shared_round`), and moves the book's
+        schedule of shared rounds on."""
         with self.lock:
-            plan = plan_heartbeat([h.lease for h in self._held.values()], now)
+            plan = plan_heartbeat([h.lease for h in self._held.values()], now, self.rounds)
+            self.rounds = dict(plan.rounds)
             dropped = [(self._held[lease.job_id], why) for lease, why in plan.drop]
             for held, why in dropped:
                 held.lease.drop(why)

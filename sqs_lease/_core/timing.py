@@ -6,7 +6,7 @@ All times are seconds on the caller's monotonic clock; nothing here reads a cloc
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -340,11 +340,20 @@ class LocalLease:
 
 @dataclass(frozen=True)
 class BeatPlan:
+    """One round's plan: the leases to extend (those due first, then ``early``, the
+    ones joined to their group's shared round ahead of their own beat), the leases
+    the watchdog lets go, and the shared rounds after this one (``rounds``: per
+    heartbeat interval, when its group's next shared round is due)."""
+
     extend: tuple[LocalLease, ...]
     drop: tuple[tuple[LocalLease, Drop], ...]
+    early: tuple[LocalLease, ...] = ()
+    rounds: Mapping[float, float] = field(default_factory=dict)
 
 
-def plan_heartbeat(leases: Iterable[LocalLease], now: float) -> BeatPlan:
+def plan_heartbeat(
+    leases: Iterable[LocalLease], now: float, rounds: Mapping[float, float] | None = None
+) -> BeatPlan:
     """Pick the jobs due for extension now, and those the watchdog must let go.
 
     A finished, lost or cancelled job is never extended. The watchdog drops,
@@ -353,9 +362,16 @@ def plan_heartbeat(leases: Iterable[LocalLease], now: float) -> BeatPlan:
     progress for ``progress_timeout`` (not counted while an effect call is in
     flight: the call's own timeout governs it), or whose next extension would
     cross the stage budget.
+
+    ``rounds`` (the book's shared rounds, see :func:`shared_round`) turns on the
+    alignment: a round that is a group's shared round also extends every open lease
+    of that group that would come due before the group's next one, so the leases
+    of one heartbeat interval converge onto one round per interval and its
+    visibility batches and ownership reads fill. ``None``: the due leases only.
     """
     extend: list[LocalLease] = []
     drop: list[tuple[LocalLease, Drop]] = []
+    waiting: list[LocalLease] = []
     for lease in leases:
         if lease.status not in OPEN:
             continue
@@ -376,7 +392,77 @@ def plan_heartbeat(leases: Iterable[LocalLease], now: float) -> BeatPlan:
             drop.append((lease, Drop.STAGE_BUDGET))
         elif now >= lease.next_beat:
             extend.append(lease)
-    return BeatPlan(tuple(extend), tuple(drop))
+        else:
+            # Open, passes every check above, not due: it may join a shared round.
+            waiting.append(lease)
+    if rounds is None:
+        return BeatPlan(tuple(extend), tuple(drop))
+    early, shared = shared_round(extend, waiting, now, rounds)
+    return BeatPlan(tuple(extend + early), tuple(drop), tuple(early), shared)
+
+
+def shared_round(
+    due: Sequence[LocalLease],
+    waiting: Sequence[LocalLease],
+    now: float,
+    rounds: Mapping[float, float],
+) -> tuple[list[LocalLease], dict[float, float]]:
+    """Which leases that are not due yet a round at ``now`` extends with the due
+    ones, and the shared rounds after it.
+
+    Leases are grouped by heartbeat interval ``H``; ``rounds[H]`` is when the
+    group's next shared round is due (absent: the group has none yet). A round at
+    which some lease of the group is due and that is at or past ``rounds[H]`` (or
+    the group has none) is the group's shared round: it also extends every lease of
+    the group that would come due before ``now + H``, the next shared round, which
+    it sets. Those all get their next beat at ``now + H``: from then on they are
+    due together, one round per ``H`` whose batches fill.
+
+    A round before ``rounds[H]`` (a lease due off the schedule: a first beat
+    sooner than ``H``, a retry after an unanswered round) extends the due leases
+    and the others that would also come due before ``rounds[H]`` (they could not
+    wait for it either), never the group itself; they all join the group at its
+    next shared round. A few leases never pull the whole group ahead of its
+    schedule, so no lease is renewed more than once per ``H`` by the schedule,
+    plus once when it joins.
+
+    Only leases that passed every watchdog check of :func:`plan_heartbeat` are
+    offered (``waiting``): open, before the conservative deadline, within the stage
+    budget for one more lease. Extending early never shortens a lease, and every
+    extension still confirms ownership, so a lease is read at least as often as
+    its own schedule asks.
+    """
+    present = {lease.heartbeat_seconds for lease in due} | {
+        lease.heartbeat_seconds for lease in waiting
+    }
+    shared = {beat: at for beat, at in rounds.items() if beat in present}
+    early: list[LocalLease] = []
+    for beat in sorted({lease.heartbeat_seconds for lease in due}):
+        at = shared.get(beat)
+        if at is not None and now < at:
+            # Off the group's schedule: only the leases that cannot wait for it either.
+            horizon = at
+        else:
+            horizon = now + beat
+            shared[beat] = horizon
+        early += [w for w in waiting if w.heartbeat_seconds == beat and may_join(w, now, horizon)]
+    return early, shared
+
+
+def may_join(lease: LocalLease, now: float, horizon: float) -> bool:
+    """Whether a lease that is not due may be extended at ``now`` with a shared round
+    whose next one is at ``horizon``: it would come due before then, and an
+    extension now stays within every bound a due one keeps. Its attempt is open;
+    its handle is still its own (before the conservative deadline: past it no
+    visibility change is sent with it, :meth:`LocalLease.handle_ours`); one more
+    lease from now stays within the stage budget (the heartbeat never extends past
+    it). Checked here again, whoever offers the lease."""
+    return (
+        lease.status in OPEN
+        and now < lease.next_beat < horizon
+        and lease.handle_ours(now)
+        and now + lease.lease_seconds <= lease.stage_deadline
+    )
 
 
 # --------------------------------------------------------------------------- the event loop
