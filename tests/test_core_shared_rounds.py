@@ -207,7 +207,7 @@ def test_leases_claimed_at_staggered_times_converge_onto_one_full_round_per_inte
     # Converged within the first interval: from the second round on, every round
     # extends every lease held.
     full = [r for r in world.rounds if sum(len(b) for b in r.cmv) == 40]
-    assert world.rounds.index(full[0]) <= 1 and all(len(world.book) == 40 for _ in held)
+    assert world.rounds.index(full[0]) <= 1 and len(world.book) == len(held) == 40
 
 
 def test_the_first_round_of_leases_claimed_together_takes_the_stragglers_along() -> None:
