@@ -378,6 +378,19 @@ def update_sets(params: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def update_adds(params: Mapping[str, Any]) -> dict[str, str]:
+    """``attribute -> resolved operand`` of the UpdateExpression's ADD clause."""
+    expression = str(params["UpdateExpression"])
+    match = re.search(r"ADD (.*?)(?= SET | REMOVE | DELETE |$)", expression)
+    if match is None:
+        return {}
+    out: dict[str, str] = {}
+    for part in _top_level(match.group(1)):
+        name, operand = part.split(" ", 1)
+        out[_resolve(name, params)] = _resolve(operand, params)
+    return out
+
+
 def update_removes(params: Mapping[str, Any]) -> list[str]:
     """Attributes the UpdateExpression's REMOVE clause drops."""
     expression = str(params["UpdateExpression"])
