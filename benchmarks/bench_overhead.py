@@ -9,9 +9,11 @@ The same N messages (handler duration 0, the same concurrency) go through:
 - ``fenced loop``: the minimal fenced loop, the protocol's floor made by hand: the
   same loop making, per message, the conditional claim (UpdateItem, token + 1) and
   the fenced commit (UpdateItem on that token), with plain boto3 and no logic, and
-  one DeleteMessageBatch per receive (2.2 requests per job): moto's own throughput
-  for the calls the protocol needs, the baseline that tells whether moto or the
-  worker is the limit;
+  one DeleteMessageBatch per receive (2.2 requests per job). Its two requests are
+  built by the toolkit's own ``JobTable.claim`` / ``JobTable.commit``, so they keep
+  the worker's request shape (moto's cost per write grows with the expression).
+  moto's own throughput for the calls the protocol needs: the baseline that tells
+  whether moto or the worker is the limit;
 - ``sqs-lease``: a real threaded ``Worker``;
 - ``sqs-lease async``: a real ``AsyncWorker`` (the same plain handler, in its pool).
 
