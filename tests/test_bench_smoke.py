@@ -155,3 +155,21 @@ def test_rewrite_keeps_other_sections_and_other_benchmarks(tmp_path: Path) -> No
     fresh = tmp_path / "NEW.md"
     bench_run.write_markdown(fresh, {"takeover": {"error": "boom", "meta": meta}}, host)
     assert fresh.read_text().startswith("# Benchmarks\n\n" + bench_run.START)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)  # hang guard only
+def test_write_cost_measures_every_shape_against_its_moto_server() -> None:
+    from benchmarks import write_cost
+    from benchmarks.bench_common import moto_server
+
+    with moto_server() as moto:
+        costs = write_cost.measure(moto, 3)  # raises if a claim or commit is refused
+    assert set(costs) == {
+        "GetItem, missing key (the floor)",
+        "powertools PutItem",
+        "powertools UpdateItem",
+        "sqs-lease claim UpdateItem",
+        "sqs-lease commit UpdateItem",
+    }
+    assert all(ms >= 0 for ms in costs.values())
