@@ -103,9 +103,9 @@ JOB_LIST_FIELDS = (
     "updated_at",
     "finished_at",
     "lease_deadline",
-    "last_heartbeat",
 )
-"""What ``jobs list`` shows of a record. The ``attention`` index projects exactly
+"""What ``jobs list`` shows of a record (heartbeat age is the owner's liveness record's:
+``jobs show``). The ``attention`` index projects exactly
 these, so a listing from the index shows what one from the table shows."""
 
 INTENT_LIST_FIELDS = (

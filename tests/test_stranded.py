@@ -157,14 +157,14 @@ def test_tables_create_remakes_an_index_whose_projection_this_version_widened(
     aws: AwsTestEnv,
 ) -> None:
     """An index's projection cannot change in place: an index made by an earlier
-    version (``attention`` without the lease fields ``jobs list`` shows) is deleted
+    version (``attention`` without the lease deadline ``jobs list`` shows) is deleted
     and made anew; the records and the other indexes stay as they were."""
     settings = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix)
     ddb = _ddb(settings)
     older = create_table_params(JobRecord, settings.jobs_table)
     for index in older["GlobalSecondaryIndexes"]:
         if index["IndexName"] == "attention":
-            index["Projection"]["NonKeyAttributes"].remove("last_heartbeat")
+            index["Projection"]["NonKeyAttributes"].remove("lease_deadline")
     ddb.create_table(**older)
     _strand(settings, "kept", age=5.0)
     create_tables(settings)
@@ -181,7 +181,7 @@ def test_tables_create_remakes_an_index_whose_projection_this_version_widened(
     assert now == {
         i["IndexName"]: sorted(i["Projection"].get("NonKeyAttributes", [])) for i in wanted
     }
-    assert "last_heartbeat" in now["attention"]
+    assert "lease_deadline" in now["attention"]
     got = ddb.get_item(TableName=settings.jobs_table, Key={"job_id": {"S": "kept"}})
     assert got["Item"]["job_id"]["S"] == "kept"
     create_tables(settings)  # idempotent
