@@ -23,6 +23,7 @@ What AWS documents, and where moto and AWS differ, chosen per run (seeded):
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,7 +86,10 @@ class SimSQS:
         self._seq = 0
         self._handle_seq = 0
         self.now = 0.0
-        self.waiters: list[Callable[[], bool]] = []
+        # Live long polls, longest-waiting first: (woken, over). ``woken()`` takes a
+        # wake-up (True) or passes it on (False, once ``over()``, for good).
+        self.waiters: deque[tuple[Callable[[], bool], Callable[[], bool]]] = deque()
+        self._prune_at = 64
         self.on_redrive: Callable[[Message], None] | None = None
         self.calls: dict[str, int] = {}
 
@@ -159,10 +163,23 @@ class SimSQS:
         later = [m.visible_at for m in q.messages.values() if m.visible_at > self.now]
         return min(later) if later else None
 
+    def wait(self, woken: Callable[[], bool], over: Callable[[], bool]) -> None:
+        """A long poll waits for a message: ``woken()`` when one may have become visible.
+
+        ``over()`` tells a poll that has ended (answered, or its process gone): it
+        never takes a wake-up again, so dropping it early changes nothing. Polls are
+        re-armed far more often than messages arrive, so without the pruning the
+        queue grows to tens of thousands of ended polls in a long run.
+        """
+        self.waiters.append((woken, over))
+        if len(self.waiters) > self._prune_at:
+            self.waiters = deque(w for w in self.waiters if not w[1]())
+            self._prune_at = max(64, 2 * len(self.waiters))
+
     def _wake(self) -> None:
         """A message became visible: the longest-waiting live long poll gets to look."""
         while self.waiters:
-            if self.waiters.pop(0)():
+            if self.waiters.popleft()[0]():
                 return
 
     def send(

@@ -549,8 +549,11 @@ class World:
             state["done"] = True
             self._answer(p, attempt, op, t0, timeout, 1, out)
 
+        def over() -> bool:
+            return state["done"] or not p.task.actor.alive
+
         def woken() -> bool:
-            if state["done"] or not p.task.actor.alive:
+            if over():
                 return False  # pass the wake-up on to the next waiting poll
             self.at(self.now, poll)
             return True
@@ -559,7 +562,7 @@ class World:
             nxt = self.sqs.next_visible(queue)
             when = until if nxt is None else min(until, nxt)
             self.at(when, poll)
-            self.sqs.waiters.append(woken)
+            self.sqs.wait(woken, over)
 
         arm()
 
