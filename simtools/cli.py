@@ -7,6 +7,8 @@
   (``catch.first_catch``), printed as the ``CAUGHT_AT`` table to pin in
   ``tests/test_sim_mutations.py``; exit status 1 if one is not caught, or if the real
   protocol fails a seed of the search
+- ``digest --seeds N [--start S] [--trace both|on|off]``: one hash per seed of all a
+  run leaves behind (the determinism oracle: compare before and after a change)
 
 ``--widen F1,F2`` (or ``none``) limits the widened world to those features
 (default: all of ``plan.WIDE_FEATURES``); a replay needs the same ``--widen``.
@@ -339,6 +341,12 @@ def _main(argv: Sequence[str] | None) -> int:
     rp.add_argument("--mutation", choices=sorted(VARIANTS), default=None)
     rp.add_argument("--workers", type=int, default=None)
     rp.add_argument("--jobs", type=int, default=None)
+    dp = sub.add_parser("digest", help="one hash per seed of everything a run leaves behind")
+    dp.add_argument("--seeds", type=int, default=100)
+    dp.add_argument("--start", type=int, default=0)
+    dp.add_argument("--widen", default=None, help=_WIDEN_HELP)
+    dp.add_argument("--mutation", choices=sorted(VARIANTS), default=None)
+    dp.add_argument("--trace", choices=("both", "on", "off"), default="both")
     args = parser.parse_args(argv)
     if args.cmd == "mutations":
         return _mutations(args.only or sorted(MUTATIONS), args.processes, sys.stdout)
@@ -348,6 +356,18 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.error(str(exc))
     if args.cmd == "replay":
         return _replay(args.seed, args.mutation, args.workers, args.jobs, features)
+    if args.cmd == "digest":
+        from .digest import digests
+
+        for seed, digest in digests(
+            range(args.start, args.start + args.seeds),
+            trace=args.trace,
+            features=features,
+            mutation=args.mutation,
+        ):
+            sys.stdout.write(f"{seed} {digest}\n")
+            sys.stdout.flush()
+        return 0
     if args.seeds < 1 or args.processes < 1:
         parser.error("--seeds and --processes must be >= 1")
     seeds = range(args.start, args.start + args.seeds)

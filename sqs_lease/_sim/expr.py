@@ -764,11 +764,40 @@ def request_expressions(
     cond_text = params.get(condition_key)
     upd_text = params.get(update_key)
     proj_text = params.get(projection_key)
+    names: Mapping[str, str] = params.get("ExpressionAttributeNames") or {}
+    values: Mapping[str, Any] = params.get("ExpressionAttributeValues") or {}
+    # Whether the placeholders check out depends only on the expressions' texts and
+    # the placeholders' names, not on their values: a request of a shape already
+    # checked skips the set arithmetic (each value's own form is still checked).
+    shape = (cond_text, upd_text, proj_text, tuple(names), tuple(values))
+    parsed = _CHECKED.get(shape)
+    if parsed is None:
+        parsed = _checked(cond_text, upd_text, proj_text, names, values)
+        if len(_CHECKED) < _CACHE_LIMIT:
+            _CHECKED[shape] = parsed
+    for ref, av in values.items():
+        if not isinstance(av, Mapping) or len(av) != 1:
+            raise ExpressionError(f"ExpressionAttributeValues contains invalid value for {ref}")
+    return Expressions(*parsed, names, values)
+
+
+_Parsed: TypeAlias = tuple[
+    "ParsedCondition | None", "ParsedUpdate | None", "ParsedProjection | None"
+]
+_CHECKED: dict[tuple[Any, ...], _Parsed] = {}
+
+
+def _checked(
+    cond_text: str | None,
+    upd_text: str | None,
+    proj_text: str | None,
+    names: Mapping[str, str],
+    values: Mapping[str, Any],
+) -> _Parsed:
+    """The request's expressions parsed, its placeholders checked (or ExpressionError)."""
     cond = parse_condition(cond_text) if cond_text else None
     upd = parse_update(upd_text) if upd_text else None
     proj = parse_projection(proj_text) if proj_text else None
-    names: Mapping[str, str] = params.get("ExpressionAttributeNames") or {}
-    values: Mapping[str, Any] = params.get("ExpressionAttributeValues") or {}
     used_names: set[str] = set()
     used_values: set[str] = set()
     for part in (cond, upd):
@@ -798,7 +827,4 @@ def request_expressions(
             f"Value provided in ExpressionAttributeValues unused in expressions: keys: "
             f"{{{unused_v}}}"
         )
-    for ref, av in values.items():
-        if not isinstance(av, Mapping) or len(av) != 1:
-            raise ExpressionError(f"ExpressionAttributeValues contains invalid value for {ref}")
-    return Expressions(cond, upd, proj, names, values)
+    return cond, upd, proj

@@ -196,6 +196,11 @@ class Checker:
         # (when its checkpoint was written, at which token)
         self.staged: dict[str, tuple[str, ...]] = {}
         self._checkpointed: dict[str, dict[str, tuple[float, int]]] = {}
+        # The view of each job item written, by the item's identity: the next write's
+        # ``old`` is this write's ``new``, so each item is read once, not twice. Safe:
+        # the simulated table never changes an item in place (a write stores a new
+        # dict), views are frozen, and an entry keeps its item alive (no id reuse).
+        self._views: dict[int, tuple[Mapping[str, Any], Any]] = {}
 
     def fail(self, name: str, message: str) -> None:
         self.violations.append(Violation(name, self.now, message))
@@ -258,6 +263,7 @@ class Checker:
         if _unreadable(new) or (old is not None and _unreadable(old)):
             return  # unreadable_records: a record no version here reads is no evidence
         n = view_of(new)
+        self._views[id(new)] = (new, n)
         if n.state in _FINAL:
             self.final_jobs.add(n.job_id)
         else:
@@ -271,7 +277,8 @@ class Checker:
             return
         if old is None:
             return
-        o = view_of(old)
+        seen = self._views.pop(id(old), None)
+        o = seen[1] if seen is not None and seen[0] is old else view_of(old)
         job = o.job_id
         if job in self.staged:
             self._stage_log_written(o, n, origin)

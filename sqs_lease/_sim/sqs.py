@@ -23,6 +23,7 @@ What AWS documents, and where moto and AWS differ, chosen per run (seeded):
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,9 +72,11 @@ class Queue:
 
 @dataclass(frozen=True)
 class Wait:
-    """A long poll found nothing: ask again at ``until`` (or when woken)."""
+    """A long poll found nothing: ask again at ``until`` (or when woken), or at
+    ``next_visible``, when the earliest message in flight becomes visible (None: none)."""
 
     until: float
+    next_visible: float | None = None
 
 
 class SimSQS:
@@ -85,7 +88,10 @@ class SimSQS:
         self._seq = 0
         self._handle_seq = 0
         self.now = 0.0
-        self.waiters: list[Callable[[], bool]] = []
+        # Live long polls, longest-waiting first: (woken, over). ``woken()`` takes a
+        # wake-up (True) or passes it on (False, once ``over()``, for good).
+        self.waiters: deque[tuple[Callable[[], bool], Callable[[], bool]]] = deque()
+        self._prune_at = 64
         self.on_redrive: Callable[[Message], None] | None = None
         self.calls: dict[str, int] = {}
 
@@ -159,10 +165,23 @@ class SimSQS:
         later = [m.visible_at for m in q.messages.values() if m.visible_at > self.now]
         return min(later) if later else None
 
+    def wait(self, woken: Callable[[], bool], over: Callable[[], bool]) -> None:
+        """A long poll waits for a message: ``woken()`` when one may have become visible.
+
+        ``over()`` tells a poll that has ended (answered, or its process gone): it
+        never takes a wake-up again, so dropping it early changes nothing. Polls are
+        re-armed far more often than messages arrive, so without the pruning the
+        queue grows to tens of thousands of ended polls in a long run.
+        """
+        self.waiters.append((woken, over))
+        if len(self.waiters) > self._prune_at:
+            self.waiters = deque(w for w in self.waiters if not w[1]())
+            self._prune_at = max(64, 2 * len(self.waiters))
+
     def _wake(self) -> None:
         """A message became visible: the longest-waiting live long poll gets to look."""
         while self.waiters:
-            if self.waiters.pop(0)():
+            if self.waiters.popleft()[0]():
                 return
 
     def send(
@@ -204,10 +223,22 @@ class SimSQS:
             return self._err("InvalidParameterValue", "WaitTimeSeconds must be 0..20")
         if not 0 <= vis <= MAX_VISIBILITY:
             return self._err("InvalidParameterValue", "VisibilityTimeout must be 0..43200")
-        names = list(params.get("MessageSystemAttributeNames") or []) + list(
-            params.get("AttributeNames") or []
-        )
-        visible = [m for m in q.messages.values() if m.visible_at <= self.now]
+        # One pass over the queue (most receives are long polls that find nothing):
+        # the visible messages, the earliest later visibility (the long poll's next
+        # look), and the in-flight copies a duplicate delivery may return.
+        now = self.now
+        visible: list[Message] = []
+        later: float | None = None
+        dups: list[Message] = []
+        for m in q.messages.values():
+            va = m.visible_at
+            if va <= now:
+                visible.append(m)
+                continue
+            if later is None or va < later:
+                later = va
+            if m.dup_pending and m.handle:
+                dups.append(m)
         self.chaos.shuffle(visible)
         chosen = visible[:want]
         for m in chosen:
@@ -215,13 +246,18 @@ class SimSQS:
             # returns while the message is still in flight here (once per receive).
             m.dup_pending = self.chaos.roll("duplicate_armed", self.behaviour.duplicate)
         if len(chosen) < want and self.chaos.active:
-            for m in q.messages.values():
+            # (the rolls above touched only visible messages, none of these)
+            for m in dups:
                 if len(chosen) >= want:
                     break
-                if m.dup_pending and m.visible_at > self.now and m.handle:
-                    m.dup_pending = False
-                    self.chaos.count("duplicate_delivery")
-                    chosen.append(m)
+                m.dup_pending = False
+                self.chaos.count("duplicate_delivery")
+                chosen.append(m)
+        if not chosen:
+            return Wait(now + wait, later) if wait > 0 else Ok({})
+        names = list(params.get("MessageSystemAttributeNames") or []) + list(
+            params.get("AttributeNames") or []
+        )
         out: list[dict[str, Any]] = []
         for m in chosen:
             if q.max_receive and q.dlq_url and m.receive_count + 1 > q.max_receive:
@@ -251,8 +287,8 @@ class SimSQS:
             if m.attributes:
                 entry["MessageAttributes"] = dict(m.attributes)
             out.append(entry)
-        if not out and wait > 0:
-            return Wait(self.now + wait)
+        if not out and wait > 0:  # (every chosen message went to the DLQ)
+            return Wait(self.now + wait, self.next_visible(q))
         return Ok({"Messages": out} if out else {})
 
     def _redrive(self, q: Queue, m: Message) -> None:

@@ -67,16 +67,25 @@ class SimPayload(BaseModel):
 # --------------------------------------------------------------------------- ops
 
 
-@dataclass(frozen=True)
+# The ops are built for every instruction a task yields (tens of thousands per run):
+# plain slotted classes, not frozen dataclasses, whose __init__ costs several times
+# more. Nothing compares, hashes or changes them.
+
+
 class CallOp:
-    call: Call
-    origin: Origin
+    __slots__ = ("call", "origin")
+
+    def __init__(self, call: Call, origin: Origin) -> None:
+        self.call = call
+        self.origin = origin
 
 
-@dataclass(frozen=True)
 class SleepOp:
-    seconds: float  # on the actor's monotonic clock
-    wakeable: bool = False
+    __slots__ = ("seconds", "wakeable")
+
+    def __init__(self, seconds: float, wakeable: bool = False) -> None:
+        self.seconds = seconds  # on the actor's monotonic clock
+        self.wakeable = wakeable
 
 
 class RemoteCall(BaseException):
@@ -129,9 +138,11 @@ class SimCheck:
 Remote: TypeAlias = SimTool | SimCheck
 
 
-@dataclass(frozen=True)
 class RemoteOp:
-    remote: Remote
+    __slots__ = ("remote",)
+
+    def __init__(self, remote: Remote) -> None:
+        self.remote = remote
 
 
 Op: TypeAlias = CallOp | SleepOp | RemoteOp
@@ -151,15 +162,19 @@ class Task:
         self.on_done: Callable[[], None] | None = None
 
 
-@dataclass
 class _Pending:
-    task: Task
-    sent_mono: float
-    attempt: int = 0
-    done: bool = False
-    applied: int = 0  # the first attempt of this call the service applied (0: none)
-    armed: bool = False  # the current attempt's timeout is scheduled
-    on_timeout: Callable[[], None] | None = None
+    """One call in flight (all its SDK attempts)."""
+
+    __slots__ = ("applied", "armed", "attempt", "done", "on_timeout", "sent_mono", "task")
+
+    def __init__(self, task: Task, sent_mono: float) -> None:
+        self.task = task
+        self.sent_mono = sent_mono
+        self.attempt = 0
+        self.done = False
+        self.applied = 0  # the first attempt of this call the service applied (0: none)
+        self.armed = False  # the current attempt's timeout is scheduled
+        self.on_timeout: Callable[[], None] | None = None
 
 
 # --------------------------------------------------------------------------- actors
@@ -369,7 +384,8 @@ class World:
 
     def at(self, t: float, fn: Callable[[], None]) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (max(t, self.now), self._seq, fn))
+        now = self.now
+        heapq.heappush(self._heap, (t if t > now else now, self._seq, fn))
 
     def record(self, who: str, kind: str, data: Any) -> None:
         self.log.append((round(self.now, 6), who, kind, data))
@@ -377,16 +393,18 @@ class World:
         if hook is not None and who in self.workers:
             hook(who, data)
 
-    def resume(self, task: Task, value: Any) -> None:
+    def resume(self, task: Task, value: Any, sent: float | None = None) -> None:
+        """Run ``task`` on with ``value``; an outcome gets the actor's monotonic stamps
+        (``sent``: when the request left, where the outcome does not carry it yet)."""
         actor = task.actor
         if task.done or not actor.alive:
             return
         if actor.paused_until > self.now:
             until = actor.paused_until
-            self.at(until, lambda: self.resume(task, value))
+            self.at(until, lambda: self.resume(task, value, sent))
             return
         if isinstance(value, (Ok, Err)):
-            value = _stamped(value, value.sent_at, actor.mono())
+            value = _stamped(value, value.sent_at if sent is None else sent, actor.mono())
         task.sleeping = False
         try:
             op = task.gen.send(value)
@@ -440,7 +458,8 @@ class World:
 
     def latency(self, actor: Actor) -> float:
         lo, hi = self.plan.latency
-        lat = self.chaos.uniform(lo, hi)
+        # random.Random.uniform(lo, hi) is lo + (hi - lo) * random(): the same draw
+        lat = lo + (hi - lo) * self.chaos.rng.random()
         if actor.faulty:
             lat += actor.extra_latency(self.now)
             if self.chaos.roll("slow_call", self.plan.slow_call):
@@ -521,17 +540,17 @@ class World:
     ) -> None:
         out = self._service(op)
         if isinstance(out, Wait):
-            self._long_poll(p, attempt, op, t0, timeout, out.until)
+            self._long_poll(p, attempt, op, t0, timeout, out)
             return
         if isinstance(out, Ok):
             p.applied = min(p.applied or attempt, attempt)
         self._answer(p, attempt, op, t0, timeout, left, out)
 
     def _long_poll(
-        self, p: _Pending, attempt: int, op: CallOp, t0: float, timeout: float, until: float
+        self, p: _Pending, attempt: int, op: CallOp, t0: float, timeout: float, first: Wait
     ) -> None:
         state = {"done": False}
-        queue = self.sqs.queues[str(op.call.params["QueueUrl"])]
+        until = first.until
 
         def poll() -> None:
             if state["done"]:
@@ -544,24 +563,27 @@ class World:
                 if self.now >= until - 1e-9:
                     out = Ok({})
                 else:
-                    arm()
+                    arm(out.next_visible)
                     return
             state["done"] = True
             self._answer(p, attempt, op, t0, timeout, 1, out)
 
+        def over() -> bool:
+            return state["done"] or not p.task.actor.alive
+
         def woken() -> bool:
-            if state["done"] or not p.task.actor.alive:
+            if over():
                 return False  # pass the wake-up on to the next waiting poll
             self.at(self.now, poll)
             return True
 
-        def arm() -> None:
-            nxt = self.sqs.next_visible(queue)
+        def arm(nxt: float | None) -> None:
+            # (the Wait's next_visible: the queue as the poll just saw it, this instant)
             when = until if nxt is None else min(until, nxt)
             self.at(when, poll)
-            self.sqs.waiters.append(woken)
+            self.sqs.wait(woken, over)
 
-        arm()
+        arm(first.next_visible)
 
     def _answer(
         self,
@@ -614,7 +636,7 @@ class World:
             p.on_timeout = None
             if c.op == "TransactWriteItems":
                 op.origin.transient_cancel = _transient_cancel(out)
-            self.resume(p.task, _stamped(out, p.sent_mono, 0.0))
+            self.resume(p.task, out, p.sent_mono)
 
         self.at(t_back, deliver)
 
@@ -1036,25 +1058,30 @@ class World:
         n_jobs = len(p.job_plans)
         self._last_submit = max((jp.submit_at for jp in p.job_plans), default=0.0)
         settle_end: float | None = None
-        while self._heap:
-            t, _, fn = heapq.heappop(self._heap)
-            if t > p.max_time:
+        # The loop runs once per event: the names it reads every time are local.
+        heap, pop, chaos, checker = self._heap, heapq.heappop, self.chaos, self.checker
+        violations, final_jobs = checker.violations, checker.final_jobs
+        max_time, last_submit = p.max_time, self._last_submit
+        while heap:
+            t, _, fn = pop(heap)
+            if t > max_time:
                 break
             self.now = t
-            self.chaos.now = t
+            chaos.now = t
             self.events += 1
             if self.events > MAX_EVENTS:
-                self.checker.now = t
-                self.checker.fail(E_BUDGET, f"more than {MAX_EVENTS} events")
+                checker.now = t
+                checker.fail(E_BUDGET, f"more than {MAX_EVENTS} events")
                 break
             fn()
-            if self.checker.violations:
+            if violations:
                 break
+            finished = self._finished() if self._edited else len(final_jobs)
             if settle_end is None:
-                if self._finished() == n_jobs and t >= self._last_submit:
+                if finished == n_jobs and t >= last_submit:
                     self.done_at = t
                     settle_end = t + p.settle
-            elif self._finished() < n_jobs:
+            elif finished < n_jobs:
                 settle_end = None  # operator_races: a resumed job runs again
             elif t >= settle_end:
                 break
