@@ -45,7 +45,8 @@ from sqs_lease._core.flows import (
 )
 from sqs_lease._core.limits import ITEM_LIMIT, PARTITION_KEY_LIMIT, check_key, check_payload
 from sqs_lease._core.records import JobState
-from sqs_lease._core.timing import LeaseStatus
+from sqs_lease._core.timing import Drop, LeaseStatus
+from sqs_lease._errors import AttemptTimedOut, LeaseLost
 from sqs_lease._schema import view_of
 
 WALL = 1_700_000_500.0
@@ -433,6 +434,21 @@ def test_an_attempt_that_gave_its_job_back_reports_no_loss_later() -> None:
     lease = local_lease("job-1", token=1)
     gave_back(lease, "watchdog: tool_timeout")
     assert lose(lease, LossSource.OWN_CLAIM, "token moved to 2 by this worker") is None
+
+
+def test_a_handler_dropped_by_the_watchdog_hears_the_watchdog_after_the_job_went_back() -> None:
+    """Seen on a loaded machine: the watchdog dropped an attempt for no progress, its
+    ending gave the job back before the handler's wait woke, and the handler heard
+    LeaseLost instead of AttemptTimedOut."""
+    for why in (Drop.NO_PROGRESS, Drop.EFFECT_TIMEOUT, Drop.STAGE_BUDGET):
+        lease = local_lease("job-1", token=1)
+        lease.drop(why)
+        gave_back(lease, f"watchdog: {why.value}")
+        assert type(lease.stop_error()) is AttemptTimedOut, why
+        assert lose(lease, LossSource.OWN_CLAIM, "token moved") is None
+    lease = local_lease("job-1", token=1)
+    gave_back(lease, "released")  # no drop first: nothing else to tell
+    assert type(lease.stop_error()) is LeaseLost
 
 
 def test_a_rejected_release_at_shutdown_journals_the_loss() -> None:

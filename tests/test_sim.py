@@ -109,6 +109,7 @@ def _spec(key: str = "k1", job_id: str = "j1") -> EffectSpec:
 
 
 @pytest.mark.long
+@pytest.mark.timeout(3600)  # a hang guard: searches and batches take minutes on a busy machine
 def test_a_longer_seed_batch_holds_every_invariant() -> None:
     summary = run_seeds(LONG_SEEDS, processes=2, features=PASSING_FEATURES)
     failures = [
@@ -1036,6 +1037,7 @@ def test_seeds_of_the_first_soak_pass_after_the_seed_1658_fix() -> None:
 
 
 @pytest.mark.long
+@pytest.mark.timeout(3600)  # a hang guard: searches and batches take minutes on a busy machine
 def test_every_seed_of_the_first_soak_passes_after_the_seed_1658_fix() -> None:
     failing = [seed for seed in SOAK_1_FAILING if not run_seed(seed, features=NARROW).ok]
     assert failing == []

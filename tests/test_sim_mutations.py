@@ -182,6 +182,7 @@ def test_mutation_is_caught_at_its_pinned_seed_and_the_protocol_passes_it(name: 
 
 
 @pytest.mark.long
+@pytest.mark.timeout(3600)  # a hang guard: searches and batches take minutes on a busy machine
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
 def test_mutation_is_caught_within_its_search_and_the_protocol_passes_the_same_seeds(
     name: str,

@@ -1398,6 +1398,7 @@ def gave_back(lease: LocalLease, reason: str) -> None:
     if lease.status not in LOSS_KNOWN:
         lease.status = LeaseStatus.LOST
         lease.reason = f"given back: {reason}"
+        lease.given_back = True
 
 
 def rejected_loss(fin: Finish) -> tuple[str, bool] | None:

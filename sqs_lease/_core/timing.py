@@ -236,6 +236,7 @@ class LocalLease:
     progress_saved: str | None = None
     shutdown: bool = False  # the worker asked this attempt to stop (it still holds the job)
     dropped: Drop | None = None
+    given_back: bool = False  # it handed its job back itself (``flows.gave_back``)
     calls: dict[int, float] = field(default_factory=dict)
     _next_call: int = 0
     queue_url: str = ""  # the queue its message came from ("": the worker's one queue)
@@ -296,6 +297,10 @@ class LocalLease:
         """The exception a handler's wait or check raises once the attempt was told to stop."""
         where = f"job {self.job_id} token {self.token}"
         stop = self.stop
+        if stop is Stop.LEASE_LOST and self.given_back and self.dropped is not None:
+            # Dropped, then handed back by its own ending: a handler still waking up
+            # hears why it was dropped, however the two steps and its wake-up interleave.
+            stop = Stop.LET_GO
         if stop is Stop.CANCELLED:
             return JobCancelled(f"job {self.job_id} was cancelled: {self.reason}")
         if stop is Stop.LEASE_LOST:
