@@ -22,7 +22,7 @@ import pytest
 from conftest import AwsTestEnv
 
 from simtools import run_seed
-from simtools.cli import main, replay_command, run_seeds
+from simtools.cli import Summary, main, replay_command, run_seeds
 from sqs_lease import Settings, create_tables
 from sqs_lease._core.calls import Call, Err, ErrorKind, Ok, Outcome
 from sqs_lease._core.intents import EffectSpec, IntentState, Resolution, Verdict
@@ -108,28 +108,27 @@ def _spec(key: str = "k1", job_id: str = "j1") -> EffectSpec:
 # --------------------------------------------------------------------------- the simulation
 
 
-@pytest.mark.long
-@pytest.mark.timeout(3600)  # a hang guard: searches and batches take minutes on a busy machine
-def test_a_longer_seed_batch_holds_every_invariant() -> None:
-    summary = run_seeds(LONG_SEEDS, processes=2, features=PASSING_FEATURES)
+def _assert_no_failures(summary: Summary) -> None:
     failures = [
         f"seed {o.seed}: {o.violations[0][0]}: {o.violations[0][2]}\n"
         f"  replay: {replay_command(o.seed, None)}"
         for o in summary.failures
     ]
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.long
+@pytest.mark.timeout(3600)  # a hang guard: searches and batches take minutes on a busy machine
+def test_a_longer_seed_batch_holds_every_invariant() -> None:
+    summary = run_seeds(LONG_SEEDS, processes=2, features=PASSING_FEATURES)
+    _assert_no_failures(summary)
 
 
 def test_fixed_seeds_hold_every_invariant() -> None:
     # The widened world joins this batch feature by feature, as its defects are fixed
     # (plan.PASSING_FEATURES); until then its seeds are pinned as xfail below.
     summary = run_seeds(FIXED_SEEDS, processes=2, features=PASSING_FEATURES)
-    failures = [
-        f"seed {o.seed}: {o.violations[0][0]}: {o.violations[0][2]}\n"
-        f"  replay: {replay_command(o.seed, None)}"
-        for o in summary.failures
-    ]
-    assert not failures, "\n".join(failures)
+    _assert_no_failures(summary)
     # The seeds exercise every kind of fault, and the protocol's reactions to them.
     missing = [k for k in FAULT_KINDS if not summary.injected.get(k)]
     assert not missing, f"fault kinds never injected: {missing}"

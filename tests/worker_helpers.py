@@ -26,6 +26,7 @@ from sqs_lease import AsyncWorker, Settings, Worker
 from sqs_lease._core.records import JobView
 from sqs_lease._journal import LOGGER_NAME
 from sqs_lease._schema import JobRecord, record_of, view_of
+from sqs_lease.testing import HANG_GUARD as HANG_GUARD
 from sqs_lease.testing import SHELLS as SHELLS  # the tests import these from here
 from sqs_lease.testing import SHORT_LEASE, job_item, make_env, read_journal, wait_for
 from sqs_lease.testing import WorkerRunner as WorkerRunner
@@ -73,11 +74,8 @@ def prepare(endpoint_url: str, prefix: str) -> tuple[Settings, str, str]:
     return env.settings, env.queue_url, env.dlq_url
 
 
-HANG_GUARD = 120.0
-"""The least any wait in these tests allows. A wait's timeout is a hang guard, never
-a timing check: a test asks for something that will happen, and on a shared machine
-beside a CPU-bound job it may take far longer than the number its author had in
-mind (10-20 s waits failed so under load). Only a failure pays the guard."""
+# HANG_GUARD (the kit's) is the least any wait in these tests allows: a hang guard,
+# never a timing check (10-20 s waits failed under load). Only a failure pays it.
 
 
 def wait_until(
