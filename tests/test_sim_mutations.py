@@ -100,25 +100,25 @@ CAUGHT_AT: dict[str, int] = {
     "blind_retry": 0,  # I2_double_effect
     "checkpoint_replaces_log": 3,  # I18_stage_checkpoint
     "commit_after_stop": 52,  # I3_superseded_commit
-    "continuation_not_unsent": 25,  # I10_stranded_record
-    "extend_after_end": 12,  # I5_extended_lost_lease
-    "fence_mark_on_success_only": 47,  # I1_stale_effect
-    "fence_per_resource": 2,  # I7_live_owner_fenced
+    "continuation_not_unsent": 33,  # I10_stranded_record
+    "extend_after_end": 0,  # I5_extended_lost_lease
+    "fence_mark_on_success_only": 61,  # I1_stale_effect
+    "fence_per_resource": 7,  # I7_live_owner_fenced
     "intent_write_unchecked": 0,  # I15_write_after_lease
-    "no_commit_token": 64,  # I3_superseded_commit
+    "no_commit_token": 73,  # I3_superseded_commit
     "no_ownership_check": 3,  # I5_extended_lost_lease
-    "no_stranded_sweep": 5,  # I10_stranded_record
-    "plain_error_not_applied": 0,  # I2_double_effect
-    "resolve_in_two_writes": 36,  # I16_half_resolution
-    "resume_keeps_attempts": 25,  # I12_resume_exhausted
+    "no_stranded_sweep": 6,  # I10_stranded_record
+    "plain_error_not_applied": 10,  # I2_double_effect
+    "resolve_in_two_writes": 12,  # I16_half_resolution
+    "resume_keeps_attempts": 6,  # I12_resume_exhausted
     "shared_key_as_own": 0,  # I2_double_effect
-    "shared_request_tokens": 435,  # I17_shared_request_token
+    "shared_request_tokens": 557,  # I17_shared_request_token
     "stray_claims": 1,  # I11_stray_claim
     "transient_cancel_as_refusal": 13,  # I8_transient_cancel_lost
     "unknown_class_claims": 10,  # I9_unknown_class
     "unreadable_aborts_round": 2,  # E_unhandled_exception
     "validation_as_unknown": 0,  # I14_oversize_result
-    "wall_clock_fence": 64,  # I3_superseded_commit
+    "wall_clock_fence": 355,  # I3_superseded_commit
 }
 
 # The invariant each mutation is expected to break first.

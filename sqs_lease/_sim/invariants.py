@@ -91,7 +91,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._core.records import UNDELIVERED_CODE, JobState
+from .._core.records import UNDELIVERED_CODE, JobState, JobView
 from .._schema import view_of
 from .receiver import Applied
 
@@ -157,7 +157,7 @@ class Origin:
     tokens: dict[str, int] = field(default_factory=dict)  # job id -> token it acts under
     handler_ended: bool = False
     told_to_stop: bool = False  # the attempt was told to stop before its handler ended
-    # the last transaction answer this task got was a cancellation for transient
+    # the last AWS answer this task got was a transaction cancelled for transient
     # reasons only (throttling, a conflict): the checker's view for I8
     transient_cancel: bool = False
     # job tasks: the send id of the message they were given (I11)
@@ -187,7 +187,8 @@ class Checker:
         self._commits: dict[str, int] = {}
         self.final_jobs: set[str] = set()
         self.counts: dict[str, int] = {}
-        self._resumed: dict[str, int] = {}  # I12: job -> its attempt when unparked
+        # I12: job -> its attempt when unparked, and the token of the claim after it
+        self._resumed: dict[str, tuple[int, int | None]] = {}
         self._since: dict[str, float] = {}  # I16: job -> when its state last changed
         self._resolved_at: dict[str, tuple[float, str]] = {}  # I16: job -> (when, intent key)
         # worker id -> the job classes its app knows (None: not a worker); set by the world
@@ -284,7 +285,7 @@ class Checker:
             self._stage_log_written(o, n, origin)
         if n.state is not o.state:
             self._since[job] = self.now
-        self._resume_exhausted(o.state, n.state, n.attempt, n.reason, job, origin)
+        self._resume_exhausted(o, n, origin)
         if isinstance(origin, Origin):
             known = self.known_classes(origin.worker)
             if known is not None and o.job_class not in known and self._undeliverable_park(o, n):
@@ -539,30 +540,41 @@ class Checker:
             f"{str(exc)[:200]}): no job of the round got a verdict",
         )
 
-    def _resume_exhausted(
-        self,
-        old: JobState,
-        new: JobState,
-        attempt: int,
-        reason: str | None,
-        job: str,
-        origin: Any,
-    ) -> None:
-        """I12: the first claim after an operator's unpark must not exhaust the job."""
-        if old is JobState.PARKED and new is JobState.QUEUED:
-            self._resumed[job] = attempt
+    def _resume_exhausted(self, o: JobView, n: JobView, origin: Any) -> None:
+        """I12: the first claim after an operator's unpark must not exhaust the job.
+
+        That claim is the job's first step out of ``queued`` after the unpark: either
+        one write ending it failed, or a claim (``running``, the next attempt) whose
+        owner then ends it failed under the same token. Whatever the job does next
+        (a stage ending, another claim) is no longer the resume's: a staged job's
+        attempts restart at each stage, so a later stage's own exhaustion must not
+        match the resume by its number (seed 105).
+        """
+        job = o.job_id
+        if o.state is JobState.PARKED and n.state is JobState.QUEUED:
+            self._resumed[job] = (n.attempt, None)
             return
-        text = reason or ""
+        entry = self._resumed.get(job)
+        if entry is None or (o.state is n.state is JobState.QUEUED):
+            return  # not resumed, or still waiting for its claim (a send, a sweep)
+        resumed, claim_token = entry
+        first = n.attempt == resumed + 1
+        if claim_token is None and first and n.state is JobState.RUNNING:
+            self._resumed[job] = (resumed, n.token)  # the resume's claim: see how it ends
+            return
+        del self._resumed[job]
+        text = n.reason or ""
         if (
-            new is JobState.FAILED
+            n.state is JobState.FAILED
             and text.startswith("attempts exhausted")
             and "last error" not in text  # a retry's end: the handler did run
-            and self._resumed.get(job) == attempt - 1
+            and first
+            and claim_token in (None, n.token)
         ):
             self.fail(
                 I12,
                 f"{job} failed by {_who(origin)} at the first claim after an operator "
-                f"resumed it (attempt {attempt}): {text}",
+                f"resumed it (attempt {n.attempt}): {text}",
             )
 
     # ------------------------------------------------------------------ I5

@@ -634,8 +634,12 @@ class World:
                 return
             p.done = True
             p.on_timeout = None
-            if c.op == "TransactWriteItems":
-                op.origin.transient_cancel = _transient_cancel(out)
+            # I8 charges a give-up to the last failure before it. A later error (seed
+            # 989: a throttled plain UpdateItem, which the core reads as "outcome
+            # unknown" by design) replaces the cancel as the cause; a read that only
+            # looks at what the cancel left (a refused start's GetItem) does not.
+            if c.op == "TransactWriteItems" or isinstance(out, Err):
+                op.origin.transient_cancel = c.op == "TransactWriteItems" and _transient_cancel(out)
             self.resume(p.task, out, p.sent_mono)
 
         self.at(t_back, deliver)
