@@ -247,6 +247,57 @@ def test_a_failed_send_leaves_the_record_to_the_sweep_and_still_deletes_the_mess
     assert s.result.outcome is FinishOutcome.DONE  # type: ignore[attr-defined]
 
 
+def _unreadable_item(**kw: Any) -> dict[str, Any]:
+    item = job_item(**kw)
+    item["state"] = {"S": "archived"}  # an outside writer's state (soak seed 7841)
+    return item
+
+
+def test_a_continuation_whose_record_turned_unreadable_is_superseded_and_the_stage_ends() -> None:
+    """Soak seed 7841: the checkpoint applied and the next stage's message went out,
+    then the write recording the send met a record an outside writer had given an
+    unknown state. The record was read for the journal only: the send is superseded
+    (the message a stray), the stage's message is still deleted, nothing crashes."""
+    shell = _staged_shell(_fetch_ends)
+    unreadable = condition_failed(_unreadable_item(token=6, owner="w-2", stage="render"))
+    answers = [_claimed(), ok(sent_at=MONO), ok(), ok({"MessageId": "m-2"}), unreadable, ok()]
+    s = _run(shell, answers, _staged_delivery())
+    assert [c.op for c in s.calls][2:] == [
+        "UpdateItem",  # checkpoint
+        "SendMessage",
+        "UpdateItem",  # marked sent: refused, the record unreadable
+        "DeleteMessage",
+    ]
+    assert s.result.outcome is FinishOutcome.DONE  # type: ignore[attr-defined]
+    bad = s.event("job_record_unreadable")
+    assert (bad["job_id"], bad["stage"]) == ("job-1", "send") and "archived" in bad["reason"]
+    assert s.event("job_send_superseded")["current_send_id"] is None
+
+
+def test_any_write_after_the_handler_that_meets_an_unreadable_record_rejects_the_attempt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whichever step of an ending reads a record this version cannot read, the
+    attempt reports one loss and writes nothing more, keeping its message: the
+    attempt-level rule (``attempt._unreadable_end``), not one guard per read."""
+    from sqs_lease._core import stages
+    from sqs_lease._errors import RecordUnreadable
+
+    def unreadable_send(*args: Any, **kwargs: Any) -> Any:
+        raise RecordUnreadable("job record 'job-1' cannot be read by this version")
+        yield  # a flow
+
+    monkeypatch.setattr(stages, "_send", unreadable_send)
+    shell = _staged_shell(_fetch_ends)
+    s = _run(shell, [_claimed(), ok(sent_at=MONO), ok()], _staged_delivery())
+    assert [c.op for c in s.calls] == ["UpdateItem", "ChangeMessageVisibility", "UpdateItem"]
+    fin = s.result  # type: ignore[attr-defined]
+    assert (fin.outcome, fin.reason) == (FinishOutcome.REJECTED, "job record unreadable")
+    bad = s.event("job_record_unreadable")
+    assert (bad["stage"], bad["token"]) == ("end", 5)
+    assert s.event("heartbeat_lost")["detected_by"] == "commit"
+
+
 def test_the_checkpoint_is_read_back_from_the_record() -> None:
     item = job_item(stage="render")
     item["stages"] = {"S": json.dumps([{"stage": "fetch", "result": [1, 2], "token": 3}])}

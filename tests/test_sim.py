@@ -1084,6 +1084,20 @@ def test_seed_989_a_give_up_after_a_plain_throttle_is_not_blamed_on_an_earlier_c
     )
 
 
+def test_seed_7841_a_continuation_meeting_an_unreadable_record_does_not_crash_the_worker() -> (
+    None
+):
+    """A stale owner's continuation (its SendMessage retried after a lost answer)
+    recorded its send on a record an outside writer had given the state 'archived':
+    the refused write's record was parsed for the journal and RecordUnreadable
+    escaped the worker's job task (E_unhandled_exception). Found by the soak on
+    143da64; tests/test_core_stages.py has the two core rules.
+    Replay: python -m simtools replay --seed 7841"""
+    r = run_seed(7841)
+    assert r.ok, r.violations
+    assert r.injected.get("record_unreadable"), "the seed no longer draws its case"
+
+
 def test_every_seed_the_second_soak_found_passes() -> None:
     failing = [seed for seed in SOAK_2_FAILING if not run_seed(seed).ok]
     assert failing == []

@@ -61,7 +61,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from .._errors import LeaseLost, PayloadError
+from .._errors import LeaseLost, PayloadError, RecordUnreadable
 from .calls import Call, Emit, Err, Flow, Invoke, Ok, call
 from .deadletter import DlqReport, DlqVerdict, reconcile_dlq_flow
 from .deletes import DeleteBatch
@@ -385,7 +385,10 @@ def attempt_flow(
     full = False
     try:
         at = _At(env, claim, rules, holding.held)
-        fin = yield from _run(at, holding.held, payload, now.mono)
+        try:
+            fin = yield from _run(at, holding.held, payload, now.mono)
+        except RecordUnreadable as exc:
+            fin = yield from _unreadable_end(at, exc)
         # Queued while the book still holds the attempt: a stop that waits for the
         # ending attempts (``LeaseBook.ending``) then flushes this delete too.
         full = yield from _queue_delete(env, claim, fin)
@@ -569,6 +572,23 @@ class _At:
         ev = self.env.book.rejected(self.held, self.claim, fin, source)
         if ev is not None:
             yield ev
+
+
+def _unreadable_end(at: _At, exc: RecordUnreadable) -> Flow[Finish]:
+    """A write after the handler met a job record this version cannot read (a state an
+    outside writer or a newer version put there). Every such write is conditional on
+    the record running under this attempt's token, so the record is not ours, whatever
+    else it holds: the attempt writes nothing more, keeps its message (it comes back
+    when its visibility lapses, and the claim decides), and reports the loss once.
+    The one place for it, whichever write of whichever ending met the record."""
+    claim = at.claim
+    yield Emit(
+        "job_record_unreadable",
+        {"job_id": claim.job.job_id, "token": claim.token, "stage": "end", "reason": str(exc)},
+    )
+    fin = Finish(FinishOutcome.REJECTED, "job record unreadable")
+    yield from at.rejected(fin, LossSource.COMMIT)
+    return fin
 
 
 def _run(at: _At, held: Held, payload: Any, start: float) -> Flow[Finish | None]:

@@ -306,7 +306,14 @@ def send_job_message(
     message_id = str(sent.response.get("MessageId", ""))
     marked = yield from call(req.mark_sent(job_id, send_id, wall_now))
     if isinstance(marked, Err) and marked.kind is ErrorKind.CONDITION_FAILED:
-        current = req.parse(marked.item) if marked.item else None
+        # Another sender (or an outside writer) moved the record: the message is out
+        # and will be a stray. The record is read for the journal only, so one this
+        # version cannot read is reported, never a crash of the flow that sent.
+        current: JobView | None = None
+        try:
+            current = req.parse(marked.item) if marked.item else None
+        except RecordUnreadable as exc:
+            yield from emit("job_record_unreadable", job_id=job_id, stage="send", reason=str(exc))
         yield from emit(
             "job_send_superseded",
             job_id=job_id,
