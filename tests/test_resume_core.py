@@ -514,6 +514,27 @@ def test_a_sweep_whose_send_fails_reports_it_and_gives_the_send_back() -> None:
     assert s.event("job_send_failed")["send_id"] == "sweep-a.0"
 
 
+def test_a_stranded_record_this_version_cannot_read_is_reported_and_the_sweep_goes_on() -> None:
+    """One unreadable record (an outside writer's state) in the unsent index affects
+    only its own job: the sweep names it and still sends the others (before, the
+    parse raised and the whole sweep failed, every round)."""
+    weird = _unsent("j-x", WALL - 400)
+    weird["state"] = {"S": "archived"}
+    s = Script(
+        [
+            ok({"Items": [weird, _unsent("j-a", WALL - 300)]}),
+            ok({"Attributes": job_item("j-a", state=JobState.QUEUED, send_id="sweep-a.1")}),
+            ok({"MessageId": "m-a"}),
+            ok(),
+        ]
+    )
+    report = _sweep(s)
+    assert [(j.job_id, j.verdict) for j in report.jobs] == [("j-x", "failed"), ("j-a", "resent")]
+    assert "cannot be read" in report.jobs[0].detail
+    bad = s.event("job_record_unreadable")
+    assert (bad["job_id"], bad["stage"]) == ("j-x", "sweep")
+
+
 def test_a_table_without_the_index_is_told_how_to_add_it() -> None:
     s = Script(
         [

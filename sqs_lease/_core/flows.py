@@ -648,7 +648,11 @@ def sweep_flow(
     items = list(out.response.get("Items", []))
     found: list[Stranded] = []
     for n, item in enumerate(items):
-        seen = req.parse(item)
+        try:
+            seen = req.parse(item)
+        except RecordUnreadable as exc:
+            found.append((yield from _unreadable_stranded(exc)))
+            continue
         age = round(wall_now - (seen.unsent_since or wall_now), 3)
         if dry_run:
             found.append(Stranded(seen.job_id, seen.job_class, age, "would_resend", seen.send_id))
@@ -669,7 +673,11 @@ def sweep_flow(
                     Stranded(seen.job_id, seen.job_class, age, "failed", seen.send_id, why)
                 )
             continue
-        job = req.parse(took.response.get("Attributes", {}))
+        try:
+            job = req.parse(took.response.get("Attributes", {}))
+        except RecordUnreadable as exc:  # turned unreadable since the index saw it
+            found.append((yield from _unreadable_stranded(exc)))
+            continue
         yield from emit(
             "job_send_taken",
             job_id=job.job_id,
@@ -705,6 +713,15 @@ def sweep_flow(
             **counts,
         )
     return report
+
+
+def _unreadable_stranded(exc: RecordUnreadable) -> Flow[Stranded]:
+    """A stranded record this version cannot read is its own job's problem: the sweep
+    reports it (``failed``, naming the record) and goes on with the others, as the
+    heartbeat does with such a record in its round."""
+    job_id = exc.job_id or "?"
+    yield from emit("job_record_unreadable", job_id=job_id, stage="sweep", reason=str(exc))
+    return Stranded(job_id, "?", 0.0, "failed", None, str(exc)[:300])
 
 
 # --------------------------------------------------------------------------- claim
