@@ -44,6 +44,7 @@ from sqs_lease._core.attempt import (
 from sqs_lease._core.calls import Call, Flow, Invoke, Outcome
 from sqs_lease._core.deletes import DeleteBatch
 from sqs_lease._core.flows import (
+    Claimed,
     Delivery,
     Finish,
     FinishOutcome,
@@ -51,7 +52,7 @@ from sqs_lease._core.flows import (
 )
 from sqs_lease._core.intents import Unprotected, repeat_unprotected
 from sqs_lease._core.leasebook import Flag, LeaseBook
-from sqs_lease._core.records import JobState
+from sqs_lease._core.records import JobState, JobView
 from sqs_lease._core.timing import Drop, LeaseStatus, Stop, backoff_delay
 from sqs_lease._errors import (
     PayloadError,
@@ -330,6 +331,53 @@ def test_a_newer_own_claim_supersedes_the_held_attempt_of_the_same_job() -> None
     assert held.lease.status is LeaseStatus.LOST and held.cancelled.is_set()
     assert s2.event("heartbeat_lost")["detected_by"] == "own_claim"
     assert shell.counts["own_claim_superseded"] == 1
+
+
+def _stage_claim(stage: str, token: int, committed: list[tuple[str, int]]) -> Claimed:
+    """A claim of job-1 at ``stage`` whose record's stage log holds ``committed``
+    (stage, token) checkpoints."""
+    log = [{"stage": s, "token": t, "attempt": 1} for s, t in committed]
+    view = JobView(
+        job_id="job-1",
+        job_class="ocr",
+        state=JobState.RUNNING,
+        token=token,
+        attempt=1,
+        owner=WORKER,
+        payload_hash="hash-aaa",
+        stage=stage,
+        stage_log=json.dumps(log) if log else None,
+    )
+    return Claimed(delivery(), view, token, 1, False, None, MONO + 60)
+
+
+def test_the_next_stage_claimed_while_the_stage_before_finishes_its_ending_is_no_lost_lease() -> (
+    None
+):
+    """The stage's own checkpoint sent the next stage's message, which this worker
+    received and claimed before the ending attempt left the book: a stage boundary,
+    not a heartbeat_lost alert (seen on a loaded machine, tests/test_stages_virtual_time.py)."""
+    book = LeaseBook()
+    fetch = book.hold(_stage_claim("fetch", 4, []), Rules(), MONO, Flag()).held
+    book.mark(fetch, LeaseStatus.DONE)  # its handler returned NextStage("render")
+    render = book.hold(_stage_claim("render", 5, [("fetch", 4)]), Rules(), MONO, Flag())
+    assert (render.superseded, render.event) == (False, None)
+    assert fetch.lease.status is LeaseStatus.DONE and not fetch.cancelled.is_set()
+    assert book.get("job-1") is render.held
+
+
+def test_the_next_stage_claimed_after_another_owner_committed_the_stage_still_tells_the_loss() -> (
+    None
+):
+    """The checkpoint in the log is another owner's (a newer token took the stage
+    over): the attempt this book held did lose its lease, and hears it."""
+    book = LeaseBook()
+    fetch = book.hold(_stage_claim("fetch", 4, []), Rules(), MONO, Flag()).held
+    render = book.hold(_stage_claim("render", 6, [("fetch", 5)]), Rules(), MONO, Flag())
+    assert render.superseded and render.event is not None
+    assert render.event.event == "heartbeat_lost"
+    assert render.event.fields["detected_by"] == "own_claim"
+    assert fetch.lease.status is LeaseStatus.LOST and fetch.cancelled.is_set()
 
 
 def test_the_watchdog_drop_retries_the_job_and_gives_the_lease_back() -> None:

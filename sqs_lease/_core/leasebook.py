@@ -43,6 +43,7 @@ from .flows import (
     rejected_loss,
 )
 from .records import JobView
+from .stages import stage_log
 from .timing import (
     OPEN,
     BeatPlan,
@@ -159,6 +160,21 @@ def new_lease(claim: Claimed, rules: LeaseRules, now: float) -> LocalLease:
     )
 
 
+def handed_on(earlier: Held, claim: Claimed) -> bool:
+    """Whether ``earlier``'s own stage ending moved the job to the stage ``claim`` holds.
+
+    Its checkpoint, written under its token, is in the claimed record's stage log:
+    the next stage's message it sent can reach this worker while it is still
+    finishing (queueing its delete), and that claim takes nothing from it. A
+    checkpoint names the one token that wrote it, so another owner's takeover of the
+    stage (a newer token in the log, or none) still counts as a loss.
+    """
+    stage, token = earlier.job.stage, earlier.lease.token
+    return stage is not None and any(
+        e.stage == stage and e.token == token for e in stage_log(claim.job)
+    )
+
+
 @dataclass(frozen=True)
 class Holding:
     """What :meth:`LeaseBook.hold` did: the new entry, and the earlier attempt of the
@@ -228,11 +244,15 @@ class LeaseBook:
         self, claim: Claimed, rules: LeaseRules, now: float, cancelled: Signal, tag: Any = None
     ) -> Holding:
         """Hold a fresh claim's lease. An earlier attempt of the same job in this book
-        lost its lease to this claim (our own claim moved the token): it is told."""
+        lost its lease to this claim (our own claim moved the token): it is told,
+        unless it handed the job on itself (:func:`handed_on`)."""
         held = Held(new_lease(claim, rules, now), claim.job, claim.delivery, cancelled, tag)
         ev: Emit | None = None
         with self.lock:
             earlier = self._held.get(claim.job.job_id)
+            if earlier is not None and handed_on(earlier, claim):
+                # A stage boundary: nothing was superseded, nothing is lost.
+                earlier = None
             if earlier is not None:
                 # A retry or a duplicate delivery reached this worker: that attempt is lost.
                 ev = lose(
