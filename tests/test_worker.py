@@ -26,6 +26,7 @@ from conftest import AwsTestEnv
 from pydantic import BaseModel
 from worker_helpers import (
     FAST,
+    HANG_GUARD,
     ROOMY,
     TextCapture,
     collect_journal,
@@ -127,13 +128,14 @@ def test_happy_path_five_jobs_succeed_once_and_leave_the_queue_empty(
         claimed = journal.events("job_claimed", job_id=job_id)
         assert [(e["token"], e["attempt"], e["lease_seconds"]) for e in claimed] == [(1, 1, 30)]
         assert [e["token"] for e in journal.events("result_committed", job_id=job_id)] == [1]
-    # Every message was deleted after its commit; or, where the lease lapsed on an
-    # overloaded machine before its batched delete went (a stale handle deletes nothing),
-    # it is back on the queue and the next worker deletes it as already done: it
-    # never runs a finished job again.
+    # Every message was deleted after its commit; or, where the batched delete got no
+    # answer on an overloaded machine (or the lease lapsed before it went: a stale
+    # handle deletes nothing), it comes back on the queue when its lease lapses and
+    # the next worker deletes it as already done: it never runs a finished job again.
+    # That worker waits out the lease (a hang guard: it returns at the last message).
     left = queue_depth(sqs_client, url)
     if left:
-        again = make_worker(app, settings, "w2").run(max_messages=left, idle_exit=10)
+        again = make_worker(app, settings, "w2").run(max_messages=left, idle_exit=HANG_GUARD)
         assert again.claimed == 0 and again.already_done == left, again
     wait_until(lambda: queue_depth(sqs_client, url) == 0, 3, "an empty queue")
 
