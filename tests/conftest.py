@@ -61,6 +61,44 @@ def _loopback_only(address: object) -> None:
         )
 
 
+def _xdist_group_suffix(item: pytest.Item) -> str | None:
+    names = {
+        str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+        for mark in item.iter_markers("xdist_group")
+    }
+    return "@" + "_".join(sorted(names)) if names else None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep ``--dist loadgroup`` grouping: a file marked ``xdist_group`` runs on one worker.
+
+    pytest-xdist tells its scheduler a test's group by appending ``@group`` to the
+    node id, through ``item._nodeid``; pytest 9.2 keeps node ids structured
+    (``item._id``), so that write no longer lands and every grouped file was spread
+    over all workers, building its module fixtures (the wheel and its virtualenv,
+    the CDK synthesis, the extra emulators) once per worker (pytest-xdist#1386).
+    This appends the suffix where xdist's write did not land, and stops the run if
+    neither way takes, rather than silently losing the grouping again.
+    """
+    if not getattr(config.option, "loadgroup", False):  # set in xdist's workers only
+        return
+    for item in items:
+        suffix = _xdist_group_suffix(item)
+        if suffix is None or item.nodeid.endswith(suffix):
+            continue
+        wanted = item.nodeid + suffix
+        if hasattr(item, "_id"):  # pytest >= 9.2 (before it, xdist's own write landed)
+            from _pytest.nodeid import NodeId
+
+            item._id = NodeId.parse(wanted)
+        if item.nodeid != wanted:
+            raise pytest.UsageError(
+                f"cannot mark {item.nodeid} with its xdist group {suffix}: this pytest and"
+                " pytest-xdist no longer agree on node ids; `make test` relies on the groups"
+            )
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _no_traffic_beyond_loopback() -> Iterator[None]:
     """Refuse, in this process, any TCP connection that leaves the machine."""
