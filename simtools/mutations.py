@@ -719,8 +719,10 @@ WORLDS: dict[str, frozenset[str]] = {
     "validation_as_unknown": frozenset({"oversize"}),
     "fence_mark_on_success_only": frozenset({"plain_calls"}),
 }
-"""The widened features a mutation needs beyond ``plan.PASSING_FEATURES`` (the
-mutation check runs it with both)."""
+"""The widened feature that exposes each of these mutations (the mutation check runs
+it with ``plan.PASSING_FEATURES`` as well). Every feature is in ``PASSING_FEATURES``
+now, so these add nothing to the world today; they say where a mutation bites, and
+keep its world should its feature ever leave ``PASSING_FEATURES``."""
 UNCAUGHT: dict[str, Callable[[], Any]] = {"unfenced_checkpoint": unfenced_checkpoint}
 """Mutations no seed of the mutation check catches yet (runnable with ``--mutation``).
 ``unfenced_checkpoint``: in 200 seeds of the staged world no stale owner of a stage
