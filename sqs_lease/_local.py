@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import functools
 import importlib.util
 import logging
 import os
@@ -129,13 +130,40 @@ def serialise_dynamodb() -> None:
     _serialised_installed = True
 
 
+_memo_installed = False
+
+
+def memoise_update_expressions() -> None:
+    """Make this process's moto parse each distinct UpdateExpression once (idempotent).
+
+    moto tokenises and parses an UpdateExpression twice per request (once to
+    check the names and values it uses, once to apply it) and most of an
+    update's CPU goes there; a protocol sends the same few expressions over
+    and over. Every caller only reads the parsed tree (moto's validator
+    deep-copies it before it substitutes values), so one tree per distinct
+    text serves them all. An expression moto cannot parse raises each time,
+    as before: errors are never cached.
+    """
+    global _memo_installed
+    if _memo_installed:
+        return
+    from moto.dynamodb.parsing.expressions import (  # type: ignore[attr-defined]
+        UpdateExpressionParser,
+    )
+
+    parse = UpdateExpressionParser.make  # bound to the class: takes the text alone
+    UpdateExpressionParser.make = staticmethod(functools.lru_cache(maxsize=1024)(parse))
+    _memo_installed = True
+
+
 class LocalAws:
     """moto's ``ThreadedMotoServer`` in a daemon thread of this process, on 127.0.0.1.
 
     ``port=0`` (the default) lets the kernel pick a free port at bind time, so
     there is no window in which another process can take it. DynamoDB requests
     are applied one at a time unless ``serial_dynamodb=False`` (see
-    :func:`serialise_dynamodb`).
+    :func:`serialise_dynamodb`), and each distinct update expression is parsed
+    once (see :func:`memoise_update_expressions`).
     """
 
     def __init__(
@@ -174,6 +202,7 @@ class LocalAws:
         server_cls = _threaded_moto_server_cls()
         if self._serial_dynamodb:
             serialise_dynamodb()
+        memoise_update_expressions()
         if self._requested_port:
             _check_port_free(self._requested_port)
         if self._quiet:

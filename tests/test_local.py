@@ -214,3 +214,70 @@ def test_the_local_default_loses_no_write_next_to_cancelled_transactions() -> No
             for item in page["Items"]
         }
         assert {f"item-{i}" for i in range(1, 1200, 2)} <= keys
+
+
+@pytest.mark.integration
+def test_a_memoised_update_expression_still_applies_each_requests_own_values() -> None:
+    """The local default parses each distinct UpdateExpression once; the parsed
+    tree is shared, so nothing one request substitutes into it may reach the next:
+    two items updated by the same text each get their own values, their own
+    ``if_not_exists`` branch and their own ``ADD``, and a malformed text is refused
+    every time (an error is never remembered as a tree)."""
+    from moto.dynamodb.parsing.expressions import (  # type: ignore[attr-defined]
+        UpdateExpressionParser,
+    )
+
+    with LocalAws() as local:
+        _sqs, ddb = _clients(local.endpoint_url)
+        ddb.create_table(
+            TableName="memo",
+            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        ddb.put_item(TableName="memo", Item={"pk": {"S": "b"}, "log": {"L": [{"S": "old"}]}})
+        expression = (
+            "SET #v = :v, #log = list_append(if_not_exists(#log, :empty), :add) ADD #n :one"
+        )
+        before = UpdateExpressionParser.make.cache_info().hits
+        for key, value, add in (("a", "first", 1), ("b", "second", 5), ("a", "third", 2)):
+            ddb.update_item(
+                TableName="memo",
+                Key={"pk": {"S": key}},
+                UpdateExpression=expression,
+                ExpressionAttributeNames={"#v": "v", "#log": "log", "#n": "n"},
+                ExpressionAttributeValues={
+                    ":v": {"S": value},
+                    ":empty": {"L": []},
+                    ":add": {"L": [{"S": value}]},
+                    ":one": {"N": str(add)},
+                },
+            )
+        assert UpdateExpressionParser.make.cache_info().hits > before
+
+        def item(key: str) -> dict[str, object]:
+            got = ddb.get_item(TableName="memo", Key={"pk": {"S": key}}, ConsistentRead=True)
+            return dict(got["Item"])
+
+        assert item("a") == {
+            "pk": {"S": "a"},
+            "v": {"S": "third"},
+            "log": {"L": [{"S": "first"}, {"S": "third"}]},
+            "n": {"N": "3"},
+        }
+        assert item("b") == {
+            "pk": {"S": "b"},
+            "v": {"S": "second"},
+            "log": {"L": [{"S": "old"}, {"S": "second"}]},
+            "n": {"N": "5"},
+        }
+        for _ in range(2):
+            with pytest.raises(ddb.exceptions.ClientError, match="ValidationException"):
+                ddb.update_item(
+                    TableName="memo",
+                    Key={"pk": {"S": "a"}},
+                    UpdateExpression="SET #v = = :v",
+                    ExpressionAttributeNames={"#v": "v"},
+                    ExpressionAttributeValues={":v": {"S": "x"}},
+                )
+        assert item("a")["v"] == {"S": "third"}
