@@ -5,7 +5,9 @@ Python's default, which raises ``KeyboardInterrupt`` wherever the main thread
 is: in the middle of an AWS call, with jobs claimed and no decision made. While
 ``run()`` goes on, this swaps that default for "stop gracefully" (the same stop
 as SIGTERM under ``install_signal_handlers``), and puts it back when ``run()``
-ends. A handler the program chose itself is never touched.
+ends. A handler the program chose itself is never touched, and neither is an
+ignored SIGINT: a process started that way (``cmd &`` in a script, ``nohup``) was
+meant to be immune to Ctrl-C; stop it with SIGTERM (``install_signal_handlers``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import socket
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -97,6 +99,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"cannot mark {item.nodeid} with its xdist group {suffix}: this pytest and"
                 " pytest-xdist no longer agree on node ids; `make test` relies on the groups"
             )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _children_start_with_the_default_sigint() -> Iterator[None]:
+    """Run the tests' child processes with SIGINT at its default, however pytest was started.
+
+    A shell without job control starts ``cmd &`` with SIGINT ignored, and an ignored
+    signal is inherited across exec: a worker started by a Ctrl-C test would then
+    keep the ignore (the library leaves a disposition its program chose alone) and
+    never stop. A caught signal is reset to the default at exec, so catching it here
+    gives every child the default, as on a terminal.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+    ):
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.fixture(autouse=True, scope="session")
