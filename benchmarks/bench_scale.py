@@ -8,7 +8,9 @@ measured for a few heartbeat periods, then stopped (every job released).
 
 Per heartbeat period: the AWS calls it made (by operation), the lateness of each
 job's extension against its schedule (the ChangeMessageVisibility entry's send
-time minus the lease's ``next_beat``; p50/p99/max), the part of it that is the
+time minus the lease's ``next_beat``, or minus the lease's start when the beat was
+due before it: a receive that granted less than L makes the first beat due at once,
+up to L minus the receive's visibility before the claim; p50/p99/max), the part of it that is the
 worker's own (the round's start minus the schedule: what the loop or thread
 adds before any call), CPU share of the worker and of the emulator (seconds of
 CPU per second of wall; 1.0 = one core), and the worker's peak RSS.
@@ -214,15 +216,19 @@ class _Probe:
         self.clock = clock
         self.lock = threading.Lock()
         self.calls: Counter[str] = Counter()
-        self.late: list[float] = []  # CMV entry sent - next_beat
-        self.own_late: list[float] = []  # round planned - next_beat
-        self.schedule: dict[str, float] = {}  # receipt handle -> next_beat of its plan
+        self.late: list[float] = []  # CMV entry sent - due
+        self.own_late: list[float] = []  # round planned - due
+        self.schedule: dict[str, float] = {}  # receipt handle -> when its beat was due
 
     def planned(self, now: float, leases: Any) -> None:
         with self.lock:
             for lease in leases:
-                self.schedule[lease.receipt_handle] = lease.next_beat
-                self.own_late.append(now - lease.next_beat)
+                # A first beat "due" before the lease began means "at once" (the
+                # receive granted less than L): late from the lease's start, not
+                # from a time before the job was held.
+                due = max(lease.next_beat, lease.started_at)
+                self.schedule[lease.receipt_handle] = due
+                self.own_late.append(now - due)
 
     def call(self, c: Any) -> None:
         sent = self.clock()
@@ -443,7 +449,9 @@ def render(result: dict[str, Any]) -> str:
         f"{p['lease_seconds']} s, jitter {p['jitter_seconds']:g} s; every job held at once "
         f"(`concurrency` = N), then {p['periods']} heartbeat periods measured. The queue holds "
         "all N messages in flight (moto scans it for every visibility change). Lateness: a "
-        "job's ChangeMessageVisibility entry sent minus its schedule (`next_beat`); *own*: "
+        "job's ChangeMessageVisibility entry sent minus its schedule (`next_beat`; a first "
+        "beat due before the lease began, because the receive granted less than L, counts "
+        "from the lease's start); *own*: "
         "the round's start minus the schedule, before any call (the worker's share). CPU: "
         "seconds per second of wall (1.0 = one core saturated). *(moto)*: the embedded moto "
         "server in its own process; *(stand-in)*: `benchmarks/standin.py` in the worker's "
