@@ -22,14 +22,17 @@ from .mutations import WORLDS
 SEED_LIMIT = 200
 """Each mutation must be caught within this many seeds of its search."""
 
-FIRST_SEED = {"shared_request_tokens": 400, "wall_clock_fence": 300}
+FIRST_SEED = {"shared_request_tokens": 400, "wall_clock_fence": 300, "stale_resolution": 57900}
 """Where a mutation's search starts (else 0). Two owners writing one attempt of a job
 on a table that honours request tokens is a rare schedule: since the claim sends no
 visibility change (issue 12) the first seed to draw it for shared_request_tokens is
 above 400 (a search of seeds 200-999 on 78d16e8 found 435). A commit fenced on the
 wall clock is caught only where clocks drift across a takeover with a late commit:
 since every widened feature joined the mutation world, seeds 0-299 show none (the
-first is 355)."""
+first is 355). A decision run again after its job ran again and went ambiguous again
+needs an operator who dies after the first half of a resolve, a resumed attempt that
+reaches the target and a second ambiguity, all before the re-run: the soak found the
+first at seed 57932."""
 
 __all__ = ["FIRST_SEED", "SEED_LIMIT", "Catch", "first_catch", "search_seeds", "world"]
 

@@ -514,6 +514,7 @@ def resolve_in_two_writes() -> Iterator[None]:
         why: str,
         wall_now: float,
         send_id: str,
+        attempt: int | None = None,  # the decision's attempt: the old flow had none
     ) -> Flow[Any]:
         got = yield from call(ireq.get(key))
         if isinstance(got, Err):
@@ -550,6 +551,25 @@ def resolve_in_two_writes() -> Iterator[None]:
         return None
 
     with _patch(intents, "resolve_flow", resolve_flow):
+        yield
+
+
+@contextmanager
+def stale_resolution() -> Iterator[None]:
+    """Soak seed 57932, as before the fix: an operator's decision is not bound to the
+    attempt it judged, so a resolve run again (the runbook's advice after the command
+    died) settles whatever ambiguity the intent shows then: after the job was resumed,
+    ran again and went ambiguous again, a "not applied" judgement of the earlier
+    attempt becomes a retry of an effect the later attempt applied. Patches the core's
+    ``intents.resolve_flow`` to drop its ``attempt``. Expected: I2 (operator_races)."""
+    _require(intents, "resolve_flow", "soak seed 57932 (a decision names its attempt)")
+    original = intents.resolve_flow
+
+    def unbound(*args: Any, **kw: Any) -> Any:
+        kw["attempt"] = None
+        return original(*args, **kw)
+
+    with _patch(intents, "resolve_flow", unbound):
         yield
 
 
@@ -702,6 +722,7 @@ MUTATIONS: dict[str, Callable[[], Any]] = {
     # the rest of issues 7 and 14
     "intent_write_unchecked": intent_write_unchecked,
     "resolve_in_two_writes": resolve_in_two_writes,  # in the operator_races world
+    "stale_resolution": stale_resolution,  # in the operator_races world (soak seed 57932)
     "shared_request_tokens": shared_request_tokens,
     # issue 14 item 3, a variant of the targets (in the plain_calls world)
     "fence_mark_on_success_only": fence_mark_on_success_only,
@@ -715,6 +736,7 @@ WORLDS: dict[str, frozenset[str]] = {
     "no_stranded_sweep": frozenset({"producer_death"}),
     "stray_claims": frozenset({"concurrent_submits"}),
     "resume_keeps_attempts": frozenset({"operator_races"}),
+    "stale_resolution": frozenset({"operator_races"}),
     "unreadable_aborts_round": frozenset({"unreadable_records"}),
     "validation_as_unknown": frozenset({"oversize"}),
     "fence_mark_on_success_only": frozenset({"plain_calls"}),

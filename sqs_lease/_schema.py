@@ -1625,6 +1625,7 @@ class IntentTable:
         who: str,
         why: str,
         wall_now: float,
+        attempt: int | None,
     ) -> dict[str, Any]:
         actions: list[Action] = [
             IR.attention.remove(),  # decided: out of the ambiguous index
@@ -1657,9 +1658,11 @@ class IntentTable:
             actions += [IR.state.set(IntentState.ABANDONED.value), IR.reason.set(why)]
         else:
             actions.append(IR.reason.set(why))
-        params = self._update_item(
-            self.table, _ikey(key), IR.state == IntentState.AMBIGUOUS.value, actions
-        )
+        condition = IR.state == IntentState.AMBIGUOUS.value
+        if attempt is not None:
+            # The decision is about this attempt's ambiguity, never a later one's.
+            condition = condition & (IR.attempts == attempt)
+        params = self._update_item(self.table, _ikey(key), condition, actions)
         params["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
         return params
 
@@ -1672,6 +1675,7 @@ class IntentTable:
         who: str,
         why: str,
         wall_now: float,
+        attempt: int | None = None,
     ) -> Call:
         params = self._resolution(
             key,
@@ -1680,6 +1684,7 @@ class IntentTable:
             who=who,
             why=why,
             wall_now=wall_now,
+            attempt=attempt,
         )
         params["ReturnValues"] = "ALL_NEW"
         return Call("dynamodb", "UpdateItem", params)
@@ -1696,6 +1701,7 @@ class IntentTable:
         jobs: JobRequests,
         job_id: str,
         send_id: str,
+        attempt: int | None = None,
     ) -> Call:
         # One decision: the intent is settled and its parked job unparked, or neither.
         intent = self._resolution(
@@ -1705,6 +1711,7 @@ class IntentTable:
             who=who,
             why=why,
             wall_now=wall_now,
+            attempt=attempt,
         )
         return Call(
             "dynamodb",

@@ -1614,6 +1614,13 @@ def _default_who() -> str:
     is_flag=True,
     help="Approve a new, separate operation under a derived key (needs --reason).",
 )
+@click.option(
+    "--attempt",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The intent attempt you decided on (as `intents show` prints it): refused if "
+    "the intent has moved on since. Give it when you run a resolve again.",
+)
 @json_option()
 @click.pass_context
 def intents_resolve(
@@ -1626,9 +1633,15 @@ def intents_resolve(
     who: str | None,
     force: bool,
     new_operation: bool,
+    attempt: int | None,
     as_json: bool,
 ) -> None:
     """Decide an ambiguous intent; its parked job is re-enqueued (journaled on stderr).
+
+    A decision is about one attempt's ambiguity: with --attempt N it is refused
+    ("changed meanwhile") if the job ran again since and the intent is now at
+    another attempt, so running the same command again never settles a newer
+    ambiguity with an older judgement.
 
     --new-operation approves a new, separate operation: the intent becomes
     `superseded`, its successor key (KEY~op2) is recorded, and the job goes on
@@ -1677,6 +1690,7 @@ def intents_resolve(
                 send_id=new_send_id(),
                 # an interactive job goes back to its own queue
                 interactive_url=interactive_queue_url(settings),
+                attempt=attempt,
             )
         )
     except IntentNotAmbiguous as exc:

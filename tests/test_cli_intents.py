@@ -376,6 +376,22 @@ def test_resolve_retry_puts_the_intent_back_to_prepared(parked: Parked) -> None:
     assert parked.job().state == "queued"
 
 
+def test_resolve_naming_another_attempt_than_the_intents_changes_nothing(parked: Parked) -> None:
+    """A resolve run again names the attempt it decided on; once the intent is at
+    another attempt (the job ran again and went ambiguous again) it is refused."""
+    attempts = parked.intent().attempts
+    stale = run(
+        parked.aws, "intents", "resolve", parked.key, "--retry", "--attempt", str(attempts + 1)
+    )
+    assert stale.exit_code in (1, 2)
+    line = one_line_error(stale, stale.exit_code)
+    assert "changed meanwhile" in line and f"attempt {attempts}" in line
+    assert parked.intent().state == "ambiguous" and parked.job().state == "parked"
+    named = run(parked.aws, "intents", "resolve", parked.key, "--retry", "--attempt", str(attempts))
+    assert named.exit_code == 0, (named.output, named.exception)
+    assert parked.intent().state == "prepared" and parked.job().state == "queued"
+
+
 @pytest.mark.parametrize(
     ("retention", "why"),
     [(None, "does not keep idempotency keys"), (60.0, "no longer protected")],

@@ -61,7 +61,11 @@ def itable() -> IntentTable:
 
 
 def intent_item(
-    state: IntentState, *, resolution: str | None = None, resolved_by: str | None = None
+    state: IntentState,
+    *,
+    resolution: str | None = None,
+    resolved_by: str | None = None,
+    attempts: int = 1,
 ) -> dict[str, Any]:
     record = IntentRecord(
         intent_key=KEY,
@@ -72,8 +76,8 @@ def intent_item(
         state=state.value,
         payload="{}",
         payload_hash="h",
-        attempts=1,
-        last_token=1,
+        attempts=attempts,
+        last_token=attempts,
         created_at=WALL - 100,
         updated_at=WALL - 50,
         resolution=resolution,
@@ -217,7 +221,13 @@ def test_resume_unanswered_is_ownership_unknown() -> None:
 # =========================================================================== resolve_flow
 
 
-def _resolve(s: Script, resolution: Resolution, external_id: str | None = None) -> Resolved:
+def _resolve(
+    s: Script,
+    resolution: Resolution,
+    external_id: str | None = None,
+    *,
+    attempt: int | None = None,
+) -> Resolved:
     return s.run(
         resolve_flow(
             itable(),
@@ -230,6 +240,7 @@ def _resolve(s: Script, resolution: Resolution, external_id: str | None = None) 
             why=WHY,
             wall_now=WALL,
             send_id="send-new",
+            attempt=attempt,
         )
     )
 
@@ -268,7 +279,8 @@ def test_resolve_settles_the_intent_and_unparks_the_job_in_one_transaction(
     intent, job = (next(iter(i.values())) for i in tx["TransactItems"])
     assert [next(iter(i)) for i in tx["TransactItems"]] == ["Update", "Update"]
     assert intent["TableName"] == INTENTS
-    assert condition_text(intent) == "state = 'ambiguous'"
+    # The decision is about the ambiguity it read (attempt 1), never a later one's.
+    assert condition_text(intent) == "(state = 'ambiguous' AND attempts = 1)"
     assert update_sets(intent)["state"] == repr(_AFTER[resolution].value)
     assert update_sets(intent)["resolved_by"] == repr(WHO)
     assert job["TableName"] == TABLE
@@ -283,6 +295,39 @@ def test_resolve_settles_the_intent_and_unparks_the_job_in_one_transaction(
     ev = s.event("intent_resolved")
     assert (ev["resolution"], ev["who"], ev["external_id"]) == (resolution.value, WHO, external)
     assert s.event("job_resumed")["by"] == "resolve"
+
+
+@pytest.mark.parametrize("now", [IntentState.AMBIGUOUS, IntentState.PREPARED])
+def test_a_decision_about_an_earlier_attempt_never_settles_the_intent_at_a_later_one(
+    now: IntentState,
+) -> None:
+    """Soak seed 57932: the operator judged attempt 1 "not applied"; the command died
+    after its resolve, and was run again after the job had been resumed, run again
+    (attempt 2 reached the target) and gone ambiguous again. That run must not take
+    the old judgement for the new ambiguity (a retry would repeat an applied
+    effect), nor finish an old resolution of an intent that has moved on."""
+    later = intent_item(now, resolution="retry" if now is IntentState.PREPARED else None)
+    later = {**later, "attempts": {"N": "2"}, "last_token": {"N": "3"}}
+    s = Script([got_item(later)])
+    with pytest.raises(IntentError, match=r"changed meanwhile.*attempt 1.*attempt 2"):
+        _resolve(s, Resolution.RETRY, attempt=1)
+    assert s.ops == ["dynamodb.GetItem"]  # nothing written, nothing sent
+
+
+def test_a_decision_naming_the_attempt_it_read_resolves_and_binds_its_write() -> None:
+    s = Script(
+        [
+            got_item(intent_item(IntentState.AMBIGUOUS, attempts=2)),
+            ok(),
+            got_item(queued_after_unpark()),
+            ok({"MessageId": "mid-1"}),
+            ok(),
+        ]
+    )
+    got = _resolve(s, Resolution.RETRY, attempt=2)
+    intent = s.calls[1].params["TransactItems"][0]["Update"]
+    assert condition_text(intent) == "(state = 'ambiguous' AND attempts = 2)"
+    assert got.intent.state is IntentState.PREPARED
 
 
 def test_a_resolution_whose_answer_was_lost_is_finished_by_resolving_again() -> None:
@@ -380,7 +425,7 @@ def test_an_intent_whose_job_is_not_parked_is_settled_alone_and_the_operator_tol
     assert (got.job_requeued, got.job_state) == (False, state)
     assert "not re-enqueued" in got.note
     assert s.ops[-1] == "dynamodb.UpdateItem"  # the intent alone, no SendMessage
-    assert condition_text(s.calls[-1].params) == "state = 'ambiguous'"
+    assert condition_text(s.calls[-1].params) == "(state = 'ambiguous' AND attempts = 1)"
     assert s.event("intent_resolved")["resolution"] == "retry"
     assert s.event("job_resume_skipped")["state"] == (state.value if state else None)
 

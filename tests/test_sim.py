@@ -1098,6 +1098,22 @@ def test_seed_7841_a_continuation_meeting_an_unreadable_record_does_not_crash_th
     assert r.injected.get("record_unreadable"), "the seed no longer draws its case"
 
 
+def test_seed_57932_a_resolve_run_again_never_settles_a_later_ambiguity() -> None:
+    """An operator judged attempt 1 of an intent "not applied"; the resolve died after
+    its decision, and was run again after the job had been resumed, reached the target
+    at attempt 2 (a cut response: outcome unknown) and gone ambiguous again. The
+    re-run took the old judgement for the new ambiguity and the job called the target
+    a second time (I2). A decision now names the attempt it judged and is refused
+    ("changed meanwhile") once the intent moved on; tests/test_resume_core.py has the
+    core rule, mutation ``stale_resolution`` the check. Found by the soak on 0c406bc.
+    Replay: python -m simtools replay --seed 57932"""
+    r = run_seed(57932)
+    assert r.ok, r.violations
+    assert r.injected.get("operator_died") and r.injected.get("tool_cut_response"), (
+        "the seed no longer draws its case"
+    )
+
+
 def test_every_seed_the_second_soak_found_passes() -> None:
     failing = [seed for seed in SOAK_2_FAILING if not run_seed(seed).ok]
     assert failing == []

@@ -113,6 +113,7 @@ CAUGHT_AT: dict[str, int] = {
     "resume_keeps_attempts": 6,  # I12_resume_exhausted
     "shared_key_as_own": 0,  # I2_double_effect
     "shared_request_tokens": 557,  # I17_shared_request_token
+    "stale_resolution": 57932,  # I2_double_effect
     "stray_claims": 1,  # I11_stray_claim
     "transient_cancel_as_refusal": 13,  # I8_transient_cancel_lost
     "unknown_class_claims": 10,  # I9_unknown_class
@@ -146,6 +147,7 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
     # the rest of issues 7 and 14
     "intent_write_unchecked": I15,  # issue 7 item 13
     "resolve_in_two_writes": I16,  # issue 14 item 6, in the operator_races world
+    "stale_resolution": I2,  # soak seed 57932, in the operator_races world
     "shared_request_tokens": I17,  # issue 14 item 7
     "fence_mark_on_success_only": I1,  # issue 14 item 3, in the plain_calls world
     # issue 9: stages (the staged world is one of PASSING_FEATURES)

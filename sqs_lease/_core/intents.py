@@ -1001,6 +1001,7 @@ class ResolveRequests(Protocol):
         who: str,
         why: str,
         wall_now: float,
+        attempt: int | None = None,
     ) -> Call: ...
 
     def resolve_and_unpark(
@@ -1015,6 +1016,7 @@ class ResolveRequests(Protocol):
         jobs: JobRequests,
         job_id: str,
         send_id: str,
+        attempt: int | None = None,
     ) -> Call: ...
 
     def get(self, key: str) -> Call: ...
@@ -1060,9 +1062,18 @@ def resolve_flow(
     wall_now: float,
     send_id: str,
     interactive_url: str | None = None,
+    attempt: int | None = None,
 ) -> Flow[Resolved]:
     """An operator's decision on an ambiguous intent, and the parked job's resume,
     as one decision.
+
+    A decision is about one ambiguity: the intent's attempt the operator judged
+    (``attempt``, as ``intents show`` prints it; else the attempt this call reads).
+    The write is conditioned on it, so a decision never settles a later attempt's
+    ambiguity: a command run again after the job was resumed, ran and went
+    ambiguous again (the runbook's "run the same command again") is refused with
+    "changed meanwhile" instead of telling a second call it may repeat an effect
+    the first one may have applied (soak seed 57932).
 
     Settling the intent and unparking its job (granting the attempt the resume
     starts) are one TransactWriteItems: either both happen or neither. The message
@@ -1081,6 +1092,13 @@ def resolve_flow(
     if not item:
         raise IntentNotFound(f"no intent {key!r}")
     intent = ireq.parse(item)
+    if attempt is not None and intent.attempts != attempt:
+        raise IntentError(
+            f"intent {key!r} changed meanwhile: the decision was about its attempt "
+            f"{attempt}; it is now {intent.state.value} at attempt {intent.attempts}: "
+            f"nothing resolved; look at `sqs-lease intents show {key}` and decide again"
+        )
+    judged = intent.attempts
     if intent.state is not IntentState.AMBIGUOUS:
         if intent.resolution is not None:
             finished = yield from _finish_earlier(
@@ -1112,6 +1130,7 @@ def resolve_flow(
                 jobs=jreq,
                 job_id=intent.job_id,
                 send_id=send_id,
+                attempt=judged,
             )
         )
         if not (isinstance(out, Err) and _transient_cancel(out)):
@@ -1124,14 +1143,15 @@ def resolve_flow(
             raise OwnershipUnknown(
                 f"resolve intent {key!r}: DynamoDB cancelled it for a transient reason "
                 f"({', '.join(_cancel_codes(out))}); nothing was resolved: run the same "
-                "`sqs-lease intents resolve` again"
+                f"`sqs-lease intents resolve` again with `--attempt {judged}`"
             )
         yield from call(Sleep(wait))
     if isinstance(out, Err):
         if out.kind is not ErrorKind.TRANSACTION_CANCELLED:
             raise OwnershipUnknown(
                 f"resolve intent {key!r}: no answer ({out.code or out.kind}): run the same "
-                "`sqs-lease intents resolve` again; it finishes whatever was applied"
+                f"`sqs-lease intents resolve` again with `--attempt {judged}`; it finishes "
+                "whatever was applied, and refuses if the intent moved on meanwhile"
             )
         codes = [str(r.get("Code", "")) for r in out.reasons]
         if not codes or codes[0] == "ConditionalCheckFailed":
@@ -1158,6 +1178,7 @@ def resolve_flow(
                 why=why,
                 wall_now=wall_now,
                 job_id=intent.job_id,
+                attempt=judged,
             )
         )
     resolved = _as_resolved(intent, resolution, external_id, who)
@@ -1236,6 +1257,7 @@ def _resolve_intent_only(
     why: str,
     wall_now: float,
     job_id: str,
+    attempt: int,
 ) -> Flow[Resolved]:
     from .._errors import IntentError
 
@@ -1247,7 +1269,13 @@ def _resolve_intent_only(
             job = jreq.parse(read.response["Item"])
     out = yield from call(
         ireq.resolve(
-            key, resolution=resolution, external_id=external_id, who=who, why=why, wall_now=wall_now
+            key,
+            resolution=resolution,
+            external_id=external_id,
+            who=who,
+            why=why,
+            wall_now=wall_now,
+            attempt=attempt,
         )
     )
     if isinstance(out, Err):

@@ -1244,6 +1244,7 @@ class World:
                 {"job_id": job_id, "key": intent.key, "applied": applied is not None},
             )
             key = intent.key
+            judged = intent.attempts  # the ambiguity this decision is about
             resolution = Resolution.CONFIRMED if applied is not None else Resolution.RETRY
             external_id = applied.external_id if applied is not None else None
 
@@ -1260,6 +1261,8 @@ class World:
                     why="checked with the provider",
                     wall_now=self.operator.wall(),
                     send_id=sid,
+                    # As the runbook says: a command run again names the attempt.
+                    attempt=judged,
                 )
 
         else:
