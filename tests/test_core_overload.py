@@ -15,8 +15,9 @@ from typing import Any
 from core_harness import TABLE, WORKER, Script, delivery, job_item, ok
 from test_core_attempt import MONO, Shell, _up_to_handler
 
-from sqs_lease._core.attempt import Parallel, heartbeat_round_flow
-from sqs_lease._core.calls import Call, Flow, Outcome
+from sqs_lease._core.attempt import HandlerRun, Parallel, attempt_flow, heartbeat_round_flow
+from sqs_lease._core.calls import Call, Emit, Flow, Invoke, Outcome
+from sqs_lease._core.flows import Delivery
 from sqs_lease._core.leasebook import LeaseBook
 from sqs_lease._core.records import JobState
 from sqs_lease._core.timing import Drop, LeaseStatus, Pace, pace_budget
@@ -190,3 +191,113 @@ def test_a_lease_whose_ownership_went_unconfirmed_is_still_just_let_go() -> None
     s.run(heartbeat_round_flow(shell.env))
     assert s.event("lease_dropped")["reason"] == Drop.RESERVE_SPENT.value
     assert s.calls == [] and held.lease.dropped is Drop.RESERVE_SPENT
+
+
+# ------------------------------------------------------- a claim never overtakes the hand-back
+
+
+def _drive(
+    shell: Shell, item: Delivery, answers: list[Outcome]
+) -> tuple[HandlerRun | None, list[Call], list[Emit], Flow[Any]]:
+    """Drive an attempt of ``item`` until its handler would run (or the flow ends):
+    the run (None if it ended), the calls and events on the way, the flow (keep it)."""
+    flow = attempt_flow(shell.env, item)
+    scripted = iter(answers)
+    calls: list[Call] = []
+    events: list[Emit] = []
+    try:
+        instr = next(flow)
+        while not (isinstance(instr, Invoke) and instr.what == "handler"):
+            out: Any = None
+            if isinstance(instr, Call):
+                calls.append(instr)
+                out = next(scripted)
+            elif isinstance(instr, Emit):
+                events.append(instr)
+            elif isinstance(instr, Invoke):
+                out = ok({"value": instr.fn()})
+            instr = flow.send(out)
+    except StopIteration:
+        return None, calls, events, flow
+    assert isinstance(instr.fn, HandlerRun)
+    return instr.fn, calls, events, flow
+
+
+def _claim_answer(token: int, attempt: int) -> Outcome:
+    return ok(
+        {"Attributes": job_item(state=JobState.QUEUED, owner=None, token=token, attempt=attempt)},
+        sent_at=MONO,
+        received_at=MONO,
+    )
+
+
+def test_a_message_back_while_its_lapsed_attempt_is_held_here_is_claimed_after_the_hand_back() -> (
+    None
+):
+    # The worker's own lateness let a confirmed lease run out (a held event loop, a
+    # suspended process), and its receive brings the job's message back before any
+    # heartbeat round dropped the lease. A claim first would take the job over from
+    # the lapsed attempt; the release would then find the token moved, and the job
+    # would be charged a second attempt for the worker's lateness.
+    shell = Shell(lambda run: None)
+    first, _flow = _up_to_handler(shell)
+    assert first.held.lease.status is LeaseStatus.OK
+    shell.mono = first.held.lease.conservative_deadline + 0.5
+    again = delivery(receipt_handle="rh-2", received_at=shell.mono)
+    released = ok({"Attributes": {}})
+    run, calls, events, _flow2 = _drive(shell, again, [released, _claim_answer(5, 0)])
+    assert run is not None
+    release, claim = calls
+    # First the fenced release of the lapsed attempt (token 5): back to queued, its
+    # attempt given back, by the record alone (no visibility change with either handle).
+    assert release.op == "UpdateItem" and claim.op == "UpdateItem"
+    assert "-" in release.params["UpdateExpression"]
+    assert "queued" in json.dumps(release.params) and "5" in json.dumps(release.params)
+    # Then the claim of the delivery now in hand, which counts attempt 1 again.
+    assert "send-1" in json.dumps(claim.params) and "rh-2" not in json.dumps(release.params)
+    names = [e.event for e in events]
+    assert names.index("lease_dropped_late") < names.index("job_claimed")
+    claimed = next(e.fields for e in events if e.event == "job_claimed")
+    assert (claimed["token"], claimed["attempt"]) == (6, 1)
+    # The lapsed attempt handed the job back itself: nothing was lost to our claim.
+    assert "heartbeat_lost" not in names
+    assert first.held.lease.dropped is Drop.WORKER_LATE and first.held.lease.given_back
+    assert first.held.cancelled.is_set()
+    assert shell.book.get("job-1") is run.held and run.held.lease.token == 6
+    assert shell.counts == Counter(claimed=2, released_late=1)
+
+
+def test_a_message_back_while_a_round_hands_its_lapsed_attempt_back_is_left_for_a_moment() -> None:
+    # A heartbeat round dropped the lapsed lease and its release is still in flight
+    # (another task or thread of this worker): the delivery waits, unclaimed.
+    shell = Shell(lambda run: None)
+    first, _flow = _up_to_handler(shell)
+    shell.mono = first.held.lease.conservative_deadline + 0.5
+    _plan, dropped = shell.book.plan_round(shell.mono)
+    assert [why for _h, why in dropped] == [Drop.WORKER_LATE]
+    again = delivery(receipt_handle="rh-2", received_at=shell.mono)
+    run, calls, events, _ = _drive(shell, again, [ok()])
+    assert run is None
+    (cmv,) = calls
+    assert cmv.op == "ChangeMessageVisibility"
+    assert cmv.params["ReceiptHandle"] == "rh-2" and cmv.params["VisibilityTimeout"] == 1
+    (deferred,) = [e.fields for e in events if e.event == "claim_deferred"]
+    assert deferred["reason"] == "hand_back_under_way" and deferred["visibility_set"] is True
+    assert shell.counts["deferred"] == 1
+    # Once the hand-back landed, the next delivery is claimed at once.
+    shell.book.gave_back([first.held], "worker late")
+    run, calls, _events, _flow3 = _drive(shell, again, [_claim_answer(5, 0)])
+    assert run is not None and [c.op for c in calls] == ["UpdateItem"]
+
+
+def test_a_lapsed_lease_whose_ownership_went_unconfirmed_does_not_hold_the_claim_back() -> None:
+    # Not the worker's lateness (SQS or DynamoDB did not answer): no hand-back is
+    # owed, and the claim takes the job over as any claim would, counted.
+    shell = Shell(lambda run: None)
+    first, _flow = _up_to_handler(shell)
+    first.held.lease.status = LeaseStatus.UNKNOWN
+    shell.mono = first.held.lease.conservative_deadline + 0.5
+    again = delivery(receipt_handle="rh-2", received_at=shell.mono)
+    run, calls, events, _flow2 = _drive(shell, again, [_claim_answer(5, 1)])
+    assert run is not None and [c.op for c in calls] == ["UpdateItem"]
+    assert "lease_dropped_late" not in [e.event for e in events]

@@ -83,10 +83,12 @@ from .flows import (
     commit_flow,
     fail_flow,
     heartbeat_flow,
+    on_queue,
     park_flow,
     poison_flow,
     release_flow,
     retry_flow,
+    set_visibility,
     sweep_flow,
 )
 from .intents import EffectResult, EffectSpec, IntentRequests, effect_flow
@@ -314,6 +316,14 @@ def attempt_flow(
         return None
     rules = rules_for(env, item.job_class, item.stage)
     now = yield from _now(env)
+    late, behind = env.book.before_claim(item.job_id, now.mono)
+    if late is not None:
+        # Our own lapsed attempt of this job goes back (its attempt given back) first.
+        yield from _handed_back_late(env, late, now.mono)
+        now = yield from _now(env)
+    elif behind:
+        yield from _defer_behind_hand_back(env, item)
+        return None
     # Drawn only when needed: the random stream stays the retries' own.
     rand = 0.5 if rules is not None else (yield from _value("random", env.random))
     claim = yield from admit_flow(
@@ -964,6 +974,31 @@ def _handed_back_late(env: AttemptEnv, held: Held, now: float) -> Flow[None]:
     yield Invoke("act_for", ActFor("heartbeat"))
     env.tally("released_late", released)
     env.book.gave_back([held], "worker late")
+
+
+HAND_BACK_DEFER = 1
+"""Seconds a delivery waits (its visibility) while this worker's hand-back of the
+same job's lapsed attempt is under way (:meth:`LeaseBook.before_claim`)."""
+
+
+def _defer_behind_hand_back(env: AttemptEnv, item: Delivery) -> Flow[None]:
+    """The job's lapsed attempt is being handed back by another flow of this worker:
+    a claim now could land before that release and charge the job an attempt for the
+    worker's own lateness, so the message comes back in a moment, unclaimed."""
+    cmv = yield from set_visibility(
+        on_queue(item, env.queue_url), item.receipt_handle, HAND_BACK_DEFER
+    )
+    yield Emit(
+        "claim_deferred",
+        {
+            "job_id": item.job_id,
+            "message_id": item.message_id,
+            "reason": "hand_back_under_way",
+            "delay": HAND_BACK_DEFER,
+            "visibility_set": isinstance(cmv, Ok),
+        },
+    )
+    env.tally("deferred", 1)
 
 
 def heartbeat_tick_flow(env: AttemptEnv, *, stopping: bool) -> Flow[None]:

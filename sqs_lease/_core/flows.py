@@ -865,7 +865,7 @@ def claim_flow(
     lease_granted = d.visibility
     cmv: Outcome | None = None
     if keep_receive_lease is None or deadline - out.received_at <= keep_receive_lease:
-        cmv = yield from _set_visibility(on_queue(d, queue_url), d.receipt_handle, lease_seconds)
+        cmv = yield from set_visibility(on_queue(d, queue_url), d.receipt_handle, lease_seconds)
         if isinstance(cmv, Ok):
             deadline = cmv.sent_at + lease_seconds
             lease_granted = lease_seconds
@@ -1001,7 +1001,7 @@ def admit_flow(
             if given_up is not None:
                 return given_up
         delay = defer_delay(d.receive_count, rand)
-        cmv = yield from _set_visibility(on_queue(d, queue_url), d.receipt_handle, delay)
+        cmv = yield from set_visibility(on_queue(d, queue_url), d.receipt_handle, delay)
         yield from emit(
             "job_class_unknown",
             job_id=d.job_id,
@@ -1542,7 +1542,7 @@ class Finish:
         return round(max(0.0, self.answered_at - self.sent_at), 3)
 
 
-def _set_visibility(queue_url: str, receipt_handle: str, seconds: int) -> Flow[Outcome]:
+def set_visibility(queue_url: str, receipt_handle: str, seconds: int) -> Flow[Outcome]:
     """One ChangeMessageVisibility: a new timeout counted from the call (it does not add)."""
     return (
         yield from call(
@@ -1939,7 +1939,7 @@ def retry_flow(
         return fin
     cmv: Outcome | None = None
     if handle_ours:
-        cmv = yield from _set_visibility(
+        cmv = yield from set_visibility(
             on_queue(delivery, queue_url), delivery.receipt_handle, delay
         )
     yield from emit(

@@ -208,6 +208,10 @@ class LeaseBook:
         # Per heartbeat interval, when its leases' next shared round is due
         # (``timing.shared_round``): the leases of one interval beat together.
         self.rounds: dict[float, float] = {}
+        # Leases dropped because this worker's own heartbeat came late, by job, until
+        # their hand-back (which gives back the attempt) has landed: a claim of the
+        # same job must not overtake it (:meth:`before_claim`).
+        self._handing_back: dict[str, LocalLease] = {}
 
     # ------------------------------------------------------------------ reading
 
@@ -250,8 +254,9 @@ class LeaseBook:
         ev: Emit | None = None
         with self.lock:
             earlier = self._held.get(claim.job.job_id)
-            if earlier is not None and handed_on(earlier, claim):
-                # A stage boundary: nothing was superseded, nothing is lost.
+            if earlier is not None and (earlier.lease.given_back or handed_on(earlier, claim)):
+                # It handed the job back itself (a late drop's release, a watchdog
+                # retry), or a stage boundary: nothing was superseded, nothing is lost.
                 earlier = None
             if earlier is not None:
                 # A retry or a duplicate delivery reached this worker: that attempt is lost.
@@ -324,6 +329,39 @@ class LeaseBook:
         with self.lock:
             for h in helds:
                 gave_back(h.lease, reason)
+                if self._handing_back.get(h.lease.job_id) is h.lease:
+                    del self._handing_back[h.lease.job_id]
+
+    def before_claim(self, job_id: str, now: float) -> tuple[Held | None, bool]:
+        """A new delivery names ``job_id``: what of it this worker must settle first.
+
+        After the worker's own heartbeat fell behind (a held loop, an overloaded or
+        suspended process), SQS can deliver a job's message again while this book
+        still holds the attempt whose lease lapsed. Its hand-back (``WORKER_LATE``:
+        the fenced release that gives back the attempt its claim counted) must land
+        before a new claim: a claim that lands first takes the job over from the
+        lapsed attempt, the release then finds the token moved, and the job is
+        charged an attempt for the worker's own lateness.
+
+        Returns ``(held, True)`` when such a lease was still open: it is dropped now
+        (the next round would have dropped it the same way) and the caller hands it
+        back before it claims. ``(None, True)``: a hand-back of the job is under way
+        elsewhere (a heartbeat round dropped it): the caller leaves the delivery for
+        a moment. ``(None, False)``: nothing to settle; claim as usual.
+        """
+        with self.lock:
+            if job_id in self._handing_back:
+                return None, True
+            h = self._held.get(job_id)
+            # Confirmed, then run out: the verdict plan_heartbeat gives WORKER_LATE.
+            if h is None or h.lease.status is not LeaseStatus.OK:
+                return None, False
+            if now < h.lease.conservative_deadline:
+                return None, False
+            h.lease.drop(Drop.WORKER_LATE)
+            h.cancelled.set()
+            self._handing_back[job_id] = h.lease
+        return h, True
 
     # ------------------------------------------------------------------ the worker
 
@@ -361,6 +399,8 @@ class LeaseBook:
             for held, why in dropped:
                 held.lease.drop(why)
                 held.cancelled.set()
+                if why is Drop.WORKER_LATE:
+                    self._handing_back[held.lease.job_id] = held.lease
         return plan, dropped
 
     def loop_stalled(
