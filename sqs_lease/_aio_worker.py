@@ -240,14 +240,17 @@ class AsyncWorker(ShellBase):
                 if self.sweep_interval is not None
                 else None
             )
-            deleter = asyncio.create_task(self._delete_loop(), name="deletes")
+            deletes_done = asyncio.Event()
+            deleter = asyncio.create_task(self._delete_loop(deletes_done), name="deletes")
             watch.start()
             try:
                 await self._receive_loop(poll, max_messages, idle_exit)
             finally:
                 await self._shutdown()
                 self._stopping.set()
-                deleter.cancel()
+                # Not cancelled: a flush in flight has taken its batch from the book,
+                # and cancelling it would leave those messages undeleted at the stop.
+                deletes_done.set()
                 await asyncio.gather(deleter, return_exceptions=True)
                 # Every finished job's message is deleted before the worker stops.
                 await self._run(flush_deletes_flow(self.env, force=True))
@@ -331,11 +334,14 @@ class AsyncWorker(ShellBase):
             if self._slot_freed is not None:
                 self._slot_freed.set()
 
-    async def _delete_loop(self) -> None:
+    async def _delete_loop(self, done: asyncio.Event) -> None:
         """Send the deletes that waited their window (full batches go at once, from
-        the attempt that filled them)."""
-        while True:
-            await asyncio.sleep(self.deletes.window / 2)
+        the attempt that filled them), until ``done``; a flush under way ends first."""
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), self.deletes.window / 2)
+            if done.is_set():
+                return
             try:
                 await self._run(flush_deletes_flow(self.env))
             except Exception as exc:  # the driver's own failure: the task survives it

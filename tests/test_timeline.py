@@ -143,9 +143,13 @@ def _taken_over(aws: AwsTestEnv, tmp_path: Path) -> tuple[Any, str, str, str, Pa
         paused.set()
         with running(w2):
             journal.wait_for("result_committed", job_id=job_id, worker="W2", timeout=120)
-        paused.clear()
+        # W1's handler returns while its heartbeat is still held, so its commit goes
+        # out (fenced, refused). Were the heartbeat let go first, its next round could
+        # drop the lapsed lease before the handler returned, and the result would be
+        # discarded unwritten (`result_discarded`): right too, but not this timeline.
         release.set()
         journal.wait_for("rejected_result_kept", job_id=job_id, worker="W1", timeout=120)
+        paused.clear()
         wait_until(
             lambda: bool(journal.events("heartbeat_lost", job_id=job_id, worker="W1")),
             60,
