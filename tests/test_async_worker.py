@@ -293,21 +293,26 @@ def test_a_stop_during_a_delete_flush_still_deletes_that_batch(
     async def quick(ctx: AsyncJobContext[Work], p: Work) -> dict[str, int]:
         return {"n": p.n}
 
-    flushing = threading.Event()
+    in_flight = threading.Event()
     execute = AsyncDriver.execute
 
     async def slow_deletes(driver: AsyncDriver, c: Call) -> Outcome:
-        if c.op == "DeleteMessageBatch":
-            flushing.set()
-            await asyncio.sleep(1.5)  # the stop arrives while this batch is in flight
-        return await execute(driver, c)
+        if c.op != "DeleteMessageBatch":
+            return await execute(driver, c)
+        in_flight.set()
+        await asyncio.sleep(3.0)  # the stop arrives while this batch is in flight
+        try:
+            return await execute(driver, c)
+        finally:
+            in_flight.clear()
 
     monkeypatch.setattr(AsyncDriver, "execute", slow_deletes)
     producer = Producer(settings, app)
     for i in range(3):
         producer.submit("quick", Work(n=i), job_id=f"{aws.prefix}-{i}")
     with collect_journal() as journal, running(make_worker(app, settings, "w")) as (runner,):
-        wait_until(flushing.is_set, 60, "the delete loop sends a batch")
+        wait_until(lambda: len(journal.events("result_committed")) == 3, 60, "all committed")
+        wait_until(in_flight.is_set, 60, "a delete batch in flight")
         runner.stop()
     assert len(journal.events("result_committed")) == 3
     assert journal.events("message_delete_failed") == []
