@@ -18,7 +18,7 @@ from test_core_attempt import MONO, Shell, _up_to_handler
 from sqs_lease._core.attempt import HandlerRun, Parallel, attempt_flow, heartbeat_round_flow
 from sqs_lease._core.calls import Call, Emit, Flow, Invoke, Outcome
 from sqs_lease._core.flows import Delivery
-from sqs_lease._core.leasebook import LeaseBook
+from sqs_lease._core.leasebook import HAND_BACK_STALE, LeaseBook
 from sqs_lease._core.records import JobState
 from sqs_lease._core.timing import Drop, LeaseStatus, Pace, pace_budget
 
@@ -301,3 +301,19 @@ def test_a_lapsed_lease_whose_ownership_went_unconfirmed_does_not_hold_the_claim
     run, calls, events, _flow2 = _drive(shell, again, [_claim_answer(5, 1)])
     assert run is not None and [c.op for c in calls] == ["UpdateItem"]
     assert "lease_dropped_late" not in [e.event for e in events]
+
+
+def test_a_hand_back_that_never_said_it_ended_holds_a_claim_back_only_so_long() -> None:
+    # The round that dropped the lease raised before its release (heartbeat_error):
+    # nothing will ever mark that hand-back over, and the job must not wait forever.
+    shell = Shell(lambda run: None)
+    first, _flow = _up_to_handler(shell)
+    shell.mono = first.held.lease.conservative_deadline + 0.5
+    shell.book.plan_round(shell.mono)
+    again = delivery(receipt_handle="rh-2", received_at=shell.mono)
+    shell.mono += HAND_BACK_STALE - 1
+    run, calls, _events, _ = _drive(shell, again, [ok()])
+    assert run is None and [c.op for c in calls] == ["ChangeMessageVisibility"]
+    shell.mono += 2
+    run, calls, _events, _flow2 = _drive(shell, again, [_claim_answer(5, 1)])
+    assert run is not None and [c.op for c in calls] == ["UpdateItem"]

@@ -961,19 +961,23 @@ def _handed_back_late(env: AttemptEnv, held: Held, now: float) -> Flow[None]:
         },
     )
     yield Invoke("act_for", ActFor("release", {lease.job_id: lease.token}))
-    t = yield from _now(env)
-    released = yield from release_flow(
-        env.table,
-        queue_url=env.queue_url,
-        held=[(held.job, held.delivery)],
-        worker_id=env.worker_id,
-        wall_now=t.wall,
-        reason="worker late: its heartbeat fell behind; attempt not charged",
-        lapsed=() if lease.handle_ours(t.mono) else (held.delivery.receipt_handle,),
-    )
+    try:
+        t = yield from _now(env)
+        released = yield from release_flow(
+            env.table,
+            queue_url=env.queue_url,
+            held=[(held.job, held.delivery)],
+            worker_id=env.worker_id,
+            wall_now=t.wall,
+            reason="worker late: its heartbeat fell behind; attempt not charged",
+            lapsed=() if lease.handle_ours(t.mono) else (held.delivery.receipt_handle,),
+        )
+    finally:
+        # However the release ended (even a driver failure), the hand-back is over:
+        # a claim of the job waits for it (LeaseBook.before_claim), never forever.
+        env.book.gave_back([held], "worker late")
     yield Invoke("act_for", ActFor("heartbeat"))
     env.tally("released_late", released)
-    env.book.gave_back([held], "worker late")
 
 
 HAND_BACK_DEFER = 1

@@ -118,6 +118,12 @@ class LeaseRules(Protocol):
     def backoff_max_seconds(self) -> float: ...
 
 
+HAND_BACK_STALE = 60.0
+"""Seconds a claim waits for this worker's hand-back of the same job's lapsed attempt
+(one fenced write, its retries bounded by the driver's timeouts) before it no longer
+counts it as under way."""
+
+
 @dataclass(eq=False)
 class Held:
     """One attempt the worker holds: its lease, the record as claimed, its message."""
@@ -211,7 +217,8 @@ class LeaseBook:
         # Leases dropped because this worker's own heartbeat came late, by job, until
         # their hand-back (which gives back the attempt) has landed: a claim of the
         # same job must not overtake it (:meth:`before_claim`).
-        self._handing_back: dict[str, LocalLease] = {}
+        # The drop's time (lease clock) bounds the wait: HAND_BACK_STALE.
+        self._handing_back: dict[str, tuple[LocalLease, float]] = {}
 
     # ------------------------------------------------------------------ reading
 
@@ -329,7 +336,8 @@ class LeaseBook:
         with self.lock:
             for h in helds:
                 gave_back(h.lease, reason)
-                if self._handing_back.get(h.lease.job_id) is h.lease:
+                marked = self._handing_back.get(h.lease.job_id)
+                if marked is not None and marked[0] is h.lease:
                     del self._handing_back[h.lease.job_id]
 
     def before_claim(self, job_id: str, now: float) -> tuple[Held | None, bool]:
@@ -350,8 +358,11 @@ class LeaseBook:
         a moment. ``(None, False)``: nothing to settle; claim as usual.
         """
         with self.lock:
-            if job_id in self._handing_back:
+            marked = self._handing_back.get(job_id)
+            if marked is not None and now - marked[1] < HAND_BACK_STALE:
                 return None, True
+            # A hand-back that never said it ended (its flow raised) holds nothing.
+            self._handing_back.pop(job_id, None)
             h = self._held.get(job_id)
             # Confirmed, then run out: the verdict plan_heartbeat gives WORKER_LATE.
             if h is None or h.lease.status is not LeaseStatus.OK:
@@ -360,7 +371,7 @@ class LeaseBook:
                 return None, False
             h.lease.drop(Drop.WORKER_LATE)
             h.cancelled.set()
-            self._handing_back[job_id] = h.lease
+            self._handing_back[job_id] = (h.lease, now)
         return h, True
 
     # ------------------------------------------------------------------ the worker
@@ -400,7 +411,7 @@ class LeaseBook:
                 held.lease.drop(why)
                 held.cancelled.set()
                 if why is Drop.WORKER_LATE:
-                    self._handing_back[held.lease.job_id] = held.lease
+                    self._handing_back[held.lease.job_id] = (held.lease, now)
         return plan, dropped
 
     def loop_stalled(
