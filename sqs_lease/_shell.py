@@ -64,7 +64,7 @@ class WorkerStats:
     stray: int = 0  # messages that were not their job's current message
     lost: int = 0
     released: int = 0
-    deferred: int = 0
+    deferred: int = 0  # messages left unclaimed: an unknown job class, or a hand-back under way
     released_late: int = 0  # leases its own late heartbeat let go, handed back uncharged
     waited_for_slot: int = 0  # claims given back: the job's limit had no slot free
 
