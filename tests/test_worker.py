@@ -814,7 +814,19 @@ def test_a_job_class_that_extends_with_less_than_a_beat_plus_jitter_left_is_refu
 def test_duplicate_delivery_fences_the_first_owner_out(
     aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
 ) -> None:
-    settings, url, _ = prepare(aws.endpoint_url, aws.prefix)
+    # Bounded tries, each on a fresh job: the scenario needs A's lease alive until the
+    # duplicate's claim, which a loaded machine may prevent (see _duplicate_delivery).
+    for tag in "abc":
+        if _duplicate_delivery(aws, sqs_client, ddb_client, tag):
+            return
+    pytest.fail("A dropped its own lease late in 3 tries: the machine is too loaded")
+
+
+def _duplicate_delivery(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient, tag: str
+) -> bool:
+    """The duplicate's claim fences A out; False if A's own lateness came first."""
+    settings, url, _ = prepare(aws.endpoint_url, f"{aws.prefix}{tag}")
     app = App()
 
     @app.job("dup", payload=Work, **FAST)
@@ -848,6 +860,17 @@ def test_duplicate_delivery_fences_the_first_owner_out(
             journal.wait_for("job_already_done", job_id=job_id, timeout=10)
 
     claims = journal.events("job_claimed", job_id=job_id)
+    if journal.events("lease_dropped_late", job_id=job_id, worker=a.worker_id):
+        # A busy machine held A's heartbeat past its lease's reserve: A handed its own
+        # lease back before the duplicate's claim (a correct path, not this scenario).
+        # What must hold whatever the order: one commit, by the last claim's token.
+        tokens = [e["token"] for e in claims]
+        assert tokens == sorted(set(tokens)), tokens
+        committed = journal.events("result_committed", job_id=job_id)
+        assert [e["token"] for e in committed] == [tokens[-1]]
+        rec = read_record(ddb_client, settings, job_id)
+        assert (rec.state, rec.token) == ("succeeded", tokens[-1])
+        return False
     assert [(e["worker"], e["token"], e["reclaimed"]) for e in claims] == [
         (a.worker_id, 1, False),
         (b.worker_id, 2, True),
@@ -871,6 +894,7 @@ def test_duplicate_delivery_fences_the_first_owner_out(
     assert (rec.state, rec.token, rec.attempt, rec.owner) == ("succeeded", 2, 2, b.worker_id)
     assert result_of(rec) == {"token": 2, "cancelled": False}
     wait_until(lambda: queue_depth(sqs_client, url) == 0, 3, "an empty queue")
+    return True
 
 
 # --------------------------------------------------------------------------- idle exit
