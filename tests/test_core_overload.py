@@ -317,3 +317,33 @@ def test_a_hand_back_that_never_said_it_ended_holds_a_claim_back_only_so_long() 
     shell.mono += 2
     run, calls, _events, _flow2 = _drive(shell, again, [_claim_answer(5, 1)])
     assert run is not None and [c.op for c in calls] == ["UpdateItem"]
+
+
+def test_a_slow_hand_back_spends_few_of_the_jobs_receives() -> None:
+    # Found by the soak (seed 64626): a round's hand-back took 30 s (its calls timing
+    # out under a partition), and a delivery deferred for 1 s at a time came back 22
+    # times; SQS counts each receive toward maxReceiveCount and moved the healthy job
+    # to the DLQ, where it stayed `queued` with no message. Each wait now lasts as long
+    # as the hand-back has taken so far: the whole stale window costs a few receives.
+    shell = Shell(lambda run: None)
+    first, _flow = _up_to_handler(shell)
+    shell.mono = first.held.lease.conservative_deadline + 0.5
+    shell.book.plan_round(shell.mono)
+    dropped_at = shell.mono
+    delays = []
+    while shell.mono - dropped_at < HAND_BACK_STALE:
+        again = delivery(receipt_handle=f"rh-{len(delays)}", received_at=shell.mono)
+        run, calls, events, _ = _drive(shell, again, [ok()])
+        assert run is None and [c.op for c in calls] == ["ChangeMessageVisibility"]
+        (deferred,) = [e.fields for e in events if e.event == "claim_deferred"]
+        assert deferred["delay"] == calls[0].params["VisibilityTimeout"] >= 1
+        delays.append(deferred["delay"])
+        shell.mono += deferred["delay"]
+    # The waits grow with the hand-back's age, never past the stale bound.
+    assert delays == sorted(delays) and delays[0] == 1 and len(delays) <= 8, delays
+    assert shell.mono - dropped_at <= HAND_BACK_STALE + 1
+    # Past the bound the delivery is claimed.
+    run, calls, _events, _flow2 = _drive(
+        shell, delivery(receipt_handle="rh-x"), [_claim_answer(5, 1)]
+    )
+    assert run is not None and [c.op for c in calls] == ["UpdateItem"]

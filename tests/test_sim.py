@@ -1114,6 +1114,21 @@ def test_seed_57932_a_resolve_run_again_never_settles_a_later_ambiguity() -> Non
     )
 
 
+def test_seed_64626_a_slow_hand_back_does_not_spend_the_jobs_receives() -> None:
+    """A heartbeat round dropped a lapsed lease (the worker's own lateness) and its
+    hand-back took 30 s, its calls timing out under a partition; each delivery of the
+    job meanwhile was deferred for 1 s, 22 receives, and SQS moved the healthy job's
+    message to the DLQ: the record stayed ``queued`` with no message (I4). A deferral
+    now waits as long as the hand-back has taken so far (``hand_back_defer``);
+    tests/test_core_overload.py has the core rule. Found by the soak on d317352.
+    Replay: python -m simtools replay --seed 64626"""
+    r = run_seed(64626)
+    assert r.ok, r.violations
+    deferred = [e[3] for e in r.log if e[2] == "claim_deferred"]
+    assert any(d["reason"] == "hand_back_under_way" for d in deferred), "the seed moved on"
+    assert max(d["delay"] for d in deferred) > 1
+
+
 def test_every_seed_the_second_soak_found_passes() -> None:
     failing = [seed for seed in SOAK_2_FAILING if not run_seed(seed).ok]
     assert failing == []

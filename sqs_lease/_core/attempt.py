@@ -57,6 +57,7 @@ committed, a round planned and applied); real shells pass none.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -92,7 +93,7 @@ from .flows import (
     sweep_flow,
 )
 from .intents import EffectResult, EffectSpec, IntentRequests, effect_flow
-from .leasebook import Held, LeaseBook, LeaseRules, Signal, is_open
+from .leasebook import HAND_BACK_STALE, Held, LeaseBook, LeaseRules, Signal, is_open
 from .liveness import HeldJob, liveness_parts
 from .records import JobRequests
 from .slots import (
@@ -321,8 +322,8 @@ def attempt_flow(
         # Our own lapsed attempt of this job goes back (its attempt given back) first.
         yield from _handed_back_late(env, late, now.mono)
         now = yield from _now(env)
-    elif behind:
-        yield from _defer_behind_hand_back(env, item)
+    elif behind is not None:
+        yield from _defer_behind_hand_back(env, item, behind)
         return None
     # Drawn only when needed: the random stream stays the retries' own.
     rand = 0.5 if rules is not None else (yield from _value("random", env.random))
@@ -981,24 +982,38 @@ def _handed_back_late(env: AttemptEnv, held: Held, now: float) -> Flow[None]:
 
 
 HAND_BACK_DEFER = 1
-"""Seconds a delivery waits (its visibility) while this worker's hand-back of the
-same job's lapsed attempt is under way (:meth:`LeaseBook.before_claim`)."""
+"""The shortest wait, in seconds, of a delivery (its visibility) while this worker's
+hand-back of the same job's lapsed attempt is under way (:meth:`LeaseBook.before_claim`)."""
 
 
-def _defer_behind_hand_back(env: AttemptEnv, item: Delivery) -> Flow[None]:
+def hand_back_defer(age: float) -> int:
+    """Seconds a delivery waits behind a hand-back under way for ``age`` seconds.
+
+    Each wait is a receive, and SQS counts every receive toward the queue's
+    ``maxReceiveCount``: a fixed short wait behind a slow hand-back (calls timing
+    out on an overloaded or partitioned worker) would spend the job's receives and
+    let SQS move a healthy job to the DLQ. Waiting as long as the hand-back has
+    already taken (at least :data:`HAND_BACK_DEFER`, at most until
+    :data:`HAND_BACK_STALE`) bounds the receives one hand-back costs to about
+    log2(HAND_BACK_STALE) + 2 (8), whatever it takes.
+    """
+    left = HAND_BACK_STALE - age
+    return max(HAND_BACK_DEFER, math.ceil(min(age, left)))
+
+
+def _defer_behind_hand_back(env: AttemptEnv, item: Delivery, age: float) -> Flow[None]:
     """The job's lapsed attempt is being handed back by another flow of this worker:
     a claim now could land before that release and charge the job an attempt for the
-    worker's own lateness, so the message comes back in a moment, unclaimed."""
-    cmv = yield from set_visibility(
-        on_queue(item, env.queue_url), item.receipt_handle, HAND_BACK_DEFER
-    )
+    worker's own lateness, so the message comes back later, unclaimed."""
+    delay = hand_back_defer(age)
+    cmv = yield from set_visibility(on_queue(item, env.queue_url), item.receipt_handle, delay)
     yield Emit(
         "claim_deferred",
         {
             "job_id": item.job_id,
             "message_id": item.message_id,
             "reason": "hand_back_under_way",
-            "delay": HAND_BACK_DEFER,
+            "delay": delay,
             "visibility_set": isinstance(cmv, Ok),
         },
     )

@@ -340,7 +340,7 @@ class LeaseBook:
                 if marked is not None and marked[0] is h.lease:
                     del self._handing_back[h.lease.job_id]
 
-    def before_claim(self, job_id: str, now: float) -> tuple[Held | None, bool]:
+    def before_claim(self, job_id: str, now: float) -> tuple[Held | None, float | None]:
         """A new delivery names ``job_id``: what of it this worker must settle first.
 
         After the worker's own heartbeat fell behind (a held loop, an overloaded or
@@ -351,28 +351,29 @@ class LeaseBook:
         lapsed attempt, the release then finds the token moved, and the job is
         charged an attempt for the worker's own lateness.
 
-        Returns ``(held, True)`` when such a lease was still open: it is dropped now
+        Returns ``(held, 0.0)`` when such a lease was still open: it is dropped now
         (the next round would have dropped it the same way) and the caller hands it
-        back before it claims. ``(None, True)``: a hand-back of the job is under way
-        elsewhere (a heartbeat round dropped it): the caller leaves the delivery for
-        a moment. ``(None, False)``: nothing to settle; claim as usual.
+        back before it claims. ``(None, age)``: a hand-back of the job has been under
+        way elsewhere (a heartbeat round dropped it) for ``age`` seconds: the caller
+        leaves the delivery for a while. ``(None, None)``: nothing to settle; claim
+        as usual.
         """
         with self.lock:
             marked = self._handing_back.get(job_id)
             if marked is not None and now - marked[1] < HAND_BACK_STALE:
-                return None, True
+                return None, max(0.0, now - marked[1])
             # A hand-back that never said it ended (its flow raised) holds nothing.
             self._handing_back.pop(job_id, None)
             h = self._held.get(job_id)
             # Confirmed, then run out: the verdict plan_heartbeat gives WORKER_LATE.
             if h is None or h.lease.status is not LeaseStatus.OK:
-                return None, False
+                return None, None
             if now < h.lease.conservative_deadline:
-                return None, False
+                return None, None
             h.lease.drop(Drop.WORKER_LATE)
             h.cancelled.set()
             self._handing_back[job_id] = (h.lease, now)
-        return h, True
+        return h, 0.0
 
     # ------------------------------------------------------------------ the worker
 
