@@ -330,7 +330,7 @@ def test_a_slow_hand_back_spends_few_of_the_jobs_receives() -> None:
     shell.mono = first.held.lease.conservative_deadline + 0.5
     shell.book.plan_round(shell.mono)
     dropped_at = shell.mono
-    delays = []
+    delays: list[int] = []
     while shell.mono - dropped_at < HAND_BACK_STALE:
         again = delivery(receipt_handle=f"rh-{len(delays)}", received_at=shell.mono)
         run, calls, events, _ = _drive(shell, again, [ok()])
