@@ -8,7 +8,13 @@ requests: milliseconds of moto CPU per request for
 - Powertools' idempotency writes (PutItem IN_PROGRESS with its condition,
   UpdateItem COMPLETED without one), their shape copied from
   aws-lambda-powertools 3.x's ``DynamoDBPersistenceLayer``;
-- the toolkit's claim and commit, built by ``JobTable`` as the worker sends them.
+- the toolkit's claim and commit, built by ``JobTable`` as the worker sends them;
+- a minimal fenced claim and commit, written by hand: what any lease-and-fence
+  protocol must send at least (the claim conditioned on the state and the
+  message's send id, setting state, owner and lease, adding 1 to the token and
+  returning the old record, whose payload the worker runs; the commit conditioned
+  on that token, setting state and result). No timeline, no timestamps, no
+  attempt count: the floor of the shape, not a protocol anyone should run.
 
 moto parses the UpdateExpression twice per request, then deep-copies its tree and
 walks it ten times to validate it, so its cost grows with the expression, not with
@@ -85,6 +91,43 @@ def powertools_update(table: str, key: str, now: float) -> dict[str, Any]:
     }
 
 
+def minimal_claim(table: str, job_id: str, now: float) -> dict[str, Any]:
+    """The least a fenced claim can be: see the module doc."""
+    return {
+        "TableName": table,
+        "Key": {"job_id": {"S": job_id}},
+        "ConditionExpression": "#s IN (:q, :r) AND send_id = :sid",
+        "UpdateExpression": "SET #s = :r, #o = :o, lease_deadline = :l ADD #t :one",
+        "ExpressionAttributeNames": {"#s": "state", "#o": "owner", "#t": "token"},
+        "ExpressionAttributeValues": {
+            ":q": {"S": "queued"},
+            ":r": {"S": "running"},
+            ":sid": {"S": f"{job_id}.bench"},
+            ":o": {"S": "w2"},
+            ":l": {"N": str(now + 30)},
+            ":one": {"N": "1"},
+        },
+        "ReturnValues": "ALL_OLD",
+    }
+
+
+def minimal_commit(table: str, job_id: str, token: int) -> dict[str, Any]:
+    """The least a fenced commit can be: see the module doc."""
+    return {
+        "TableName": table,
+        "Key": {"job_id": {"S": job_id}},
+        "ConditionExpression": "#t = :t AND #s = :r",
+        "UpdateExpression": "SET #s = :ok, #res = :res REMOVE lease_deadline",
+        "ExpressionAttributeNames": {"#s": "state", "#t": "token", "#res": "result"},
+        "ExpressionAttributeValues": {
+            ":t": {"N": str(token)},
+            ":r": {"S": "running"},
+            ":ok": {"S": "succeeded"},
+            ":res": {"S": "{}"},
+        },
+    }
+
+
 def _timed(moto: Moto, send: Callable[..., Any], requests: Sequence[Mapping[str, Any]]) -> float:
     before = moto.cpu()
     for params in requests:
@@ -124,6 +167,21 @@ def measure(moto: Moto, n: int) -> dict[str, float]:
     out["sqs-lease claim UpdateItem"] = 1000 * (moto.cpu() - before) / n
     commits = [jobs.commit(j, t, "w1", "{}", now).params for j, t in zip(ids, tokens, strict=True)]
     out["sqs-lease commit UpdateItem"] = _timed(moto, ddb.update_item, commits)
+    # The minimal writes run on their own fresh records (the same item as the
+    # toolkit's claim reads), so both pairs meet the same item size.
+    bare = [f"m{i:05d}" for i in range(n)]
+    put_items(ddb, jobs.table, [job_item(jobs, j, JOB_CLASS, {"n": i}) for i, j in enumerate(bare)])
+    before = moto.cpu()
+    tokens = [
+        int(ddb.update_item(**minimal_claim(jobs.table, j, now))["Attributes"]["token"]["N"]) + 1
+        for j in bare
+    ]
+    out["minimal fenced claim"] = 1000 * (moto.cpu() - before) / n
+    out["minimal fenced commit"] = _timed(
+        moto,
+        ddb.update_item,
+        [minimal_commit(jobs.table, j, t) for j, t in zip(bare, tokens, strict=True)],
+    )
     return out
 
 
@@ -141,6 +199,7 @@ def main(argv: Sequence[str]) -> int:
     per_job = {
         "powertools": ("powertools PutItem", "powertools UpdateItem"),
         "sqs-lease": ("sqs-lease claim UpdateItem", "sqs-lease commit UpdateItem"),
+        "minimal fenced": ("minimal fenced claim", "minimal fenced commit"),
     }
     for who, (a, b) in per_job.items():
         total = statistics.median(r[a] + r[b] for r in runs)

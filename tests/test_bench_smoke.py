@@ -203,5 +203,7 @@ def test_write_cost_measures_every_shape_against_its_moto_server() -> None:
         "powertools UpdateItem",
         "sqs-lease claim UpdateItem",
         "sqs-lease commit UpdateItem",
+        "minimal fenced claim",
+        "minimal fenced commit",
     }
     assert all(ms >= 0 for ms in costs.values())
