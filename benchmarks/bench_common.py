@@ -140,11 +140,15 @@ def call_label(c: Call) -> str:
     names = c.params.get("ExpressionAttributeNames") or {}
     placeholders = re.findall(r"#\w+", str(c.params.get("UpdateExpression", "")))
     updated = {names.get(p, p) for p in placeholders}
+    # A stage's checkpoint also sets attempt (to 0) and message_sent (to False): it
+    # is told apart by the stage log it writes, before the claim's test.
+    if "stages" in updated:
+        return "UpdateItem(checkpoint)"
     if "attempt" in updated:
         return "UpdateItem(claim)"
     if "result" in updated:
         return "UpdateItem(commit)"
-    if updated == {"message_sent"}:
+    if "message_sent" in updated and updated <= {"message_sent", "unsent", "unsent_since"}:
         return "UpdateItem(mark_sent)"
     if updated <= {"last_heartbeat", "lease_deadline"}:
         return "UpdateItem(advise)"

@@ -139,6 +139,11 @@ def _check_cost(cost: dict[str, Any]) -> None:
         raw = cost[shape]["raw"]
         assert raw["committed"] == raw["jobs"] and raw["failed"] == 0, shape
         assert cost[shape]["per_job"]["requests"] > 0 and cost[shape]["per_job"]["wcu"] > 0
+    # Whole jobs, not the first stages' ends: every staged job ran its three stages.
+    staged = cost["staged"]["per_job"]["calls"]
+    assert staged.get("UpdateItem(claim)", 0) >= 3, staged
+    assert staged.get("UpdateItem(checkpoint)", 0) >= 2, staged
+    assert staged.get("UpdateItem(commit)", 0) >= 1, staged
     assert cost["held"]["raw"]["calls"].get("PutItem(liveness)", 0) >= 1
     assert "UpdateItem(advise)" not in cost["held"]["raw"]["calls"]  # no write per job
     assert cost["ten_minutes"]["rounds"] == 120 and cost["prices_date"]
@@ -207,3 +212,26 @@ def test_write_cost_measures_every_shape_against_its_moto_server() -> None:
         "minimal fenced commit",
     }
     assert all(ms >= 0 for ms in costs.values())
+
+
+def test_call_labels_tell_the_protocols_writes_apart() -> None:
+    from benchmarks.bench_common import call_label
+    from sqs_lease._schema import JobTable
+
+    t = JobTable("jobs")
+    claim = t.claim("j", "w", 1.0, 30, job_class="c", send_id="s")
+    assert call_label(claim) == "UpdateItem(claim)"
+    assert call_label(t.commit("j", 1, "w", "{}", 1.0)) == "UpdateItem(commit)"
+    assert call_label(t.mark_sent("j", "s", 1.0)) == "UpdateItem(mark_sent)"
+    checkpoint = t.advance_stage(
+        "j",
+        1,
+        "w",
+        stage="a",
+        next_stage="b",
+        stage_input="{}",
+        stage_log="[]",
+        send_id="s2",
+        wall_now=1.0,
+    )
+    assert call_label(checkpoint) == "UpdateItem(checkpoint)"
