@@ -54,7 +54,19 @@ HEARTBEAT = 1.0
 JITTER = 0.5
 MISSED = 2  # 3 > 2 x 1 + 0.5, and 1 <= 3 / 2
 JOB_CLASS = "bench.calls"
-ARRIVALS = ("batched", "producer")
+WINDOW = 1.0
+"""The batching window of the third column (``Worker(receive_window=...)``), seconds."""
+COLUMNS = {
+    # column: (how jobs arrive, the worker's receive_window)
+    "batched": ("batched", 0.0),
+    "producer": ("producer", 0.0),
+    "window": ("producer", WINDOW),
+}
+HEADS = {
+    "batched": "batched",
+    "producer": "one by one",
+    "window": f"one by one, window {WINDOW:g} s",
+}
 
 
 class CallsPayload(BaseModel):
@@ -96,6 +108,7 @@ def _pass(
     app: App,
     *,
     arrivals: str,
+    receive_window: float,
     n_jobs: int,
     concurrency: int,
     depth: int,
@@ -103,11 +116,19 @@ def _pass(
     quick: bool,
 ) -> dict[str, Any]:
     """One run of N jobs; ``arrivals``: "batched" (a wave's records, then its messages
-    in batches of 10) or "producer" (``Producer.submit``, one job after another)."""
+    in batches of 10) or "producer" (``Producer.submit``, one job after another);
+    ``receive_window``: the worker's batching window (0: off)."""
     settings, url = fresh_settings(moto.endpoint, "calls")
     tally, producer_tally = Tally(), Tally()
     journal, events = counting_journal()
-    worker = Worker(app, settings, concurrency=concurrency, receive_wait=1, journal=journal)
+    worker = Worker(
+        app,
+        settings,
+        concurrency=concurrency,
+        receive_wait=1,
+        receive_window=receive_window,
+        journal=journal,
+    )
     # The worker's own timeouts (see Worker.__init__), with a counting driver.
     read = max(0.5, min(5.0, HEARTBEAT))
     worker.driver = CountingDriver(settings, tally, Timeouts(read=read), worker.journal)
@@ -266,30 +287,37 @@ def run(quick: bool) -> dict[str, Any]:
         "advisories_expected": adv_expected,
     }
     with moto_server() as moto:
-        for arrivals in ARRIVALS:
+        for column, (arrivals, receive_window) in COLUMNS.items():
             res = _pass(
                 moto,
                 app,
                 arrivals=arrivals,
+                receive_window=receive_window,
                 n_jobs=n_jobs,
                 concurrency=concurrency,
                 depth=depth,
                 wave=wave,
                 quick=quick,
             )
-            out[arrivals] = _summary(res, n_jobs, floor_ops, floor)
+            out[column] = _summary(res, n_jobs, floor_ops, floor)
     return out
 
 
-def _journal_line(b: dict[str, Any], t: dict[str, Any]) -> str:
+def _slash(cols: list[dict[str, Any]], key: str, digits: int = 2) -> str:
+    """One figure per column, as "a / b / c"."""
+    return " / ".join(fmt(c[key], digits) if digits >= 0 else str(c[key]) for c in cols)
+
+
+def _journal_line(cols: list[dict[str, Any]]) -> str:
+    names = list(cols[0]["journal"])
     counts = ", ".join(
-        f"{name} {b['journal'][name]} / {t['journal'][name]}" for name in b["journal"]
+        f"{name} " + " / ".join(str(c["journal"][name]) for c in cols) for name in names
     )
     reasons: dict[str, int] = {}
-    for col in (b, t):
+    for col in cols:
         for why, n in col["heartbeat_lost_reasons"].items():
             reasons[why] = reasons.get(why, 0) + n
-    text = f"- Journal (batched / one by one): {counts}."
+    text = f"- Journal ({' / '.join(HEADS.values())}): {counts}."
     if reasons:
         text += " heartbeat_lost reasons: " + ", ".join(f"{k!r} x{v}" for k, v in reasons.items())
         text += "."
@@ -307,34 +335,30 @@ def _journal_line(b: dict[str, Any], t: dict[str, Any]) -> str:
 
 def render(r: dict[str, Any]) -> str:
     p = r["params"]
+    cols = [r[name] for name in COLUMNS]
     b, t = r["batched"], r["producer"]
     floor: dict[str, float] = r["floor_by_op_per_job"]
+    heads = " / ".join(HEADS.values())
     notes = {
-        "ReceiveMessage": (
-            f"messages per receive: {fmt(b['messages_per_receive'], 1)} batched, "
-            f"{fmt(t['messages_per_receive'], 1)} one by one"
-        ),
-        "DeleteMessageBatch": (
-            f"ended jobs' messages, {fmt(b['delete_batch_fill'], 1)} / "
-            f"{fmt(t['delete_batch_fill'], 1)} per batch"
-        ),
+        "ReceiveMessage": "messages per receive: "
+        + ", ".join(f"{fmt(r[n]['messages_per_receive'], 1)} {HEADS[n]}" for n in COLUMNS),
+        "DeleteMessageBatch": f"ended jobs' messages, {_slash(cols, 'delete_batch_fill', 1)} "
+        "per batch",
         "ChangeMessageVisibilityBatch": (
             f"{fmt(b['heartbeats_per_job'])} beats/job; entries per batch: "
-            f"{fmt(b['cmv_batch_fill'], 1)} / {fmt(t['cmv_batch_fill'], 1)}"
+            f"{_slash(cols, 'cmv_batch_fill', 1)}"
         ),
-        "BatchGetItem": (
-            f"keys per call: {fmt(b['batch_get_fill'], 1)} / {fmt(t['batch_get_fill'], 1)}"
-        ),
+        "BatchGetItem": f"keys per call: {_slash(cols, 'batch_get_fill', 1)}; one read a round "
+        "for every job held, so 1/100 per job only with 100 held",
         "PutItem(liveness)": "the worker's liveness record, once per round for all the jobs "
         "it holds (lease left and heartbeat age for `jobs show`)",
         "ReceiveMessage(empty)": "idle long polls (between waves); not in the total",
     }
-    labels = sorted(set(b["calls_by_op_per_job"]) | set(t["calls_by_op_per_job"]) | set(floor))
+    labels = sorted({label for c in cols for label in c["calls_by_op_per_job"]} | set(floor))
     rows: list[list[Any]] = [
         [
             label,
-            b["calls_by_op_per_job"].get(label, 0.0),
-            t["calls_by_op_per_job"].get(label, 0.0),
+            *(c["calls_by_op_per_job"].get(label, 0.0) for c in cols),
             floor.get(label, "-"),
             notes.get(label, ""),
         ]
@@ -343,14 +367,13 @@ def render(r: dict[str, Any]) -> str:
     rows.append(
         [
             "**total (busy calls)**",
-            b["calls_per_job"],
-            t["calls_per_job"],
+            *(c["calls_per_job"] for c in cols),
             r["floor_calls_per_job"],
-            f"**{fmt(b['ratio_to_floor'])} x / {fmt(t['ratio_to_floor'])} x the floor**",
+            "**" + " / ".join(f"{fmt(c['ratio_to_floor'])} x" for c in cols) + " the floor**",
         ]
     )
     producer = ", ".join(f"{k} {fmt(v)}" for k, v in t["producer_calls_per_job"].items())
-    errors = {**b["errors"], **t["errors"]}
+    errors = {k: v for c in cols for k, v in c["errors"].items()}
     err_text = ", ".join(f"{k} x{v}" for k, v in errors.items()) or "none"
     return "\n".join(
         [
@@ -358,22 +381,26 @@ def render(r: dict[str, Any]) -> str:
             f"{p['concurrency']}), handler {fmt(p['handler_seconds'], 1)} s = "
             f"{p['heartbeats_planned']} heartbeats (L = {p['lease_seconds']} s, H = "
             f"{fmt(p['heartbeat_seconds'], 1)} s), waves of {p['wave']} jobs, **queue depth "
-            f"held <= {p['queue_depth_max']}** (seen {b['queue_depth_seen']} / "
-            f"{t['queue_depth_seen']}). Columns: *batched* = a wave's records written, then "
-            "its messages sent 10 per SendMessageBatch; *one by one* = the real "
-            "`Producer.submit` per job, so messages trickle in.",
+            f"held <= {p['queue_depth_max']}** (seen {_slash(cols, 'queue_depth_seen', -1)}). "
+            "Columns: *batched* = a wave's records written, then its messages sent 10 per "
+            "SendMessageBatch; *one by one* = the real `Producer.submit` per job, so messages "
+            "trickle in and each long poll returns about one; *window* = the same trickle to a "
+            f"worker with `receive_window={WINDOW:g}` (after a short receive it waits "
+            f"{WINDOW:g} s, so the messages sent meanwhile come in one receive: fewer requests "
+            "for up to that much latency; off by default).",
             "",
             table(
-                ["call (worker)", "batched / job", "one by one / job", "floor / job", "note"],
+                ["call (worker)", *(f"{h} / job" for h in HEADS.values()), "floor / job", "note"],
                 rows,
             ),
             "",
-            f"- Committed {b['committed']} / {t['committed']}, failed {b['failed']} / "
-            f"{t['failed']}, lost {b['lost']} / {t['lost']}; call errors: {err_text}. "
-            f"{fmt(b['jobs_per_second'], 1)} / {fmt(t['jobs_per_second'], 1)} jobs/s, set by "
-            f"the handler's duration; moto busy {fmt(100 * b['moto_busy'], 0)}% / "
-            f"{fmt(100 * t['moto_busy'], 0)}% of one core: not the limit here.",
-            _journal_line(b, t),
+            f"- Columns {heads}: committed {_slash(cols, 'committed', -1)}, failed "
+            f"{_slash(cols, 'failed', -1)}, lost {_slash(cols, 'lost', -1)}; call errors: "
+            f"{err_text}. {_slash(cols, 'jobs_per_second', 1)} jobs/s, set by the handler's "
+            "duration; moto busy "
+            + " / ".join(f"{fmt(100 * c['moto_busy'], 0)}%" for c in cols)
+            + " of one core: not the limit here.",
+            _journal_line(cols),
             f"- Producer per job (not in the worker's totals): {producer}.",
             f"- DynamoDB per job (worker): {fmt(b['worker_writes_per_job'])} writes = "
             f"**{fmt(b['worker_wcu_per_job'])} WCU**, {fmt(b['worker_item_reads_per_job'])} "

@@ -131,6 +131,7 @@ class AsyncWorker(ShellBase):
         concurrency: int = 1000,
         threads: int = 16,
         receive_wait: int = 2,
+        receive_window: float = 0.0,
         receive_visibility: int | None = None,
         shutdown_grace: float = SHUTDOWN_GRACE_SECONDS,
         timeouts: Timeouts | None = None,
@@ -168,6 +169,7 @@ class AsyncWorker(ShellBase):
             worker_id=worker_id,
             concurrency=concurrency,
             receive_wait=receive_wait,
+            receive_window=receive_window,
             receive_visibility=receive_visibility,
             shutdown_grace=shutdown_grace,
             timeouts=timeouts,
@@ -281,6 +283,7 @@ class AsyncWorker(ShellBase):
                     await asyncio.wait_for(freed.wait(), self.tick)
                 continue
             batch = await poll.run(self._receive_call(want))
+            self._received(want, len(batch))
             if self._idle_over(bool(batch or len(self.book) or self._tasks), idle_exit):
                 break
             for item in batch:

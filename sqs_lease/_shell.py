@@ -24,7 +24,15 @@ from typing import Any
 from ._aws import CallObserver, Timeouts
 from ._clock import lease_clock
 from ._config import Settings
-from ._core.attempt import AttemptEnv, HandlerRun, Now, SlotEnv, receive_size, redrive_rules
+from ._core.attempt import (
+    RECEIVE_WINDOW_MAX,
+    AttemptEnv,
+    HandlerRun,
+    Now,
+    ReceivePacer,
+    SlotEnv,
+    redrive_rules,
+)
 from ._core.calls import Flow
 from ._core.deletes import DeleteBatch
 from ._core.fifo import is_fifo
@@ -77,6 +85,7 @@ def check_options(
     app: App,
     *,
     receive_wait: int,
+    receive_window: float = 0.0,
     sweep_interval: float | None,
     sweep_grace: float,
     sweep_limit: int,
@@ -87,6 +96,11 @@ def check_options(
         raise ConfigError("the app registers no job class; add one with @app.job(...)")
     if not 0 <= receive_wait <= 20:
         raise ConfigError(f"receive_wait={receive_wait}: SQS long polls 0..20 s")
+    if not 0 <= receive_window <= RECEIVE_WINDOW_MAX:
+        raise ConfigError(
+            f"receive_window={receive_window}: give 0 (off) .. {RECEIVE_WINDOW_MAX:g} seconds "
+            "to wait after a short receive, so a batch gathers"
+        )
     if sweep_interval is not None and not sweep_interval > 0:
         raise ConfigError(
             f"sweep_interval={sweep_interval}: give seconds > 0, or None to turn the "
@@ -217,6 +231,7 @@ class ShellBase:
         worker_id: str | None,
         concurrency: int,
         receive_wait: int,
+        receive_window: float,
         receive_visibility: int | None,
         shutdown_grace: float,
         timeouts: Timeouts | None,
@@ -232,6 +247,7 @@ class ShellBase:
         check_options(
             app,
             receive_wait=receive_wait,
+            receive_window=receive_window,
             sweep_interval=sweep_interval,
             sweep_grace=sweep_grace,
             sweep_limit=sweep_limit,
@@ -307,7 +323,12 @@ class ShellBase:
         self.receive_observers: list[CallObserver] = []
         self._saved_signals: dict[int, Any] = {}
         self._idle_since = 0.0  # set as the receive loop starts
-        self._short_since: float | None = None  # a slot free, but not a full receive's
+        # A FIFO queue gives one message per receive: a free slot is a full batch.
+        self._pacer = ReceivePacer(
+            concurrency,
+            batch=1 if is_fifo(self.queue_url) else SQS_BATCH,
+            window=receive_window,
+        )
 
     def _run_handler(self, run: HandlerRun) -> Any:  # pragma: no cover - every shell has one
         raise NotImplementedError
@@ -317,26 +338,18 @@ class ShellBase:
     def _receive_more(self, free: int, max_messages: int | None) -> int | None:
         """How many messages the receive loop asks for now (``free``: open slots):
         None once it must end (stopping, or ``max_messages`` received), 0 while it
-        waits for enough free slots (the core's ``receive_size``)."""
+        waits (the core's :class:`ReceivePacer`: enough free slots, the batching window)."""
         if self._stopping.is_set():
             return None
         if max_messages is not None and self.stats.received >= max_messages:
             return None
         # Backpressure: no more than the heartbeat keeps on time (the core's pace).
-        free = self.book.room(free)
         left = None if max_messages is None else max_messages - self.stats.received
-        now = self._clock()
-        if free <= 0:
-            self._short_since = None
-        elif self._short_since is None:
-            self._short_since = now
-        waited = 0.0 if self._short_since is None else now - self._short_since
-        # A FIFO queue gives one message per receive: a free slot is a full batch.
-        batch = 1 if is_fifo(self.queue_url) else SQS_BATCH
-        want = receive_size(free, self.concurrency, left, waited, batch=batch)
-        if want:
-            self._short_since = None
-        return want
+        return self._pacer.want(self._clock(), self.book.room(free), left)
+
+    def _received(self, asked: int, got: int) -> None:
+        """A receive came back: the pacer opens its batching window if it was short."""
+        self._pacer.received(self._clock(), asked, got)
 
     def _receive_call(self, want: int) -> Flow[list[Delivery | Poison]]:
         self._receive_turn += 1

@@ -64,6 +64,11 @@ class Worker(ShellBase):
     heartbeat brings a shorter one to the class's own lease at once. Ended jobs'
     messages are deleted 10 per call within 0.25 s, and all at the stop.
 
+    A receive asks for a full batch once 10 slots are free (or waits briefly for
+    them). ``receive_window`` seconds (default 0: off) is a batching window: after
+    a receive that came back short, the next waits that long, so messages that
+    trickle in are received 10 at a time (fewer requests, up to that much latency).
+
     Every ``sweep_interval`` seconds (``None`` turns it off) a separate thread sends
     again up to ``sweep_limit`` records left without a sent message for longer than
     ``sweep_grace`` seconds (a producer that died between its write and its send, a
@@ -85,6 +90,7 @@ class Worker(ShellBase):
         worker_id: str | None = None,
         concurrency: int = 4,
         receive_wait: int = 2,
+        receive_window: float = 0.0,
         receive_visibility: int | None = None,
         shutdown_grace: float = SHUTDOWN_GRACE_SECONDS,
         timeouts: Timeouts | None = None,
@@ -109,6 +115,7 @@ class Worker(ShellBase):
             worker_id=worker_id,
             concurrency=concurrency,
             receive_wait=receive_wait,
+            receive_window=receive_window,
             receive_visibility=receive_visibility,
             shutdown_grace=shutdown_grace,
             timeouts=timeouts,
@@ -174,6 +181,7 @@ class Worker(ShellBase):
                     self._slot_freed.wait(self.tick)
                     continue
                 batch = self.poll_driver.run(self._receive_call(want))
+                self._received(want, len(batch))
                 if self._idle_over(bool(batch or len(self.book) or self._alive()), idle_exit):
                     break
                 for item in batch:

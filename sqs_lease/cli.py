@@ -646,6 +646,13 @@ def submit(
 )
 @click.option("--receive-wait", type=click.IntRange(0, 20), default=None, help="Default 2.")
 @click.option(
+    "--receive-window",
+    type=click.FloatRange(0, 20),
+    default=None,
+    help="Seconds to wait after a receive that came back short, so messages that trickle "
+    "in are received 10 at a time (fewer requests, up to that much latency). Default 0: off.",
+)
+@click.option(
     "--shutdown-grace",
     type=click.FloatRange(0),
     default=None,

@@ -35,6 +35,7 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ._config import ENV_VARIABLES, Settings
+from ._core.attempt import RECEIVE_WINDOW_MAX
 from ._core.calls import Call, Err, ErrorKind, Outcome
 from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
 from ._errors import AwsCallFailed, AwsUnavailable, ConfigError, ResourceMissing, SqsLeaseError
@@ -116,6 +117,13 @@ class WorkerEnv(BaseSettings):
     )
     receive_wait: int = Field(
         default=2, ge=0, le=20, description="long-poll seconds of each ReceiveMessage"
+    )
+    receive_window: float = Field(
+        default=0.0,
+        ge=0,
+        le=RECEIVE_WINDOW_MAX,
+        description="batching window: seconds to wait after a receive that came back short, "
+        "so messages that trickle in are received 10 at a time; 0: off",
     )
     shutdown_grace: float | None = Field(
         default=None,
@@ -368,6 +376,7 @@ def run_worker(
         common: dict[str, Any] = {
             "worker_id": env.worker_id,
             "receive_wait": env.receive_wait,
+            "receive_window": env.receive_window,
             "shutdown_grace": env.grace,
             "journal": journal,
             "sweep_interval": env.sweep_interval or None,

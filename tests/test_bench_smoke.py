@@ -74,7 +74,7 @@ def test_the_two_halves_run_every_benchmark() -> None:
 
 def _check_calls(calls: dict[str, Any]) -> None:
     assert {"params", "floor_calls_per_job", "floor_by_op_per_job"} <= set(calls)
-    for col in ("batched", "producer"):
+    for col in ("batched", "producer", "window"):
         assert calls[col]["committed"] == calls["params"]["jobs"]
         assert {
             "calls_per_job",

@@ -32,6 +32,7 @@ from sqs_lease._core.attempt import (
     AttemptEnv,
     HandlerRun,
     Now,
+    ReceivePacer,
     attempt_flow,
     first_beat_reserve,
     flush_deletes_flow,
@@ -586,6 +587,49 @@ def test_a_receive_asks_for_a_full_batch_of_free_slots(
     free: int, concurrency: int, left: int | None, waited: float, want: int
 ) -> None:
     assert receive_size(free, concurrency, left, waited) == want
+
+
+def test_the_pacer_waits_for_a_full_receive_at_most_the_fill_wait() -> None:
+    pacer = ReceivePacer(10)
+    assert pacer.want(100.0, 1) == 0
+    assert pacer.pause(100.0, 1) == pytest.approx(RECEIVE_FILL_WAIT)
+    assert pacer.want(100.2, 1) == 0
+    assert pacer.pause(100.2, 1) == pytest.approx(RECEIVE_FILL_WAIT - 0.2)
+    assert pacer.want(100.0 + RECEIVE_FILL_WAIT, 1) == 1
+    # The wait starts again from the next short moment, not from the first one.
+    assert pacer.want(200.0, 2) == 0
+    assert pacer.want(200.0, 10) == 10
+    assert pacer.pause(300.0, 0) == 1.0  # no slot free: woken by a freed slot
+
+
+def test_a_short_receive_opens_the_batching_window() -> None:
+    pacer = ReceivePacer(50, window=2.0)
+    assert pacer.want(0.0, 50) == 50
+    pacer.received(0.1, asked=50, got=1)  # a trickle: one message per long poll
+    assert pacer.want(0.2, 49) == 0
+    assert pacer.pause(0.2, 49) == pytest.approx(1.9)
+    assert pacer.want(2.0, 49) == 0
+    assert pacer.want(2.1, 49) == 49  # the window is over: messages gathered meanwhile
+    pacer.received(2.2, asked=49, got=9)
+    assert pacer.want(2.3, 40) == 0
+    assert pacer.want(4.2, 40) == 40
+    # Ten is a full receive, whatever it asked for: SQS returns at most ten.
+    pacer.received(4.3, asked=40, got=10)
+    assert pacer.want(4.3, 30) == 30
+
+
+@pytest.mark.parametrize(("asked", "got"), [(10, 0), (10, 10), (1, 1)])
+def test_an_empty_or_full_receive_opens_no_window(asked: int, got: int) -> None:
+    # Empty: its long poll already waited. Full: more may be waiting right now.
+    pacer = ReceivePacer(10, window=5.0)
+    pacer.received(0.0, asked=asked, got=got)
+    assert pacer.want(0.0, 10) == 10
+
+
+def test_without_a_window_a_short_receive_is_followed_at_once() -> None:
+    pacer = ReceivePacer(10)
+    pacer.received(0.0, asked=10, got=1)
+    assert pacer.want(0.0, 10) == 10
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ the thread worker and the async worker.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ import pytest
 from conftest import AwsTestEnv
 from pydantic import BaseModel
 from worker_helpers import (
+    HANG_GUARD,
     collect_journal,
     prepare,
     queue_depth,
@@ -129,6 +131,43 @@ def test_a_short_job_costs_a_claim_a_commit_and_a_tenth_of_a_receive_and_a_delet
     assert len(calls.received) <= jobs // 2, calls.received
     assert calls.ops["UpdateItem"] == 2 * jobs  # claim + commit, nothing else per job
     assert queue_depth(sqs_client, url) == 0
+
+
+def test_a_batching_window_gathers_a_trickle_into_one_receive(
+    aws: AwsTestEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Jobs that trickle in arrive one per long poll; with a window the worker waits
+    # after a short receive, so those sent meanwhile come in one receive.
+    calls = Calls(monkeypatch)
+    ran: Counter[str] = Counter()
+    app = _app(ran)
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    producer = Producer(settings, app)
+    jobs = 10
+    window = 4.0
+
+    def trickle() -> None:
+        producer.submit("floor.page", Page(n=0), "job-00")
+        wait_until(lambda: bool(calls.received), HANG_GUARD, "the first job received")
+        for i in range(1, jobs):
+            producer.submit("floor.page", Page(n=i), f"job-{i:02d}")
+            time.sleep(0.1)  # a trickle: each lands while a long poll waits
+
+    t = threading.Thread(target=trickle)
+    worker = Shell(
+        app, settings, concurrency=20, receive_wait=1, receive_window=window, sweep_interval=None
+    )
+    calls.on = True
+    t.start()
+    try:
+        stats = worker.run(max_messages=jobs, idle_exit=HANG_GUARD)
+    finally:
+        t.join(HANG_GUARD)
+    assert stats.committed == jobs and sorted(ran.values()) == [1] * jobs
+    assert calls.received[0] == 1 and sum(calls.received) == jobs
+    # The nine sent within the window came in one receive (two, on a machine slow
+    # enough that the sends outlast the window), never one receive each.
+    assert len(calls.received) <= 3, calls.received
 
 
 class _LostDeletes(DeleteBatch):

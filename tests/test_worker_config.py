@@ -63,6 +63,9 @@ def test_a_redrive_close_to_max_attempts_is_journaled(
         ("sweep_interval", 0.0, "sweep_interval=0.0"),
         ("sweep_grace", -1.0, "sweep_grace=-1.0"),
         ("sweep_limit", 0, "sweep_limit=0"),
+        ("receive_window", -0.5, "receive_window=-0.5"),
+        ("receive_window", 21.0, "receive_window=21.0"),
+        ("receive_window", float("nan"), "receive_window=nan"),
     ],
 )
 def test_a_bad_sweep_option_is_a_config_error_naming_it(

@@ -204,7 +204,7 @@ class SimWorker(Actor):
         # Ended jobs' messages, deleted 10 per call; the flusher sleeps until one is due.
         self.deletes = DeleteBatch(on_add=lambda: self.world.interrupt(self.delete_task))
         self.delete_task: Task | None = None
-        self._short_since: float | None = None
+        self._pacer = core.ReceivePacer(self.concurrency)
         self.env = AttemptEnv(
             table=self.table,
             intents=self.intents,
@@ -298,18 +298,11 @@ class SimWorker(Actor):
             if self.stopping:
                 break
             free = self.book.room(max(0, self.concurrency - self._alive_jobs()))
-            if free == 0:
-                self._short_since = None
-            elif self._short_since is None:
-                self._short_since = self.mono()
-            waited = 0.0 if self._short_since is None else self.mono() - self._short_since
-            want = core.receive_size(free, self.concurrency, None, waited)
+            want = self._pacer.want(self.mono(), free)
             if want == 0:
                 # Woken when a job task ends; a free slot waits at most the fill wait.
-                pause = 1.0 if free == 0 else max(0.01, core.RECEIVE_FILL_WAIT - waited)
-                yield SleepOp(pause, wakeable=True)
+                yield SleepOp(self._pacer.pause(self.mono(), free), wakeable=True)
                 continue
-            self._short_since = None
             batch = yield from self.drive(
                 receive_flow(
                     queue_url=self.queue_url,
@@ -319,6 +312,7 @@ class SimWorker(Actor):
                 ),
                 origin,
             )
+            self._pacer.received(self.mono(), want, len(batch))
             for item in batch:
                 self.bump("received")
                 if self.stopping:
