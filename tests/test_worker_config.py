@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from sqs_lease import App, Settings, Worker, create_queue, create_tables
 from sqs_lease._errors import ConfigError
 from sqs_lease._journal import LOGGER_NAME
+from sqs_lease.service import ExitCode, WorkerEnv, run_worker
 
 pytestmark = pytest.mark.integration
 
@@ -75,3 +76,28 @@ def test_a_bad_sweep_option_is_a_config_error_naming_it(
     options: dict[str, Any] = {option: value}
     with pytest.raises(ConfigError, match=named):
         Worker(_app(), settings, **options)  # refused before any AWS call
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_the_receive_window_reaches_the_worker_from_its_environment(
+    aws: AwsTestEnv, monkeypatch: pytest.MonkeyPatch, use_async: bool
+) -> None:
+    settings = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix)
+    create_tables(settings)
+    create_queue(settings)
+    monkeypatch.setenv("SQS_LEASE_RECEIVE_WINDOW", "1.5")
+    seen: list[float] = []
+
+    def grab(worker: Any) -> None:
+        seen.append(worker._pacer.window)
+        worker.stop()  # only the settings matter here
+
+    env = WorkerEnv.load(app="unused:app", use_async=use_async)
+    result = run_worker(settings, env, app=_app(), install_signals=False, on_worker=grab)
+    assert result.code is ExitCode.OK, result.message
+    assert seen == [1.5]
+
+
+def test_a_receive_window_out_of_range_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match="SQS_LEASE_RECEIVE_WINDOW"):
+        WorkerEnv.load(receive_window=30)
