@@ -92,7 +92,8 @@ def _kill_at(point: str) -> None:
         staged = c.op == "SendMessage" and "stage" in json.loads(c.params["MessageBody"])
         if staged and point == "after_checkpoint":
             os.kill(os.getpid(), signal.SIGKILL)
-        if c.op == "DeleteMessage" and sent.is_set() and point == "before_delete":
+        deleting = c.op in ("DeleteMessage", "DeleteMessageBatch")
+        if deleting and sent.is_set() and point == "before_delete":
             os.kill(os.getpid(), signal.SIGKILL)
         out = original(self, c)
         if staged:
