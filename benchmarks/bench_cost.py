@@ -103,8 +103,7 @@ EFFECT_FLOOR = SHORT_FLOOR + 3
 STAGE_FLOOR = 3 + 1 + 0.1 + 0.1
 """Each stage after the first (docs/stages.md): the checkpoint, the next message
 marked sent and the next stage's claim (3 writes), its SendMessage, receive/10, and
-the ended stage's delete in a batch (1/10), which a standard queue allows. The
-worker deletes it at once (1 request) for a FIFO queue's sake on every queue."""
+the ended stage's delete in the worker's batch (1/10; at once on a FIFO queue)."""
 FLOORS: dict[str, float] = {
     "short": SHORT_FLOOR,
     "effect": EFFECT_FLOOR,
@@ -549,8 +548,8 @@ def render(r: dict[str, Any]) -> str:
             "(receive/10, claim, commit, delete/10); one effect 3 more (the intent's three "
             "writes: prepared, in progress, confirmed); each stage after the first 4.2 (the "
             "checkpoint, marking the next message sent, the next claim, SendMessage, "
-            "receive/10 and a batched delete/10; the worker deletes an ended stage's message "
-            "at once, 1 request, so a FIFO group's next stage is not held back).",
+            "receive/10 and a batched delete/10; on a FIFO queue the ended stage's message "
+            "is deleted at once, 1 request, so the group's next stage is not held back).",
             "",
             table(
                 [

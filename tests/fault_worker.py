@@ -10,8 +10,8 @@ to stop (the worker's own guard, in front of the token condition).
 ``SQS_LEASE_SHELL``: ``thread`` (default) runs the thread worker, ``async`` the
 async worker. ``SQS_LEASE_KILL_AT`` (thread worker) SIGKILLs the process at a
 point of a stage ending: ``after_checkpoint`` (before the next stage's message
-is sent) or ``before_delete`` (after it was sent, before the current message is
-deleted).
+is sent) or ``before_delete`` (after it was sent and marked sent, before the
+current message is deleted).
 """
 
 from __future__ import annotations
@@ -92,9 +92,14 @@ def _kill_at(point: str) -> None:
         staged = c.op == "SendMessage" and "stage" in json.loads(c.params["MessageBody"])
         if staged and point == "after_checkpoint":
             os.kill(os.getpid(), signal.SIGKILL)
-        if c.op == "DeleteMessage" and sent.is_set() and point == "before_delete":
+        deleting = c.op in ("DeleteMessage", "DeleteMessageBatch")
+        if deleting and sent.is_set() and point == "before_delete":
             os.kill(os.getpid(), signal.SIGKILL)
         out = original(self, c)
+        if c.op == "UpdateItem" and sent.is_set() and point == "before_delete":
+            # The next message is marked sent: the ended stage's delete comes next (at
+            # once, or queued in the worker's batch, which would go only later).
+            os.kill(os.getpid(), signal.SIGKILL)
         if staged:
             sent.set()
         return out

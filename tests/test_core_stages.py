@@ -26,6 +26,7 @@ from test_core_attempt import MONO, WALL, Rules, Shell
 
 from sqs_lease._core.attempt import HandlerRun, attempt_flow
 from sqs_lease._core.calls import ErrorKind, Outcome
+from sqs_lease._core.deletes import DeleteBatch
 from sqs_lease._core.fifo import message_group_id
 from sqs_lease._core.flows import Delivery, FinishOutcome, message_body, parse_message
 from sqs_lease._core.records import JobState
@@ -160,6 +161,34 @@ def test_on_a_fifo_queue_the_next_stage_is_sent_in_the_jobs_group_deduplicated_b
     assert send.op == "SendMessage" and send.params["QueueUrl"].endswith(".fifo")
     assert send.params["MessageGroupId"] == message_group_id("job-1", "agent-7")
     assert send.params["MessageDeduplicationId"] == continuation_send_id(5, "render")
+
+
+def test_with_a_delete_batch_an_ended_stages_message_joins_it_on_a_standard_queue() -> None:
+    # The floor of a stage boundary (issue 12): the ended stage's message goes in
+    # the worker's delete batch like a commit's; should it come back first, it names
+    # a retired send id and claims nothing.
+    shell = _staged_shell(_fetch_ends)
+    shell.env.deletes = DeleteBatch(window=0.25)
+    s = _run(shell, [_claimed(), *_after_claim()[:-1]], _staged_delivery())
+    assert [c.op for c in s.calls] == [
+        "UpdateItem",  # claim
+        "ChangeMessageVisibility",
+        "UpdateItem",  # checkpoint
+        "SendMessage",  # the next stage's message, before any delete
+        "UpdateItem",  # marked sent
+    ]
+    assert s.result.outcome is FinishOutcome.DONE  # type: ignore[attr-defined]
+    assert len(shell.env.deletes) == 1  # the current message, in the batch
+
+
+def test_on_a_fifo_queue_an_ended_stages_message_is_deleted_at_once_even_with_a_batch() -> None:
+    # It holds the job's group: the next stage's message waits until it goes.
+    shell = _staged_shell(_fetch_ends)
+    shell.env.deletes = DeleteBatch(window=0.25)
+    shell.env.queue_url = "https://sqs.test/123/work.fifo"
+    s = _run(shell, [_claimed(group_id="agent-7"), *_after_claim()], _staged_delivery())
+    assert [c.op for c in s.calls][-2:] == ["UpdateItem", "DeleteMessage"]
+    assert len(shell.env.deletes) == 0
 
 
 def test_the_next_stage_goes_to_the_queue_the_stage_came_from_and_that_message_is_deleted() -> None:

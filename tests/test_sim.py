@@ -1051,22 +1051,29 @@ def test_every_seed_of_the_first_soak_passes_after_the_seed_1658_fix() -> None:
 SOAK_2_FAILING = (105, 1487, 1970, 2181, 2197, 2746, 989)
 
 
-def test_seed_105_a_later_stage_exhausting_its_own_attempts_is_not_the_resume_exhausting_it() -> (
+def test_seed_795_a_later_stage_exhausting_its_own_attempts_is_not_the_resume_exhausting_it() -> (
     None
 ):
-    """An operator resumes job-000 parked at stage ``transform``; the resume's claim
+    """An operator resumes job-002 parked at stage ``transform``; the resume's claim
     (attempt 2) commits the stage. The next stage, ``upload`` (one attempt allowed),
     is delivered twice; the second delivery's claim takes it at attempt 2 and fails it
     "attempts exhausted (1 of 1)", as the protocol says for a takeover with no attempt
     left. The checker kept the resume's attempt (1) until the job's end and matched it
     against the later stage's attempt 2 (stage attempts restart): I12 must judge only
-    the first claim after the unpark.
-    Replay: python -m simtools replay --seed 105"""
-    r = run_seed(105)
+    the first claim after the unpark. (Found at seed 105; batched stage deletes moved
+    the schedules, and 795 draws the case now.)
+    Replay: python -m simtools replay --seed 795"""
+    r = run_seed(795)
     assert r.ok, r.violations
-    assert r.injected.get("world_operator_races") and r.injected.get("duplicate_delivery"), (
-        "the seed no longer draws its case"
-    )
+    resumed = [e for e in r.log if e[2] == "operator_resumes"]
+    assert resumed, "the seed no longer draws its case"
+    job, at = resumed[0][3]["job_id"], resumed[0][0]
+    later = [e for e in r.log if e[0] > at and e[3].get("job_id") == job]
+    assert any(e[2] == "stage_committed" for e in later), "the seed no longer draws its case"
+    assert any(
+        e[2] == "job_failed" and e[3]["error_code"] == "attempts_exhausted" and e[3]["attempt"] == 2
+        for e in later
+    ), "the seed no longer draws its case"
 
 
 def test_seed_989_a_give_up_after_a_plain_throttle_is_not_blamed_on_an_earlier_cancel() -> None:
@@ -1084,9 +1091,7 @@ def test_seed_989_a_give_up_after_a_plain_throttle_is_not_blamed_on_an_earlier_c
     )
 
 
-def test_seed_7841_a_continuation_meeting_an_unreadable_record_does_not_crash_the_worker() -> (
-    None
-):
+def test_seed_7841_a_continuation_meeting_an_unreadable_record_does_not_crash_the_worker() -> None:
     """A stale owner's continuation (its SendMessage retried after a lost answer)
     recorded its send on a record an outside writer had given the state 'archived':
     the refused write's record was parsed for the journal and RecordUnreadable
@@ -1120,9 +1125,11 @@ def test_seed_64626_a_slow_hand_back_does_not_spend_the_jobs_receives() -> None:
     job meanwhile was deferred for 1 s, 22 receives, and SQS moved the healthy job's
     message to the DLQ: the record stayed ``queued`` with no message (I4). A deferral
     now waits as long as the hand-back has taken so far (``hand_back_defer``);
-    tests/test_core_overload.py has the core rule. Found by the soak on d317352.
-    Replay: python -m simtools replay --seed 64626"""
-    r = run_seed(64626)
+    tests/test_core_overload.py has the core rule. Found by the soak on d317352 at
+    seed 64626; batched stage deletes moved the schedules, and seed 1208 now draws a
+    deferral behind a slow hand-back. Replay: python -m simtools replay --seed 1208"""
+    assert run_seed(64626).ok
+    r = run_seed(1208)
     assert r.ok, r.violations
     deferred = [e[3] for e in r.log if e[2] == "claim_deferred"]
     assert any(d["reason"] == "hand_back_under_way" for d in deferred), "the seed moved on"

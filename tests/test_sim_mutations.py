@@ -115,7 +115,7 @@ CAUGHT_AT: dict[str, int] = {
     "shared_request_tokens": 557,  # I17_shared_request_token
     "stale_resolution": 57932,  # I2_double_effect
     "stray_claims": 1,  # I11_stray_claim
-    "transient_cancel_as_refusal": 13,  # I8_transient_cancel_lost
+    "transient_cancel_as_refusal": 22,  # I8_transient_cancel_lost
     "unknown_class_claims": 10,  # I9_unknown_class
     "unreadable_aborts_round": 2,  # E_unhandled_exception
     "validation_as_unknown": 0,  # I14_oversize_result

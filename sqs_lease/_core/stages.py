@@ -10,7 +10,8 @@ another on that record. A handler ends its stage by returning
    input) and names a new send id as its one current message, *unsent*;
 2. **next message** - SendMessage naming the job, the next stage and that send
    id, then the record is marked sent (``send_job_message``, as at submit);
-3. **delete** the current message.
+3. **delete** the current message (in the worker's delete batch on a standard
+   queue; at once on a FIFO queue, where it holds the job's group).
 
 A crash between any two steps neither loses nor repeats a stage:
 
@@ -21,8 +22,8 @@ A crash between any two steps neither loses nor repeats a stage:
   grace (the same sweep that covers a producer that died after its put). The
   continuation is recovered by the sweep, not recorded as an intent: the record
   itself is the intent (its send id names the one message allowed to claim it);
-- between 2 and 3 (or a failed delete): the old message comes back, names the
-  old send id, claims nothing (a stray) and is deleted;
+- between 2 and 3 (a failed delete, or a batch not yet sent): the old message
+  comes back, names the old send id, claims nothing (a stray) and is deleted;
 - a second message for the next stage (a sweep racing a slow sender) carries a
   retired send id: a stray too. A committed stage is never claimed again.
 
@@ -37,10 +38,11 @@ rules (None: the job has no such stage) and validates its input.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .calls import Err, ErrorKind, Flow, call, emit
+from .fifo import is_fifo
 from .flows import (
     Delivery,
     Finish,
@@ -285,9 +287,11 @@ def continue_flow(
 ) -> Flow[Continued]:
     """End the current stage and start ``nxt`` (checkpoint, next message, delete).
 
-    The stage's message is deleted at once, never batched (``defer_delete`` is
-    ignored): on a FIFO queue it holds the job's group until it goes, and the next
-    stage's message waits behind it.
+    With ``defer_delete`` the stage's message joins the worker's delete batch
+    (``Finish.delete_pending``), as a commit's does: should it come back first, it
+    names a retired send id, claims nothing and is deleted then. Not on a FIFO
+    queue: there it holds the job's group until it goes, and the next stage's
+    message waits behind it, so it is deleted at once.
 
     ``input_json`` is ``nxt.payload`` as canonical JSON, already validated by the
     caller against the next stage's payload model. A checkpoint refused by the
@@ -373,6 +377,8 @@ def continue_flow(
     )
     # Sent or not, this message's work is done: a failed send leaves the record in
     # the unsent index (the sweep sends it); this message would only be a stray.
+    if defer_delete and not is_fifo(home):
+        return Continued(replace(fin, delete_pending=True), sent.verdict != "failed")
     yield from _delete(home, delivery.receipt_handle)
     return Continued(fin, sent.verdict != "failed")
 
