@@ -19,7 +19,10 @@ The same N messages (handler duration 0, the same concurrency) go through:
 
 A feeder keeps every queue at the same depth (SendMessageBatch, its calls not
 counted), so moto's queue scans cost the same for everyone. Contenders run
-interleaved, repeated; the median run counts.
+interleaved, repeated: the load of a shared machine drifts by tens of percent
+within a minute, so a ratio is taken within each repetition (contenders run
+back to back) and the median of those ratios counts; moto's CPU per job is the
+median over every run.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import statistics
 import threading
 import time
 import warnings
@@ -320,7 +324,7 @@ per job against concurrency)."""
 def run(quick: bool) -> dict[str, Any]:
     full = bool(os.environ.get("BENCH_FULL"))
     n = 10 if quick else (200 if full else 100)
-    reps = 1 if quick else (3 if full else 2)
+    reps = 1 if quick else (7 if full else 5)
     concurrency, depth = 10, 50
     sweep_n = 10 if quick else (100 if full else 50)
     sweep_at = (2, 20) if quick else ((1, 5, 25, 50) if full else (1, 25))
@@ -330,8 +334,9 @@ def run(quick: bool) -> dict[str, Any]:
     sweep: dict[str, list[dict[str, float]]] = {c: [] for c in SWEPT if c in contenders}
     warnings.filterwarnings("ignore", message=".*remaining time left.*")
     with moto_server() as moto:
-        for _ in range(reps):
-            for kind in contenders:
+        for i in range(reps):
+            # Every other repetition in reverse, so no contender always runs last.
+            for kind in contenders if i % 2 == 0 else contenders[::-1]:
                 runs[kind].append(_one(moto, kind, n, concurrency, depth, pt))
         for conc in sweep_at:
             for kind in sweep:
@@ -365,15 +370,24 @@ def run(quick: bool) -> dict[str, Any]:
             "calls_by_op_per_job": {k: v / best.jobs for k, v in sorted(best.calls.items())},
             "calls_per_second": sum(best.calls.values()) / best.wall,
             "moto_busy": best.moto_cpu / best.wall,
-            "moto_cpu_ms_per_job": 1000 * best.moto_cpu / best.jobs,
-            "client_cpu_ms_per_job": 1000 * best.client_cpu / best.jobs,
+            "moto_cpu_ms_per_job": statistics.median(1000 * x.moto_cpu / x.jobs for x in rs),
+            "client_cpu_ms_per_job": statistics.median(1000 * x.client_cpu / x.jobs for x in rs),
             "max_depth": best.max_depth,
         }
     c = out["contenders"]
+
+    def paired(w: str, kind: str) -> list[float]:
+        """The worker's jobs/s over the contender's, within each repetition."""
+        return [
+            ratio(a.jobs_per_second, b.jobs_per_second)
+            for a, b in zip(runs[w], runs[kind], strict=True)
+        ]
+
     out["ratios"] = {
         w: {
             kind: {
-                "throughput": ratio(c[w]["jobs_per_second"], c[kind]["jobs_per_second"]),
+                "throughput": statistics.median(paired(w, kind)),
+                "throughput_all": [round(x, 2) for x in paired(w, kind)],
                 "calls": ratio(c[w]["calls_per_job"], c[kind]["calls_per_job"]),
                 "moto_cpu": ratio(c[w]["moto_cpu_ms_per_job"], c[kind]["moto_cpu_ms_per_job"]),
             }
@@ -425,10 +439,15 @@ def render(r: dict[str, Any]) -> str:
             if k in rs
         ]
         if parts:
+            each = "; ".join(
+                f"÷ {k} run by run: " + " / ".join(fmt(x) for x in rs[k]["throughput_all"])
+                for k in ("powertools", "fenced loop")
+                if k in rs
+            )
             lines.append(
                 f"The {label} runs at {' and '.join(parts)} (throughput; requests per job "
                 f"{fmt(c[w]['calls_per_job'])} vs the fenced loop's "
-                f"{fmt(c['fenced loop']['calls_per_job'])})."
+                f"{fmt(c['fenced loop']['calls_per_job'])}; {each})."
             )
     verdict = " ".join(lines)
     pt_line = (
@@ -442,7 +461,10 @@ def render(r: dict[str, Any]) -> str:
         [
             f"{p['messages']} messages per run, handler duration 0, concurrency {p['concurrency']} "
             f"for everyone, **queue depth held at {p['queue_depth']}** by a feeder; "
-            f"{p['reps']} interleaved runs each, the median run shown (all runs' jobs/s listed).",
+            f"{p['reps']} interleaved runs each: jobs/s of the median run (all runs' listed); "
+            "**a ratio is the median of the ratios within each run**, contenders back to back, "
+            "since the load of a shared machine drifts between runs; moto and client CPU per "
+            "job are medians over all runs.",
             "",
             table(
                 [
