@@ -78,24 +78,52 @@ def _bgi(token: int) -> Outcome:
     return ok({"Responses": {TABLE: found}, "UnprocessedKeys": {}})
 
 
-def test_a_late_heartbeat_round_turns_backpressure_on_in_the_round_flow() -> None:
-    shell = Shell(lambda run: None)
-    shell.book.pace = Pace(budget=0.5)
-    run, _flow = _up_to_handler(shell)
-    due = run.held.lease.next_beat
-    shell.mono = due + 0.2  # the round starts on time ...
+def _round(shell: Shell, token: int, *, starts: float, takes: float) -> Script:
+    """One heartbeat round that starts at ``starts`` and whose calls take ``takes`` s."""
+    shell.mono = starts
 
     def answer(call: Call) -> Outcome:
         if call.op == "BatchGetItem":
-            shell.mono += 1.0  # ... and its calls take a second: it completes late
-            return _bgi(run.claim.token)
+            shell.mono += takes
+            return _bgi(token)
         return ok({"Successful": [{"Id": "0"}]}, sent_at=shell.mono)
 
     s = Script(answer)
     s.run(heartbeat_round_flow(shell.env))
+    return s
+
+
+def test_a_late_heartbeat_round_turns_backpressure_on_in_the_round_flow() -> None:
+    shell = Shell(lambda run: None)
+    shell.book.pace = Pace(budget=0.5)
+    run, _flow = _up_to_handler(shell, visibility=60)  # the receive granted L
+    due = run.held.lease.next_beat
+    # The round starts on time, and its calls take a second: it completes late.
+    s = _round(shell, run.claim.token, starts=due + 0.2, takes=1.0)
     on = s.event("backpressure_on")
     assert on["held"] == 1 and on["round_late"] > on["budget"] == 0.5
     assert shell.book.room(10) == 0  # the receive loop takes nothing new
+
+
+def test_a_first_beat_due_before_its_lease_began_is_late_only_from_the_claim() -> None:
+    # The receive granted 30 s of a 60 s lease: the first beat is due at once, its
+    # schedule 20 s before the claim. A round run at once is on time; measured from
+    # that schedule it would read 20 s late and stop all new work after every claim
+    # (a thread worker took 420 s to hold 720 jobs so, 4 per heartbeat).
+    shell = Shell(lambda run: None)
+    shell.book.pace = Pace(budget=0.5)
+    run, _flow = _up_to_handler(shell, visibility=30)
+    lease = run.held.lease
+    assert lease.next_beat < lease.started_at - 10
+    s = _round(shell, run.claim.token, starts=lease.started_at + 0.1, takes=0.1)
+    assert "backpressure_on" not in s.event_names() and not shell.book.pace.throttled
+    assert shell.book.room(10) == 10
+    # Still late when the worker's own rounds are: counted from when it held the lease.
+    later = Shell(lambda run: None)
+    later.book.pace = Pace(budget=0.5)
+    run2, _flow2 = _up_to_handler(later, visibility=30)
+    s2 = _round(later, run2.claim.token, starts=run2.held.lease.started_at + 0.3, takes=0.5)
+    assert 0.5 < s2.event("backpressure_on")["round_late"] < 1.0
 
 
 def test_a_rounds_parts_run_through_the_shells_parallel_runner() -> None:

@@ -114,7 +114,7 @@ from .stages import (
     refused_next,
     stage_input_json,
 )
-from .timing import Drop, LeaseStatus, LocalLease, Stop, backoff_delay
+from .timing import Drop, LeaseStatus, LocalLease, Stop, backoff_delay, beat_due
 
 UNKNOWN_CLASS_MAX_ATTEMPTS = 1_000_000  # an unknown class is never claimed: no bound applies
 
@@ -831,7 +831,7 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
     env.tally("beats_early", len(book.still_open(plan.early)))
     if env.observer is not None:
         env.observer.round_planned(extend)
-    due = min(lease.next_beat for lease in extend)
+    due = min(beat_due(lease) for lease in extend)
     wall = (yield from _now(env)).wall
     parts = [
         heartbeat_flow(

@@ -590,6 +590,17 @@ def pace_budget(timings: Iterable[tuple[float, float, float]]) -> float:
     return PACE_SHARE * slack
 
 
+def beat_due(lease: LocalLease) -> float:
+    """When a lease's beat fell due, as the pace measures a round's lateness: its
+    schedule (``next_beat``), or the moment this worker took the lease on, whichever
+    is later. A receive that granted less than the class's L makes the first beat due
+    before the lease began (brought to L at once: ``leasebook.new_lease``); that beat
+    waited on no round of this worker before the worker held it, and counting from
+    its schedule would read a round that ran at once as up to L late, stopping all
+    new work after every such claim."""
+    return max(lease.next_beat, lease.started_at)
+
+
 @dataclass
 class Pace:
     """How many leases this worker's heartbeat keeps on time (backpressure).
