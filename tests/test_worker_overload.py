@@ -109,3 +109,33 @@ def test_an_overloaded_worker_fails_no_job_and_reclaims_none_by_its_own_lateness
     assert journal.events("job_failed") == []
     # A lease it let go by its own lateness, if any, went back uncharged, never lapsed.
     assert stats.released_late == len(journal.events("lease_dropped_late"))
+
+
+def test_claims_of_a_class_whose_lease_outlasts_the_receives_turn_no_backpressure_on(
+    aws: AwsTestEnv,
+) -> None:
+    # The receive's visibility is the shortest lease of the worker's classes (20 s),
+    # so a claim of the 120 s class has its first beat due at once, its schedule 90 s
+    # before the claim. The pace measured that as a round 90 s late and stopped all
+    # new work after every such claim; a round run at once is on time.
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+    app.job("brief", payload=Nap, lease_seconds=20, heartbeat_seconds=5.0, jitter_seconds=2.0)(
+        lambda ctx, p: {}
+    )
+
+    @app.job("long", payload=Nap, lease_seconds=120, heartbeat_seconds=10.0, jitter_seconds=5.0)
+    def long(ctx: JobContext[Any], p: Nap) -> None:
+        ctx.wait(600)  # held until the worker stops (raises then)
+
+    producer = Producer(settings, app)
+    for i in range(20):
+        producer.submit("long", Nap(n=i), job_id=f"{aws.prefix}-l{i:02d}")
+    worker = Shell(app, settings, concurrency=20, receive_wait=1, timeouts=PATIENT)
+    assert worker.receive_visibility == 20
+    with collect_journal() as journal, running(worker) as (runner,):
+        wait_until(lambda: len(worker.book) == 20, 120, "all 20 held")  # a hang guard only
+        # Their first beats (due at once) ran: every lease was brought to L.
+        wait_until(lambda: len(journal.events("heartbeat_ok")) >= 20, 120, "their first beats")
+        runner.stop(timeout=60)
+    assert journal.events("backpressure_on") == []
