@@ -189,6 +189,10 @@ def test_a_lease_the_worker_let_run_out_by_its_own_lateness_is_handed_back_uncha
     s.run(heartbeat_round_flow(shell.env))
     late = s.event("lease_dropped_late")
     assert (late["job_id"], late["token"]) == ("job-1", 5) and late["late_by"] > 0
+    # Its first beat was due at once (the receive granted 30 s of 60): late from then,
+    # not from a schedule that fell before the worker held it.
+    assert held.lease.next_beat < held.lease.started_at
+    assert late["late_by"] == round(shell.mono - held.lease.started_at, 3)
     assert s.events_named("lease_dropped") == []  # not the watchdog's drop
     # The record alone hands it back: past the conservative deadline the message may
     # be another receive's, so no visibility change is sent with the old handle.

@@ -957,7 +957,7 @@ def _handed_back_late(env: AttemptEnv, held: Held, now: float) -> Flow[None]:
         {
             "job_id": lease.job_id,
             "token": lease.token,
-            "late_by": round(now - lease.next_beat, 3),
+            "late_by": round(now - beat_due(lease), 3),
             "lease_left": round(lease.deadline - now, 3),
         },
     )
