@@ -54,6 +54,7 @@ from benchmarks.bench_common import (  # noqa: E402
     table,
 )
 from sqs_lease._aws import Timeouts, make_client  # noqa: E402
+from sqs_lease._core.timing import beat_due  # noqa: E402
 
 NAME = "scale"
 TITLE = "5. Thousands of in-flight jobs in one async process (and the thread worker at its cap)"
@@ -64,8 +65,11 @@ LEASE = 120
 JITTER = 5.0
 
 
-DEFAULT_SIZES = "async:100:standin,async:1000:standin,thread:500:standin"
-FULL_SIZES = "async:1000:standin,async:5000:standin,thread:1000:standin,async:300:moto"
+DEFAULT_SIZES = (
+    "thread:100:standin,thread:500:standin,thread:1000:standin,"
+    "async:100:standin,async:1000:standin,async:5000:standin"
+)
+FULL_SIZES = DEFAULT_SIZES + ",async:300:moto"
 RAMP_STALL = 20.0
 
 
@@ -219,14 +223,14 @@ class _Probe:
         self.late: list[float] = []  # CMV entry sent - due
         self.own_late: list[float] = []  # round planned - due
         self.schedule: dict[str, float] = {}  # receipt handle -> when its beat was due
+        self.rounds: list[float] = []  # seconds each heartbeat round took (planned -> paced)
 
     def planned(self, now: float, leases: Any) -> None:
         with self.lock:
             for lease in leases:
-                # A first beat "due" before the lease began means "at once" (the
-                # receive granted less than L): late from the lease's start, not
-                # from a time before the job was held.
-                due = max(lease.next_beat, lease.started_at)
+                # The core's measure (the pace's): a first beat "due" before the lease
+                # began (the receive granted less than L) is late from the lease's start.
+                due = beat_due(lease)
                 self.schedule[lease.receipt_handle] = due
                 self.own_late.append(now - due)
 
@@ -240,10 +244,14 @@ class _Probe:
                     if due is not None and e["VisibilityTimeout"] > 0:
                         self.late.append(sent - due)
 
-    def take(self) -> tuple[Counter[str], list[float], list[float]]:
+    def round_done(self, seconds: float) -> None:
         with self.lock:
-            out = (self.calls, self.late, self.own_late)
-            self.calls, self.late, self.own_late = Counter(), [], []
+            self.rounds.append(seconds)
+
+    def take(self) -> tuple[Counter[str], list[float], list[float], list[float]]:
+        with self.lock:
+            out = (self.calls, self.late, self.own_late, self.rounds)
+            self.calls, self.late, self.own_late, self.rounds = Counter(), [], [], []
         return out
 
 
@@ -260,6 +268,13 @@ def _instrument(probe: _Probe, drivers: bool) -> None:
         return plan, dropped
 
     LeaseBook.plan_round = planned  # type: ignore[method-assign]
+    paced = LeaseBook.paced
+
+    def measured(self: LeaseBook, leases: Any, *, due: float, started: float, ended: float) -> Any:
+        probe.round_done(ended - started)  # every round that extended leases
+        return paced(self, leases, due=due, started=started, ended=ended)
+
+    LeaseBook.paced = measured  # type: ignore[method-assign]
     if not drivers:
         return
     sync_execute = SyncDriver.execute
@@ -388,7 +403,7 @@ def child(args: argparse.Namespace) -> None:
                 # The stand-in runs in this process: its CPU is not the worker's cost (a
                 # call spanning two periods is counted in the second: clamp the edge).
                 cpu = max(0.0, cpu - moto_cpu)
-            calls, late, own = probe.take()
+            calls, late, own, rounds = probe.take()
             rows.append(
                 {
                     "calls": dict(calls),
@@ -402,6 +417,10 @@ def child(args: argparse.Namespace) -> None:
                     "worker_cpu": cpu / wall,
                     "moto_cpu": moto_cpu / wall,
                     "held": len(worker.book),
+                    "rounds": len(rounds),
+                    "round_p50": _pct(rounds, 0.50),
+                    "round_max": max(rounds) if rounds else math.nan,
+                    "threads": threading.active_count(),
                 }
             )
         report["periods"] = rows
@@ -451,8 +470,12 @@ def render(result: dict[str, Any]) -> str:
         "all N messages in flight (moto scans it for every visibility change). Lateness: a "
         "job's ChangeMessageVisibility entry sent minus its schedule (`next_beat`; a first "
         "beat due before the lease began, because the receive granted less than L, counts "
-        "from the lease's start); *own*: "
-        "the round's start minus the schedule, before any call (the worker's share). CPU: "
+        "from the lease's start; negative: sent ahead of its schedule, a lease joined to an "
+        "earlier round so the jobs held share their rounds); *own*: "
+        "the round's start minus the schedule, before any call (the worker's share). *Rounds*: "
+        "the heartbeat rounds that extended leases in the period, and how long each took "
+        "(planned to applied); *threads*: the worker process's threads at the period's end "
+        "(the thread worker runs a thread per held job). CPU: "
         "seconds per second of wall (1.0 = one core saturated). *(moto)*: the embedded moto "
         "server in its own process; *(stand-in)*: `benchmarks/standin.py` in the worker's "
         "process (SQS from dicts, O(1) per entry; DynamoDB from the simulator's SimDynamo, "
@@ -474,6 +497,9 @@ def render(result: dict[str, Any]) -> str:
                     fmt(per["late_p99"], 3),
                     fmt(per["late_max"], 3),
                     fmt(per["own_late_p99"], 3),
+                    f"{per.get('rounds', '-')}: {fmt(per.get('round_p50', math.nan), 3)} / "
+                    f"{fmt(per.get('round_max', math.nan), 3)}",
+                    per.get("threads", "-"),
                     fmt(per["worker_cpu"]),
                     fmt(per["moto_cpu"]),
                 ]
@@ -510,6 +536,8 @@ def render(result: dict[str, Any]) -> str:
                     "late p99 s",
                     "late max s",
                     "own late p99 s",
+                    "rounds: p50 / max s",
+                    "threads",
                     "worker CPU",
                     "emulator CPU",
                 ],
