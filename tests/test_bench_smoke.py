@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from benchmarks import run as bench_run
+from benchmarks.bench_calls import floor_at_held
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,6 +77,8 @@ def _check_calls(calls: dict[str, Any]) -> None:
     assert {"params", "floor_calls_per_job", "floor_by_op_per_job"} <= set(calls)
     for col in ("batched", "producer", "window"):
         assert calls[col]["committed"] == calls["params"]["jobs"]
+        # Rounds of fewer than 100 jobs still read and write once: never below the floor.
+        assert calls[col]["floor_at_held"] >= calls["floor_calls_per_job"] - 1e-9
         assert {
             "calls_per_job",
             "ratio_to_floor",
@@ -235,3 +238,10 @@ def test_call_labels_tell_the_protocols_writes_apart() -> None:
         wall_now=1.0,
     )
     assert call_label(checkpoint) == "UpdateItem(checkpoint)"
+
+
+def test_the_floor_at_the_jobs_held_counts_a_rounds_calls_once_for_all_it_holds() -> None:
+    # 100 held: 10 visibility batches, 1 read, 1 liveness write per round.
+    assert floor_at_held(100, 1) == 2.2 + 12 / 100
+    # 25 held, 2 beats: 3 batches + 1 read + 1 write per round, over 25 jobs.
+    assert floor_at_held(25, 2) == 2.2 + 2 * 5 / 25
