@@ -7,8 +7,18 @@ benchmark did not run says so. Needs matplotlib (the ``bench`` extra).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+PLOTTED = ("overhead", "scale")
+"""The benchmarks the plot draws: a run without them all keeps the plot it has (a
+``--only`` run must not blank the panels of a full run's plot)."""
+
+
+def draws_all(names: Iterable[str]) -> bool:
+    """Whether a run of ``names`` holds everything the plot draws."""
+    return set(PLOTTED) <= set(names)
 
 
 def write_plot(results: dict[str, Any], path: Path, stamp: str) -> Path | None:

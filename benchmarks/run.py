@@ -11,9 +11,10 @@ between ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in BENCHMARKS.md, on
 sub-section per benchmark (``--only`` rewrites just its own); the rest of the file
 is kept. ``--quick`` (tiny sizes, for the smoke test) does not write unless
 ``--write`` is given. The default sizes fit in about 15 minutes on a shared
-2-core machine; ``--full`` (``BENCH_FULL=1``) runs the long ones (3 runs of
-200 messages per contender, a wider concurrency sweep, 1,000 and 5,000 held
-jobs). The plot (``benchmarks.png``, matplotlib) is drawn from the same run.
+2-core machine; ``--full`` (``BENCH_FULL=1``) runs the long ones (7 runs of
+200 messages per contender, a wider concurrency sweep, 300 jobs held against moto
+too). The plot (``benchmarks.png``, matplotlib) is drawn from the same run; an
+``--only`` run without both of the benchmarks it draws (overhead, scale) keeps it.
 Timings are measured, never asserted: the machines are shared and noisy, so
 read the ratios measured within one run.
 """
@@ -47,7 +48,7 @@ from benchmarks import (  # noqa: E402
     bench_takeover,
 )
 from benchmarks.bench_common import load_average, machine, setup_env  # noqa: E402
-from benchmarks.plot import write_plot  # noqa: E402
+from benchmarks.plot import PLOTTED, draws_all, write_plot  # noqa: E402
 
 COMMAND = "make bench  (= .venv/bin/python benchmarks/run.py)"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
@@ -228,7 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if write:
         write_markdown(args.output, results, host)
         say(f"wrote {args.output}")
-    plot = args.plot or (ROOT / "benchmarks.png" if write else None)
+    plot = args.plot or (ROOT / "benchmarks.png" if write and draws_all(names) else None)
+    if write and args.plot is None and plot is None:
+        say(f"plot kept: it draws {', '.join(PLOTTED)}, and this run has not all of them")
     if plot is not None:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
         drawn = write_plot(results, plot, f"{stamp}, load {load_average():.1f}")

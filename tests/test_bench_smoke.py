@@ -16,6 +16,7 @@ import pytest
 
 from benchmarks import run as bench_run
 from benchmarks.bench_calls import floor_at_held
+from benchmarks.plot import draws_all
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -245,3 +246,9 @@ def test_the_floor_at_the_jobs_held_counts_a_rounds_calls_once_for_all_it_holds(
     assert floor_at_held(100, 1) == 2.2 + 12 / 100
     # 25 held, 2 beats: 3 batches + 1 read + 1 write per round, over 25 jobs.
     assert floor_at_held(25, 2) == 2.2 + 2 * 5 / 25
+
+
+def test_a_run_of_some_benchmarks_keeps_the_full_runs_plot() -> None:
+    # `--only calls` once blanked both panels of the plot a full run had drawn.
+    assert not draws_all(["calls"]) and not draws_all(["overhead"])
+    assert draws_all(bench_run.NAMES) and draws_all(["scale", "overhead"])
