@@ -19,6 +19,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check --exclude '*.md' .
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -45,6 +46,7 @@ TEST_WORKERS ?= 6
 PYCACHE := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(CURDIR)/$(VENV)/pycache
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check --exclude '*.md' .
 	$(BIN)/mypy > $(VENV)/mypy.out 2>&1 & mypy=$$!; \
 	$(PYCACHE) $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=10 -m 'not long'; \
 	tests=$$?; \

@@ -87,9 +87,7 @@ class OtelSpans:
                 self._attempts[job_id] = (token if isinstance(token, int) else None, span)
             elif event == "tool_request_started":
                 parent = self._attempts.get(job_id)
-                context = (
-                    self._trace.set_span_in_context(parent[1]) if parent is not None else None
-                )
+                context = self._trace.set_span_in_context(parent[1]) if parent is not None else None
                 span = self._tracer.start_span(
                     "sqs_lease.tool_call",
                     context=context,

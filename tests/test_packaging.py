@@ -164,7 +164,6 @@ def test_the_wheel_ships_every_module_of_the_package_and_nothing_else(dists: Dis
     assert tops == {"sqs_lease", f"sqs_lease-{_version()}.dist-info"}
 
 
-
 def test_the_wheel_leaves_the_simulators_tooling_out(dists: Dists) -> None:
     # Soak, replay and the mutations are the project's tools (simtools/), not the users'.
     with zipfile.ZipFile(dists.wheel) as whl:

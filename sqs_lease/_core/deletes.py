@@ -100,4 +100,5 @@ class DeleteBatch:
             self._pending = [p for p in self._pending if id(p) not in taken]
             return batch
 
+
 __all__ = ["DELETE_BATCH", "DELETE_WINDOW", "DeleteBatch", "PendingDelete"]
