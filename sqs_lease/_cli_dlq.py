@@ -12,6 +12,7 @@ import click
 from ._cli_out import EXIT_NOT_FOUND, emit_json, json_option, note, table
 from ._config import Settings
 from ._core.deadletter import DlqFinding, DlqReport, DlqVerdict
+from ._core.inputs import loads as _loads
 from ._dlq import (
     DlqMessage,
     age,
@@ -236,7 +237,7 @@ def dlq_show(ctx: click.Context, ident: str, scan: int, as_json: bool) -> None:
 
 def _pretty(body: str) -> str:
     try:
-        return json.dumps(json.loads(body), sort_keys=True, ensure_ascii=False)
+        return json.dumps(_loads(body), sort_keys=True, ensure_ascii=False)
     except ValueError:
         return body
 

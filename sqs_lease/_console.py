@@ -19,6 +19,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, TextIO
 
+from ._core.inputs import loads as _loads
 from ._journal import LOGGER_NAME
 
 StatusSource = Callable[[], Mapping[str, int]]
@@ -111,7 +112,7 @@ class HumanConsole(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            data = json.loads(record.getMessage())
+            data = _loads(record.getMessage())
         except ValueError:
             data = {"event": "log", "message": record.getMessage()}
         if not isinstance(data, dict):

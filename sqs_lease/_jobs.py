@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
 
+from ._core.inputs import NAME_PATTERN
 from ._core.intents import (
     RESPONSE_LIMIT,
     SUCCESS_MEANINGS,
@@ -70,7 +71,7 @@ class JobClass(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,100}$")
+    name: str = Field(pattern=NAME_PATTERN)
     payload_model: type[BaseModel]
     lease_seconds: int = 30
     heartbeat_seconds: float = 5.0

@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ._core.inputs import loads as _loads
+
 LOGGER_NAME = "sqs_lease.journal"
 _WALL_FIELDS = frozenset({"last_confirmed_at"})
 
@@ -100,7 +102,7 @@ def read_journal(*paths: str | os.PathLike[str]) -> list[dict[str, Any]]:
             continue
         for line in p.read_text(errors="replace").splitlines():
             try:
-                ev = json.loads(line)
+                ev = _loads(line)
             except ValueError:
                 continue
             if isinstance(ev, dict) and "event" in ev:

@@ -10,6 +10,7 @@ from ._aws import classify, endpoint_of, make_client
 from ._config import Settings
 from ._core.calls import ErrorKind
 from ._core.deploy import REDRIVE_BACKSTOP
+from ._core.inputs import loads as _loads
 from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
 from ._schema import create_table_params
 from .deploy import TABLE_MODELS, table_names
@@ -215,7 +216,7 @@ def redrive(settings: Settings, url: str) -> tuple[str | None, int | None]:
     policy = attrs.get("Attributes", {}).get("RedrivePolicy")
     if not policy:
         return None, None
-    parsed = json.loads(policy)
+    parsed = _loads(policy)
     arn = parsed["deadLetterTargetArn"]
     return queue_url(settings, arn.rsplit(":", 1)[-1]), int(parsed.get("maxReceiveCount", 0))
 

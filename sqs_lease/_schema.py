@@ -876,8 +876,10 @@ class JobTable:
         return self._update(job_id, _mine(token, ""), [R.timeline[i].remove() for i in range(drop)])
 
     def liveness(self, part: Liveness) -> Call:
-        # No condition: the liveness record is advisory, never a fence. It has no
-        # ``state``, so no job index holds it; GC_TTL is for the table's TTL.
+        # Advisory, never a fence: its only condition keeps it off a job record that
+        # holds its key (job ids under ``worker#`` are refused at submit and read as
+        # poison, but a record written past those rules must not be replaced). It has
+        # no ``state``, so no job index holds it; GC_TTL is for the table's TTL.
         item = {
             "job_id": {"S": liveness_key(part.worker_id, part.part)},
             "kind": {"S": "liveness"},
@@ -890,7 +892,9 @@ class JobTable:
             # The tables' garbage-collection TTL attribute (deploy.GC_TTL_ATTRIBUTE).
             GC_TTL: {"N": str(int(part.beat_at + LIVENESS_KEEP_SECONDS))},
         }
-        return Call("dynamodb", "PutItem", {"TableName": self.table, "Item": item})
+        params = {"TableName": self.table, "Item": item}
+        params.update(_params(R.job_id.does_not_exist() | (R.kind == "liveness")))
+        return Call("dynamodb", "PutItem", params)
 
     def cancel(self, job_id: str, reason: str, wall_now: float) -> Call:
         # Moving the token on fences the current owner out at its next heartbeat.

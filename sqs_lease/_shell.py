@@ -8,7 +8,6 @@ redrive they find and their counters live here once.
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import random
 import signal
@@ -37,6 +36,7 @@ from ._core.calls import Flow
 from ._core.deletes import DeleteBatch
 from ._core.fifo import is_fifo
 from ._core.flows import SQS_BATCH, Delivery, Poison
+from ._core.inputs import loads as _loads
 from ._core.leasebook import LeaseBook, Signal
 from ._core.priority import receive_prioritized_flow
 from ._core.stages import stage_results
@@ -195,7 +195,7 @@ def context_fields(
 def _details(text: str | None) -> Any:
     # Saved by ctx.progress as JSON; a record edited by hand must not stop the handler.
     try:
-        return None if text is None else json.loads(text)
+        return None if text is None else _loads(text)
     except ValueError:
         return None
 

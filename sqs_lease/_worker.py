@@ -12,7 +12,6 @@ by a flow or a pure function of ``sqs_lease._core``.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import random
 import threading
 import time
@@ -44,6 +43,7 @@ from ._core.flows import (
     Delivery,
     Poison,
 )
+from ._core.inputs import loads as _loads
 from ._core.intents import EffectResult, EffectSpec
 from ._errors import ConfigError
 from ._interrupt import stop_on_interrupt
@@ -350,4 +350,4 @@ def load_app(spec: str) -> App:
 
 
 def result_of(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    return None if text is None else _loads(text)

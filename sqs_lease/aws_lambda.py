@@ -142,6 +142,10 @@ class LambdaShell(Worker):
         beat.start()
         try:
             for record in records:
+                if not isinstance(record, Mapping):
+                    # Not an SQS record at all: nothing to report it by, nothing to run.
+                    self.journal("lambda_record_unreadable", record_type=type(record).__name__)
+                    continue
                 mid = str(record.get("messageId", ""))
                 group = message_group(record)
                 item = parse_event_record(record, self._clock(), 0)
@@ -173,14 +177,14 @@ class LambdaShell(Worker):
     def _attempt(self, item: Delivery | Poison) -> bool:
         """One record through the attempt flow; True when its message was deleted."""
         self._count("received")
-        if isinstance(item, Delivery):
-            rules = rules_for(self.env, item.job_class, item.stage)
-            lease = rules.lease_seconds if rules is not None else self.receive_visibility
-            taken = self.driver.run(take_record_flow(self.queue_url, item, lease))
-            if taken is None:
-                return False
-            item = taken
         try:
+            if isinstance(item, Delivery):
+                rules = rules_for(self.env, item.job_class, item.stage)
+                lease = rules.lease_seconds if rules is not None else self.receive_visibility
+                taken = self.driver.run(take_record_flow(self.queue_url, item, lease))
+                if taken is None:
+                    return False
+                item = taken
             flow = attempt_flow(self.env, item)
             return self.driver.run(settled_flow(flow, item.receipt_handle))
         except Exception as exc:  # an AWS failure the flow could not handle: not finished

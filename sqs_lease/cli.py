@@ -45,6 +45,7 @@ from ._cli_out import (
 from ._config import Settings
 from ._console import HumanConsole
 from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
+from ._core.inputs import loads as _loads
 from ._core.intents import (
     IntentState,
     Resolution,
@@ -240,11 +241,9 @@ def _read_payload(value: str) -> dict[str, Any]:
     else:
         text, where = value, "--payload"
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PayloadError(
-            f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-        ) from None
+        data = _loads(text)
+    except ValueError as exc:  # inputs.UnreadableJson: says why, never quotes the text
+        raise PayloadError(f"{where}: {exc}") from None
     if not isinstance(data, dict):
         raise PayloadError(f"{where}: must be a JSON object, got {type(data).__name__}")
     return data
@@ -1081,8 +1080,8 @@ def _json_or_text(text: str | None) -> Any:
     if text is None:
         return None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        return _loads(text)
+    except ValueError:
         return text
 
 

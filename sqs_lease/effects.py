@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from ._core.inputs import loads as _loads
 from ._core.intents import CheckAnswer, ToolResult, Verdict
 from ._errors import LeaseLost, ToolNotApplied, ToolOutcomeUnknown
 from ._fence import (
@@ -123,7 +124,7 @@ def http_json(
         kind = "timeout" if isinstance(err, TimeoutError) else "transport"
         raise ToolOutcomeUnknown(f"{url}: {type(err).__name__}", code=kind) from None
     try:
-        parsed = json.loads(raw) if raw else {}
+        parsed = _loads(raw) if raw else {}
     except ValueError:
         parsed = {"raw": raw[:2000].decode("utf-8", "replace")}
     response = parsed if isinstance(parsed, dict) else {"value": parsed}

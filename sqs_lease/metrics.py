@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO
 
+from ._core.inputs import loads as _loads
 from ._errors import ConfigError
 from ._jobs import App, JobClass
 
@@ -275,9 +276,8 @@ class EmfMetrics:
 
     def documents(self) -> list[dict[str, Any]]:
         """Take what was counted since the last call, as EMF documents (parsed JSON)."""
-        import json
 
-        return [json.loads(line) for line in self._serialize()]
+        return [_loads(line) for line in self._serialize()]
 
     def flush(self) -> int:
         """Write what was counted since the last flush; return the number of documents."""

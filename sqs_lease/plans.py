@@ -31,12 +31,12 @@ checkpoint (``ctx.results``); the job's result lists every step's.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ._core.inputs import loads as _loads
 from ._core.stages import NextStage
 from ._errors import ConfigError, PayloadError, PermanentError
 
@@ -221,7 +221,7 @@ class PlannedJob:
 
     def first_stage(self, payload_json: str) -> str:
         """The stage a stored plan starts at."""
-        steps = json.loads(payload_json)["steps"]
+        steps = _loads(payload_json)["steps"]
         return _step_name(1, steps[0]["tool"])
 
     def stage(self, stage: str) -> Registered | None:
@@ -281,7 +281,7 @@ def _step_handler(tool: Tool, n: int) -> Handler:
         result = tool.fn(ctx, args)
         if isinstance(result, BaseModel):
             result = result.model_dump(mode="json")
-        steps = json.loads(ctx.job_payload_json)["steps"]
+        steps = _loads(ctx.job_payload_json)["steps"]
         if n < len(steps):
             nxt = steps[n]
             return NextStage(_step_name(n + 1, nxt["tool"]), nxt["args"], result=result)

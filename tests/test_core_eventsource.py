@@ -25,7 +25,7 @@ def record(body: str, count: str = "3") -> dict[str, Any]:
 def test_an_event_record_is_read_in_its_own_key_spelling_like_a_received_message() -> None:
     body = json.dumps({"v": 1, "job_id": "j", "job_class": "work", "send_id": "s"})
     got = parse_event_record(record(body), 5.0, 30)
-    assert got == Delivery("m-1", "rh-1", "j", "work", 3, 5.0, 30, "s", body)
+    assert got == Delivery("m-1", "rh-1", "j", "work", 3, 5.0, 30, "s", body, sent_wall=0.001)
 
 
 def test_an_event_record_whose_body_is_not_a_job_is_poison_with_its_handle() -> None:

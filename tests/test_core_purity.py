@@ -20,6 +20,7 @@ ALLOWED_ABSOLUTE = {
     "json",
     "math",
     "typing",
+    "unicodedata",  # pure: character categories for the id rules (_core/inputs.py)
 }
 FORBIDDEN_NAMES = {
     "time",

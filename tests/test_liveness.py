@@ -86,7 +86,10 @@ def test_a_heartbeat_round_writes_one_liveness_record_and_no_write_per_job() -> 
         "PutItem",
     ]
     put = s.calls[-1].params
-    assert "ConditionExpression" not in put  # advisory: never a condition
+    # Advisory, never a fence: its one condition keeps it off a job record under its key.
+    assert put["ConditionExpression"] == "(attribute_not_exists (#0) OR #1 = :0)"
+    assert put["ExpressionAttributeNames"] == {"#0": "job_id", "#1": "kind"}
+    assert put["ExpressionAttributeValues"] == {":0": {"S": "liveness"}}
     live = liveness_of(put["Item"])
     assert live is not None and live.worker_id == WORKER
     assert put["Item"]["job_id"] == {"S": liveness_key(WORKER)}

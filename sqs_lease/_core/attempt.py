@@ -871,7 +871,8 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
 def liveness_flow(env: AttemptEnv, at: Now, *, round_seconds: float) -> Flow[int]:
     """After a round: the worker's one liveness record (``_core/liveness.py``): every
     open lease it holds, with its token and deadline on the wall clock. Advisory:
-    unconditional, and a failure only journaled (``liveness_failed``). Written at
+    its only condition keeps it off a job record under its key, and a failure is
+    only journaled (``liveness_failed``). Written at
     most once per heartbeat interval (the shortest held), however many rounds the
     leases' own schedules make. Returns the calls made (one per
     :data:`~sqs_lease._core.liveness.LIVENESS_PART` jobs)."""

@@ -6,7 +6,6 @@ then run the flow it names; the classification is written once.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
@@ -26,6 +25,7 @@ from .._errors import (
     ToolOutcomeUnknown,
     TransientError,
 )
+from .inputs import loads as _loads
 from .limits import ERROR_TEXT_LIMIT, bounded
 from .timing import Stop
 
@@ -80,7 +80,7 @@ def _without_payload(message: str, payload_json: str | None) -> str:
     """``message`` with every string of the payload (and the whole) as ``<payload>``."""
     if payload_json:
         try:
-            data = json.loads(payload_json)
+            data = _loads(payload_json)
         except ValueError:
             data = payload_json
         needles = {payload_json, *_strings(data)}

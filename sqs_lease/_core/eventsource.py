@@ -36,14 +36,17 @@ records not started and the answer to Lambda."""
 def parse_event_record(
     record: Mapping[str, Any], received_at: float, visibility: int
 ) -> Delivery | Poison:
-    """One SQS event record (the event's own key spelling) as a delivery, or poison."""
-    attrs = record.get("attributes") or {}
+    """One SQS event record (the event's own key spelling) as a delivery, or poison.
+    Total, like :func:`parse_message`: a record of any shape returns."""
+    if not isinstance(record, Mapping):
+        record = {}
+    attrs = record.get("attributes")
     return parse_message(
         {
             "MessageId": record.get("messageId", ""),
             "ReceiptHandle": record.get("receiptHandle", ""),
             "Body": record.get("body", ""),
-            "Attributes": {"ApproximateReceiveCount": attrs.get("ApproximateReceiveCount", "1")},
+            "Attributes": attrs if isinstance(attrs, Mapping) else {},
         },
         received_at,
         visibility,
@@ -52,7 +55,8 @@ def parse_event_record(
 
 def message_group(record: Mapping[str, Any]) -> str | None:
     """The record's FIFO message group, or None for a standard queue's record."""
-    group = (record.get("attributes") or {}).get("MessageGroupId")
+    attrs = record.get("attributes")
+    group = attrs.get("MessageGroupId") if isinstance(attrs, Mapping) else None
     if group:
         return str(group)
     if str(record.get("eventSourceARN", "")).endswith(".fifo"):

@@ -22,6 +22,7 @@ from .._errors import (
     SqsLeaseError,
     SubmitConflict,
 )
+from . import inputs
 from .calls import Call, Emit, Err, ErrorKind, Flow, Ok, Outcome, Sleep, call, emit, sqs_code_is
 from .fifo import fifo_params, is_fifo, message_group_id
 from .limits import REASON_LIMIT, bounded, result_problem
@@ -136,42 +137,68 @@ def parse_message(
     message: Mapping[str, Any], received_at: float, visibility: int, queue_url: str = ""
 ) -> Delivery | Poison:
     """Turn one ReceiveMessage entry into a delivery, or say why it is poison
-    (``queue_url``: the queue it was received from, when a worker serves several)."""
-    item = _parse_message(message, received_at, visibility)
+    (``queue_url``: the queue it was received from, when a worker serves several).
+
+    Total: whatever anyone sent, this returns; nothing raises out of it into a
+    worker's receive loop, a Lambda batch or an operator's DLQ command."""
+    try:
+        item = _parse_message(message, received_at, visibility)
+    except Exception as exc:  # a reader's defect must cost one message, never the worker
+        item = Poison(
+            _text(message, "MessageId"),
+            _text(message, "ReceiptHandle"),
+            f"message could not be read ({type(exc).__name__})",
+            body=_text(message, "Body"),
+        )
     return replace(item, queue_url=queue_url) if queue_url else item
+
+
+def _text(message: Any, key: str) -> str:
+    value = message.get(key, "") if isinstance(message, Mapping) else ""
+    return value if isinstance(value, str) else ""
 
 
 def _parse_message(
     message: Mapping[str, Any], received_at: float, visibility: int
 ) -> Delivery | Poison:
-    mid = str(message.get("MessageId", ""))
-    handle = str(message.get("ReceiptHandle", ""))
-    raw = str(message.get("Body", ""))
+    mid = _text(message, "MessageId")
+    handle = _text(message, "ReceiptHandle")
+    raw = _text(message, "Body")
     try:
-        body = json.loads(message.get("Body", ""))
-    except (TypeError, ValueError):
+        body = inputs.loads(raw)
+    except ValueError:
         return Poison(mid, handle, "message body is not JSON", body=raw)
     if not isinstance(body, dict):
         return Poison(mid, handle, "message body is not a JSON object", body=raw)
     job_id, job_class = body.get("job_id"), body.get("job_class")
     if not isinstance(job_id, str) or not job_id:
         return Poison(mid, handle, "message names no job_id", body=raw)
+    if (why := inputs.job_id_problem(job_id)) is not None:
+        # Never carried into a request or a journal line: the id is not one.
+        return Poison(mid, handle, f"message job_id is not a job id: {why}", body=raw)
     if not isinstance(job_class, str) or not job_class:
         return Poison(mid, handle, "message names no job_class", job_id, raw)
+    if (why := inputs.name_problem("job class", job_class)) is not None:
+        # No worker of any version can serve it: poison now, not a deferral.
+        return Poison(mid, handle, f"message job_class is not a class name: {why}", job_id, raw)
     send_id = body.get("send_id")
     if send_id is not None and (not isinstance(send_id, str) or not send_id):
         return Poison(mid, handle, "message send_id is not a non-empty string", job_id, raw)
+    if send_id is not None and (why := inputs.send_id_problem(send_id)) is not None:
+        return Poison(mid, handle, f"message send_id is not a send id: {why}", job_id, raw)
     stage = body.get("stage")
     if stage is not None and (not isinstance(stage, str) or not stage):
         return Poison(mid, handle, "message stage is not a non-empty string", job_id, raw)
-    attrs = message.get("Attributes") or {}
-    count = int(attrs.get("ApproximateReceiveCount", "1"))
+    if stage is not None and (why := inputs.name_problem("stage", stage)) is not None:
+        return Poison(mid, handle, f"message stage is not a stage name: {why}", job_id, raw)
+    attrs = message.get("Attributes")
+    attrs = attrs if isinstance(attrs, Mapping) else {}
     return Delivery(
         mid,
         handle,
         job_id,
         job_class,
-        count,
+        _count(attrs.get("ApproximateReceiveCount")),
         received_at,
         visibility,
         send_id,
@@ -182,11 +209,19 @@ def _parse_message(
     )
 
 
+def _count(text: Any) -> int:
+    """ApproximateReceiveCount (SQS's own, as text); 1 where it is missing or garbled."""
+    try:
+        return max(1, int(text)) if text is not None else 1
+    except (TypeError, ValueError, OverflowError):
+        return 1
+
+
 def _epoch(millis: Any) -> float | None:
     """An SQS timestamp attribute (epoch milliseconds, as text) in seconds, or None."""
     try:
         return int(millis) / 1000.0 if millis is not None else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 

@@ -36,6 +36,7 @@ from .._errors import (
 )
 from .calls import Call, Err, ErrorKind, Flow, Invoke, Ok, Sleep, call, emit
 from .flows import UNSENT_GRACE_SECONDS, SendOutcome, _fail_call, home_queue, send_job_message
+from .inputs import loads as _loads
 from .records import JobRequests, JobState, JobView
 
 MAX_REPEATS = 3
@@ -620,7 +621,7 @@ def _settled(existing: IntentView, spec: EffectSpec, token: int) -> Flow[EffectR
             intent_job=existing.job_id,
         )
         return EffectResult(
-            json.loads(existing.response_json or "{}"), existing.external_id, True, False, key
+            _loads(existing.response_json or "{}"), existing.external_id, True, False, key
         )
     if existing.state is IntentState.AMBIGUOUS:
         raise IntentAmbiguous(f"intent {key!r} is ambiguous and waits for an operator")
@@ -801,7 +802,7 @@ def _confirm(
                     already=True,
                 )
                 return EffectResult(
-                    json.loads(now.response_json or "{}"),
+                    _loads(now.response_json or "{}"),
                     now.external_id,
                     False,
                     reconciled,

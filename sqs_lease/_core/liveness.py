@@ -17,9 +17,12 @@ for further parts), carries no ``state`` (so no job index holds it) and a
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from .inputs import loads as _loads
 
 LIVENESS_PREFIX = "worker#"
 """Key prefix of liveness items in the job table (job ids must not start with it)."""
@@ -92,17 +95,18 @@ def liveness_of(item: Mapping[str, Any]) -> Liveness | None:
         v = item.get(name)
         raw = v.get("N") if isinstance(v, Mapping) else None
         try:
-            return float(raw) if raw is not None else None
-        except ValueError:
+            value = float(raw) if raw is not None else None
+        except (ValueError, TypeError):
             return None
+        return value if value is None or math.isfinite(value) else None
 
     worker, beat_at, text = s("owner"), n("beat_at"), s("held")
     if s("kind") != "liveness" or worker is None or beat_at is None or text is None:
         return None
     try:
-        rows = json.loads(text)
+        rows = _loads(text)
         held = tuple(HeldJob(str(r[0]), int(r[1]), float(r[2])) for r in rows)
-    except (ValueError, TypeError, IndexError):
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError):
         return None
     return Liveness(
         worker,

@@ -41,6 +41,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from .._errors import RecordUnreadable
 from .calls import Err, ErrorKind, Flow, call, emit
 from .fifo import is_fifo
 from .flows import (
@@ -55,6 +56,7 @@ from .flows import (
     on_queue,
 )
 from .flows import send_job_message as _send
+from .inputs import NAME_RULE, loads, valid_name
 from .limits import ITEM_LIMIT, RECORD_ROOM, utf8_len
 from .records import JobRequests, JobState, JobView
 from .timing import CAP_MARGIN, SQS_MAX_VISIBILITY
@@ -65,15 +67,14 @@ first receive: SQS refuses visibility past 12 hours from the first receive (moto
 counts from the send); the margin also covers a few minutes of skew between SQS's
 clock and the worker's, the one place the core compares them."""
 
-STAGE_NAME = "1 to 100 characters of A-Z a-z 0-9 _ . : -"
-"""What a stage name may be: it is part of the idempotency keys of the stage's effects."""
-
-_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
+STAGE_NAME = NAME_RULE
+"""What a stage name may be: it is part of the idempotency keys of the stage's effects
+(the one rule for class and stage names, ``inputs.NAME_RULE``)."""
 
 
 def valid_stage_name(name: object) -> bool:
     """Whether ``name`` can name a stage (:data:`STAGE_NAME`)."""
-    return isinstance(name, str) and 0 < len(name) <= 100 and set(name) <= _NAME_CHARS
+    return valid_name(name)
 
 
 def _plain(value: Any) -> Any:
@@ -139,18 +140,25 @@ def stage_log(job: JobView) -> list[StageEntry]:
     if not job.stage_log:
         return []
     out: list[StageEntry] = []
-    for e in json.loads(job.stage_log):
-        out.append(
-            StageEntry(
-                stage=str(e["stage"]),
-                result=e.get("result"),
-                token=int(e.get("token", 0)),
-                attempt=int(e.get("attempt", 0)),
-                duration=float(e.get("duration", 0.0)),
-                finished_at=float(e.get("finished_at", 0.0)),
-                worker=str(e.get("worker", "")),
+    try:
+        for e in loads(job.stage_log):
+            out.append(
+                StageEntry(
+                    stage=str(e["stage"]),
+                    result=e.get("result"),
+                    token=int(e.get("token", 0)),
+                    attempt=int(e.get("attempt", 0)),
+                    duration=float(e.get("duration", 0.0)),
+                    finished_at=float(e.get("finished_at", 0.0)),
+                    worker=str(e.get("worker", "")),
+                )
             )
-        )
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+        raise RecordUnreadable(
+            f"job record {job.job_id!r}: its stage log cannot be read by this version "
+            f"({type(exc).__name__}); fix the record by hand or run a version that knows it",
+            job.job_id,
+        ) from None
     return out
 
 

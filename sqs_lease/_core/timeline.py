@@ -42,6 +42,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
+from .inputs import loads as _loads
+
 TIMELINE_LIMIT = 64
 """Events kept on a job record; at this length the next owner trims the oldest."""
 
@@ -133,7 +135,7 @@ class TimelineEvent:
 def decode(text: str) -> TimelineEvent | None:
     """One stored event (None: a kind this version does not know, or not an event)."""
     try:
-        raw = json.loads(text)
+        raw = _loads(text)
         kind = TimelineKind(raw["k"])
         at = float(raw["at"])
     except (ValueError, KeyError, TypeError):

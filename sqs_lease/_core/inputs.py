@@ -1,0 +1,168 @@
+"""Text from outside: JSON that can fail only as ``ValueError``, and what an id may be.
+
+Everything a worker, a Lambda batch or an operator command reads comes from someone
+else: a message body (anyone who may send to the queue), an event record, a job
+record (a producer, a hand edit, another version), a DLQ message, a journal line.
+None of it may raise anything but a typed refusal of that one input. Two rules,
+one place each, for every reader and for submit alike:
+
+- :func:`loads`: ``json.loads`` that raises only :class:`UnreadableJson` (a
+  ``ValueError``): nesting deep enough to exhaust the interpreter's recursion
+  (``"[" * 2000``: ``RecursionError``, which no ``except ValueError`` catches),
+  numbers past Python's digit limit, invalid text. A value nested deeper than
+  :data:`JSON_DEPTH_LIMIT` is refused too, so no later recursive walk of a value
+  read here (redaction, validation, rendering) can hit the recursion limit.
+- :func:`job_id_problem`, :func:`name_problem`, :func:`send_id_problem`: what a
+  job id, a job class or stage name, and a send id may be. Submit refuses what
+  breaks them (``LimitExceeded`` / ``ConfigError``, naming the limit); a message
+  that names one is poison at once, before any request carries it.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from typing import Any
+
+JSON_DEPTH_LIMIT = 64
+"""Arrays and objects nested in one value read from outside, at most. The toolkit's
+own texts nest 3 deep; payloads are validated by their models, never walked deeper."""
+
+JOB_ID_LIMIT = 2048
+"""UTF-8 bytes of a job id at most: DynamoDB's partition key limit."""
+
+NAME_LIMIT = 100
+"""Characters of a job class or stage name at most."""
+
+NAME_CHARS = "A-Z a-z 0-9 _ . : -"
+NAME_RULE = f"1 to {NAME_LIMIT} characters of {NAME_CHARS}"
+"""What a job class or stage name may be: it is part of the idempotency keys of the
+effects of its stages, and of metric dimensions."""
+
+NAME_PATTERN = rf"^[A-Za-z0-9_.:-]{{1,{NAME_LIMIT}}}$"
+""":data:`NAME_RULE` as a regular expression (the job class model's field)."""
+
+SEND_ID_LIMIT = 200
+"""Characters of a send id at most (the toolkit's own are under 80)."""
+
+RESERVED_PREFIXES = ("worker#",)
+"""Job id prefixes the job table keeps for itself (a worker's liveness record is
+``worker#<id>``): a job under one would be overwritten by it."""
+
+_NAME_SET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
+
+
+class UnreadableJson(ValueError):
+    """A text from outside that is not JSON this toolkit reads; the message says why
+    without quoting the text."""
+
+
+def loads(text: str | bytes | bytearray) -> Any:
+    """``json.loads(text)``, raising only :class:`UnreadableJson` (a ``ValueError``)."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise UnreadableJson(f"JSON nested deeper than {JSON_DEPTH_LIMIT} levels") from None
+    except (ValueError, TypeError) as exc:  # JSONDecodeError, UnicodeDecodeError, digits
+        raise UnreadableJson(f"not valid JSON ({_why(exc)})") from None
+    if _deeper_than(value, JSON_DEPTH_LIMIT):
+        raise UnreadableJson(f"JSON nested deeper than {JSON_DEPTH_LIMIT} levels")
+    return value
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+    # Never the text itself: a UnicodeDecodeError or a digit-limit message quotes none,
+    # but keep only the class and a bounded message.
+    return f"{type(exc).__name__}: {str(exc)[:120]}"
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    # Iterative, so a deep value cannot exhaust the recursion this check guards.
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            children: Any = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no store or header can carry it
+        return False
+    return True
+
+
+def _control(ch: str) -> bool:
+    # C0, DEL, C1, and the format characters that reorder text (bidi overrides).
+    return unicodedata.category(ch) in ("Cc", "Cf")
+
+
+def job_id_problem(job_id: object) -> str | None:
+    """Why ``job_id`` cannot be a job id (None: it can). Never quotes the id."""
+    if not isinstance(job_id, str) or not job_id:
+        return "a job id is a non-empty string"
+    if not _encodable(job_id):
+        return "a job id is valid Unicode text (it holds a lone surrogate)"
+    size = len(job_id.encode("utf-8"))
+    if size > JOB_ID_LIMIT:
+        return (
+            f"a job id is at most {JOB_ID_LIMIT} bytes in UTF-8 (JOB_ID_LIMIT, DynamoDB's "
+            f"partition key limit); this one is {size}"
+        )
+    if any(_control(ch) for ch in job_id):
+        return "a job id holds no control or format characters (NUL, ESC, CR, LF, bidi)"
+    for prefix in RESERVED_PREFIXES:
+        if job_id.startswith(prefix):
+            return f"job ids starting with {prefix!r} are the job table's own (liveness records)"
+    return None
+
+
+def name_problem(what: str, name: object) -> str | None:
+    """Why ``name`` cannot be a job class or stage name (None: it can)."""
+    if isinstance(name, str) and 0 < len(name) <= NAME_LIMIT and set(name) <= _NAME_SET:
+        return None
+    return f"a {what} name is {NAME_RULE}"
+
+
+def valid_name(name: object) -> bool:
+    """Whether ``name`` can name a job class or a stage (:data:`NAME_RULE`)."""
+    return name_problem("", name) is None
+
+
+def send_id_problem(send_id: object) -> str | None:
+    """Why ``send_id`` cannot be a send id (None: it can)."""
+    if not isinstance(send_id, str) or not send_id:
+        return "a send id is a non-empty string"
+    if len(send_id) > SEND_ID_LIMIT or not _encodable(send_id):
+        return f"a send id is valid text of at most {SEND_ID_LIMIT} characters"
+    if any(_control(ch) for ch in send_id):
+        return "a send id holds no control or format characters"
+    return None
+
+
+__all__ = [
+    "JOB_ID_LIMIT",
+    "JSON_DEPTH_LIMIT",
+    "NAME_LIMIT",
+    "NAME_PATTERN",
+    "NAME_RULE",
+    "RESERVED_PREFIXES",
+    "SEND_ID_LIMIT",
+    "UnreadableJson",
+    "job_id_problem",
+    "loads",
+    "name_problem",
+    "send_id_problem",
+    "valid_name",
+]
