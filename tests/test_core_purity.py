@@ -19,7 +19,9 @@ ALLOWED_ABSOLUTE = {
     "hashlib",  # pure: a FIFO group id digest (_core/fifo.py)
     "json",
     "math",
+    "re",  # pure: outside text's URLs and words (_core/texts.py)
     "typing",
+    "unicodedata",  # pure: which characters a terminal must not be sent (_core/texts.py)
 }
 FORBIDDEN_NAMES = {
     "time",
