@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ._cli_out import EXIT_NOT_FOUND, emit_json, json_option, note, table
+from ._cli_out import EXIT_NOT_FOUND, emit_json, fail_line, field, json_option, note, row, table
 from ._config import Settings
 from ._core.deadletter import DlqFinding, DlqReport, DlqVerdict
 from ._core.inputs import loads as _loads
@@ -227,11 +227,9 @@ def dlq_show(ctx: click.Context, ident: str, scan: int, as_json: bool) -> None:
             if i:
                 click.echo("")
             for name, value in _fields(msg, body=True).items():
-                if name == "body":
-                    value = _pretty(str(value))
-                click.echo(f"{name}: {'-' if value is None else value}")
+                field(name, _pretty(str(value)) if name == "body" else value)
     if not found:
-        click.echo(f"error: no DLQ message with message id or job id {ident!r}", err=True)
+        click.echo(fail_line(f"no DLQ message with message id or job id {ident!r}"), err=True)
         raise click.exceptions.Exit(EXIT_NOT_FOUND)
 
 
@@ -295,7 +293,7 @@ def dlq_redrive(
     else:
         for r in report.messages:
             said = _SAID[r.verdict] + (f": {r.detail}" if r.detail else "")
-            click.echo(f"{r.message.message_id}\t{r.message.job_id or '-'}\t{said}")
+            row(r.message.message_id, r.message.job_id or "-", said)
         moved = sum(1 for r in report.messages if r.verdict in ("moved", "copied_not_deleted"))
         if dry_run:
             summary = f"{len(report.messages)} would move (dry run: nothing sent)"

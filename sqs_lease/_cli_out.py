@@ -3,6 +3,12 @@ that wrap their last column, and notes on stderr.
 
 Kept apart from :mod:`sqs_lease.cli` so commands added there (or in modules of
 their own, like :mod:`sqs_lease._cli_dlq`) share one way of printing.
+
+Human output shows text from outside (job ids, reasons, exception texts, DLQ
+bodies) through :func:`~sqs_lease._core.texts.visible`: its control characters
+are shown as escapes, never sent to the terminal. :func:`table`, :func:`row`,
+:func:`field`, :func:`note`, :func:`noop` and :func:`fail_line` do it for their
+cells; JSON output (:func:`emit_json`) stays exact JSON.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import click
+
+from ._core.texts import visible, visible_lines
 
 EXIT_OK = 0
 """The command did what it was asked."""
@@ -47,7 +55,7 @@ def emit_json(value: Any) -> None:
 
 def note(text: str) -> None:
     """A remark for the person at the terminal, on stderr: stdout stays parseable."""
-    click.echo(f"note: {text}", err=True)
+    click.echo(f"note: {visible(text)}", err=True)
 
 
 def noop(text: str, *, as_json: bool, data: dict[str, Any]) -> NoReturn:
@@ -55,8 +63,32 @@ def noop(text: str, *, as_json: bool, data: dict[str, Any]) -> NoReturn:
     if as_json:
         emit_json(data)
     else:
-        click.echo(f"nothing to do: {text}")
+        click.echo(f"nothing to do: {visible(text)}")
     raise click.exceptions.Exit(EXIT_NOOP)
+
+
+def row(*cells: object) -> None:
+    """One line of tab-separated cells, each shown with controls made visible (a tab
+    or line break inside a cell cannot shift a column or forge a line)."""
+    click.echo("\t".join(visible(c) for c in cells))
+
+
+def field(name: str, value: object, *, lead: str = "", ours: bool = False) -> None:
+    """One ``name: value`` line (``-`` for None), the value shown with controls made
+    visible. ``ours``: the value's line breaks are the command's own (an indented
+    JSON dump, whose strings' breaks JSON escaped) and stay line breaks."""
+    if value is None:
+        shown = "-"
+    elif ours:
+        shown = visible_lines(str(value))
+    else:
+        shown = visible(value)
+    click.echo(f"{lead}{visible(name)}: {shown}")
+
+
+def fail_line(message: str) -> str:
+    """The ``error:`` line of a failed command: one line, controls made visible."""
+    return f"error: {visible(' '.join(message.split()))}"
 
 
 def terminal_width() -> int | None:
@@ -79,6 +111,7 @@ def table(rows: Sequence[Sequence[str]], width: int | None = None) -> str:
     indented under it. Without a width every row stays on one line, whole."""
     if not rows:
         return ""
+    rows = [[visible(cell) for cell in r] for r in rows]
     width = terminal_width() if width is None else width
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lead = sum(widths[:-1]) + 2 * (len(widths) - 1)

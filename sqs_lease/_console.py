@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from ._core.inputs import loads as _loads
+from ._core.texts import visible
 from ._journal import LOGGER_NAME
 
 StatusSource = Callable[[], Mapping[str, int]]
@@ -54,26 +55,31 @@ _CLEAR = "\r\x1b[2K"
 
 
 def render_event(record: Mapping[str, Any]) -> str:
-    """One journal event as one readable line: time, mark, event, job, then fields."""
+    """One journal event as one readable line: time, mark, event, job, then fields.
+
+    Every text in it comes from outside (job ids, reasons, exception texts) and is
+    shown with its control characters made visible: a line can never move the
+    cursor, set the title or reach the clipboard."""
     ts = record.get("ts")
     clock = datetime.fromtimestamp(ts).strftime("%H:%M:%S") if isinstance(ts, int | float) else ""
     event = str(record.get("event", "?"))
     mark = "!" if event in ALERTS else " "
     job = record.get("job_id")
-    parts = [f"{clock} {mark} {event:<22}"]
+    parts = [f"{clock} {mark} {visible(event):<22}"]
     if job is not None:
-        parts.append(f"job {job}")
+        parts.append(f"job {visible(job)}")
     for key, value in record.items():
         if key in _SKIP or value is None:
             continue
-        parts.append(f"{key}={_value(value)}")
+        parts.append(f"{visible(key)}={_value(value)}")
     return "  ".join(parts).rstrip()
 
 
 def _value(value: Any) -> str:
-    if isinstance(value, str):
-        return value if value and " " not in value and "=" not in value else json.dumps(value)
-    return json.dumps(value, default=str, separators=(",", ":"))
+    if isinstance(value, str) and value and " " not in value and "=" not in value:
+        return visible(value)
+    # JSON escapes C0 controls but not DEL, C1 or bidi overrides: those are made visible.
+    return visible(json.dumps(value, default=str, separators=(",", ":"), ensure_ascii=False))
 
 
 class HumanConsole(logging.Handler):
@@ -136,7 +142,8 @@ class HumanConsole(logging.Handler):
         if self._last is not None:
             event, job, at = self._last
             ago = max(0.0, self.clock() - at)
-            bits.append(f"last: {event}{' ' + str(job) if job else ''} ({ago:.0f}s ago)")
+            said = visible(f"{event}{' ' + str(job) if job else ''}")
+            bits.append(f"last: {said} ({ago:.0f}s ago)")
         return " | ".join(bits)
 
     def _write(self, line: str | None) -> None:

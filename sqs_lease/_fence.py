@@ -16,12 +16,18 @@ high-water mark per scope. Headers:
 - ``X-Execution-Fence``: the token, ASCII digits ``0-9`` only, no sign, no
   leading zero (``"0"`` itself is fine), at most ``2**63 - 1`` (it fits a
   signed 64-bit integer in every language).
-- ``Idempotency-Key``: 1..255 characters.
+- ``Idempotency-Key``: the intent key, 1..255 characters, no control
+  characters (C0, DEL, C1) and valid Unicode; sent percent-encoded UTF-8 with
+  every visible ASCII character but ``%`` as is (``key_to_wire``: a key like
+  ``payment:INV-1:capture`` goes unchanged; ``é`` goes as ``%C3%A9``, a space as
+  ``%20``, ``%`` as ``%25``). On the wire: 1..3060 ASCII characters (``0x20`` to
+  ``0x7E``); the receiver decodes it (``parse_key``) as strict UTF-8, so an HTTP
+  stack that sends headers as Latin-1 never meets a character it cannot send.
 - ``X-Execution-Fence-Signature`` (optional): ``v1=`` and 64 lower-case hex
   digits, the HMAC-SHA256 under a secret shared by caller and receiver of
-  ``"sqs-lease-fence-v1\\n" + scope + "\\n" + token + "\\n" + key``, where scope
-  and token are the header values exactly as sent (the scope percent-encoded)
-  and the key comes last, so no field can be shifted into another.
+  ``"sqs-lease-fence-v1\\n" + scope + "\\n" + token + "\\n" + key``, where scope,
+  token and key are the header values exactly as sent (scope and key
+  percent-encoded) and the key comes last, so no field can be shifted into another.
 
 The fence orders owners; it is **not** authentication. Anyone who can reach
 the receiver can send any scope and token; the receiving service must
@@ -51,6 +57,10 @@ FENCE_SIGNATURE: Final = "X-Execution-Fence-Signature"
 MAX_TOKEN: Final = 2**63 - 1
 MAX_SCOPE_WIRE: Final = 1024
 MAX_KEY_LENGTH: Final = 255
+MAX_KEY_WIRE: Final = 12 * MAX_KEY_LENGTH  # each character: up to 4 UTF-8 bytes, each %XX
+# Sent as is in a key: visible ASCII but "%" (the escape itself). Everything else,
+# space and non-ASCII text included, is percent-encoded UTF-8.
+_KEY_SAFE: Final = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
 SIGNATURE_PREFIX: Final = "v1="
 _SIGNED_CONTEXT: Final = b"sqs-lease-fence-v1"
 
@@ -58,6 +68,10 @@ _SIGNED_CONTEXT: Final = b"sqs-lease-fence-v1"
 _TOKEN_RE: Final = re.compile(r"(?:0|[1-9][0-9]{0,18})\Z", re.ASCII)
 _SCOPE_WIRE_RE: Final = re.compile(rf"[\x21-\x7e]{{1,{MAX_SCOPE_WIRE}}}\Z")
 _SIGNATURE_RE: Final = re.compile(r"v1=[0-9a-f]{64}\Z")
+# A space inside is admitted on the wire: keys sent raw before they were encoded.
+_KEY_WIRE_RE: Final = re.compile(rf"[\x20-\x7e]{{1,{MAX_KEY_WIRE}}}\Z")
+# C0 controls (NUL, ESC, CR, LF among them), DEL and C1: refused in a key, either end.
+_CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _OWS: Final = " \t"  # HTTP's optional whitespace around a field value; nothing else is stripped
 
 
@@ -87,7 +101,13 @@ def check_scope(scope: object) -> str:
         raise FenceError(
             "invalid_header", FENCE_SCOPE, f"scope must be a non-empty job id, got {scope!r}"
         )
-    if len(scope_to_wire(scope)) > MAX_SCOPE_WIRE:
+    try:
+        wire = scope_to_wire(scope)
+    except UnicodeEncodeError:
+        raise FenceError(
+            "invalid_header", FENCE_SCOPE, "scope (the job id) is not valid Unicode"
+        ) from None
+    if len(wire) > MAX_SCOPE_WIRE:
         raise FenceError(
             "invalid_header",
             FENCE_SCOPE,
@@ -97,15 +117,61 @@ def check_scope(scope: object) -> str:
     return scope
 
 
+def check_key_text(idem_key: object) -> str:
+    """``idem_key`` if it is a non-empty str of valid Unicode without control
+    characters (NUL, ESC, CR, LF, DEL, C1); ``FenceError`` otherwise. What the
+    client checks before a key is sent (no length bound: other targets take longer
+    keys than the receiver kit)."""
+    if not isinstance(idem_key, str) or not idem_key:
+        raise FenceError("invalid_header", IDEMPOTENCY_KEY, "idempotency key must not be empty")
+    if _CONTROL_RE.search(idem_key):
+        raise FenceError(
+            "invalid_header",
+            IDEMPOTENCY_KEY,
+            "idempotency key must not hold control characters (NUL, ESC, CR, LF, DEL, C1)",
+        )
+    try:
+        idem_key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise FenceError(
+            "invalid_header", IDEMPOTENCY_KEY, "idempotency key is not valid Unicode"
+        ) from None
+    return idem_key
+
+
 def check_key(idem_key: object) -> str:
-    """``idem_key`` if it is 1..255 characters; ``FenceError`` otherwise."""
-    if not isinstance(idem_key, str) or not 0 < len(idem_key) <= MAX_KEY_LENGTH:
+    """``idem_key`` if it is 1..255 characters of :func:`check_key_text`; ``FenceError``
+    otherwise. What a receiver accepts once the key is decoded."""
+    key = check_key_text(idem_key)
+    if len(key) > MAX_KEY_LENGTH:
         raise FenceError(
             "invalid_header",
             IDEMPOTENCY_KEY,
             f"idempotency key must be 1..{MAX_KEY_LENGTH} characters",
         )
-    return idem_key
+    return key
+
+
+def key_to_wire(idem_key: str) -> str:
+    """The key as sent: percent-encoded UTF-8, visible ASCII but ``%`` as is."""
+    return urllib.parse.quote(check_key_text(idem_key), safe=_KEY_SAFE)
+
+
+def parse_key(raw: str) -> str:
+    """An ``Idempotency-Key`` header's value decoded, or ``FenceError`` saying why not."""
+    if not _KEY_WIRE_RE.match(raw):
+        raise FenceError(
+            "invalid_header",
+            IDEMPOTENCY_KEY,
+            f"must be 1..{MAX_KEY_WIRE} ASCII characters (percent-encode the key as UTF-8)",
+        )
+    try:
+        key = urllib.parse.unquote(raw, errors="strict")
+    except UnicodeDecodeError:
+        raise FenceError(
+            "invalid_header", IDEMPOTENCY_KEY, "percent-encoding does not decode as UTF-8"
+        ) from None
+    return check_key(key)
 
 
 def scope_to_wire(scope: str) -> str:
@@ -113,10 +179,15 @@ def scope_to_wire(scope: str) -> str:
     return urllib.parse.quote(scope, safe="")
 
 
-def signature(secret: bytes, scope_wire: str, token: int | str, idem_key: str) -> str:
+def signature(secret: bytes, scope_wire: str, token: int | str, key_wire: str) -> str:
     """``v1=<hex>``: HMAC-SHA256 over the fence as sent (see the module doc)."""
     msg = b"\n".join(
-        [_SIGNED_CONTEXT, scope_wire.encode("ascii"), str(token).encode("ascii"), idem_key.encode()]
+        [
+            _SIGNED_CONTEXT,
+            scope_wire.encode("ascii"),
+            str(token).encode("ascii"),
+            key_wire.encode("ascii"),
+        ]
     )
     return SIGNATURE_PREFIX + hmac.new(secret, msg, hashlib.sha256).hexdigest()
 
@@ -126,13 +197,14 @@ def fence_headers(
 ) -> dict[str, str]:
     """The request headers of a fenced call; signed when ``secret`` is given."""
     wire = scope_to_wire(check_scope(scope))
+    key_wire = key_to_wire(idem_key)
     headers = {
-        IDEMPOTENCY_KEY: idem_key,
+        IDEMPOTENCY_KEY: key_wire,
         FENCE_SCOPE: wire,
         FENCE_TOKEN: str(check_token(token)),
     }
     if secret is not None:
-        headers[FENCE_SIGNATURE] = signature(secret, wire, token, idem_key)
+        headers[FENCE_SIGNATURE] = signature(secret, wire, token, key_wire)
     return headers
 
 
@@ -190,7 +262,8 @@ def parse_fence(headers: Mapping[str, str], *, secrets: Iterable[bytes] = ()) ->
     match: rotate by adding the new one first), the signature header is
     required and compared in constant time.
     """
-    key = check_key(_required(headers, IDEMPOTENCY_KEY))
+    key_wire = _required(headers, IDEMPOTENCY_KEY)
+    key = parse_key(key_wire)
     scope_wire = _required(headers, FENCE_SCOPE)
     scope = parse_scope(scope_wire)
     token_raw = _required(headers, FENCE_TOKEN)
@@ -203,7 +276,9 @@ def parse_fence(headers: Mapping[str, str], *, secrets: Iterable[bytes] = ()) ->
                 "invalid_header", FENCE_SIGNATURE, "must be 'v1=' and 64 lower-case hex digits"
             )
         # Every secret is compared, so the time taken does not say which one (if any) matched.
-        matches = [hmac.compare_digest(sig, signature(k, scope_wire, token_raw, key)) for k in keys]
+        matches = [
+            hmac.compare_digest(sig, signature(k, scope_wire, token_raw, key_wire)) for k in keys
+        ]
         if not any(matches):
             raise FenceError(
                 "fence_signature_mismatch",

@@ -28,9 +28,17 @@ from ._core.intents import default_key as _default_key
 from ._core.limits import check_intent, progress_text
 from ._core.slots import MAX_LIMIT, check_limit
 from ._core.stages import STAGE_NAME, valid_stage_name
+from ._core.texts import visible
 from ._core.timing import EFFECT_MARGIN, LocalLease, check_timing
-from ._errors import ConfigError, JobClassError, LeaseError, PayloadError
-from ._fence import fence_headers
+from ._errors import (
+    ConfigError,
+    FenceError,
+    JobClassError,
+    LeaseError,
+    PayloadError,
+    ToolNotApplied,
+)
+from ._fence import check_key_text, fence_headers
 from ._journal import Journal
 
 if TYPE_CHECKING:
@@ -298,12 +306,23 @@ class EffectCall:
 
     @property
     def headers(self) -> dict[str, str]:
-        """``Idempotency-Key``, ``X-Execution-Fence-Scope`` (job id), ``X-Execution-Fence``."""
-        return fence_headers(self.key, self.job_id, self.token)
+        """``Idempotency-Key``, ``X-Execution-Fence-Scope`` (job id), ``X-Execution-Fence``.
+
+        A fence that cannot be written (a job id too long once percent-encoded)
+        raises ``ToolNotApplied(retry=False)``: no request carrying it can have left.
+        """
+        return self._fence()
 
     def signed_headers(self, secret: bytes) -> dict[str, str]:
         """:attr:`headers` plus ``X-Execution-Fence-Signature`` (HMAC-SHA256 under ``secret``)."""
-        return fence_headers(self.key, self.job_id, self.token, secret=secret)
+        return self._fence(secret)
+
+    def _fence(self, secret: bytes | None = None) -> dict[str, str]:
+        try:
+            return fence_headers(self.key, self.job_id, self.token, secret=secret)
+        except FenceError as exc:
+            # Raised inside the tool, any other exception reads "outcome unknown".
+            raise ToolNotApplied(f"not sent: {exc}", code="invalid_fence", retry=False) from None
 
 
 class App:
@@ -596,6 +615,10 @@ class _ContextBase(Generic[P]):
         ikey = key or _default_key(self.job_id, self.stage, action, target, version)
         if not ikey or len(ikey) > 1024:
             raise ConfigError(f"intent key must be 1..1024 characters, got {len(ikey)}")
+        try:
+            check_key_text(ikey)  # refused before the intent is written, never sent
+        except FenceError as exc:
+            raise ConfigError(f"intent key {visible(ikey)!r}: {exc.reason}") from None
         # Keys count in UTF-8 bytes (2048 for a partition key), and the intent holds
         # the payload next to a bounded response: DynamoDB's limits, named up front.
         check_intent(ikey, text, RESPONSE_LIMIT)

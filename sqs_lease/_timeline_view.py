@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from html import escape
 from typing import Any
 
+from ._core.texts import visible
 from ._core.timeline import (
     IntentFacts,
     TimelineEvent,
@@ -218,12 +219,13 @@ def _annotated(tl: Timeline) -> list[tuple[TimelineEvent, str, bool]]:
 def render_text(tl: Timeline, width: int = 26) -> str:
     """The timeline for a terminal: one column (lane) per owner, one row per event,
     the token on every row, gaps of :data:`GAP_SECONDS` or more shown, refused
-    writes marked ✘ and in capitals."""
+    writes marked ✘ and in capitals. Job id, owners and details come from outside:
+    shown with their control characters made visible."""
     lanes = tl.lanes
-    cols = "".join(f"{lane[:width]:<{width}}" for lane in lanes)
+    cols = "".join(f"{visible(lane)[:width]:<{width}}" for lane in lanes)
     head = f"{'time (UTC)':<13} {'token':>5}  {cols}"
     lines = [
-        f"job {tl.job_id}: {tl.state}, token {tl.token}, {len(tl.events)} events",
+        f"job {visible(tl.job_id)}: {visible(tl.state)}, token {tl.token}, {len(tl.events)} events",
         head.rstrip(),
     ]
     holding: set[str] = set()
@@ -243,7 +245,11 @@ def render_text(tl: Timeline, width: int = 26) -> str:
             # The event's own cell may run past its column: what follows moves right.
             at = start + col * width
             row = row.ljust(at) if len(row) <= at else row + " "
-            row += f"{_MARK[ev.kind]} {text}" if name == lane else ("│" if name in holding else "")
+            row += (
+                f"{_MARK[ev.kind]} {visible(text)}"
+                if name == lane
+                else ("│" if name in holding else "")
+            )
         lines.append(row.rstrip())
         if ev.kind is TimelineKind.CLAIMED and ev.owner:
             holding.add(ev.owner)

@@ -37,9 +37,12 @@ from ._cli_out import (
     EXIT_INTERRUPTED,
     EXIT_NOT_FOUND,
     emit_json,
+    fail_line,
+    field,
     json_option,
     noop,
     note,
+    row,
     table,
 )
 from ._config import Settings
@@ -56,6 +59,7 @@ from ._core.intents import (
 from ._core.liveness import LIVENESS_PREFIX, Liveness, liveness_key, liveness_of
 from ._core.priority import Priority
 from ._core.stages import stage_rows
+from ._core.texts import visible
 from ._core.timeline import IntentAttemptFacts, IntentFacts
 from ._errors import (
     AwsCallFailed,
@@ -189,7 +193,7 @@ class _Cli(click.Group):
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    click.echo(f"error: {_one_line(message)}", err=True)
+    click.echo(fail_line(message), err=True)
     raise click.exceptions.Exit(code)
 
 
@@ -610,7 +614,7 @@ def submit(
         )
     else:
         status = "created" if result.created else "already"
-        click.echo(f"{result.job_id}\t{status}\t{result.note}")
+        row(result.job_id, status, result.note)
     if app is None:
         note(
             "payload not validated (no --app): a payload its job class refuses fails when a "
@@ -1059,16 +1063,20 @@ def jobs_show(
             for row in value:
                 took = "-" if row["duration"] is None else f"{row['duration']:g} s"
                 result = "-" if row["result"] is None else _short_json(row["result"])
-                click.echo(
-                    f"  {row['stage']}: {row['state']}, attempts {row['attempts']}, "
-                    f"token {row['token']}, {took}, result {result}"
+                field(
+                    row["stage"],
+                    f"{row['state']}, attempts {row['attempts']}, "
+                    f"token {row['token']}, {took}, result {result}",
+                    lead="  ",
                 )
             continue
         if name in _TIME_FIELDS and value is not None:
             value = f"{value} ({_iso(value)})"
         elif name in ("payload", "result") and value is not None:
             value = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
-        click.echo(f"{name}: {'-' if value is None else value}")
+            field(name, value, ours=True)
+            continue
+        field(name, value)
 
 
 def _short_json(value: Any, limit: int = 120) -> str:
@@ -1118,12 +1126,13 @@ def jobs_cancel(
             )
         else:
             for jid in rep.cancelled:
-                click.echo(f"{jid}\tcancelled")
+                row(jid, "cancelled")
             for jid, ended in rep.finished:
-                click.echo(f"{jid}\talready {ended}")
+                row(jid, f"already {ended}")
             click.echo(
-                f"group {rep.group}: {len(rep.cancelled)} cancelled, {len(rep.finished)} "
-                f"already finished, of {rep.jobs} submitted ({rep.reason})"
+                f"group {visible(rep.group)}: {len(rep.cancelled)} cancelled, "
+                f"{len(rep.finished)} already finished, of {rep.jobs} submitted "
+                f"({visible(rep.reason)})"
             )
         if rep.missing:
             _fail(f"{rep.missing} job(s) of the group not yet in its index: run it again", 1)
@@ -1148,10 +1157,7 @@ def jobs_cancel(
     if as_json:
         emit_json(data)
         return
-    click.echo(
-        f"{view.job_id}\t{view.state}\ttoken {view.token}\t{view.error_code or '-'}\t"
-        f"{view.reason or '-'}"
-    )
+    row(view.job_id, view.state, f"token {view.token}", view.error_code or "-", view.reason or "-")
 
 
 @jobs.command("resume")
@@ -1184,7 +1190,7 @@ def jobs_resume(ctx: click.Context, job_id: str, as_json: bool) -> None:
     if as_json:
         emit_json(data)
         return
-    click.echo(f"{job_id}\tqueued\t{resumed.note}")
+    row(job_id, "queued", resumed.note)
 
 
 @jobs.command("retry")
@@ -1221,7 +1227,7 @@ def jobs_retry(ctx: click.Context, job_id: str, stage: str | None, as_json: bool
     if as_json:
         emit_json(data)
         return
-    click.echo(f"{job_id}\tqueued\t{retried.note}")
+    row(job_id, "queued", retried.note)
 
 
 @jobs.command("repair")
@@ -1272,7 +1278,7 @@ def jobs_repair(
             "moved": "skipped: sent, claimed or taken over meanwhile",
             "failed": f"failed: {job.detail}",
         }[job.verdict]
-        click.echo(f"{job.job_id}\t{job.job_class}\tunsent for {_seconds(job.unsent_for)}\t{what}")
+        row(job.job_id, job.job_class, f"unsent for {_seconds(job.unsent_for)}", what)
     if dry_run:
         summary = f"{len(report.jobs)} stranded (dry run: nothing sent)"
     else:
@@ -1534,10 +1540,22 @@ def _attempt_fields(rec: AttemptRecord) -> dict[str, Any]:
 @intents.command("show")
 @click.argument("key")
 @click.option("--payload", "with_payload", is_flag=True, help="Also print the payload JSON.")
+@click.option(
+    "--response",
+    "with_response",
+    is_flag=True,
+    help="Also print the response the target returned (kept on the intent for replays).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 @click.pass_context
-def intents_show(ctx: click.Context, key: str, with_payload: bool, as_json: bool) -> None:
-    """Show one intent and every attempt of it (the payload only with --payload)."""
+def intents_show(
+    ctx: click.Context, key: str, with_payload: bool, with_response: bool, as_json: bool
+) -> None:
+    """Show one intent and every attempt of it.
+
+    Bodies only on request: the payload with --payload, the target's response kept
+    on the intent with --response. The attempt log holds a response only where the
+    target logs bodies (``app.target(..., log_bodies=True)``)."""
     settings = _settings(ctx)
     check_table(settings)
     ddb = make_client(settings, "dynamodb")
@@ -1554,7 +1572,8 @@ def intents_show(ctx: click.Context, key: str, with_payload: bool, as_json: bool
     ]
     names.sort(key=lambda n: (n != "intent_key", n))
     intent: dict[str, Any] = {name: getattr(rec, name, None) for name in names}
-    intent["response"] = _json_or_text(rec.response)
+    if with_response:
+        intent["response"] = _json_or_text(rec.response)
     if rec.resolution is not None:
         intent.update({name: getattr(rec, name, None) for name in _RESOLUTION_FIELDS})
     if with_payload:
@@ -1564,14 +1583,17 @@ def intents_show(ctx: click.Context, key: str, with_payload: bool, as_json: bool
         click.echo(json.dumps({"intent": intent, "attempts": attempts}, default=str))
         return
     for name, value in intent.items():
-        click.echo(f"{name}: {_show_value(name, value)}")
+        field(name, _show_value(name, value), ours=name in _BODIES)
     click.echo(f"attempt log: {len(attempts)}")
     for entry in attempts:
         for i, (name, value) in enumerate(entry.items()):
             if name == "response" and value is None:
                 continue  # stored only when the target opts in to bodies
             lead = "- " if i == 0 else "  "
-            click.echo(f"{lead}{name}: {_show_value(name, value, indent='  ')}")
+            field(name, _show_value(name, value, indent="  "), lead=lead, ours=name in _BODIES)
+
+
+_BODIES = ("payload", "response")
 
 
 def _show_value(name: str, value: Any, indent: str = "") -> str:
@@ -1723,8 +1745,8 @@ def intents_resolve(
             }
         )
         return
-    successor = f"\tsuccessor {intent.successor}" if intent.successor else ""
-    click.echo(f"{intent.key}\t{state}{successor}\tjob {intent.job_id} {resolved.note}")
+    successor = [f"successor {intent.successor}"] if intent.successor else []
+    row(intent.key, state, *successor, f"job {intent.job_id} {resolved.note}")
 
 
 def _refuse_unprotected_retry(settings: Settings, key: str) -> None:

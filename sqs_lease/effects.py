@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -37,7 +39,8 @@ from typing import Any
 
 from ._core.inputs import loads as _loads
 from ._core.intents import CheckAnswer, ToolResult, Verdict
-from ._errors import LeaseLost, ToolNotApplied, ToolOutcomeUnknown
+from ._core.texts import url_origin, visible
+from ._errors import FenceError, LeaseLost, ToolNotApplied, ToolOutcomeUnknown
 from ._fence import (
     FENCE_SCOPE,
     FENCE_SIGNATURE,
@@ -88,11 +91,16 @@ def http_json(
     - 409 (same key in flight), 5xx, and every transport failure once the
       request may have left (a timeout, a reset, a response cut short or
       unreadable, a dropped connection): ``ToolOutcomeUnknown``;
-    - other 4xx (the target rejected the request): ``ToolNotApplied(retry=False)``.
+    - other 4xx (the target rejected the request): ``ToolNotApplied(retry=False)``;
+    - a request that cannot be built (a header that is not Latin-1 or holds a line
+      break, a URL that is not ASCII, a body that is not JSON): it never left, so
+      ``ToolNotApplied(retry=False)``, never "outcome unknown".
+
+    Error texts name the URL by scheme and host only: its path and query (a
+    webhook's secret path, ``?token=``) never reach a reason, journal or log.
     """
-    data = json.dumps(dict(body if body is not None else call.payload)).encode()
-    hdrs = {"Content-Type": "application/json", **call.headers, **dict(headers or {})}
-    req = urllib.request.Request(url, data, hdrs, method=method)
+    where = url_origin(url)  # errors name scheme and host: a path or query may hold a secret
+    req = _request(call, url, where, method, body, headers)
     seconds = call.timeout if timeout is None else timeout
     try:
         with urllib.request.urlopen(req, timeout=seconds) as resp:
@@ -102,27 +110,27 @@ def http_json(
     except urllib.error.HTTPError as err:
         code = err.code
         if code == 412:
-            raise LeaseLost(f"{url}: the receiver rejected fencing token {call.token}") from None
+            raise LeaseLost(f"{where}: the receiver rejected fencing token {call.token}") from None
         if code == 429:
-            raise ToolNotApplied(f"{url}: 429 too many requests", code="http_429") from None
+            raise ToolNotApplied(f"{where}: 429 too many requests", code="http_429") from None
         if code == 409 or code >= 500:
-            raise ToolOutcomeUnknown(f"{url}: HTTP {code}", code=f"http_{code}") from None
-        raise ToolNotApplied(f"{url}: HTTP {code}", code=f"http_{code}", retry=False) from None
+            raise ToolOutcomeUnknown(f"{where}: HTTP {code}", code=f"http_{code}") from None
+        raise ToolNotApplied(f"{where}: HTTP {code}", code=f"http_{code}", retry=False) from None
     except urllib.error.URLError as err:
         # urllib wraps what fails while connecting and sending. Only a refused
         # connection and a failed name lookup prove that nothing was sent.
         if isinstance(err.reason, ConnectionRefusedError):
-            raise ToolNotApplied(f"{url}: connection refused", code="refused") from None
+            raise ToolNotApplied(f"{where}: connection refused", code="refused") from None
         if isinstance(err.reason, socket.gaierror):
-            raise ToolNotApplied(f"{url}: name not resolved", code="dns") from None
+            raise ToolNotApplied(f"{where}: name not resolved", code="dns") from None
         raise ToolOutcomeUnknown(
-            f"{url}: {type(err.reason).__name__} while sending", code="transport"
+            f"{where}: {type(err.reason).__name__} while sending", code="transport"
         ) from None
     except (http.client.HTTPException, OSError) as err:
         # After the request was sent: a timeout, a reset, a dropped connection
         # (RemoteDisconnected), a bad status line, a body cut short (IncompleteRead).
         kind = "timeout" if isinstance(err, TimeoutError) else "transport"
-        raise ToolOutcomeUnknown(f"{url}: {type(err).__name__}", code=kind) from None
+        raise ToolOutcomeUnknown(f"{where}: {type(err).__name__}", code=kind) from None
     try:
         parsed = _loads(raw) if raw else {}
     except ValueError:
@@ -133,6 +141,55 @@ def http_json(
     return ToolResult(
         response, str(external) if external is not None else None, request_id=request_id
     )
+
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+
+
+def _request(
+    call: EffectCall,
+    url: str,
+    where: str,
+    method: str,
+    body: Mapping[str, Any] | None,
+    headers: Mapping[str, str] | None,
+) -> urllib.request.Request:
+    """The request, checked before anything is sent: what fails here provably never
+    left the process, so it is "not sent" (``ToolNotApplied``, no retry: the call
+    itself is wrong), never "outcome unknown" (which would park the job)."""
+
+    def refuse(why: str) -> ToolNotApplied:
+        return ToolNotApplied(f"{where}: not sent: {why}", code="invalid_request", retry=False)
+
+    try:
+        data = json.dumps(dict(body if body is not None else call.payload)).encode()
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise refuse(f"the body is not JSON ({type(exc).__name__})") from None
+    try:
+        hdrs = {"Content-Type": "application/json", **call.headers, **dict(headers or {})}
+    except FenceError as exc:
+        raise refuse(f"the fence: {exc}") from None
+    for name, value in hdrs.items():
+        if not isinstance(name, str) or not _HEADER_NAME.match(name):
+            raise refuse(f"header name {visible(name)!r} is not an HTTP token")
+        # http.client sends values as Latin-1 and refuses a line break or NUL inside.
+        if not isinstance(value, str) or any(c in value for c in "\r\n\0"):
+            raise refuse(f"header {name}: a value must be a str on one line")
+        try:
+            value.encode("latin-1")
+        except UnicodeEncodeError:
+            raise refuse(
+                f"header {name}: a value must be Latin-1 (percent-encode other text)"
+            ) from None
+    # http.client sends the target as ASCII and refuses spaces and control characters.
+    if not url.isascii() or any(c <= " " or c == "\x7f" for c in url):
+        raise refuse("the URL must be ASCII without spaces or control characters (percent-encode)")
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        raise refuse("the URL must be http:// or https://")
+    try:
+        return urllib.request.Request(url, data, hdrs, method=method)
+    except ValueError as exc:
+        raise refuse(f"the URL: {type(exc).__name__}") from None
 
 
 REQUEST_ID_HEADERS = ("X-Request-Id", "X-Amzn-RequestId", "X-Amz-Request-Id", "Request-Id")

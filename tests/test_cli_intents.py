@@ -287,6 +287,26 @@ def test_show_prints_intent_and_every_attempt_but_not_the_payload(parked: Parked
     assert [a["token"] for a in data["attempts"]] == [2, 3]
 
 
+def test_show_keeps_the_targets_response_out_unless_asked(parked: Parked) -> None:
+    # The response is kept on the intent for replays; like the payload, it is a body:
+    # printed only on request (the attempt log has one only where the target logs bodies).
+    parked.ddb.update_item(
+        TableName=parked.settings.intents_table,
+        Key={"intent_key": {"S": parked.key}},
+        UpdateExpression="SET #r = :r",
+        ExpressionAttributeNames={"#r": "response"},
+        ExpressionAttributeValues={":r": {"S": json.dumps({"receipt": "rcpt-secret-77"})}},
+    )
+    for args in ((), ("--json",)):
+        result = run(parked.aws, "intents", "show", parked.key, *args)
+        assert result.exit_code == 0, result.output
+        assert "rcpt-secret-77" not in result.stdout
+    shown = run(parked.aws, "intents", "show", parked.key, "--response")
+    assert '"receipt": "rcpt-secret-77"' in shown.stdout
+    data = json.loads(run(parked.aws, "intents", "show", parked.key, "--response", "--json").stdout)
+    assert data["intent"]["response"] == {"receipt": "rcpt-secret-77"}
+
+
 def test_show_unknown_key_exits_1(parked: Parked) -> None:
     line = one_line_error(run(parked.aws, "intents", "show", "no-such-key"), 1)
     assert "no intent 'no-such-key'" in line

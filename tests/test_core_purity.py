@@ -19,8 +19,9 @@ ALLOWED_ABSOLUTE = {
     "hashlib",  # pure: a FIFO group id digest (_core/fifo.py)
     "json",
     "math",
+    "re",  # pure: outside text's URLs and words (_core/texts.py)
     "typing",
-    "unicodedata",  # pure: character categories for the id rules (_core/inputs.py)
+    "unicodedata",  # pure: character categories (_core/inputs.py ids, _core/texts.py)
 }
 FORBIDDEN_NAMES = {
     "time",

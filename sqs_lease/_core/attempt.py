@@ -114,6 +114,7 @@ from .stages import (
     refused_next,
     stage_input_json,
 )
+from .texts import outside_text
 from .timing import Drop, LeaseStatus, LocalLease, Stop, backoff_delay, beat_due
 
 UNKNOWN_CLASS_MAX_ATTEMPTS = 1_000_000  # an unknown class is never claimed: no bound applies
@@ -1213,7 +1214,8 @@ def sweep_once_flow(
         env.tally("stranded_resent", resent)
     except Exception as exc:  # the sweep must never stop the worker
         yield Emit(
-            "stranded_sweep_failed", {"error_code": type(exc).__name__, "reason": str(exc)[:300]}
+            "stranded_sweep_failed",
+            {"error_code": type(exc).__name__, "reason": outside_text(str(exc))[:300]},
         )
     if dlq_receives > 0 and env.dlq_url:
         yield from _reconcile_dlq_once(env, env.dlq_url, dlq_receives)
@@ -1234,7 +1236,8 @@ def _reconcile_dlq_once(env: AttemptEnv, dlq_url: str, receives: int) -> Flow[No
         )
     except Exception as exc:  # the sweep must never stop the worker
         yield Emit(
-            "dlq_reconcile_failed", {"error_code": type(exc).__name__, "reason": str(exc)[:300]}
+            "dlq_reconcile_failed",
+            {"error_code": type(exc).__name__, "reason": outside_text(str(exc))[:300]},
         )
         return
     env.tally("dlq_parked", dlq.count(DlqVerdict.PARKED))

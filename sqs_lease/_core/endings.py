@@ -6,10 +6,8 @@ then run the flow it names; the classification is written once.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from .._errors import (
     ConfigError,
@@ -25,15 +23,13 @@ from .._errors import (
     ToolOutcomeUnknown,
     TransientError,
 )
-from .inputs import loads as _loads
 from .limits import ERROR_TEXT_LIMIT, bounded
+from .texts import message_of
 from .timing import Stop
 
 _PERMANENT_TYPES: tuple[type[BaseException], ...] = (ConfigError, PayloadError, LimitExceeded)
 """Raised in a handler, these are configuration or input errors (an undeclared target,
 a mistyped option, a payload or key over a limit): no retry can fix them."""
-
-_MIN_REDACTED = 4  # shorter payload strings are too common in ordinary text to hide
 
 
 class EndKind(StrEnum):
@@ -52,49 +48,25 @@ class Ending:
     code: str = ""
 
 
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for v in value.values():  # field names are the model's, not the payload's
-            yield from _strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _strings(v)
-
-
 def error_text(error: BaseException, payload_json: str | None = None) -> str:
-    """``Type: message`` of an exception, bounded, with the payload's text taken out.
+    """``Type: message`` of an exception, bounded, as it may be kept.
 
-    Exception messages often quote their input (``could not parse note 'x'``); the
-    message is kept for the operator (on the record, in the journal, in ``jobs
-    show``), but every string of the payload in it becomes ``<payload>``, and the
-    whole is cut to ``ERROR_TEXT_LIMIT`` characters.
+    Exception messages often quote their input (``could not parse note 'x'``) or
+    the URL they called; the message is kept for the operator (on the record, in
+    the journal, in ``jobs show``) as :func:`~sqs_lease._core.texts.message_of`
+    leaves it (URLs cut to scheme and host, the payload's text as ``<payload>``,
+    a validation error without its input values), cut to ``ERROR_TEXT_LIMIT``.
     """
-    message = _without_payload(str(error), payload_json)
+    message = message_of(error, payload_json)
     text = f"{type(error).__name__}: {message}" if message else type(error).__name__
     return bounded(text, ERROR_TEXT_LIMIT)
 
 
-def _without_payload(message: str, payload_json: str | None) -> str:
-    """``message`` with every string of the payload (and the whole) as ``<payload>``."""
-    if payload_json:
-        try:
-            data = _loads(payload_json)
-        except ValueError:
-            data = payload_json
-        needles = {payload_json, *_strings(data)}
-        for needle in sorted(needles, key=len, reverse=True):
-            if len(needle) >= _MIN_REDACTED:
-                message = message.replace(needle, "<payload>")
-    return message
-
-
 def _signal_text(error: HandlerSignal, payload_json: str | None) -> str:
     # A handler's own signal keeps its message as written (no type prefix), but its
-    # author may quote the payload (f"cannot charge {p.card}"): that is taken out too,
-    # since the reason goes to the record and the journal.
-    return bounded(_without_payload(str(error), payload_json), ERROR_TEXT_LIMIT)
+    # author may quote the payload (f"cannot charge {p.card}") or a URL: those are
+    # taken out too, since the reason goes to the record and the journal.
+    return bounded(message_of(error, payload_json), ERROR_TEXT_LIMIT)
 
 
 def ending_for(error: BaseException | None, payload_json: str | None = None) -> Ending:

@@ -103,9 +103,19 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _control(ch: str) -> bool:
-    # C0, DEL, C1, and the format characters that reorder text (bidi overrides).
-    return unicodedata.category(ch) in ("Cc", "Cf")
+# Cc: C0 (NUL..US, ESC among them), DEL and C1 (0x80-0x9F: 0x9B is a one-byte
+# CSI to some terminals). Cf: format characters, the bidi overrides and isolates
+# (U+202A-202E, U+2066-2069) that reorder a line as shown, and zero-width ones
+# that hide a difference between two ids. Cs: a lone surrogate, which a strict
+# UTF-8 terminal stream cannot even encode. Zl/Zp: line and paragraph separators.
+HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+"""Unicode categories of the characters no id may hold and no terminal is sent raw
+(``texts.visible`` shows them as escapes): one definition for both."""
+
+
+def hidden(ch: str) -> bool:
+    """Whether ``ch`` is a control, format or separator character (:data:`HIDDEN_CATEGORIES`)."""
+    return unicodedata.category(ch) in HIDDEN_CATEGORIES
 
 
 def job_id_problem(job_id: object) -> str | None:
@@ -120,7 +130,7 @@ def job_id_problem(job_id: object) -> str | None:
             f"a job id is at most {JOB_ID_LIMIT} bytes in UTF-8 (JOB_ID_LIMIT, DynamoDB's "
             f"partition key limit); this one is {size}"
         )
-    if any(_control(ch) for ch in job_id):
+    if any(hidden(ch) for ch in job_id):
         return "a job id holds no control or format characters (NUL, ESC, CR, LF, bidi)"
     for prefix in RESERVED_PREFIXES:
         if job_id.startswith(prefix):
@@ -146,12 +156,13 @@ def send_id_problem(send_id: object) -> str | None:
         return "a send id is a non-empty string"
     if len(send_id) > SEND_ID_LIMIT or not _encodable(send_id):
         return f"a send id is valid text of at most {SEND_ID_LIMIT} characters"
-    if any(_control(ch) for ch in send_id):
+    if any(hidden(ch) for ch in send_id):
         return "a send id holds no control or format characters"
     return None
 
 
 __all__ = [
+    "HIDDEN_CATEGORIES",
     "JOB_ID_LIMIT",
     "JSON_DEPTH_LIMIT",
     "NAME_LIMIT",
@@ -160,6 +171,7 @@ __all__ = [
     "RESERVED_PREFIXES",
     "SEND_ID_LIMIT",
     "UnreadableJson",
+    "hidden",
     "job_id_problem",
     "loads",
     "name_problem",

@@ -38,6 +38,7 @@ from .calls import Call, Err, ErrorKind, Flow, Invoke, Ok, Sleep, call, emit
 from .flows import UNSENT_GRACE_SECONDS, SendOutcome, _fail_call, home_queue, send_job_message
 from .inputs import loads as _loads
 from .records import JobRequests, JobState, JobView
+from .texts import message_of, outside_text
 
 MAX_REPEATS = 3
 """Repeats of one effect (same key, same payload) inside one attempt, after the
@@ -458,7 +459,7 @@ def effect_flow(
                 key,
                 attempt=attempts,
                 outcome="not_applied" if not_applied else "unknown",
-                error=f"{res.code}: {res.message}"[:LOG_LIMIT],
+                error=f"{res.code}: {message_of(exc, spec.payload_json)}"[:LOG_LIMIT],
                 wall_now=(yield from _wall(ctx)),
                 reopen=not_applied,
             )
@@ -930,7 +931,8 @@ def _reconcile(
             "make sure it did not apply, then resolve --retry"
         )
     else:
-        reason = f"cannot tell whether {spec.action} at {spec.target} applied: {answer.detail}"
+        detail = outside_text(answer.detail, spec.payload_json)
+        reason = f"cannot tell whether {spec.action} at {spec.target} applied: {detail}"
     yield from _lease_check(spec)
     out2 = yield from call(
         ctx.ireq.mark_ambiguous(
