@@ -233,15 +233,21 @@ def _run(aws: AwsTestEnv, *args: str) -> Result:
 
 @pytest.mark.integration
 def test_jobs_commands_show_a_planted_job_id_and_reason_with_controls_visible(
-    aws: AwsTestEnv,
+    aws: AwsTestEnv, ddb_client: Any
 ) -> None:
     assert _run(aws, "tables", "create").exit_code == 0
     assert _run(aws, "queue", "create").exit_code == 0
     job_id = "j" + OSC_TITLE + OVERWRITE
     reason = "boom" + OSC_CLIPBOARD + "\n" + OVERWRITE + "\u202e"
-    submitted = _run(aws, "submit", "ocr", "--payload", "{}", "--id", job_id)
-    assert submitted.exit_code == 0, submitted.output
-    assert_no_raw_controls(submitted.output)
+    refused = _run(aws, "submit", "ocr", "--payload", "{}", "--id", job_id)
+    assert refused.exit_code != 0  # submit keeps such ids out (issue 32, item 1) ...
+    assert_no_raw_controls(refused.output)  # ... and its error line shows them visibly
+    # ... but a hand edit, an older version or a producer with table access can plant
+    # one: the record of a plain submit, copied under the hostile id.
+    assert _run(aws, "submit", "ocr", "--payload", "{}", "--id", "plain").exit_code == 0
+    table = f"{aws.prefix}-jobs"
+    item = ddb_client.get_item(TableName=table, Key={"job_id": {"S": "plain"}})["Item"]
+    ddb_client.put_item(TableName=table, Item={**item, "job_id": {"S": job_id}})
     cancelled = _run(aws, "jobs", "cancel", job_id, "--reason", reason)
     assert cancelled.exit_code == 0, cancelled.output
     assert_no_raw_controls(cancelled.output)
@@ -277,20 +283,22 @@ def test_dlq_show_and_list_show_a_planted_body_id_and_reason_with_controls_visib
     # once parsed.
     job_id = "j\u001b]0;owned\u0007"
     body = json.dumps({"job_id": job_id, "job_class": "ocr", "send_id": "s1", "x": "\r\x9b\u202e"})
-    sqs_client.send_message(
+    mid = sqs_client.send_message(
         QueueUrl=dlq_url,
         MessageBody=body,
         MessageAttributes={
             "sqs_lease_reason": {"DataType": "String", "StringValue": "bad\r\x9b2Jstate: ok"}
         },
-    )
-    shown = _run(aws, "dlq", "show", job_id)
+    )["MessageId"]
+    # Such a job id is no job id (poison: never looked up by it); found by message id.
+    shown = _run(aws, "dlq", "show", mid)
     assert shown.exit_code == 0, shown.output
     assert_no_raw_controls(shown.output)
-    assert "\\x1b]0;owned\\x07" in shown.stdout and "\\x9b" in shown.stdout
+    # The body is shown as JSON, whose escapes keep the ESC and BEL inert.
+    assert "\\u001b]0;owned\\u0007" in shown.stdout and "\\x9b" in shown.stdout
     listed = _run(aws, "dlq", "list")
     assert listed.exit_code == 0, listed.output
     assert_no_raw_controls(listed.output)
-    assert "\\x1b]0;owned\\x07" in listed.stdout
-    as_json = json.loads(_run(aws, "dlq", "show", job_id, "--json").stdout)
-    assert as_json["messages"][0]["job_id"] == job_id
+    assert "bad\\r\\x9b2Jstate: ok" in listed.stdout  # the planted reason, visible
+    as_json = json.loads(_run(aws, "dlq", "show", mid, "--json").stdout)
+    assert as_json["messages"][0]["body"] == body
