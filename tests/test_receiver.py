@@ -1005,3 +1005,35 @@ def test_reset_mark_is_conditional_on_the_value_read(rcv: FencedReceiver) -> Non
     assert rcv.apply("job-reset", 3, key(), PAYLOAD, Counter()).status == 200
     assert rcv.reset_mark("job-reset", expect=3, to=None)
     assert rcv.highest("job-reset") is None
+
+
+def _cli(aws: AwsTestEnv, *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from sqs_lease.cli import cli
+
+    return CliRunner().invoke(
+        cli, ["--endpoint-url", aws.endpoint_url, "--prefix", aws.prefix, "receiver", *args]
+    )
+
+
+def test_cli_receiver_mark_show_and_reset(aws: AwsTestEnv, rcv: FencedReceiver) -> None:
+    scope = f"job-cli-{uuid.uuid4().hex[:6]}"
+    missing = _cli(aws, "mark", "show", scope)
+    assert missing.exit_code == 1 and "no fence mark" in missing.stderr
+    assert rcv.raise_mark(scope, MAX_TOKEN) is None
+    shown = _cli(aws, "mark", "show", scope, "--json")
+    assert shown.exit_code == 0, shown.output
+    got = json.loads(shown.stdout)
+    assert (got["scope"], got["mark"]) == (scope, MAX_TOKEN) and got["expires_at"]
+    assert "mark: 9223372036854775807" in _cli(aws, "mark", "show", scope).stdout
+    moved = _cli(aws, "mark", "reset", scope, "--expect", "5", "--to", "2")
+    assert moved.exit_code == 2 and "nothing changed" in moved.stderr
+    assert _cli(aws, "mark", "reset", scope, "--expect", str(MAX_TOKEN)).exit_code == 2  # usage
+    done = _cli(aws, "mark", "reset", scope, "--expect", str(MAX_TOKEN), "--to", "2", "--json")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout) == {"scope": scope, "old": MAX_TOKEN, "new": 2}
+    assert rcv.highest(scope) == 2
+    gone = _cli(aws, "mark", "reset", scope, "--expect", "2", "--delete")
+    assert gone.exit_code == 0 and rcv.highest(scope) is None
+    assert _cli(aws, "mark", "reset", scope, "--expect", "2", "--delete").exit_code == 1
