@@ -2,11 +2,13 @@
 
 A worker calls a receiver with an ``Idempotency-Key`` and its fence: the scope
 (``X-Execution-Fence-Scope``, the job id) and the token
-(``X-Execution-Fence``), optionally signed (``X-Execution-Fence-Signature``);
-the wire format is in ``sqs_lease._fence`` and docs/protocol.md. A token orders
-the owners of ONE job (every job's first token is 1), so the receiver keeps,
-per scope, the highest token it saw (a *fence mark*, never TTL-deleted) and,
-per key, an *idempotency record* holding the stored response. Duplicates
+(``X-Execution-Fence``), signed (``X-Execution-Fence-Signature``; required by
+:func:`fenced_wsgi_app` unless it runs with ``unsigned_fences=True``); the wire
+format is in ``sqs_lease._fence`` and docs/protocol.md. A token orders the
+owners of ONE job (every job's first token is 1), so the receiver keeps, per
+scope, the highest token it admitted (a *fence mark*) and, per key, an
+*idempotency record* holding the stored response; both carry a TTL
+(``mark_retention``, ``record_retention``: docs/security.md). Duplicates
 across jobs (two jobs capturing one invoice) are the key's business, never the
 fence's. Two tables, ``{prefix}-fences`` (key ``scope``) and
 ``{prefix}-idempotency``, defined by the pynamodb models below.
@@ -21,7 +23,9 @@ Decision order for ``FencedReceiver.apply`` / ``apply_with_write``:
    token raises the mark *whatever the answer that follows* (a replay, 409,
    422, the effect's own failure or its write's failed condition), in one
    conditional write that also reads the mark, so an older owner of the job
-   is refused from then on, under any key.
+   is refused from then on, under any key. A request refused before this
+   point (a bad or unsigned fence, a body the handler refuses) only reads the
+   mark (:meth:`FencedReceiver.check_mark`) and stores nothing.
 2. **Then the key.** An existing record with another payload hash is
    ``422``; one still ``in_flight`` is ``409``; one ``done`` is replayed
    exactly (status and body, errors included), ``replayed=True``, and the
@@ -54,9 +58,11 @@ Two forms:
 A commit whose answer was lost (and retried by the SDK) is recognised by the
 record's ``request_id``, so the receiver never answers 409 to itself.
 
-The fence orders owners; it does not authenticate. Authenticate callers in
-the service (mTLS, IAM, a bearer token); a signed fence (``fence_secrets``)
-additionally proves the fence was issued by a holder of the shared secret.
+The fence orders owners; the signature (``fence_secrets``) proves a holder of
+the shared secret issued it. Neither says who the caller is, nor binds the
+body: a service on a network also authenticates its callers (mTLS, IAM, a
+bearer token). What the kit trusts and how to run it on the internet:
+docs/security.md.
 """
 
 from __future__ import annotations
