@@ -463,9 +463,10 @@ class FencedReceiver:
 
         One conditional write that also reads the mark, so nothing can slip in
         between. None when the token is current (equal or higher: the mark is
-        now at least ``token``), else the ``412 stale_token`` reply. For answers
-        that do not go through :meth:`apply` (e.g. a 400 for a bad body), so a
-        newer owner's request raises the mark whatever the answer.
+        now at least ``token``), else the ``412 stale_token`` reply. Only for a
+        request that passed authentication and validation but is answered without
+        :meth:`apply`; a refused request must not raise a mark (use
+        :meth:`check_mark`), or a stranger could fence a job out.
         """
         _check_scope(scope)
         check_token(token)
