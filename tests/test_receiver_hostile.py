@@ -38,6 +38,7 @@ from sqs_lease.receiver import (
     Reply,
     fenced_wsgi_app,
     parse_json_body,
+    payload_hash,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,12 +70,14 @@ class Recorder:
 
     def apply(self, scope: str, token: int, key: str, payload: Any, effect: Any) -> Reply:
         self.calls.append("apply")
+        payload_hash(payload)  # the real receiver hashes what the key promises: must not raise
         return Reply(201, {"ok": True})
 
     def apply_with_write(
         self, scope: str, token: int, key: str, payload: Any, write: Any, response: Any
     ) -> Reply:
         self.calls.append("apply_with_write")
+        payload_hash(payload)
         return Reply(201, {"ok": True})
 
     def raise_mark(self, scope: str, token: int) -> Reply | None:
@@ -276,6 +279,28 @@ def test_property_no_request_raises_out_or_stores_when_refused(
     assert status in (201, 400, 403, 413), answer
     if status != 201:
         assert rcv.writes == [], (status, answer)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    body=hostile_bytes
+    | json_values.map(lambda v: json.dumps(v).encode())
+    | st.builds(
+        lambda invoice, amount: json.dumps({"invoice": invoice, "amount": amount}).encode(),
+        st.text(max_size=300) | st.integers() | st.none(),
+        st.integers() | st.floats() | st.text(max_size=5),
+    )
+)
+def test_property_a_signed_request_with_any_body_is_stored_only_when_valid(body: bytes) -> None:
+    rcv = Recorder()
+    status, _, answer = call(_app(rcv, fence_secrets=[SECRET]), signed(), body)
+    if status == 201:
+        assert rcv.writes == ["apply_with_write"]
+        invoice, amount = service._charge(HttpRequest("POST", "/charge", "", {}, body))
+        assert invoice and amount > 0
+    else:
+        assert (status, answer["error"]) == (400, "invalid_request")
+        assert rcv.writes == []
 
 
 @pytest.mark.parametrize(
