@@ -461,7 +461,9 @@ def serve_receiver(endpoint: str, prefix: str) -> int:
     from sqs_lease._journal import configure_stderr
 
     configure_stderr()
-    server, url = serve(Settings(endpoint_url=endpoint, prefix=prefix), prefix)
+    # Loopback only, its workers send unsigned fences: unsigned knowingly.
+    settings = Settings(endpoint_url=endpoint, prefix=prefix)
+    server, url = serve(settings, prefix, unsigned_fences=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -30,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import boto3  # noqa: E402
 
-from examples.receiver_service import create_ledger_table, serve  # noqa: E402
+from examples.receiver_service import FENCE_SECRET_ENV, create_ledger_table, serve  # noqa: E402
 from sqs_lease import (  # noqa: E402
     GroupCancelled,
     Producer,
@@ -328,7 +329,10 @@ def main() -> int:
         create_queue(settings, visibility=6)
         create_receiver_tables(settings)
         create_ledger_table(settings, PREFIX)
-        receiver, receiver_url = serve(settings, PREFIX)
+        # The fence secret the workers sign with and the receiver verifies: shared
+        # through the environment the workers inherit (docs/security.md).
+        secret = os.environ.setdefault(FENCE_SECRET_ENV, secrets.token_urlsafe(32))
+        receiver, receiver_url = serve(settings, PREFIX, fence_secrets=[secret.encode()])
         say(f"2. queue, DLQ and tables created; fenced payment receiver on {receiver_url}")
 
         from examples.demo_app import app

@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from examples.receiver_service import signed_fence
 from sqs_lease import (
     App,
     CheckAnswer,
@@ -156,6 +157,7 @@ def charge(ctx: JobContext[Any], p: Payment) -> dict[str, Any]:
             _receiver() + "/charge",
             id_field="charge_id",
             body={"invoice": p.invoice, "amount": p.amount},
+            headers=signed_fence(call),  # the receiver verifies the signature
         )
         if p.lose_response and ctx.attempt == 1:
             raise ToolOutcomeUnknown("payment service: response timed out")

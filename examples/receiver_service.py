@@ -1,8 +1,17 @@
 """A fenced payment-capture service: the receiving end of an sqs-lease side effect.
 
-Run it against the local emulator::
+Run it against the local emulator, with the secret the workers sign fences with::
 
-    python examples/receiver_service.py --endpoint-url http://127.0.0.1:5000 --prefix pay --port 0
+    export FENCE_SECRET=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')
+    python examples/receiver_service.py --endpoint-url http://127.0.0.1:5000 --prefix pay \
+        --port 0 --fence-secret-env FENCE_SECRET
+
+Signed fences are the default: without ``--fence-secret-env`` the service refuses
+to start unless ``--unsigned-fences`` says, knowingly, that any caller that
+reaches it may send any job's scope and token. To rotate the secret, give the
+new one first and keep the old one until every worker signs with the new one
+(``--fence-secret-env FENCE_SECRET --fence-secret-env FENCE_SECRET_OLD``); see
+docs/security.md.
 
 HTTP contract:
 
@@ -18,14 +27,17 @@ HTTP contract:
   {"charge_id", "invoice", "amount"}``; a repeated key replays it (header
   ``Idempotent-Replayed: true``); ``400`` names a missing or malformed header or
   a bad body (nothing stored); ``403`` a fence signature that does not verify
-  (with ``--fence-secret-env``); ``409`` in flight; ``412`` stale token (an
-  older owner of the same job); ``422`` key reused with another body; ``503``
-  DynamoDB trouble (retry, same key).
+  (``X-Execution-Fence-Signature``, required unless ``--unsigned-fences``);
+  ``409`` in flight; ``412`` stale token (an older owner of the same job);
+  ``422`` key reused with another body, or a request the store cannot take
+  (nothing applied); ``503`` DynamoDB did not answer (retry, same key). A
+  refused request (400, 403, 412) stores nothing and raises no mark.
 - ``GET /ledger``: every ledger row, ``{"rows": [...]}`` (one row per applied charge).
 - ``GET /health``: ``200 {"ok": true}``.
 
-The fence orders a job's owners; it does not authenticate callers. A real
-service authenticates them first (mTLS, IAM, a bearer token).
+The fence orders a job's owners and its signature proves a holder of the
+secret issued it; a real service on a network also authenticates its callers
+(mTLS, IAM, a bearer token) and serves ``/ledger`` to no one but its operators.
 """
 
 from __future__ import annotations
@@ -47,7 +59,7 @@ from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 from pynamodb.attributes import NumberAttribute, UnicodeAttribute
 from pynamodb.models import Model
 
-from sqs_lease import Settings
+from sqs_lease import ConfigError, EffectCall, Settings
 from sqs_lease.receiver import (
     AtomicWrite,
     EffectResult,
@@ -64,6 +76,21 @@ from sqs_lease.receiver import (
 
 HOST = "127.0.0.1"
 _log = logging.getLogger("receiver_service")
+
+FENCE_SECRET_ENV = "RECEIVER_FENCE_SECRET"
+"""Where the examples' workers and service share the fence secret (demo.py makes one)."""
+
+
+def fence_secret() -> bytes | None:
+    """The shared fence secret from ``RECEIVER_FENCE_SECRET``, if set."""
+    value = os.environ.get(FENCE_SECRET_ENV)
+    return value.encode() if value else None
+
+
+def signed_fence(call: EffectCall) -> dict[str, str]:
+    """The fence headers a worker sends, signed with the shared secret when there is one."""
+    secret = fence_secret()
+    return call.headers if secret is None else call.signed_headers(secret)
 
 
 class LedgerEntry(Model):
@@ -90,19 +117,23 @@ def create_ledger_table(settings: Settings, prefix: str) -> str:
     return ensure_table(settings, LedgerEntry, ledger_table(prefix))
 
 
+MAX_INVOICE = 200
+MAX_AMOUNT = 10**12
+
+
 def _charge(req: HttpRequest) -> tuple[str, int]:
-    """Validate the body; ValueError names what is wrong."""
+    """Validate the body; ValueError names what is wrong (never echoing the value)."""
     try:
-        body = req.json()
+        body = req.json()  # parse_json_body: only ValueError, whatever the bytes
     except ValueError:
-        raise ValueError("body must be JSON") from None
+        raise ValueError("body must be JSON (UTF-8, nested at most 64 levels)") from None
     if not isinstance(body, dict):
         raise ValueError("body must be a JSON object")
     invoice, amount = body.get("invoice"), body.get("amount")
-    if not isinstance(invoice, str) or not invoice:
-        raise ValueError("invoice must be a non-empty string")
-    if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
-        raise ValueError("amount must be a positive integer")
+    if not isinstance(invoice, str) or not 0 < len(invoice) <= MAX_INVOICE:
+        raise ValueError(f"invoice must be a string of 1..{MAX_INVOICE} characters")
+    if isinstance(amount, bool) or not isinstance(amount, int) or not 0 < amount <= MAX_AMOUNT:
+        raise ValueError(f"amount must be an integer in 1..{MAX_AMOUNT}")
     return invoice, amount
 
 
@@ -142,12 +173,25 @@ def _json(start_response: StartResponse, status: str, body: Any) -> list[bytes]:
 
 
 def make_app(
-    settings: Settings, prefix: str, *, fence_secrets: Sequence[bytes] = ()
+    settings: Settings,
+    prefix: str,
+    *,
+    fence_secrets: Sequence[bytes] = (),
+    unsigned_fences: bool = False,
 ) -> WSGIApplication:
-    """The service's WSGI app: /charge is fenced, /ledger and /health are plain."""
+    """The service's WSGI app: /charge is fenced, /ledger and /health are plain.
+
+    ``fence_secrets`` (new first while rotating) or ``unsigned_fences=True``: one of
+    the two is required (``fenced_wsgi_app`` says why).
+    """
     receiver = FencedReceiver(settings, prefix=prefix)
     table = ledger_table(prefix)
-    charge = fenced_wsgi_app(receiver, _charge_plan(table), fence_secrets=fence_secrets)
+    charge = fenced_wsgi_app(
+        receiver,
+        _charge_plan(table),
+        fence_secrets=fence_secrets,
+        unsigned_fences=unsigned_fences,
+    )
 
     def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         route = (environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO") or "/")
@@ -179,10 +223,15 @@ class _Handler(WSGIRequestHandler):
 
 
 def serve(
-    settings: Settings, prefix: str, port: int = 0, *, fence_secrets: Sequence[bytes] = ()
+    settings: Settings,
+    prefix: str,
+    port: int = 0,
+    *,
+    fence_secrets: Sequence[bytes] = (),
+    unsigned_fences: bool = False,
 ) -> tuple[WSGIServer, str]:
     """Start serving in a daemon thread; returns the server (``shutdown()`` it) and its URL."""
-    app = make_app(settings, prefix, fence_secrets=fence_secrets)
+    app = make_app(settings, prefix, fence_secrets=fence_secrets, unsigned_fences=unsigned_fences)
     server = make_server(HOST, port, app, ThreadingWSGIServer, handler_class=_Handler)
     threading.Thread(target=server.serve_forever, name="receiver-service", daemon=True).start()
     return server, f"http://{HOST}:{server.server_port}"
@@ -196,19 +245,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--fence-secret-env",
         metavar="VAR",
-        help="require signed fences, verified with the secret in this environment variable",
+        action="append",
+        default=[],
+        help="verify signed fences with the secret in this environment variable; repeat "
+        "it to rotate (the new secret first, the old one until every worker signs with "
+        "the new one)",
+    )
+    parser.add_argument(
+        "--unsigned-fences",
+        action="store_true",
+        help="accept unsigned fences (knowingly: any caller that reaches the service can "
+        "then raise any job's fence mark); only behind your own authentication",
     )
     args = parser.parse_args(argv)
     secrets: list[bytes] = []
-    if args.fence_secret_env:
-        secret = os.environ.get(args.fence_secret_env, "")
+    for var in args.fence_secret_env:
+        secret = os.environ.get(var, "")
         if not secret:
-            parser.error(f"--fence-secret-env: variable {args.fence_secret_env} is empty or unset")
+            parser.error(f"--fence-secret-env: variable {var} is empty or unset")
         secrets.append(secret.encode())
+    if bool(secrets) == args.unsigned_fences:
+        parser.error(
+            "give --fence-secret-env VAR (signed fences, the default) or --unsigned-fences "
+            "(knowingly), not both and not neither"
+        )
     settings = Settings.from_env(endpoint_url=args.endpoint_url, prefix=args.prefix)
     create_receiver_tables(settings, prefix=args.prefix)
     create_ledger_table(settings, args.prefix)
-    server, url = serve(settings, args.prefix, args.port, fence_secrets=secrets)
+    try:
+        server, url = serve(
+            settings,
+            args.prefix,
+            args.port,
+            fence_secrets=secrets,
+            unsigned_fences=args.unsigned_fences,
+        )
+    except ConfigError as exc:  # e.g. a secret shorter than 16 bytes
+        parser.error(str(exc))
     print(f"listening {url}", flush=True)
     try:
         threading.Event().wait()

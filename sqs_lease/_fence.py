@@ -60,7 +60,9 @@ MAX_KEY_LENGTH: Final = 255
 MAX_KEY_WIRE: Final = 12 * MAX_KEY_LENGTH  # each character: up to 4 UTF-8 bytes, each %XX
 # Sent as is in a key: visible ASCII but "%" (the escape itself). Everything else,
 # space and non-ASCII text included, is percent-encoded UTF-8.
-_KEY_SAFE: Final = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")
+# Every visible ASCII character but "%" (the escape) and "," (a WSGI server joins a
+# repeated header with ",": the receiver refuses one on the wire as ambiguous).
+_KEY_SAFE: Final = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in "%,")
 SIGNATURE_PREFIX: Final = "v1="
 _SIGNED_CONTEXT: Final = b"sqs-lease-fence-v1"
 

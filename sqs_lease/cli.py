@@ -5,7 +5,8 @@ and the environment) and calls the library; no protocol decision is made here.
 Errors the library raises (and botocore's credential and connection errors) end
 as one ``error: ...`` line on stderr and exit code 2, never a traceback; that
 mapping lives in one place, :meth:`_Cli.invoke`. Exit statuses, ``--json`` and
-tables are in :mod:`sqs_lease._cli_out`; the ``dlq`` group in :mod:`sqs_lease._cli_dlq`.
+tables are in :mod:`sqs_lease._cli_out`; the ``dlq`` group in :mod:`sqs_lease._cli_dlq`,
+the ``receiver`` group in :mod:`sqs_lease._cli_receiver`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ._cli_out import (
     row,
     table,
 )
+from ._cli_receiver import receiver
 from ._config import Settings
 from ._console import HumanConsole
 from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
@@ -1776,6 +1778,7 @@ def _refuse_unprotected_retry(settings: Settings, key: str) -> None:
 # --------------------------------------------------------------------------- dlq
 
 cli.add_command(dlq)
+cli.add_command(receiver)
 
 
 # --------------------------------------------------------------------------- entry

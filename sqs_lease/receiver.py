@@ -2,11 +2,13 @@
 
 A worker calls a receiver with an ``Idempotency-Key`` and its fence: the scope
 (``X-Execution-Fence-Scope``, the job id) and the token
-(``X-Execution-Fence``), optionally signed (``X-Execution-Fence-Signature``);
-the wire format is in ``sqs_lease._fence`` and docs/protocol.md. A token orders
-the owners of ONE job (every job's first token is 1), so the receiver keeps,
-per scope, the highest token it saw (a *fence mark*, never TTL-deleted) and,
-per key, an *idempotency record* holding the stored response. Duplicates
+(``X-Execution-Fence``), signed (``X-Execution-Fence-Signature``; required by
+:func:`fenced_wsgi_app` unless it runs with ``unsigned_fences=True``); the wire
+format is in ``sqs_lease._fence`` and docs/protocol.md. A token orders the
+owners of ONE job (every job's first token is 1), so the receiver keeps, per
+scope, the highest token it admitted (a *fence mark*) and, per key, an
+*idempotency record* holding the stored response; both carry a TTL
+(``mark_retention``, ``record_retention``: docs/security.md). Duplicates
 across jobs (two jobs capturing one invoice) are the key's business, never the
 fence's. Two tables, ``{prefix}-fences`` (key ``scope``) and
 ``{prefix}-idempotency``, defined by the pynamodb models below.
@@ -21,7 +23,9 @@ Decision order for ``FencedReceiver.apply`` / ``apply_with_write``:
    token raises the mark *whatever the answer that follows* (a replay, 409,
    422, the effect's own failure or its write's failed condition), in one
    conditional write that also reads the mark, so an older owner of the job
-   is refused from then on, under any key.
+   is refused from then on, under any key. A request refused before this
+   point (a bad or unsigned fence, a body the handler refuses) only reads the
+   mark (:meth:`FencedReceiver.check_mark`) and stores nothing.
 2. **Then the key.** An existing record with another payload hash is
    ``422``; one still ``in_flight`` is ``409``; one ``done`` is replayed
    exactly (status and body, errors included), ``replayed=True``, and the
@@ -54,9 +58,11 @@ Two forms:
 A commit whose answer was lost (and retried by the SDK) is recognised by the
 record's ``request_id``, so the receiver never answers 409 to itself.
 
-The fence orders owners; it does not authenticate. Authenticate callers in
-the service (mTLS, IAM, a bearer token); a signed fence (``fence_secrets``)
-additionally proves the fence was issued by a holder of the shared secret.
+The fence orders owners; the signature (``fence_secrets``) proves a holder of
+the shared secret issued it. Neither says who the caller is, nor binds the
+body: a service on a network also authenticates its callers (mTLS, IAM, a
+bearer token). What the kit trusts and how to run it on the internet:
+docs/security.md.
 """
 
 from __future__ import annotations
@@ -65,9 +71,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Final, TypeAlias
@@ -79,6 +86,7 @@ from pynamodb.models import Model
 
 from ._aws import classify, make_client
 from ._config import Settings
+from ._core import inputs
 from ._core.calls import Err, ErrorKind
 from ._errors import (
     AwsCallFailed,
@@ -101,15 +109,21 @@ from ._fence import (
     parse_fence,
 )
 from ._journal import Journal
-from ._schema import _params, create_table_params
+from ._schema import GC_TTL, _params, create_table_params
 
 __all__ = [
+    "DEFAULT_MARK_RETENTION",
+    "DEFAULT_RECORD_RETENTION",
     "FENCE_SCOPE",
     "FENCE_SIGNATURE",
     "FENCE_TOKEN",
     "IDEMPOTENCY_KEY",
+    "MAX_JSON_DEPTH",
     "MAX_TOKEN",
+    "MIN_MARK_RETENTION",
+    "MIN_RECORD_RETENTION",
     "AtomicWrite",
+    "EffectNotStored",
     "EffectResult",
     "Fence",
     "FenceError",
@@ -124,6 +138,7 @@ __all__ = [
     "ensure_table",
     "fenced_wsgi_app",
     "parse_fence",
+    "parse_json_body",
     "payload_hash",
     "put_entry",
     "receiver_table_names",
@@ -134,10 +149,25 @@ _log = logging.getLogger(__name__)
 IN_FLIGHT: Final = "in_flight"
 DONE: Final = "done"
 
+DAY: Final = 86_400.0
+MIN_MARK_RETENTION: Final = 28 * DAY
+"""The shortest ``mark_retention``: 14 days, the longest SQS keeps a message, twice
+(in its queue, then in its dead-letter queue). A job's owner can only hold a
+message SQS still keeps, so no owner of a job whose scope was silent that long
+can still be running; a parked job resumed later gets a higher token anyway."""
+DEFAULT_MARK_RETENTION: Final = 90 * DAY
+MIN_RECORD_RETENTION: Final = DAY
+"""The shortest ``record_retention``: the key retention a worker assumes for a
+target that declares none (``key_retention_seconds``, docs/operations.md)."""
+DEFAULT_RECORD_RETENTION: Final = 30 * DAY
+
 
 class FenceMark(Model):
-    """Per scope (a job id), the highest fencing token seen. Never TTL-deleted:
-    forgetting a mark would let a stale worker through again."""
+    """Per scope (a job id), the highest fencing token seen.
+
+    ``gc_expires_at`` (the table's TTL attribute) is ``mark_retention`` after the
+    last request the mark admitted: garbage collection of scopes no owner can
+    still use, never logic (see :data:`MIN_MARK_RETENTION`)."""
 
     class Meta:
         table_name = "sqs-lease-fences"
@@ -145,6 +175,7 @@ class FenceMark(Model):
     scope = UnicodeAttribute(hash_key=True)
     token = NumberAttribute()
     updated_at = NumberAttribute()
+    gc_expires_at = NumberAttribute(null=True, attr_name=GC_TTL)
 
 
 class IdempotencyRecord(Model):
@@ -164,6 +195,8 @@ class IdempotencyRecord(Model):
     request_id = UnicodeAttribute()  # which apply() wrote it: recognises our own late commit
     created_at = NumberAttribute()
     updated_at = NumberAttribute()
+    # The table's TTL attribute: record_retention after the record's last write.
+    gc_expires_at = NumberAttribute(null=True, attr_name=GC_TTL)
 
 
 _F = FenceMark
@@ -195,6 +228,14 @@ class RetryableEffectError(SqsLeaseError):
     def __init__(self, message: str, *, status: int = 503) -> None:
         super().__init__(message)
         self.status = status
+
+
+class EffectNotStored(SqsLeaseError):
+    """``apply`` ran the effect (or was told it did not apply) but could not store
+    the outcome: the key stays ``in_flight`` (409) until an operator, who can tell
+    whether the effect applied, calls :meth:`FencedReceiver.release`. The fenced
+    WSGI app answers 500 ``effect_outcome_unknown``: never "retry", since a retry
+    would only meet the 409."""
 
 
 def receiver_table_names(prefix: str) -> tuple[str, str]:
@@ -229,12 +270,26 @@ def _key_text(k: Mapping[str, str]) -> str:
 
 
 def create_receiver_tables(settings: Settings, *, prefix: str | None = None) -> list[str]:
-    """Create the fence and idempotency tables (existing ones are fine); returns their names."""
+    """Create the fence and idempotency tables (existing ones are fine); returns their names.
+
+    Both get TTL on ``gc_expires_at`` (turned on where it is off), so marks and
+    records of scopes and keys no caller can still use are deleted: see
+    ``mark_retention`` and ``record_retention`` of :class:`FencedReceiver`.
+    """
     fences, idem = receiver_table_names(prefix or settings.prefix)
-    return [
+    names = [
         ensure_table(settings, FenceMark, fences),
         ensure_table(settings, IdempotencyRecord, idem),
     ]
+    ddb = make_client(settings, "dynamodb")
+    for name in names:
+        ttl = ddb.describe_time_to_live(TableName=name).get("TimeToLiveDescription", {})
+        if ttl.get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
+            ddb.update_time_to_live(
+                TableName=name,
+                TimeToLiveSpecification={"Enabled": True, "AttributeName": GC_TTL},
+            )
+    return names
 
 
 def put_entry(item: Model, table: str, condition: Condition | None = None) -> dict[str, Any]:
@@ -253,9 +308,10 @@ def payload_hash(payload: Mapping[str, Any] | bytes | str) -> str:
     if isinstance(payload, bytes):
         raw = payload
     elif isinstance(payload, str):
-        raw = payload.encode()
+        raw = payload.encode("utf-8", "surrogatepass")
     else:
-        raw = _canonical(payload).encode()
+        # surrogatepass: a caller's lone surrogate is hashed, never an exception.
+        raw = _canonical(payload).encode("utf-8", "surrogatepass")
     return hashlib.sha256(raw).hexdigest()
 
 
@@ -302,12 +358,24 @@ class FencedReceiver:
         client: Any = None,
         clock: Callable[[], float] = time.time,
         max_attempts: int = 5,
+        mark_retention: float | None = DEFAULT_MARK_RETENTION,
+        record_retention: float | None = DEFAULT_RECORD_RETENTION,
     ) -> None:
+        """``mark_retention`` (seconds, at least :data:`MIN_MARK_RETENTION`; None:
+        never) keeps a scope's mark that long after the last request it admitted;
+        ``record_retention`` (at least :data:`MIN_RECORD_RETENTION`; None: never)
+        keeps an idempotency record that long after its last write: declare it as
+        the target's ``key_retention_seconds`` on the calling side. Both set the
+        tables' TTL attribute; DynamoDB deletes within about two days after it."""
+        _check_retention("mark_retention", mark_retention, MIN_MARK_RETENTION)
+        _check_retention("record_retention", record_retention, MIN_RECORD_RETENTION)
         self.fences_table, self.idempotency_table = receiver_table_names(prefix or settings.prefix)
         self.client: Any = client if client is not None else make_client(settings, "dynamodb")
         self.journal = journal or Journal()
         self._clock = clock
         self._max_attempts = max_attempts
+        self.mark_retention = mark_retention
+        self.record_retention = record_retention
 
     # --- the two forms ---------------------------------------------------------------
 
@@ -342,7 +410,8 @@ class FencedReceiver:
         try:
             result = effect()
         except RetryableEffectError as exc:
-            self._delete_in_flight(idem_key, request_id)
+            with _not_stored(f"freeing {idem_key!r} after its effect said it did not apply"):
+                self._delete_in_flight(idem_key, request_id)
             self.journal("effect_retryable", scope=scope, token=token, idem_key=idem_key)
             return Reply(exc.status, {"error": "effect_not_applied", "message": str(exc)})
         except Exception as exc:
@@ -352,9 +421,10 @@ class FencedReceiver:
             result = EffectResult(500, {"error": "effect_failed", "type": type(exc).__name__})
             event = "effect_failed"
         body_json = _canonical(dict(result.body))
-        self._finish(idem_key, request_id, result, body_json)
+        with _not_stored(f"storing the response for {idem_key!r} (effect ran)"):
+            self._finish(idem_key, request_id, result, body_json)
         self.journal(event, scope=scope, token=token, idem_key=idem_key)
-        return Reply(result.status, json.loads(body_json), external_id=result.external_id)
+        return Reply(result.status, inputs.loads(body_json), external_id=result.external_id)
 
     def apply_with_write(
         self,
@@ -386,27 +456,80 @@ class FencedReceiver:
         if isinstance(admitted, Reply):
             return admitted
         self.journal("effect_applied", scope=scope, token=token, idem_key=idem_key)
-        return Reply(response.status, json.loads(body_json), external_id=response.external_id)
+        return Reply(response.status, inputs.loads(body_json), external_id=response.external_id)
 
     def raise_mark(self, scope: str, token: int) -> Reply | None:
         """Fence only: raise ``scope``'s mark to ``token`` unless it is lower.
 
         One conditional write that also reads the mark, so nothing can slip in
         between. None when the token is current (equal or higher: the mark is
-        now at least ``token``), else the ``412 stale_token`` reply. For answers
-        that do not go through :meth:`apply` (e.g. a 400 for a bad body), so a
-        newer owner's request raises the mark whatever the answer.
+        now at least ``token``), else the ``412 stale_token`` reply. Only for a
+        request that passed authentication and validation but is answered without
+        :meth:`apply`; a refused request must not raise a mark (use
+        :meth:`check_mark`), or a stranger could fence a job out.
         """
-        check_scope(scope)
+        _check_scope(scope)
         check_token(token)
         return self._raise_mark(scope, token, None)
+
+    def check_mark(self, scope: str, token: int) -> Reply | None:
+        """Fence check only, writing nothing: the ``412 stale_token`` reply when
+        ``token`` is below ``scope``'s mark, else None.
+
+        For answers that store nothing (a 400 for a body that fails validation): an
+        older owner still learns it lost the job, and a stranger's request leaves
+        no mark (a mark rises only with a request that passed validation).
+        """
+        _check_scope(scope)
+        check_token(token)
+        highest = self.highest(scope)
+        if highest is None or token >= highest:
+            return None
+        self.journal("fence_rejected", scope=scope, token=token, highest=highest)
+        return Reply(412, {"error": "stale_token", "highest": highest})
 
     # --- reads and operator tools -----------------------------------------------------
 
     def highest(self, scope: str) -> int | None:
         """The scope's fence mark (None when no token of it was ever seen)."""
+        found = self.mark(scope)
+        return None if found is None else int(found.token)
+
+    def mark(self, scope: str) -> FenceMark | None:
+        """The scope's mark item (token, ``updated_at``, ``gc_expires_at``), if any."""
         item = self._get(self.fences_table, {"scope": {"S": scope}})
-        return None if item is None else int(FenceMark.from_raw_data(item).token)
+        return None if item is None else FenceMark.from_raw_data(item)
+
+    def reset_mark(self, scope: str, *, expect: int, to: int | None) -> bool:
+        """Operator tool: set ``scope``'s mark to ``to`` (None: delete it), only if it is
+        still ``expect`` (the value the operator read); False if it moved meanwhile.
+
+        For a mark a caller raised that no owner of the job holds (e.g. a stranger's
+        token 2**63-1 while fences were unsigned): the job's own owners get 412 until
+        it is lowered. Set it to the job's current token (``sqs-lease jobs show``),
+        never lower: every owner below the new mark is admitted again.
+        """
+        _check_scope(scope)
+        check_token(expect)
+        if to is not None:
+            check_token(to)
+        key = {"scope": {"S": scope}}
+        params: dict[str, Any] = {"TableName": self.fences_table, "Key": key}
+        if to is None:
+            params.update(_params(_F.token == expect))
+            call = self.client.delete_item
+        else:
+            params.update(_params(_F.token == expect, self._mark_actions(to, self._clock())))
+            call = self.client.update_item
+        try:
+            call(**params)
+        except Exception as exc:
+            err = classify(exc, 0.0, 0.0)
+            if err.kind is ErrorKind.CONDITION_FAILED:
+                return False
+            raise _aws_error(err, f"resetting the fence mark of {scope!r}") from None
+        self.journal("fence_mark_reset", scope=scope, old=expect, new=to)
+        return True
 
     def record(self, idem_key: str) -> IdempotencyRecord | None:
         """The idempotency record for a key, if any."""
@@ -443,7 +566,15 @@ class FencedReceiver:
             request_id=request_id,
             created_at=now,
             updated_at=now,
+            gc_expires_at=_expiry(now, self.record_retention),
         )
+
+    def _mark_actions(self, token: int, now: float) -> list[Any]:
+        actions = [_F.token.set(token), _F.updated_at.set(now)]
+        expires = _expiry(now, self.mark_retention)
+        if expires is not None:
+            actions.append(_F.gc_expires_at.set(expires))
+        return actions
 
     def _mark_update(self, scope: str, token: int, now: float) -> dict[str, Any]:
         """UpdateItem parameters: the scope's mark to ``token`` unless it is higher already."""
@@ -451,7 +582,7 @@ class FencedReceiver:
         update.update(
             _params(
                 _F.scope.does_not_exist() | (_F.token <= token),
-                [_F.token.set(token), _F.updated_at.set(now)],
+                self._mark_actions(token, now),
             )
         )
         return update
@@ -529,12 +660,14 @@ class FencedReceiver:
         self.journal("idempotency_replayed", idem_key=mine.idem_key, token=token)
         return Reply(
             int(found.status or 500),
-            json.loads(found.response or "{}"),
+            inputs.loads(found.response or "{}"),
             replayed=True,
             external_id=found.external_id,
         )
 
     def _finish(self, idem_key: str, request_id: str, result: EffectResult, body_json: str) -> None:
+        now = self._clock()
+        expires = _expiry(now, self.record_retention)
         params: dict[str, Any] = {
             "TableName": self.idempotency_table,
             "Key": {"idem_key": {"S": idem_key}},
@@ -547,8 +680,9 @@ class FencedReceiver:
                     _I.state.set(DONE),
                     _I.status.set(result.status),
                     _I.response.set(body_json),
-                    _I.updated_at.set(self._clock()),
+                    _I.updated_at.set(now),
                     *([_I.external_id.set(result.external_id)] if result.external_id else []),
+                    *([_I.gc_expires_at.set(expires)] if expires is not None else []),
                 ],
             )
         )
@@ -601,12 +735,83 @@ class FencedReceiver:
 
 
 def _check(scope: str, token: int, idem_key: str) -> None:
-    check_scope(scope)
+    _check_scope(scope)
     check_token(token)
-    check_key(idem_key)
+    _refuse_controls(check_key(idem_key), IDEMPOTENCY_KEY, "idempotency key")
+
+
+def _check_scope(scope: str) -> str:
+    return _refuse_controls(check_scope(scope), FENCE_SCOPE, "scope")
+
+
+# C0, DEL, C1 and the two Unicode line breaks: what can move a terminal's cursor, set
+# its title or clipboard (ESC, CSI), or split a plain-text log line (CR, LF, NEL,
+# U+2028/9). Neither a job id nor a key needs them; a caller's text with one is refused.
+_CONTROLS: Final = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _refuse_controls(value: str, header: str, what: str) -> str:
+    found = _CONTROLS.search(value)
+    if found is not None:
+        raise FenceError(
+            "invalid_header",
+            header,
+            f"{what} must not contain control characters (U+{ord(found.group()):04X})",
+        )
+    return value
+
+
+def _check_retention(name: str, value: float | None, least: float) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= least:
+        raise ConfigError(
+            f"{name} must be at least {least / DAY:g} days ({least:g} s), or None "
+            f"(never expire), got {value!r}"
+        )
+
+
+def _expiry(now: float, retention: float | None) -> int | None:
+    return None if retention is None else int(now + retention)
+
+
+@contextlib.contextmanager
+def _not_stored(what: str) -> Iterator[None]:
+    try:
+        yield
+    except SqsLeaseError as exc:
+        raise EffectNotStored(f"{what}: {exc}") from exc
 
 
 # --- WSGI glue ------------------------------------------------------------------------
+
+MAX_JSON_DEPTH: Final = inputs.JSON_DEPTH_LIMIT
+"""The deepest nesting of arrays and objects a request body may have."""
+MAX_JSON_INT_DIGITS: Final = inputs.INT_DIGITS_LIMIT
+"""The most digits of a JSON integer (Python's own default, whatever the process sets)."""
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """A request body as JSON (an empty body is None), or ``ValueError`` saying why not.
+
+    The package's one JSON reader in its strict form (``inputs.loads(strict=True)``),
+    so that nothing a caller sends can raise anything else or yield a value that cannot
+    be hashed, stored or sent on: UTF-8 only (no BOM, no UTF-16/32), at most
+    :data:`MAX_JSON_DEPTH` levels of nesting (a deeper body raised ``RecursionError``),
+    no ``NaN``/``Infinity`` and no number that is not a finite float, integers of at
+    most :data:`MAX_JSON_INT_DIGITS` digits, and no lone surrogate (``"\\ud800"``
+    decodes to text no UTF-8 encoder accepts). ``"\\u0000"`` is valid JSON and kept.
+    """
+    if not raw:
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"body is not UTF-8 (byte {exc.start})") from None
+    try:
+        return inputs.loads(text, strict=True)
+    except ValueError as exc:
+        raise ValueError(f"body: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -623,8 +828,9 @@ class HttpRequest:
         return self.headers.get(name.lower())
 
     def json(self) -> Any:
-        """The body parsed as JSON; raises ValueError when it is not JSON."""
-        return json.loads(self.body or b"null")
+        """The body parsed by :func:`parse_json_body`; ValueError (only) when it is not
+        JSON the receiver accepts (an empty body is None)."""
+        return parse_json_body(self.body)
 
 
 @dataclass(frozen=True)
@@ -666,6 +872,8 @@ def _request(environ: WSGIEnvironment, max_body: int) -> HttpRequest | Reply:
         length = int(environ.get("CONTENT_LENGTH") or 0)
     except ValueError:
         return _bad("invalid_header", "Content-Length", "Content-Length is not an integer")
+    if length < 0:
+        return _bad("invalid_header", "Content-Length", "Content-Length is negative")
     if length > max_body:
         return Reply(413, {"error": "body_too_large", "limit": max_body})
     body = environ["wsgi.input"].read(length) if length > 0 else b""
@@ -683,9 +891,26 @@ def _request(environ: WSGIEnvironment, max_body: int) -> HttpRequest | Reply:
     )
 
 
+_FENCE_HEADERS: Final = (IDEMPOTENCY_KEY, FENCE_SCOPE, FENCE_TOKEN, FENCE_SIGNATURE)
+
+
 def _fence_of(req: HttpRequest, secrets: Sequence[bytes], journal: Journal) -> Fence | Reply:
+    # A WSGI server hands over one HTTP_X_EXECUTION_FENCE for X-Execution-Fence and
+    # X_Execution_Fence, sent once each or twice: wsgiref and gunicorn join the values
+    # with ",", others keep one. No fence header's wire form has a ",", so one is a
+    # second value the receiver cannot choose between: refused, never guessed.
+    for name in _FENCE_HEADERS:
+        if "," in req.headers.get(name.lower(), ""):
+            journal("fence_header_rejected", header=name, problem="ambiguous_header")
+            message = (
+                f"{name} was sent more than once (or also spelled with underscores, which "
+                "this server merges with it); send it once"
+            )
+            return Reply(400, {"error": "ambiguous_header", "header": name, "message": message})
     try:
-        return parse_fence(req.headers, secrets=secrets)
+        fence = parse_fence(req.headers, secrets=secrets)
+        _check(fence.scope, fence.token, fence.idem_key)
+        return fence
     except FenceError as exc:
         # Journaled without the header's value: it is the caller's text, possibly hostile.
         journal("fence_header_rejected", header=exc.header, problem=exc.problem)
@@ -700,10 +925,56 @@ def _payload_of(req: HttpRequest) -> dict[str, Any]:
     # replay (duplicates across jobs are the key's business, not the fence's).
     payload: dict[str, Any] = {"method": req.method, "path": req.path, "query": req.query}
     try:
-        payload["json"] = json.loads(req.body) if req.body else None
+        payload["json"] = parse_json_body(req.body)
     except ValueError:
         payload["body_sha256"] = hashlib.sha256(req.body).hexdigest()
     return payload
+
+
+_RETRYABLE_CODES: Final = frozenset(
+    {
+        "TransactionConflict",
+        "TransactionInProgressException",
+        "ProvisionedThroughputExceeded",
+        "ThrottlingError",
+        "RequestLimitExceeded",
+    }
+)
+_NOT_STORABLE_CODES: Final = frozenset(
+    {"ValidationException", "ValidationError", "ItemCollectionSizeLimitExceeded"}
+)
+
+
+def _store_failure(exc: SqsLeaseError) -> tuple[Reply, list[tuple[str, str]]]:
+    """The caller's answer when the store failed before any effect: a code and a
+    generic message (the detail, with endpoint, account or role, is the operator's
+    log). Only what may pass is "retry"; a request that can never be stored as the
+    receiver stands is a 422, so no caller retries it forever."""
+    if isinstance(exc, AwsUnavailable) or (
+        isinstance(exc, AwsCallFailed) and exc.code in _RETRYABLE_CODES
+    ):
+        message = "the receiver's store did not answer; retry with the same key"
+        return Reply(503, {"error": "receiver_unavailable", "message": message}), [
+            ("Retry-After", "1")
+        ]
+    if isinstance(exc, AwsCallFailed) and exc.code in _NOT_STORABLE_CODES:
+        message = "the receiver's store refused this request; nothing was applied"
+        return Reply(422, {"error": "request_not_storable", "message": message}), []
+    message = (
+        "the receiver cannot store requests now; nothing was applied (its operator must fix it)"
+    )
+    return Reply(422, {"error": "receiver_misconfigured", "message": message}), []
+
+
+_INTERNAL = Reply(500, {"error": "internal_error"})
+_NOT_STORED = Reply(
+    500,
+    {
+        "error": "effect_outcome_unknown",
+        "message": "the effect ran but its outcome was not stored; the receiver's operator decides",
+    },
+)
+MIN_SECRET_BYTES: Final = 16
 
 
 def fenced_wsgi_app(
@@ -712,26 +983,58 @@ def fenced_wsgi_app(
     *,
     max_body: int = 1 << 20,
     fence_secrets: Iterable[bytes] = (),
+    unsigned_fences: bool = False,
 ) -> WSGIApplication:
     """A WSGI app that fences every request it gets, then applies the handler's plan.
 
     Reads ``Idempotency-Key``, ``X-Execution-Fence-Scope`` (the caller's job id,
-    percent-encoded) and ``X-Execution-Fence`` (its token: ASCII digits, at most
-    2**63-1). A missing or malformed one is ``400 {"error": "missing_header" |
-    "invalid_header", "header": NAME, "message": why}``, before anything is
-    stored. With ``fence_secrets``, ``X-Execution-Fence-Signature`` is required
-    too, and one that does not verify is ``403 fence_signature_mismatch``. The
-    handler only *plans* (it must not act): it returns a :data:`Plan`. A
-    :class:`Reply` plan (e.g. a 400 for a bad body) is answered after the fence:
-    a stale token gets 412 instead, a newer one raises the mark. Replays carry
-    ``Idempotent-Replayed: true``. When DynamoDB fails the answer is 503 (retry
-    with the same key: a committed request then replays).
+    percent-encoded), ``X-Execution-Fence`` (its token: ASCII digits, at most
+    2**63-1) and ``X-Execution-Fence-Signature``. Signed fences are the default:
+    ``fence_secrets`` (the secrets the workers sign with, each at least 16 bytes;
+    during a rotation the new one and the old one) is required unless
+    ``unsigned_fences=True`` says, knowingly, that any caller that reaches the app
+    may send any scope and token (authenticate callers before it then). A
+    missing, malformed, repeated (``ambiguous_header``) or control-character
+    header is ``400 {"error", "header", "message"}``, a signature that does not
+    verify ``403 fence_signature_mismatch``, both before anything is read or
+    stored.
 
-    The fence is not authentication: authenticate callers before this app.
+    The handler only *plans* (it must not act): it returns a :data:`Plan`. A
+    :class:`Reply` plan (e.g. a 400 for a body that fails validation) stores
+    nothing and raises no mark; a stale token still gets 412 instead. Only a
+    request that passed authentication and validation raises its scope's mark,
+    in the same transaction as its record (and its write). Replays carry
+    ``Idempotent-Replayed: true``. The store's failures are answered with a code
+    and a generic message, never the store's own text: ``503
+    receiver_unavailable`` (``Retry-After``: retry with the same key),
+    ``422 request_not_storable`` or ``422 receiver_misconfigured`` (nothing was
+    applied; retrying cannot help), ``500 effect_outcome_unknown`` (an effect ran
+    and its outcome was not stored). A handler that raises is ``500
+    internal_error`` with nothing stored; the detail is logged.
     """
     secrets = [bytes(s) for s in fence_secrets]
-    if any(not s for s in secrets):
-        raise ConfigError("fence_secrets: a secret must not be empty")
+    if secrets and unsigned_fences:
+        raise ConfigError(
+            "fence_secrets and unsigned_fences=True are both set: choose one (signed "
+            "fences with the secrets, or unsigned ones knowingly)"
+        )
+    if not secrets and not unsigned_fences:
+        raise ConfigError(
+            "fence_secrets: no secret configured. Signed fences are the default: pass "
+            "fence_secrets=[secret] (the secret the workers sign with; docs/security.md), "
+            "or unsigned_fences=True to accept unsigned fences knowingly (then anyone who "
+            "reaches this app can raise a job's fence mark: authenticate callers first)"
+        )
+    if any(len(s) < MIN_SECRET_BYTES for s in secrets):
+        raise ConfigError(
+            f"fence_secrets: a secret must be at least {MIN_SECRET_BYTES} bytes "
+            "(make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    if unsigned_fences:
+        _log.warning(
+            "fenced_wsgi_app: unsigned fences accepted (unsigned_fences=True): any caller "
+            "that reaches this app can raise a job's fence mark"
+        )
 
     def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         req = _request(environ, max_body)
@@ -740,10 +1043,16 @@ def fenced_wsgi_app(
         fence = _fence_of(req, secrets, receiver.journal)
         if isinstance(fence, Reply):
             return _respond(start_response, fence)
-        plan = handler(req, fence)
+        try:
+            plan = handler(req, fence)
+        except Exception:
+            _log.exception("the handler failed for key %r (nothing stored)", fence.idem_key)
+            return _respond(start_response, _INTERNAL)
         try:
             if isinstance(plan, Reply):
-                reply = receiver.raise_mark(fence.scope, fence.token) or plan
+                # Refused by validation: stores nothing, so a stranger's token raises no
+                # mark; an older owner still learns that it lost the job.
+                reply = receiver.check_mark(fence.scope, fence.token) or plan
             elif isinstance(plan, AtomicWrite):
                 reply = receiver.apply_with_write(
                     fence.scope,
@@ -757,10 +1066,23 @@ def fenced_wsgi_app(
                 reply = receiver.apply(
                     fence.scope, fence.token, fence.idem_key, _payload_of(req), plan
                 )
+        except EffectNotStored:
+            _log.exception("effect outcome not stored for key %r", fence.idem_key)
+            return _respond(start_response, _NOT_STORED)
         except (AwsUnavailable, AwsCallFailed, ResourceMissing) as exc:
-            _log.warning("receiver unavailable for %s: %s", fence.idem_key, exc)
-            reply = Reply(503, {"error": "receiver_unavailable", "message": str(exc)})
-            return _respond(start_response, reply, [("Retry-After", "1")])
+            reply, extra = _store_failure(exc)
+            _log.log(
+                logging.WARNING if extra else logging.ERROR,
+                "receiver store failed for key %r (answered %s %s): %s",
+                fence.idem_key,
+                reply.status,
+                reply.body["error"],
+                exc,
+            )
+            return _respond(start_response, reply, extra)
+        except Exception:
+            _log.exception("the receiver failed for key %r", fence.idem_key)
+            return _respond(start_response, _INTERNAL)
         return _respond(start_response, reply)
 
     return app

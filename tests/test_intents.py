@@ -304,7 +304,9 @@ def shared(moto_endpoint: str) -> Iterator[Shared]:
     create_tables(settings)
     create_receiver_tables(settings, prefix=prefix)
     service.create_ledger_table(settings, prefix)
-    server, url = service.serve(settings, prefix)
+    server, url = service.serve(
+        settings, prefix, unsigned_fences=True
+    )  # loopback test receiver, unsigned knowingly
     try:
         yield Shared(
             settings=settings,

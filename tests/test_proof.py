@@ -150,7 +150,9 @@ def proof_env(
     create_queue(settings, visibility=4)
     create_receiver_tables(settings)
     create_ledger_table(settings, prefix)
-    server, url = serve(settings, prefix)
+    server, url = serve(
+        settings, prefix, unsigned_fences=True
+    )  # loopback test receiver, unsigned knowingly
     gates = tmp_path / "gates"
     gates.mkdir()
     procs: list[WorkerProc] = []

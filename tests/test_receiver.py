@@ -27,7 +27,10 @@ from sqs_lease._aws import make_client
 from sqs_lease._config import Settings
 from sqs_lease.effects import fence_headers
 from sqs_lease.receiver import (
+    DEFAULT_MARK_RETENTION,
+    DEFAULT_RECORD_RETENTION,
     MAX_TOKEN,
+    MIN_MARK_RETENTION,
     EffectResult,
     Fence,
     FencedReceiver,
@@ -411,7 +414,8 @@ def _http(
 @pytest.fixture
 def service_url(settings: Settings) -> Iterator[str]:
     service.create_ledger_table(settings, settings.prefix)
-    server, url = service.serve(settings, settings.prefix, 0)
+    # Unsigned knowingly: these tests pin the wire format with hand-written headers.
+    server, url = service.serve(settings, settings.prefix, 0, unsigned_fences=True)
     try:
         yield str(url)
     finally:
@@ -765,7 +769,7 @@ def test_raise_mark_admits_equal_and_higher_and_refuses_lower(rcv: FencedReceive
     assert rcv.highest("job-r") == 3
 
 
-def test_service_replay_409_422_and_400_to_a_newer_owner_raise_the_mark(
+def test_service_replay_and_422_to_a_newer_owner_raise_the_mark_a_400_does_not(
     service_url: str, rcv: FencedReceiver
 ) -> None:
     url = f"{service_url}/charge"
@@ -778,13 +782,15 @@ def test_service_replay_409_422_and_400_to_a_newer_owner_raise_the_mark(
     assert rcv.highest("job-r1") == 2
     assert _http(url, "POST", {**charge, "amount": 11}, _fence(k, 3, "job-r1"))[0] == 422
     assert rcv.highest("job-r1") == 3
+    # A body that fails validation stores nothing, so it raises no mark (issue 32,
+    # item 2: else a stranger's 400 could fence a job out for good).
     assert _http(url, "POST", {"invoice": "", "amount": 1}, _fence(key(), 4, "job-r1"))[0] == 400
-    assert rcv.highest("job-r1") == 4
+    assert rcv.highest("job-r1") == 3
     # The job's older owners are refused under any new key, and get no 400 either.
-    for token in (1, 2, 3):
+    for token in (1, 2):
         stale = _http(url, "POST", charge, _fence(key(), token, "job-r1"))
-        assert stale[0] == 412 and stale[2]["highest"] == 4
-    assert _http(url, "POST", {"invoice": "", "amount": 1}, _fence(key(), 3, "job-r1"))[0] == 412
+        assert stale[0] == 412 and stale[2]["highest"] == 3
+    assert _http(url, "POST", {"invoice": "", "amount": 1}, _fence(key(), 2, "job-r1"))[0] == 412
 
 
 # --- upgrading ------------------------------------------------------------------------------
@@ -809,6 +815,17 @@ def test_service_health_and_unknown_route(service_url: str) -> None:
     assert _http(f"{service_url}/nope")[0] == 404
 
 
+def test_service_as_a_script_needs_a_secret_or_an_explicit_opt_out(aws: AwsTestEnv) -> None:
+    args = [sys.executable, str(SERVICE_PATH), "--endpoint-url", aws.endpoint_url, "--port", "0"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SHORT": "too-short"}
+    for extra in ([], ["--fence-secret-env", "UNSET_VAR_X"], ["--fence-secret-env", "SHORT"]):
+        proc = subprocess.run(
+            [*args, *extra], capture_output=True, text=True, env=env, timeout=HANG_GUARD
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "--fence-secret-env" in proc.stderr or "16 bytes" in proc.stderr
+
+
 def test_service_runs_as_a_script(aws: AwsTestEnv) -> None:
     proc = subprocess.Popen(
         [
@@ -820,10 +837,19 @@ def test_service_runs_as_a_script(aws: AwsTestEnv) -> None:
             aws.prefix,
             "--port",
             "0",
+            "--fence-secret-env",
+            "FENCE_SECRET",
+            "--fence-secret-env",
+            "FENCE_SECRET_OLD",  # a rotation: the new secret first, the old one kept
         ],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "FENCE_SECRET": SECRET.decode(),
+            "FENCE_SECRET_OLD": "the-old-secret-still-accepted",
+        },
     )
     try:
         assert proc.stdout is not None
@@ -831,10 +857,183 @@ def test_service_runs_as_a_script(aws: AwsTestEnv) -> None:
         assert line.startswith("listening http://127.0.0.1:"), line
         url = line.split(" ", 1)[1]
         assert _http(f"{url}/health")[0] == 200
-        status, _, body = _http(
-            f"{url}/charge", "POST", {"invoice": "i", "amount": 1}, _fence(key(), 1)
-        )
+        charge = {"invoice": "i", "amount": 1}
+        status, _, body = _http(f"{url}/charge", "POST", charge, _fence(key(), 1))
+        assert status == 400 and body["header"] == "X-Execution-Fence-Signature"
+        signed = fence_headers(key(), "job-1", 1, secret=SECRET)
+        status, _, body = _http(f"{url}/charge", "POST", charge, signed)
         assert status == 201 and body["invoice"] == "i"
+        old = fence_headers(key(), "job-1", 1, secret=b"the-old-secret-still-accepted")
+        assert _http(f"{url}/charge", "POST", charge, old)[0] == 201
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# --- strangers (issue 32, items 2 and 6) ----------------------------------------------------
+
+
+def test_a_strangers_max_token_with_a_bad_body_leaves_no_mark(
+    service_url: str, rcv: FencedReceiver
+) -> None:
+    # Unsigned (the fixture opts out knowingly): the 400 must still store nothing.
+    url = f"{service_url}/charge"
+    k = key()
+    stranger = _http(url, "POST", {"invoice": 7}, _fence(k, MAX_TOKEN, "job-victim"))
+    assert stranger[0] == 400 and stranger[2]["error"] == "invalid_request"
+    assert rcv.highest("job-victim") is None and rcv.record(k) is None
+    real = _http(url, "POST", {"invoice": "inv-v", "amount": 3}, _fence(key(), 1, "job-victim"))
+    assert real[0] == 201
+    assert rcv.highest("job-victim") == 1
+
+
+@pytest.fixture
+def signed_url(settings: Settings) -> Iterator[str]:
+    service.create_ledger_table(settings, settings.prefix)
+    server, url = service.serve(settings, settings.prefix, 0, fence_secrets=[SECRET])
+    try:
+        yield str(url)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_signed_receiver_gives_strangers_no_mark_and_no_business_key(
+    signed_url: str, rcv: FencedReceiver
+) -> None:
+    url = f"{signed_url}/charge"
+    squat = "payment:inv-guessable:capture:" + uuid.uuid4().hex
+    charge = {"invoice": "inv-guessable", "amount": 100}
+    for headers in (
+        _fence(squat, MAX_TOKEN, "job-g"),  # no signature
+        fence_headers(squat, "job-g", MAX_TOKEN, secret=b"a-guess-of-sixteen-bytes+"),
+    ):
+        status, _, body = _http(url, "POST", {**charge, "amount": 1}, headers)
+        assert status in (400, 403), body
+    assert rcv.highest("job-g") is None and rcv.record(squat) is None
+    real = _http(url, "POST", charge, fence_headers(squat, "job-g", 1, secret=SECRET))
+    assert real[0] == 201 and real[2]["amount"] == 100  # the job's own call, not a replay
+    _, _, ledger = _http(f"{signed_url}/ledger")
+    assert [r["amount"] for r in ledger["rows"] if r["idem_key"] == squat] == [100]
+
+
+@pytest.mark.parametrize(
+    ("header", "raw"),
+    [("Idempotency-Key", b"k\x1b]0;owned\x07"), ("X-Execution-Fence-Scope", b"job%0D%0Ax")],
+)
+def test_service_refuses_control_characters_over_http(
+    service_url: str, rcv: FencedReceiver, header: str, raw: bytes
+) -> None:
+    k = key()
+    headers = dict(
+        [
+            ("Idempotency-Key", k.encode()),
+            ("X-Execution-Fence-Scope", b"job-ctl"),
+            ("X-Execution-Fence", b"1"),
+        ]
+    )
+    headers[header] = raw
+    status, body = _raw_post(
+        f"{service_url}/charge", list(headers.items()), {"invoice": "i", "amount": 1}
+    )
+    assert (status, body["header"]) == (400, header)
+    assert rcv.highest("job-ctl") is None and rcv.highest("job\r\nx") is None
+    assert rcv.record(k) is None
+
+
+def test_service_refuses_a_fence_header_with_its_underscore_twin(
+    service_url: str, rcv: FencedReceiver
+) -> None:
+    k = key()
+    headers = [
+        ("Idempotency-Key", k.encode()),
+        ("X-Execution-Fence-Scope", b"job-twin-a"),
+        ("X_Execution_Fence_Scope", b"job-twin-b"),
+        ("X-Execution-Fence", b"1"),
+    ]
+    status, body = _raw_post(f"{service_url}/charge", headers, {"invoice": "i", "amount": 1})
+    assert (status, body["error"], body["header"]) == (
+        400,
+        "ambiguous_header",
+        "X-Execution-Fence-Scope",
+    )
+    assert rcv.record(k) is None
+    for scope in ("job-twin-a", "job-twin-b", "job-twin-a,job-twin-b"):
+        assert rcv.highest(scope) is None
+
+
+# --- retention (issue 32, item 6) ---------------------------------------------------------
+
+
+def test_receiver_tables_have_ttl_and_items_carry_their_expiry(settings: Settings) -> None:
+    ddb = make_client(settings, "dynamodb")
+    for name in (f"{settings.prefix}-fences", f"{settings.prefix}-idempotency"):
+        ttl = ddb.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
+        assert (ttl["TimeToLiveStatus"], ttl["AttributeName"]) == ("ENABLED", "gc_expires_at")
+    now = 1_000_000.0
+    rcv = FencedReceiver(settings, clock=lambda: now)
+    k = key()
+    assert rcv.apply("job-ttl", 2, k, PAYLOAD, Counter()).status == 200
+    mark, rec = rcv.mark("job-ttl"), rcv.record(k)
+    assert mark is not None and rec is not None
+    assert mark.gc_expires_at == now + DEFAULT_MARK_RETENTION
+    assert rec.gc_expires_at == now + DEFAULT_RECORD_RETENTION
+    forever = FencedReceiver(settings, mark_retention=None, record_retention=None)
+    k2 = key()
+    assert forever.apply("job-ttl-forever", 1, k2, PAYLOAD, Counter()).status == 200
+    assert forever.mark("job-ttl-forever").gc_expires_at is None  # type: ignore[union-attr]
+    assert forever.record(k2).gc_expires_at is None  # type: ignore[union-attr]
+
+
+def test_retention_below_the_bound_is_a_config_error(settings: Settings) -> None:
+    with pytest.raises(ConfigError, match="mark_retention must be at least 28 days"):
+        FencedReceiver(settings, mark_retention=MIN_MARK_RETENTION - 1)
+    with pytest.raises(ConfigError, match="record_retention must be at least 1 days"):
+        FencedReceiver(settings, record_retention=3600)
+
+
+# --- the operator's mark reset (issue 32, item 2) --------------------------------------------
+
+
+def test_reset_mark_is_conditional_on_the_value_read(rcv: FencedReceiver) -> None:
+    assert rcv.raise_mark("job-reset", MAX_TOKEN) is None  # a stranger's, say
+    assert rcv.apply("job-reset", 3, key(), PAYLOAD, Counter()).status == 412
+    assert not rcv.reset_mark("job-reset", expect=5, to=2)  # it is not 5: nothing changes
+    assert rcv.highest("job-reset") == MAX_TOKEN
+    assert rcv.reset_mark("job-reset", expect=MAX_TOKEN, to=2)
+    assert rcv.highest("job-reset") == 2
+    assert rcv.apply("job-reset", 3, key(), PAYLOAD, Counter()).status == 200
+    assert rcv.reset_mark("job-reset", expect=3, to=None)
+    assert rcv.highest("job-reset") is None
+
+
+def _cli(aws: AwsTestEnv, *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from sqs_lease.cli import cli
+
+    return CliRunner().invoke(
+        cli, ["--endpoint-url", aws.endpoint_url, "--prefix", aws.prefix, "receiver", *args]
+    )
+
+
+def test_cli_receiver_mark_show_and_reset(aws: AwsTestEnv, rcv: FencedReceiver) -> None:
+    scope = f"job-cli-{uuid.uuid4().hex[:6]}"
+    missing = _cli(aws, "mark", "show", scope)
+    assert missing.exit_code == 1 and "no fence mark" in missing.stderr
+    assert rcv.raise_mark(scope, MAX_TOKEN) is None
+    shown = _cli(aws, "mark", "show", scope, "--json")
+    assert shown.exit_code == 0, shown.output
+    got = json.loads(shown.stdout)
+    assert (got["scope"], got["mark"]) == (scope, MAX_TOKEN) and got["expires_at"]
+    assert "mark: 9223372036854775807" in _cli(aws, "mark", "show", scope).stdout
+    moved = _cli(aws, "mark", "reset", scope, "--expect", "5", "--to", "2")
+    assert moved.exit_code == 2 and "nothing changed" in moved.stderr
+    assert _cli(aws, "mark", "reset", scope, "--expect", str(MAX_TOKEN)).exit_code == 2  # usage
+    done = _cli(aws, "mark", "reset", scope, "--expect", str(MAX_TOKEN), "--to", "2", "--json")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout) == {"scope": scope, "old": MAX_TOKEN, "new": 2}
+    assert rcv.highest(scope) == 2
+    gone = _cli(aws, "mark", "reset", scope, "--expect", "2", "--delete")
+    assert gone.exit_code == 0 and rcv.highest(scope) is None
+    assert _cli(aws, "mark", "reset", scope, "--expect", "2", "--delete").exit_code == 1

@@ -242,7 +242,9 @@ def stage_env(moto_endpoint: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     prepare(moto_endpoint, prefix)
     create_receiver_tables(settings)
     create_ledger_table(settings, prefix)
-    server, url = serve(settings, prefix)
+    server, url = serve(
+        settings, prefix, unsigned_fences=True
+    )  # loopback test receiver, unsigned knowingly
     gates = tmp_path / "gates"
     gates.mkdir()
     procs: list[WorkerProc] = []

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import sys
 import uuid
 from collections.abc import Iterator, Sequence
@@ -23,7 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 if str(ROOT) not in sys.path:  # run as a script: examples/ must be importable
     sys.path.insert(0, str(ROOT))
 
-from examples.receiver_service import create_ledger_table, ledger_table, serve  # noqa: E402
+from examples.receiver_service import (  # noqa: E402
+    FENCE_SECRET_ENV,
+    create_ledger_table,
+    ledger_table,
+    serve,
+)
 from sqs_lease import Producer, Settings, create_queue, create_tables  # noqa: E402
 from sqs_lease._aws import make_client  # noqa: E402
 from sqs_lease._journal import LOGGER_NAME  # noqa: E402
@@ -82,7 +88,9 @@ def local_aws(args: argparse.Namespace, *, visibility: int = 30) -> Iterator[Set
         create_queue(settings, visibility=visibility)
         create_receiver_tables(settings)
         create_ledger_table(settings, prefix)
-        receiver, url = serve(settings, prefix)
+        # The fence secret the workers sign with, shared through the environment.
+        secret = os.environ.setdefault(FENCE_SECRET_ENV, secrets.token_urlsafe(32))
+        receiver, url = serve(settings, prefix, fence_secrets=[secret.encode()])
         os.environ["RECEIVER_URL"] = url
         say(f"emulator {endpoint}, prefix {prefix}; fenced payment service on {url}")
         yield settings

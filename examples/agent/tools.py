@@ -42,6 +42,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from examples.demo_app import payments_check
+from examples.receiver_service import signed_fence
 from sqs_lease import (
     App,
     CheckAnswer,
@@ -234,6 +235,7 @@ def pay(ctx: JobContext[Any], p: Payment) -> dict[str, Any]:
             os.environ["RECEIVER_URL"] + "/charge",
             id_field="charge_id",
             body={"invoice": p.invoice, "amount": p.amount},
+            headers=signed_fence(call),  # the receiver verifies the signature
         )
         if p.lose_first_answer and _first_time(call.key):
             # The charge applied; the answer never came back. The check asks the

@@ -21,6 +21,7 @@ one place each, for every reader and for submit alike:
 from __future__ import annotations
 
 import json
+import math
 import unicodedata
 from typing import Any
 
@@ -57,17 +58,47 @@ class UnreadableJson(ValueError):
     without quoting the text."""
 
 
-def loads(text: str | bytes | bytearray) -> Any:
-    """``json.loads(text)``, raising only :class:`UnreadableJson` (a ``ValueError``)."""
+def loads(text: str | bytes | bytearray, *, strict: bool = False) -> Any:
+    """``json.loads(text)``, raising only :class:`UnreadableJson` (a ``ValueError``).
+
+    ``strict`` (a request body a service will hash, store and send on): also no
+    ``NaN``/``Infinity``, no number that is not a finite float, integers of at most
+    :data:`INT_DIGITS_LIMIT` digits whatever the process sets, and no lone surrogate
+    in a string or a key (``"\\ud800"`` decodes to text no UTF-8 encoder accepts)."""
+    hooks: dict[str, Any] = (
+        {"parse_float": _finite, "parse_int": _bounded_int, "parse_constant": _no_constant}
+        if strict
+        else {}
+    )
     try:
-        value = json.loads(text)
+        value = json.loads(text, **hooks)
     except RecursionError:
         raise UnreadableJson(f"JSON nested deeper than {JSON_DEPTH_LIMIT} levels") from None
     except (ValueError, TypeError) as exc:  # JSONDecodeError, UnicodeDecodeError, digits
         raise UnreadableJson(f"not valid JSON ({_why(exc)})") from None
-    if _deeper_than(value, JSON_DEPTH_LIMIT):
-        raise UnreadableJson(f"JSON nested deeper than {JSON_DEPTH_LIMIT} levels")
+    _check_tree(value, strict)
     return value
+
+
+INT_DIGITS_LIMIT = 4300
+"""Digits of a JSON integer read strictly, at most (Python's own default)."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"a number is too large for a float ({len(text)} characters)")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > INT_DIGITS_LIMIT:
+        raise ValueError(f"an integer has more than {INT_DIGITS_LIMIT} digits")
+    return int(text)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _why(exc: Exception) -> str:
@@ -78,21 +109,25 @@ def _why(exc: Exception) -> str:
     return f"{type(exc).__name__}: {str(exc)[:120]}"
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
+def _check_tree(value: Any, strict: bool) -> None:
     # Iterative, so a deep value cannot exhaust the recursion this check guards.
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         v, depth = stack.pop()
-        if isinstance(v, dict):
-            children: Any = v.values()
-        elif isinstance(v, list):
-            children = v
-        else:
+        if isinstance(v, str):
+            if strict and not _encodable(v):
+                raise UnreadableJson("a string holds a lone surrogate (\\ud800-\\udfff)")
             continue
-        if depth > limit:
-            return True
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
-    return False
+        if not isinstance(v, dict | list):
+            continue
+        if depth > JSON_DEPTH_LIMIT:
+            raise UnreadableJson(f"JSON nested deeper than {JSON_DEPTH_LIMIT} levels")
+        if isinstance(v, dict):
+            if strict:
+                stack.extend((k, depth) for k in v)
+            stack.extend((c, depth + 1) for c in v.values())
+        else:
+            stack.extend((c, depth + 1) for c in v)
 
 
 def _encodable(text: str) -> bool:
@@ -163,6 +198,7 @@ def send_id_problem(send_id: object) -> str | None:
 
 __all__ = [
     "HIDDEN_CATEGORIES",
+    "INT_DIGITS_LIMIT",
     "JOB_ID_LIMIT",
     "JSON_DEPTH_LIMIT",
     "NAME_LIMIT",
