@@ -302,6 +302,7 @@ def unknown_class_claims() -> Iterator[None]:
             lease_seconds=kw["lease_seconds"],
             max_attempts=kw["max_attempts"],
             dlq_url=kw["dlq_url"],
+            nonce=kw["nonce"],
         )
         if not isinstance(claim, flows.Claimed):
             return claim
@@ -315,6 +316,7 @@ def unknown_class_claims() -> Iterator[None]:
             wall_now=kw["wall_now"],
             reason=reason,
             error_code="unknown_job_class",
+            nonce=kw["nonce"],
         )
         return flows.NotClaimed(claim.delivery, "unknown_class", reason, claim.job)
 
