@@ -510,7 +510,13 @@ class JobTable:
         return self._update(job_id, R.send_id == send_id, _SENT)
 
     def take_send(
-        self, job_id: str, *, seen_send_id: str | None, new_send_id: str, wall_now: float
+        self,
+        job_id: str,
+        *,
+        seen_send_id: str | None,
+        new_send_id: str,
+        wall_now: float,
+        read_back: bool = True,
     ) -> Call:
         # One decision among every would-be sender (resubmits, resume, sweep, repair):
         # the record is queued without a sent message and its send id is still the
@@ -531,7 +537,7 @@ class JobTable:
                 R.unsent_since.set(wall_now),
                 R.updated_at.set(wall_now),
             ],
-            returns="ALL_NEW",
+            returns="ALL_NEW" if read_back else "NONE",
         )
 
     def release_send(self, job_id: str, send_id: str, wall_now: float) -> Call:

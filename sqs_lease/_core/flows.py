@@ -549,7 +549,14 @@ def _take_send(
             "(or `sqs-lease jobs repair`)",
         )
     took = yield from call(
-        req.take_send(job_id, seen_send_id=existing.send_id, new_send_id=send_id, wall_now=wall_now)
+        # Nothing read back: a producer role is granted no read of job records.
+        req.take_send(
+            job_id,
+            seen_send_id=existing.send_id,
+            new_send_id=send_id,
+            wall_now=wall_now,
+            read_back=False,
+        )
     )
     if (
         isinstance(took, Err)

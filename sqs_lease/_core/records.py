@@ -107,8 +107,18 @@ class JobRequests(Protocol):
     def mark_sent(self, job_id: str, send_id: str, wall_now: float) -> Call: ...
 
     def take_send(
-        self, job_id: str, *, seen_send_id: str | None, new_send_id: str, wall_now: float
-    ) -> Call: ...
+        self,
+        job_id: str,
+        *,
+        seen_send_id: str | None,
+        new_send_id: str,
+        wall_now: float,
+        read_back: bool = True,
+    ) -> Call:
+        """Take the right to send (the record queued without a sent message, its send
+        id the one seen). ``read_back``: the record comes back (ALL_NEW); submit asks
+        for nothing back, so a producer role needs no read of the record."""
+        ...
 
     def release_send(self, job_id: str, send_id: str, wall_now: float) -> Call: ...
 
