@@ -179,7 +179,11 @@ def _loop_contender(
             )
             old = ddb.update_item(**claim.params)
             token = int(old["Attributes"]["token"]["N"]) + 1
-            ddb.update_item(**jobs.commit(job_id, token, RAW_WORKER, "{}", now).params)
+            ddb.update_item(
+                **jobs.commit(
+                    job_id, token, RAW_WORKER, "{}", now, write_id=f"{job_id}:commit"
+                ).params
+            )
 
     done = 0
     with lock:

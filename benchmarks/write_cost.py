@@ -165,7 +165,10 @@ def measure(moto: Moto, n: int) -> dict[str, float]:
     before = moto.cpu()
     tokens = [int(ddb.update_item(**c)["Attributes"]["token"]["N"]) + 1 for c in claims]
     out["sqs-lease claim UpdateItem"] = 1000 * (moto.cpu() - before) / n
-    commits = [jobs.commit(j, t, "w1", "{}", now).params for j, t in zip(ids, tokens, strict=True)]
+    commits = [
+        jobs.commit(j, t, "w1", "{}", now, write_id=f"{j}:commit").params
+        for j, t in zip(ids, tokens, strict=True)
+    ]
     out["sqs-lease commit UpdateItem"] = _timed(moto, ddb.update_item, commits)
     # The minimal writes run on their own fresh records (the same item as the
     # toolkit's claim reads), so both pairs meet the same item size.

@@ -49,13 +49,21 @@ def _patch(owner: Any, name: str, value: Any) -> Iterator[None]:
 
 def _commit_with(condition: Callable[[int, float], Any]) -> Callable[..., Call]:
     def commit(
-        self: JobTable, job_id: str, token: int, worker_id: str, result_json: str, wall_now: float
+        self: JobTable,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        result_json: str,
+        wall_now: float,
+        *,
+        write_id: str,
     ) -> Call:
         return self._update(
             job_id,
             condition(token, wall_now),
             [
                 R.state.set(JobState.SUCCEEDED.value),
+                R.write_id.set(write_id),
                 R.result.set(result_json),
                 R.updated_at.set(wall_now),
                 R.finished_at.set(wall_now),
@@ -302,6 +310,7 @@ def unknown_class_claims() -> Iterator[None]:
             lease_seconds=kw["lease_seconds"],
             max_attempts=kw["max_attempts"],
             dlq_url=kw["dlq_url"],
+            nonce=kw["nonce"],
         )
         if not isinstance(claim, flows.Claimed):
             return claim
@@ -315,6 +324,7 @@ def unknown_class_claims() -> Iterator[None]:
             wall_now=kw["wall_now"],
             reason=reason,
             error_code="unknown_job_class",
+            nonce=kw["nonce"],
         )
         return flows.NotClaimed(claim.delivery, "unknown_class", reason, claim.job)
 
@@ -658,6 +668,7 @@ def continuation_not_unsent() -> Iterator[None]:
         stage_log: str,
         send_id: str,
         wall_now: float,
+        write_id: str,
     ) -> Call:
         # _schema.JobTable.advance_stage without R.unsent / R.unsent_since
         return self._update(
@@ -665,6 +676,7 @@ def continuation_not_unsent() -> Iterator[None]:
             _schema._mine(token, worker_id),
             [
                 R.state.set(JobState.QUEUED.value),
+                R.write_id.set(write_id),
                 R.stage.set(next_stage),
                 R.stage_input.set(stage_input),
                 R.stages.set(stage_log),

@@ -233,6 +233,13 @@ class JobRecord(Model):
     # re-send (sweep, resume, retry) goes back to the queue the job was submitted to
     priority = UnicodeAttribute(null=True)
 
+    # The end write that last took the record out of running: ``<nonce>:<what>``, the
+    # nonce the attempt's own (its shell draws it; it is on no record before the end
+    # write), set in the same fenced update. A retried end write whose first try's
+    # answer was lost recognises its own write by it, never by state, token and owner,
+    # which anyone able to write the record could copy.
+    write_id = UnicodeAttribute(null=True)
+
     # Present (= the state) only while the job is parked or failed (sparse index).
     attention = UnicodeAttribute(null=True)
     # "liveness" on a worker's liveness record (_core/liveness.py); absent on jobs.
@@ -503,7 +510,13 @@ class JobTable:
         return self._update(job_id, R.send_id == send_id, _SENT)
 
     def take_send(
-        self, job_id: str, *, seen_send_id: str | None, new_send_id: str, wall_now: float
+        self,
+        job_id: str,
+        *,
+        seen_send_id: str | None,
+        new_send_id: str,
+        wall_now: float,
+        read_back: bool = True,
     ) -> Call:
         # One decision among every would-be sender (resubmits, resume, sweep, repair):
         # the record is queued without a sent message and its send id is still the
@@ -524,7 +537,7 @@ class JobTable:
                 R.unsent_since.set(wall_now),
                 R.updated_at.set(wall_now),
             ],
-            returns="ALL_NEW",
+            returns="ALL_NEW" if read_back else "NONE",
         )
 
     def release_send(self, job_id: str, send_id: str, wall_now: float) -> Call:
@@ -602,13 +615,21 @@ class JobTable:
         )
 
     def commit(
-        self, job_id: str, token: int, worker_id: str, result_json: str, wall_now: float
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        result_json: str,
+        wall_now: float,
+        *,
+        write_id: str,
     ) -> Call:
         return self._update(
             job_id,
             _mine(token, worker_id),
             [
                 R.state.set(JobState.SUCCEEDED.value),
+                R.write_id.set(write_id),
                 R.result.set(result_json),
                 R.updated_at.set(wall_now),
                 R.finished_at.set(wall_now),
@@ -631,16 +652,18 @@ class JobTable:
         stage_log: str,
         send_id: str,
         wall_now: float,
+        write_id: str,
     ) -> Call:
         # Fenced like a commit. The stage log is written whole: only the holder of
         # the current token writes it, and it read the log with its claim (ALL_OLD).
-        # The owner stays (the worker that ended the stage) so that a retried write
-        # whose first try applied is recognised as its own (with the new send id).
+        # The owner stays (the worker that ended the stage), for people; a retried
+        # write whose first try applied is recognised as its own by ``write_id``.
         return self._update(
             job_id,
             _mine(token, worker_id),
             [
                 R.state.set(JobState.QUEUED.value),
+                R.write_id.set(write_id),
                 R.stage.set(next_stage),
                 R.stage_input.set(stage_input),
                 R.stages.set(stage_log),
@@ -675,12 +698,15 @@ class JobTable:
         reason: str,
         error_code: str,
         wall_now: float,
+        *,
+        write_id: str,
     ) -> Call:
         return self._update(
             job_id,
             _mine(token, worker_id),
             [
                 R.state.set(JobState.FAILED.value),
+                R.write_id.set(write_id),
                 R.attention.set(JobState.FAILED.value),
                 R.reason.set(reason),
                 R.error_code.set(error_code),
@@ -692,14 +718,24 @@ class JobTable:
         )
 
     def requeue(
-        self, job_id: str, token: int, worker_id: str, reason: str, error_code: str, wall_now: float
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        reason: str,
+        error_code: str,
+        wall_now: float,
+        *,
+        write_id: str,
     ) -> Call:
-        # The owner stays recorded: a retried requeue recognises its own write by it.
+        # The owner stays recorded, for people; a retried requeue recognises its own
+        # write by ``write_id``.
         return self._update(
             job_id,
             _mine(token, worker_id),
             [
                 R.state.set(JobState.QUEUED.value),
+                R.write_id.set(write_id),
                 R.reason.set(reason),
                 R.error_code.set(error_code),
                 R.updated_at.set(wall_now),
@@ -709,7 +745,14 @@ class JobTable:
         )
 
     def release(
-        self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        reason: str,
+        wall_now: float,
+        *,
+        write_id: str,
     ) -> Call:
         # The worker, not the job, stopped this attempt (shutdown): back to queued
         # and the attempt the claim counted is given back.
@@ -718,6 +761,7 @@ class JobTable:
             _mine(token, worker_id),
             [
                 R.state.set(JobState.QUEUED.value),
+                R.write_id.set(write_id),
                 R.attempt.set(R.attempt - 1),
                 R.reason.set(reason),
                 R.error_code.set("released"),
@@ -727,12 +771,22 @@ class JobTable:
             ],
         )
 
-    def park(self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float) -> Call:
+    def park(
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        reason: str,
+        wall_now: float,
+        *,
+        write_id: str,
+    ) -> Call:
         return self._update(
             job_id,
             _mine(token, worker_id),
             [
                 R.state.set(JobState.PARKED.value),
+                R.write_id.set(write_id),
                 R.attention.set(JobState.PARKED.value),
                 R.reason.set(reason),
                 R.error_code.set("parked"),
@@ -977,7 +1031,7 @@ class JobTable:
                     self.table: {
                         "Keys": [_key(j) for j in job_ids],
                         "ConsistentRead": True,
-                        "ProjectionExpression": "#i, #c, #s, #o, #t, #a, #h, #e, #r",
+                        "ProjectionExpression": "#i, #c, #s, #o, #t, #a, #h, #e, #r, #w",
                         "ExpressionAttributeNames": {
                             "#i": "job_id",
                             "#c": "job_class",
@@ -988,6 +1042,7 @@ class JobTable:
                             "#h": "payload_hash",
                             "#e": "error_code",
                             "#r": "reason",
+                            "#w": "write_id",
                         },
                     }
                 }
@@ -1203,6 +1258,7 @@ def view_of(item: Mapping[str, Any]) -> JobView:
             priority=s("priority"),
             stage_input=s("stage_input"),
             stage_log=s("stages"),
+            write_id=s("write_id"),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         detail = f"{type(exc).__name__}: {exc}"[:300]

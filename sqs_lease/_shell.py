@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import os
 import random
+import secrets
 import signal
 import socket
 import threading
@@ -212,6 +213,12 @@ def slot_env(app: App, settings: Settings) -> SlotEnv | None:
     )
 
 
+def new_write_id() -> str:
+    """An attempt's nonce (``Invoke("write_id")``): unguessable, so that no other
+    writer of a job record can make a write the attempt takes for its own."""
+    return secrets.token_hex(12)
+
+
 class ShellBase:
     """What both worker shells hold and do alike; each adds how it schedules.
 
@@ -308,6 +315,7 @@ class ShellBase:
             unknown_class_receives=self.unknown_class_receives,
             now=self._now,
             random=self.rng.random,
+            write_id=new_write_id,
             tally=self._count,
             new_signal=new_signal,
             run_handler=self._run_handler,

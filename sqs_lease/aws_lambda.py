@@ -200,6 +200,7 @@ class LambdaShell(Worker):
                 worker_id=self.worker_id,
                 wall_now=self._now().wall,
                 reason="lambda: not started",
+                nonce="",  # nothing claimed: no record is written
             )
         )
 

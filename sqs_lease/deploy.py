@@ -7,6 +7,8 @@ uses, and the queue and consumer numbers from the rules the worker checks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pynamodb.models import Model
@@ -30,8 +32,10 @@ from ._core.deploy import (
 from ._schema import (
     AttemptRecord,
     GroupRecord,
+    GroupTable,
     IntentRecord,
     JobRecord,
+    JobTable,
     SlotRecord,
     create_table_params,
 )
@@ -75,6 +79,81 @@ def model_attributes(role: str) -> frozenset[str]:
     return frozenset(TABLE_MODELS[role].get_attributes())
 
 
+@dataclass(frozen=True)
+class ProducerRequest:
+    """One DynamoDB request ``Producer.submit`` can send: the IAM action that
+    authorises it, the table's role, the request's parameters, and the top-level
+    attribute names it reads, writes or conditions on (IAM's ``dynamodb:Attributes``)."""
+
+    action: str
+    role: str
+    params: Mapping[str, Any]
+    attributes: frozenset[str]
+    return_values: str  # IAM's ``dynamodb:ReturnValues`` (NONE when not given)
+
+
+def request_attributes(params: Mapping[str, Any]) -> frozenset[str]:
+    """The top-level attribute names of one item request: its key, its item, and every
+    name its expressions use (the library writes every name as a placeholder)."""
+    names = set(params.get("Key", {})) | set(params.get("Item", {}))
+    names |= {
+        n.split(".")[0].split("[")[0] for n in params.get("ExpressionAttributeNames", {}).values()
+    }
+    return frozenset(names)
+
+
+def submit_requests(settings: Settings) -> tuple[ProducerRequest, ...]:
+    """Every DynamoDB request ``Producer.submit`` sends, built by the library's own
+    request builders with every optional field set: a new record (alone, or as the
+    ``Put`` of a grouped submit's transaction with its group's count), taking over a
+    send left unsent, marking the message sent, giving the send back. What a
+    producer role is granted is derived from these (``sqs_lease_cdk``), so the grant
+    follows the library; IAM authorises a transaction per item action."""
+    jobs, groups = JobTable(settings.jobs_table), GroupTable(settings.groups_table)
+    new: dict[str, Any] = {
+        "job_id": "j",
+        "job_class": "c",
+        "payload_json": "{}",
+        "payload_hash": "h",
+        "wall_now": 1.0,
+        "send_id": "s",
+        "stage": "st",
+        "tenant": "t",
+        "priority": "interactive",
+    }
+    calls: list[tuple[str, str, Mapping[str, Any]]] = [
+        ("dynamodb:PutItem", "jobs", jobs.put_new(**new).params),
+        ("dynamodb:PutItem", "jobs", jobs.put_new_item(**new, group="g")["Put"]),
+        ("dynamodb:UpdateItem", "groups", groups.count_job("g", 1.0)["Update"]),
+        (
+            "dynamodb:UpdateItem",
+            "jobs",
+            jobs.take_send(
+                "j", seen_send_id="s", new_send_id="s2", wall_now=1.0, read_back=False
+            ).params,
+        ),
+        (
+            "dynamodb:UpdateItem",
+            "jobs",
+            jobs.take_send(
+                "j", seen_send_id=None, new_send_id="s2", wall_now=1.0, read_back=False
+            ).params,
+        ),
+        ("dynamodb:UpdateItem", "jobs", jobs.mark_sent("j", "s", 1.0).params),
+        ("dynamodb:UpdateItem", "jobs", jobs.release_send("j", "s", 1.0).params),
+    ]
+    return tuple(
+        ProducerRequest(
+            action,
+            role,
+            params,
+            request_attributes(params),
+            str(params.get("ReturnValues", "NONE")),
+        )
+        for action, role, params in calls
+    )
+
+
 __all__ = [
     "ECS_MAX_STOP_TIMEOUT",
     "GC_TTL_ATTRIBUTE",
@@ -85,6 +164,7 @@ __all__ = [
     "SHUTDOWN_RELEASE_MARGIN",
     "SQS_MAX_RECEIVE_COUNT",
     "TABLE_MODELS",
+    "ProducerRequest",
     "check_lambda_timing",
     "ecs_stop_timeout",
     "lambda_visibility_floor",
@@ -92,6 +172,8 @@ __all__ = [
     "model_attributes",
     "queue_visibility_for",
     "redrive_too_tight",
+    "request_attributes",
+    "submit_requests",
     "table_names",
     "table_params",
 ]

@@ -39,6 +39,7 @@ QUEUE = "https://sqs.test/123/work"
 DLQ = "https://sqs.test/123/work-dlq"
 WORKER = "w-1"
 OTHER = "w-2"
+NONCE = "n-1"  # the attempt's nonce the tests' flows are given (``nonce="n-1"``)
 
 
 class Script:
@@ -183,6 +184,7 @@ def job_item(
     send_id: str | None = "send-1",
     unsent_since: float | None = None,
     granted_attempts: int | None = None,
+    write_id: str | None = None,
 ) -> dict[str, Any]:
     """A low-level DynamoDB item for one job, serialised by the real pynamodb model.
 
@@ -205,6 +207,7 @@ def job_item(
         updated_at=1_700_000_000,
         send_id=send_id,
         granted_attempts=granted_attempts,
+        write_id=write_id,
     )
     if unsent_since is not None:
         record.message_sent = False
@@ -272,6 +275,7 @@ def local_lease(
     progress_timeout: float | None = None,
     last_progress: float = 1000.0,
     next_beat: float = 1010.0,
+    nonce: str = NONCE,
 ) -> LocalLease:
     return LocalLease(
         job_id=job_id,
@@ -286,6 +290,7 @@ def local_lease(
         progress_timeout=progress_timeout,
         last_progress=last_progress,
         next_beat=next_beat,
+        nonce=nonce,
     )
 
 

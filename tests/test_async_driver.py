@@ -55,6 +55,7 @@ async def _scenario(settings: Settings, queue_url: str) -> tuple[str, str, str, 
                 wall_now=time.time(),
                 lease_seconds=5,
                 max_attempts=3,
+                nonce="n-1",
             )
         )
         second = await d.run(
@@ -66,6 +67,7 @@ async def _scenario(settings: Settings, queue_url: str) -> tuple[str, str, str, 
                 wall_now=time.time(),
                 lease_seconds=5,
                 max_attempts=3,
+                nonce="n-1",
             )
         )
         assert isinstance(first, Claimed) and isinstance(second, Claimed)
@@ -97,6 +99,7 @@ async def _scenario(settings: Settings, queue_url: str) -> tuple[str, str, str, 
                 result_json="{}",
                 wall_now=time.time(),
                 duration=0.0,
+                nonce="n-1",
             )
         )
         fresh = await d.run(
@@ -109,6 +112,7 @@ async def _scenario(settings: Settings, queue_url: str) -> tuple[str, str, str, 
                 result_json="{}",
                 wall_now=time.time(),
                 duration=0.0,
+                nonce="n-1",
             )
         )
         return beat.beats["a1"].status, stale.outcome, fresh.outcome, second.token

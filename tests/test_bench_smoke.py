@@ -225,7 +225,9 @@ def test_call_labels_tell_the_protocols_writes_apart() -> None:
     t = JobTable("jobs")
     claim = t.claim("j", "w", 1.0, 30, job_class="c", send_id="s")
     assert call_label(claim) == "UpdateItem(claim)"
-    assert call_label(t.commit("j", 1, "w", "{}", 1.0)) == "UpdateItem(commit)"
+    assert (
+        call_label(t.commit("j", 1, "w", "{}", 1.0, write_id="n-1:commit")) == "UpdateItem(commit)"
+    )
     assert call_label(t.mark_sent("j", "s", 1.0)) == "UpdateItem(mark_sent)"
     checkpoint = t.advance_stage(
         "j",
@@ -237,6 +239,7 @@ def test_call_labels_tell_the_protocols_writes_apart() -> None:
         stage_log="[]",
         send_id="s2",
         wall_now=1.0,
+        write_id="n-1:stage",
     )
     assert call_label(checkpoint) == "UpdateItem(checkpoint)"
 

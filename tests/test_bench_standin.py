@@ -97,9 +97,13 @@ def test_a_release_is_fenced_by_the_token_and_gives_the_claimed_attempt_back(
     standin.put_items(settings.jobs_table, [job_item(jobs, "j1", "c", {"n": 0})])
     claim = jobs.claim("j1", "w1", time.time(), 60, job_class="c", send_id=bench_send_id("j1"))
     assert isinstance(standin.answer(claim)[0], Ok)
-    stale, _ = standin.answer(jobs.release("j1", 0, "w1", "shutdown", time.time()))
+    stale, _ = standin.answer(
+        jobs.release("j1", 0, "w1", "shutdown", time.time(), write_id="n-1:release")
+    )
     assert isinstance(stale, Err) and stale.code == "ConditionalCheckFailedException"
-    mine, _ = standin.answer(jobs.release("j1", 1, "w1", "shutdown", time.time()))
+    mine, _ = standin.answer(
+        jobs.release("j1", 1, "w1", "shutdown", time.time(), write_id="n-1:release")
+    )
     assert isinstance(mine, Ok)
     read, _ = standin.answer(jobs.batch_get(["j1"]))
     assert isinstance(read, Ok)

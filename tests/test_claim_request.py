@@ -111,8 +111,8 @@ def test_a_claim_counts_token_and_attempt_up_from_the_record_and_answers_the_old
     assert float(job["lease_deadline"]["N"]) == 41.0
     assert "last_heartbeat" not in job  # = updated_at; heartbeat age is the liveness record's
     # The new token fences: the first claim's commit is refused, the second's lands.
-    assert not send(table.commit("j1", 1, "w1", "{}", 12.0))[0]
-    assert send(table.commit("j1", 2, "w2", "{}", 12.0))[0]
+    assert not send(table.commit("j1", 1, "w1", "{}", 12.0, write_id="n-1:commit"))[0]
+    assert send(table.commit("j1", 2, "w2", "{}", 12.0, write_id="n-1:commit"))[0]
     assert not send(table.claim("j1", "w3", 13.0, 30, job_class="c", send_id="s1"))[0]
 
 

@@ -132,9 +132,13 @@ def test_jobs_list_parked_and_failed_use_the_attention_index_never_a_scan(
         claim = jobs.claim(job_id, "w-1", now, 30, job_class="ocr", send_id=f"{job_id}.s")
         ddb.update_item(**claim.params)
     # The library's own writes: park one, fail one, commit one.
-    ddb.update_item(**jobs.park("p-1", 1, "w-1", "intent ambiguous", now).params)
-    ddb.update_item(**jobs.finish_failed("f-1", 1, "w-1", "boom", "error", now).params)
-    ddb.update_item(**jobs.commit("ok-1", 1, "w-1", "{}", now).params)
+    ddb.update_item(
+        **jobs.park("p-1", 1, "w-1", "intent ambiguous", now, write_id="n-1:park").params
+    )
+    ddb.update_item(
+        **jobs.finish_failed("f-1", 1, "w-1", "boom", "error", now, write_id="n-1:fail").params
+    )
+    ddb.update_item(**jobs.commit("ok-1", 1, "w-1", "{}", now, write_id="n-1:commit").params)
     ops.clear()
     parked = run(aws, "jobs", "list", "--state", "parked", "--json")
     failed = run(aws, "jobs", "list", "--state", "failed", "--json")

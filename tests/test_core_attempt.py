@@ -8,6 +8,7 @@ way an attempt can end.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -101,6 +102,7 @@ class Shell:
         self.counts: Counter[str] = Counter()
         self.mono = MONO
         self.rules = Rules()
+        self.nonces = itertools.count(1)
         self.env = AttemptEnv(
             table=table(),
             intents=IntentTable("intents-test", "attempts-test"),
@@ -113,6 +115,7 @@ class Shell:
             unknown_class_receives=5,
             now=lambda: Now(self.mono, WALL),
             random=lambda: rand,
+            write_id=lambda: f"n-{next(self.nonces)}",
             tally=self.tally,
             new_signal=Flag,
             run_handler=handler,
@@ -349,7 +352,7 @@ def _stage_claim(stage: str, token: int, committed: list[tuple[str, int]]) -> Cl
         stage=stage,
         stage_log=json.dumps(log) if log else None,
     )
-    return Claimed(delivery(), view, token, 1, False, None, MONO + 60)
+    return Claimed(delivery(), view, token, 1, False, None, MONO + 60, "n-0")
 
 
 def test_the_next_stage_claimed_while_the_stage_before_finishes_its_ending_is_no_lost_lease() -> (

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from core_harness import (
     DLQ,
+    NONCE,
     OTHER,
     QUEUE,
     TABLE,
@@ -66,6 +67,7 @@ from sqs_lease._core.flows import (
     submit_flow,
 )
 from sqs_lease._core.records import JobState, JobView
+from sqs_lease._core.stages import NextStage, continue_flow
 from sqs_lease._core.timing import LeaseStatus, LocalLease
 from sqs_lease._errors import (
     AwsCallFailed,
@@ -518,6 +520,7 @@ def _claim(
             lease_seconds=lease_seconds,
             max_attempts=max_attempts,
             dlq_url=dlq_url,
+            nonce="n-1",
         )
     )
 
@@ -953,7 +956,9 @@ def test_heartbeat_token_moved_is_lost() -> None:
 def test_heartbeat_state_not_running_under_our_token_is_our_own_end() -> None:
     # Only this attempt's own fenced write can take the record out of running
     # under its token: the attempt ended itself, nothing was lost.
-    s, verdict = _one_beat(job_item("job-1", state=JobState.QUEUED, owner=WORKER, token=2))
+    s, verdict = _one_beat(
+        job_item("job-1", state=JobState.QUEUED, owner=WORKER, token=2, write_id="n-1:retry")
+    )
     assert verdict == ("done", "job is queued", None)
     assert "heartbeat_lost" not in s.event_names()
 
@@ -967,7 +972,17 @@ def test_heartbeat_sqs_gone_for_our_own_committed_job_is_done_not_lost() -> None
     s = Script(
         [
             ok({"Failed": [{"Id": "0", "Code": "ReceiptHandleIsInvalid", "SenderFault": True}]}),
-            ok({"Responses": {TABLE: [job_item("job-1", state=JobState.SUCCEEDED, token=2)]}}),
+            ok(
+                {
+                    "Responses": {
+                        TABLE: [
+                            job_item(
+                                "job-1", state=JobState.SUCCEEDED, token=2, write_id="n-1:commit"
+                            )
+                        ]
+                    }
+                }
+            ),
         ]
     )
     beat = _beat(s, [local_lease("job-1", token=2)]).beats["job-1"]
@@ -996,7 +1011,9 @@ def test_heartbeat_cancelled_record_is_cancelled() -> None:
 
 
 def test_heartbeat_failed_but_not_cancelled_under_our_token_is_done() -> None:
-    s, verdict = _one_beat(job_item("job-1", state=JobState.FAILED, token=2, error_code="boom"))
+    s, verdict = _one_beat(
+        job_item("job-1", state=JobState.FAILED, token=2, error_code="boom", write_id="n-1:fail")
+    )
     status, reason, _ = verdict
     assert (status, reason) == ("done", "job is failed")
     assert "heartbeat_lost" not in s.event_names()
@@ -1111,6 +1128,7 @@ def _commit(script: Script, job: JobView | None = None, *, keep: bool = False) -
             wall_now=WALL,
             duration=12.34567,
             keep_rejected_content=keep,
+            nonce="n-1",
         )
     )
 
@@ -1184,11 +1202,14 @@ def test_a_rejected_result_keeps_its_content_where_the_class_opts_in() -> None:
 def test_commit_rejected_same_token_other_state() -> None:
     s = Script([condition_failed(job_item(state=JobState.QUEUED, owner=WORKER, token=2)), ok()])
     fin = _commit(s)
-    assert (fin.outcome, fin.reason) == ("rejected", f"job is queued (owner {WORKER})")
+    assert (fin.outcome, fin.reason) == (
+        "rejected",
+        f"job is queued (owner {WORKER}), not by this attempt's write",
+    )
 
 
 def test_commit_unanswered_then_own_earlier_write_is_done() -> None:
-    mine = job_item(state=JobState.SUCCEEDED, owner=WORKER, token=2)
+    mine = job_item(state=JobState.SUCCEEDED, owner=WORKER, token=2, write_id="n-1:commit")
     s = Script([unreachable(), condition_failed(mine), ok()])
     fin = _commit(s)
     assert fin.outcome == "done"
@@ -1265,6 +1286,7 @@ def _retry(script: Script, job: JobView, max_attempts: int = 3, delay: int = 17)
             error_code="TransientError",
             delay=delay,
             max_attempts=max_attempts,
+            nonce="n-1",
         )
     )
 
@@ -1346,7 +1368,7 @@ def test_retry_requeue_unknown_sets_no_visibility() -> None:
 
 
 def test_retry_unanswered_then_own_requeue_is_done() -> None:
-    mine = job_item(state=JobState.QUEUED, owner=WORKER, token=2)
+    mine = job_item(state=JobState.QUEUED, owner=WORKER, token=2, write_id="n-1:retry")
     s = Script([unreachable(), condition_failed(mine), ok()])
     fin = _retry(s, job_view(token=2, attempt=1))
     assert (fin.outcome, fin.reason) == ("done", "an earlier try applied")
@@ -1367,6 +1389,7 @@ def _fail(script: Script) -> Finish:
             wall_now=WALL,
             reason="bad input",
             error_code="PermanentError",
+            nonce="n-1",
         )
     )
 
@@ -1415,6 +1438,7 @@ def _park(script: Script) -> Finish:
             worker_id=WORKER,
             wall_now=WALL,
             reason="intent ambiguous",
+            nonce="n-1",
         )
     )
 
@@ -1469,7 +1493,13 @@ def test_release_requeues_records_and_sets_visibility_zero() -> None:
     )
     released = s.run(
         release_flow(
-            table(), queue_url=QUEUE, held=held, worker_id=WORKER, wall_now=WALL, reason="shutdown"
+            table(),
+            queue_url=QUEUE,
+            held=held,
+            worker_id=WORKER,
+            wall_now=WALL,
+            reason="shutdown",
+            nonce="n-1",
         )
     )
     assert released == 2  # counts Successful only
@@ -1508,7 +1538,13 @@ def test_release_batches_by_ten_and_skips_rejected_requeue() -> None:
     s = Script(respond)
     released = s.run(
         release_flow(
-            table(), queue_url=QUEUE, held=held, worker_id=WORKER, wall_now=WALL, reason="sigterm"
+            table(),
+            queue_url=QUEUE,
+            held=held,
+            worker_id=WORKER,
+            wall_now=WALL,
+            reason="sigterm",
+            nonce="n-1",
         )
     )
     # job-00's requeue was rejected (token moved): its visibility belongs to the new
@@ -1724,3 +1760,144 @@ def test_apply_beats_moves_each_lease_by_its_verdict() -> None:
     assert (unk_l.status, unk_l.deadline, unk_l.next_beat) == (LeaseStatus.UNKNOWN, 1060.0, 1101.0)
     assert (done_l.status, done_l.deadline) == (LeaseStatus.OK, 1060.0)
     assert fin_l.status is LeaseStatus.DONE
+
+
+# ================================================= own end write: recognised by its id
+#
+# Issue 32 item 3: a writer of the job record that is not the attempt (a producer
+# role able to UpdateItem/PutItem the table, a hand-made update) sets the running
+# record to the state an end write would leave, keeping its token and owner, while
+# that end write's answer is lost. The attempt recognises its own write by the id
+# it wrote in the same conditional update (``write_id``), so the forgery is never
+# taken for its own: no result_committed, no stage_committed, no job_failed.
+
+
+def _end_write(kind: str, script: Script) -> Finish:
+    """Run the end write ``kind`` of an attempt with nonce n-1 (job token 2, attempt 1)."""
+    job = job_view(token=2, attempt=1)
+    args: dict[str, Any] = {
+        "queue_url": QUEUE,
+        "job": job,
+        "delivery": delivery(receipt_handle="rh-e"),
+        "worker_id": WORKER,
+        "wall_now": WALL,
+        "nonce": NONCE,
+    }
+    if kind == "commit":
+        return script.run(commit_flow(table(), **args, result_json='{"text": "ok"}', duration=1.0))
+    if kind == "fail":
+        return script.run(fail_flow(table(), **args, reason="bad", error_code="E"))
+    if kind == "retry":
+        return script.run(
+            retry_flow(table(), **args, reason="flaky", error_code="E", delay=5, max_attempts=3)
+        )
+    if kind == "park":
+        return script.run(park_flow(table(), **args, reason="ambiguous"))
+    if kind == "stage":
+        nxt = NextStage("two", {"page": 2}, result={"done": 1})
+        done = script.run(
+            continue_flow(table(), **args, nxt=nxt, input_json='{"page":2}', duration=1.0)
+        )
+        return done.fin
+    raise AssertionError(kind)
+
+
+END_WRITES = {
+    # kind: (the state it leaves, the event only a write of its own may journal)
+    "commit": (JobState.SUCCEEDED, "result_committed"),
+    "fail": (JobState.FAILED, "job_failed"),
+    "retry": (JobState.QUEUED, "job_retry_scheduled"),
+    "park": (JobState.PARKED, "job_parked"),
+    "stage": (JobState.QUEUED, "stage_committed"),
+}
+
+
+@pytest.mark.parametrize("forged_id", [None, "n-9:commit", "n-1:other"])
+@pytest.mark.parametrize("kind", sorted(END_WRITES))
+def test_a_record_forged_to_the_end_state_during_a_lost_answer_is_not_the_attempts_write(
+    kind: str, forged_id: str | None
+) -> None:
+    # The first try is unanswered (it did not apply: the forger's write came first);
+    # the retry's condition fails and ALL_OLD shows the forged record: the end state,
+    # this attempt's token and owner, and no write id of this attempt's.
+    state, own_event = END_WRITES[kind]
+    forged = job_item(state=state, owner=WORKER, token=2, attempt=1, write_id=forged_id)
+    answers = iter([unreachable(), condition_failed(forged)])
+    s = Script(lambda c: next(answers, ok()))
+    fin = _end_write(kind, s)
+    assert fin.outcome == "rejected", fin
+    assert "not by this attempt's write" in fin.reason
+    assert own_event not in s.event_names()
+    assert "result_rejected" in s.event_names()
+    # Nothing of the attempt's ending followed: no delete, no visibility, no send.
+    assert not [c for c in s.calls if c.service == "sqs"]
+
+
+@pytest.mark.parametrize("kind", sorted(END_WRITES))
+def test_each_end_write_sets_its_own_write_id_in_the_fenced_update(kind: str) -> None:
+    s = Script(lambda c: ok({"MessageId": "m-2"}) if c.op == "SendMessage" else ok())
+    fin = _end_write(kind, s)
+    assert fin.outcome == "done"
+    write = s.calls[0].params
+    assert_fenced(write, token=2)
+    assert update_sets(write)["write_id"] == repr(f"{NONCE}:{kind}")
+
+
+@pytest.mark.parametrize("kind", sorted(END_WRITES))
+def test_each_end_write_whose_first_try_applied_is_recognised_by_its_id(kind: str) -> None:
+    state, own_event = END_WRITES[kind]
+    mine = job_item(state=state, owner=WORKER, token=2, attempt=1, write_id=f"{NONCE}:{kind}")
+    answers = iter([unreachable(), condition_failed(mine)])
+    s = Script(lambda c: next(answers, ok({"MessageId": "m-2"})))
+    fin = _end_write(kind, s)
+    assert (fin.outcome, fin.reason) == ("done", "an earlier try applied")
+    assert own_event in s.event_names()
+
+
+def test_a_release_on_the_attempts_behalf_is_not_the_attempts_own_write() -> None:
+    # Shutdown released the record (its own nonce); the attempt's late retry, whose
+    # first try went unanswered, meets it: a queued record under its token, not its write.
+    released = job_item(state=JobState.QUEUED, owner=WORKER, token=2, write_id="n-7:release")
+    answers = iter([unreachable(), condition_failed(released)])
+    s = Script(lambda c: next(answers, ok()))
+    fin = _end_write("retry", s)
+    assert fin.outcome == "rejected"
+    assert "job_retry_scheduled" not in s.event_names()
+
+
+def test_a_release_needs_a_nonce_for_a_claimed_record() -> None:
+    with pytest.raises(ValueError, match="nonce"):
+        Script([]).run(
+            release_flow(
+                table(),
+                queue_url=QUEUE,
+                held=[(job_view(token=2), delivery())],
+                worker_id=WORKER,
+                wall_now=WALL,
+                reason="shutdown",
+                nonce="",
+            )
+        )
+
+
+@pytest.mark.parametrize("state", [JobState.SUCCEEDED, JobState.QUEUED, JobState.FAILED])
+def test_heartbeat_record_forged_out_of_running_under_our_token_is_lost_not_done(
+    state: JobState,
+) -> None:
+    # The record left running under this attempt's token, but not by its own write:
+    # another writer took the job from it (the handler is told), it did not end it.
+    s, verdict = _one_beat(job_item("job-1", state=state, owner=WORKER, token=2, write_id=None))
+    assert verdict == ("lost", f"job is {state}", None)
+    assert s.event("heartbeat_lost")["reason"] == f"job is {state}"
+
+
+def test_heartbeat_sqs_gone_and_a_forged_end_is_not_done() -> None:
+    forged = job_item("job-1", state=JobState.SUCCEEDED, token=2, write_id="n-9:commit")
+    s = Script(
+        [
+            ok({"Failed": [{"Id": "0", "Code": "ReceiptHandleIsInvalid", "SenderFault": True}]}),
+            ok({"Responses": {TABLE: [forged]}}),
+        ]
+    )
+    beat = _beat(s, [local_lease("job-1", token=2)]).beats["job-1"]
+    assert beat.status != "done"

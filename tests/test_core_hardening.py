@@ -127,6 +127,7 @@ def test_a_claim_that_meets_an_unreadable_record_poisons_only_that_message() -> 
             wall_now=WALL,
             lease_seconds=30,
             max_attempts=3,
+            nonce="n-1",
         )
     )
     assert isinstance(res, NotClaimed) and res.outcome == "unreadable"
@@ -149,6 +150,7 @@ def test_a_fenced_write_that_meets_an_unreadable_record_is_rejected_not_a_crash(
             result_json="{}",
             wall_now=WALL,
             duration=1.0,
+            nonce="n-1",
         )
     )
     assert (fin.outcome, fin.reason) == ("rejected", "job record unreadable")
@@ -200,6 +202,7 @@ def test_a_commit_dynamodb_refuses_as_invalid_ends_the_job_failed_naming_the_lim
             result_json='{"x": 1}',
             wall_now=WALL,
             duration=1.0,
+            nonce="n-1",
         )
     )
     assert fin.outcome == "failed"
@@ -227,6 +230,7 @@ def test_a_requeue_dynamodb_refuses_as_invalid_fails_the_job_instead_of_retrying
             error_code="ValueError",
             delay=3,
             max_attempts=5,
+            nonce="n-1",
         )
     )
     assert fin.outcome == "failed"
@@ -247,6 +251,7 @@ def test_a_throttled_commit_is_retried_and_stays_ownership_unknown() -> None:
             result_json="{}",
             wall_now=WALL,
             duration=1.0,
+            nonce="n-1",
         )
     )
     assert fin.outcome == "unknown"
@@ -269,6 +274,7 @@ def test_a_result_that_with_the_payload_breaks_the_item_limit_is_never_sent() ->
             result_json=result,
             wall_now=WALL,
             duration=1.0,
+            nonce="n-1",
         )
     )
     assert fin.outcome == "failed"
@@ -302,6 +308,7 @@ def test_a_claim_dynamodb_refuses_as_invalid_poisons_the_message_not_unknown() -
             wall_now=WALL,
             lease_seconds=30,
             max_attempts=3,
+            nonce="n-1",
         )
     )
     assert isinstance(res, NotClaimed) and res.outcome == "invalid"
@@ -328,6 +335,7 @@ def _admit_unknown(receive_count: int, bound: int, answers: list[Outcome]) -> Sc
             max_attempts=3,
             unknown_class_receives=bound,
             rand=0.0,
+            nonce="n-1",
         )
     )
     assert isinstance(res, NotClaimed)
@@ -465,6 +473,7 @@ def test_a_rejected_release_at_shutdown_journals_the_loss() -> None:
             worker_id=WORKER,
             wall_now=WALL,
             reason="shutdown",
+            nonce="n-1",
         )
     )
     assert released == 0

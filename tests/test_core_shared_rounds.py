@@ -95,6 +95,7 @@ class World:
             unknown_class_receives=5,
             now=lambda: Now(self.mono, WALL + self.mono - T0),
             random=lambda: 0.5,
+            write_id=lambda: "n-1",
             tally=self._tally,
             new_signal=Flag,
             run_handler=lambda run: None,

@@ -82,6 +82,7 @@ class Env:
                 lease_seconds=30,
                 max_attempts=5,
                 dlq_url=self.dlq,
+                nonce="n-1",
             )
         )
         assert isinstance(claimed, Claimed)

@@ -515,6 +515,7 @@ def claim(env: Env, delivery: Delivery, *, lease_seconds: int, worker_id: str = 
             wall_now=time.time(),
             lease_seconds=lease_seconds,
             max_attempts=5,
+            nonce="n-1",
         )
     )
     assert isinstance(out, Claimed), out
@@ -1413,7 +1414,9 @@ def test_a_shared_key_prepared_by_a_job_that_ended_for_good_is_taken_over_by_the
     spec_a = spec_for(job_a, p)
     assert isinstance(env.driver.execute(env.intents.prepare(spec_a, time.time())), Ok)
     if holder_end == "failed":
-        ended = env.jobs.finish_failed(job_a, 1, W1, "boom", "handler_error", time.time())
+        ended = env.jobs.finish_failed(
+            job_a, 1, W1, "boom", "handler_error", time.time(), write_id="n-1:fail"
+        )
     else:
         ended = env.jobs.cancel(job_a, "operator", time.time())
     assert isinstance(env.driver.execute(ended), Ok)

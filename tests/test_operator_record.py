@@ -124,6 +124,7 @@ def test_a_rejected_result_is_reachable_from_jobs_show(aws: AwsTestEnv) -> None:
             wall_now=2.0,
             duration=1.0,
             keep_rejected_content=True,
+            nonce="n-1",
         )
     )
     assert fin.outcome == "rejected"

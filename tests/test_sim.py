@@ -384,7 +384,7 @@ def test_a_broken_condition_in_a_real_request_is_caught() -> None:
     db = _ddb()
     _put_job(db)
     _send(db, T.claim("j1", "w1", 1.0, 30, job_class="c", send_id="s1"))
-    params = dict(T.commit("j1", 1, "w1", "{}", 2.0).params)
+    params = dict(T.commit("j1", 1, "w1", "{}", 2.0, write_id="n-1:commit").params)
     cond = str(params["ConditionExpression"])
     first = re.search(r"#\w+", cond)
     assert first is not None
@@ -425,12 +425,14 @@ def test_job_requests_claim_commit_and_fence() -> None:
     assert (job["token"], job["attempt"], job["owner"]) == ({"N": "2"}, {"N": "2"}, {"S": "w2"})
     assert job["lease_deadline"] == {"N": "41"}
 
-    stale = _send(db, T.commit("j1", 1, "w1", '{"r":1}', 12.0))
+    stale = _send(db, T.commit("j1", 1, "w1", '{"r":1}', 12.0, write_id="n-1:commit"))
     assert isinstance(stale, Err) and stale.kind is ErrorKind.CONDITION_FAILED
     assert stale.item is not None and stale.item["token"] == {"N": "2"}
     alive = Liveness("w2", 12.0, 0.1, 0, 1, (HeldJob("j1", 2, 42.0),))
     assert isinstance(_send(db, T.liveness(alive)), Ok)  # unconditional, its own item
-    assert isinstance(_send(db, T.commit("j1", 2, "w2", '{"r":2}', 13.0)), Ok)
+    assert isinstance(
+        _send(db, T.commit("j1", 2, "w2", '{"r":2}', 13.0, write_id="n-1:commit")), Ok
+    )
     job = _job(db)
     assert job["state"] == {"S": "succeeded"} and job["result"] == {"S": '{"r":2}'}
     assert "lease_deadline" not in job
@@ -444,11 +446,15 @@ def test_job_requests_requeue_park_fail_cancel() -> None:
     db = _ddb()
     _put_job(db)
     _send(db, T.claim("j1", "w1", 1.0, 30, job_class="c", send_id="s1"))
-    assert isinstance(_send(db, T.requeue("j1", 1, "w1", "again", "transient", 2.0)), Ok)
+    assert isinstance(
+        _send(db, T.requeue("j1", 1, "w1", "again", "transient", 2.0, write_id="n-1:retry")), Ok
+    )
     assert _job(db)["state"] == {"S": "queued"}
-    assert isinstance(_send(db, T.park("j1", 1, "w1", "why", 3.0)), Err)  # not running
+    assert isinstance(
+        _send(db, T.park("j1", 1, "w1", "why", 3.0, write_id="n-1:park")), Err
+    )  # not running
     _send(db, T.claim("j1", "w1", 4.0, 30, job_class="c", send_id="s1"))
-    assert isinstance(_send(db, T.park("j1", 2, "w1", "doubt", 5.0)), Ok)
+    assert isinstance(_send(db, T.park("j1", 2, "w1", "doubt", 5.0, write_id="n-1:park")), Ok)
     out = _send(db, T.unpark("j1", "s2", 6.0))
     assert isinstance(out, Ok) and out.response["Attributes"]["state"] == {"S": "queued"}
     cancelled = _send(db, T.cancel("j1", "operator", 7.0))
@@ -457,7 +463,9 @@ def test_job_requests_requeue_park_fail_cancel() -> None:
     assert _job(db)["error_code"] == {"S": "cancelled"}
     _put_job(db, "j2")
     _send(db, T.claim("j2", "w1", 1.0, 30, job_class="c", send_id="s1"))
-    assert isinstance(_send(db, T.finish_failed("j2", 1, "w1", "bad", "permanent", 2.0)), Ok)
+    assert isinstance(
+        _send(db, T.finish_failed("j2", 1, "w1", "bad", "permanent", 2.0, write_id="n-1:fail")), Ok
+    )
     assert _job(db, "j2")["reason"] == {"S": "bad"}
 
 
@@ -863,9 +871,9 @@ def test_sim_and_moto_agree_on_real_requests(aws: AwsTestEnv, ddb_client: Any) -
             log_response="",
             reconciled=False,
         ),
-        jt.commit("j1", 1, "w1", "{}", 14.0),
+        jt.commit("j1", 1, "w1", "{}", 14.0, write_id="n-1:commit"),
         jt.liveness(Liveness("w2", 14.0, 0.1, 0, 1, (HeldJob("j1", 2, 44.0),))),
-        jt.commit("j1", 2, "w2", '{"ok":true}', 15.0),
+        jt.commit("j1", 2, "w2", '{"ok":true}', 15.0, write_id="n-1:commit"),
         jt.cancel("j1", "late", 16.0),
     ]
     for c in calls:

@@ -100,6 +100,7 @@ def _claim(settings: Settings, url: str, d: Delivery, worker: str) -> Claimed | 
             wall_now=time.time(),
             lease_seconds=60,
             max_attempts=3,
+            nonce="n-1",
         )
     )
 

@@ -11,7 +11,7 @@ from constructs import Construct
 
 from sqs_lease import ConfigError, Settings
 from sqs_lease._core.liveness import LIVENESS_PREFIX
-from sqs_lease.deploy import GC_TTL_ATTRIBUTE, model_attributes, table_params
+from sqs_lease.deploy import GC_TTL_ATTRIBUTE, model_attributes, submit_requests, table_params
 
 from ._common import allow, settings_for
 
@@ -61,14 +61,20 @@ WORKER_TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
 """What a worker calls on each table (TransactWriteItems is authorised per item action)."""
 
 PRODUCER_TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
-    # Submit: the conditional put of a new record, marking it sent, taking the send
-    # of a record left unsent; the read that reports a duplicate.
-    "jobs": ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"),
+    # Submit: the conditional put of a new record; taking the send of a record left
+    # unsent, marking it sent, giving it back. No read: a duplicate is told by the
+    # put's refusal, and nothing else of a record is read back.
+    "jobs": ("dynamodb:PutItem", "dynamodb:UpdateItem"),
     # A grouped submit counts the job on its session's record in the same
     # transaction (refused once the session is cancelled).
     "groups": ("dynamodb:UpdateItem",),
 }
-"""What a producer calls on each table."""
+"""What a producer calls on each table; each action is granted on the attributes
+submit's requests name only (``sqs_lease.deploy.submit_requests``)."""
+
+# An UpdateItem may read back only what it wrote (the IAM guide's rule for an
+# attribute-limited write): never ALL_OLD / ALL_NEW, the whole record.
+_WRITE_RETURNS = ("NONE", "UPDATED_OLD", "UPDATED_NEW")
 
 
 class LeaseTables(Construct):
@@ -161,10 +167,40 @@ class LeaseTables(Construct):
             },
         )
 
-    def grant_producer(self, grantee: iam.IGrantable) -> None:
-        """What a producer calls: submitting writes the job record."""
-        for role, actions in PRODUCER_TABLE_ACTIONS.items():
-            allow(grantee, actions, [self._tables[role].table_arn])
+    def grant_producer(self, grantee: iam.IGrantable, *, job_ids: str | None = None) -> None:
+        """What ``Producer.submit`` calls, and nothing more: per table and action, the
+        attributes its requests name (``dynamodb:Attributes``, derived from the
+        library's request builders) and no whole-record read back
+        (``dynamodb:ReturnValues``). No GetItem: a producer reads no job record.
+
+        ``job_ids``: an IAM ``StringLike`` pattern (``"orders-*"``) of the job ids this
+        producer may write (``dynamodb:LeadingKeys``); without it, any job id. What
+        IAM cannot stop is in cdk/README.md (a put over an existing record of an
+        allowed id, the ``state`` a send write conditions on)."""
+        if job_ids is not None and (not job_ids or job_ids == "*"):
+            raise ConfigError(
+                f"job_ids={job_ids!r}: give the pattern of this producer's own job ids "
+                "(e.g. 'orders-*'), or leave it None for any job id"
+            )
+        wanted: dict[tuple[str, str], set[str]] = {}
+        for r in submit_requests(self._settings):
+            wanted.setdefault((r.role, r.action), set()).update(r.attributes)
+        for (role, action), names in sorted(wanted.items()):
+            conditions: dict[str, Any] = {
+                "ForAllValues:StringEquals": {"dynamodb:Attributes": sorted(names)},
+            }
+            # IfExists: a transaction's item (a grouped submit) carries no ReturnValues.
+            # PutItem knows NONE and ALL_OLD (the record it replaced): never that.
+            returns = _WRITE_RETURNS if action == "dynamodb:UpdateItem" else ("NONE",)
+            conditions["StringEqualsIfExists"] = {"dynamodb:ReturnValues": list(returns)}
+            if job_ids is not None and role == "jobs":
+                conditions["ForAllValues:StringLike"] = {"dynamodb:LeadingKeys": [job_ids]}
+            iam.Grant.add_to_principal(
+                grantee=grantee,
+                actions=[action],
+                resource_arns=[self._tables[role].table_arn],
+                conditions=conditions,
+            )
 
     def _arns(self, role: str) -> list[str]:
         table = self._tables[role]

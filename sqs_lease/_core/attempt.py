@@ -33,6 +33,10 @@ The instruction contract (what a shell must perform):
   - ``"now"``: ``fn`` is the shell's ``env.now`` -> :class:`Now` (the monotonic
     lease clock and the wall clock, read together; the core reads no clock).
   - ``"random"``: ``env.random`` -> a float in [0, 1) (backoff, deferral jitter).
+  - ``"write_id"``: ``env.write_id`` -> a fresh nonce (str): an attempt's, carried by
+    its end writes so that it recognises its own write exactly (``flows.end_write_id``);
+    a release made on an attempt's behalf draws its own. Unguessable in a real shell
+    (``secrets``): whoever could predict it could forge the attempt's write.
   - ``"validate"``: the job class's payload validation (may raise ``PayloadError``).
   - ``"handler"``: ``fn`` is a :class:`HandlerRun`. A sync shell just calls it (in
     the attempt's thread: it calls ``env.run_handler``, which builds the job
@@ -226,6 +230,7 @@ class AttemptEnv:
     unknown_class_receives: int
     now: Callable[[], Now]
     random: Callable[[], float]
+    write_id: Callable[[], str]
     tally: Callable[[str, int], None]
     new_signal: Callable[[], Signal]
     run_handler: Callable[[HandlerRun], Any]
@@ -291,6 +296,12 @@ def _now(env: AttemptEnv) -> Flow[Now]:
     return now
 
 
+def _nonce(env: AttemptEnv) -> Flow[str]:
+    """A fresh nonce from the shell: an attempt's, or a release's made on its behalf."""
+    nonce: str = yield from _value("write_id", env.write_id)
+    return nonce
+
+
 def result_json(result: Any) -> str | None:
     """The handler's result as canonical JSON, or None when it is not JSON."""
     try:
@@ -328,6 +339,7 @@ def attempt_flow(
         return None
     # Drawn only when needed: the random stream stays the retries' own.
     rand = 0.5 if rules is not None else (yield from _value("random", env.random))
+    nonce = yield from _nonce(env)
     claim = yield from admit_flow(
         env.table,
         queue_url=env.queue_url,
@@ -341,6 +353,7 @@ def attempt_flow(
         unknown_class_receives=env.unknown_class_receives,
         rand=rand,
         keep_receive_lease=first_beat_reserve(rules, item.visibility) if rules else None,
+        nonce=nonce,
     )
     if not isinstance(claim, Claimed):
         counter = NOT_CLAIMED_COUNTS.get(claim.outcome)
@@ -468,6 +481,7 @@ def _wait_for_slot(env: AttemptEnv, claim: Claimed, grant: SlotGrant) -> Flow[No
         worker_id=env.worker_id,
         wall_now=now.wall,
         reason=f"waiting for a slot of {pool.name if pool else '?'}",
+        nonce=claim.nonce,
         visibility=delay,
     )
     env.tally("waited_for_slot", 1)
@@ -577,6 +591,7 @@ class _At:
             "worker_id": self.env.worker_id,
             "wall_now": now.wall,
             "defer_delete": self.env.deletes is not None,
+            "nonce": self.claim.nonce,
         }
 
     def rejected(self, fin: Finish, source: LossSource) -> Flow[None]:
@@ -631,6 +646,7 @@ def _run(at: _At, held: Held, payload: Any, start: float) -> Flow[Finish | None]
             worker_id=env.worker_id,
             wall_now=now.wall,
             reason=end.reason,
+            nonce=claim.nonce,
             lapsed=at.lapsed(now),
         )
         env.tally("released", released)
@@ -934,8 +950,17 @@ def watchdog_drops_flow(
             continue
         # The watchdog gives the job back for a counted retry; the handler's late
         # result will meet a moved record and be rejected.
+        # Its own nonce: the attempt's late end write must not take this retry for its own.
+        nonce = yield from _nonce(env)
         claim = Claimed(
-            held.delivery, held.job, lease.token, held.job.attempt, False, None, lease.deadline
+            held.delivery,
+            held.job,
+            lease.token,
+            held.job.attempt,
+            False,
+            None,
+            lease.deadline,
+            nonce,
         )
         yield Invoke("act_for", ActFor("heartbeat", {lease.job_id: lease.token}))
         watchdog = Ending(EndKind.RETRY, f"watchdog: {why.value}", why.value)
@@ -966,6 +991,7 @@ def _handed_back_late(env: AttemptEnv, held: Held, now: float) -> Flow[None]:
     yield Invoke("act_for", ActFor("release", {lease.job_id: lease.token}))
     try:
         t = yield from _now(env)
+        nonce = yield from _nonce(env)  # the hand-back's own, not the lapsed attempt's
         released = yield from release_flow(
             env.table,
             queue_url=env.queue_url,
@@ -973,6 +999,7 @@ def _handed_back_late(env: AttemptEnv, held: Held, now: float) -> Flow[None]:
             worker_id=env.worker_id,
             wall_now=t.wall,
             reason="worker late: its heartbeat fell behind; attempt not charged",
+            nonce=nonce,
             lapsed=() if lease.handle_ours(t.mono) else (held.delivery.receipt_handle,),
         )
     finally:
@@ -1147,6 +1174,7 @@ def release_unstarted_flow(env: AttemptEnv, item: Delivery | Poison) -> Flow[Non
         worker_id=env.worker_id,
         wall_now=now.wall,
         reason="shutdown",
+        nonce="",  # nothing claimed: no record is written
     )
     env.tally("released", released)
 
@@ -1159,6 +1187,7 @@ def shutdown_flow(env: AttemptEnv) -> Flow[None]:
         return
     yield Invoke("act_for", ActFor("release", {h.job.job_id: h.lease.token for h in left}))
     now = yield from _now(env)
+    nonce = yield from _nonce(env)  # the shutdown's own: no attempt takes it for its write
     released = yield from release_flow(
         env.table,
         queue_url=env.queue_url,
@@ -1166,6 +1195,7 @@ def shutdown_flow(env: AttemptEnv) -> Flow[None]:
         worker_id=env.worker_id,
         wall_now=now.wall,
         reason="shutdown: handler overran the grace period",
+        nonce=nonce,
         lapsed=[h.delivery.receipt_handle for h in left if not h.lease.handle_ours(now.mono)],
     )
     env.tally("released", released)

@@ -584,7 +584,14 @@ def _take_send(
             "(or `sqs-lease jobs repair`)",
         )
     took = yield from call(
-        req.take_send(job_id, seen_send_id=existing.send_id, new_send_id=send_id, wall_now=wall_now)
+        # Nothing read back: a producer role is granted no read of job records.
+        req.take_send(
+            job_id,
+            seen_send_id=existing.send_id,
+            new_send_id=send_id,
+            wall_now=wall_now,
+            read_back=False,
+        )
     )
     if (
         isinstance(took, Err)
@@ -771,6 +778,9 @@ class Claimed:
     reclaimed: bool
     previous_owner: str | None
     deadline: float  # local lease deadline (monotonic)
+    # The attempt's nonce (its shell drew it): every end write of this attempt carries
+    # ``end_write_id(nonce, what)``, by which it recognises its own write exactly.
+    nonce: str = ""
 
 
 NotClaimedOutcome = Literal[
@@ -809,6 +819,7 @@ def claim_flow(
     wall_now: float,
     lease_seconds: int,
     max_attempts: int,
+    nonce: str,
     dlq_url: str | None = None,
     keep_receive_lease: float | None = None,
 ) -> Flow[ClaimResult]:
@@ -891,6 +902,7 @@ def claim_flow(
             wall_now=wall_now,
             reason=reason,
             error_code="attempts_exhausted",
+            nonce=nonce,
         )
         return NotClaimed(d, "exhausted", reason, job)
     # The receive granted d.visibility from d.received_at: the first lease. Only when
@@ -933,7 +945,7 @@ def claim_flow(
             previous_owner=old.owner,
             previous_token=old.token,
         )
-    return Claimed(d, job, token, attempt, reclaimed, old.owner, deadline)
+    return Claimed(d, job, token, attempt, reclaimed, old.owner, deadline, nonce)
 
 
 def _refused_claim(
@@ -1013,8 +1025,12 @@ def admit_flow(
     unknown_class_receives: int = UNKNOWN_CLASS_RECEIVES,
     rand: float = 0.5,
     keep_receive_lease: float | None = None,
+    nonce: str,
 ) -> Flow[ClaimResult]:
     """Decide whether this worker may claim a delivery, and claim it.
+
+    ``nonce`` is the attempt's (drawn by its shell, ``Invoke("write_id")``): its end
+    writes carry it (:func:`end_write_id`).
 
     - A job class this worker does not know (another version of the app, during a
       rolling deploy) is never claimed: a claim would move the token and fence out
@@ -1058,6 +1074,7 @@ def admit_flow(
             max_attempts=max_attempts,
             dlq_url=dlq_url,
             keep_receive_lease=keep_receive_lease,
+            nonce=nonce,
         )
     except RecordUnreadable as exc:
         reason = str(exc)
@@ -1517,10 +1534,32 @@ def apply_beats(
     return BeatOutcome(tuple(extended), tuple(cancel), tuple(events))
 
 
+def end_write_id(nonce: str, what: str) -> str:
+    """The id an end write of the attempt with ``nonce`` carries (``what``: commit,
+    fail, retry, park, release, stage): unique to that write of that attempt."""
+    return f"{nonce}:{what}"
+
+
+def own_end_write(view: JobView, nonce: str) -> bool:
+    """Whether the record's last end write is one of the attempt with ``nonce``.
+
+    The one rule by which an attempt recognises its own write: by the id it wrote,
+    never by state, token and owner alone, which any writer of the record (a
+    producer role, a hand-made update) could copy. An attempt without a nonce (none
+    drawn) recognises nothing."""
+    return bool(nonce) and (view.write_id or "").startswith(f"{nonce}:")
+
+
 def _finished_by(lease: LocalLease, view: JobView) -> bool:
-    """The record left `running` under this attempt's own token: only its own fenced
-    write (commit, fail, retry, park) can have done that; cancel moves the token."""
-    return view.token == lease.token and view.state is not JobState.RUNNING
+    """The record left `running` under this attempt's own token by the attempt's own
+    end write (commit, fail, retry, park, stage, release): its write id says so.
+    Cancel moves the token; any other writer that left it under the token (a
+    producer's forged `succeeded`) took the lease, it did not end it."""
+    return (
+        view.token == lease.token
+        and view.state is not JobState.RUNNING
+        and own_end_write(view, lease.nonce)
+    )
 
 
 def _verdict(lease: LocalLease, view: JobView, worker_id: str, sent_at: float) -> Beat:
@@ -1612,9 +1651,12 @@ def _fenced_write(
     job: JobView,
     worker_id: str,
     applied: JobState,
+    write_id: str,
 ) -> Flow[Finish]:
     """:func:`_fenced_tries`, its Finish stamped with when it was sent and answered."""
-    flow = _fenced_tries(req, build, job=job, worker_id=worker_id, applied=applied)
+    flow = _fenced_tries(
+        req, build, job=job, worker_id=worker_id, applied=applied, write_id=write_id
+    )
     sent: float | None = None
     answered: float | None = None
     try:
@@ -1637,12 +1679,15 @@ def _fenced_tries(
     job: JobView,
     worker_id: str,
     applied: JobState,
+    write_id: str,
 ) -> Flow[Finish]:
-    """Send a write conditioned on owner + token; retry an unanswered one.
+    """Send a write conditioned on the token (``build`` carries ``write_id``); retry
+    an unanswered one.
 
     A retried write whose first try did apply fails its condition; ALL_OLD then
-    shows the record in ``applied`` state with our token and owner, which we
-    recognise as our own write instead of calling it rejected.
+    shows the record in ``applied`` state under our token with our ``write_id``,
+    which we recognise as our own write instead of calling it rejected. The same
+    state, token and owner without that id is another writer's: rejected.
     """
     last: Err | None = None
     for attempt in range(COMMIT_TRIES):
@@ -1668,7 +1713,7 @@ def _fenced_tries(
                 current is not None
                 and current.state is applied
                 and current.token == job.token
-                and current.owner == worker_id
+                and current.write_id == write_id
             ):
                 return Finish(FinishOutcome.DONE, "an earlier try applied", current)
             return Finish(FinishOutcome.REJECTED, _why_rejected(current, job), current)
@@ -1702,6 +1747,9 @@ def _why_rejected(current: JobView | None, job: JobView) -> str:
         return "job record is gone"
     if current.token != job.token:
         return f"token moved from {job.token} to {current.token}"
+    if current.state is not JobState.RUNNING:
+        # Out of running under this token, yet not by this write: another writer's.
+        return f"job is {current.state} (owner {current.owner}), not by this attempt's write"
     return f"job is {current.state} (owner {current.owner})"
 
 
@@ -1713,19 +1761,24 @@ def _end_attempt(
     delivery: Delivery,
     worker_id: str,
     write: Call,
+    write_id: str,
     applied: JobState,
     stage: str,
     wall_now: float,
+    nonce: str,
     delete: bool = True,
     defer_delete: bool = False,
 ) -> Flow[Finish]:
     """A fenced write that ends this attempt; then delete the message (if asked;
     ``defer_delete``: the caller batches it, told by ``Finish.delete_pending``).
+    ``write`` carries ``write_id`` (``end_write_id(nonce, ...)``).
 
     A rejected write is journaled ``result_rejected`` (never reported as done), an
     unanswered one ``ownership_unknown``; both leave the message alone.
     """
-    fin = yield from _fenced_write(req, write, job=job, worker_id=worker_id, applied=applied)
+    fin = yield from _fenced_write(
+        req, write, job=job, worker_id=worker_id, applied=applied, write_id=write_id
+    )
     if fin.outcome is FinishOutcome.INVALID:
         # DynamoDB refused the write as it can never apply (a size limit, a malformed
         # value, an attribute the record lacks): retrying cannot help, and it is not a
@@ -1752,6 +1805,7 @@ def _end_attempt(
             reason=reason,
             error_code="dynamodb_validation",
             defer_delete=defer_delete,
+            nonce=nonce,
         )
         return (
             Finish(FinishOutcome.FAILED, reason, delete_pending=failed.delete_pending)
@@ -1800,6 +1854,7 @@ def commit_flow(
     result_json: str,
     wall_now: float,
     duration: float,
+    nonce: str,
     keep_rejected_content: bool = False,
     defer_delete: bool = False,
 ) -> Flow[Finish]:
@@ -1825,6 +1880,7 @@ def commit_flow(
             reason=problem,
             error_code="result_too_large",
             defer_delete=defer_delete,
+            nonce=nonce,
         )
         return (
             Finish(FinishOutcome.FAILED, problem, delete_pending=failed.delete_pending)
@@ -1837,10 +1893,19 @@ def commit_flow(
         job=job,
         delivery=delivery,
         worker_id=worker_id,
-        write=req.commit(job.job_id, job.token, worker_id, result_json, wall_now),
+        write=req.commit(
+            job.job_id,
+            job.token,
+            worker_id,
+            result_json,
+            wall_now,
+            write_id=end_write_id(nonce, "commit"),
+        ),
+        write_id=end_write_id(nonce, "commit"),
         applied=JobState.SUCCEEDED,
         stage="commit",
         wall_now=wall_now,
+        nonce=nonce,
         defer_delete=defer_delete,
     )
     if fin.outcome is FinishOutcome.DONE:
@@ -1886,9 +1951,11 @@ def fail_flow(
     wall_now: float,
     reason: str,
     error_code: str,
+    nonce: str,
     defer_delete: bool = False,
 ) -> Flow[Finish]:
     """End the job ``failed`` with a reason (fenced), then delete its message."""
+    write_id = end_write_id(nonce, "fail")
     fin = yield from _end_attempt(
         req,
         queue_url=queue_url,
@@ -1896,11 +1963,19 @@ def fail_flow(
         delivery=delivery,
         worker_id=worker_id,
         write=req.finish_failed(
-            job.job_id, job.token, worker_id, bounded(reason, REASON_LIMIT), error_code, wall_now
+            job.job_id,
+            job.token,
+            worker_id,
+            bounded(reason, REASON_LIMIT),
+            error_code,
+            wall_now,
+            write_id=write_id,
         ),
+        write_id=write_id,
         applied=JobState.FAILED,
         stage="fail",
         wall_now=wall_now,
+        nonce=nonce,
         defer_delete=defer_delete,
     )
     if fin.outcome is FinishOutcome.DONE:
@@ -1928,6 +2003,7 @@ def retry_flow(
     error_code: str,
     delay: int,
     max_attempts: int,
+    nonce: str,
     defer_delete: bool = False,
     handle_ours: bool = True,
 ) -> Flow[Finish]:
@@ -1954,8 +2030,10 @@ def retry_flow(
                 ),
                 error_code="attempts_exhausted",
                 defer_delete=defer_delete,
+                nonce=nonce,
             )
         )
+    write_id = end_write_id(nonce, "retry")
     fin = yield from _end_attempt(
         req,
         queue_url=queue_url,
@@ -1963,11 +2041,19 @@ def retry_flow(
         delivery=delivery,
         worker_id=worker_id,
         write=req.requeue(
-            job.job_id, job.token, worker_id, bounded(reason, REASON_LIMIT), error_code, wall_now
+            job.job_id,
+            job.token,
+            worker_id,
+            bounded(reason, REASON_LIMIT),
+            error_code,
+            wall_now,
+            write_id=write_id,
         ),
+        write_id=write_id,
         applied=JobState.QUEUED,
         stage="retry",
         wall_now=wall_now,
+        nonce=nonce,
         delete=False,
     )
     if fin.outcome != "done":
@@ -2001,19 +2087,30 @@ def park_flow(
     worker_id: str,
     wall_now: float,
     reason: str,
+    nonce: str,
     defer_delete: bool = False,
 ) -> Flow[Finish]:
     """Park the job for an operator (fenced), then delete its message."""
+    write_id = end_write_id(nonce, "park")
     fin = yield from _end_attempt(
         req,
         queue_url=queue_url,
         job=job,
         delivery=delivery,
         worker_id=worker_id,
-        write=req.park(job.job_id, job.token, worker_id, bounded(reason, REASON_LIMIT), wall_now),
+        write=req.park(
+            job.job_id,
+            job.token,
+            worker_id,
+            bounded(reason, REASON_LIMIT),
+            wall_now,
+            write_id=write_id,
+        ),
+        write_id=write_id,
         applied=JobState.PARKED,
         stage="park",
         wall_now=wall_now,
+        nonce=nonce,
         defer_delete=defer_delete,
     )
     if fin.outcome is FinishOutcome.DONE:
@@ -2029,11 +2126,16 @@ def release_flow(
     worker_id: str,
     wall_now: float,
     reason: str,
+    nonce: str,
     visibility: int = 0,
     lapsed: Collection[str] = (),
 ) -> Flow[int]:
     """Hand messages back (shutdown: at once): claimed records -> queued, visibility ->
     ``visibility`` (0; a job waiting for a slot: its short wait).
+
+    ``nonce``: the attempt's own when it releases its job itself; a fresh one when
+    another flow (shutdown, a late hand-back) releases on its behalf, so the
+    attempt never takes that release for its own write.
 
     The worker, not the job, ended these attempts, so each claimed record gets
     back the attempt its claim counted. ``lapsed``: receipt handles whose local
@@ -2048,12 +2150,16 @@ def release_flow(
         if job is None:
             handback.append(d)
             continue
+        if not nonce:
+            raise ValueError("release_flow: releasing a claimed record needs a nonce")
+        write_id = end_write_id(nonce, "release")
         fin = yield from _fenced_write(
             req,
-            req.release(job.job_id, job.token, worker_id, reason, wall_now),
+            req.release(job.job_id, job.token, worker_id, reason, wall_now, write_id=write_id),
             job=job,
             worker_id=worker_id,
             applied=JobState.QUEUED,
+            write_id=write_id,
         )
         if fin.outcome is FinishOutcome.DONE:
             if d.receipt_handle in lapsed:

@@ -163,6 +163,7 @@ def new_lease(claim: Claimed, rules: LeaseRules, now: float) -> LocalLease:
         ),
         last_confirmed=now,
         queue_url=claim.delivery.queue_url,
+        nonce=claim.nonce,
     )
 
 

@@ -63,6 +63,11 @@ class JobView:
     stage_input: str | None = None  # JSON input of the current stage (None: the job payload)
     stage_log: str | None = None  # JSON list of the committed stages' checkpoints
     priority: str | None = None  # "interactive": submitted to the interactive queue
+    # The id of the end write that last took the record out of ``running`` (commit,
+    # fail, retry, park, release, stage checkpoint): ``<attempt nonce>:<what>``. The
+    # nonce is the attempt's own (drawn by its shell, never on the record before its
+    # end write), so a retried end write recognises its own earlier write exactly.
+    write_id: str | None = None
 
 
 class JobRequests(Protocol):
@@ -102,8 +107,18 @@ class JobRequests(Protocol):
     def mark_sent(self, job_id: str, send_id: str, wall_now: float) -> Call: ...
 
     def take_send(
-        self, job_id: str, *, seen_send_id: str | None, new_send_id: str, wall_now: float
-    ) -> Call: ...
+        self,
+        job_id: str,
+        *,
+        seen_send_id: str | None,
+        new_send_id: str,
+        wall_now: float,
+        read_back: bool = True,
+    ) -> Call:
+        """Take the right to send (the record queued without a sent message, its send
+        id the one seen). ``read_back``: the record comes back (ALL_NEW); submit asks
+        for nothing back, so a producer role needs no read of the record."""
+        ...
 
     def release_send(self, job_id: str, send_id: str, wall_now: float) -> Call: ...
 
@@ -120,8 +135,18 @@ class JobRequests(Protocol):
 
     def unsent_query(self, *, older_than: float, limit: int) -> Call: ...
 
+    # The end writes of an attempt (fenced on its token) each carry ``write_id``
+    # (:attr:`JobView.write_id`), set in the same conditional update.
+
     def commit(
-        self, job_id: str, token: int, worker_id: str, result_json: str, wall_now: float
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        result_json: str,
+        wall_now: float,
+        *,
+        write_id: str,
     ) -> Call: ...
 
     def advance_stage(
@@ -136,6 +161,7 @@ class JobRequests(Protocol):
         stage_log: str,
         send_id: str,
         wall_now: float,
+        write_id: str,
     ) -> Call:
         """A stage's checkpoint, fenced like a commit: the stage log gains the ending
         ``stage``, the record moves to ``next_stage`` (queued, attempt 0, its input) and
@@ -151,18 +177,42 @@ class JobRequests(Protocol):
         reason: str,
         error_code: str,
         wall_now: float,
+        *,
+        write_id: str,
     ) -> Call: ...
 
     def requeue(
-        self, job_id: str, token: int, worker_id: str, reason: str, error_code: str, wall_now: float
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        reason: str,
+        error_code: str,
+        wall_now: float,
+        *,
+        write_id: str,
     ) -> Call: ...
 
     def release(
-        self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        reason: str,
+        wall_now: float,
+        *,
+        write_id: str,
     ) -> Call: ...
 
     def park(
-        self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        reason: str,
+        wall_now: float,
+        *,
+        write_id: str,
     ) -> Call: ...
 
     def keep_rejected(

@@ -51,6 +51,7 @@ from .flows import (
     _delete,
     _end_attempt,
     _fail_call,
+    end_write_id,
     fail_flow,
     home_queue,
     on_queue,
@@ -291,6 +292,7 @@ def continue_flow(
     nxt: NextStage,
     input_json: str,
     duration: float,
+    nonce: str,
     defer_delete: bool = False,
 ) -> Flow[Continued]:
     """End the current stage and start ``nxt`` (checkpoint, next message, delete).
@@ -327,6 +329,7 @@ def continue_flow(
             wall_now=wall_now,
             reason=problem,
             error_code="stage_too_large",
+            nonce=nonce,
         )
         return Continued(
             Finish(FinishOutcome.FAILED, problem)
@@ -350,10 +353,13 @@ def continue_flow(
             stage_log=log_json,
             send_id=send_id,
             wall_now=wall_now,
+            write_id=end_write_id(nonce, "stage"),
         ),
+        write_id=end_write_id(nonce, "stage"),
         applied=JobState.QUEUED,
         stage="stage",
         wall_now=wall_now,
+        nonce=nonce,
         delete=False,
     )
     if fin.outcome is not FinishOutcome.DONE:

@@ -240,6 +240,9 @@ class LocalLease:
     calls: dict[int, float] = field(default_factory=dict)
     _next_call: int = 0
     queue_url: str = ""  # the queue its message came from ("": the worker's one queue)
+    # The attempt's nonce (``Claimed.nonce``): a record out of running under this
+    # token is this attempt's own ending only when its write id carries it.
+    nonce: str = ""
 
     @property
     def conservative_deadline(self) -> float:

@@ -17,6 +17,7 @@ hooks (this worker implements them).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
@@ -205,6 +206,7 @@ class SimWorker(Actor):
         self.deletes = DeleteBatch(on_add=lambda: self.world.interrupt(self.delete_task))
         self.delete_task: Task | None = None
         self._pacer = core.ReceivePacer(self.concurrency)
+        self._write_ids = itertools.count(1)
         self.env = AttemptEnv(
             table=self.table,
             intents=self.intents,
@@ -217,6 +219,9 @@ class SimWorker(Actor):
             unknown_class_receives=unknown_bound,
             now=lambda: Now(self.mono(), self.wall()),
             random=lambda: self.world.chaos.random(),
+            # Deterministic and apart from the chaos stream: the nonce only has to be
+            # one no other writer in the world uses.
+            write_id=lambda: f"{self.id}.{next(self._write_ids)}",
             tally=self.bump,
             new_signal=Flag,
             run_handler=_no_sync_handler,
