@@ -1271,6 +1271,7 @@ def jobs_repair(
             "resent": "sent again",
             "would_resend": "would send again",
             "moved": "skipped: sent, claimed or taken over meanwhile",
+            "cleared": "taken out of the unsent index: it no longer waits for a message",
             "failed": f"failed: {job.detail}",
         }[job.verdict]
         click.echo(f"{job.job_id}\t{job.job_class}\tunsent for {_seconds(job.unsent_for)}\t{what}")
