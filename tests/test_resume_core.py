@@ -647,6 +647,27 @@ def test_the_sweep_stops_at_its_limit_of_jobs_it_acted_on_and_says_more_may_wait
     assert report.more is True
 
 
+def test_an_entry_that_looked_dead_but_waits_after_all_is_sent_not_cleared() -> None:
+    # The index's copy said "failed"; a retry has queued the record again since (the
+    # clear is refused on the record itself, ALL_OLD shows it waiting): send it.
+    waiting = job_item(
+        "j-a", state=JobState.QUEUED, message_sent=False, unsent_since=WALL - 90, send_id="r-1"
+    )
+    s = Script(
+        [
+            ok({"Items": [_dead("j-a", WALL - 300)]}),
+            condition_failed(waiting),
+            ok({"Attributes": job_item("j-a", state=JobState.QUEUED, send_id="sweep-a.0")}),
+            ok({"MessageId": "m-a"}),
+            ok(),
+        ]
+    )
+    report = _sweep(s)
+    assert [(j.job_id, j.verdict) for j in report.jobs] == [("j-a", "resent")]
+    assert "send_id = 'r-1'" in condition_text(s.calls[2].params)
+    assert "unsent_entry_cleared" not in s.event_names()
+
+
 def test_a_dry_run_lists_no_dead_entry_and_writes_nothing() -> None:
     s = Script([ok({"Items": [_dead("dead", WALL - 500), _unsent("live", WALL - 300)]})])
     report = _sweep(s, dry_run=True)

@@ -791,7 +791,12 @@ def _sweep_one(
         # taking a place in every sweep's page.
         if dry_run:
             return None, 0
-        return (yield from _clear_entry(req, seen, age, wall_now)), 0
+        cleared = yield from _clear_entry(req, seen, age, wall_now)
+        if isinstance(cleared, Stranded):
+            return cleared, 0
+        if cleared is None:
+            return None, 0  # it had left the index already
+        seen = cleared  # it waits after all (the index's copy was behind): send it
     if dry_run:
         return Stranded(seen.job_id, seen.job_class, age, "would_resend", seen.send_id), 1
     took = yield from call(
@@ -802,7 +807,9 @@ def _sweep_one(
             # Sent, claimed, or taken over by another sender since the index saw it.
             now = _parsed_or_none(req, took.item)
             if now is not None and now.unsent_since is not None and not awaits_send(now):
-                return (yield from _clear_entry(req, now, age, wall_now)), 0
+                cleared = yield from _clear_entry(req, now, age, wall_now)
+                if isinstance(cleared, Stranded):
+                    return cleared, 0
             return Stranded(seen.job_id, seen.job_class, age, "moved", seen.send_id), 1
         why = f"{took.code or took.kind}: {took.message}"
         return Stranded(seen.job_id, seen.job_class, age, "failed", seen.send_id, why), 1
@@ -841,17 +848,23 @@ def _parsed_or_none(req: JobRequests, item: Mapping[str, Any] | None) -> JobView
         return None
 
 
-def _clear_entry(req: JobRequests, job: JobView, age: float, wall_now: float) -> Flow[Stranded]:
+def _clear_entry(
+    req: JobRequests, job: JobView, age: float, wall_now: float
+) -> Flow[Stranded | JobView | None]:
+    """Take a dead entry out of the index: what was done (``cleared``, or ``failed``:
+    the next sweep tries again and reads past it meanwhile), else the record as it
+    is when it was refused: one that waits for its message after all (the index's
+    copy was behind, or a retry revived it: the caller sends it), or None (it left
+    the index already)."""
     out = yield from call(req.leave_unsent(job.job_id, wall_now))
     if isinstance(out, Ok):
         yield from emit("unsent_entry_cleared", job_id=job.job_id, state=job.state.value)
-    elif out.kind is not ErrorKind.CONDITION_FAILED:
-        # Left as it is: the next sweep tries again (and reads past it meanwhile).
+        return Stranded(job.job_id, job.job_class, age, "cleared", job.send_id)
+    if out.kind is not ErrorKind.CONDITION_FAILED:
         why = f"taking the entry out of the unsent index: {out.code or out.kind}: {out.message}"
         return Stranded(job.job_id, job.job_class, age, "failed", job.send_id, why)
-    # (Refused: the record waits for a message again, revived by a retry or a resume,
-    # and its entry is live; or it left the index already. Nothing to do either way.)
-    return Stranded(job.job_id, job.job_class, age, "cleared", job.send_id)
+    now = _parsed_or_none(req, out.item)
+    return now if now is not None and awaits_send(now) else None
 
 
 def _unreadable_stranded(exc: RecordUnreadable) -> Flow[Stranded]:
