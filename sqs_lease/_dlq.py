@@ -24,7 +24,7 @@ from typing import Any, Literal
 from ._aws import SyncDriver, make_client
 from ._config import Settings
 from ._core.deadletter import REASON_ATTRIBUTE, SQS_REDRIVE_REASON, DlqReport, reconcile_dlq_flow
-from ._core.fifo import fifo_params
+from ._core.fifo import copy_deduplication_id, fifo_params
 from ._core.flows import Delivery, parse_message
 from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
 from ._resources import _call, check_table, queue_url, redrive
@@ -285,7 +285,7 @@ def _move_one(looker: _Looker, url: str, msg: DlqMessage) -> Redriven:
         **fifo_params(
             url,
             group_id=msg.group_id or msg.job_id or msg.message_id,
-            dedup_id=f"redrive:{msg.message_id}",
+            dedup_id=copy_deduplication_id("redrive", msg.message_id),
         ),
     }
     if attrs:

@@ -347,7 +347,29 @@ def _mine(token: int, worker_id: str) -> Condition:
     return cond
 
 
-_SENT: list[Action] = [R.message_sent.set(True), R.unsent.remove(), R.unsent_since.remove()]
+# The unsent index's one rule (``records.awaits_send``): a record is in it exactly
+# while it is queued and its current message is not known sent. A write that gives
+# the record a new unsent message puts it in (``_awaits_send``; the new record of
+# ``put_new`` is written so too); a write that sends, claims, parks or ends a
+# record that may be waiting takes it out (``_SENT``, ``_NOT_WAITING``). A running
+# record is never in it (its claim took it out), so an owner's fenced writes need
+# neither. A cancel or a park that left a record in it (issue 26) hid every
+# stranded job behind it from the sweep.
+_NOT_WAITING: list[Action] = [R.unsent.remove(), R.unsent_since.remove()]
+_SENT: list[Action] = [R.message_sent.set(True), *_NOT_WAITING]
+
+
+def _awaits_send(wall_now: float) -> list[Action]:
+    return [
+        R.message_sent.set(False),
+        R.unsent.set(UNSENT_BUCKET),
+        R.unsent_since.set(wall_now),
+    ]
+
+
+def _waiting() -> Condition:
+    cond: Condition = (R.state == JobState.QUEUED.value) & (R.message_sent == False)  # noqa: E712
+    return cond
 
 
 def _unpark(send_id: str, wall_now: float) -> tuple[Condition, list[Action]]:
@@ -363,9 +385,7 @@ def _unpark(send_id: str, wall_now: float) -> tuple[Condition, list[Action]]:
             R.error_code.remove(),
             R.granted_attempts.add(1),
             R.send_id.set(send_id),
-            R.message_sent.set(False),
-            R.unsent.set(UNSENT_BUCKET),
-            R.unsent_since.set(wall_now),
+            *_awaits_send(wall_now),
             R.updated_at.set(wall_now),
         ],
     )
@@ -524,21 +544,20 @@ class JobTable:
         seen: Condition = (
             R.send_id.does_not_exist() if seen_send_id is None else R.send_id == seen_send_id
         )
-        cond: Condition = (
-            (R.state == JobState.QUEUED.value) & (R.message_sent == False) & seen  # noqa: E712
-        )
         return self._update(
             job_id,
-            cond,
-            [
-                R.send_id.set(new_send_id),
-                R.message_sent.set(False),
-                R.unsent.set(UNSENT_BUCKET),
-                R.unsent_since.set(wall_now),
-                R.updated_at.set(wall_now),
-            ],
+            _waiting() & seen,
+            [R.send_id.set(new_send_id), *_awaits_send(wall_now), R.updated_at.set(wall_now)],
             returns="ALL_NEW" if read_back else "NONE",
         )
+
+    def leave_unsent(self, job_id: str, wall_now: float) -> Call:
+        # Only an entry whose record no longer waits for its message (written so by
+        # an older version): the condition reads the record itself, never the
+        # index's eventually consistent copy of it.
+        del wall_now  # the record's own history is untouched: nothing happened to it
+        cond: Condition = R.unsent.exists() & ~_waiting()
+        return self._update(job_id, cond, _NOT_WAITING)
 
     def release_send(self, job_id: str, send_id: str, wall_now: float) -> Call:
         # A send that certainly or possibly failed gives its right back at once, so
@@ -595,24 +614,25 @@ class JobTable:
             returns="ALL_OLD",
         )
 
-    def unsent_query(self, *, older_than: float, limit: int) -> Call:
+    def unsent_query(
+        self, *, older_than: float, limit: int, start: Mapping[str, Any] | None = None
+    ) -> Call:
         """Records without a sent message since ``older_than`` (wall), oldest first."""
-        return Call(
-            "dynamodb",
-            "Query",
-            {
-                "TableName": self.table,
-                "IndexName": UNSENT_INDEX,
-                "KeyConditionExpression": "#u = :u AND #t <= :t",
-                "ExpressionAttributeNames": {"#u": "unsent", "#t": "unsent_since"},
-                "ExpressionAttributeValues": {
-                    ":u": {"S": UNSENT_BUCKET},
-                    ":t": {"N": repr(float(older_than))},
-                },
-                "ScanIndexForward": True,
-                "Limit": limit,
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": UNSENT_INDEX,
+            "KeyConditionExpression": "#u = :u AND #t <= :t",
+            "ExpressionAttributeNames": {"#u": "unsent", "#t": "unsent_since"},
+            "ExpressionAttributeValues": {
+                ":u": {"S": UNSENT_BUCKET},
+                ":t": {"N": repr(float(older_than))},
             },
-        )
+            "ScanIndexForward": True,
+            "Limit": limit,
+        }
+        if start:
+            params["ExclusiveStartKey"] = dict(start)
+        return Call("dynamodb", "Query", params)
 
     def commit(
         self,
@@ -670,9 +690,7 @@ class JobTable:
                 R.attempt.set(0),
                 R.granted_attempts.remove(),
                 R.send_id.set(send_id),
-                R.message_sent.set(False),
-                R.unsent.set(UNSENT_BUCKET),
-                R.unsent_since.set(wall_now),
+                *_awaits_send(wall_now),
                 R.updated_at.set(wall_now),
                 R.lease_deadline.remove(),
                 R.reason.remove(),
@@ -850,7 +868,7 @@ class JobTable:
             wall_now=wall_now,
             error_code=UNDELIVERED_CODE,
             kind=TK.UNDELIVERABLE,
-            sent=[],
+            sent=_NOT_WAITING,
         )
 
     def park_dead_lettered(
@@ -964,6 +982,7 @@ class JobTable:
                 R.updated_at.set(wall_now),
                 R.finished_at.set(wall_now),
                 R.lease_deadline.remove(),
+                *_NOT_WAITING,
                 _log(event(TK.CANCELLED, wall_now, detail=reason)),
             ],
             returns="ALL_NEW",
@@ -988,9 +1007,7 @@ class JobTable:
             R.attempt.set(0),
             R.granted_attempts.remove(),
             R.send_id.set(send_id),
-            R.message_sent.set(False),
-            R.unsent.set(UNSENT_BUCKET),
-            R.unsent_since.set(wall_now),
+            *_awaits_send(wall_now),
             R.updated_at.set(wall_now),
             _log(event(TK.RESUMED, wall_now, token=token, detail=detail)),
         ]

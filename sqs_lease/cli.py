@@ -1278,6 +1278,7 @@ def jobs_repair(
             "resent": "sent again",
             "would_resend": "would send again",
             "moved": "skipped: sent, claimed or taken over meanwhile",
+            "cleared": "taken out of the unsent index: it no longer waits for a message",
             "failed": f"failed: {job.detail}",
         }[job.verdict]
         row(job.job_id, job.job_class, f"unsent for {_seconds(job.unsent_for)}", what)

@@ -39,6 +39,7 @@ from core_harness import (
 )
 
 from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Ok, Outcome, sqs_code_is
+from sqs_lease._core.fifo import copy_deduplication_id, deduplication_id
 from sqs_lease._core.flows import (
     Beat,
     BeatStatus,
@@ -415,6 +416,115 @@ def test_a_retried_put_that_had_applied_is_recognised_by_its_own_send_id() -> No
     res = _submit(s)
     assert s.ops == ["dynamodb.PutItem", "sqs.SendMessage", "dynamodb.UpdateItem"]
     assert (res.created, res.message_id, res.note) == (True, "mid-1", "submitted")
+
+
+def test_a_resubmission_taking_over_an_unsent_continuation_sends_the_records_current_stage() -> (
+    None
+):
+    # Issue 26 defect 6: the job is at its second stage, its continuation unsent (the
+    # worker died after the checkpoint); the producer resubmits naming the first stage.
+    # The message must name the record's stage: the worker validates its input with
+    # that stage's model.
+    at_render = job_item(
+        state=JobState.QUEUED,
+        owner=None,
+        token=1,
+        attempt=0,
+        stage="render",
+        send_id="stage.1.render",
+        unsent_since=WALL - 61.0,
+        message_sent=False,
+    )
+    s = Script([condition_failed(at_render), ok(), ok({"MessageId": "mid-2"}), ok()])
+    s.run(
+        submit_flow(
+            table(),
+            queue_url=QUEUE,
+            job_id="job-1",
+            job_class="ocr",
+            payload_json='{"page": 1}',
+            payload_hash="hash-aaa",
+            wall_now=WALL,
+            send_id="send-2",
+            resend_after=60.0,
+            stage="fetch",  # what the producer knows: the class's first stage
+        )
+    )
+    (send,) = s.calls_to("SendMessage")
+    body = json.loads(send.params["MessageBody"])
+    assert (body["stage"], body["send_id"]) == ("render", "send-2")
+
+
+def _fifo_submit(job_id: str, send_id: str) -> Mapping[str, Any]:
+    s = Script([ok(), ok({"MessageId": "m"}), ok()])
+    s.run(
+        submit_flow(
+            table(),
+            queue_url=QUEUE + ".fifo",
+            job_id=job_id,
+            job_class="ocr",
+            payload_json="{}",
+            payload_hash="h",
+            wall_now=WALL,
+            send_id=send_id,
+        )
+    )
+    (send,) = s.calls_to("SendMessage")
+    return send.params
+
+
+def test_a_fifo_send_is_deduplicated_per_job_and_per_send_not_by_the_send_id_alone() -> None:
+    # Issue 26 defect 1: a send id is unique within its job only (a continuation's is
+    # `stage.{token}.{next}`); SQS deduplicates across the whole queue.
+    one, other = _fifo_submit("job-1", "same"), _fifo_submit("job-2", "same")
+    assert one["MessageDeduplicationId"] != other["MessageDeduplicationId"]
+    assert one["MessageDeduplicationId"] == deduplication_id("job-1", "same")
+    assert _fifo_submit("job-1", "next")["MessageDeduplicationId"] != one["MessageDeduplicationId"]
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (("a.b", "c"), ("a", "b.c")),
+        (("1:x", "y"), ("1", "x:y")),
+        (("j", "s"), ("j", "s" * 200)),
+        (("j" * 200, "s"), ("j" * 200, "t")),
+    ],
+)
+def test_deduplication_ids_never_meet_for_two_different_sends(
+    a: tuple[str, str], b: tuple[str, str]
+) -> None:
+    ids = {deduplication_id(*a), deduplication_id(*b)}
+    assert len(ids) == 2
+    assert all(0 < len(i) <= 128 for i in ids)
+    assert copy_deduplication_id("poison", "m-1") not in ids | {deduplication_id("poison", "m-1")}
+
+
+def test_every_fifo_send_in_the_package_takes_its_deduplication_id_from_one_place() -> None:
+    # One rule, one place: each SendMessage names its FIFO parameters through
+    # fifo_params, and each passes a deduplication id that _core.fifo made.
+    import ast
+    import pathlib
+
+    import sqs_lease
+
+    root = pathlib.Path(sqs_lease.__file__).parent
+    seen = 0
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        if path.name != "fifo.py":
+            assert "MessageDeduplicationId" not in text, path
+        for node in ast.walk(ast.parse(text)):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "fifo_params"):
+                continue
+            seen += 1
+            (dedup,) = [k.value for k in node.keywords if k.arg == "dedup_id"]
+            assert isinstance(dedup, ast.Call), (path, ast.unparse(dedup))
+            assert getattr(dedup.func, "id", "") in {
+                "deduplication_id",
+                "copy_deduplication_id",
+            }, (path, ast.unparse(dedup))
+    assert seen >= 3  # the job's send, the poison copy, the DLQ redrive
 
 
 def test_a_legacy_record_without_a_message_is_taken_over_at_once() -> None:

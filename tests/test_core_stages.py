@@ -25,9 +25,9 @@ from core_harness import (
 from test_core_attempt import MONO, WALL, Rules, Shell
 
 from sqs_lease._core.attempt import HandlerRun, attempt_flow
-from sqs_lease._core.calls import ErrorKind, Outcome
+from sqs_lease._core.calls import Err, ErrorKind, Outcome
 from sqs_lease._core.deletes import DeleteBatch
-from sqs_lease._core.fifo import message_group_id
+from sqs_lease._core.fifo import deduplication_id, message_group_id
 from sqs_lease._core.flows import Delivery, FinishOutcome, message_body, parse_message
 from sqs_lease._core.records import JobState
 from sqs_lease._core.stages import (
@@ -151,7 +151,7 @@ def test_a_stage_checkpoint_appends_a_stage_done_event_to_the_timeline_in_the_sa
     assert ev.detail == "next: render"
 
 
-def test_on_a_fifo_queue_the_next_stage_is_sent_in_the_jobs_group_deduplicated_by_its_send_id() -> (
+def test_on_a_fifo_queue_the_next_stage_goes_in_the_jobs_group_deduplicated_per_job_and_send() -> (
     None
 ):
     shell = _staged_shell(_fetch_ends)
@@ -160,7 +160,30 @@ def test_on_a_fifo_queue_the_next_stage_is_sent_in_the_jobs_group_deduplicated_b
     send = s.calls[3]
     assert send.op == "SendMessage" and send.params["QueueUrl"].endswith(".fifo")
     assert send.params["MessageGroupId"] == message_group_id("job-1", "agent-7")
-    assert send.params["MessageDeduplicationId"] == continuation_send_id(5, "render")
+    assert send.params["MessageDeduplicationId"] == deduplication_id(
+        "job-1", continuation_send_id(5, "render")
+    )
+
+
+def test_two_jobs_ending_the_same_stage_at_the_same_token_send_different_deduplication_ids() -> (
+    None
+):
+    # Issue 26 defect 1: the continuation's send id (`stage.{token}.{next}`) is the
+    # same for every job at that token and stage; as the FIFO deduplication id it made
+    # SQS drop the second job's next-stage message, and its record said "sent".
+    sends = []
+    for job_id in ("job-1", "job-2"):
+        shell = _staged_shell(_fetch_ends)
+        shell.env.queue_url = "https://sqs.test/123/work.fifo"
+        claimed = _claimed()
+        assert not isinstance(claimed, Err)
+        claimed.response["Attributes"]["job_id"] = {"S": job_id}
+        item = replace(_staged_delivery(), job_id=job_id)
+        s = _run(shell, [claimed, *_after_claim()], item)
+        (send,) = s.calls_to("SendMessage")
+        assert json.loads(send.params["MessageBody"])["job_id"] == job_id
+        sends.append(send.params)
+    assert sends[0]["MessageDeduplicationId"] != sends[1]["MessageDeduplicationId"]
 
 
 def test_with_a_delete_batch_an_ended_stages_message_joins_it_on_a_standard_queue() -> None:

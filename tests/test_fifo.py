@@ -26,6 +26,7 @@ from sqs_lease import (
     App,
     ConfigError,
     JobContext,
+    NextStage,
     Producer,
     Settings,
     Worker,
@@ -34,7 +35,7 @@ from sqs_lease import (
 )
 from sqs_lease._aws import SyncDriver
 from sqs_lease._core.calls import Call
-from sqs_lease._core.fifo import fifo_params, message_group_id, sqs_id
+from sqs_lease._core.fifo import deduplication_id, fifo_params, message_group_id, sqs_id
 from sqs_lease._core.flows import send_job_message
 from sqs_lease._core.records import JobState
 from sqs_lease._dlq import redrive_dlq
@@ -139,7 +140,7 @@ def test_create_queue_makes_a_fifo_queue_and_a_fifo_dlq_without_content_deduplic
 # =========================================================================== sends
 
 
-def test_each_send_carries_the_jobs_group_or_id_and_its_send_id_for_deduplication(
+def test_each_send_carries_the_jobs_group_or_id_and_is_deduplicated_per_job_and_send(
     aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
 ) -> None:
     settings, url, _ = _fifo(aws)
@@ -151,7 +152,9 @@ def test_each_send_carries_the_jobs_group_or_id_and_its_send_id_for_deduplicatio
     assert by_job["alone"]["MessageGroupId"] == "alone"
     assert by_job["in-session"]["MessageGroupId"] == "session-1"
     for job_id, attrs in by_job.items():
-        assert attrs["MessageDeduplicationId"] == read_view(ddb_client, settings, job_id).send_id
+        send_id = read_view(ddb_client, settings, job_id).send_id
+        assert send_id is not None
+        assert attrs["MessageDeduplicationId"] == deduplication_id(job_id, send_id)
 
 
 def test_a_delayed_submit_to_a_fifo_queue_is_refused_before_anything_is_written(
@@ -237,6 +240,111 @@ def test_the_sweeps_resend_of_a_fifo_job_is_not_dropped_as_a_duplicate_and_the_j
             HANG,
             "the re-sent job to succeed",
         )
+
+
+# =========================================================================== stages
+
+
+class Rows(BaseModel):
+    rows_key: str
+
+
+def _staged_app(ran: list[tuple[str, str]] | None = None) -> App:
+    app = App()
+    report = app.staged("report", payload=Work, **FAST)
+
+    @report.stage("fetch")
+    def fetch(ctx: JobContext[Any], p: Work) -> NextStage:
+        if ran is not None:
+            ran.append((ctx.job_id, "fetch"))
+        return NextStage("render", Rows(rows_key=f"rows/{p.n}"))
+
+    @report.stage("render", payload=Rows)
+    def render(ctx: JobContext[Any], p: Rows) -> dict[str, str]:
+        if ran is not None:
+            ran.append((ctx.job_id, "render"))
+        return {"file": p.rows_key}
+
+    return app
+
+
+def test_two_fifo_jobs_ending_the_same_stage_at_the_same_token_both_reach_their_next_stage(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    # Issue 26 defect 1: both continuations were sent under `stage.1.render`, the
+    # deduplication id of both; SQS dropped the second within its 5-minute window
+    # (and answered with a MessageId), so that job waited, marked sent, forever.
+    settings, _, _ = _fifo(aws)
+    ran: list[tuple[str, str]] = []
+    app = _staged_app(ran)
+    producer = Producer(settings, app)
+    ids = [producer.submit("report", Work(n=i), job_id=f"staged-{i}").job_id for i in (1, 2)]
+    with running(Shell(app, settings, receive_wait=1)):
+        wait_until(
+            lambda: all(
+                read_view(ddb_client, settings, j).state is JobState.SUCCEEDED for j in ids
+            ),
+            HANG,
+            "both staged FIFO jobs to succeed",
+        )
+    for job_id in ids:
+        assert [s for j, s in ran if j == job_id] == ["fetch", "render"]
+        view = read_view(ddb_client, settings, job_id)
+        assert (view.stage, view.token) == ("render", 2)
+
+
+def test_a_resubmit_taking_over_an_unsent_continuation_sends_the_records_current_stage(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
+) -> None:
+    # Issue 26 defect 6: the job ended its first stage and its worker died before the
+    # next stage's send; the producer's resubmit (past the grace) took the send over
+    # and sent the first stage's name, so the worker validated the second stage's
+    # input with the first stage's model and failed the job.
+    settings, url, _ = _fifo(aws)
+    ran: list[tuple[str, str]] = []
+    app = _staged_app(ran)
+    producer = Producer(settings, app, unsent_grace=0)
+    producer.submit("report", Work(n=5), job_id="taken")
+    (first,) = drain(sqs_client, url, timeout=20, want=1)
+    table = JobTable(settings.jobs_table)
+    body = json.loads(first["Body"])
+    claim = table.claim(
+        "taken", "dead-worker", time.time(), 60, job_class="report", send_id=body["send_id"]
+    )
+    ddb_client.update_item(**claim.params)
+    advance = table.advance_stage(
+        "taken",
+        1,
+        "dead-worker",
+        stage="fetch",
+        next_stage="render",
+        stage_input='{"rows_key":"rows/5"}',
+        stage_log='[{"stage":"fetch","result":null,"token":1,"attempt":1}]',
+        send_id="stage.1.render",
+        wall_now=time.time() - 60,
+        write_id="dead-worker-nonce:checkpoint",
+    )
+    ddb_client.update_item(**advance.params)
+    sqs_client.delete_message(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"])
+    again = producer.submit("report", Work(n=5), job_id="taken")
+    assert again.message_id is not None, again.note  # it took the send over
+    (sent,) = drain(sqs_client, url, timeout=20, want=1)
+    assert json.loads(sent["Body"])["stage"] == "render"
+    sqs_client.change_message_visibility(
+        QueueUrl=url, ReceiptHandle=sent["ReceiptHandle"], VisibilityTimeout=0
+    )
+    with running(Shell(app, settings, receive_wait=1)):
+        wait_until(
+            lambda: (
+                read_view(ddb_client, settings, "taken").state
+                in (JobState.SUCCEEDED, JobState.FAILED)
+            ),
+            HANG,
+            "the taken-over job to end",
+        )
+    view = read_view(ddb_client, settings, "taken")
+    assert (view.state, view.stage, view.error_code) == (JobState.SUCCEEDED, "render", None)
+    assert ran == [("taken", "render")]
 
 
 # =========================================================================== the DLQ

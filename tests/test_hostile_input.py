@@ -302,9 +302,7 @@ def test_no_module_reads_outside_json_around_the_one_reader() -> None:
     raw = [
         str(p.relative_to(root))
         for p in root.rglob("*.py")
-        if "json.loads(" in p.read_text()
-        and p.name != "inputs.py"
-        and p.parent.name != "_sim"
+        if "json.loads(" in p.read_text() and p.name != "inputs.py" and p.parent.name != "_sim"
     ]
     assert raw == []
 

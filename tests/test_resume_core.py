@@ -580,6 +580,121 @@ def test_a_stranded_record_this_version_cannot_read_is_reported_and_the_sweep_go
     assert (bad["job_id"], bad["stage"]) == ("j-x", "sweep")
 
 
+def _dead(job_id: str, since: float, state: JobState = JobState.FAILED) -> dict[str, Any]:
+    # An entry an older version's cancel (or park) left in the index: ended, never sent.
+    item = _unsent(job_id, since)
+    item["state"] = {"S": state.value}
+    return item
+
+
+def test_dead_entries_are_taken_out_and_read_past_so_a_stranded_job_behind_them_is_sent() -> None:
+    # Issue 26 defect 2: the sweep read the oldest `limit` entries and answered
+    # "moved" for each without removing it; `limit` dead ones hid every stranded job.
+    page_1 = [_dead("dead-1", WALL - 500), _dead("dead-2", WALL - 400, JobState.PARKED)]
+    last = {"job_id": {"S": "dead-2"}, "unsent": {"S": "unsent"}, "unsent_since": {"N": "1"}}
+    s = Script(
+        [
+            ok({"Items": page_1, "LastEvaluatedKey": last}),
+            ok(),  # dead-1 out of the index
+            ok(),  # dead-2 out of the index
+            ok({"Items": [_unsent("live", WALL - 300)]}),
+            ok({"Attributes": job_item("live", state=JobState.QUEUED, send_id="sweep-a.2")}),
+            ok({"MessageId": "m-live"}),
+            ok(),
+        ]
+    )
+    report = _sweep(s, limit=2)
+    assert [(j.job_id, j.verdict) for j in report.jobs] == [
+        ("dead-1", "cleared"),
+        ("dead-2", "cleared"),
+        ("live", "resent"),
+    ]
+    assert report.more is False
+    clear = s.calls[1].params
+    assert clear["Key"] == {"job_id": {"S": "dead-1"}}
+    assert sorted(update_removes(clear)) == ["unsent", "unsent_since"]
+    assert "NOT" in condition_text(clear)  # only while the record does not wait for a send
+    assert s.calls[3].params["ExclusiveStartKey"] == last
+    assert json.loads(s.calls[5].params["MessageBody"])["job_id"] == "live"
+    ev = s.event("stranded_swept")
+    assert (ev["cleared"], ev["resent"]) == (2, 1)
+
+
+def test_an_entry_whose_take_finds_the_record_ended_is_cleared_and_does_not_count() -> None:
+    # The index's copy said "waiting"; the record (ALL_OLD of the refused take) says
+    # cancelled, still carrying the index attributes: out it goes.
+    ended = job_item("j-a", state=JobState.FAILED, message_sent=False, unsent_since=WALL - 300)
+    s = Script(
+        [
+            ok({"Items": [_unsent("j-a", WALL - 300), _unsent("j-b", WALL - 200)]}),
+            condition_failed(ended),
+            ok(),
+            ok({"Attributes": job_item("j-b", state=JobState.QUEUED, send_id="sweep-a.1")}),
+            ok({"MessageId": "m-b"}),
+            ok(),
+        ]
+    )
+    report = _sweep(s, limit=1)
+    assert [(j.job_id, j.verdict) for j in report.jobs] == [("j-a", "cleared"), ("j-b", "resent")]
+    assert report.more is True  # its limit of one job reached: more may wait
+
+
+def test_the_sweep_stops_at_its_limit_of_jobs_it_acted_on_and_says_more_may_wait() -> None:
+    items = [_unsent(f"j-{i}", WALL - 300 + i) for i in range(3)]
+    s = Script([ok({"Items": items}), *[condition_failed(None)] * 2])
+    report = _sweep(s, limit=2)
+    assert [j.verdict for j in report.jobs] == ["moved", "moved"]
+    assert report.more is True
+
+
+def test_an_entry_that_looked_dead_but_waits_after_all_is_sent_not_cleared() -> None:
+    # The index's copy said "failed"; a retry has queued the record again since (the
+    # clear is refused on the record itself, ALL_OLD shows it waiting): send it.
+    waiting = job_item(
+        "j-a", state=JobState.QUEUED, message_sent=False, unsent_since=WALL - 90, send_id="r-1"
+    )
+    s = Script(
+        [
+            ok({"Items": [_dead("j-a", WALL - 300)]}),
+            condition_failed(waiting),
+            ok({"Attributes": job_item("j-a", state=JobState.QUEUED, send_id="sweep-a.0")}),
+            ok({"MessageId": "m-a"}),
+            ok(),
+        ]
+    )
+    report = _sweep(s)
+    assert [(j.job_id, j.verdict) for j in report.jobs] == [("j-a", "resent")]
+    assert "send_id = 'r-1'" in condition_text(s.calls[2].params)
+    assert "unsent_entry_cleared" not in s.event_names()
+
+
+def test_a_dry_run_lists_no_dead_entry_and_writes_nothing() -> None:
+    s = Script([ok({"Items": [_dead("dead", WALL - 500), _unsent("live", WALL - 300)]})])
+    report = _sweep(s, dry_run=True)
+    assert s.ops == ["dynamodb.Query"]
+    assert [(j.job_id, j.verdict) for j in report.jobs] == [("live", "would_resend")]
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda t: t.cancel("j", "by request", WALL),
+        lambda t: t.park_undelivered("j", job_class="c", send_id="s", reason="r", wall_now=WALL),
+        lambda t: t.park_dead_lettered("j", job_class="c", send_id="s", reason="r", wall_now=WALL),
+        lambda t: t.mark_sent("j", "s", WALL),
+        lambda t: t.claim("j", "w", WALL, 60, job_class="c", send_id="s"),
+    ],
+    ids=["cancel", "park_undelivered", "park_dead_lettered", "mark_sent", "claim"],
+)
+def test_every_write_that_ends_parks_sends_or_claims_a_waiting_record_leaves_the_index(
+    write: Any,
+) -> None:
+    # Issue 26 defect 2: a cancel (or a park) of a never-sent record left it in the
+    # unsent index for good.
+    params = write(table()).params
+    assert {"unsent", "unsent_since"} <= set(update_removes(params))
+
+
 def test_a_table_without_the_index_is_told_how_to_add_it() -> None:
     s = Script(
         [

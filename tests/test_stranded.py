@@ -28,7 +28,7 @@ from sqs_lease import App, Producer, Settings, Worker
 from sqs_lease._aws import SyncDriver
 from sqs_lease._core.calls import Call, Outcome
 from sqs_lease._core.flows import Claimed, Delivery, NotClaimed, claim_flow, receive_flow
-from sqs_lease._core.records import JobState
+from sqs_lease._core.records import JobState, awaits_send
 from sqs_lease._errors import SqsLeaseError, ToolOutcomeUnknown
 from sqs_lease._jobs import EffectCall
 from sqs_lease._journal import LOGGER_NAME, Journal
@@ -323,6 +323,118 @@ def test_a_record_stranded_without_a_message_is_listed_and_sent_by_jobs_repair(
     young, summary = again.stdout.splitlines()
     assert young.startswith("young\tocr\tunsent for ") and young.endswith("\tsent again")
     assert summary == "1 stranded, 1 sent again"
+
+
+def _unsent_index(settings: Settings) -> list[str]:
+    out = _ddb(settings).query(
+        TableName=settings.jobs_table,
+        IndexName="unsent",
+        KeyConditionExpression="#u = :u",
+        ExpressionAttributeNames={"#u": "unsent"},
+        ExpressionAttributeValues={":u": {"S": "unsent"}},
+    )
+    return sorted(i["job_id"]["S"] for i in out["Items"])
+
+
+def test_cancelled_never_sent_jobs_leave_the_index_and_never_hide_a_stranded_job(
+    env: tuple[Settings, str, str],
+) -> None:
+    # Issue 26 defect 2: a cancel of a never-sent record left it in the unsent index;
+    # the sweep read the oldest 25 and answered "moved" for each, for good, so once
+    # 25 existed no stranded job was ever sent again.
+    settings, url, _ = env
+    producer = Producer(settings)
+    for i in range(30):
+        _strand(settings, f"dead-{i:02}", age=900 - i)
+        producer.cancel(f"dead-{i:02}", "the user changed their mind")
+    _strand(settings, "lost", age=120)
+    assert _unsent_index(settings) == ["lost"]
+    report = producer.repair(older_than=60, limit=25)
+    assert [(j.job_id, j.verdict) for j in report.jobs] == [("lost", "resent")]
+    (d,) = _receive(settings, url)
+    assert d.job_id == "lost"
+
+
+def test_dead_entries_an_older_version_left_are_cleared_and_the_stranded_job_is_sent(
+    env: tuple[Settings, str, str],
+) -> None:
+    # The sweep's half of defect 2: entries it cannot act on (here 30 records an
+    # older version's cancel ended but left in the index) are taken out, and read
+    # past, within one run, so the stranded job behind them is sent.
+    settings, url, _ = env
+    ddb = _ddb(settings)
+    for i in range(30):
+        _strand(settings, f"dead-{i:02}", age=900 - i)
+        ddb.update_item(  # the cancel as it was written before the fix
+            TableName=settings.jobs_table,
+            Key={"job_id": {"S": f"dead-{i:02}"}},
+            UpdateExpression="SET #s = :f",
+            ExpressionAttributeNames={"#s": "state"},
+            ExpressionAttributeValues={":f": {"S": "failed"}},
+        )
+    _strand(settings, "lost", age=120)
+    report = Producer(settings).repair(older_than=60, limit=25)
+    verdicts = [(j.job_id, j.verdict) for j in report.jobs]
+    assert verdicts[-1] == ("lost", "resent")
+    assert verdicts[:-1] == [(f"dead-{i:02}", "cleared") for i in range(30)]
+    assert _unsent_index(settings) == []
+    (d,) = _receive(settings, url)
+    assert d.job_id == "lost"
+    assert read_view(ddb, settings, "dead-00").state is JobState.FAILED  # untouched otherwise
+
+
+def test_the_worker_sweep_sends_a_stranded_job_behind_more_dead_entries_than_its_limit(
+    env: tuple[Settings, str, str],
+) -> None:
+    settings, _, _ = env
+    ddb = _ddb(settings)
+    producer = Producer(settings)
+    for i in range(8):
+        _strand(settings, f"dead-{i}", age=900 - i)
+        producer.cancel(f"dead-{i}")
+    _strand(settings, "lost", age=120)
+    app = App()
+    app.job("ocr", payload=Doc)(lambda ctx, p: {"doc": p.doc})
+    worker = Worker(
+        app,
+        settings,
+        receive_wait=1,
+        sweep_interval=0.2,
+        sweep_grace=60,
+        sweep_limit=5,
+        journal=Journal(worker_id="sweeper"),
+    )
+    with running(worker):
+        wait_until(
+            lambda: read_view(ddb, settings, "lost").state is JobState.SUCCEEDED,
+            HANG,
+            "the stranded job behind the cancelled ones to succeed",
+        )
+
+
+@pytest.mark.parametrize("ending", ["cancel", "park_undelivered", "claim", "mark_sent"])
+def test_a_record_is_in_the_unsent_index_exactly_while_it_waits_for_its_message(
+    env: tuple[Settings, str, str], ending: str
+) -> None:
+    settings, _, _ = env
+    ddb, table = _ddb(settings), JobTable(settings.jobs_table)
+    _strand(settings, "j", age=120)
+    assert _unsent_index(settings) == ["j"]
+    now = time.time()
+    write = {
+        "cancel": lambda: table.cancel("j", "by request", now),
+        "park_undelivered": lambda: table.park_undelivered(
+            "j", job_class="ocr", send_id="died-before-sending", reason="r", wall_now=now
+        ),
+        "claim": lambda: table.claim(
+            "j", "w", now, 60, job_class="ocr", send_id="died-before-sending"
+        ),
+        "mark_sent": lambda: table.mark_sent("j", "died-before-sending", now),
+    }[ending]()
+    ddb.update_item(**write.params)
+    view = read_view(ddb, settings, "j")
+    assert awaits_send(view) is False
+    assert _unsent_index(settings) == []
 
 
 def test_the_worker_sweep_sends_a_stranded_record_and_the_job_runs(

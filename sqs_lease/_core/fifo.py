@@ -17,15 +17,22 @@ carries two ids, and these are the toolkit's choices:
   record of the group fails. An id SQS would refuse (over 128 characters, or
   characters outside its set) is replaced by a digest of it: stable, so the
   order is the same.
-- ``MessageDeduplicationId``: the send id, the one the record names as its
+- ``MessageDeduplicationId``: the job id and the send id together
+  (:func:`deduplication_id`), the send being the one the record names as its
   current message (written conditionally by the one sender that won the right
   to send). SQS accepts and drops a message whose deduplication id it saw in
-  the last 5 minutes (even one already received and deleted). A retried
-  SendMessage of one send (its answer lost) therefore leaves one message, while
-  every new send (a resubmission taking over, a resume, the stranded sweep's
-  re-send) has a new send id and is never dropped as a duplicate of the
-  message it replaces. Content-based deduplication is not used: an explicit id
-  wins over it anyway.
+  the last 5 minutes on the whole queue (even one already received and
+  deleted, and whatever its group). A retried SendMessage of one send (its
+  answer lost) therefore leaves one message, while every new send (a
+  resubmission taking over, a resume, a retry, the stranded sweep's re-send, a
+  stage's continuation) has a new send id and is never dropped as a duplicate
+  of the message it replaces. A send id is unique within its job only (a
+  continuation's is ``stage.{token}.{next}``, the same for every job at that
+  token and stage), so the job id is part of the deduplication id: another
+  job's send is never taken for a duplicate (issue 26). Copies of a message
+  (the poison copy to the DLQ, a redrive back) are deduplicated per copied
+  message (:func:`copy_deduplication_id`). Content-based deduplication is not
+  used: an explicit id wins over it anyway.
 
 A FIFO queue takes no per-message ``DelaySeconds`` (only a queue-wide delay): a
 delayed submit to one is refused before anything is written.
@@ -34,7 +41,7 @@ delayed submit to one is refused before anything is written.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Literal
 
 FIFO_SUFFIX = ".fifo"
 
@@ -65,8 +72,33 @@ def message_group_id(job_id: str, group: str | None) -> str:
     return sqs_id(group if group else job_id)
 
 
+def deduplication_id(job_id: str, send_id: str) -> str:
+    """The ``MessageDeduplicationId`` of one send of a job's message: unique per job
+    and per send, on every path that sends (submit, resume, retry, resolve, repair,
+    the sweep, a continuation).
+
+    The job id's length comes first, so two (job, send) pairs never spell the same
+    id (``a.b``/``c`` and ``a``/``b.c`` differ), and the id starts with a digit, so it
+    never meets a copy's id (a word first) nor a digest (``sha256:``, what
+    :func:`sqs_id` makes of one too long for SQS)."""
+    return sqs_id(f"{len(job_id)}.{job_id}.{send_id}")
+
+
+CopyPurpose = Literal["poison", "redrive"]
+
+
+def copy_deduplication_id(purpose: CopyPurpose, message_id: str) -> str:
+    """The ``MessageDeduplicationId`` of a copy of one SQS message (its poison copy to
+    the DLQ, a redrive back to the queue): a copy repeated because the delete of
+    the original failed stays one copy; SQS's message ids are unique."""
+    return sqs_id(f"{purpose}:{message_id}")
+
+
 def fifo_params(queue_url: str, *, group_id: str, dedup_id: str) -> dict[str, Any]:
-    """The SendMessage parameters a FIFO queue requires (none for a standard queue)."""
+    """The SendMessage parameters a FIFO queue requires (none for a standard queue).
+
+    ``dedup_id`` comes from :func:`deduplication_id` or :func:`copy_deduplication_id`
+    (a test holds every caller to that)."""
     if not is_fifo(queue_url):
         return {}
     return {"MessageGroupId": sqs_id(group_id), "MessageDeduplicationId": sqs_id(dedup_id)}

@@ -24,9 +24,22 @@ from .._errors import (
 )
 from . import inputs
 from .calls import Call, Emit, Err, ErrorKind, Flow, Ok, Outcome, Sleep, call, emit, sqs_code_is
-from .fifo import fifo_params, is_fifo, message_group_id
+from .fifo import (
+    copy_deduplication_id,
+    deduplication_id,
+    fifo_params,
+    is_fifo,
+    message_group_id,
+)
 from .limits import REASON_LIMIT, bounded, result_problem
-from .records import UNDELIVERED_CODE, GroupRequests, JobRequests, JobState, JobView
+from .records import (
+    UNDELIVERED_CODE,
+    GroupRequests,
+    JobRequests,
+    JobState,
+    JobView,
+    awaits_send,
+)
 from .timeline import trim_count
 from .timing import OPEN, LeaseStatus, LocalLease
 
@@ -316,12 +329,16 @@ def send_job_message(
     """Send the message of a send this caller won (``send_id`` is in the record),
     then record it sent. Shared by submit, resume, resolve and the stranded sweep.
 
-    To a FIFO queue the message goes in the job's ``group`` (else its own id) with
-    the send id as its deduplication id (``_core.fifo`` says why)."""
+    To a FIFO queue the message goes in the job's ``group`` (else its own id),
+    deduplicated per job and per send (``_core.fifo`` says why)."""
     params: dict[str, Any] = {
         "QueueUrl": queue_url,
         "MessageBody": message_body(job_id, job_class, stage, send_id),
-        **fifo_params(queue_url, group_id=message_group_id(job_id, group), dedup_id=send_id),
+        **fifo_params(
+            queue_url,
+            group_id=message_group_id(job_id, group),
+            dedup_id=deduplication_id(job_id, send_id),
+        ),
     }
     if delay_seconds:
         params["DelaySeconds"] = delay_seconds
@@ -362,6 +379,35 @@ def send_job_message(
         # the stranded sweep after its grace, and this message is then a stray.
         yield from emit("job_submit_flag_unset", job_id=job_id, error_code=marked.code)
     return SendOutcome("sent", message_id)
+
+
+def send_record_message(
+    req: JobRequests,
+    job: JobView,
+    *,
+    queue_url: str,
+    send_id: str,
+    wall_now: float,
+    delay_seconds: int = 0,
+) -> Flow[SendOutcome]:
+    """Send the message of a send this caller took over (resume, retry, resolve, the
+    sweep, a resubmission): built from the record ``job`` as read with the take,
+    never from what the caller knows of the job. Its stage is the record's current
+    one (a resubmission during a staged job's unsent continuation names the next
+    stage, not the first: the worker checks the input with that stage's model), its
+    class and group the record's. The take is conditioned on the send id read with
+    ``job``, and a stage only changes with a new send id, so that read is current."""
+    return send_job_message(
+        req,
+        queue_url=queue_url,
+        job_id=job.job_id,
+        job_class=job.job_class,
+        send_id=send_id,
+        wall_now=wall_now,
+        stage=job.stage,
+        delay_seconds=delay_seconds,
+        group=job.group,
+    )
 
 
 def submit_flow(
@@ -471,17 +517,29 @@ def submit_flow(
             if isinstance(taken, SubmitResult):
                 return taken
             created = False
-    sent = yield from send_job_message(
-        req,
-        queue_url=queue_url,
-        job_id=job_id,
-        job_class=job_class,
-        send_id=send_id,
-        wall_now=wall_now,
-        stage=stage,
-        delay_seconds=delay_seconds,
-        group=group,
-    )
+    if created:
+        sent = yield from send_job_message(
+            req,
+            queue_url=queue_url,
+            job_id=job_id,
+            job_class=job_class,
+            send_id=send_id,
+            wall_now=wall_now,
+            stage=stage,
+            delay_seconds=delay_seconds,
+            group=group,
+        )
+    else:
+        # A send taken over: the record may have moved on from what this submit
+        # wrote (a staged job's continuation), and its message says where it is.
+        sent = yield from send_record_message(
+            req,
+            existing,
+            queue_url=queue_url,
+            send_id=send_id,
+            wall_now=wall_now,
+            delay_seconds=delay_seconds,
+        )
     if sent.verdict == "failed":
         assert sent.error is not None
         raise _fail_call(
@@ -628,12 +686,15 @@ def _take_send(
 
 # --------------------------------------------------------------------------- stranded
 
-StrandedVerdict = Literal["resent", "would_resend", "moved", "failed"]
+StrandedVerdict = Literal["resent", "would_resend", "moved", "cleared", "failed"]
 
 
 @dataclass(frozen=True)
 class Stranded:
-    """One record found without a sent message, and what the sweep did with it."""
+    """One record found without a sent message, and what the sweep did with it.
+
+    ``cleared``: the index still listed a record that no longer waits for its message
+    (ended or parked by a write of an older version); the sweep took it out."""
 
     job_id: str
     job_class: str
@@ -646,7 +707,14 @@ class Stranded:
 @dataclass(frozen=True)
 class SweepReport:
     jobs: tuple[Stranded, ...]
-    more: bool  # the page was full: more stranded records may be waiting
+    more: bool  # the limit or the page bound was reached: more stranded records may wait
+
+
+SWEEP_PAGES = 10
+"""Pages of the ``unsent`` index one sweep reads at most. Entries it cannot act on
+(a record this version cannot read; an entry it clears) do not count against its
+``limit``: it reads on past them, so they never hide a stranded job behind them,
+within this bound on one run's reads."""
 
 
 def home_queue(job: JobView, queue_url: str, interactive_url: str | None) -> str:
@@ -673,80 +741,63 @@ def sweep_flow(
     """Find records left without a sent message for ``older_than`` seconds and send
     them again, at most ``limit`` per run, oldest first.
 
-    The records come from the sparse ``unsent`` index (one Query, never a Scan).
+    The records come from the sparse ``unsent`` index (Query pages, never a Scan).
     Each re-send first takes the right to send (a conditional write of a new send
     id, so concurrent sweepers and resubmitters send it once), which also retires
     any message an earlier sender did get out. ``send_id_prefix`` must be unique
     to this run (the shell makes it); the new ids are ``PREFIX.N``.
+
+    The sweep makes progress past what it cannot act on: an entry whose record no
+    longer waits for its message (``records.awaits_send``; left by an older
+    version's cancel or park) is taken out of the index, and neither it nor a
+    record this version cannot read counts against ``limit``: the sweep reads the
+    next page instead (at most :data:`SWEEP_PAGES`).
     """
-    out = yield from call(req.unsent_query(older_than=wall_now - older_than, limit=limit))
-    if isinstance(out, Err):
-        if out.kind is ErrorKind.INVALID and "index" in out.message.lower():
-            raise ResourceMissing(
-                f"stranded sweep: the jobs table has no {'unsent'!r} index ({out.message}); "
-                "run `sqs-lease tables create` (it adds the index to an existing table)"
-            )
-        raise _fail_call("stranded sweep: query the unsent index", out)
-    items = list(out.response.get("Items", []))
     found: list[Stranded] = []
-    for n, item in enumerate(items):
-        try:
-            seen = req.parse(item)
-        except RecordUnreadable as exc:
-            found.append((yield from _unreadable_stranded(exc)))
-            continue
-        age = round(wall_now - (seen.unsent_since or wall_now), 3)
-        if dry_run:
-            found.append(Stranded(seen.job_id, seen.job_class, age, "would_resend", seen.send_id))
-            continue
-        new_id = f"{send_id_prefix}.{n}"
-        took = yield from call(
-            req.take_send(
-                seen.job_id, seen_send_id=seen.send_id, new_send_id=new_id, wall_now=wall_now
-            )
+    acted = 0  # entries that count against the limit
+    seq = 0  # entries read: the new send ids' numbers
+    start: Mapping[str, Any] | None = None
+    more = False
+    for _page in range(SWEEP_PAGES):
+        out = yield from call(
+            req.unsent_query(older_than=wall_now - older_than, limit=limit, start=start)
         )
-        if isinstance(took, Err):
-            if took.kind is ErrorKind.CONDITION_FAILED:
-                # Sent, claimed, or taken over by another sender since the index saw it.
-                found.append(Stranded(seen.job_id, seen.job_class, age, "moved", seen.send_id))
-            else:
-                why = f"{took.code or took.kind}: {took.message}"
-                found.append(
-                    Stranded(seen.job_id, seen.job_class, age, "failed", seen.send_id, why)
+        if isinstance(out, Err):
+            if out.kind is ErrorKind.INVALID and "index" in out.message.lower():
+                raise ResourceMissing(
+                    f"stranded sweep: the jobs table has no {'unsent'!r} index ({out.message}); "
+                    "run `sqs-lease tables create` (it adds the index to an existing table)"
                 )
-            continue
-        try:
-            job = req.parse(took.response.get("Attributes", {}))
-        except RecordUnreadable as exc:  # turned unreadable since the index saw it
-            found.append((yield from _unreadable_stranded(exc)))
-            continue
-        yield from emit(
-            "job_send_taken",
-            job_id=job.job_id,
-            send_id=new_id,
-            previous_send_id=seen.send_id,
-            unsent_for=age,
-            by="sweep",
-        )
-        sent = yield from send_job_message(
-            req,
-            queue_url=home_queue(job, queue_url, interactive_url),
-            job_id=job.job_id,
-            job_class=job.job_class,
-            send_id=new_id,
-            wall_now=wall_now,
-            stage=job.stage,
-            group=job.group,
-        )
-        if sent.verdict == "failed":
-            err = sent.error
-            why = f"{err.code or err.kind}: {err.message}" if err else "send failed"
-            found.append(Stranded(job.job_id, job.job_class, age, "failed", new_id, why))
-        else:
-            found.append(Stranded(job.job_id, job.job_class, age, "resent", new_id))
-    report = SweepReport(tuple(found), more=len(items) >= limit)
+            raise _fail_call("stranded sweep: query the unsent index", out)
+        start = out.response.get("LastEvaluatedKey") or None
+        for item in out.response.get("Items", []):
+            if acted >= limit:
+                more = True
+                break
+            n, seq = seq, seq + 1
+            entry, counted = yield from _sweep_one(
+                req,
+                item,
+                new_id=f"{send_id_prefix}.{n}",
+                queue_url=queue_url,
+                wall_now=wall_now,
+                dry_run=dry_run,
+                interactive_url=interactive_url,
+            )
+            if entry is not None:
+                found.append(entry)
+            acted += counted
+        if acted >= limit:
+            more = True  # (as a full page did: more may wait, a next run looks)
+            break
+        if start is None:
+            break
+    else:
+        more = start is not None
+    report = SweepReport(tuple(found), more=more)
     if found:
-        counts = {v: sum(1 for j in found if j.verdict == v) for v in ("resent", "moved", "failed")}
+        verdicts = ("resent", "moved", "cleared", "failed")
+        counts = {v: sum(1 for j in found if j.verdict == v) for v in verdicts}
         yield from emit(
             "stranded_swept",
             found=len(found),
@@ -755,6 +806,107 @@ def sweep_flow(
             **counts,
         )
     return report
+
+
+def _sweep_one(
+    req: JobRequests,
+    item: Mapping[str, Any],
+    *,
+    new_id: str,
+    queue_url: str,
+    wall_now: float,
+    dry_run: bool,
+    interactive_url: str | None,
+) -> Flow[tuple[Stranded | None, int]]:
+    """One entry of the unsent index: send its record again, or take a dead entry out.
+    Returns what was done (None: a dead entry in a dry run, no stranded job) and
+    whether it counts against the sweep's limit (1) or not (0: nothing could be
+    done for a job, so the sweep reads on)."""
+    try:
+        seen = req.parse(item)
+    except RecordUnreadable as exc:
+        return (yield from _unreadable_stranded(exc)), 0
+    age = round(wall_now - (seen.unsent_since or wall_now), 3)
+    if not awaits_send(seen):
+        # The index (projecting state and message_sent) shows a record that no longer
+        # waits for its message: never sent again, and taken out so that it stops
+        # taking a place in every sweep's page.
+        if dry_run:
+            return None, 0
+        cleared = yield from _clear_entry(req, seen, age, wall_now)
+        if isinstance(cleared, Stranded):
+            return cleared, 0
+        if cleared is None:
+            return None, 0  # it had left the index already
+        seen = cleared  # it waits after all (the index's copy was behind): send it
+    if dry_run:
+        return Stranded(seen.job_id, seen.job_class, age, "would_resend", seen.send_id), 1
+    took = yield from call(
+        req.take_send(seen.job_id, seen_send_id=seen.send_id, new_send_id=new_id, wall_now=wall_now)
+    )
+    if isinstance(took, Err):
+        if took.kind is ErrorKind.CONDITION_FAILED:
+            # Sent, claimed, or taken over by another sender since the index saw it.
+            now = _parsed_or_none(req, took.item)
+            if now is not None and now.unsent_since is not None and not awaits_send(now):
+                cleared = yield from _clear_entry(req, now, age, wall_now)
+                if isinstance(cleared, Stranded):
+                    return cleared, 0
+            return Stranded(seen.job_id, seen.job_class, age, "moved", seen.send_id), 1
+        why = f"{took.code or took.kind}: {took.message}"
+        return Stranded(seen.job_id, seen.job_class, age, "failed", seen.send_id, why), 1
+    try:
+        job = req.parse(took.response.get("Attributes", {}))
+    except RecordUnreadable as exc:  # turned unreadable since the index saw it
+        return (yield from _unreadable_stranded(exc)), 0
+    yield from emit(
+        "job_send_taken",
+        job_id=job.job_id,
+        send_id=new_id,
+        previous_send_id=seen.send_id,
+        unsent_for=age,
+        by="sweep",
+    )
+    sent = yield from send_record_message(
+        req,
+        job,
+        queue_url=home_queue(job, queue_url, interactive_url),
+        send_id=new_id,
+        wall_now=wall_now,
+    )
+    if sent.verdict == "failed":
+        err = sent.error
+        why = f"{err.code or err.kind}: {err.message}" if err else "send failed"
+        return Stranded(job.job_id, job.job_class, age, "failed", new_id, why), 1
+    return Stranded(job.job_id, job.job_class, age, "resent", new_id), 1
+
+
+def _parsed_or_none(req: JobRequests, item: Mapping[str, Any] | None) -> JobView | None:
+    if not item:
+        return None
+    try:
+        return req.parse(item)
+    except RecordUnreadable:
+        return None
+
+
+def _clear_entry(
+    req: JobRequests, job: JobView, age: float, wall_now: float
+) -> Flow[Stranded | JobView | None]:
+    """Take a dead entry out of the index: what was done (``cleared``, or ``failed``:
+    the next sweep tries again and reads past it meanwhile), else the record as it
+    is when it was refused: one that waits for its message after all (the index's
+    copy was behind, or a retry revived it: the caller sends it), or None (it left
+    the index already)."""
+    out = yield from call(req.leave_unsent(job.job_id, wall_now))
+    if isinstance(out, Ok):
+        yield from emit("unsent_entry_cleared", job_id=job.job_id, state=job.state.value)
+        return Stranded(job.job_id, job.job_class, age, "cleared", job.send_id)
+    if out.kind is not ErrorKind.CONDITION_FAILED:
+        why = f"taking the entry out of the unsent index: {out.code or out.kind}: {out.message}"
+        return Stranded(job.job_id, job.job_class, age, "failed", job.send_id, why)
+    now = _parsed_or_none(req, out.item)
+    return now if now is not None and awaits_send(now) else None
 
 
 def _unreadable_stranded(exc: RecordUnreadable) -> Flow[Stranded]:
@@ -2236,7 +2388,7 @@ def poison_flow(
                     **fifo_params(
                         dlq_url,
                         group_id=poison.job_id or poison.message_id,
-                        dedup_id=f"poison:{poison.message_id}",
+                        dedup_id=copy_deduplication_id("poison", poison.message_id),
                     ),
                 },
             )

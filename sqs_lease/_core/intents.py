@@ -35,7 +35,13 @@ from .._errors import (
     TransientError,
 )
 from .calls import Call, Err, ErrorKind, Flow, Invoke, Ok, Sleep, call, emit
-from .flows import UNSENT_GRACE_SECONDS, SendOutcome, _fail_call, home_queue, send_job_message
+from .flows import (
+    UNSENT_GRACE_SECONDS,
+    SendOutcome,
+    _fail_call,
+    home_queue,
+    send_record_message,
+)
 from .inputs import loads as _loads
 from .records import JobRequests, JobState, JobView
 from .texts import message_of, outside_text
@@ -1360,15 +1366,12 @@ def _send_resumed(
             f"{UNSENT_GRACE_SECONDS:g} s"
         )
     job = jreq.parse(got.response["Item"])
-    sent = yield from send_job_message(
+    sent = yield from send_record_message(
         jreq,
+        job,
         queue_url=home_queue(job, queue_url, interactive_url),
-        job_id=job_id,
-        job_class=job.job_class,
         send_id=send_id,
         wall_now=wall_now,
-        stage=job.stage,
-        group=job.group,
     )
     _raise_unsent(sent, job_id, what)
     return sent
@@ -1415,15 +1418,12 @@ def _resume(
     if isinstance(out, Ok):
         job = jreq.parse(out.response.get("Attributes", {}))
         yield from emit("job_resumed", job_id=job_id, send_id=send_id, by="resume")
-        sent = yield from send_job_message(
+        sent = yield from send_record_message(
             jreq,
+            job,
             queue_url=home_queue(job, queue_url, interactive_url),
-            job_id=job_id,
-            job_class=job.job_class,
             send_id=send_id,
             wall_now=wall_now,
-            stage=job.stage,
-            group=job.group,
         )
         _raise_unsent(sent, job_id, "resumed (one attempt granted)")
         note = _sent_note(sent, "re-enqueued (one attempt granted)")
@@ -1455,15 +1455,12 @@ def _resume(
                 ),
                 by="resume",
             )
-            sent = yield from send_job_message(
+            sent = yield from send_record_message(
                 jreq,
+                job,
                 queue_url=home_queue(job, queue_url, interactive_url),
-                job_id=job_id,
-                job_class=job.job_class,
                 send_id=send_id,
                 wall_now=wall_now,
-                stage=job.stage,
-                group=job.group,
             )
             _raise_unsent(sent, job_id, "queued")
             note = _sent_note(sent, "it was queued without a message: message sent")

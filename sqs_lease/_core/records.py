@@ -70,6 +70,15 @@ class JobView:
     write_id: str | None = None
 
 
+def awaits_send(job: JobView) -> bool:
+    """Whether the record waits for its message: queued, its current message not
+    known sent. Such a record, and only such a record, is in the ``unsent`` index
+    (the stranded sweep's): every write that sends, claims or ends a record takes it
+    out, every write that gives it a new unsent message puts it in (``_schema.py``
+    spells both once)."""
+    return job.state is JobState.QUEUED and not job.message_sent
+
+
 class JobRequests(Protocol):
     """Builds DynamoDB calls for the job table and parses its items."""
 
@@ -133,7 +142,17 @@ class JobRequests(Protocol):
         send_id: str | None,
     ) -> Call: ...
 
-    def unsent_query(self, *, older_than: float, limit: int) -> Call: ...
+    def unsent_query(
+        self, *, older_than: float, limit: int, start: Mapping[str, Any] | None = None
+    ) -> Call:
+        """One page of the ``unsent`` index, oldest first, from ``start`` (a page's
+        ``LastEvaluatedKey``)."""
+        ...
+
+    def leave_unsent(self, job_id: str, wall_now: float) -> Call:
+        """Take a record out of the ``unsent`` index unless it waits for its message
+        (:func:`awaits_send`): an entry a write of an older version left behind."""
+        ...
 
     # The end writes of an attempt (fenced on its token) each carry ``write_id``
     # (:attr:`JobView.write_id`), set in the same conditional update.

@@ -55,6 +55,7 @@ from .flows import (
     fail_flow,
     home_queue,
     on_queue,
+    send_record_message,
 )
 from .flows import send_job_message as _send
 from .inputs import NAME_RULE, loads, valid_name
@@ -513,15 +514,12 @@ def retry_flow(
             "changed it since it was read",
         )
     yield from emit("job_retried", job_id=job_id, stage=job.stage, token=job.token, send_id=send_id)
-    sent = yield from _send(
+    sent = yield from send_record_message(
         req,
+        job,  # its stage is the failed one: retry_failed is conditioned on its token
         queue_url=home_queue(job, queue_url, interactive_url),  # the job's own queue
-        job_id=job_id,
-        job_class=job.job_class,
         send_id=send_id,
         wall_now=wall_now,
-        stage=job.stage,
-        group=job.group,
     )
     if sent.verdict == "failed":
         assert sent.error is not None

@@ -343,6 +343,18 @@ class SimDynamo:
             return float(v) if t == "N" else v
 
         found.sort(key=order, reverse=not params.get("ScanIndexForward", True))
+        start = params.get("ExclusiveStartKey")
+        if start:
+            # On from the page's last item (its index and table keys), as DynamoDB does.
+            at = next(
+                (n for n, i in enumerate(found) if all(i.get(k) == v for k, v in start.items())),
+                None,
+            )
+            if at is not None:
+                found = found[at + 1 :]
+            else:  # that item has left the index since: on from its place in the order
+                forward = params.get("ScanIndexForward", True)
+                found = [i for i in found if (order(i) > order(start)) == forward]
         limit = params.get("Limit")
         page = found[: int(limit)] if limit else found
         keep = None if index.projects is None else set(index.projects) | set(keys)
