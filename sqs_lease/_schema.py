@@ -582,24 +582,26 @@ class JobTable:
             returns="ALL_OLD",
         )
 
-    def unsent_query(self, *, older_than: float, limit: int) -> Call:
-        """Records without a sent message since ``older_than`` (wall), oldest first."""
-        return Call(
-            "dynamodb",
-            "Query",
-            {
-                "TableName": self.table,
-                "IndexName": UNSENT_INDEX,
-                "KeyConditionExpression": "#u = :u AND #t <= :t",
-                "ExpressionAttributeNames": {"#u": "unsent", "#t": "unsent_since"},
-                "ExpressionAttributeValues": {
-                    ":u": {"S": UNSENT_BUCKET},
-                    ":t": {"N": repr(float(older_than))},
-                },
-                "ScanIndexForward": True,
-                "Limit": limit,
+    def unsent_query(
+        self, *, older_than: float, limit: int, start: Mapping[str, Any] | None = None
+    ) -> Call:
+        """Records without a sent message since ``older_than`` (wall), oldest first;
+        ``start``: the page after the one that returned it (``LastEvaluatedKey``)."""
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": UNSENT_INDEX,
+            "KeyConditionExpression": "#u = :u AND #t <= :t",
+            "ExpressionAttributeNames": {"#u": "unsent", "#t": "unsent_since"},
+            "ExpressionAttributeValues": {
+                ":u": {"S": UNSENT_BUCKET},
+                ":t": {"N": repr(float(older_than))},
             },
-        )
+            "ScanIndexForward": True,
+            "Limit": limit,
+        }
+        if start:
+            params["ExclusiveStartKey"] = dict(start)
+        return Call("dynamodb", "Query", params)
 
     def commit(
         self, job_id: str, token: int, worker_id: str, result_json: str, wall_now: float

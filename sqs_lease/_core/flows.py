@@ -605,6 +605,10 @@ class Stranded:
 class SweepReport:
     jobs: tuple[Stranded, ...]
     more: bool  # the page was full: more stranded records may be waiting
+    # Where the next page starts (the query's LastEvaluatedKey; None: no more). A
+    # record left in the index (moved, failed, unreadable) is behind it, so a sweep
+    # that pages on reaches the records after a page of ones it cannot send.
+    next_key: Mapping[str, Any] | None = None
 
 
 def home_queue(job: JobView, queue_url: str, interactive_url: str | None) -> str:
@@ -627,9 +631,11 @@ def sweep_flow(
     send_id_prefix: str,
     dry_run: bool = False,
     interactive_url: str | None = None,
+    start_key: Mapping[str, Any] | None = None,
 ) -> Flow[SweepReport]:
     """Find records left without a sent message for ``older_than`` seconds and send
-    them again, at most ``limit`` per run, oldest first.
+    them again, at most ``limit`` per run, oldest first (from ``start_key``, an
+    earlier page's ``next_key``, when given).
 
     The records come from the sparse ``unsent`` index (one Query, never a Scan).
     Each re-send first takes the right to send (a conditional write of a new send
@@ -637,7 +643,9 @@ def sweep_flow(
     any message an earlier sender did get out. ``send_id_prefix`` must be unique
     to this run (the shell makes it); the new ids are ``PREFIX.N``.
     """
-    out = yield from call(req.unsent_query(older_than=wall_now - older_than, limit=limit))
+    out = yield from call(
+        req.unsent_query(older_than=wall_now - older_than, limit=limit, start=start_key)
+    )
     if isinstance(out, Err):
         if out.kind is ErrorKind.INVALID and "index" in out.message.lower():
             raise ResourceMissing(
@@ -702,7 +710,9 @@ def sweep_flow(
             found.append(Stranded(job.job_id, job.job_class, age, "failed", new_id, why))
         else:
             found.append(Stranded(job.job_id, job.job_class, age, "resent", new_id))
-    report = SweepReport(tuple(found), more=len(items) >= limit)
+    more = len(items) >= limit
+    next_key = out.response.get("LastEvaluatedKey") if more else None
+    report = SweepReport(tuple(found), more=more, next_key=next_key)
     if found:
         counts = {v: sum(1 for j in found if j.verdict == v) for v in ("resent", "moved", "failed")}
         yield from emit(

@@ -118,7 +118,9 @@ class JobRequests(Protocol):
         send_id: str | None,
     ) -> Call: ...
 
-    def unsent_query(self, *, older_than: float, limit: int) -> Call: ...
+    def unsent_query(
+        self, *, older_than: float, limit: int, start: Mapping[str, Any] | None = None
+    ) -> Call: ...
 
     def commit(
         self, job_id: str, token: int, worker_id: str, result_json: str, wall_now: float
