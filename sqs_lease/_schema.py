@@ -617,7 +617,8 @@ class JobTable:
     def unsent_query(
         self, *, older_than: float, limit: int, start: Mapping[str, Any] | None = None
     ) -> Call:
-        """Records without a sent message since ``older_than`` (wall), oldest first."""
+        """Records without a sent message since ``older_than`` (wall), oldest first;
+        ``start``: the page after the one that returned it (``LastEvaluatedKey``)."""
         params: dict[str, Any] = {
             "TableName": self.table,
             "IndexName": UNSENT_INDEX,

@@ -43,6 +43,18 @@ mapping's own delete of an already deleted message is harmless. Correctness
 never depends on either delete: a redelivered message of a finished job is
 recognised at its claim and deleted then.
 
+The sweep. A consumer runs only when messages arrive, so it cannot find a job
+that has none: a record a producer wrote and died before sending, a failed send,
+an unsent continuation, a job whose message SQS moved to the DLQ. A scheduled
+function finds them: ``sweeper(app)`` (or the handler ``sqs_lease.aws_lambda.
+sweep_entry`` with ``SQS_LEASE_APP``) answers an EventBridge scheduled event by
+running the workers' sweep (``_core.attempt.sweep_pages_flow``) to the end of the
+``unsent`` index and through the DLQ, within the invocation's remaining time. The
+consumer does not sweep: its time belongs to its batch (the budget rule), and many
+concurrent consumers would race for the same oldest records; the schedule is the
+one sweeper (the CDK's ``LambdaConsumer`` deploys it). Concurrent sweeps are safe
+all the same: each re-send is won by one conditional write.
+
 At cold start it warns (``lambda_visibility_too_short``) when the queue's
 visibility timeout is below AWS's guidance of 6 x the function timeout (the
 function timeout is read as the first invocation's remaining time; the mapping's
@@ -54,11 +66,19 @@ from __future__ import annotations
 import math
 import os
 import threading
+import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._config import Settings
-from ._core.attempt import attempt_flow, rules_for
+from ._core.attempt import (
+    SCHEDULED_DLQ_RECEIVES,
+    SCHEDULED_SWEEP_PAGE,
+    attempt_flow,
+    rules_for,
+    sweep_pages_flow,
+)
 from ._core.deploy import lambda_visibility_floor
 from ._core.eventsource import (
     GroupStop,
@@ -68,7 +88,7 @@ from ._core.eventsource import (
     settled_flow,
     take_record_flow,
 )
-from ._core.flows import Delivery, Poison, release_flow
+from ._core.flows import UNSENT_GRACE_SECONDS, Delivery, Poison, release_flow
 from ._errors import ConfigError
 from ._jobs import App
 from ._journal import Journal
@@ -91,7 +111,13 @@ class LambdaShell(Worker):
     """The adapter's state across invocations of one execution environment."""
 
     def __init__(
-        self, app: App, settings: Settings, *, journal: Journal | None, tick: float
+        self,
+        app: App,
+        settings: Settings,
+        *,
+        journal: Journal | None,
+        tick: float,
+        sweep_grace: float = UNSENT_GRACE_SECONDS,
     ) -> None:
         super().__init__(
             app,
@@ -100,7 +126,11 @@ class LambdaShell(Worker):
             receive_wait=0,
             journal=journal,
             tick=tick,
+            # No sweep thread: the consumer sweeps nothing (the module's doc); a
+            # scheduled function calls sweep().
             sweep_interval=None,
+            sweep_grace=sweep_grace,
+            sweep_limit=SCHEDULED_SWEEP_PAGE,
         )
         # Lambda deletes a record's message by not reporting it failed: the attempt
         # must delete at once, where settled_flow sees it (no batching across records).
@@ -173,6 +203,31 @@ class LambdaShell(Worker):
             if unstarted:
                 self._release(unstarted)
         return {"batchItemFailures": [{"itemIdentifier": m} for m in failures]}
+
+    def sweep(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+        """One scheduled sweep: stranded records to the end of the ``unsent`` index,
+        then the DLQ, while the invocation's time lasts; what it did, as JSON."""
+        if "Records" in event:
+            # Wired to the queue's event source, it would report every record done
+            # (no batchItemFailures) and the mapping would delete them unrun.
+            raise ConfigError(
+                "the sweep got an SQS event (Records): point the event source at "
+                "sqs_lease.aws_lambda.entry (or handler(app)) and schedule the sweep "
+                "with an EventBridge rule"
+            )
+        until = self._clock() + context.get_remaining_time_in_millis() / 1000
+        run = self.driver.run(
+            sweep_pages_flow(
+                self.env,
+                older_than=self.sweep_grace,
+                limit=self.sweep_limit,
+                send_id_prefix=uuid.uuid4().hex,
+                dlq_receives=SCHEDULED_DLQ_RECEIVES,
+                until=until,
+            )
+        )
+        self.journal("lambda_sweep_done", **{k: v for k, v in asdict(run).items() if k != "failed"})
+        return {**asdict(run), "failed": list(run.failed)}
 
     def _attempt(self, item: Delivery | Poison) -> bool:
         """One record through the attempt flow; True when its message was deleted."""
@@ -249,7 +304,74 @@ def handler(
     return lambda_handler
 
 
+def sweeper(
+    app: App,
+    settings: Settings | None = None,
+    *,
+    journal: Journal | None = None,
+    metrics: EmfMetrics | None = None,
+    older_than: float = UNSENT_GRACE_SECONDS,
+) -> LambdaHandler:
+    """A scheduled function's handler ``(event, context) -> {...}`` sweeping ``app``'s
+    queue and tables: records left without a sent message for ``older_than`` seconds
+    are sent again (to the end of the ``unsent`` index), and jobs whose message SQS
+    moved to the DLQ are parked, within the invocation's remaining time. Invoke it
+    from an EventBridge schedule (every few minutes; the CDK's ``LambdaConsumer``
+    deploys one); it returns what it did (``resent``, ``more``, ``dlq_parked``...).
+    An SQS event is refused (``ConfigError``): the consumer is ``handler(app)``."""
+    shells: list[LambdaShell] = []
+    if metrics is not None:
+        journal = journal or Journal()
+        journal.add_sink(metrics)
+
+    def sweep_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+        try:
+            if not shells:
+                shells.append(
+                    LambdaShell(
+                        app,
+                        settings or Settings.from_env(),
+                        journal=journal,
+                        tick=0.1,
+                        sweep_grace=older_than,
+                    )
+                )
+            return shells[0].sweep(event, context)
+        finally:
+            if metrics is not None:
+                metrics.flush()
+
+    return sweep_handler
+
+
 _from_env: list[LambdaHandler] = []
+_sweep_from_env: list[LambdaHandler] = []
+
+
+def _env_app(make: Callable[..., LambdaHandler], own: str) -> LambdaHandler:
+    """``make(app, journal=..., metrics=...)`` for the app named by ``SQS_LEASE_APP``,
+    with the journal's sinks the environment asks for."""
+    spec = os.environ.get("SQS_LEASE_APP", "")
+    if not spec:
+        raise ConfigError(
+            "SQS_LEASE_APP is not set: set it to the app as MODULE:OBJECT "
+            f"(e.g. myjobs:app), or point the function's handler at your own {own}"
+        )
+    from .service import WorkerEnv
+
+    env = WorkerEnv.load()
+    app = load_app(spec)
+    journal = Journal()
+    metrics = None
+    if env.metrics:
+        from .metrics import EmfMetrics as Emf
+
+        metrics = Emf(app, namespace=env.metrics_namespace)
+    if env.otel:
+        from .tracing import OtelSpans
+
+        journal.add_sink(OtelSpans())
+    return make(app, journal=journal, metrics=metrics)
 
 
 def entry(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
@@ -261,29 +383,26 @@ def entry(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
     EMF metrics at the end of every invocation; ``SQS_LEASE_OTEL=true`` adds
     OpenTelemetry spans, as for the worker."""
     if not _from_env:
-        spec = os.environ.get("SQS_LEASE_APP", "")
-        if not spec:
-            raise ConfigError(
-                "SQS_LEASE_APP is not set: set it to the app as MODULE:OBJECT "
-                "(e.g. myjobs:app), or point the function's handler at your own "
-                "handler(app)"
-            )
-        from .service import WorkerEnv
-
-        env = WorkerEnv.load()
-        app = load_app(spec)
-        journal = Journal()
-        metrics = None
-        if env.metrics:
-            from .metrics import EmfMetrics as Emf
-
-            metrics = Emf(app, namespace=env.metrics_namespace)
-        if env.otel:
-            from .tracing import OtelSpans
-
-            journal.add_sink(OtelSpans())
-        _from_env.append(handler(app, journal=journal, metrics=metrics))
+        _from_env.append(_env_app(handler, "handler(app)"))
     return _from_env[0](event, context)
 
 
-__all__ = ["LambdaContext", "LambdaHandler", "LambdaShell", "entry", "handler"]
+def sweep_entry(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """The scheduled sweep's function handler ``sqs_lease.aws_lambda.sweep_entry``:
+    :func:`sweeper` for the app named by ``SQS_LEASE_APP``, settings from the
+    environment, as :func:`entry` loads them. Schedule it (EventBridge, every few
+    minutes) next to the consumer; give it the consumer's environment."""
+    if not _sweep_from_env:
+        _sweep_from_env.append(_env_app(sweeper, "sweeper(app)"))
+    return _sweep_from_env[0](event, context)
+
+
+__all__ = [
+    "LambdaContext",
+    "LambdaHandler",
+    "LambdaShell",
+    "entry",
+    "handler",
+    "sweep_entry",
+    "sweeper",
+]

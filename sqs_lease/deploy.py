@@ -29,6 +29,7 @@ from ._core.deploy import (
     queue_visibility_for,
     redrive_too_tight,
 )
+from ._schema import UNSENT_INDEX as UNSENT_INDEX  # the index the stranded sweep queries
 from ._schema import (
     AttemptRecord,
     GroupRecord,
@@ -164,6 +165,7 @@ __all__ = [
     "SHUTDOWN_RELEASE_MARGIN",
     "SQS_MAX_RECEIVE_COUNT",
     "TABLE_MODELS",
+    "UNSENT_INDEX",
     "ProducerRequest",
     "check_lambda_timing",
     "ecs_stop_timeout",

@@ -40,6 +40,7 @@ from sqs_lease.metrics import METRICS, EmfMetrics
 from sqs_lease_cdk import (
     ALARM_METRICS,
     LAMBDA_HANDLER,
+    SWEEP_HANDLER,
     FargateConsumer,
     LambdaConsumer,
     LeasedQueue,
@@ -129,6 +130,16 @@ def _role_statements(tpl: Json, role_fragment: str) -> list[Json]:
     return out
 
 
+def _consumer_fn(tpl: Json) -> Json:
+    """The consumer function (the one behind the event source, not the sweep)."""
+    (fn,) = [
+        f
+        for f in _of_type(tpl, "AWS::Lambda::Function").values()
+        if f["Properties"]["Handler"] == LAMBDA_HANDLER
+    ]
+    return fn
+
+
 def _actions(statement: Json) -> list[str]:
     a = statement["Action"]
     return [a] if isinstance(a, str) else list(a)
@@ -146,7 +157,8 @@ def test_the_example_stack_has_the_expected_resources(template: Template) -> Non
     template.resource_count_is("AWS::SQS::Queue", 2)
     template.resource_count_is("AWS::SQS::QueuePolicy", 2)
     template.resource_count_is("AWS::DynamoDB::Table", 5)  # jobs, intents, attempts, groups, slots
-    template.resource_count_is("AWS::Lambda::Function", 1)
+    template.resource_count_is("AWS::Lambda::Function", 2)  # the consumer, its scheduled sweep
+    template.resource_count_is("AWS::Events::Rule", 1)
     template.resource_count_is("AWS::Lambda::EventSourceMapping", 1)
     template.resource_count_is("AWS::ECS::Service", 1)
     template.resource_count_is("AWS::CloudWatch::Dashboard", 1)
@@ -228,8 +240,7 @@ def test_the_lambda_consumer_reports_partial_batch_failures_within_aws_timing(
         "AWS::Lambda::EventSourceMapping",
         {"FunctionResponseTypes": ["ReportBatchItemFailures"], "BatchSize": 10},
     )
-    (fn,) = _of_type(tpl, "AWS::Lambda::Function").values()
-    props = fn["Properties"]
+    props = _consumer_fn(tpl)["Properties"]
     assert props["Handler"] == LAMBDA_HANDLER
     assert props["Timeout"] == 300
     queue, _ = _queues(tpl)
@@ -242,6 +253,114 @@ def test_the_lambda_consumer_reports_partial_batch_failures_within_aws_timing(
         "SQS_LEASE_METRICS": "true",
         "SQS_LEASE_METRICS_NAMESPACE": f"SqsLease/{PREFIX}",
     }
+
+
+def _sweep_fn(tpl: Json) -> tuple[str, Json]:
+    (found,) = [
+        (k, f)
+        for k, f in _of_type(tpl, "AWS::Lambda::Function").items()
+        if f["Properties"]["Handler"] == SWEEP_HANDLER
+    ]
+    return found
+
+
+def test_the_lambda_consumer_has_a_scheduled_sweep_on_its_code_and_environment(
+    tpl: Json,
+) -> None:
+    # Regression (issue 33 item 1): a Lambda-only deployment had no sweep, so a job
+    # without a message (or whose message SQS moved to the DLQ) waited forever.
+    consumer = _consumer_fn(tpl)["Properties"]
+    sweep_id, sweep = _sweep_fn(tpl)
+    props = sweep["Properties"]
+    for same in ("Code", "Runtime", "MemorySize", "Environment"):
+        assert props[same] == consumer[same], same
+    assert props["Timeout"] == 120
+    (invoke,) = _of_type(tpl, "AWS::Lambda::EventInvokeConfig").values()
+    assert invoke["Properties"]["FunctionName"] == {"Ref": sweep_id}
+    assert invoke["Properties"]["MaximumRetryAttempts"] == 0
+    (rule,) = _of_type(tpl, "AWS::Events::Rule").values()
+    assert rule["Properties"]["ScheduleExpression"] == "rate(5 minutes)"
+    assert rule["Properties"]["State"] == "ENABLED"
+    (target,) = rule["Properties"]["Targets"]
+    assert target["Arn"] == {"Fn::GetAtt": [sweep_id, "Arn"]}
+    assert target["RetryPolicy"]["MaximumRetryAttempts"] == 0
+    (permission,) = [
+        p["Properties"]
+        for p in _of_type(tpl, "AWS::Lambda::Permission").values()
+        if p["Properties"]["Principal"] == "events.amazonaws.com"
+    ]
+    assert permission["FunctionName"] == {"Fn::GetAtt": [sweep_id, "Arn"]}
+    # The sweep is not behind the event source: only the consumer is.
+    (mapping,) = _of_type(tpl, "AWS::Lambda::EventSourceMapping").values()
+    assert mapping["Properties"]["FunctionName"] != {"Ref": sweep_id}
+
+
+def test_the_sweep_role_may_send_look_at_the_dlq_and_take_or_park_records_only(
+    tpl: Json,
+) -> None:
+    statements = _role_statements(tpl, "LambdaConsumerSweepRole")
+    granted: dict[str, set[str]] = {}
+    for st in statements:
+        assert st["Effect"] == "Allow"
+        for action in _actions(st):
+            for resource in _resources(st):
+                granted.setdefault(action, set()).add(json.dumps(resource, sort_keys=True))
+    sqs = {a for a in granted if a.startswith("sqs:")}
+    ddb = {a for a in granted if a.startswith("dynamodb:")}
+    assert sqs == {
+        "sqs:SendMessage",
+        "sqs:GetQueueUrl",
+        "sqs:GetQueueAttributes",
+        "sqs:ReceiveMessage",
+        "sqs:ChangeMessageVisibility",
+    }
+    assert ddb == {
+        "dynamodb:DescribeTable",
+        "dynamodb:GetItem",
+        "dynamodb:UpdateItem",
+        "dynamodb:Query",
+    }
+    queue, _ = _queues(tpl)
+    job_queue = _queue_id(tpl, queue["QueueName"])
+    dlq_id = queue["RedrivePolicy"]["deadLetterTargetArn"]["Fn::GetAtt"][0]
+    arn = {
+        id_: json.dumps({"Fn::GetAtt": [id_, "Arn"]}, sort_keys=True) for id_ in (job_queue, dlq_id)
+    }
+    # It receives from the DLQ only (and gives back); it sends to the job queue only.
+    assert granted["sqs:ReceiveMessage"] == {arn[dlq_id]}
+    assert granted["sqs:ChangeMessageVisibility"] == {arn[dlq_id]}
+    assert granted["sqs:SendMessage"] == {arn[job_queue]}
+    # Query on the unsent index only; reads and writes on the jobs table only.
+    (query_on,) = granted["dynamodb:Query"]
+    assert "/index/unsent" in query_on
+    for action in ("dynamodb:GetItem", "dynamodb:UpdateItem"):
+        (on,) = granted[action]
+        assert "Jobs" in on and "index" not in on, (action, on)
+    assert len(granted["dynamodb:DescribeTable"]) == 5  # the shell checks the tables exist
+    assert any("Logs" in json.dumps(st["Resource"]) for st in statements)  # its own log group
+
+
+def test_a_sweep_schedule_that_cannot_hold_one_sweep_at_a_time_is_refused() -> None:
+    def consumer(**kw: Any) -> cdk.Stack:
+        scope = _scratch()
+        queue = LeasedQueue(
+            scope, "Q", job_classes=[_class()], lambda_timeout=cdk.Duration.seconds(60)
+        )
+        tables = LeaseTables(scope, "T")
+        code = lambda_.Code.from_asset(str(CDK_DIR / "handlers"))
+        LambdaConsumer(scope, "L", queue=queue, tables=tables, code=code, app_ref="m:app", **kw)
+        return scope
+
+    with pytest.raises(ConfigError, match="sweep_every=90 s: an EventBridge schedule"):
+        consumer(sweep_every=cdk.Duration.seconds(90))
+    with pytest.raises(ConfigError, match=r"sweep_timeout=300 s: .* below sweep_every"):
+        consumer(sweep_every=cdk.Duration.minutes(5), sweep_timeout=cdk.Duration.minutes(5))
+    with pytest.raises(ConfigError, match="sweep_timeout=10 s: give 30 s or more"):
+        consumer(sweep_timeout=cdk.Duration.seconds(10))
+    # Without the schedule: one function, no rule (a deployment that sweeps otherwise).
+    bare: Json = Template.from_stack(consumer(sweep_every=None)).to_json()
+    assert len(_of_type(bare, "AWS::Lambda::Function")) == 1
+    assert _of_type(bare, "AWS::Events::Rule") == {}
 
 
 def test_the_fargate_stop_timeout_matches_the_worker_shutdown_deadline(tpl: Json) -> None:
@@ -647,8 +766,7 @@ def test_a_fifo_stack_makes_both_queues_fifo_without_content_deduplication(
         assert props["FifoQueue"] is True
         assert props["ContentBasedDeduplication"] is False
     # Both consumers read the same names (and the FIFO flag) from their environment.
-    (fn,) = _of_type(fifo_tpl, "AWS::Lambda::Function").values()
-    env = fn["Properties"]["Environment"]["Variables"]
+    env = _consumer_fn(fifo_tpl)["Properties"]["Environment"]["Variables"]
     read = Settings.from_env(env)
     assert (read.fifo, read.queue, read.dlq) == (True, settings.queue, settings.dlq)
     (task,) = _of_type(fifo_tpl, "AWS::ECS::TaskDefinition").values()
@@ -671,7 +789,12 @@ def test_a_kms_key_encrypts_both_queues_and_is_granted_to_consumers_and_producer
     statements = key["KeyPolicy"]["Statement"]
     assert len(statements) == 1 and statements[0]["Action"] == "kms:*"
     assert "AWS" in statements[0]["Principal"] and "*" not in json.dumps(statements[0]["Principal"])
-    for fragment in ("LambdaConsumerRole", "FargateConsumerTaskTaskRole", "ProducerRole"):
+    for fragment in (
+        "LambdaConsumerRole",
+        "LambdaConsumerSweepRole",
+        "FargateConsumerTaskTaskRole",
+        "ProducerRole",
+    ):
         kms = [s for s in _role_statements(fifo_tpl, fragment) if "kms:" in json.dumps(s)]
         actions = {a for s in kms for a in _actions(s)}
         assert actions == {"kms:GenerateDataKey", "kms:Decrypt"}, fragment
@@ -940,14 +1063,14 @@ def test_construct_properties_are_read_only(stack: Any) -> None:
 # ------------------------------------------------------------------ deploy-shaped
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def deployed(tpl: Json, moto_endpoint: str) -> Iterator[Settings]:
     """The template's names, keys and queue attributes created on the emulator, and
-    the library's Settings read from the consumer's own environment variables."""
+    the library's Settings read from the consumer's own environment variables (once
+    for the module: the names are the template's)."""
     import boto3
 
-    (fn,) = _of_type(tpl, "AWS::Lambda::Function").values()
-    env = fn["Properties"]["Environment"]["Variables"]
+    env = _consumer_fn(tpl)["Properties"]["Environment"]["Variables"]
     settings = Settings.from_env(
         {"SQS_LEASE_PREFIX": env["SQS_LEASE_PREFIX"], "SQS_LEASE_QUEUE": env["SQS_LEASE_QUEUE"]},
         endpoint_url=moto_endpoint,
@@ -1035,3 +1158,58 @@ def test_a_worker_runs_a_job_on_resources_made_from_the_template(
     for service, operation in producer_calls:
         assert f"{'sqs' if service == 'sqs' else 'dynamodb'}:{operation}" in submit, operation
     assert ("dynamodb", "PutItem") in producer_calls
+
+
+class _Minutes:
+    """A Lambda context with a minute left."""
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 60_000
+
+
+def test_the_sweep_runs_on_resources_made_from_the_template_within_its_roles_grants(
+    deployed: Settings, jobs: App, tpl: Json, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    import boto3
+    from botocore.client import BaseClient
+
+    from sqs_lease import Producer
+    from sqs_lease._schema import JobTable
+    from sqs_lease.aws_lambda import sweeper
+
+    ddb = boto3.client("dynamodb", endpoint_url=deployed.endpoint_url, region_name="us-east-1")
+    sqs = boto3.client("sqs", endpoint_url=deployed.endpoint_url, region_name="us-east-1")
+    # A job whose producer died after its write, and one whose message is in the DLQ.
+    put = JobTable(deployed.jobs_table).put_new(
+        job_id="stranded",
+        job_class="ocr",
+        payload_json='{"document":"d-2","pages":1}',
+        payload_hash="h" * 64,
+        wall_now=time.time() - 300,
+        send_id="died-before-sending",
+    )
+    ddb.put_item(**put.params)
+    Producer(deployed, jobs).submit("ocr", {"document": "d-3", "pages": 1}, job_id="dead")
+    url = sqs.get_queue_url(QueueName=deployed.queue)["QueueUrl"]
+    dlq = sqs.get_queue_url(QueueName=deployed.dlq)["QueueUrl"]
+    (moved,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)["Messages"]
+    sqs.send_message(QueueUrl=dlq, MessageBody=moved["Body"])
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=moved["ReceiptHandle"])
+
+    calls: set[tuple[str, str]] = set()
+    real = BaseClient._make_api_call  # type: ignore[attr-defined]  # botocore-stubs omit it
+
+    def spy(self: BaseClient, operation: str, params: Any) -> Any:
+        calls.add((self.meta.service_model.service_name, operation))
+        return real(self, operation, params)
+
+    monkeypatch.setattr(BaseClient, "_make_api_call", spy)
+    done = sweeper(jobs, deployed)({"source": "aws.events"}, _Minutes())
+    assert (done["resent"], done["dlq_parked"], done["failed"]) == (1, 1, [])
+    granted = {a for s in _role_statements(tpl, "LambdaConsumerSweepRole") for a in _actions(s)}
+    for service, operation in calls:
+        action = operation.removesuffix("Batch")
+        assert f"{service}:{action}" in granted, (service, operation)
+    assert {("dynamodb", "Query"), ("sqs", "SendMessage"), ("sqs", "ReceiveMessage")} <= calls

@@ -10,6 +10,8 @@ from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as sources
@@ -17,6 +19,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from sqs_lease import ConfigError
+from sqs_lease._core.attempt import SWEEP_PAGE_SECONDS
 from sqs_lease.deploy import SHUTDOWN_GRACE_SECONDS, check_lambda_timing, ecs_stop_timeout
 
 from .monitoring import metrics_namespace
@@ -25,6 +28,20 @@ from .tables import LeaseTables
 
 LAMBDA_HANDLER = "sqs_lease.aws_lambda.entry"
 """The Lambda adapter's entry point (issue 10); it loads the app named by ``SQS_LEASE_APP``."""
+
+SWEEP_HANDLER = "sqs_lease.aws_lambda.sweep_entry"
+"""The scheduled sweep's entry point (issue 33): stranded records sent again, jobs whose
+message SQS moved to the DLQ parked; it loads the app as ``LAMBDA_HANDLER`` does."""
+
+SWEEP_EVERY = Duration.minutes(5)
+"""How often the Lambda consumer's scheduled sweep runs by default: a stranded job
+waits at most this (plus the grace of a minute) for its message."""
+
+SWEEP_TIMEOUT = Duration.minutes(2)
+"""The sweep function's default timeout: its time budget for paging to the end."""
+
+SWEEP_MIN_TIMEOUT_SECONDS = 3 * int(SWEEP_PAGE_SECONDS)
+"""A sweep's first page, its first DLQ receive, and one page more."""
 
 DEFAULT_RUNTIME = lambda_.Runtime.PYTHON_3_14
 """The newest Python runtime (cdk-nag's AwsSolutions-L1 asks for the latest)."""
@@ -76,6 +93,15 @@ class LambdaConsumer(Construct):
     It reads the job queue only: the Lambda adapter serves one queue, so a queue made
     with ``interactive=True`` needs a ``FargateConsumer`` (whose workers serve the
     interactive queue first) for its interactive jobs.
+
+    The sweep: a consumer runs only when a message arrives, so a job left without
+    one (its producer died after writing it, its send failed) or whose message SQS
+    moved to the DLQ would wait forever. A second function, ``SWEEP_HANDLER`` on
+    the same code and environment, runs every ``sweep_every`` (an EventBridge rule)
+    for up to ``sweep_timeout``: it sends stranded jobs' messages again, to the end
+    of the ``unsent`` index, and parks jobs whose message is in the DLQ. Its role may
+    only do that (``grant_sweeper``). ``sweep_every=None`` leaves it out, for a
+    deployment that sweeps otherwise (a ``FargateConsumer`` on the same queue).
     """
 
     def __init__(
@@ -95,9 +121,25 @@ class LambdaConsumer(Construct):
         reserved_concurrency: int | None = None,
         runtime: lambda_.Runtime | None = None,
         environment: Mapping[str, str] | None = None,
+        sweep_every: Duration | None = SWEEP_EVERY,
+        sweep_timeout: Duration = SWEEP_TIMEOUT,
     ) -> None:
         _check_app_ref(app_ref)
         env = _environment(queue, tables, app_ref)
+        sweep_seconds = int(sweep_timeout.to_seconds())
+        if sweep_every is not None:
+            every = sweep_every.to_seconds()
+            if every < 60 or every % 60:
+                raise ConfigError(
+                    f"sweep_every={every:g} s: an EventBridge schedule takes whole minutes "
+                    "(Duration.minutes(N), N >= 1)"
+                )
+            if not SWEEP_MIN_TIMEOUT_SECONDS <= sweep_seconds < min(every, 901):
+                raise ConfigError(
+                    f"sweep_timeout={sweep_seconds} s: give {SWEEP_MIN_TIMEOUT_SECONDS} s or "
+                    f"more, below sweep_every ({every:g} s: one sweep at a time) and at most "
+                    "900 s (Lambda's limit)"
+                )
         if function_timeout is None:
             if queue.lambda_timeout_seconds is None:
                 raise ConfigError(
@@ -173,11 +215,86 @@ class LambdaConsumer(Construct):
             report_batch_item_failures=True,
         )
         self._function.add_event_source(self._source)
+        self._sweep: lambda_.Function | None = None
+        self._sweep_rule: events.Rule | None = None
+        self._sweep_role: iam.Role | None = None
+        if sweep_every is not None:
+            self._add_sweep(
+                code=code,
+                runtime=runtime or DEFAULT_RUNTIME,
+                memory_size=memory_size,
+                environment={**(environment or {}), **env},
+                every=sweep_every,
+                timeout=sweep_seconds,
+                queue=queue,
+                tables=tables,
+            )
+
+    def _add_sweep(
+        self,
+        *,
+        code: lambda_.Code,
+        runtime: lambda_.Runtime,
+        memory_size: int,
+        environment: dict[str, str],
+        every: Duration,
+        timeout: int,
+        queue: LeasedQueue,
+        tables: LeaseTables,
+    ) -> None:
+        logs_ = logs.LogGroup(
+            self, "SweepLogs", retention=LOG_RETENTION, removal_policy=RemovalPolicy.RETAIN
+        )
+        self._sweep_role = iam.Role(
+            self,
+            "SweepRole",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="sqs-lease scheduled sweep: re-send stranded jobs, park dead-lettered ones",
+        )
+        logs_.grant_write(self._sweep_role)
+        self._sweep = lambda_.Function(
+            self,
+            "SweepFunction",
+            runtime=runtime,
+            handler=SWEEP_HANDLER,
+            code=code,
+            timeout=Duration.seconds(timeout),
+            memory_size=memory_size,
+            role=self._sweep_role,
+            log_group=logs_,
+            environment=environment,
+            # A failed sweep is not retried: the next scheduled one starts over.
+            retry_attempts=0,
+        )
+        queue.grant_sweeper(self._sweep_role)
+        tables.grant_sweeper(self._sweep_role)
+        self._sweep_rule = events.Rule(
+            self,
+            "SweepSchedule",
+            schedule=events.Schedule.rate(every),
+            description="sqs-lease: the Lambda consumer's stranded-job and DLQ sweep",
+            targets=[targets.LambdaFunction(self._sweep, retry_attempts=0)],
+        )
 
     @property
     def function(self) -> lambda_.IFunction:
         """The consumer function."""
         return self._function
+
+    @property
+    def sweep_function(self) -> lambda_.IFunction | None:
+        """The scheduled sweep (None when built with ``sweep_every=None``)."""
+        return self._sweep
+
+    @property
+    def sweep_rule(self) -> events.IRule | None:
+        """The EventBridge rule that runs the sweep."""
+        return self._sweep_rule
+
+    @property
+    def sweep_role(self) -> iam.IRole | None:
+        """The sweep's execution role (``grant_sweeper`` on the queue and tables only)."""
+        return self._sweep_role
 
     @property
     def role(self) -> iam.IRole:

@@ -39,6 +39,22 @@ WORKER_DLQ_ACTIONS = (
 )
 """What a worker calls on the dead-letter queue."""
 
+SWEEPER_QUEUE_ACTIONS = (
+    "sqs:SendMessage",  # a stranded job's message, sent again
+    "sqs:GetQueueUrl",
+    "sqs:GetQueueAttributes",  # the redrive policy (where the DLQ is), at start
+)
+"""What the Lambda consumer's scheduled sweep calls on the job queues: it receives
+and deletes nothing there."""
+
+SWEEPER_DLQ_ACTIONS = (
+    "sqs:GetQueueUrl",
+    "sqs:ReceiveMessage",  # look at DLQ messages (with a hold) ...
+    "sqs:ChangeMessageVisibility",  # ... and give them back; also the Batch form
+)
+"""What the scheduled sweep calls on the dead-letter queue (it parks the jobs of the
+messages SQS moved there, and never deletes one)."""
+
 PRODUCER_QUEUE_ACTIONS = ("sqs:SendMessage", "sqs:GetQueueUrl")
 """What a producer (``Producer.submit``) calls on the job queue."""
 
@@ -231,6 +247,12 @@ class LeasedQueue(Construct):
         and the sweep's look, on the DLQ."""
         allow(grantee, WORKER_QUEUE_ACTIONS, [q.queue_arn for q in self.job_queues])
         allow(grantee, WORKER_DLQ_ACTIONS, [self._dlq.queue_arn])
+        self._grant_key(grantee)
+
+    def grant_sweeper(self, grantee: iam.IGrantable) -> None:
+        """What the scheduled sweep calls: send on the job queues; look at the DLQ."""
+        allow(grantee, SWEEPER_QUEUE_ACTIONS, [q.queue_arn for q in self.job_queues])
+        allow(grantee, SWEEPER_DLQ_ACTIONS, [self._dlq.queue_arn])
         self._grant_key(grantee)
 
     def grant_producer(self, grantee: iam.IGrantable) -> None:

@@ -11,7 +11,13 @@ from constructs import Construct
 
 from sqs_lease import ConfigError, Settings
 from sqs_lease._core.liveness import LIVENESS_PREFIX
-from sqs_lease.deploy import GC_TTL_ATTRIBUTE, model_attributes, submit_requests, table_params
+from sqs_lease.deploy import (
+    GC_TTL_ATTRIBUTE,
+    UNSENT_INDEX,
+    model_attributes,
+    submit_requests,
+    table_params,
+)
 
 from ._common import allow, settings_for
 
@@ -59,6 +65,14 @@ WORKER_TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
     ),
 }
 """What a worker calls on each table (TransactWriteItems is authorised per item action)."""
+
+SWEEPER_JOBS_ACTIONS: tuple[str, ...] = (
+    "dynamodb:DescribeTable",
+    "dynamodb:GetItem",  # a DLQ message's job record
+    "dynamodb:UpdateItem",  # take the right to send; park a dead-lettered job
+)
+"""What the Lambda consumer's scheduled sweep calls on the jobs table (and Query on
+its ``unsent`` index only)."""
 
 PRODUCER_TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
     # Submit: the conditional put of a new record; taking the send of a record left
@@ -166,6 +180,16 @@ class LeaseTables(Construct):
                 "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{LIVENESS_PREFIX}*"]}
             },
         )
+
+    def grant_sweeper(self, grantee: iam.IGrantable) -> None:
+        """What the scheduled sweep calls: the jobs table's ``unsent`` index (Query),
+        the record's take and park (UpdateItem) and read (GetItem); the other tables'
+        description only (the shell checks they exist at start)."""
+        jobs = self._tables["jobs"].table_arn
+        allow(grantee, SWEEPER_JOBS_ACTIONS, [jobs])
+        allow(grantee, ["dynamodb:Query"], [f"{jobs}/index/{UNSENT_INDEX}"])
+        others = [t.table_arn for role, t in self._tables.items() if role != "jobs"]
+        allow(grantee, ["dynamodb:DescribeTable"], others)
 
     def grant_producer(self, grantee: iam.IGrantable, *, job_ids: str | None = None) -> None:
         """What ``Producer.submit`` calls, and nothing more: per table and action, the

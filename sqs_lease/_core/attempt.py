@@ -1213,6 +1213,39 @@ sweep keeps its cost a few calls a minute; ``sqs-lease dlq list --reconcile`` wa
 the whole DLQ."""
 
 
+SWEEP_PAGE_SECONDS = 10.0
+"""What a sweep with a time budget (the Lambda shell's scheduled sweep) keeps for one
+more page: a query and its re-sends, or one DLQ receive of 10 messages and their
+parks. A stranded page after the first starts only while two of these are left (one
+for the DLQ's first receive), a DLQ receive after the first while one is left."""
+
+SWEEP_MAX_PAGES = 1000
+"""The bound on a paging sweep's stranded pages (its time budget ends it sooner)."""
+
+SCHEDULED_SWEEP_PAGE = 100
+"""Stranded records per page of a scheduled sweep (the Lambda shell's)."""
+
+SCHEDULED_DLQ_RECEIVES = 100
+"""The bound on a scheduled sweep's DLQ receives (1,000 messages, each held for the
+reconciliation's hold, then given back); its time budget ends it sooner."""
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """What one sweep did: stranded records found and sent again over ``pages``
+    pages (``more``: it stopped before the index's end: time, the page bound, or a
+    failure), and what its DLQ reconciliation parked."""
+
+    resent: int = 0
+    found: int = 0
+    pages: int = 0
+    more: bool = False
+    dlq_looked: int = 0
+    dlq_parked: int = 0
+    dlq_more: bool = False
+    failed: tuple[str, ...] = ()  # the events of the parts that failed
+
+
 def sweep_once_flow(
     env: AttemptEnv,
     *,
@@ -1221,38 +1254,96 @@ def sweep_once_flow(
     send_id_prefix: str,
     dlq_receives: int = 0,
 ) -> Flow[int]:
-    """One bounded sweep of stranded records; how many were sent again. Never raises:
-    a failed sweep is journaled (``stranded_sweep_failed``) and the next one tries.
+    """One bounded sweep of stranded records (one page of ``limit``); how many were
+    sent again. Never raises: a failed sweep is journaled (``stranded_sweep_failed``)
+    and the next one tries.
 
     With ``dlq_receives`` (and a DLQ) it then reconciles that many receives of the
     DLQ (up to 10 messages each): a job whose current message SQS moved there is
     parked (``job_dead_lettered``), so no record waits ``queued`` or ``running`` for
     a message nothing will run; a failure is journaled (``dlq_reconcile_failed``)."""
-    resent = 0
+    run = yield from sweep_pages_flow(
+        env,
+        older_than=older_than,
+        limit=limit,
+        send_id_prefix=send_id_prefix,
+        dlq_receives=dlq_receives,
+    )
+    return run.resent
+
+
+def sweep_pages_flow(
+    env: AttemptEnv,
+    *,
+    older_than: float,
+    limit: int,
+    send_id_prefix: str,
+    dlq_receives: int = 0,
+    until: float | None = None,
+) -> Flow[SweepRun]:
+    """The sweep every shell runs: stranded records, then the DLQ. Never raises.
+
+    ``until`` None: one page of ``limit`` stranded records and ``dlq_receives``
+    receives of the DLQ (a worker's periodic sweep, :func:`sweep_once_flow`).
+    ``until`` (lease clock, when the caller's time ends: a scheduled Lambda sweep):
+    page on through the ``unsent`` index to its end (each page after the last one's
+    ``LastEvaluatedKey``, so records it cannot send do not hide the rest), then up
+    to ``dlq_receives`` DLQ receives, while :data:`SWEEP_PAGE_SECONDS` allow. The
+    first page and the first DLQ receive always run, as a worker's sweep does."""
+    resent = found = pages = 0
+    more = False
+    failed: list[str] = []
+    start: Mapping[str, Any] | None = None
     try:
-        now = yield from _now(env)
-        report: SweepReport = yield from sweep_flow(
-            env.table,
-            queue_url=env.queue_url,
-            wall_now=now.wall,
-            older_than=older_than,
-            limit=limit,
-            send_id_prefix=send_id_prefix,
-            interactive_url=env.interactive_url,
-        )
-        resent = sum(1 for j in report.jobs if j.verdict == "resent")
-        env.tally("stranded_resent", resent)
+        for page in range(1 if until is None else SWEEP_MAX_PAGES):
+            now = yield from _now(env)
+            if until is not None and page > 0 and now.mono + 2 * SWEEP_PAGE_SECONDS > until:
+                break  # out of time: more stays as the last page said
+            report: SweepReport = yield from sweep_flow(
+                env.table,
+                queue_url=env.queue_url,
+                wall_now=now.wall,
+                older_than=older_than,
+                limit=limit,
+                # Unique per page: a page's new send ids are PREFIX.N.
+                send_id_prefix=send_id_prefix if page == 0 else f"{send_id_prefix}p{page}",
+                interactive_url=env.interactive_url,
+                start_key=start,
+            )
+            pages += 1
+            found += len(report.jobs)
+            sent = sum(1 for j in report.jobs if j.verdict == "resent")
+            resent += sent
+            env.tally("stranded_resent", sent)
+            more, start = report.more, report.next_key
+            if start is None:
+                break
     except Exception as exc:  # the sweep must never stop the worker
+        more = True
+        failed.append("stranded_sweep_failed")
         yield Emit(
             "stranded_sweep_failed",
             {"error_code": type(exc).__name__, "reason": outside_text(str(exc))[:300]},
         )
+    run = SweepRun(resent=resent, found=found, pages=pages, more=more)
     if dlq_receives > 0 and env.dlq_url:
-        yield from _reconcile_dlq_once(env, env.dlq_url, dlq_receives)
-    return resent
+        receive_until = None if until is None else until - SWEEP_PAGE_SECONDS
+        dlq = yield from _reconcile_dlq_once(env, env.dlq_url, dlq_receives, receive_until)
+        if dlq is None:
+            failed.append("dlq_reconcile_failed")
+        else:
+            run = replace(
+                run,
+                dlq_looked=len(dlq.findings),
+                dlq_parked=dlq.count(DlqVerdict.PARKED),
+                dlq_more=dlq.more,
+            )
+    return replace(run, failed=tuple(failed))
 
 
-def _reconcile_dlq_once(env: AttemptEnv, dlq_url: str, receives: int) -> Flow[None]:
+def _reconcile_dlq_once(
+    env: AttemptEnv, dlq_url: str, receives: int, receive_until: float | None = None
+) -> Flow[DlqReport | None]:
     try:
         now = yield from _now(env)
         dlq: DlqReport = yield from reconcile_dlq_flow(
@@ -1263,14 +1354,16 @@ def _reconcile_dlq_once(env: AttemptEnv, dlq_url: str, receives: int) -> Flow[No
             receives=receives,
             wait_seconds=0,
             by="sweep",
+            receive_until=receive_until,
         )
     except Exception as exc:  # the sweep must never stop the worker
         yield Emit(
             "dlq_reconcile_failed",
             {"error_code": type(exc).__name__, "reason": outside_text(str(exc))[:300]},
         )
-        return
+        return None
     env.tally("dlq_parked", dlq.count(DlqVerdict.PARKED))
+    return dlq
 
 
 # ----------------------------------------------------------------------------- startup
@@ -1307,6 +1400,10 @@ def redrive_rules(
 
 __all__ = [
     "DLQ_SWEEP_RECEIVES",
+    "SCHEDULED_DLQ_RECEIVES",
+    "SCHEDULED_SWEEP_PAGE",
+    "SWEEP_MAX_PAGES",
+    "SWEEP_PAGE_SECONDS",
     "ActFor",
     "AttemptEnv",
     "ClassRules",
@@ -1315,6 +1412,7 @@ __all__ = [
     "Observer",
     "Parallel",
     "SlotEnv",
+    "SweepRun",
     "attempt_flow",
     "first_beat_reserve",
     "first_sweep_wait",
@@ -1329,5 +1427,6 @@ __all__ = [
     "rules_for",
     "shutdown_flow",
     "sweep_once_flow",
+    "sweep_pages_flow",
     "watchdog_drops_flow",
 ]

@@ -205,10 +205,13 @@ def reconcile_dlq_flow(
     delete_finished: bool = False,
     dry_run: bool = False,
     by: ReconcileBy = "cli",
+    receive_until: float | None = None,
 ) -> Flow[DlqReport]:
     """Look at up to ``limit`` DLQ messages (at most ``receives`` receive calls; None:
     as many as the limit needs, bounded) and reconcile their jobs' records (see the
-    module's doc). ``delete_finished`` deletes the messages of finished jobs;
+    module's doc). ``receive_until`` (lease clock): no receive after the first starts
+    once a receive came back later than that (a scheduled sweep's time budget; the
+    rest is ``more``). ``delete_finished`` deletes the messages of finished jobs;
     ``dry_run`` writes and deletes nothing. Every message not deleted is made visible
     again before the flow returns. A DLQ or table that does not exist raises
     :class:`ResourceMissing`, a failed receive :class:`AwsCallFailed`."""
@@ -217,9 +220,14 @@ def reconcile_dlq_flow(
     findings: list[DlqFinding] = []
     looked = 0
     more = False
+    last_back: float | None = None  # when the last receive came back (lease clock)
     try:
         for _ in range(rounds):
+            if receive_until is not None and last_back is not None and last_back > receive_until:
+                more = True  # out of time: the DLQ may hold others
+                break
             out = yield from _receive(dlq_url, limit + 1 - looked, hold, wait_seconds)
+            last_back = out.received_at
             if isinstance(out, Err):
                 raise _fail_call(f"receive from the DLQ {queue_name(dlq_url)}", out)
             fresh: list[tuple[Mapping[str, Any], Delivery | Poison]] = []

@@ -708,6 +708,11 @@ class Stranded:
 class SweepReport:
     jobs: tuple[Stranded, ...]
     more: bool  # the limit or the page bound was reached: more stranded records may wait
+    # Where a next run may start (a query's LastEvaluatedKey, or the last entry this
+    # run read when it stopped at its limit; None: the index was read to its end). A
+    # record left in the index (moved, failed, unreadable) is behind it, so a sweep
+    # that pages on (a Lambda deployment's scheduled sweep) reaches what follows.
+    next_key: Mapping[str, Any] | None = None
 
 
 SWEEP_PAGES = 10
@@ -715,6 +720,11 @@ SWEEP_PAGES = 10
 (a record this version cannot read; an entry it clears) do not count against its
 ``limit``: it reads on past them, so they never hide a stranded job behind them,
 within this bound on one run's reads."""
+
+
+def _index_key(item: Mapping[str, Any]) -> dict[str, Any]:
+    """An ``unsent`` index entry's keys: a query's ExclusiveStartKey after it."""
+    return {k: item[k] for k in ("job_id", "unsent", "unsent_since") if k in item}
 
 
 def home_queue(job: JobView, queue_url: str, interactive_url: str | None) -> str:
@@ -737,9 +747,11 @@ def sweep_flow(
     send_id_prefix: str,
     dry_run: bool = False,
     interactive_url: str | None = None,
+    start_key: Mapping[str, Any] | None = None,
 ) -> Flow[SweepReport]:
     """Find records left without a sent message for ``older_than`` seconds and send
-    them again, at most ``limit`` per run, oldest first.
+    them again, at most ``limit`` per run, oldest first (from ``start_key``, an
+    earlier page's ``next_key``, when given).
 
     The records come from the sparse ``unsent`` index (Query pages, never a Scan).
     Each re-send first takes the right to send (a conditional write of a new send
@@ -756,8 +768,9 @@ def sweep_flow(
     found: list[Stranded] = []
     acted = 0  # entries that count against the limit
     seq = 0  # entries read: the new send ids' numbers
-    start: Mapping[str, Any] | None = None
+    start: Mapping[str, Any] | None = start_key
     more = False
+    last: Mapping[str, Any] | None = None  # the last entry read: where a stop resumes
     for _page in range(SWEEP_PAGES):
         out = yield from call(
             req.unsent_query(older_than=wall_now - older_than, limit=limit, start=start)
@@ -775,6 +788,7 @@ def sweep_flow(
                 more = True
                 break
             n, seq = seq, seq + 1
+            last = item
             entry, counted = yield from _sweep_one(
                 req,
                 item,
@@ -794,7 +808,8 @@ def sweep_flow(
             break
     else:
         more = start is not None
-    report = SweepReport(tuple(found), more=more)
+    next_key = _index_key(last) if more and last is not None else (start if more else None)
+    report = SweepReport(tuple(found), more=more, next_key=next_key)
     if found:
         verdicts = ("resent", "moved", "cleared", "failed")
         counts = {v: sum(1 for j in found if j.verdict == v) for v in verdicts}
