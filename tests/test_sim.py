@@ -1652,6 +1652,24 @@ def test_soak_seed_401269_an_effect_waits_for_an_unconfirmed_lease_instead_of_gi
     assert _events_of(r, "ownership_wait"), "seed 401272 no longer waits for a verdict"
 
 
+def test_soak_seed_777674_an_unknown_outcome_waits_for_an_unconfirmed_lease_to_mark() -> None:
+    # Found by the fresh-range soak of issue 34 on f0fa11f (I8): a tool answered 503
+    # (outcome unknown), the record of that failed call was cancelled for
+    # ThrottlingError (and its answer dropped), the check could not tell, and a
+    # heartbeat's visibility change timed out just before the intent was marked
+    # ambiguous: the mark's lease check read "unconfirmed" and gave the attempt up
+    # with 17 s of lease left. Every intent write of an attempt now waits for the
+    # verdict while the lease has reserve, and the record's transient cancel is
+    # retried (`unconfirmed_lease_given_up` is the mutation; it is caught here too).
+    features = tuple(sorted(WIDE_FEATURES))
+    r = _wide(777674, *features)
+    assert r.ok, _verdict(r, 777674, *features)
+    retried = [e for e in _events_of(r, "intent_write_retried") if e["op"] == "attempt_failed"]
+    assert retried, "seed 777674 no longer retries a failed call's record"
+    waits = [e for e in _events_of(r, "ownership_wait") if e["job_id"] == retried[0]["job_id"]]
+    assert waits, "seed 777674 no longer waits for a verdict after the retry"
+
+
 @pytest.mark.parametrize("seed", [401782, 401810])
 def test_soak_seed_401794_an_oversize_result_is_judged_by_its_own_attempts_end(seed: int) -> None:
     # Found by the soak of 2026-12-03 (I14, a checker error): a duplicate delivery
