@@ -235,6 +235,7 @@ def test_mutations_are_undone_on_exit() -> None:
             flows.__dict__["result_problem"],
             flows._fenced_write,
             intents.__dict__["_lease_check"],
+            intents.__dict__["_lease_confirmed"],
             receiver.Receivers.__dict__["_fence"],
             intents.__dict__["resolve_flow"],
             _schema.__dict__["_request_token"],
