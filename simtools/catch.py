@@ -22,7 +22,12 @@ from .mutations import WORLDS
 SEED_LIMIT = 200
 """Each mutation must be caught within this many seeds of its search."""
 
-FIRST_SEED = {"shared_request_tokens": 400, "wall_clock_fence": 300, "stale_resolution": 57900}
+FIRST_SEED = {
+    "shared_request_tokens": 400,
+    "wall_clock_fence": 300,
+    "stale_resolution": 57900,
+    "unconfirmed_lease_given_up": 777600,
+}
 """Where a mutation's search starts (else 0). Two owners writing one attempt of a job
 on a table that honours request tokens is a rare schedule: since the claim sends no
 visibility change (issue 12) the first seed to draw it for shared_request_tokens is
@@ -32,7 +37,9 @@ since every widened feature joined the mutation world, seeds 0-299 show none (th
 first is 355). A decision run again after its job ran again and went ambiguous again
 needs an operator who dies after the first half of a resolve, a resumed attempt that
 reaches the target and a second ambiguity, all before the re-run: the soak found the
-first at seed 57932."""
+first at seed 57932. An attempt that gives itself up at an unanswered heartbeat is
+caught only where a transient cancel comes just before it with the lease still
+running (I8): seeds 0-199 show none; the fresh-range soak of issue 34 found 777674."""
 
 __all__ = ["FIRST_SEED", "SEED_LIMIT", "Catch", "first_catch", "search_seeds", "world"]
 

@@ -473,6 +473,23 @@ def intent_write_unchecked() -> Iterator[None]:
 
 
 @contextmanager
+def unconfirmed_lease_given_up() -> Iterator[None]:
+    """Soak seeds 401269 and 777674, as before their fixes: an intent write of an
+    attempt (prepare, take-over, start, the failed call's record, the ambiguous mark)
+    gives the attempt up as soon as the lease is unconfirmed (one heartbeat got no
+    answer), instead of waiting for the next verdict while the lease has reserve.
+    Patches the core's ``intents._lease_confirmed``. Expected: I8 (a transient cancel
+    just before, with the lease running)."""
+    _require(intents, "_lease_confirmed", "soak seed 401269 (an unconfirmed lease is waited for)")
+
+    def at_once(ctx: Any) -> Flow[None]:
+        return (yield from intents._lease_check(ctx.spec))
+
+    with _patch(intents, "_lease_confirmed", at_once):
+        yield
+
+
+@contextmanager
 def fence_mark_on_success_only() -> Iterator[None]:
     """Issue 14 item 3, as the receiver kit did before the fix (a variant of the
     targets, as ``fence_per_resource``): a request with a higher token raises its
@@ -736,6 +753,7 @@ MUTATIONS: dict[str, Callable[[], Any]] = {
     "resolve_in_two_writes": resolve_in_two_writes,  # in the operator_races world
     "stale_resolution": stale_resolution,  # in the operator_races world (soak seed 57932)
     "shared_request_tokens": shared_request_tokens,
+    "unconfirmed_lease_given_up": unconfirmed_lease_given_up,  # soak seeds 401269, 777674
     # issue 14 item 3, a variant of the targets (in the plain_calls world)
     "fence_mark_on_success_only": fence_mark_on_success_only,
     # issue 9: stages (in the staged world, one of plan.PASSING_FEATURES)

@@ -1058,6 +1058,105 @@ def test_tool_outcome_unknown_that_nobody_can_tell_is_ambiguous() -> None:
     _assert_marked_ambiguous(s, attempts=1, detail="?")
 
 
+@pytest.mark.parametrize(
+    ("look", "before"),
+    [(3, "the failed attempt's record"), (4, "the mark")],
+    ids=["attempt_record", "mark_ambiguous"],
+)
+def test_an_unconfirmed_lease_after_an_unknown_outcome_is_waited_for_then_marked(
+    look: int, before: str
+) -> None:
+    # Soak seed 777674 (I8): after a tool's unknown outcome, the heartbeat's visibility
+    # change timed out just before the intent was marked ambiguous; the mark's lease
+    # check read "unconfirmed" and the attempt gave itself up with 17 s of lease left.
+    # Every intent write of an attempt waits for the verdict while the lease has
+    # reserve (as prepare and start do since seed 401269), not only those before a call.
+    lease = Unconfirmed({look})  # looks: prepare 1, start 2, record 3, mark 4
+    tool = Tool(ToolOutcomeUnknown("reset after send"))
+    check = Check(CheckAnswer(Verdict.CANNOT_TELL, detail="ledger offline"))
+    s = EffectScript([ok(), ok(), ok(), ok()])
+    with pytest.raises(IntentAmbiguous):
+        run_effect(s, spec(tool, check=check, lease_check=lease.check, may_record=lease.may_record))
+    assert tool.calls == 1 and lease.checks == 5, before
+    _assert_marked_ambiguous(s, attempts=1, detail="ledger offline")
+    assert s.event("ownership_wait")["key"] == KEY
+    assert len(s.sleeps) == 1
+    # Nothing was written while the lease was unconfirmed: the write follows the wait.
+    writes = [i for i, k in enumerate(s.kinds) if k.startswith("call:")]
+    waited = s.kinds.index("emit:ownership_wait")
+    assert len([i for i in writes if i > waited]) == (2 if look == 3 else 1)
+
+
+def test_an_unconfirmed_lease_whose_reserve_runs_out_before_the_mark_marks_nothing() -> None:
+    lease = Unconfirmed(set(range(4, 100)), open_for=2)
+    tool = Tool(ToolOutcomeUnknown("reset after send"))
+    s = EffectScript([ok(), ok(), ok()])
+    with pytest.raises(OwnershipUnknown, match="unconfirmed"):
+        run_effect(
+            s,
+            spec(
+                tool,
+                check=Check(CheckAnswer(Verdict.CANNOT_TELL)),
+                lease_check=lease.check,
+                may_record=lease.may_record,
+            ),
+        )
+    assert s.ops == ["dynamodb.PutItem"] + ["dynamodb.TransactWriteItems"] * 2  # no mark
+    assert "intent_ambiguous" not in s.event_names() and len(s.sleeps) == 2
+
+
+def _shape(c: Call) -> list[tuple[str, str, Any, str]]:
+    """A transaction's items without their values: kind, table, key, condition."""
+    return [
+        (kind, str(p["TableName"]), p["Key"], str(p.get("ConditionExpression")))
+        for item in transact(c)
+        for kind, p in item.items()
+    ]
+
+
+@pytest.mark.parametrize(
+    ("exc", "reopen"),
+    [
+        (ToolNotApplied("connection refused", code="refused"), True),
+        (ToolOutcomeUnknown("reset after send"), False),
+    ],
+    ids=["not_applied", "outcome_unknown"],
+)
+@pytest.mark.parametrize("reason", ["ThrottlingError", "TransactionConflict"])
+def test_a_failed_attempts_record_cancelled_for_a_transient_reason_is_retried(
+    exc: Exception, reopen: bool, reason: str
+) -> None:
+    # Soak seed 777674: the record of a failed call (and, for "certainly not applied",
+    # the reopen of the intent) was cancelled for ThrottlingError and its answer was
+    # dropped. Nothing applied: a dropped reopen leaves the intent in progress, and
+    # the next owner must ask the check what this attempt knew for certain. Retried
+    # while the lease holds, as a start's or a confirm's transient cancel is.
+    check = Check(CheckAnswer(Verdict.CANNOT_TELL))
+    s = EffectScript([ok(), ok(), cancelled(reason), ok(), *([] if reopen else [ok()])])
+    with pytest.raises(type(exc) if reopen else IntentAmbiguous):
+        run_effect(s, spec(Tool(exc), check=check, lease_check=LeaseCheck()))
+    first, again = s.calls[2], s.calls[3]
+    assert _shape(first) == _shape(again)  # the same write (its own time aside)
+    assert len(transact(again)) == (2 if reopen else 1)
+    assert sets(only(transact(again)[0], "Update"))["outcome"] == (
+        "not_applied" if reopen else "unknown"
+    )
+    retried = s.event("intent_write_retried")
+    assert (retried["op"], retried["reasons"], retried["key"]) == ("attempt_failed", [reason], KEY)
+    assert s.sleeps == [retried["wait"]] and retried["wait"] > 0
+    # The lease is looked at before each try.
+    assert s.invokes.count("lease_check") == (4 if reopen else 5)
+
+
+def test_a_failed_attempts_record_is_not_retried_past_the_lease() -> None:
+    lease = Unconfirmed(set(range(4, 100)), open_for=1)
+    exc = ToolNotApplied("connection refused", code="refused")
+    s = EffectScript([ok(), ok(), cancelled("ThrottlingError")])
+    with pytest.raises(OwnershipUnknown):
+        run_effect(s, spec(Tool(exc), lease_check=lease.check, may_record=lease.may_record))
+    assert s.ops == ["dynamodb.PutItem"] + ["dynamodb.TransactWriteItems"] * 2  # no second try
+
+
 def _all_ok(call: Call) -> Outcome:
     return ok()
 
@@ -1282,6 +1381,19 @@ def test_a_prepared_intent_whose_holder_ended_for_good_is_taken_over_and_run(
     ev = s.event("intent_taken_over")
     assert (ev["holder"], ev["holder_state"]) == (OTHER_JOB, holder.value if holder else "missing")
     assert "intent_held_elsewhere" not in s.event_names()
+
+
+def test_a_take_over_with_an_unconfirmed_lease_waits_for_the_verdict() -> None:
+    # The take-over is an intent write of the attempt like the others (seed 777674's
+    # class): an unanswered heartbeat just before it is waited for, not given up.
+    lease = Unconfirmed({2})  # looks: prepare 1, take-over 2 and 3, start 4
+    tool = Tool()
+    s = EffectScript(_holder_answer(JobState.FAILED, IntentState.PREPARED))
+    res = run_effect(s, spec(tool, lease_check=lease.check, may_record=lease.may_record), token=1)
+    assert tool.calls == 1 and res.replayed is False
+    assert s.event("intent_taken_over")["holder"] == OTHER_JOB
+    assert s.kinds.index("call:UpdateItem") > s.kinds.index("emit:ownership_wait")
+    assert len(s.sleeps) == 1 and lease.checks == 4
 
 
 @pytest.mark.parametrize("holder", [JobState.RUNNING, JobState.QUEUED, JobState.PARKED])

@@ -1059,7 +1059,7 @@ def test_every_seed_of_the_first_soak_passes_after_the_seed_1658_fix() -> None:
 SOAK_2_FAILING = (105, 1487, 1970, 2181, 2197, 2746, 989)
 
 
-def test_seed_795_a_later_stage_exhausting_its_own_attempts_is_not_the_resume_exhausting_it() -> (
+def test_seed_2197_a_later_stage_exhausting_its_own_attempts_is_not_the_resume_exhausting_it() -> (
     None
 ):
     """An operator resumes job-002 parked at stage ``transform``; the resume's claim
@@ -1069,9 +1069,11 @@ def test_seed_795_a_later_stage_exhausting_its_own_attempts_is_not_the_resume_ex
     left. The checker kept the resume's attempt (1) until the job's end and matched it
     against the later stage's attempt 2 (stage attempts restart): I12 must judge only
     the first claim after the unpark. (Found at seed 105; batched stage deletes moved
-    the schedules, and 795 draws the case now.)
-    Replay: python -m simtools replay --seed 795"""
-    r = run_seed(795)
+    the schedules, and 795 drew the case; since a failed call's record is retried on a
+    transient cancel (seed 777674), 795 retries one at t=123 and runs clean without the
+    case, and 2197, one of the soak's seeds of this checker error, draws it.)
+    Replay: python -m simtools replay --seed 2197"""
+    r = run_seed(2197)
     assert r.ok, r.violations
     resumed = [e for e in r.log if e[2] == "operator_resumes"]
     assert resumed, "the seed no longer draws its case"
@@ -1658,6 +1660,24 @@ def test_soak_seed_401269_an_effect_waits_for_an_unconfirmed_lease_instead_of_gi
     r = _wide(401272, *features)
     assert r.ok, _verdict(r, 401272, *features)
     assert _events_of(r, "ownership_wait"), "seed 401272 no longer waits for a verdict"
+
+
+def test_soak_seed_777674_an_unknown_outcome_waits_for_an_unconfirmed_lease_to_mark() -> None:
+    # Found by the fresh-range soak of issue 34 on f0fa11f (I8): a tool answered 503
+    # (outcome unknown), the record of that failed call was cancelled for
+    # ThrottlingError (and its answer dropped), the check could not tell, and a
+    # heartbeat's visibility change timed out just before the intent was marked
+    # ambiguous: the mark's lease check read "unconfirmed" and gave the attempt up
+    # with 17 s of lease left. Every intent write of an attempt now waits for the
+    # verdict while the lease has reserve, and the record's transient cancel is
+    # retried (`unconfirmed_lease_given_up` is the mutation; it is caught here too).
+    features = tuple(sorted(WIDE_FEATURES))
+    r = _wide(777674, *features)
+    assert r.ok, _verdict(r, 777674, *features)
+    retried = [e for e in _events_of(r, "intent_write_retried") if e["op"] == "attempt_failed"]
+    assert retried, "seed 777674 no longer retries a failed call's record"
+    waits = [e for e in _events_of(r, "ownership_wait") if e["job_id"] == retried[0]["job_id"]]
+    assert waits, "seed 777674 no longer waits for a verdict after the retry"
 
 
 @pytest.mark.parametrize("seed", [401782, 401810])

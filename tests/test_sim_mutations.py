@@ -54,7 +54,10 @@ The rest of issues 7 and 14:
   tokens leave out the owner (token, start, reconciling), so two owners share one;
 - ``fence_mark_on_success_only`` (issue 14 item 3, a variant of the targets,
   ``plain_calls``): a job's mark rises only when an effect applies, so after a newer
-  owner's replay or 422 an older owner's next plain fenced call is let through.
+  owner's replay or 422 an older owner's next plain fenced call is let through;
+- ``unconfirmed_lease_given_up`` (soak seeds 401269 and 777674): an intent write of an
+  attempt gives it up at once when one heartbeat got no answer, instead of waiting
+  for the verdict while the lease has reserve.
 
 Issue 9's (stages, in the ``staged`` world):
 
@@ -116,6 +119,7 @@ CAUGHT_AT: dict[str, int] = {
     "stale_resolution": 57932,  # I2_double_effect
     "stray_claims": 1,  # I11_stray_claim
     "transient_cancel_as_refusal": 22,  # I8_transient_cancel_lost
+    "unconfirmed_lease_given_up": 777674,  # I8_transient_cancel_lost
     "unknown_class_claims": 10,  # I9_unknown_class
     "unreadable_aborts_round": 2,  # E_unhandled_exception
     "validation_as_unknown": 0,  # I14_oversize_result
@@ -149,6 +153,7 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
     "resolve_in_two_writes": I16,  # issue 14 item 6, in the operator_races world
     "stale_resolution": I2,  # soak seed 57932, in the operator_races world
     "shared_request_tokens": I17,  # issue 14 item 7
+    "unconfirmed_lease_given_up": I8,  # soak seeds 401269, 777674
     "fence_mark_on_success_only": I1,  # issue 14 item 3, in the plain_calls world
     # issue 9: stages (the staged world is one of PASSING_FEATURES)
     "checkpoint_replaces_log": I18,
@@ -230,6 +235,7 @@ def test_mutations_are_undone_on_exit() -> None:
             flows.__dict__["result_problem"],
             flows._fenced_write,
             intents.__dict__["_lease_check"],
+            intents.__dict__["_lease_confirmed"],
             receiver.Receivers.__dict__["_fence"],
             intents.__dict__["resolve_flow"],
             _schema.__dict__["_request_token"],

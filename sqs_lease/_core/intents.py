@@ -459,16 +459,11 @@ def effect_flow(
             error_code=res.code,
             outcome_unknown=not not_applied,
         )
-        yield from _lease_check(spec)
-        yield from call(
-            ireq.attempt_failed(
-                key,
-                attempt=attempts,
-                outcome="not_applied" if not_applied else "unknown",
-                error=f"{res.code}: {message_of(exc, spec.payload_json)}"[:LOG_LIMIT],
-                wall_now=(yield from _wall(ctx)),
-                reopen=not_applied,
-            )
+        yield from _record_failed(
+            ctx,
+            attempts,
+            not_applied=not_applied,
+            error=f"{res.code}: {message_of(exc, spec.payload_json)}",
         )
         if not_applied or isinstance(exc, LeaseError):
             # A tool that stopped on the lease leaves the intent in progress: the
@@ -499,7 +494,7 @@ def _take_over(ctx: _Ctx, existing: IntentView) -> Flow[IntentView | None]:
     if holder is not None and not holder.state.terminal:
         return None
     holder_state = holder.state.value if holder is not None else "missing"
-    yield from _lease_check(spec)
+    yield from _lease_confirmed(ctx)
     taken = yield from call(
         ctx.ireq.take_over(
             spec.key,
@@ -524,6 +519,45 @@ def _take_over(ctx: _Ctx, existing: IntentView) -> Flow[IntentView | None]:
     return ctx.ireq.parse(taken.response.get("Attributes", {}))
 
 
+def _record_failed(ctx: _Ctx, attempt: int, *, not_applied: bool, error: str) -> Flow[None]:
+    """Record a failed call in the attempt log and, when it certainly did not apply,
+    reopen the intent (``prepared``), so the next try repeats it without asking.
+
+    Nothing depends on this write but the record itself: an unanswered or refused one
+    is left (the intent stays ``in_progress`` and the check decides). A transient
+    cancel applied nothing, so it is retried while the lease holds, as a start's is:
+    a dropped reopen would make the next owner ask the check what this one knew."""
+    spec = ctx.spec
+    waits = iter(ctx.retry_waits)
+    for try_no in range(TRANSIENT_TRIES):
+        yield from _lease_confirmed(ctx)
+        out = yield from call(
+            ctx.ireq.attempt_failed(
+                spec.key,
+                attempt=attempt,
+                outcome="not_applied" if not_applied else "unknown",
+                error=error[:LOG_LIMIT],
+                wall_now=(yield from _wall(ctx)),
+                reopen=not_applied,
+            )
+        )
+        if not (isinstance(out, Err) and _transient_cancel(out)):
+            return
+        wait = _next_wait(ctx, waits, try_no)
+        yield from emit(
+            "intent_write_retried",
+            job_id=spec.job_id,
+            key=spec.key,
+            op="attempt_failed",
+            reasons=_cancel_codes(out),
+            token=ctx.token,
+            wait=wait,
+        )
+        if wait is None:
+            return
+        yield from call(Sleep(wait))
+
+
 def _lease_check(spec: EffectSpec) -> Flow[None]:
     if spec.lease_check is None:
         return
@@ -537,13 +571,15 @@ UNCONFIRMED_POLL_MAX = 1.0
 
 
 def _lease_confirmed(ctx: _Ctx) -> Flow[None]:
-    """Before a write that leads to an irreversible step: the lease must be confirmed.
+    """Before every intent write of an attempt but the confirm (prepare, take-over,
+    start, the failed call's record, the ambiguous mark): the lease must be confirmed.
 
     While ownership is merely unconfirmed (the last heartbeat got no answer) and the
     lease still has reserve, nothing is sent and nothing is given up: the flow waits
     for the next round's verdict (DESIGN: start no new irreversible step; keep trying
     while the local lease has reserve). A lost, cancelled, let-go or spent lease
-    raises at once, as :func:`_lease_check` does."""
+    raises at once, as :func:`_lease_check` does. One rule for every such write: a
+    write that gave up at once instead was how soak seed 777674 lost an attempt."""
     spec = ctx.spec
     waits = iter(ctx.retry_waits)
     for try_no in range(TRANSIENT_TRIES):
@@ -939,7 +975,7 @@ def _reconcile(
     else:
         detail = outside_text(answer.detail, spec.payload_json)
         reason = f"cannot tell whether {spec.action} at {spec.target} applied: {detail}"
-    yield from _lease_check(spec)
+    yield from _lease_confirmed(ctx)
     out2 = yield from call(
         ctx.ireq.mark_ambiguous(
             spec.key, attempts=attempts, reason=reason, wall_now=(yield from _wall(ctx))
