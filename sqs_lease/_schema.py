@@ -709,23 +709,38 @@ class JobTable:
         )
 
     def release(
-        self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        reason: str,
+        wall_now: float,
+        *,
+        resend_id: str | None = None,
     ) -> Call:
-        # The worker, not the job, stopped this attempt (shutdown): back to queued
-        # and the attempt the claim counted is given back.
-        return self._update(
-            job_id,
-            _mine(token, worker_id),
-            [
-                R.state.set(JobState.QUEUED.value),
-                R.attempt.set(R.attempt - 1),
-                R.reason.set(reason),
-                R.error_code.set("released"),
-                R.updated_at.set(wall_now),
-                R.lease_deadline.remove(),
-                _log(event(TK.RELEASED, wall_now, owner=worker_id, token=token, detail=reason)),
-            ],
-        )
+        # The worker, not the job, stopped this attempt (shutdown, a wait for a slot):
+        # back to queued and the attempt the claim counted is given back. With a
+        # resend id (a slot wait, ``_core/slots.py`` rule 4) the received message is
+        # retired in the same write, as a stage's checkpoint retires its message: the
+        # record names the fresh message's send id and is unsent (the sweep's to
+        # send, should its sender die) until that message is out.
+        actions: list[Action] = [
+            R.state.set(JobState.QUEUED.value),
+            R.attempt.set(R.attempt - 1),
+            R.reason.set(reason),
+            R.error_code.set("released"),
+            R.updated_at.set(wall_now),
+            R.lease_deadline.remove(),
+            _log(event(TK.RELEASED, wall_now, owner=worker_id, token=token, detail=reason)),
+        ]
+        if resend_id is not None:
+            actions += [
+                R.send_id.set(resend_id),
+                R.message_sent.set(False),
+                R.unsent.set(UNSENT_BUCKET),
+                R.unsent_since.set(wall_now),
+            ]
+        return self._update(job_id, _mine(token, worker_id), actions)
 
     def park(self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float) -> Call:
         return self._update(

@@ -1998,7 +1998,8 @@ def release_flow(
     lapsed: Collection[str] = (),
 ) -> Flow[int]:
     """Hand messages back (shutdown: at once): claimed records -> queued, visibility ->
-    ``visibility`` (0; a job waiting for a slot: its short wait).
+    ``visibility`` (0). (A job waiting for a slot waits as a fresh message instead:
+    ``slots.wait_flow``.)
 
     The worker, not the job, ended these attempts, so each claimed record gets
     back the attempt its claim counted. ``lapsed``: receipt handles whose local

@@ -158,8 +158,19 @@ class JobRequests(Protocol):
     ) -> Call: ...
 
     def release(
-        self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float
-    ) -> Call: ...
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        reason: str,
+        wall_now: float,
+        *,
+        resend_id: str | None = None,
+    ) -> Call:
+        """Fenced: back to queued, the claim's attempt given back. ``resend_id``: the
+        job's next message is a fresh one under this send id (the received one is
+        retired; the record is unsent until that message is out)."""
+        ...
 
     def park(
         self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float
