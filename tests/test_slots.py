@@ -125,9 +125,9 @@ def test_a_waiter_comes_back_sooner_the_longer_it_waited_and_an_interactive_one_
 
 
 def test_a_waits_count_travels_in_the_send_id_and_any_other_send_counts_none() -> None:
-    assert wait_send_id(3, 17) == "slotwait.3.17"
-    assert waits_of(wait_send_id(3, 17)) == 3
-    for other in (None, "send-1", "stage.4.upload", "sweep-abc.2", "slotwait.x.1", "slotwait.1"):
+    assert wait_send_id(3, 17, "a.b") == "slotwait.3.17.a.b"  # a FIFO dedup id: per job
+    assert waits_of(wait_send_id(3, 17, "a.b")) == 3
+    for other in (None, "send-1", "stage.4.upload", "sweep.2", "slotwait.x.1.j", "slotwait.1.2"):
         assert waits_of(other) == 0
 
 
@@ -262,12 +262,12 @@ def test_a_job_with_no_slot_free_gives_its_claim_back_uncounted_and_waits_as_a_f
     assert release["TableName"] == "jobs-test"
     assert " - " in release["UpdateExpression"]  # the attempt its claim counted, given back
     values = release["ExpressionAttributeValues"].values()
-    assert {"S": "queued"} in values and {"S": "slotwait.1.5"} in values
+    assert {"S": "queued"} in values and {"S": "slotwait.1.5.job-1"} in values
     assert {"BOOL": False} in values  # unsent until the fresh message is out: the sweep's
     sent = s.calls[4].params
     assert sent["QueueUrl"] == QUEUE and sent["DelaySeconds"] == wait_delay(0, 0.5)
-    assert json.loads(sent["MessageBody"])["send_id"] == "slotwait.1.5"
-    assert {"S": "slotwait.1.5"} in s.calls[5].params["ExpressionAttributeValues"].values()
+    assert json.loads(sent["MessageBody"])["send_id"] == "slotwait.1.5.job-1"
+    assert {"S": "slotwait.1.5.job-1"} in s.calls[5].params["ExpressionAttributeValues"].values()
     assert s.calls[6].params == {"QueueUrl": QUEUE, "ReceiptHandle": "rh-1"}
     waiting = s.event("job_waiting_for_slot")
     assert (waiting["pool"], waiting["limit"], waiting["token"]) == ("class:ocr", 1, 5)
@@ -280,7 +280,7 @@ def test_a_job_that_waited_before_waits_by_its_seniority_not_its_receive_count()
     shell = _limited(Shell(lambda run: None))
     full = _slots(_slot("class:ocr#0", 3, "a", 1))
     # Its fourth wait, on the fresh message's first receive.
-    item = delivery(send_id=wait_send_id(3, 4), receive_count=1)
+    item = delivery(send_id=wait_send_id(3, 4, "job-1"), receive_count=1)
     claimed = ok(
         {"Attributes": job_item(state=JobState.QUEUED, owner=None, token=4, send_id=item.send_id)}
     )
@@ -291,7 +291,7 @@ def test_a_job_that_waited_before_waits_by_its_seniority_not_its_receive_count()
     )
     sent = s.calls[4].params
     assert sent["DelaySeconds"] == wait_delay(3, 0.5)
-    assert json.loads(sent["MessageBody"])["send_id"] == "slotwait.4.5"
+    assert json.loads(sent["MessageBody"])["send_id"] == "slotwait.4.5.job-1"
 
 
 def test_an_interactive_waiter_goes_back_to_the_interactive_queue_waiting_half_as_long() -> None:
@@ -321,7 +321,7 @@ def test_a_fifo_waiter_sends_at_once_and_its_retired_message_holds_the_group_for
         _answers(full, _jobs(job_item("a", token=1)), ok(), ok({"MessageId": "m"}), ok(), ok()),
     )
     sent = s.calls[4].params
-    assert "DelaySeconds" not in sent and sent["MessageDeduplicationId"] == "slotwait.1.5"
+    assert "DelaySeconds" not in sent and sent["MessageDeduplicationId"] == "slotwait.1.5.job-1"
     assert s.calls[6].op == "ChangeMessageVisibility"
     assert s.calls[6].params["VisibilityTimeout"] == wait_delay(0, 0.5)
 
@@ -335,7 +335,7 @@ def test_a_waiter_whose_send_fails_leaves_its_record_unsent_for_the_sweep_and_no
     )
     assert [c.op for c in s.calls][4:] == ["SendMessage", "UpdateItem", "DeleteMessage"]
     assert "REMOVE" in s.calls[5].params["UpdateExpression"]  # the right to send given back
-    assert s.event("job_send_failed")["send_id"] == "slotwait.1.5"
+    assert s.event("job_send_failed")["send_id"] == "slotwait.1.5.job-1"
 
 
 def test_a_waiter_whose_claim_was_taken_over_sends_nothing_and_leaves_the_message() -> None:

@@ -98,7 +98,7 @@ WAIT_FLOOR = 8.0
 """The least ceiling: a job that keeps waiting comes back every 4 to 8 seconds (what a
 long line costs: one receive and a few writes per waiter per ~6 s)."""
 WAIT_SEND_PREFIX = "slotwait"
-"""Send ids of a waiting job's fresh messages: ``slotwait.WAITS.TOKEN``."""
+"""Send ids of a waiting job's fresh messages: ``slotwait.WAITS.TOKEN.JOB_ID``."""
 
 
 @dataclass(frozen=True)
@@ -223,17 +223,19 @@ def candidates(
     return free + stale
 
 
-def wait_send_id(waits: int, token: int) -> str:
-    """Rule 4: the send id of a waiting job's fresh message after its ``waits``-th wait;
-    unique per job, since a wait ends its claim (each token waits at most once)."""
-    return f"{WAIT_SEND_PREFIX}.{waits}.{token}"
+def wait_send_id(waits: int, token: int, job_id: str) -> str:
+    """Rule 4: the send id of a waiting job's fresh message after its ``waits``-th wait.
+    Unique per job (a wait ends its claim: each token waits at most once) and across
+    jobs (the job id): a FIFO queue drops a message whose deduplication id (the send
+    id) it saw in the last 5 minutes, from any job."""
+    return f"{WAIT_SEND_PREFIX}.{waits}.{token}.{job_id}"
 
 
 def waits_of(send_id: str | None) -> int:
     """How many times the job of a message with this send id has waited for a slot
     (0: any other send: a submit, a retry, a stage, the sweep's re-send)."""
-    parts = (send_id or "").split(".")
-    if len(parts) == 3 and parts[0] == WAIT_SEND_PREFIX and parts[1].isdigit():
+    parts = (send_id or "").split(".", 3)
+    if len(parts) == 4 and parts[0] == WAIT_SEND_PREFIX and parts[1].isdigit():
         return int(parts[1])
     return 0
 
@@ -399,7 +401,7 @@ def wait_flow(
     back; a write refused or unanswered changes nothing more (the message is left to
     come back: a claim that moved on owns it, and an unknown write is either undone
     by the lease or followed by the sweep's send)."""
-    send_id = wait_send_id(waits_of(delivery.send_id) + 1, job.token)
+    send_id = wait_send_id(waits_of(delivery.send_id) + 1, job.token, job.job_id)
     fin = yield from _fenced_write(
         req,
         req.release(job.job_id, job.token, worker_id, reason, wall_now, resend_id=send_id),
