@@ -772,23 +772,27 @@ class JobTable:
         wall_now: float,
         *,
         write_id: str,
+        resend_id: str | None = None,
     ) -> Call:
-        # The worker, not the job, stopped this attempt (shutdown): back to queued
-        # and the attempt the claim counted is given back.
-        return self._update(
-            job_id,
-            _mine(token, worker_id),
-            [
-                R.state.set(JobState.QUEUED.value),
-                R.write_id.set(write_id),
-                R.attempt.set(R.attempt - 1),
-                R.reason.set(reason),
-                R.error_code.set("released"),
-                R.updated_at.set(wall_now),
-                R.lease_deadline.remove(),
-                _log(event(TK.RELEASED, wall_now, owner=worker_id, token=token, detail=reason)),
-            ],
-        )
+        # The worker, not the job, stopped this attempt (shutdown, a wait for a slot):
+        # back to queued and the attempt the claim counted is given back. With a
+        # resend id (a slot wait, ``_core/slots.py`` rule 4) the received message is
+        # retired in the same write, as a stage's checkpoint retires its message: the
+        # record names the fresh message's send id and is unsent (the sweep's to
+        # send, should its sender die) until that message is out.
+        actions: list[Action] = [
+            R.state.set(JobState.QUEUED.value),
+            R.write_id.set(write_id),
+            R.attempt.set(R.attempt - 1),
+            R.reason.set(reason),
+            R.error_code.set("released"),
+            R.updated_at.set(wall_now),
+            R.lease_deadline.remove(),
+            _log(event(TK.RELEASED, wall_now, owner=worker_id, token=token, detail=reason)),
+        ]
+        if resend_id is not None:
+            actions += [R.send_id.set(resend_id), *_awaits_send(wall_now)]
+        return self._update(job_id, _mine(token, worker_id), actions)
 
     def park(
         self,

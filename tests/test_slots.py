@@ -3,7 +3,9 @@ driver, the attempt flow's hook, and the slot writes on a real moto server."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,6 +15,7 @@ from core_harness import (
     WORKER,
     Script,
     condition_failed,
+    delivery,
     job_item,
     job_view,
     ok,
@@ -35,10 +38,14 @@ from sqs_lease._core.slots import (
     pools_for,
     take_slots_flow,
     wait_delay,
+    wait_send_id,
+    waits_of,
 )
 from sqs_lease._schema import SlotTable
 
 SLOTS = SlotTable("slots-test")
+FAST_QUEUE = "https://sqs.test/123/work-interactive"
+FIFO_QUEUE = "https://sqs.test/123/work.fifo"
 
 
 def _slot(key: str, version: int = 0, job: str | None = None, token: int | None = None) -> Any:
@@ -101,11 +108,27 @@ def test_free_slots_are_tried_first_stale_ones_after_and_live_or_unread_ones_nev
     assert candidates([live, stale, free], None) == [free]  # holders not read: free only
 
 
-def test_a_waiting_job_comes_back_after_a_short_jittered_wait_that_grows_and_is_capped() -> None:
-    assert all(wait_delay(n, r) >= 1 for n in range(1, 60) for r in (0.0, 0.5, 0.999))
-    assert wait_delay(1, 0.0) < wait_delay(4, 0.0) < wait_delay(6, 0.0)
-    assert wait_delay(50, 1.0) == 30 and wait_delay(50, 0.0) == 15
+def test_a_waiter_comes_back_sooner_the_longer_it_waited_and_an_interactive_one_sooner() -> None:
+    # Rule 6: a newcomer's first wait is short; a second sends it to the back; from
+    # there the delay falls with every wait, so the oldest waiter comes back most often.
+    assert all(wait_delay(n, r) >= 1 for n in range(60) for r in (0.0, 0.5, 0.999))
+    assert wait_delay(0, 0.0) == 1 and wait_delay(0, 0.999) == 2
+    assert wait_delay(1, 0.0) == 15 and wait_delay(1, 0.999) == 30
+    assert wait_delay(1, 0.0) > wait_delay(2, 0.0) > wait_delay(3, 0.0)
+    assert wait_delay(3, 0.999) == wait_delay(50, 0.999) == 8  # the floor
+    for n in range(1, 60):
+        assert wait_delay(n + 1, 0.999) <= wait_delay(n, 0.0) * 2  # never grows with age
+        assert wait_delay(n, 0.5, interactive=True) < wait_delay(n, 0.5)
+    # An old batch waiter (4-8 s) never waits longer than a newcomer's second wait.
+    assert wait_delay(10, 0.999) < wait_delay(1, 0.0)
     assert wait_delay(3, 0.0) < wait_delay(3, 1.0)  # jittered
+
+
+def test_a_waits_count_travels_in_the_send_id_and_any_other_send_counts_none() -> None:
+    assert wait_send_id(3, 17, "a.b") == "slotwait.3.17.a.b"  # a FIFO dedup id: per job
+    assert waits_of(wait_send_id(3, 17, "a.b")) == 3
+    for other in (None, "send-1", "stage.4.upload", "sweep.2", "slotwait.x.1.j", "slotwait.1.2"):
+        assert waits_of(other) == 0
 
 
 def test_a_class_limit_or_a_tenant_limit_outside_1_to_100_is_refused_naming_the_field() -> None:
@@ -213,25 +236,116 @@ def _limited(shell: Shell, limit: int = 1) -> Shell:
     return shell
 
 
-def test_a_job_with_no_slot_free_gives_its_claim_back_uncounted_and_waits_briefly() -> None:
+def test_a_job_with_no_slot_free_gives_its_claim_back_uncounted_and_waits_as_a_fresh_message() -> (
+    None
+):
+    # Rule 4: the wait is a new message (a new send id, its wait as its delay), so the
+    # redrive, which counts one message's receives, never counts a wait.
     ran: list[Any] = []
     shell = _limited(Shell(lambda run: ran.append(run)))
     full = _slots(_slot("class:ocr#0", 3, "a", 1))
     s = _run(
         shell,
-        _answers(full, _jobs(job_item("a", token=1)), ok(), ok({"Successful": [{"Id": "0"}]})),
+        _answers(full, _jobs(job_item("a", token=1)), ok(), ok({"MessageId": "m-2"}), ok(), ok()),
     )
     assert ran == []  # the handler never ran
-    release = s.calls[3].params  # claim, the pool, its holder's record, then this
+    assert [c.op for c in s.calls] == [
+        "UpdateItem",  # claim
+        "BatchGetItem",  # the pool
+        "BatchGetItem",  # its holder's record
+        "UpdateItem",  # the claim given back, the next send id named
+        "SendMessage",  # the fresh message, delayed by the wait
+        "UpdateItem",  # marked sent
+        "DeleteMessage",  # the received message, retired
+    ]
+    release = s.calls[3].params
     assert release["TableName"] == "jobs-test"
     assert " - " in release["UpdateExpression"]  # the attempt its claim counted, given back
-    assert {"S": "queued"} in release["ExpressionAttributeValues"].values()
-    cmv = s.calls[4].params
-    assert cmv["QueueUrl"] == QUEUE and cmv["Entries"][0]["VisibilityTimeout"] == wait_delay(1, 0.5)
+    values = release["ExpressionAttributeValues"].values()
+    assert {"S": "queued"} in values and {"S": "slotwait.1.5.job-1"} in values
+    assert {"BOOL": False} in values  # unsent until the fresh message is out: the sweep's
+    sent = s.calls[4].params
+    assert sent["QueueUrl"] == QUEUE and sent["DelaySeconds"] == wait_delay(0, 0.5)
+    assert json.loads(sent["MessageBody"])["send_id"] == "slotwait.1.5.job-1"
+    assert {"S": "slotwait.1.5.job-1"} in s.calls[5].params["ExpressionAttributeValues"].values()
+    assert s.calls[6].params == {"QueueUrl": QUEUE, "ReceiptHandle": "rh-1"}
     waiting = s.event("job_waiting_for_slot")
     assert (waiting["pool"], waiting["limit"], waiting["token"]) == ("class:ocr", 1, 5)
+    assert (waiting["waits"], waiting["delay"]) == (0, wait_delay(0, 0.5))
     assert shell.counts == Counter(claimed=1, waited_for_slot=1)
     assert len(shell.book) == 0
+
+
+def test_a_job_that_waited_before_waits_by_its_seniority_not_its_receive_count() -> None:
+    shell = _limited(Shell(lambda run: None))
+    full = _slots(_slot("class:ocr#0", 3, "a", 1))
+    # Its fourth wait, on the fresh message's first receive.
+    item = delivery(send_id=wait_send_id(3, 4, "job-1"), receive_count=1)
+    claimed = ok(
+        {"Attributes": job_item(state=JobState.QUEUED, owner=None, token=4, send_id=item.send_id)}
+    )
+    s = _run(
+        shell,
+        [claimed, full, _jobs(job_item("a", token=1)), ok(), ok({"MessageId": "m"}), ok(), ok()],
+        item,
+    )
+    sent = s.calls[4].params
+    assert sent["DelaySeconds"] == wait_delay(3, 0.5)
+    assert json.loads(sent["MessageBody"])["send_id"] == "slotwait.4.5.job-1"
+
+
+def test_an_interactive_waiter_goes_back_to_the_interactive_queue_waiting_half_as_long() -> None:
+    shell = _limited(Shell(lambda run: None))
+    shell.env.interactive_url = FAST_QUEUE
+    full = _slots(_slot("class:ocr#0", 3, "a", 1))
+    item = replace(delivery(), queue_url=FAST_QUEUE)
+    s = _run(
+        shell,
+        _answers(full, _jobs(job_item("a", token=1)), ok(), ok({"MessageId": "m"}), ok(), ok()),
+        item,
+    )
+    sent = s.calls[4].params
+    assert sent["QueueUrl"] == FAST_QUEUE
+    assert sent["DelaySeconds"] == wait_delay(0, 0.5, interactive=True)
+    assert s.calls[6].params["QueueUrl"] == FAST_QUEUE
+
+
+def test_a_fifo_waiter_sends_at_once_and_its_retired_message_holds_the_group_for_the_wait() -> None:
+    # No per-message delay on a FIFO queue: the received message stays in flight for
+    # the wait (its group waits behind it) and then goes as a stray.
+    shell = _limited(Shell(lambda run: None))
+    shell.env.queue_url = FIFO_QUEUE
+    full = _slots(_slot("class:ocr#0", 3, "a", 1))
+    s = _run(
+        shell,
+        _answers(full, _jobs(job_item("a", token=1)), ok(), ok({"MessageId": "m"}), ok(), ok()),
+    )
+    sent = s.calls[4].params
+    assert "DelaySeconds" not in sent and sent["MessageDeduplicationId"] == "slotwait.1.5.job-1"
+    assert s.calls[6].op == "ChangeMessageVisibility"
+    assert s.calls[6].params["VisibilityTimeout"] == wait_delay(0, 0.5)
+
+
+def test_a_waiter_whose_send_fails_leaves_its_record_unsent_for_the_sweep_and_no_message() -> None:
+    shell = _limited(Shell(lambda run: None))
+    full = _slots(_slot("class:ocr#0", 3, "a", 1))
+    s = _run(
+        shell,
+        _answers(full, _jobs(job_item("a", token=1)), ok(), unreachable(), ok(), ok()),
+    )
+    assert [c.op for c in s.calls][4:] == ["SendMessage", "UpdateItem", "DeleteMessage"]
+    assert "REMOVE" in s.calls[5].params["UpdateExpression"]  # the right to send given back
+    assert s.event("job_send_failed")["send_id"] == "slotwait.1.5.job-1"
+
+
+def test_a_waiter_whose_claim_was_taken_over_sends_nothing_and_leaves_the_message() -> None:
+    shell = _limited(Shell(lambda run: None))
+    full = _slots(_slot("class:ocr#0", 3, "a", 1))
+    moved = condition_failed(job_item(token=6, owner="w-other"))
+    s = _run(shell, _answers(full, _jobs(job_item("a", token=1)), moved))
+    assert [c.op for c in s.calls] == ["UpdateItem", "BatchGetItem", "BatchGetItem", "UpdateItem"]
+    assert s.event("job_release_skipped")["token"] == 5
+    assert shell.counts == Counter(claimed=1, waited_for_slot=1)
 
 
 def test_a_job_that_takes_its_slot_runs_and_gives_the_slot_back_after_its_end() -> None:
@@ -275,7 +389,7 @@ def test_a_stage_takes_its_slot_from_its_own_pool_under_its_own_limit() -> None:
     )
     s = _run(
         shell,
-        [claimed, full, _jobs(job_item("a", token=1)), ok(), ok({"Successful": [{"Id": "0"}]})],
+        [claimed, full, _jobs(job_item("a", token=1)), ok(), ok({"MessageId": "m"}), ok(), ok()],
     )
     assert ran == []  # the other upload holds the stage's one slot
     keys = s.calls[1].params["RequestItems"]["slots-test"]["Keys"]

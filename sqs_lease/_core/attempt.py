@@ -109,6 +109,8 @@ from .slots import (
     slot_wait_event,
     take_slots_flow,
     wait_delay,
+    wait_flow,
+    waits_of,
 )
 from .stages import (
     CappedRules,
@@ -467,22 +469,25 @@ def _take_slots(env: AttemptEnv, claim: Claimed) -> Flow[SlotGrant | None]:
 
 
 def _wait_for_slot(env: AttemptEnv, claim: Claimed, grant: SlotGrant) -> Flow[None]:
-    """No slot: the claim does not count (record back to queued, its attempt given
-    back) and the message comes back after a short wait (``_core/slots.py``, rule 4)."""
+    """No slot: the claim does not count and the job waits as a fresh message, so the
+    wait is no receive its redrive counts (``_core/slots.py``, rules 4 and 6)."""
     rand: float = yield from _value("random", env.random)
-    delay = wait_delay(claim.delivery.receive_count, rand)
-    yield from slot_wait_event(claim.job.job_id, claim.token, grant, delay)
+    d = claim.delivery
+    interactive = env.interactive_url is not None and d.queue_url == env.interactive_url
+    delay = wait_delay(waits_of(d.send_id), rand, interactive=interactive)
+    yield from slot_wait_event(claim.job.job_id, claim.token, grant, delay, waits_of(d.send_id))
     now = yield from _now(env)
     pool = grant.waiting_for
-    yield from release_flow(
+    yield from wait_flow(
         env.table,
         queue_url=env.queue_url,
-        held=[(claim.job, claim.delivery)],
+        job=claim.job,
+        delivery=d,
         worker_id=env.worker_id,
         wall_now=now.wall,
+        delay=delay,
         reason=f"waiting for a slot of {pool.name if pool else '?'}",
         nonce=claim.nonce,
-        visibility=delay,
     )
     env.tally("waited_for_slot", 1)
 

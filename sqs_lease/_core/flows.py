@@ -2298,7 +2298,8 @@ def release_flow(
     lapsed: Collection[str] = (),
 ) -> Flow[int]:
     """Hand messages back (shutdown: at once): claimed records -> queued, visibility ->
-    ``visibility`` (0; a job waiting for a slot: its short wait).
+    ``visibility`` (0). (A job waiting for a slot waits as a fresh message instead:
+    ``slots.wait_flow``.)
 
     ``nonce``: the attempt's own when it releases its job itself; a fresh one when
     another flow (shutdown, a late hand-back) releases on its behalf, so the

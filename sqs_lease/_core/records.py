@@ -221,7 +221,12 @@ class JobRequests(Protocol):
         wall_now: float,
         *,
         write_id: str,
-    ) -> Call: ...
+        resend_id: str | None = None,
+    ) -> Call:
+        """Fenced: back to queued, the claim's attempt given back. ``resend_id``: the
+        job's next message is a fresh one under this send id (the received one is
+        retired; the record is unsent until that message is out)."""
+        ...
 
     def park(
         self,

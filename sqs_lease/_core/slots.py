@@ -25,16 +25,36 @@ keyed ``POOL#i``. The rules, each one a function below:
    then the tenant's; a job that cannot take every slot it needs gives back the
    ones it took before it waits. No job holds a slot while waiting for another,
    so no two jobs can wait on each other (no deadlock).
-4. **Waiting costs no attempt** (:func:`wait_delay`): a job that finds no slot
-   gives its claim back (record -> ``queued``, the attempt it counted returned)
-   and its message comes back after a short visibility that grows with its
-   receives, jittered, capped (never 0: an immediate redelivery would meet the
-   same full pool). Waiting jobs hold no worker capacity, so a class at its limit
-   never starves another class of workers.
+4. **Waiting costs no attempt and no receive** (:func:`wait_flow`): a job that
+   finds no slot gives its claim back (record -> ``queued``, the attempt it counted
+   returned) and waits as a *fresh message*: the same write that gives the claim
+   back names a new send id (:func:`wait_send_id`), the message of that id is sent
+   with the wait as its delay, and the received one is deleted. SQS's redrive
+   counts the receives of one message, so a wait never brings a job nearer the DLQ
+   (its ``maxReceiveCount`` counts only receives that could do work), however long
+   the line is; and a delayed message is not in flight, so waiters take none of
+   the queue's in-flight quota. The send id fence makes every step safe: the
+   received message is retired by the write (should it come back, it claims
+   nothing and is deleted as a stray), and a sender that dies before its send
+   leaves the record in the ``unsent`` index, where the stranded sweep sends it,
+   as it does a stage's continuation. On a FIFO queue (no per-message delay) the
+   fresh message goes at once and the received one, left in flight for the wait,
+   holds the job's group until it comes back as a stray. Waiting jobs hold no
+   worker capacity, so a class at its limit never starves another class of
+   workers.
 5. **Given back when the handler ends** (:func:`give_back_flow`): conditioned on
    the holder (job and token), so a late give-back of an attempt whose slot was
    taken over changes nothing. A give-back that gets no answer is harmless: rule 1
    frees the slot once the job's record moves on.
+6. **Seniority reaches the slots** (:func:`wait_delay`): a full pool's next free
+   slot goes to whoever is received first, so a waiter's chance is the rate at
+   which it comes back. The delay therefore *falls* with the job's waits (carried
+   in the send id): a short first wait (a pool is often full for a moment), then
+   the back of the line (up to ``WAIT_CAP``), halving with each further wait down
+   to ``WAIT_FLOOR``, so the job that has waited longest comes back most often
+   and a newcomer never outpaces it; an interactive job waits half as long at
+   every step. (A receive-count backoff did the opposite: it spaced out the oldest
+   waiters most, so they starved first.)
 """
 
 from __future__ import annotations
@@ -45,6 +65,20 @@ from typing import Any, Protocol
 
 from .._errors import RecordUnreadable
 from .calls import Call, Err, ErrorKind, Flow, Ok, call, emit
+from .fifo import is_fifo
+from .flows import (
+    Delivery,
+    FinishOutcome,
+    LossSource,
+    _delete,
+    _fenced_write,
+    end_write_id,
+    lost_event,
+    on_queue,
+    rejected_loss,
+    send_job_message,
+    set_visibility,
+)
 from .records import JobRequests, JobState, JobView
 
 CLASS_POOL = "class"
@@ -56,10 +90,16 @@ MAX_LIMIT = 100
 TAKE_ROUNDS = 3
 """Reads of a pool per take: another taker may win every candidate of one read."""
 
-WAIT_BASE = 1.0
+WAIT_FIRST = 2.0
+"""Ceiling (seconds) of a job's first wait for a slot: a pool is often full only for
+a moment."""
 WAIT_CAP = 30.0
-"""Visibility (seconds) of a job waiting for a slot: ``WAIT_BASE`` doubling with its
-receives, up to ``WAIT_CAP``, half of it jittered."""
+"""Ceiling of its second wait: it found the pool full twice, and goes to the back."""
+WAIT_FLOOR = 8.0
+"""The least ceiling: a job that keeps waiting comes back every 4 to 8 seconds (what a
+long line costs: one receive and a few writes per waiter per ~6 s)."""
+WAIT_SEND_PREFIX = "slotwait"
+"""Send ids of a waiting job's fresh messages: ``slotwait.WAITS.TOKEN.JOB_ID``."""
 
 
 @dataclass(frozen=True)
@@ -184,9 +224,32 @@ def candidates(
     return free + stale
 
 
-def wait_delay(receive_count: int, rand: float) -> int:
-    """Rule 4: the visibility of a message whose job waits for a slot (seconds, >= 1)."""
-    ceiling = min(WAIT_CAP, WAIT_BASE * (2.0 ** min(max(0, receive_count - 1), 30)))
+def wait_send_id(waits: int, token: int, job_id: str) -> str:
+    """Rule 4: the send id of a waiting job's fresh message after its ``waits``-th wait.
+    Unique per job (a wait ends its claim: each token waits at most once) and across
+    jobs (the job id): a FIFO queue drops a message whose deduplication id (the send
+    id) it saw in the last 5 minutes, from any job."""
+    return f"{WAIT_SEND_PREFIX}.{waits}.{token}.{job_id}"
+
+
+def waits_of(send_id: str | None) -> int:
+    """How many times the job of a message with this send id has waited for a slot
+    (0: any other send: a submit, a retry, a stage, the sweep's re-send)."""
+    parts = (send_id or "").split(".", 3)
+    if len(parts) == 4 and parts[0] == WAIT_SEND_PREFIX and parts[1].isdigit():
+        return int(parts[1])
+    return 0
+
+
+def wait_delay(waits: int, rand: float, *, interactive: bool = False) -> int:
+    """Rule 6: the delay (seconds, >= 1) of a job's fresh message after it waited
+    ``waits`` times before this one: its first wait short, then ``WAIT_CAP`` halving
+    with each wait down to ``WAIT_FLOOR``; an interactive job's half; half of it
+    jittered (``rand`` in [0, 1))."""
+    later = max(WAIT_FLOOR, WAIT_CAP / 2.0 ** min(max(0, waits - 1), 30))
+    ceiling = WAIT_FIRST if waits <= 0 else later
+    if interactive:
+        ceiling /= 2
     return max(1, round(ceiling / 2 + ceiling / 2 * rand))
 
 
@@ -322,8 +385,82 @@ def give_back_flow(req: SlotRequests, held: Sequence[HeldSlot], *, wall_now: flo
     return given
 
 
-def slot_wait_event(job_id: str, token: int, grant: SlotGrant, delay: int) -> Flow[None]:
-    """Journal a job that waits for a slot (``job_waiting_for_slot``)."""
+def wait_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job: JobView,
+    delivery: Delivery,
+    worker_id: str,
+    wall_now: float,
+    delay: int,
+    reason: str,
+    nonce: str,
+) -> Flow[bool]:
+    """Rule 4: give the claim back and wait as a fresh message (``delay`` seconds on).
+
+    ``job`` is the record as claimed (its token); ``nonce`` the attempt's, which its
+    release write carries (``flows.end_write_id``). Returns whether the claim was given
+    back; a write refused or unanswered changes nothing more (the message is left to
+    come back: a claim that moved on owns it, and an unknown write is either undone
+    by the lease or followed by the sweep's send)."""
+    send_id = wait_send_id(waits_of(delivery.send_id) + 1, job.token, job.job_id)
+    write_id = end_write_id(nonce, "release")
+    fin = yield from _fenced_write(
+        req,
+        req.release(
+            job.job_id,
+            job.token,
+            worker_id,
+            reason,
+            wall_now,
+            write_id=write_id,
+            resend_id=send_id,
+        ),
+        job=job,
+        worker_id=worker_id,
+        applied=JobState.QUEUED,
+        write_id=write_id,
+    )
+    if fin.outcome is not FinishOutcome.DONE:
+        yield from emit(
+            "job_release_skipped", job_id=job.job_id, token=job.token, reason=fin.reason
+        )
+        loss = rejected_loss(fin)
+        if loss is not None:  # no lease was held yet: no other path journals this loss
+            ev = lost_event(job.job_id, job.token, LossSource.RELEASE, *loss)
+            yield from emit(ev.event, **ev.fields)
+        return False
+    # The queue it was received from: an interactive job stays interactive.
+    home = on_queue(delivery, queue_url)
+    fifo = is_fifo(home)
+    yield from send_job_message(
+        req,
+        queue_url=home,
+        job_id=job.job_id,
+        job_class=job.job_class,
+        send_id=send_id,
+        wall_now=wall_now,
+        stage=job.stage,
+        delay_seconds=0 if fifo else delay,
+        group=job.group,
+    )
+    # Sent or not, the received message is retired (a failed send leaves the record
+    # in the unsent index: the sweep sends it).
+    if fifo:
+        # No per-message delay: the retired message, in flight for the wait, holds
+        # the job's group (the fresh one behind it) and then goes as a stray.
+        yield from set_visibility(home, delivery.receipt_handle, delay)
+    else:
+        yield from _delete(home, delivery.receipt_handle)
+    return True
+
+
+def slot_wait_event(
+    job_id: str, token: int, grant: SlotGrant, delay: int, waits: int = 0
+) -> Flow[None]:
+    """Journal a job that waits for a slot (``job_waiting_for_slot``; ``waits``: how
+    many times it waited before)."""
     pool = grant.waiting_for
     yield from emit(
         "job_waiting_for_slot",
@@ -333,6 +470,7 @@ def slot_wait_event(job_id: str, token: int, grant: SlotGrant, delay: int) -> Fl
         limit=pool.limit if pool else None,
         reason=grant.why,
         delay=delay,
+        waits=waits,
     )
 
 
@@ -352,4 +490,7 @@ __all__ = [
     "pools_for",
     "take_slots_flow",
     "wait_delay",
+    "wait_flow",
+    "wait_send_id",
+    "waits_of",
 ]
