@@ -27,6 +27,7 @@ from test_core_attempt import MONO, Shell, _answers, _run
 
 from sqs_lease import App, ConfigError, JobClassError
 from sqs_lease._core.attempt import SlotEnv
+from sqs_lease._core.fifo import deduplication_id
 from sqs_lease._core.records import JobState
 from sqs_lease._core.slots import (
     HeldSlot,
@@ -321,7 +322,8 @@ def test_a_fifo_waiter_sends_at_once_and_its_retired_message_holds_the_group_for
         _answers(full, _jobs(job_item("a", token=1)), ok(), ok({"MessageId": "m"}), ok(), ok()),
     )
     sent = s.calls[4].params
-    assert "DelaySeconds" not in sent and sent["MessageDeduplicationId"] == "slotwait.1.5.job-1"
+    assert "DelaySeconds" not in sent
+    assert sent["MessageDeduplicationId"] == deduplication_id("job-1", "slotwait.1.5.job-1")
     assert s.calls[6].op == "ChangeMessageVisibility"
     assert s.calls[6].params["VisibilityTimeout"] == wait_delay(0, 0.5)
 
