@@ -727,6 +727,30 @@ class JobTable:
             ],
         )
 
+    def resend(
+        self, job_id: str, token: int, worker_id: str, *, send_id: str, reason: str, wall_now: float
+    ) -> Call:
+        # A release that also retires the message: the old one reached SQS's cap, so
+        # the job's next attempt needs a message of its own (a stray, should the old
+        # one come back). The owner stays so a retried write recognises its own.
+        return self._update(
+            job_id,
+            _mine(token, worker_id),
+            [
+                R.state.set(JobState.QUEUED.value),
+                R.attempt.set(R.attempt - 1),
+                R.reason.set(reason),
+                R.error_code.set("message_cap"),
+                R.send_id.set(send_id),
+                R.message_sent.set(False),
+                R.unsent.set(UNSENT_BUCKET),
+                R.unsent_since.set(wall_now),
+                R.updated_at.set(wall_now),
+                R.lease_deadline.remove(),
+                _log(event(TK.RELEASED, wall_now, owner=worker_id, token=token, detail=reason)),
+            ],
+        )
+
     def park(self, job_id: str, token: int, worker_id: str, reason: str, wall_now: float) -> Call:
         return self._update(
             job_id,

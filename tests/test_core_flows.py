@@ -1724,3 +1724,27 @@ def test_apply_beats_moves_each_lease_by_its_verdict() -> None:
     assert (unk_l.status, unk_l.deadline, unk_l.next_beat) == (LeaseStatus.UNKNOWN, 1060.0, 1101.0)
     assert (done_l.status, done_l.deadline) == (LeaseStatus.OK, 1060.0)
     assert fin_l.status is LeaseStatus.DONE
+
+
+def test_a_batch_sqs_refuses_whole_for_its_cap_is_asked_entry_by_entry() -> None:
+    # moto refuses its 12-hour cap for the whole batch; AWS per entry. Either way the
+    # refused entry is found, and a record still ours reads as capped, not lost.
+    leases = [local_lease("job-a"), local_lease("job-b")]
+    s = Script(
+        [
+            err(ErrorKind.INVALID, "InvalidParameterValue", sent_at=100.0),
+            ok({}, sent_at=101.0),
+            err(ErrorKind.INVALID, "InvalidParameterValue", sent_at=102.0),
+            ok({"Responses": {TABLE: [_running("job-a"), _running("job-b")]}}),
+        ]
+    )
+    report = _beat(s, leases)
+    assert [c.op for c in s.calls] == [
+        "ChangeMessageVisibilityBatch",
+        "ChangeMessageVisibility",
+        "ChangeMessageVisibility",
+        "BatchGetItem",
+    ]
+    assert report.beats["job-a"].status == "ok"
+    assert report.beats["job-a"].deadline == 101.0 + leases[0].lease_seconds
+    assert report.beats["job-b"].status == "capped"
