@@ -30,6 +30,8 @@ from ._core.intents import (
     IntentState,
     IntentView,
     Resolution,
+    first_start_stamp,
+    first_started_by,
     success_meaning,
     successor_key,
 )
@@ -1337,6 +1339,9 @@ class IntentRecord(Model):
     created_at = NumberAttribute()
     updated_at = NumberAttribute()
     first_started_at = NumberAttribute(null=True)
+    # "<wall time>|<worker id>" of the first start, written once in one write: whose
+    # wall clock stamped it (the key-retention rule compares it only with that clock).
+    first_start = UnicodeAttribute(null=True)
     start_id = UnicodeAttribute(null=True)  # identity of the current start (start_id_for)
     confirmed_at = NumberAttribute(null=True)
     resolution = UnicodeAttribute(null=True)
@@ -1448,6 +1453,7 @@ class IntentTable:
             IR.last_token.set(token),
             IR.updated_at.set(wall_now),
             IR.first_started_at.set(IR.first_started_at | wall_now),
+            IR.first_start.set(IR.first_start | first_start_stamp(wall_now, worker_id)),
         ]
         if start_id:
             actions.append(IR.start_id.set(start_id))
@@ -1800,6 +1806,7 @@ def intent_view_of(item: Mapping[str, Any]) -> IntentView:
         reason=s("reason"),
         start_id=s("start_id"),
         first_started_at=f("first_started_at"),
+        first_started_by=first_started_by(s("first_start"), f("first_started_at")),
         resolution=s("resolution"),
         resolved_by=s("resolved_by"),
         success=success_meaning(s("success")),

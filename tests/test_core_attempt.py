@@ -494,18 +494,25 @@ def test_result_json_is_canonical_or_none() -> None:
 
 
 @pytest.mark.parametrize(
-    ("retention", "first_started", "now", "why"),
+    ("retention", "first_started", "now", "same_clock", "why"),
     [
-        (None, None, 100.0, Unprotected.NO_KEYS),
-        (60.0, None, 100.0, None),  # never started: nothing to repeat yet
-        (60.0, 50.0, 100.0, None),
-        (60.0, 30.0, 100.0, Unprotected.EXPIRED),
+        (None, None, 100.0, True, Unprotected.NO_KEYS),
+        (60.0, None, 100.0, False, None),  # never started: nothing to repeat yet
+        (60.0, 50.0, 100.0, True, None),
+        (60.0, 30.0, 100.0, True, Unprotected.EXPIRED),
+        # Inside the window only by comparing two machines' clocks: not proof.
+        (60.0, 50.0, 100.0, False, Unprotected.OTHER_CLOCK),
+        (60.0, 30.0, 100.0, False, Unprotected.EXPIRED),
     ],
 )
 def test_key_retention_is_one_rule_for_the_effect_flow_and_the_operator(
-    retention: float | None, first_started: float | None, now: float, why: Unprotected | None
+    retention: float | None,
+    first_started: float | None,
+    now: float,
+    same_clock: bool,
+    why: Unprotected | None,
 ) -> None:
-    assert repeat_unprotected(retention, first_started, now) is why
+    assert repeat_unprotected(retention, first_started, now, same_clock=same_clock) is why
 
 
 # ----------------------------------------------------------------------------- the floor

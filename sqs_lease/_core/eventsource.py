@@ -43,7 +43,16 @@ def parse_event_record(
             "MessageId": record.get("messageId", ""),
             "ReceiptHandle": record.get("receiptHandle", ""),
             "Body": record.get("body", ""),
-            "Attributes": {"ApproximateReceiveCount": attrs.get("ApproximateReceiveCount", "1")},
+            # The SQS timestamps too: the 12-hour cap counts from the first receive.
+            "Attributes": {
+                name: attrs[name]
+                for name in (
+                    "ApproximateReceiveCount",
+                    "SentTimestamp",
+                    "ApproximateFirstReceiveTimestamp",
+                )
+                if name in attrs
+            },
         },
         received_at,
         visibility,
@@ -64,6 +73,13 @@ def can_start(remaining_ms: int, stage_budget_seconds: float) -> bool:
     """Whether a record of a class with this stage budget may start with
     ``remaining_ms`` of the invocation left: its whole budget and the end margin fit."""
     return remaining_ms / 1000.0 >= stage_budget_seconds + END_MARGIN_SECONDS
+
+
+def never_fit(budgets: Mapping[str, float], function_timeout: float) -> list[str]:
+    """The classes (and stages) whose whole stage budget and the end margin can never fit
+    in an invocation of ``function_timeout`` seconds: :func:`can_start` never starts a
+    record of theirs, and it would come back until SQS moved it to the DLQ."""
+    return sorted(n for n, b in budgets.items() if b + END_MARGIN_SECONDS > function_timeout)
 
 
 @dataclass
@@ -132,6 +148,7 @@ __all__ = [
     "GroupStop",
     "can_start",
     "message_group",
+    "never_fit",
     "parse_event_record",
     "settled_flow",
     "take_record_flow",
