@@ -1739,17 +1739,9 @@ def _refuse_unprotected_retry(settings: Settings, key: str) -> None:
     rec = _intent_of(item)
     started = rec.first_started_at or rec.created_at
     # The operator's clock against the starting worker's: two machines' clocks. It only
-    # guards a person's decision (--retry says they checked the target); an age inside
-    # the retention by these clocks is told as such, never taken as proof.
+    # guards a person's decision (--retry says they checked the target): past the
+    # retention by these clocks it is refused; inside it, the person's word stands.
     why = repeat_unprotected(rec.key_retention, started, time.time(), same_clock=False)
-    if why is Unprotected.OTHER_CLOCK:
-        click.echo(
-            f"note: {key!r} was first started {time.time() - started:.0f} s ago by this "
-            f"machine's clock against the worker's; the target keeps keys "
-            f"{rec.key_retention:g} s. Clocks of two machines can differ: make sure the target "
-            "did not apply it and still keeps the key.",
-            err=True,
-        )
     if why is Unprotected.NO_KEYS:
         raise click.UsageError(
             f"target {rec.target!r} does not keep idempotency keys: a repeat of {key!r} is "
