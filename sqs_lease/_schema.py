@@ -30,6 +30,8 @@ from ._core.intents import (
     IntentState,
     IntentView,
     Resolution,
+    first_start_stamp,
+    first_started_by,
     success_meaning,
     successor_key,
 )
@@ -794,6 +796,37 @@ class JobTable:
             actions += [R.send_id.set(resend_id), *_awaits_send(wall_now)]
         return self._update(job_id, _mine(token, worker_id), actions)
 
+    def resend(
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        *,
+        send_id: str,
+        reason: str,
+        wall_now: float,
+        write_id: str,
+    ) -> Call:
+        # A release that also retires the message: the old one reached SQS's cap, so
+        # the job's next attempt needs a message of its own (a stray, should the old
+        # one come back). The owner stays so a retried write recognises its own.
+        return self._update(
+            job_id,
+            _mine(token, worker_id),
+            [
+                R.state.set(JobState.QUEUED.value),
+                R.write_id.set(write_id),
+                R.attempt.set(R.attempt - 1),
+                R.reason.set(reason),
+                R.error_code.set("message_cap"),
+                R.send_id.set(send_id),
+                *_awaits_send(wall_now),
+                R.updated_at.set(wall_now),
+                R.lease_deadline.remove(),
+                _log(event(TK.RELEASED, wall_now, owner=worker_id, token=token, detail=reason)),
+            ],
+        )
+
     def park(
         self,
         job_id: str,
@@ -1395,6 +1428,9 @@ class IntentRecord(Model):
     created_at = NumberAttribute()
     updated_at = NumberAttribute()
     first_started_at = NumberAttribute(null=True)
+    # "<wall time>|<worker id>" of the first start, written once in one write: whose
+    # wall clock stamped it (the key-retention rule compares it only with that clock).
+    first_start = UnicodeAttribute(null=True)
     start_id = UnicodeAttribute(null=True)  # identity of the current start (start_id_for)
     confirmed_at = NumberAttribute(null=True)
     resolution = UnicodeAttribute(null=True)
@@ -1506,6 +1542,7 @@ class IntentTable:
             IR.last_token.set(token),
             IR.updated_at.set(wall_now),
             IR.first_started_at.set(IR.first_started_at | wall_now),
+            IR.first_start.set(IR.first_start | first_start_stamp(wall_now, worker_id)),
         ]
         if start_id:
             actions.append(IR.start_id.set(start_id))
@@ -1858,6 +1895,7 @@ def intent_view_of(item: Mapping[str, Any]) -> IntentView:
         reason=s("reason"),
         start_id=s("start_id"),
         first_started_at=f("first_started_at"),
+        first_started_by=first_started_by(s("first_start"), f("first_started_at")),
         resolution=s("resolution"),
         resolved_by=s("resolved_by"),
         success=success_meaning(s("success")),

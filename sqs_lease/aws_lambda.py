@@ -79,11 +79,13 @@ from ._core.attempt import (
     rules_for,
     sweep_pages_flow,
 )
-from ._core.deploy import lambda_visibility_floor
+from ._core.deploy import LAMBDA_MAX_TIMEOUT, lambda_visibility_floor
 from ._core.eventsource import (
+    END_MARGIN_SECONDS,
     GroupStop,
     can_start,
     message_group,
+    never_fit,
     parse_event_record,
     settled_flow,
     take_record_flow,
@@ -136,6 +138,16 @@ class LambdaShell(Worker):
         # must delete at once, where settled_flow sees it (no batching across records).
         self.env.deletes = None
         self._warned = False
+        self._budgets = {c.name: c.stage_budget_seconds for c in app.job_classes()}
+        unfit = never_fit(self._budgets, LAMBDA_MAX_TIMEOUT)
+        if unfit:
+            # Never started, each record would come back until the DLQ, saying nothing.
+            raise ConfigError(
+                f"job classes {', '.join(unfit)}: stage_budget_seconds (the default is 3600) "
+                f"plus {END_MARGIN_SECONDS:g} s can never fit in a Lambda invocation (at most "
+                f"{LAMBDA_MAX_TIMEOUT} s); set stage_budget_seconds to at most the function "
+                f"timeout less {END_MARGIN_SECONDS:g} s, or run these classes on a worker"
+            )
 
     def warn_timing(self, context: LambdaContext) -> None:
         """Once per cold start: the queue's visibility against 6 x the function timeout."""
@@ -147,6 +159,15 @@ class LambdaShell(Worker):
             QueueUrl=self.queue_url, AttributeNames=["VisibilityTimeout"]
         )["Attributes"]
         visibility = int(attrs.get("VisibilityTimeout", "30"))
+        unfit = never_fit(self._budgets, timeout)
+        if unfit:
+            self.journal(
+                "lambda_budget_never_fits",
+                job_classes=unfit,
+                function_timeout=timeout,
+                fix="set stage_budget_seconds to at most the function timeout less "
+                f"{END_MARGIN_SECONDS:g} s",
+            )
         floor = lambda_visibility_floor(timeout, 0)
         if visibility < floor:
             self.journal(
@@ -186,9 +207,16 @@ class LambdaShell(Worker):
                     else None
                 )
                 budget = rules.stage_budget_seconds if rules is not None else 0.0
-                if groups.blocked(group) or not can_start(
-                    context.get_remaining_time_in_millis(), budget
-                ):
+                blocked = groups.blocked(group)
+                left = context.get_remaining_time_in_millis()
+                if blocked or not can_start(left, budget):
+                    self.journal(
+                        "lambda_record_not_started",
+                        job_id=item.job_id,
+                        reason="fifo_group_stopped" if blocked else "stage_budget_does_not_fit",
+                        stage_budget=budget,
+                        remaining=round(left / 1000.0, 3),
+                    )
                     groups.failed(group)
                     failures.append(mid)
                     if isinstance(item, Delivery):

@@ -258,6 +258,31 @@ def test_the_cold_start_warns_once_when_the_queue_visibility_is_under_six_timeou
     assert warned[0]["visibility"] == 30 and warned[0]["floor"] == 360
 
 
+def test_an_app_whose_class_can_never_fit_a_lambda_is_refused_at_its_first_invocation(
+    aws: AwsTestEnv,
+) -> None:
+    settings, _url, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+    app.job("slow", payload=Work, **FAST)(lambda ctx, p: None)  # the default budget: 3600 s
+    run = handler(app, settings)
+    with pytest.raises(ConfigError, match=r"job classes slow: stage_budget_seconds"):
+        run({"Records": []}, RunningDown(60))
+
+
+def test_a_record_not_started_for_the_budget_says_why(
+    aws: AwsTestEnv, sqs_client: SQSClient
+) -> None:
+    b = batch(aws, sqs_client, lambda p: {"n": p.n}, 1)
+    with collect_journal() as journal:
+        answer = b.run(b.event, RunningDown(5.0))  # less than 6 s + the margin
+        b.run({"Records": []}, RunningDown(5.0))
+    assert failed_ids(answer) == [r["messageId"] for r in b.event["Records"]]
+    (why,) = journal.events("lambda_record_not_started")
+    assert (why["reason"], why["stage_budget"]) == ("stage_budget_does_not_fit", 6.0)
+    (never,) = journal.events("lambda_budget_never_fits")  # once, at the first invocation
+    assert never["job_classes"] == ["work"] and never["function_timeout"] <= 5
+
+
 def test_the_budget_rule_counts_the_whole_stage_budget_and_the_margin() -> None:
     assert can_start(int((6.0 + END_MARGIN_SECONDS) * 1000), 6.0)
     assert not can_start(int((6.0 + END_MARGIN_SECONDS) * 1000) - 1, 6.0)

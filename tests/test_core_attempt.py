@@ -18,6 +18,7 @@ import pytest
 from core_harness import (
     DLQ,
     QUEUE,
+    TABLE,
     WORKER,
     Script,
     condition_failed,
@@ -401,6 +402,64 @@ def test_the_watchdog_drop_retries_the_job_and_gives_the_lease_back() -> None:
     assert shell.counts == Counter(claimed=1, retried=1)
 
 
+def _refused_then_read(state: JobState, token: int) -> Callable[[Any], Outcome]:
+    """SQS refuses the extension (InvalidParameterValue, as for its 12-hour cap); the
+    ownership read finds the record ``state`` under ``token``; every write lands."""
+
+    def answer(c: Any) -> Outcome:
+        if c.op == "ChangeMessageVisibilityBatch":
+            bad = {"Id": "0", "Code": "InvalidParameterValue", "SenderFault": True}
+            return ok({"Successful": [], "Failed": [bad]}, sent_at=MONO)
+        if c.op == "BatchGetItem":
+            item = job_item(state=state, token=token, attempt=1)
+            return ok({"Responses": {TABLE: [item]}})
+        return ok({"MessageId": "m-2"} if c.op == "SendMessage" else {})
+
+    return answer
+
+
+def test_an_extension_sqs_refuses_for_its_cap_goes_on_under_a_new_message_uncharged() -> None:
+    shell = Shell(lambda run: None)
+    run, _flow = _up_to_handler(shell, visibility=60)
+    held = run.held
+    shell.mono = held.lease.next_beat  # the beat is due
+    s = Script(_refused_then_read(JobState.RUNNING, held.lease.token))
+    s.run(heartbeat_round_flow(shell.env))
+    assert held.lease.dropped is Drop.MESSAGE_CAP and held.cancelled.is_set()
+    assert s.event("lease_dropped")["reason"] == "message_cap"
+    write = next(c for c in s.calls if c.op == "UpdateItem")
+    text = json.dumps(write.params)
+    assert "cap.5" in text and '"queued"' in text  # a new send id, back to queued
+    assert "attempt - " in write.params["UpdateExpression"] or "attempt" in text
+    assert [c.op for c in s.calls if c.op != "PutItem"][-3:] == [
+        "SendMessage",
+        "UpdateItem",
+        "DeleteMessage",
+    ]  # the new message, marked sent; the old one deleted
+    resent = s.event("job_resent")
+    assert (resent["send_id"], resent["sent"]) == ("cap.5", True)
+    assert "heartbeat_lost" not in s.event_names()  # not a loss: nobody else took it
+    assert shell.counts["resent"] == 1 and shell.counts["retried"] == 0
+    # The handler, still running, hears why, and that its attempt is not spent.
+    stop = held.lease.stop_error()
+    assert stop is not None and "12-hour visibility cap" in str(stop)
+
+
+def test_an_extension_sqs_refuses_after_another_claim_took_the_job_is_a_loss() -> None:
+    shell = Shell(lambda run: None)
+    run, _flow = _up_to_handler(shell, visibility=60)
+    held = run.held
+    shell.mono = held.lease.next_beat
+    s = Script(_refused_then_read(JobState.RUNNING, held.lease.token + 1))
+    s.run(heartbeat_round_flow(shell.env))
+    assert held.lease.status is LeaseStatus.LOST and held.lease.dropped is None
+    assert s.event("heartbeat_lost")["detected_by"] == "heartbeat"
+    assert [c.op for c in s.calls if c.op not in ("PutItem",)] == [
+        "ChangeMessageVisibilityBatch",
+        "BatchGetItem",
+    ]  # nothing written, nothing sent
+
+
 def test_shutdown_lets_go_of_every_open_lease_and_releases_them() -> None:
     shell = Shell()
     s0 = Script([])
@@ -438,18 +497,25 @@ def test_result_json_is_canonical_or_none() -> None:
 
 
 @pytest.mark.parametrize(
-    ("retention", "first_started", "now", "why"),
+    ("retention", "first_started", "now", "same_clock", "why"),
     [
-        (None, None, 100.0, Unprotected.NO_KEYS),
-        (60.0, None, 100.0, None),  # never started: nothing to repeat yet
-        (60.0, 50.0, 100.0, None),
-        (60.0, 30.0, 100.0, Unprotected.EXPIRED),
+        (None, None, 100.0, True, Unprotected.NO_KEYS),
+        (60.0, None, 100.0, False, None),  # never started: nothing to repeat yet
+        (60.0, 50.0, 100.0, True, None),
+        (60.0, 30.0, 100.0, True, Unprotected.EXPIRED),
+        # Inside the window only by comparing two machines' clocks: not proof.
+        (60.0, 50.0, 100.0, False, Unprotected.OTHER_CLOCK),
+        (60.0, 30.0, 100.0, False, Unprotected.EXPIRED),
     ],
 )
 def test_key_retention_is_one_rule_for_the_effect_flow_and_the_operator(
-    retention: float | None, first_started: float | None, now: float, why: Unprotected | None
+    retention: float | None,
+    first_started: float | None,
+    now: float,
+    same_clock: bool,
+    why: Unprotected | None,
 ) -> None:
-    assert repeat_unprotected(retention, first_started, now) is why
+    assert repeat_unprotected(retention, first_started, now, same_clock=same_clock) is why
 
 
 # ----------------------------------------------------------------------------- the floor

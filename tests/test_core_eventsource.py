@@ -8,7 +8,12 @@ from typing import Any
 from core_harness import QUEUE, Script
 
 from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Flow, Ok
-from sqs_lease._core.eventsource import parse_event_record, settled_flow, take_record_flow
+from sqs_lease._core.eventsource import (
+    never_fit,
+    parse_event_record,
+    settled_flow,
+    take_record_flow,
+)
 from sqs_lease._core.flows import Delivery, Poison
 
 
@@ -26,6 +31,21 @@ def test_an_event_record_is_read_in_its_own_key_spelling_like_a_received_message
     body = json.dumps({"v": 1, "job_id": "j", "job_class": "work", "send_id": "s"})
     got = parse_event_record(record(body), 5.0, 30)
     assert got == Delivery("m-1", "rh-1", "j", "work", 3, 5.0, 30, "s", body, sent_wall=0.001)
+
+
+def test_an_event_record_keeps_sqs_timestamps_for_the_12_hour_cap() -> None:
+    body = json.dumps({"v": 1, "job_id": "j", "job_class": "work", "send_id": "s"})
+    rec = record(body)
+    rec["attributes"]["ApproximateFirstReceiveTimestamp"] = "1700000060500"
+    got = parse_event_record(rec, 5.0, 30)
+    assert isinstance(got, Delivery)
+    assert (got.sent_wall, got.first_received_wall) == (0.001, 1_700_000_060.5)
+
+
+def test_a_class_whose_budget_can_never_fit_the_invocation_is_named() -> None:
+    budgets = {"ocr": 3600.0, "quick": 60.0, "edge": 897.0, "over": 897.5}
+    assert never_fit(budgets, 900) == ["ocr", "over"]
+    assert never_fit(budgets, 60) == ["edge", "ocr", "over", "quick"]
 
 
 def test_an_event_record_whose_body_is_not_a_job_is_poison_with_its_handle() -> None:

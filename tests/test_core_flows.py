@@ -2011,3 +2011,27 @@ def test_heartbeat_sqs_gone_and_a_forged_end_is_not_done() -> None:
     )
     beat = _beat(s, [local_lease("job-1", token=2)]).beats["job-1"]
     assert beat.status != "done"
+
+
+def test_a_batch_sqs_refuses_whole_for_its_cap_is_asked_entry_by_entry() -> None:
+    # moto refuses its 12-hour cap for the whole batch; AWS per entry. Either way the
+    # refused entry is found, and a record still ours reads as capped, not lost.
+    leases = [local_lease("job-a"), local_lease("job-b")]
+    s = Script(
+        [
+            err(ErrorKind.INVALID, "InvalidParameterValue", sent_at=100.0),
+            ok({}, sent_at=101.0),
+            err(ErrorKind.INVALID, "InvalidParameterValue", sent_at=102.0),
+            ok({"Responses": {TABLE: [_running("job-a"), _running("job-b")]}}),
+        ]
+    )
+    report = _beat(s, leases)
+    assert [c.op for c in s.calls] == [
+        "ChangeMessageVisibilityBatch",
+        "ChangeMessageVisibility",
+        "ChangeMessageVisibility",
+        "BatchGetItem",
+    ]
+    assert report.beats["job-a"].status == "ok"
+    assert report.beats["job-a"].deadline == 101.0 + leases[0].lease_seconds
+    assert report.beats["job-b"].status == "capped"

@@ -372,7 +372,9 @@ def test_a_message_reads_when_sqs_sent_it_and_first_gave_it_out() -> None:
     assert (got.sent_wall, got.first_received_wall) == (1_700_000_000.0, 1_700_000_060.5)
 
 
-def test_an_attempt_on_an_old_message_gets_only_what_is_left_of_the_12_hour_cap() -> None:
+def test_an_attempt_on_a_message_received_before_gets_only_what_is_left_of_the_12_hour_cap() -> (
+    None
+):
     held: list[HandlerRun] = []
 
     def fetch(run: HandlerRun) -> Any:
@@ -380,23 +382,78 @@ def test_an_attempt_on_an_old_message_gets_only_what_is_left_of_the_12_hour_cap(
         return {"done": True}
 
     shell = _staged_shell(fetch)
-    # Sent 11.5 h before now (WALL), first received an hour later; the cap is 11.75 h.
+    # Received before (a retry's backoff): first received 11 h before now (WALL), sent
+    # a day before; the cap (11.75 h) counts from the first receive, never the send.
     item = replace(
-        _staged_delivery(), sent_wall=WALL - 11.5 * 3600, first_received_wall=WALL - 10.5 * 3600
+        _staged_delivery(),
+        receive_count=2,
+        sent_wall=WALL - 24 * 3600,
+        first_received_wall=WALL - 11 * 3600,
     )
     s = _run(shell, [_claimed(), ok(sent_at=MONO), ok(), ok()], item)
-    left = MESSAGE_CAP_SECONDS - 11.5 * 3600
+    left = MESSAGE_CAP_SECONDS - 11 * 3600
     capped = s.event("stage_budget_capped")
     assert (capped["budget"], capped["class_budget"]) == (left, Rules.stage_budget_seconds)
     lease = held[0].held.lease
-    assert lease.stage_deadline == item.received_at + left
+    assert lease.stage_deadline == item.received_at + left and lease.stage_capped
 
 
-def test_a_young_message_keeps_the_whole_stage_budget() -> None:
-    assert cap_budget(replace(delivery(), sent_wall=WALL - 60), 3600.0, WALL) == 3600.0
+def test_a_message_that_waited_12_hours_in_the_backlog_gets_its_whole_stage_budget() -> None:
+    held: list[HandlerRun] = []
+
+    def fetch(run: HandlerRun) -> Any:
+        held.append(run)
+        return {"done": True}
+
+    shell = _staged_shell(fetch)
+    # Sent 12 h ago and received now for the first time: its cap begins now.
+    item = replace(_staged_delivery(), sent_wall=WALL - 12 * 3600, first_received_wall=WALL - 0.2)
+    s = _run(shell, [_claimed(), ok(sent_at=MONO), ok(), ok()], item)
+    assert "stage_budget_capped" not in s.event_names()
+    lease = held[0].held.lease
+    assert lease.stage_deadline == item.received_at + Rules.stage_budget_seconds
+    assert not lease.stage_capped
+    assert s.result.outcome is FinishOutcome.DONE  # type: ignore[attr-defined]
+
+
+def test_a_message_with_no_cap_left_is_not_run_and_goes_on_under_a_new_message() -> None:
+    ran: list[HandlerRun] = []
+    shell = _staged_shell(ran.append)
+    item = replace(_staged_delivery(), receive_count=3, first_received_wall=WALL - 12 * 3600)
+    answers = [_claimed(), ok(sent_at=MONO), ok(), ok({"MessageId": "m-2"}), ok(), ok()]
+    s = _run(shell, answers, item)
+    assert ran == []  # the handler never started
+    assert [c.op for c in s.calls] == [
+        "UpdateItem",  # the claim
+        "ChangeMessageVisibility",  # the claim's own lease (the receive's was too short)
+        "UpdateItem",  # fenced: queued, attempt given back, a new send id
+        "SendMessage",
+        "UpdateItem",  # marked sent
+        "DeleteMessage",  # the old message
+    ]
+    resend = s.calls[2].params
+    assert "#1 = #1 - :1" in resend["UpdateExpression"]  # the attempt given back
+    values = json.dumps(resend["ExpressionAttributeValues"])
+    assert "cap.5" in values and "message_cap" in values and '"5"' in values  # fenced on 5
+    assert json.loads(s.calls[3].params["MessageBody"])["send_id"] == "cap.5"
+    assert s.event("job_resent")["stage"] == "fetch"
+    assert shell.counts["resent"] == 1 and shell.counts["failed"] == 0
+
+
+def test_the_cap_counts_from_the_receive_never_from_the_send() -> None:
+    # A first receive has the whole cap, however long ago it was sent (a backlog) and
+    # whatever the worker's wall clock says: the stage deadline is on the lease clock.
+    assert cap_budget(replace(delivery(), sent_wall=WALL - 13 * 3600), 3600.0, WALL) == 3600.0
+    first = replace(delivery(), first_received_wall=WALL - 13 * 3600)
+    assert cap_budget(first, 3600.0, WALL) == 3600.0
     assert cap_budget(delivery(), 3600.0, WALL) == 3600.0  # SQS said nothing: the class's own
-    old = replace(delivery(), first_received_wall=WALL - 13 * 3600)
-    assert cap_budget(old, 3600.0, WALL) == 0.0
+    # Received before: what its first receive (SQS's clock) left, never below 0.
+    again = replace(first, receive_count=2)
+    assert cap_budget(again, 3600.0, WALL) == 0.0
+    assert cap_budget(replace(again, first_received_wall=WALL - 60), 3600.0, WALL) == 3600.0
+    assert cap_budget(
+        replace(again, sent_wall=WALL - 60, first_received_wall=None), 60.0, WALL
+    ) == (60.0)
 
 
 # ----------------------------------------------------------------------------- retry

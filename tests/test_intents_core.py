@@ -50,6 +50,8 @@ from sqs_lease._core.intents import (
     Verdict,
     default_key,
     effect_flow,
+    first_start_stamp,
+    first_started_by,
     start_id_for,
 )
 from sqs_lease._core.records import JobState
@@ -64,7 +66,7 @@ from sqs_lease._errors import (
     ToolOutcomeUnknown,
     TransientError,
 )
-from sqs_lease._schema import IntentRecord, IntentTable
+from sqs_lease._schema import IntentRecord, IntentTable, intent_view_of
 
 T = TypeVar("T")
 
@@ -247,8 +249,10 @@ def intent_item(
     job_id: str = JOB,
     start_id: str | None = None,
     first_started_at: float | None = None,
+    first_started_by: str | None = None,
 ) -> dict[str, Any]:
-    """A low-level intent item, serialised by the real pynamodb model."""
+    """A low-level intent item, serialised by the real pynamodb model (``first_started_by``:
+    the worker whose clock stamped ``first_started_at``, as the start writes it)."""
     record = IntentRecord(
         intent_key=KEY,
         job_id=job_id,
@@ -267,6 +271,11 @@ def intent_item(
         updated_at=WALL - 50,
         start_id=start_id,
         first_started_at=first_started_at,
+        first_start=(
+            first_start_stamp(first_started_at, first_started_by)
+            if first_started_at is not None and first_started_by is not None
+            else None
+        ),
     )
     item: dict[str, Any] = record.serialize()
     return item
@@ -1720,13 +1729,50 @@ def test_no_automatic_repeat_once_the_targets_key_no_longer_protects_it(
     assert s.event("intent_reconciled")["verdict"] == "not_applied"
 
 
-def test_a_repeat_inside_the_retention_window_goes_ahead() -> None:
+def test_a_repeat_inside_the_retention_window_by_the_starters_own_clock_goes_ahead() -> None:
     tool = Tool()
     check = Check(CheckAnswer(Verdict.NOT_APPLIED))
-    item = intent_item(IntentState.IN_PROGRESS, attempts=1, first_started_at=WALL - 60)
+    item = intent_item(
+        IntentState.IN_PROGRESS, attempts=1, first_started_at=WALL - 60, first_started_by=WORKER
+    )
     s = EffectScript([condition_failed(item), ok(), ok()])
     res = run_effect(s, spec(tool, check=check, key_retention_seconds=3600.0))
     assert (tool.calls, res.external_id) == (1, "ch_1")
+
+
+@pytest.mark.parametrize("starter", ["w-2", None], ids=["another_worker", "unknown"])
+def test_key_retention_timed_by_another_machines_clock_parks_instead_of_repeating(
+    starter: str | None,
+) -> None:
+    # The key was first started two hours ago by the starter's clock; this worker's
+    # wall clock lags by 1 h 59 min, so by its own reading the start was a minute ago,
+    # inside the target's hour. Comparing the two would repeat a payment the target
+    # already forgot the key of: the repeat is not proven safe, so the job parks.
+    tool = Tool()
+    check = Check(CheckAnswer(Verdict.NOT_APPLIED, detail="no such key"))
+    item = intent_item(
+        IntentState.IN_PROGRESS, attempts=1, first_started_at=WALL - 60, first_started_by=starter
+    )
+    s = EffectScript([condition_failed(item), ok()])
+    with pytest.raises(IntentAmbiguous, match="comparing two machines' clocks"):
+        run_effect(s, spec(tool, check=check, key_retention_seconds=3600.0))
+    assert tool.calls == 0  # never repeated
+    written = sets(s.calls_to("UpdateItem")[0].params)
+    assert written["state"] == "ambiguous"
+
+
+def test_the_start_stamps_whose_clock_timed_the_first_start() -> None:
+    tool = Tool()
+    s = EffectScript([ok(), ok(), ok()])
+    run_effect(s, spec(tool))
+    (start,) = s.calls_to("TransactWriteItems")[:1]
+    text = json.dumps(start.params)
+    assert f"|{WORKER}" in text  # first_start: "<wall time>|<worker id>", if not set yet
+    view = intent_view_of(
+        intent_item(IntentState.IN_PROGRESS, first_started_at=WALL, first_started_by="w-9")
+    )
+    assert view.first_started_by == "w-9"
+    assert first_started_by(first_start_stamp(WALL, "w-9"), WALL + 1) is None  # not one write
 
 
 @pytest.mark.parametrize(

@@ -118,6 +118,7 @@ from .stages import (
     cap_budget,
     continue_flow,
     refused_next,
+    resend_flow,
     stage_input_json,
 )
 from .texts import outside_text
@@ -389,9 +390,22 @@ def attempt_flow(
     now = yield from _now(env)
     held_rules: LeaseRules = rules
     budget = cap_budget(item, rules.stage_budget_seconds, now.wall)
+    if budget < rules.lease_seconds:
+        # Not one lease is left of the message's 12-hour cap (earlier receives used
+        # it): the handler does not start; the job goes on under a new message.
+        at = _At(env, claim, rules)
+        resent = yield from _resend(
+            at,
+            now,
+            f"its earlier receives left {budget:.0f} s of SQS's 12-hour cap",
+        )
+        if slots is not None and slots.held:
+            yield from _give_back(env, slots.held)
+        yield from _settle(env, claim, resent)
+        return resent
     if budget < rules.stage_budget_seconds:
-        # The message has used part of SQS's 12-hour cap (earlier attempts, a
-        # backlog): this attempt gets what is left, never a lease past the cap.
+        # Earlier receives of the message used part of SQS's 12-hour cap: this
+        # attempt gets what is left, never a lease past the cap.
         held_rules = CappedRules(rules, budget)
         yield Emit(
             "stage_budget_capped",
@@ -879,6 +893,11 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
     if superseded:
         env.tally("verdict_for_superseded_attempt", superseded)
     yield from changed.events
+    if changed.capped:
+        # SQS refused an extension while the job is still ours: its new message.
+        capped = {id(lease) for lease in changed.capped}
+        held_capped = [(h, Drop.MESSAGE_CAP) for h in book.entries() if id(h.lease) in capped]
+        yield from watchdog_drops_flow(env, held_capped, now)
     if env.observer is not None:
         env.observer.round_applied(changed.extended)
     end = yield from _now(env)
@@ -929,6 +948,27 @@ def liveness_flow(env: AttemptEnv, at: Now, *, round_seconds: float) -> Flow[int
     return len(parts)
 
 
+def _resend(at: _At, now: Now, why: str) -> Flow[Finish]:
+    """The job goes on under a new message (``stages.resend_flow``), uncharged: its
+    message reached SQS's 12-hour cap. A refused write is this attempt's loss."""
+    env = at.env
+    args = at.end_args(now)
+    fin = yield from resend_flow(
+        env.table,
+        queue_url=args["queue_url"],
+        job=at.claim.job,
+        delivery=at.claim.delivery,
+        worker_id=env.worker_id,
+        wall_now=now.wall,
+        reason=f"message cap: {why}; attempt not charged",
+        defer_delete=args["defer_delete"],
+        nonce=args["nonce"],
+    )
+    env.tally("resent", int(fin.outcome is FinishOutcome.DONE))
+    yield from at.rejected(fin, LossSource.RETRY)
+    return fin
+
+
 def watchdog_drops_flow(
     env: AttemptEnv, dropped: list[tuple[Held, Drop]], now: float
 ) -> Flow[None]:
@@ -968,6 +1008,14 @@ def watchdog_drops_flow(
             nonce,
         )
         yield Invoke("act_for", ActFor("heartbeat", {lease.job_id: lease.token}))
+        if why is Drop.MESSAGE_CAP:
+            # Not the job's fault: a new message, the attempt given back.
+            t = yield from _now(env)
+            fin = yield from _resend(_At(env, claim, rules, held), t, "SQS's 12-hour cap reached")
+            yield from _settle(env, claim, fin)
+            yield Invoke("act_for", ActFor("heartbeat"))
+            book.gave_back([held], f"watchdog: {why.value}")
+            continue
         watchdog = Ending(EndKind.RETRY, f"watchdog: {why.value}", why.value)
         fin = yield from _retry(_At(env, claim, rules, held), watchdog)
         yield from _settle(env, claim, fin)  # attempts spent: the job failed

@@ -70,6 +70,13 @@ def can_start(remaining_ms: int, stage_budget_seconds: float) -> bool:
     return remaining_ms / 1000.0 >= stage_budget_seconds + END_MARGIN_SECONDS
 
 
+def never_fit(budgets: Mapping[str, float], function_timeout: float) -> list[str]:
+    """The classes (and stages) whose whole stage budget and the end margin can never fit
+    in an invocation of ``function_timeout`` seconds: :func:`can_start` never starts a
+    record of theirs, and it would come back until SQS moved it to the DLQ."""
+    return sorted(n for n, b in budgets.items() if b + END_MARGIN_SECONDS > function_timeout)
+
+
 @dataclass
 class GroupStop:
     """FIFO order: once a record of a group failed, the group's later records wait."""
@@ -136,6 +143,7 @@ __all__ = [
     "GroupStop",
     "can_start",
     "message_group",
+    "never_fit",
     "parse_event_record",
     "settled_flow",
     "take_record_flow",

@@ -41,7 +41,7 @@ from .records import (
     awaits_send,
 )
 from .timeline import trim_count
-from .timing import OPEN, LeaseStatus, LocalLease
+from .timing import OPEN, Drop, LeaseStatus, LocalLease
 
 SQS_BATCH = 10
 DDB_BATCH_GET = 100
@@ -1374,6 +1374,10 @@ class BeatStatus(StrEnum):
     CANCELLED = "cancelled"  # an operator cancelled the job
     UNKNOWN = "unknown"  # no answer: keep the old deadline, try again soon
     DONE = "done"  # this attempt already ended itself: nothing to extend, nothing lost
+    # SQS refused the extension (InvalidParameterValue: its 12-hour cap, or a handle
+    # it no longer takes) while the record still runs under this attempt's token:
+    # nobody else took the job, so it goes on under a new message, uncharged.
+    CAPPED = "capped"
 
 
 @dataclass(frozen=True)
@@ -1418,6 +1422,7 @@ def heartbeat_flow(
     beats: dict[str, Beat] = {}
     extended: dict[str, float] = {}
     gone: set[str] = set()
+    refused: set[str] = set()  # InvalidParameterValue: the cap (or a handle SQS refuses)
     calls = 0
     # ``wall_now`` was read just before this round; the first call's send stamp is
     # the lease clock at about the same moment: the pair turns the monotonic
@@ -1439,22 +1444,40 @@ def heartbeat_flow(
         calls += 1
         if mono_now is None:
             mono_now = out.sent_at
-        if isinstance(out, Err):
+        answers: list[tuple[LocalLease, Outcome]] = []
+        if isinstance(out, Err) and _refused_for_value(out):
+            # The whole batch refused for one entry (moto raises its cap refusal so;
+            # every entry we send is well formed): ask each alone, to know which.
             for lease in chunk:
-                why = out.code or out.kind
+                single = yield from call(set_visibility_call(queue, lease))
+                calls += 1
+                answers.append((lease, single))
+        elif isinstance(out, Err):
+            answers = [(lease, out) for lease in chunk]
+        else:
+            for ok in out.response.get("Successful", []):
+                extended[chunk[int(ok["Id"])].job_id] = out.sent_at
+            # Batch calls report per-entry failures on HTTP 200: always read Failed[].
+            for bad in out.response.get("Failed", []):
+                lease = chunk[int(bad["Id"])]
+                code = str(bad.get("Code", ""))
+                answers.append((lease, Err(ErrorKind.INVALID, code, sent_at=out.sent_at)))
+        for lease, got in answers:
+            if isinstance(got, Ok):
+                extended[lease.job_id] = got.sent_at
+                continue
+            assert isinstance(got, Err)
+            code = got.code or got.query_code
+            if got is out:  # the whole call went unanswered or failed: keep trying
+                why = got.code or got.kind
                 beats[lease.job_id] = Beat(
-                    lease.job_id, BeatStatus.UNKNOWN, reason=why, request_id=out.request_id
+                    lease.job_id, BeatStatus.UNKNOWN, reason=why, request_id=got.request_id
                 )
-            continue
-        for ok in out.response.get("Successful", []):
-            extended[chunk[int(ok["Id"])].job_id] = out.sent_at
-        # Batch calls report per-entry failures on HTTP 200: always read Failed[].
-        for bad in out.response.get("Failed", []):
-            lease = chunk[int(bad["Id"])]
-            code = str(bad.get("Code", ""))
-            if any(sqs_code_is(name, code) for name in _LEASE_GONE_CODES):
+            elif any(sqs_code_is(name, got.code, got.query_code) for name in _LEASE_GONE_CODES):
                 beats[lease.job_id] = Beat(lease.job_id, BeatStatus.LOST, reason=f"sqs: {code}")
                 gone.add(lease.job_id)
+                if _refused_for_value(got):
+                    refused.add(lease.job_id)
             else:
                 beats[lease.job_id] = Beat(lease.job_id, BeatStatus.UNKNOWN, reason=f"sqs: {code}")
     # Jobs SQS calls gone are read too: a message our own commit just deleted is a
@@ -1502,6 +1525,8 @@ def heartbeat_flow(
             if job_id in gone:
                 if found is not None and _finished_by(lease, found):
                     beats[job_id] = Beat(job_id, BeatStatus.DONE, reason=f"job is {found.state}")
+                elif job_id in refused and found is not None and _still_ours(lease, found):
+                    beats[job_id] = Beat(job_id, BeatStatus.CAPPED, reason=beats[job_id].reason)
                 continue
             if found is None:
                 why = out.code or out.kind if isinstance(out, Err) else "not read"
@@ -1581,6 +1606,9 @@ class BeatOutcome:
     extended: tuple[LocalLease, ...]
     cancel: tuple[LocalLease, ...]
     events: tuple[Emit, ...] = ()
+    # Dropped as Drop.MESSAGE_CAP (SQS refused the extension, the job still ours): the
+    # round gives each its new message (``attempt.watchdog_drops_flow``).
+    capped: tuple[LocalLease, ...] = ()
 
 
 class LossSource(StrEnum):
@@ -1669,6 +1697,7 @@ def apply_beats(
     """
     extended: list[LocalLease] = []
     cancel: list[LocalLease] = []
+    capped: list[LocalLease] = []
     events: list[Emit] = []
     for lease in leases:
         beat = report.beats.get(lease.job_id)
@@ -1684,6 +1713,10 @@ def apply_beats(
             if lease.job_id in report.progress_saved:
                 lease.progress_saved = report.progress_saved[lease.job_id]
             extended.append(lease)
+        elif beat.status is BeatStatus.CAPPED:
+            lease.drop(Drop.MESSAGE_CAP)
+            capped.append(lease)
+            cancel.append(lease)
         elif beat.status in (BeatStatus.LOST, BeatStatus.CANCELLED):
             ev = lose(
                 lease,
@@ -1698,7 +1731,30 @@ def apply_beats(
             lease.status = LeaseStatus.UNKNOWN
             lease.reason = beat.reason
             lease.next_beat = started + min(lease.heartbeat_seconds, 1.0)
-    return BeatOutcome(tuple(extended), tuple(cancel), tuple(events))
+    return BeatOutcome(tuple(extended), tuple(cancel), tuple(events), tuple(capped))
+
+
+def _refused_for_value(err: Err) -> bool:
+    """SQS refused a visibility change as InvalidParameterValue (its 12-hour cap)."""
+    return sqs_code_is("InvalidParameterValue", err.code, err.query_code)
+
+
+def set_visibility_call(queue_url: str, lease: LocalLease) -> Call:
+    """One lease's extension alone (a batch SQS refused whole, to find the entry)."""
+    return Call(
+        "sqs",
+        "ChangeMessageVisibility",
+        {
+            "QueueUrl": queue_url,
+            "ReceiptHandle": lease.receipt_handle,
+            "VisibilityTimeout": lease.lease_seconds,
+        },
+    )
+
+
+def _still_ours(lease: LocalLease, view: JobView) -> bool:
+    """The record still runs under this attempt's token (and was not cancelled)."""
+    return view.token == lease.token and view.state is JobState.RUNNING
 
 
 def end_write_id(nonce: str, what: str) -> str:

@@ -91,6 +91,9 @@ class IntentView:
     reason: str | None = None
     start_id: str | None = None  # who wrote the current start (see ``start_id_for``)
     first_started_at: float | None = None  # wall time of the first start
+    # The worker whose wall clock stamped ``first_started_at`` (None: not known, an
+    # older record): key retention compares that time only with the same clock.
+    first_started_by: str | None = None
     resolution: str | None = None  # an operator's decision, once made
     resolved_by: str | None = None
     success: SuccessMeaning | None = None
@@ -378,12 +381,13 @@ def effect_flow(
     expected = existing.state if existing is not None else IntentState.PREPARED
     attempts = existing.attempts if existing is not None else 0
     first_started = existing.first_started_at if existing is not None else None
+    first_by = existing.first_started_by if existing is not None else None
     reconcile_first = expected is IntentState.IN_PROGRESS
     stored = existing
     repeats = 0
     while True:
         if reconcile_first:
-            decision = yield from _reconcile(ctx, attempts, stored, first_started)
+            decision = yield from _reconcile(ctx, attempts, stored, first_started, first_by)
             if isinstance(decision, EffectResult):
                 return decision
             expected = IntentState.IN_PROGRESS
@@ -397,7 +401,8 @@ def effect_flow(
         if isinstance(started, EffectResult):
             return started
         attempts += 1
-        first_started = started if first_started is None else first_started
+        if first_started is None:  # this start stamped it, on this worker's clock
+            first_started, first_by = started, ctx.worker_id
         yield from emit(
             "intent_started",
             job_id=spec.job_id,
@@ -879,26 +884,66 @@ class Unprotected(StrEnum):
 
     NO_KEYS = "no_keys"  # the target keeps no idempotency keys
     EXPIRED = "expired"  # the first attempt is older than the target keeps keys
+    # The first start was timed by another machine's (or process's) wall clock: its age
+    # cannot be known without comparing two clocks, so the repeat is not proven safe.
+    OTHER_CLOCK = "other_clock"
+
+
+def first_start_stamp(wall_now: float, worker_id: str) -> str:
+    """The intent's ``first_start``: the first start's wall time and whose clock read it."""
+    return f"{wall_now!r}|{worker_id}"
+
+
+def first_started_by(stamp: str | None, first_started_at: float | None) -> str | None:
+    """Whose clock stamped ``first_started_at``, from the ``first_start`` written in the
+    same write (None: unknown, or the two were not written together: an older record)."""
+    if not stamp or first_started_at is None or "|" not in stamp:
+        return None
+    at, _, worker = stamp.partition("|")
+    try:
+        same = float(at) == first_started_at
+    except ValueError:
+        return None
+    return worker if same and worker else None
 
 
 def repeat_unprotected(
-    retention: float | None, first_started: float | None, now: float
+    retention: float | None, first_started: float | None, now: float, *, same_clock: bool
 ) -> Unprotected | None:
     """Key retention, the one rule (the effect flow and the operator's ``intents
     retry``): whether a repeat of a key first started at ``first_started`` (wall
     seconds; None: never started) is still protected by a target that keeps keys
-    for ``retention`` seconds (None: not at all). None: protected."""
+    for ``retention`` seconds (None: not at all). None: protected.
+
+    ``same_clock``: ``now`` was read from the clock that stamped ``first_started``
+    (the same worker process). Otherwise the age is two machines' clocks compared,
+    and a lagging clock would call a key the target already forgot protected and
+    repeat the effect: the rule decides conservatively (:attr:`Unprotected.OTHER_CLOCK`,
+    the job parks as ambiguous for an operator)."""
     if retention is None:
         return Unprotected.NO_KEYS
-    if first_started is not None and now > first_started + retention:
+    if first_started is None:
+        return None
+    if now > first_started + retention:
         return Unprotected.EXPIRED
+    if not same_clock:
+        return Unprotected.OTHER_CLOCK
     return None
 
 
-def _unprotected(spec: EffectSpec, first_started: float | None, now: float) -> str | None:
-    """Why a repeat with the same key would not be protected by the target, or None."""
+def _unprotected(
+    spec: EffectSpec, first_started: float | None, now: float, *, by: str | None, me: str
+) -> str | None:
+    """Why a repeat with the same key would not be protected by the target, or None
+    (``by``: whose clock stamped ``first_started``; ``me``: this worker)."""
     retention = spec.key_retention_seconds
-    why = repeat_unprotected(retention, first_started, now)
+    why = repeat_unprotected(retention, first_started, now, same_clock=by is not None and by == me)
+    if why is Unprotected.OTHER_CLOCK:
+        return (
+            f"its first attempt was timed by {'worker ' + by if by else 'an unknown'} clock, "
+            f"not this worker's, and whether target {spec.target!r} still keeps the key "
+            f"({retention:g} s) cannot be told without comparing two machines' clocks"
+        )
     if why is Unprotected.NO_KEYS:
         return f"target {spec.target!r} keeps no idempotency keys"
     if why is Unprotected.EXPIRED and first_started is not None:
@@ -914,6 +959,7 @@ def _reconcile(
     attempts: int,
     stored: IntentView | None,
     first_started: float | None,
+    first_by: str | None = None,
 ) -> Flow[EffectResult | None]:
     """Ask the target what happened to an in-progress intent.
 
@@ -935,6 +981,7 @@ def _reconcile(
         payload_json=spec.payload_json,
         last_token=token,
         first_started_at=first_started,
+        first_started_by=first_by,
         success=spec.success,
     )
     if view.success is None:  # stored before the meaning was recorded: the target's own
@@ -965,7 +1012,8 @@ def _reconcile(
             )
         )
     if answer.verdict is Verdict.NOT_APPLIED:
-        why = _unprotected(spec, first_started, (yield from _wall(ctx)))
+        now = yield from _wall(ctx)
+        why = _unprotected(spec, first_started, now, by=first_by, me=ctx.worker_id)
         if why is None:
             return None
         reason = (

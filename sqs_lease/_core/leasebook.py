@@ -155,6 +155,8 @@ def new_lease(claim: Claimed, rules: LeaseRules, now: float) -> LocalLease:
         deadline=claim.deadline,
         started_at=now,
         stage_deadline=claim.delivery.received_at + rules.stage_budget_seconds,
+        # A budget cut to what is left of the message's 12-hour cap (stages.CappedRules).
+        stage_capped=bool(getattr(rules, "capped", False)),
         progress_timeout=rules.progress_timeout_seconds,
         last_progress=now,
         next_beat=min(

@@ -239,6 +239,22 @@ class JobRequests(Protocol):
         write_id: str,
     ) -> Call: ...
 
+    def resend(
+        self,
+        job_id: str,
+        token: int,
+        worker_id: str,
+        *,
+        send_id: str,
+        reason: str,
+        wall_now: float,
+        write_id: str,
+    ) -> Call:
+        """The job goes on under a new message, fenced like a release: back to queued at
+        its stage, the attempt the claim counted given back, ``send_id`` its one unsent
+        message (the stranded sweep sends it should this sender not)."""
+        ...
+
     def keep_rejected(
         self,
         job_id: str,

@@ -64,10 +64,12 @@ from .records import JobRequests, JobState, JobView
 from .timing import CAP_MARGIN, SQS_MAX_VISIBILITY
 
 MESSAGE_CAP_SECONDS = SQS_MAX_VISIBILITY - CAP_MARGIN
-"""How long one message may be held in all, counted from the older of its send and its
-first receive: SQS refuses visibility past 12 hours from the first receive (moto
-counts from the send); the margin also covers a few minutes of skew between SQS's
-clock and the worker's, the one place the core compares them."""
+"""How long one message may be held in all, counted from its receive: SQS allows a
+received message a total visibility of 12 hours (AWS's ChangeMessageVisibility
+reference; moto counts from the send instead, a quirk nothing here relies on). The
+margin covers the seconds between SQS's receive and our stamp, a Lambda mapping's
+batching window, and a few minutes of skew where a re-received message's first
+receive (SQS's clock) is compared with the worker's wall clock (:func:`cap_budget`)."""
 
 STAGE_NAME = NAME_RULE
 """What a stage name may be: it is part of the idempotency keys of the stage's effects
@@ -206,16 +208,22 @@ def refused_next(job: JobView, nxt: NextStage, known: bool) -> str | None:
 
 def cap_budget(delivery: Delivery, budget: float, wall_now: float) -> float:
     """The budget an attempt on this message may have: its stage budget, less what the
-    message has already used of the 12-hour cap (:data:`MESSAGE_CAP_SECONDS`).
+    message has already used of SQS's 12-hour cap (:data:`MESSAGE_CAP_SECONDS`).
 
-    A retry of a stage runs on the same message as the attempts before it, and a
-    message may wait in a backlog before its first receive: both count against the
-    cap, so a late attempt gets what is left (possibly nothing: the watchdog then
-    stops it at once, a counted retry, until the attempts are spent)."""
-    known = [t for t in (delivery.sent_wall, delivery.first_received_wall) if t is not None]
-    if not known:
+    The cap counts from the receive, never from the send: a message that waited hours
+    (or days) in a backlog before its first receive has its whole cap. The attempt's
+    own stage deadline counts from its receive on the lease clock (``new_lease``), one
+    clock. Only a message received before (``receive_count > 1``: an earlier attempt,
+    a retry's backoff) may have used part of it; its ``ApproximateFirstReceiveTimestamp``
+    is SQS's clock and ``wall_now`` the worker's, so that one comparison may only
+    *shorten* a budget, and a budget it cuts to nothing ends in a new message for the
+    job (``Drop.MESSAGE_CAP``: uncharged, and the new message's first receive is this
+    worker's own), never in a failed job. A first receive (or no timestamp) is the
+    whole budget: a wrong clock can then cost one hand-back, never a loop of them."""
+    first = delivery.first_received_wall
+    if delivery.receive_count <= 1 or first is None:
         return budget
-    used = max(0.0, wall_now - min(known))
+    used = max(0.0, wall_now - first)
     return max(0.0, min(budget, MESSAGE_CAP_SECONDS - used))
 
 
@@ -226,6 +234,7 @@ class CappedRules:
 
     rules: Any  # a LeaseRules
     stage_budget_seconds: float
+    capped: bool = True  # read by ``new_lease``: reaching this budget is the cap's doing
 
     @property
     def lease_seconds(self) -> int:
@@ -396,6 +405,82 @@ def continue_flow(
         return Continued(replace(fin, delete_pending=True), sent.verdict != "failed")
     yield from _delete(home, delivery.receipt_handle)
     return Continued(fin, sent.verdict != "failed")
+
+
+def cap_send_id(token: int) -> str:
+    """The send id of the new message a job gets when its message reached SQS's cap:
+    unique per job, since one token resends at most once (the write leaves running)."""
+    return f"cap.{token}"
+
+
+def resend_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job: JobView,
+    delivery: Delivery,
+    worker_id: str,
+    wall_now: float,
+    reason: str,
+    nonce: str,
+    defer_delete: bool = False,
+) -> Flow[Finish]:
+    """The job goes on under a new message: its message used up SQS's 12-hour cap (the
+    budget left was none, or SQS refused an extension). Fenced on the attempt's token
+    like a release: back to queued at its stage, the attempt given back (the cap is
+    the message's age, not the job's failure), a new send id; then the new message
+    (a failed send leaves the record in the unsent index for the sweep) and the old
+    message's delete (should it come back first, it is a stray)."""
+    send_id = cap_send_id(job.token)
+    write_id = end_write_id(nonce, "resend")
+    fin = yield from _end_attempt(
+        req,
+        queue_url=queue_url,
+        job=job,
+        delivery=delivery,
+        worker_id=worker_id,
+        write=req.resend(
+            job.job_id,
+            job.token,
+            worker_id,
+            send_id=send_id,
+            reason=reason,
+            wall_now=wall_now,
+            write_id=write_id,
+        ),
+        write_id=write_id,
+        nonce=nonce,
+        applied=JobState.QUEUED,
+        stage="resend",
+        wall_now=wall_now,
+        delete=False,
+    )
+    if fin.outcome is not FinishOutcome.DONE:
+        return fin
+    home = on_queue(delivery, queue_url)
+    sent = yield from _send(
+        req,
+        queue_url=home,
+        job_id=job.job_id,
+        job_class=job.job_class,
+        send_id=send_id,
+        wall_now=wall_now,
+        stage=job.stage,
+        group=job.group,
+    )
+    yield from emit(
+        "job_resent",
+        job_id=job.job_id,
+        token=job.token,
+        stage=job.stage,
+        send_id=send_id,
+        sent=sent.verdict != "failed",
+        reason="message_cap",
+    )
+    if defer_delete and not is_fifo(home):
+        return replace(fin, delete_pending=True)
+    yield from _delete(home, delivery.receipt_handle)
+    return fin
 
 
 RetryVerdict = Literal["retried", "resumed", "resent", "nothing_to_do"]
@@ -578,9 +663,11 @@ __all__ = [
     "Retried",
     "StageEntry",
     "cap_budget",
+    "cap_send_id",
     "continuation_send_id",
     "continue_flow",
     "refused_next",
+    "resend_flow",
     "retry_flow",
     "stage_input_json",
     "stage_log",

@@ -193,6 +193,10 @@ class Drop(StrEnum):
     EFFECT_TIMEOUT = "effect_timeout"  # one effect call ran past its timeout + EFFECT_MARGIN
     NO_PROGRESS = "no_progress"
     STAGE_BUDGET = "stage_budget_exceeded"
+    # The message's share of SQS's 12-hour visibility cap ran out (or SQS refused an
+    # extension for it) before the class's own budget: not the job's fault; the job
+    # goes on under a new message, uncharged (``attempt.watchdog_drops_flow``).
+    MESSAGE_CAP = "message_cap"
     SHUTDOWN = "shutdown"  # the handler overran the worker's shutdown grace
     LOOP_BLOCKED = "loop_blocked"  # its handler held the event loop past the tolerated lag
 
@@ -225,6 +229,9 @@ class LocalLease:
     started_at: float
     stage_deadline: float
     progress_timeout: float | None = None
+    # The stage deadline is what was left of the message's 12-hour cap, shorter than
+    # the class's budget: reaching it is Drop.MESSAGE_CAP, not Drop.STAGE_BUDGET.
+    stage_capped: bool = False
     last_progress: float = 0.0
     next_beat: float = 0.0
     status: LeaseStatus = LeaseStatus.OK
@@ -312,6 +319,11 @@ class LocalLease:
             return WorkerShuttingDown(
                 f"{where}: the worker is shutting down; the job goes back to the queue"
             )
+        if stop is Stop.LET_GO and self.dropped is Drop.MESSAGE_CAP:
+            return OwnershipUnknown(
+                f"{where}: its message reached SQS's 12-hour visibility cap; the job goes on "
+                "under a new message (the attempt is not spent)"
+            )
         if stop is Stop.LET_GO and self.dropped is Drop.WORKER_LATE:
             return OwnershipUnknown(
                 f"{where}: the worker's heartbeat fell behind and let the lease go; the job "
@@ -397,7 +409,7 @@ def plan_heartbeat(
         ):
             drop.append((lease, Drop.NO_PROGRESS))
         elif now + lease.lease_seconds > lease.stage_deadline:
-            drop.append((lease, Drop.STAGE_BUDGET))
+            drop.append((lease, Drop.MESSAGE_CAP if lease.stage_capped else Drop.STAGE_BUDGET))
         elif now >= lease.next_beat:
             extend.append(lease)
         else:
