@@ -432,7 +432,8 @@ def test_a_message_with_no_cap_left_is_not_run_and_goes_on_under_a_new_message()
         "DeleteMessage",  # the old message
     ]
     resend = s.calls[2].params
-    assert "#1 = #1 - :1" in resend["UpdateExpression"]  # the attempt given back
+    names = {v: k for k, v in resend["ExpressionAttributeNames"].items()}
+    assert f"{names['attempt']} = {names['attempt']} - :" in resend["UpdateExpression"]
     values = json.dumps(resend["ExpressionAttributeValues"])
     assert "cap.5" in values and "message_cap" in values and '"5"' in values  # fenced on 5
     assert json.loads(s.calls[3].params["MessageBody"])["send_id"] == "cap.5"
