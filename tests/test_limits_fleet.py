@@ -194,7 +194,20 @@ def test_the_slots_of_a_sigkilled_worker_come_back_and_the_limit_still_holds(
     w1.proc.wait(30)
     _wait(lambda: target.in_flight() == 0, "the killed worker's calls to end", procs)
     for name in ("W2", "W3"):
-        procs.append(start_worker(name, env, target, tmp_path / f"{name}.log"))
+        # With the sweep a fleet runs: a job W1 was giving back to wait for a slot
+        # when it died (its record names the fresh message W1 never sent) is the
+        # stranded sweep's to send (docs/operations.md, slot waits).
+        procs.append(
+            start_worker(
+                name,
+                env,
+                target,
+                tmp_path / f"{name}.log",
+                SWEEP_INTERVAL="1",
+                SWEEP_GRACE="3",
+                IDLE_EXIT="120",
+            )
+        )
     # Both slots were W1's: every job finishing means they came back.
     _wait(lambda: set(ids) <= set(target.done), "every job's call done", procs)
     _wait(lambda: set(_states(env, ids).values()) == {"succeeded"}, "every job committed", procs)

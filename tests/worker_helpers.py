@@ -282,10 +282,12 @@ class WorkerProcess:
 
 def serve_as_script_worker(app: Any) -> int:
     """The worker side of :class:`WorkerProcess`: run ``app`` from the environment
-    (``WORKER_NAME``, ``IDLE_EXIT``), journal on stderr, SIGTERM handled."""
+    (``WORKER_NAME``, ``IDLE_EXIT``; ``SWEEP_INTERVAL`` and ``SWEEP_GRACE`` turn the
+    stranded sweep on, as a fleet has it), journal on stderr, SIGTERM handled."""
     from sqs_lease._journal import configure_stderr
 
     configure_stderr()
+    sweep = os.environ.get("SWEEP_INTERVAL")
     worker = Worker(
         app,
         Settings.from_env(),
@@ -293,7 +295,8 @@ def serve_as_script_worker(app: Any) -> int:
         concurrency=4,
         receive_wait=1,
         shutdown_grace=5,
-        sweep_interval=None,
+        sweep_interval=float(sweep) if sweep else None,
+        sweep_grace=float(os.environ.get("SWEEP_GRACE", "60")),
     )
     worker.install_signal_handlers()
     worker.run(idle_exit=float(os.environ.get("IDLE_EXIT", "60")))
