@@ -596,7 +596,7 @@ def test_stop_releases_running_jobs_at_once(
     worker = make_worker(app, settings, "w", shutdown_grace=1.0)
     with collect_journal() as journal, running(worker) as (runner,):
         for _ in ids:
-            assert started.acquire(timeout=10)
+            assert started.acquire(timeout=HANG_GUARD)
         t0 = time.monotonic()
         stats = runner.stop(timeout=10)
         stopped_in = time.monotonic() - t0
