@@ -139,6 +139,10 @@ class LambdaShell(Worker):
         self.env.deletes = None
         self._warned = False
         self._budgets = {c.name: c.stage_budget_seconds for c in app.job_classes()}
+
+    def refuse_unfit(self) -> None:
+        """A consumer whose app has a class no invocation can ever start refuses to run
+        (the scheduled sweep runs no job, so it does not ask)."""
         unfit = never_fit(self._budgets, LAMBDA_MAX_TIMEOUT)
         if unfit:
             # Never started, each record would come back until the DLQ, saying nothing.
@@ -181,6 +185,7 @@ class LambdaShell(Worker):
 
     def handle(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         """Run one event's records in order; report those that did not finish."""
+        self.refuse_unfit()
         self.warn_timing(context)
         records = event.get("Records")
         if not isinstance(records, list):

@@ -20,7 +20,16 @@ class Document(BaseModel):
     pages: int = 1
 
 
-@app.job("ocr", payload=Document, lease_seconds=60, heartbeat_seconds=10.0, max_attempts=5)
+# Stage budgets fit the example's 300 s function (a record starts only when its
+# whole budget and the end margin fit the invocation's time left).
+@app.job(
+    "ocr",
+    payload=Document,
+    lease_seconds=60,
+    heartbeat_seconds=10.0,
+    max_attempts=5,
+    stage_budget_seconds=240.0,
+)
 def ocr(ctx: JobContext[Document], doc: Document) -> dict[str, object]:
     """A tool call of up to a few minutes (stands in for a real OCR service)."""
     ctx.check()
@@ -39,7 +48,7 @@ class Export(BaseModel):
     lease_seconds=120,
     heartbeat_seconds=20.0,
     max_attempts=8,
-    stage_budget_seconds=1800.0,
+    stage_budget_seconds=280.0,
 )
 def erp_export(ctx: JobContext[Export], export: Export) -> dict[str, str]:
     """A slower call whose lease is longer: the queue's visibility follows it."""
