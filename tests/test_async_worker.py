@@ -18,6 +18,7 @@ from conftest import AwsTestEnv
 from pydantic import BaseModel
 from worker_helpers import (
     FAST,
+    ROOMY,
     collect_journal,
     prepare,
     queue_depth,
@@ -124,7 +125,8 @@ def test_an_async_handlers_effects_await_async_tools_and_run_plain_tools_in_the_
         calls.append(("plain", call.key, call.token, threading.current_thread().name))
         return ToolResult({"ok": True}, external_id="x-2")
 
-    @app.job("two", payload=Work, **FAST)
+    # Tokens counted exactly, and the subject is where the tools run, not a lapse.
+    @app.job("two", payload=Work, **ROOMY)
     async def two(ctx: AsyncJobContext[Work], p: Work) -> dict[str, Any]:
         first = await ctx.effect("first", "svc", {"n": p.n}, async_tool)
         second = await ctx.effect("second", "svc", {"n": p.n}, plain_tool)

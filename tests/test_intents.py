@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel
-from worker_helpers import SHELLS
+from worker_helpers import HANG_GUARD, ROOMY, SHELLS
 
 from examples import receiver_service as service
 from sqs_lease import (
@@ -84,16 +84,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("intents")]
 SECRET = f"memo-secret-{uuid.uuid4().hex}"
 """Travels in every job and effect payload; must never reach a log line."""
 
-FAST: dict[str, Any] = {
-    "lease_seconds": 4,
-    "heartbeat_seconds": 1.0,
-    "jitter_seconds": 1.0,
-    "missed_heartbeats": 2,
-    "backoff_base_seconds": 0.0,
-}
+FAST: dict[str, Any] = {**ROOMY, "backoff_base_seconds": 0.0}
+"""The real workers' lease (W2, W3): no test here is about their lease lapsing (W1's
+lapse is the test's own claim), and tokens are counted exactly, so a lease no busy
+machine lapses (a 4 s one lapsed beside two CPU hogs and added a takeover); retries
+come back at once."""
 W1 = "w1-lost"
 CANNOT_TELL_DETAIL = "ledger export is a day behind"
-WAIT = 20.0
+WAIT = HANG_GUARD
+"""A hang guard for every wait here, never a timing check (20 s ran out beside two CPU
+hogs); a wait that succeeds returns as soon as its state is reached."""
 
 
 # =========================================================================== logs
@@ -459,7 +459,7 @@ def build(env: Env, app: App, name: str, shell: Any = Worker) -> Future[Any]:
 @contextmanager
 def running(built: Future[Any]) -> Iterator[Any]:
     """Run a real Worker in a thread for the block; stop (and join) it at the end."""
-    worker = built.result(timeout=30)
+    worker = built.result(timeout=WAIT)
     errors: list[BaseException] = []
 
     def main() -> None:
@@ -474,7 +474,7 @@ def running(built: Future[Any]) -> Iterator[Any]:
         yield worker
     finally:
         worker.stop()
-        thread.join(20.0)
+        thread.join(WAIT)
     assert not thread.is_alive(), f"worker {worker.worker_id} did not stop"
     assert not errors, errors
 
@@ -483,7 +483,7 @@ def running(built: Future[Any]) -> Iterator[Any]:
 
 
 def receive_one(env: Env, *, visibility: int) -> Delivery:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
         batch = env.driver.run(
             receive_flow(

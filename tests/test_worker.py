@@ -254,7 +254,9 @@ def test_permanent_error_fails_at_once_with_reason_and_code(
     settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
     app = App()
 
-    @app.job("pay", payload=Work, **FAST, max_attempts=5)
+    # The subject is the failure, not a lapse: a 3 s lease lapsed beside two CPU hogs
+    # before the fail was written, and its re-claim spent a second attempt.
+    @app.job("pay", payload=Work, **ROOMY, max_attempts=5)
     def pay(ctx: JobContext[Any], p: Work) -> None:
         raise PermanentError("card declined by issuer", code="card_declined")
 
@@ -370,9 +372,11 @@ def test_cancel_fences_the_running_owner_out(
     app = App()
     seen: dict[str, bool] = {}
 
-    @app.job("long", payload=Work, **FAST)
+    # The cancel reaches the handler at a beat; a lease no busy machine lapses keeps a
+    # late beat from ending the attempt some other way first (the subject is the cancel).
+    @app.job("long", payload=Work, **ROOMY)
     def long(ctx: JobContext[Any], p: Work) -> dict[str, bool]:
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + HANG_GUARD
         try:
             while not ctx.wait(0.1) and time.monotonic() < deadline:
                 pass  # the wait raises JobCancelled once the heartbeat sees the cancel
@@ -592,7 +596,7 @@ def test_stop_releases_running_jobs_at_once(
     worker = make_worker(app, settings, "w", shutdown_grace=1.0)
     with collect_journal() as journal, running(worker) as (runner,):
         for _ in ids:
-            assert started.acquire(timeout=10)
+            assert started.acquire(timeout=HANG_GUARD)
         t0 = time.monotonic()
         stats = runner.stop(timeout=10)
         stopped_in = time.monotonic() - t0
@@ -713,7 +717,7 @@ def test_a_payload_cannot_set_its_own_lease(aws: AwsTestEnv, ddb_client: DynamoD
     settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
     app = App()
 
-    @app.job("sneaky", payload=SneakyPayload, **FAST)
+    @app.job("sneaky", payload=SneakyPayload, **ROOMY)
     def sneaky(ctx: JobContext[Any], p: SneakyPayload) -> dict[str, int]:
         ctx.wait(2.0)  # twice the payload's "lease"
         return {"class_lease": ctx.job_class.lease_seconds}
@@ -731,14 +735,15 @@ def test_a_payload_cannot_set_its_own_lease(aws: AwsTestEnv, ddb_client: DynamoD
         journal.wait_for("result_committed", job_id=job_id, timeout=15)
         runner.stop()
     (claimed,) = journal.events("job_claimed", job_id=job_id)
-    assert claimed["lease_seconds"] == 3
+    lease = ROOMY["lease_seconds"]
+    assert claimed["lease_seconds"] == lease
     assert running_rec.state == "running"
     assert running_rec.lease_deadline is not None
     # Written by the claim (at its updated_at), which writes no last_heartbeat.
-    assert running_rec.lease_deadline - running_rec.updated_at == pytest.approx(3, abs=0.01)
+    assert running_rec.lease_deadline - running_rec.updated_at == pytest.approx(lease, abs=0.01)
     rec = read_record(ddb_client, settings, job_id)
     assert (rec.state, rec.token, rec.attempt) == ("succeeded", 1, 1)
-    assert result_of(rec) == {"class_lease": 3}
+    assert result_of(rec) == {"class_lease": lease}
 
 
 @pytest.mark.parametrize(
@@ -815,7 +820,8 @@ def test_duplicate_delivery_fences_the_first_owner_out(
     aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
 ) -> None:
     # Bounded tries, each on a fresh job: the scenario needs A's lease alive until the
-    # duplicate's claim, which a loaded machine may prevent (see _duplicate_delivery).
+    # duplicate's claim, which only a thread starved for some 20 s would prevent under
+    # the roomy lease (see _duplicate_delivery).
     for tag in "abc":
         if _duplicate_delivery(aws, sqs_client, ddb_client, tag):
             return
@@ -829,10 +835,14 @@ def _duplicate_delivery(
     settings, url, _ = prepare(aws.endpoint_url, f"{aws.prefix}{tag}")
     app = App()
 
-    @app.job("dup", payload=Work, **FAST)
+    # A lease no busy machine lapses: the subject is the duplicate's fence, and a short
+    # one let B's own lease lapse beside two CPU hogs (A's copy then taken over again:
+    # tokens 3 and 4). A's copy still comes back once its visibility lapses (<= 30 s).
+    @app.job("dup", payload=Work, **ROOMY)
     def dup(ctx: JobContext[Any], p: Work) -> dict[str, Any]:
-        # The first owner would run long, but learns at its next beat that it lost.
-        cancelled = ctx.wait(8.0 if ctx.token == 1 else 3.0)
+        # The first owner would run long (a hang guard), but learns at its next beat
+        # that it lost; it never ends before that beat, however late the beat comes.
+        cancelled = ctx.wait(HANG_GUARD if ctx.token == 1 else 3.0)
         return {"token": ctx.token, "cancelled": cancelled}
 
     job_id = Producer(settings, app).submit("dup", Work(n=1), job_id=f"{aws.prefix}-dup").job_id
@@ -847,17 +857,17 @@ def _duplicate_delivery(
         body = message_body(job_id, "dup", send_id=current)
         sqs_client.send_message(QueueUrl=url, MessageBody=body)
         with running(b):
-            journal.wait_for("result_committed", job_id=job_id, timeout=15)
+            journal.wait_for("result_committed", job_id=job_id)
             wait_until(
                 lambda: bool(
                     journal.events("result_rejected", job_id=job_id)
                     + journal.events("job_abandoned", job_id=job_id)
                 ),
-                10,
+                HANG_GUARD,
                 "the first owner's end",
             )
-            # A's copy comes back when its lease lapses and meets a finished job.
-            journal.wait_for("job_already_done", job_id=job_id, timeout=10)
+            # A's copy comes back when its visibility lapses and meets a finished job.
+            journal.wait_for("job_already_done", job_id=job_id)
 
     claims = journal.events("job_claimed", job_id=job_id)
     if journal.events("lease_dropped_late", job_id=job_id, worker=a.worker_id):

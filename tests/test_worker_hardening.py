@@ -14,6 +14,7 @@ from conftest import AwsTestEnv
 from pydantic import BaseModel
 from worker_helpers import (
     FAST,
+    HANG_GUARD,
     collect_journal,
     drain,
     hold_heartbeat,
@@ -242,7 +243,7 @@ def test_a_worker_that_learns_after_a_pause_that_its_job_was_taken_journals_one_
     @app.job("slow", payload=Work, **FAST)
     def slow(ctx: JobContext[Any], p: Work) -> dict[str, int]:
         if ctx.token == 1:
-            release.wait(30)  # a blocked call: the process is paused meanwhile
+            release.wait(HANG_GUARD)  # a blocked call: the process is paused meanwhile
         return {"token": ctx.token}
 
     job_id = Producer(settings, app).submit("slow", Work(n=1), job_id=f"{aws.prefix}-p").job_id
@@ -296,7 +297,7 @@ def test_one_unreadable_record_does_not_cost_the_other_jobs_their_leases(
 
     @app.job("hold", payload=Work, **FAST, max_attempts=1)
     def hold(ctx: JobContext[Any], p: Work) -> dict[str, int]:
-        go.wait(20)
+        go.wait(HANG_GUARD)  # set by the test: a hang guard
         ctx.wait(4.0)  # more than a lease after the edit, kept alive by the heartbeat
         return {"n": p.n}
 
@@ -396,7 +397,7 @@ def test_a_refused_intent_start_after_a_takeover_journals_the_loss_once(
 
     @app.job("pay", payload=Work, **slow, max_attempts=1)
     def pay(ctx: JobContext[Any], p: Work) -> None:
-        taken.wait(20)
+        taken.wait(HANG_GUARD)  # set by the test: a hang guard
         ctx.effect("capture", "psp", {"n": p.n}, lambda call: called.append(call.token))
 
     job_id = Producer(settings, app).submit("pay", Work(n=1), job_id=f"{aws.prefix}-i").job_id

@@ -68,6 +68,15 @@ def ddb_client(own_endpoint: str) -> DynamoDBClient:
     return boto3.client("dynamodb", endpoint_url=own_endpoint, region_name=REGION)
 
 
+# The backpressure under test sets the pace: on a busy machine most rounds complete
+# later than this lease's 0.5 s budget, and a throttled worker holds only what one
+# round's cost projects, down to one lease at a time (at load 20 the 120 jobs took
+# longer than pytest's 300 s default). That pace is the machine's, and this test checks
+# semantics, never speed: its hang guard allows it.
+GUARD = 900
+
+
+@pytest.mark.timeout(GUARD + 60)
 def test_an_overloaded_worker_fails_no_job_and_reclaims_none_by_its_own_lateness(
     aws: AwsTestEnv, ddb_client: DynamoDBClient
 ) -> None:
@@ -94,7 +103,7 @@ def test_an_overloaded_worker_fails_no_job_and_reclaims_none_by_its_own_lateness
     with collect_journal() as journal, running(worker) as (runner,):
         wait_until(
             lambda: len(journal.events("result_committed")) >= JOBS,
-            400,  # a hang guard only
+            GUARD,  # a hang guard only
             f"{JOBS} committed results",
             interval=0.5,
         )

@@ -20,6 +20,8 @@ from conftest import AwsTestEnv
 from pydantic import BaseModel
 from worker_helpers import (
     FAST,
+    HANG_GUARD,
+    ROOMY,
     collect_journal,
     drain,
     prepare,
@@ -71,7 +73,7 @@ def _looping_handler(app: App, seen: list[str], started: threading.Event, **poli
     """The documented wait loop, written as a handler that returns its partial work
     whether the loop ended by ``wait`` returning True (the old behaviour) or raising."""
 
-    @app.job("loop", payload=Work, **{**FAST, **policy})
+    @app.job("loop", payload=Work, **{**ROOMY, **policy})
     def loop(ctx: JobContext[Any], p: Work) -> dict[str, Any]:
         done = 0
         started.set()
@@ -99,7 +101,7 @@ def test_a_partial_result_returned_at_shutdown_is_not_committed_and_spends_no_at
     # not when the grace runs out.
     worker = _worker(app, settings, "w", shutdown_grace=60.0)
     with collect_journal() as journal, running(worker) as (runner,):
-        assert started.wait(20)
+        assert started.wait(HANG_GUARD)
         journal.wait_for("job_claimed", job_id=job_id)
         stats = runner.stop(timeout=60)
 
@@ -125,7 +127,7 @@ def test_a_released_job_runs_again_from_its_first_attempt(
     attempts: list[tuple[int, int]] = []
     first = threading.Event()
 
-    @app.job("once", payload=Work, **FAST, max_attempts=1)
+    @app.job("once", payload=Work, **ROOMY, max_attempts=1)
     def once(ctx: JobContext[Any], p: Work) -> dict[str, int]:
         attempts.append((ctx.attempt, ctx.token))
         if ctx.token == 1:
@@ -136,7 +138,7 @@ def test_a_released_job_runs_again_from_its_first_attempt(
 
     job_id = Producer(settings, app).submit("once", Work(n=1), job_id=f"{aws.prefix}-ag").job_id
     with running(_worker(app, settings, "a", shutdown_grace=60.0)) as (runner,):
-        assert first.wait(20)
+        assert first.wait(HANG_GUARD)
         runner.stop(timeout=60)
     assert read_view(ddb_client, settings, job_id).state is JobState.QUEUED
     # max_attempts=1: had the shutdown spent the only attempt, the job would fail now.
@@ -165,7 +167,7 @@ def test_a_partial_result_returned_after_the_message_was_lost_is_discarded(
     job_id = Producer(settings, app).submit("loop", Work(n=1), job_id=f"{aws.prefix}-lo").job_id
     worker = _worker(app, settings, "w")
     with collect_journal() as journal, running(worker) as (runner,):
-        assert started.wait(20)
+        assert started.wait(HANG_GUARD)
         journal.wait_for("job_claimed", job_id=job_id)
         sqs_client.purge_queue(QueueUrl=url)
         (discarded,) = journal.wait_for("result_discarded", job_id=job_id, timeout=20)
@@ -190,7 +192,7 @@ def test_a_cancelled_jobs_handler_gets_job_cancelled_and_its_result_is_discarded
     producer = Producer(settings, app)
     job_id = producer.submit("loop", Work(n=1), job_id=f"{aws.prefix}-ca").job_id
     with collect_journal() as journal, running(_worker(app, settings, "w")) as (runner,):
-        assert started.wait(20)
+        assert started.wait(HANG_GUARD)
         journal.wait_for("job_claimed", job_id=job_id)
         producer.cancel(job_id, "the session ended")
         (discarded,) = journal.wait_for("result_discarded", job_id=job_id, timeout=20)
@@ -249,7 +251,7 @@ def test_an_effect_call_past_its_timeout_is_outcome_unknown_and_reconciled_next_
         timeouts.append(call.timeout)
         calls.append(call.token)
         # The request was sent and the target applied it; the answer never comes in time.
-        assert release_call.wait(60)
+        assert release_call.wait(HANG_GUARD)
         return ToolResult({"id": "ch_1"}, "ch_1")
 
     @app.job(
@@ -290,7 +292,7 @@ def test_a_wait_after_the_stop_raises_at_once_and_cancelled_reads_true(
     seen: dict[str, Any] = {}
     started = threading.Event()
 
-    @app.job("twice", payload=Work, **FAST)
+    @app.job("twice", payload=Work, **ROOMY)
     def twice(ctx: JobContext[Any], p: Work) -> None:
         started.set()
         with pytest.raises(WorkerShuttingDown):
@@ -308,7 +310,7 @@ def test_a_wait_after_the_stop_raises_at_once_and_cancelled_reads_true(
     app.target("t")
     Producer(settings, app).submit("twice", Work(n=1), job_id=f"{aws.prefix}-tw")
     with running(_worker(app, settings, "w", shutdown_grace=60.0)) as (runner,):
-        assert started.wait(20)
+        assert started.wait(HANG_GUARD)
         runner.stop(timeout=60)
     assert seen == {"cancelled": True, "done": True}
 
@@ -324,7 +326,7 @@ def test_a_worker_done_after_max_messages_lets_its_running_handlers_finish(
     finish = threading.Event()
     seen: list[str] = []
 
-    @app.job("drain", payload=Work, **FAST)
+    @app.job("drain", payload=Work, **ROOMY)
     def drain_job(ctx: JobContext[Any], p: Work) -> dict[str, int]:
         if p.n == 1:
             first_running.set()
@@ -340,12 +342,12 @@ def test_a_worker_done_after_max_messages_lets_its_running_handlers_finish(
     first = producer.submit("drain", Work(n=1), job_id=f"{aws.prefix}-d1").job_id
     worker = _worker(app, settings, "w", concurrency=2, shutdown_grace=60.0)
     with collect_journal() as journal, running(worker, max_messages=2) as (runner,):
-        assert first_running.wait(20)
+        assert first_running.wait(HANG_GUARD)
         second = producer.submit("drain", Work(n=2), job_id=f"{aws.prefix}-d2").job_id
         journal.wait_for("job_claimed", job_id=second, timeout=20)  # the loop is done now
         journal.wait_for("result_committed", job_id=second, timeout=20)
         finish.set()
-        runner.join(60)
+        runner.join(HANG_GUARD)
     assert seen == []
     for job_id, n in ((first, 1), (second, 2)):
         rec = read_record(ddb_client, settings, job_id)
@@ -366,7 +368,7 @@ def test_releases_of_handlers_that_stopped_within_the_grace_finish_and_count_bef
     app = App()
     held = threading.Semaphore(0)
 
-    @app.job("hold", payload=Work, **FAST)
+    @app.job("hold", payload=Work, **ROOMY)
     def hold(ctx: JobContext[Any], p: Work) -> None:
         held.release()
         while True:
@@ -400,7 +402,7 @@ def test_releases_of_handlers_that_stopped_within_the_grace_finish_and_count_bef
     worker = _worker(app, settings, "w", concurrency=jobs, shutdown_grace=0.3)
     with collect_journal() as journal, running(worker) as (runner,):
         for _ in range(jobs):
-            assert held.acquire(timeout=30)
+            assert held.acquire(timeout=HANG_GUARD)
         stats = runner.stop(timeout=60)
         names = journal.names()
 
