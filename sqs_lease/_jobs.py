@@ -36,6 +36,7 @@ from ._errors import (
     JobClassError,
     LeaseError,
     PayloadError,
+    PermanentError,
     ToolNotApplied,
 )
 from ._fence import check_key_text, fence_headers
@@ -816,6 +817,15 @@ class JobContext(_ContextBase[P]):
     ) -> EffectResult:
         if self._run_effect is None:
             raise ConfigError("this context has no effect runner (run it under a Worker)")
+        if is_async_callable(call):
+            # Called here, it would give a coroutine, taken for the target's answer.
+            # Refused before the intent is written: nothing was sent.
+            raise PermanentError(
+                f"effect {action!r} on {target!r}: the tool is an async def, which a plain "
+                "handler's ctx.effect cannot await: make the tool a plain function, or the "
+                "handler an async def (run by the async worker)",
+                code="async_tool_in_plain_handler",
+            )
         spec = self._effect_spec(
             action,
             target,
@@ -896,7 +906,7 @@ class AsyncJobContext(_ContextBase[P]):
         async def tool() -> Any:
             handle = self._begin_call(ec.timeout)
             try:
-                if inspect.iscoroutinefunction(call):
+                if is_async_callable(call):
                     return await call(ec)
                 value = await self._run_blocking(lambda: call(ec))
                 return await value if inspect.isawaitable(value) else value

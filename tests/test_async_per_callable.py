@@ -166,3 +166,34 @@ def test_the_lambda_shell_refuses_an_async_stage_naming_it() -> None:
     settings = Settings(endpoint_url="http://127.0.0.1:9", prefix="x")
     with pytest.raises(ConfigError, match=r"'report' stage 'render'.*Lambda shell cannot await"):
         LambdaShell(app, settings, journal=None, tick=0.1)
+
+
+def test_a_plain_handlers_effect_refuses_an_async_tool_before_anything_is_sent(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient, shell: str
+) -> None:
+    # A plain handler's ctx.effect calls its tool and cannot await it: the coroutine
+    # would be taken for the tool's answer. Refused (the job fails at once, naming the
+    # effect), and the tool never runs, in either worker.
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+    app.target("svc")
+    ran: list[str] = []
+
+    async def charge(call: Any) -> dict[str, Any]:
+        ran.append(call.key)
+        return {"ok": True}
+
+    @app.job("pay", payload=Order, **ROOMY)
+    def pay(ctx: JobContext[Order], p: Order) -> Any:
+        return ctx.effect("charge", "svc", {"n": p.n}, charge).response
+
+    job_id = Producer(settings, app).submit("pay", Order(n=1), job_id=f"{aws.prefix}-e").job_id
+    worker = Shell(app, settings, worker_id=f"w-{aws.prefix}", receive_wait=1)
+    with running(worker) as (runner,):
+        wait_until(
+            lambda: read_view(ddb_client, settings, job_id).state.terminal, 60, "the job ended"
+        )
+        runner.stop()
+    view = read_view(ddb_client, settings, job_id)
+    assert (view.state, view.error_code) == (JobState.FAILED, "async_tool_in_plain_handler")
+    assert ran == []
