@@ -65,7 +65,7 @@ from ._core.intents import EffectResult, EffectSpec
 from ._core.leasebook import Held
 from ._core.timing import tolerated_loop_lag
 from ._errors import ConfigError
-from ._jobs import App, AsyncJobContext, JobContext
+from ._jobs import App, AsyncJobContext, JobContext, is_async_callable
 from ._journal import Journal
 from ._shell import ShellBase, WorkerStats
 
@@ -390,7 +390,7 @@ class AsyncWorker(ShellBase):
 
     async def _effect(self, spec: EffectSpec, held: Held) -> EffectResult:
         tool = spec.tool
-        if not asyncio.iscoroutinefunction(tool):
+        if not is_async_callable(tool):
             # A plain handler's tool blocks: it runs in the pool, never on the loop
             # (an async handler's context hands the flow an ``async def`` tool).
             spec = replace(spec, tool=lambda: self._blocking(tool))
