@@ -65,9 +65,9 @@ from ._core.intents import EffectResult, EffectSpec
 from ._core.leasebook import Held
 from ._core.timing import tolerated_loop_lag
 from ._errors import ConfigError
-from ._jobs import App, AsyncJobContext, JobContext
+from ._jobs import App, AsyncJobContext, JobContext, is_async_callable
 from ._journal import Journal
-from ._shell import ShellBase, WorkerStats, async_handlers
+from ._shell import ShellBase, WorkerStats
 
 T = TypeVar("T")
 
@@ -188,7 +188,6 @@ class AsyncWorker(ShellBase):
         self._step: _Step | None = None  # the job step running on the loop now
         self._step_lock = threading.Lock()
         self._watch_stop = threading.Event()
-        self._async_classes = frozenset(async_handlers(app))
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._driver: AsyncDriver | None = None
         # Called with each driver serve() builds, before it runs (the testing kit's
@@ -362,7 +361,7 @@ class AsyncWorker(ShellBase):
         assert isinstance(stop, _Stop)
         fields = self._context_fields(run)
         try:
-            if run.claim.job.job_class in self._async_classes:
+            if reg.is_async:  # this stage's or tool's own callable, not its class's
                 actx: AsyncJobContext[Any] = AsyncJobContext(
                     stopped=stop.aio,
                     before_check=self._judge_now,
@@ -391,7 +390,7 @@ class AsyncWorker(ShellBase):
 
     async def _effect(self, spec: EffectSpec, held: Held) -> EffectResult:
         tool = spec.tool
-        if not asyncio.iscoroutinefunction(tool):
+        if not is_async_callable(tool):
             # A plain handler's tool blocks: it runs in the pool, never on the loop
             # (an async handler's context hands the flow an ``async def`` tool).
             spec = replace(spec, tool=lambda: self._blocking(tool))

@@ -36,6 +36,7 @@ from ._errors import (
     JobClassError,
     LeaseError,
     PayloadError,
+    PermanentError,
     ToolNotApplied,
 )
 from ._fence import check_key_text, fence_headers
@@ -158,6 +159,15 @@ Handler = Callable[[Any, Any], Any]
 H = TypeVar("H", bound=Handler)
 
 
+def is_async_callable(fn: Any) -> bool:
+    """Whether calling ``fn`` gives a coroutine to await (an ``async def``, or an object
+    whose ``__call__`` is one). Decided for each callable (a handler, a stage, a planned
+    tool), never for its job class: a class may mix async and plain stages."""
+    return inspect.iscoroutinefunction(fn) or (
+        callable(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+    )
+
+
 @dataclass(frozen=True)
 class Registered:
     """A job class and its handler; for a staged job, also its stages (first first)."""
@@ -167,6 +177,14 @@ class Registered:
     stages: Mapping[str, Registered] | None = None
     first_stage: str | None = None
     planned: PlannedJob | None = None  # a job whose stages come from its plan
+    # What a stage's own concurrency_limit belongs to (its pool, ``own_pool``): the
+    # stage of a staged job, the tool of a planned job (every step calling it).
+    limit_unit: str | None = None
+
+    @property
+    def is_async(self) -> bool:
+        """Whether this handler is awaited (the async worker) or called (any worker)."""
+        return is_async_callable(self.handler)
 
 
 class StageInput(RootModel[Any]):
@@ -175,7 +193,7 @@ class StageInput(RootModel[Any]):
 
 def _unwrapped(fn: Handler) -> Handler:
     # A stage without an input model gets its input as plain JSON data.
-    if inspect.iscoroutinefunction(fn):
+    if is_async_callable(fn):
 
         async def unwrap_async(ctx: Any, p: Any) -> Any:
             return await fn(ctx, p.root if isinstance(p, StageInput) else p)
@@ -248,7 +266,7 @@ class StagedJob:
 
         def deco(fn: H) -> H:
             handler = fn if payload is not None or first else _unwrapped(fn)
-            self.stages[name] = Registered(job_class, handler)
+            self.stages[name] = Registered(job_class, handler, limit_unit=name)
             self.app._put_staged(self)
             return fn
 
@@ -359,11 +377,33 @@ class App:
         reg = self.classes.get(job_class)
         return reg.job_class.concurrency_limit if reg is not None else None
 
-    def stage_limit_for(self, job_class: str, stage: str) -> int | None:
-        """The fleet-wide limit of one stage's running jobs: the stage's own class's
-        ``concurrency_limit`` (None: none, or unknown)."""
+    def stage_limit_for(self, job_class: str, stage: str) -> tuple[str, int] | None:
+        """The fleet-wide limit of one stage's running jobs: what it belongs to (the
+        stage, or a planned job's tool across every step calling it) and the stage's
+        own class's ``concurrency_limit`` (None: none, or unknown)."""
         reg = self.get(job_class, stage)
-        return reg.job_class.concurrency_limit if reg is not None else None
+        if reg is None or reg.job_class.concurrency_limit is None:
+            return None
+        return reg.limit_unit or stage, reg.job_class.concurrency_limit
+
+    def async_callables(self) -> list[str]:
+        """Every ``async def`` the app runs, named (a class, a class's stage, a planned
+        job's tool): a worker that cannot await refuses the app naming them."""
+        out: list[str] = []
+        for name, top in self.classes.items():
+            if top.planned is not None:
+                out.extend(
+                    f"job class {name!r} tool {t!r}"
+                    for t, tool in top.planned.tools.items()
+                    if is_async_callable(tool.fn)
+                )
+            elif top.stages is not None:
+                out.extend(
+                    f"job class {name!r} stage {s!r}" for s, r in top.stages.items() if r.is_async
+                )
+            elif top.is_async:
+                out.append(f"job class {name!r}")
+        return sorted(out)
 
     @property
     def has_limits(self) -> bool:
@@ -777,6 +817,15 @@ class JobContext(_ContextBase[P]):
     ) -> EffectResult:
         if self._run_effect is None:
             raise ConfigError("this context has no effect runner (run it under a Worker)")
+        if is_async_callable(call):
+            # Called here, it would give a coroutine, taken for the target's answer.
+            # Refused before the intent is written: nothing was sent.
+            raise PermanentError(
+                f"effect {action!r} on {target!r}: the tool is an async def, which a plain "
+                "handler's ctx.effect cannot await: make the tool a plain function, or the "
+                "handler an async def (run by the async worker)",
+                code="async_tool_in_plain_handler",
+            )
         spec = self._effect_spec(
             action,
             target,
@@ -857,7 +906,7 @@ class AsyncJobContext(_ContextBase[P]):
         async def tool() -> Any:
             handle = self._begin_call(ec.timeout)
             try:
-                if inspect.iscoroutinefunction(call):
+                if is_async_callable(call):
                     return await call(ec)
                 value = await self._run_blocking(lambda: call(ec))
                 return await value if inspect.isawaitable(value) else value

@@ -7,7 +7,6 @@ redrive they find and their counters live here once.
 
 from __future__ import annotations
 
-import inspect
 import os
 import random
 import secrets
@@ -119,16 +118,9 @@ def check_options(
 
 
 def async_handlers(app: App) -> list[str]:
-    """The job classes whose handler is an ``async def`` (they need the async worker)."""
-    return sorted(
-        {
-            name
-            for name, top in app.classes.items()
-            for reg in (top.stages or {name: top}).values()
-            if inspect.iscoroutinefunction(reg.handler)
-            or inspect.iscoroutinefunction(type(reg.handler).__call__)
-        }
-    )
+    """The app's ``async def`` handlers, stages and tools, named (they need the async
+    worker): ``App.async_callables``, decided per callable (``Registered.is_async``)."""
+    return app.async_callables()
 
 
 @dataclass(frozen=True)

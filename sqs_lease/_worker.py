@@ -82,6 +82,12 @@ class Worker(ShellBase):
     moved to the DLQ with the reason.
     """
 
+    cannot_await = (
+        "the thread worker cannot await: run the app with AsyncWorker (sqs-lease worker "
+        "picks it, or give --async), or make them plain functions"
+    )
+    """The end of the refusal of an app with an ``async def`` handler, stage or tool."""
+
     def __init__(
         self,
         app: App,
@@ -105,9 +111,9 @@ class Worker(ShellBase):
         if not 1 <= concurrency <= 1000:
             raise ConfigError(f"concurrency={concurrency}: choose 1..1000")
         if async_handlers(app):
+            # Refused at start: a coroutine called here would never be awaited.
             raise ConfigError(
-                f"job classes {', '.join(async_handlers(app))} have async handlers: run them "
-                "with AsyncWorker (sqs-lease worker picks it, or give --async)"
+                f"{'; '.join(async_handlers(app))}: async def, which {self.cannot_await}"
             )
         super().__init__(
             app,

@@ -112,6 +112,11 @@ LambdaHandler = Callable[[Mapping[str, Any], LambdaContext], dict[str, Any]]
 class LambdaShell(Worker):
     """The adapter's state across invocations of one execution environment."""
 
+    cannot_await = (
+        "the Lambda shell cannot await: make them plain functions, or run the app on "
+        "the async worker (sqs-lease worker)"
+    )
+
     def __init__(
         self,
         app: App,

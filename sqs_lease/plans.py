@@ -233,7 +233,11 @@ class PlannedJob:
         if parsed is None or tool is None:
             return None
         n = parsed[0]
-        return Registered(tool.first_class if n == 1 else tool.job_class, _step_handler(tool, n))
+        return Registered(
+            tool.first_class if n == 1 else tool.job_class,
+            _step_handler(tool, n),
+            limit_unit=tool.name,  # a tool's limit is the tool's, whatever the step
+        )
 
     def registered(self) -> Registered:
         """How the app registers the job: the plan's class; each step resolves by stage."""
@@ -277,19 +281,34 @@ def _unstaged(ctx: Any, plan: Any) -> Any:
 
 
 def _step_handler(tool: Tool, n: int) -> Handler:
+    # An async tool's step is itself async (awaited by the async worker); a plain
+    # tool's is plain: decided for this tool's callable, never for the plan's class.
+    from ._jobs import is_async_callable
+
+    if is_async_callable(tool.fn):
+
+        async def run_async_step(ctx: Any, args: Any) -> Any:
+            return _step_end(ctx, n, await tool.fn(ctx, args))
+
+        return run_async_step
+
     def run_step(ctx: Any, args: Any) -> Any:
-        result = tool.fn(ctx, args)
-        if isinstance(result, BaseModel):
-            result = result.model_dump(mode="json")
-        steps = _loads(ctx.job_payload_json)["steps"]
-        if n < len(steps):
-            nxt = steps[n]
-            return NextStage(_step_name(n + 1, nxt["tool"]), nxt["args"], result=result)
-        results = [ctx.results.get(_step_name(i, s["tool"])) for i, s in enumerate(steps, 1)]
-        results[-1] = result
-        return {"steps": len(steps), "results": results}
+        return _step_end(ctx, n, tool.fn(ctx, args))
 
     return run_step
+
+
+def _step_end(ctx: Any, n: int, result: Any) -> Any:
+    """What step ``n`` returns: the next step's stage, or (the last step) every result."""
+    if isinstance(result, BaseModel):
+        result = result.model_dump(mode="json")
+    steps = _loads(ctx.job_payload_json)["steps"]
+    if n < len(steps):
+        nxt = steps[n]
+        return NextStage(_step_name(n + 1, nxt["tool"]), nxt["args"], result=result)
+    results = [ctx.results.get(_step_name(i, s["tool"])) for i, s in enumerate(steps, 1)]
+    results[-1] = result
+    return {"steps": len(steps), "results": results}
 
 
 __all__ = ["FORBIDDEN_FIELDS", "MAX_STEPS", "PlanRefused", "PlannedJob", "Tool"]

@@ -379,7 +379,10 @@ def test_a_stage_takes_its_slot_from_its_own_pool_under_its_own_limit() -> None:
     shell = Shell(lambda run: ran.append(run))
     shell.env.stage_rules_of = lambda job_class, stage: shell.env.rules_of(job_class)
     shell.env.slots = SlotEnv(
-        SLOTS, lambda c: None, lambda t: None, lambda c, stage: 1 if stage == "upload" else None
+        SLOTS,
+        lambda c: None,
+        lambda t: None,
+        lambda c, stage: (stage, 1) if stage == "upload" else None,
     )
     full = _slots(_slot("class:ocr:upload#0", 3, "a", 1))
     claimed = ok(
@@ -416,8 +419,51 @@ def test_an_app_reports_each_stages_own_limit_and_needs_the_slots_table_for_it()
     assert app.class_limit_for("report") is None  # the job class: its first stage
     assert (app.stage_limit_for("report", "fetch"), app.stage_limit_for("report", "upload")) == (
         None,
-        2,
+        ("upload", 2),
     )
+
+
+class Mail(BaseModel):
+    to: str
+
+
+def test_a_planned_tools_limit_is_one_pool_whatever_the_step_that_calls_it() -> None:
+    # Defect 7 of issue 26: the pool was the step's (CLASS:N-tool), so two plans calling
+    # the tool at different steps each had a limit of their own.
+    app = App()
+    research = app.planned("research")
+
+    @research.tool("mail", args=Mail, concurrency_limit=1)
+    def mail(ctx: Any, args: Mail) -> Any:
+        return None
+
+    ran: list[Any] = []
+    shell = Shell(lambda run: ran.append(run))
+    shell.env.stage_rules_of = lambda job_class, stage: shell.env.rules_of(job_class)
+    shell.env.slots = SlotEnv(SLOTS, app.class_limit_for, app.tenant_limit_for, app.stage_limit_for)
+    # Another plan's step 1 holds the tool's one slot; this job is at its step 3.
+    full = _slots(_slot("class:research:mail#0", 3, "a", 1))
+    claimed = ok(
+        {
+            "Attributes": job_item(
+                state=JobState.QUEUED,
+                owner=None,
+                token=4,
+                attempt=0,
+                job_class="research",
+                stage="3-mail",
+            )
+        }
+    )
+    s = _run(
+        shell,
+        [claimed, full, _jobs(job_item("a", token=1)), ok(), ok({"MessageId": "m"}), ok(), ok()],
+    )
+    assert ran == []  # the tool's one slot is held by the other plan's step
+    keys = s.calls[1].params["RequestItems"]["slots-test"]["Keys"]
+    assert keys == [{"slot": {"S": "class:research:mail#0"}}]
+    waiting = s.event("job_waiting_for_slot")
+    assert (waiting["pool"], waiting["limit"]) == ("class:research:mail", 1)
 
 
 def test_without_limits_the_attempt_makes_no_slot_call() -> None:

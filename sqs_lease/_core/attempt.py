@@ -105,6 +105,7 @@ from .slots import (
     SlotGrant,
     SlotRequests,
     give_back_flow,
+    own_pool,
     pools_for,
     slot_wait_event,
     take_slots_flow,
@@ -213,9 +214,10 @@ class SlotEnv:
     requests: SlotRequests
     class_limit: Callable[[str], int | None]
     tenant_limit: Callable[[str], int | None]
-    # A staged job's stage -> its own limit (None: the shell runs no staged jobs);
-    # each stage's limit is a pool of its own (``CLASS:STAGE``).
-    stage_limit: Callable[[str, str], int | None] | None = None
+    # A staged job's stage -> what its own limit belongs to and the limit (None: no
+    # limit; no callable: the shell runs no staged jobs). The app decides the unit (a
+    # stage, or a planned job's tool); the pool is ``own_pool(CLASS, unit)``.
+    stage_limit: Callable[[str, str], tuple[str, int] | None] | None = None
 
 
 @dataclass
@@ -453,12 +455,12 @@ def _take_slots(env: AttemptEnv, claim: Claimed) -> Flow[SlotGrant | None]:
     tenant = job.tenant
     pool, limit = job.job_class, None
     if job.stage is not None and env.slots.stage_limit is not None:
-        # A stage's own limit (its class's concurrency_limit), in its own pool: a
-        # stage limited to 2 (an upload to an ERP) does not share slots with another.
-        pool, limit = (
-            f"{job.job_class}:{job.stage}",
-            env.slots.stage_limit(job.job_class, job.stage),
-        )
+        # A stage's own limit (its class's concurrency_limit), in the pool of what it
+        # belongs to: a stage limited to 2 (an upload to an ERP) shares no slots with
+        # another stage; a planned tool's limit is one pool for every step calling it.
+        own = env.slots.stage_limit(job.job_class, job.stage)
+        if own is not None:
+            pool, limit = own_pool(job.job_class, own[0]), own[1]
     else:
         limit = env.slots.class_limit(job.job_class)
     pools = pools_for(

@@ -199,6 +199,13 @@ def pools_for(
     return tuple(pools)
 
 
+def own_pool(job_class: str, unit: str) -> str:
+    """The pool of a stage's own limit: ``CLASS:UNIT``, the unit being what the limit
+    belongs to (the app's ``stage_limit``): a staged job's stage, or a planned job's
+    tool, one pool across every plan and step that calls it."""
+    return f"{job_class}:{unit}"
+
+
 def holder_live(slot: SlotView, holder: JobView | None) -> bool:
     """Rule 1: the slot is held while its holder's record is running under its token."""
     if slot.free:
@@ -487,6 +494,7 @@ __all__ = [
     "check_limit",
     "give_back_flow",
     "holder_live",
+    "own_pool",
     "pools_for",
     "take_slots_flow",
     "wait_delay",

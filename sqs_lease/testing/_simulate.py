@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,7 +69,7 @@ def _user_jobs(app: App, jobs: Sequence[tuple[str, BaseModel | Mapping[str, Any]
                 f"simulate: job class {name!r} is staged or planned; the simulator runs "
                 "plain job classes only"
             )
-        if inspect.iscoroutinefunction(reg.handler):
+        if reg.is_async:
             raise ConfigError(
                 f"simulate: job class {name!r} has an async handler; the simulator runs "
                 "sync handlers only"
