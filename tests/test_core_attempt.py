@@ -912,3 +912,30 @@ def test_a_call_whose_outcome_is_unknown_parks_as_tool_outcome_unknown_not_a_los
     assert held.lease.status is LeaseStatus.OK
     end = ending_for(exc)
     assert (end.kind, end.code) == (EndKind.PARK, "intent_ambiguous")
+
+
+def test_a_handler_s_own_fence_refusal_is_told_as_a_lease_loss_once() -> None:
+    """A handler's own fenced call (``ctx.fence_headers``) refused with 412 raises
+    ``LeaseLost`` outside ``ctx.effect``: the same proof of another owner, journaled
+    ``heartbeat_lost`` (detected_by handler) before ``job_abandoned LeaseLost``."""
+
+    def handler(run: HandlerRun) -> Any:
+        raise LeaseLost("https://psp: 412 stale_token (highest 6)")
+
+    shell = Shell(handler)
+    s = _run(shell, _answers())
+    lost = [e.fields for e in s.events if e.event == "heartbeat_lost"]
+    assert [(e["detected_by"], e["token"]) for e in lost] == [("handler", 5)]
+    ended = s.event("job_abandoned")
+    assert (ended["error_code"], ended["stop"]) == ("LeaseLost", "lease_lost")
+
+
+def test_a_handler_s_lease_lost_after_the_heartbeat_told_it_is_not_told_twice() -> None:
+    def handler(run: HandlerRun) -> Any:
+        shell.book.intent_refused(run.held, "token moved to 6")
+        raise LeaseLost("told")
+
+    shell = Shell(handler)
+    s = _run(shell, _answers())
+    assert [e.event for e in s.events].count("heartbeat_lost") == 0  # the first went to the test
+    assert s.event("job_abandoned")["error_code"] == "LeaseLost"

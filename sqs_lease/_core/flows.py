@@ -1627,6 +1627,7 @@ class LossSource(StrEnum):
     """How an attempt learned that its lease is gone (the ``detected_by`` field)."""
 
     HEARTBEAT = "heartbeat"  # the heartbeat's ownership read (or its progress save)
+    HANDLER = "handler"  # the handler raised LeaseLost: a fenced call of its own was refused
     COMMIT = "commit"  # a fenced end write was rejected: the token had moved
     FAIL = "fail"
     RETRY = "retry"

@@ -322,7 +322,9 @@ class LeaseBook:
             held.cancelled.set()
         return ev
 
-    def intent_refused(self, held: Held, reason: str) -> Emit | None:
+    def intent_refused(
+        self, held: Held, reason: str, source: LossSource = LossSource.INTENT_START
+    ) -> Emit | None:
         """A refusal that proves another owner: the fenced intent start found the
         token moved, or a fenced receiver refused the call (``LeaseLost``). It is the
         news of the loss: tell the attempt, return the event (once per attempt).
@@ -336,7 +338,7 @@ class LeaseBook:
             lease = held.lease
             if lease.status not in OPEN and lease.dropped is not Drop.RESERVE_SPENT:
                 return None
-            ev = lose(held.lease, LossSource.INTENT_START, reason)
+            ev = lose(lease, source, reason)
             if ev is not None:
                 held.cancelled.set()
         return ev
