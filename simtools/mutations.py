@@ -712,6 +712,22 @@ def continuation_not_unsent() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def refusal_as_unknown() -> Iterator[None]:
+    """Issue 26 (signals), as before the fix: a tool stopped by a fence refusal
+    (``LeaseLost``) records its failed call as any failed call, after waiting for
+    the lease; once the lease lapsed meanwhile that record's lease check raises
+    ``OwnershipUnknown`` over the proof of another owner."""
+    from sqs_lease._core import intents
+
+    def record_stopped(ctx: Any, attempt: int, *, error: str) -> Any:
+        return intents._record_failed(ctx, attempt, not_applied=False, error=error)
+
+    _require(intents, "_record_stopped", "refusal_as_unknown")
+    with _patch(intents, "_record_stopped", record_stopped):
+        yield
+
+
 PENDING: dict[str, tuple[Callable[[], Any], str, str]] = {
     # name: (mutation, widened feature that exposes it, invariant expected first)
     # moved to MUTATIONS once their fixes landed (kept here for the table in the docs)
@@ -775,12 +791,21 @@ WORLDS: dict[str, frozenset[str]] = {
 it with ``plan.PASSING_FEATURES`` as well). Every feature is in ``PASSING_FEATURES``
 now, so these add nothing to the world today; they say where a mutation bites, and
 keep its world should its feature ever leave ``PASSING_FEATURES``."""
-UNCAUGHT: dict[str, Callable[[], Any]] = {"unfenced_checkpoint": unfenced_checkpoint}
+UNCAUGHT: dict[str, Callable[[], Any]] = {
+    "unfenced_checkpoint": unfenced_checkpoint,
+    "refusal_as_unknown": refusal_as_unknown,
+}
 """Mutations no seed of the mutation check catches yet (runnable with ``--mutation``).
 ``unfenced_checkpoint``: in 200 seeds of the staged world no stale owner of a stage
 reaches its stage's end without having learnt of the takeover (its heartbeat tells it
 first, and a stopped attempt's result is discarded); ``tests/test_stages.py`` shows the
-fence biting with real processes (a paused worker's late stage end)."""
+fence biting with real processes (a paused worker's late stage end).
+``refusal_as_unknown`` (issue 26, signals; I20): in 200 seeds no attempt meets a fence
+refusal while its lease has lapsed unknown to it (the schedule needs the process paused
+between its intent start and its call for longer than the lease, its heartbeat not yet
+told of the takeover, and the new owner at the receiver first); the heartbeat or the
+lease check tells the loss first. ``tests/test_worker_hardening.py`` draws it on moto
+(``test_a_fence_refusal_of_a_call_paused_before_its_send_is_told_as_a_lease_loss``)."""
 VARIANTS: dict[str, Callable[[], Any]] = {
     **MUTATIONS,
     **UNCAUGHT,

@@ -485,6 +485,16 @@ class App:
             return reg.planned.first_stage(payload_json)
         return reg.first_stage
 
+    def stage_count(self, name: str, payload_json: str) -> int:
+        """How many stages a new job of class ``name`` with this payload can take: each
+        is a message of its own (1: a plain class, or one this app does not know)."""
+        reg = self.classes.get(name)
+        if reg is None:
+            return 1
+        if reg.planned is not None:
+            return reg.planned.stage_count(payload_json)
+        return len(reg.stages) if reg.stages else 1
+
     def get(self, name: str, stage: str | None = None) -> Registered | None:
         """A job class, or one stage of a staged job (None: this app does not know it)."""
         reg = self.classes.get(name)

@@ -109,6 +109,7 @@ class Producer:
         group: str | None = None,
         tenant: str | None = None,
         priority: Priority = "batch",
+        interleave_stages: bool = False,
     ) -> SubmitResult:
         """Submit once. The id should come from the source event; by default it is
         derived from class + payload, so submitting the same thing twice is a no-op.
@@ -125,12 +126,20 @@ class Producer:
         workers serve first; ``sqs-lease queue create --interactive`` makes it) or
         ``batch`` (the job queue).
 
+        ``interleave_stages``: on a FIFO queue, FIFO order is per message: a staged
+        job's later stages join the back of its group, so later jobs of the same
+        ``group`` run between its stages. A job of several stages (with the app: a
+        staged class, a plan of several steps) submitted to a FIFO group is refused
+        (``ConfigError``) unless this is True (docs/stages.md).
+
         Raises ``LimitExceeded`` when the job id (over 2048 UTF-8 bytes) or the
         payload (over what a 400 KB DynamoDB item leaves for it) cannot be stored."""
         stage: str | None = None
+        stages = 1
         if self.app is not None:
             text, digest = self.app.prepare(job_class, payload)
             stage = self.app.first_stage(job_class, text)
+            stages = self.app.stage_count(job_class, text)
         else:
             data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
             text = canonical_json(data)
@@ -169,6 +178,8 @@ class Producer:
                 tenant=tenant,
                 stage=stage,
                 priority=priority,
+                stages=stages,
+                interleave_stages=interleave_stages,
             )
         )
 

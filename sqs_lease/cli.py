@@ -561,6 +561,11 @@ def queue_create(
     show_default=True,
     help="interactive: the interactive queue, served first (queue create --interactive).",
 )
+@click.option(
+    "--interleave-stages",
+    is_flag=True,
+    help="FIFO: accept that later jobs of the --group run between this staged job's stages.",
+)
 @json_option()
 @click.pass_context
 def submit(
@@ -573,6 +578,7 @@ def submit(
     group: str | None,
     tenant: str | None,
     priority: Priority,
+    interleave_stages: bool,
     as_json: bool,
 ) -> None:
     """Submit a job once; submitting the same job again is a no-op.
@@ -598,6 +604,7 @@ def submit(
             group=group,
             tenant=tenant,
             priority=priority,
+            interleave_stages=interleave_stages,
         )
     except ResourceMissing:
         check_table(settings)  # a missing table says `sqs-lease tables create`

@@ -224,6 +224,10 @@ class PlannedJob:
         steps = _loads(payload_json)["steps"]
         return _step_name(1, steps[0]["tool"])
 
+    def stage_count(self, payload_json: str) -> int:
+        """How many stages (messages) a stored plan takes: one per step."""
+        return len(_loads(payload_json)["steps"])
+
     def stage(self, stage: str) -> Registered | None:
         """The class and handler of stage ``N-tool`` (None: no such tool)."""
         from ._jobs import Registered

@@ -402,3 +402,45 @@ def test_worker_picks_the_async_shell_for_async_handlers_and_refuses_threads_for
     assert [(e["shell"], e["concurrency"]) for e in started] == [("async", 7)]
     record = json.loads(run(aws, "jobs", "show", "p1", "--result", "--json").stdout)
     assert record["result"] == {"text": "ABC"}
+
+
+STAGED_APP_SOURCE = """
+from pydantic import BaseModel
+from sqs_lease import App, NextStage
+
+app = App()
+
+
+class Doc(BaseModel):
+    doc: str
+
+
+report = app.staged("report", payload=Doc, lease_seconds=10, heartbeat_seconds=2, jitter_seconds=1)
+
+
+@report.stage("fetch")
+def fetch(ctx, p):
+    return NextStage("render", {"doc": p.doc})
+
+
+@report.stage("render")
+def render(ctx, p):
+    return {"done": True}
+"""
+
+
+@pytest.mark.integration
+def test_submit_of_a_staged_job_to_a_fifo_session_needs_interleave_stages(
+    aws: AwsTestEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = f"cli_staged_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(STAGED_APP_SOURCE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = f"{module}:app"
+    assert run(aws, "tables", "create").exit_code == 0
+    assert run(aws, "--fifo", "queue", "create").exit_code == 0
+    args = ("submit", "report", "--payload", '{"doc": "a"}', "--app", spec, "--group", "s")
+    refused = run(aws, "--fifo", *args, "--id", "r1")
+    assert "--interleave-stages" in assert_one_line_error(refused)
+    ok = run(aws, "--fifo", *args, "--id", "r2", "--interleave-stages")
+    assert ok.exit_code == 0, ok.output

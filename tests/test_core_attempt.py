@@ -39,13 +39,15 @@ from sqs_lease._core.attempt import (
     first_beat_reserve,
     flush_deletes_flow,
     heartbeat_round_flow,
+    held_effect_flow,
     receive_size,
     redrive_rules,
     result_json,
     shutdown_flow,
 )
-from sqs_lease._core.calls import Call, Flow, Invoke, Outcome
+from sqs_lease._core.calls import Call, Err, ErrorKind, Flow, Invoke, Outcome
 from sqs_lease._core.deletes import DeleteBatch
+from sqs_lease._core.endings import EndKind, ending_for
 from sqs_lease._core.flows import (
     Claimed,
     Delivery,
@@ -53,11 +55,14 @@ from sqs_lease._core.flows import (
     FinishOutcome,
     Poison,
 )
-from sqs_lease._core.intents import Unprotected, repeat_unprotected
+from sqs_lease._core.intents import EffectSpec, Unprotected, repeat_unprotected
 from sqs_lease._core.leasebook import Flag, LeaseBook
 from sqs_lease._core.records import JobState, JobView
 from sqs_lease._core.timing import Drop, LeaseStatus, Stop, backoff_delay
 from sqs_lease._errors import (
+    IntentAmbiguous,
+    LeaseLost,
+    OwnershipUnknown,
     PayloadError,
     PermanentError,
     ToolOutcomeUnknown,
@@ -771,3 +776,166 @@ def test_shutdown_releases_a_lapsed_lease_by_its_record_alone() -> None:
     s.run(shutdown_flow(shell.env))
     assert _ops(s) == ["UpdateItem"]  # the record back to queued; the handle not used
     assert s.event("messages_released")["lapsed"] == 1
+
+
+# ----------------------------------------------------------------------------- three signals
+#
+# What an operator reads about a stopped attempt must be what the worker knows:
+# ``heartbeat_lost`` + ``job_abandoned LeaseLost`` when a refusal proved another owner,
+# ``job_abandoned OwnershipUnknown`` (no ``heartbeat_lost``) when nothing answered,
+# ``ToolOutcomeUnknown`` (a park) when the call may have applied.
+
+
+def _held_attempt(shell: Shell) -> Any:
+    book = shell.book
+    claim = _stage_claim("main", 5, [])
+    return book.hold(claim, Rules(), MONO, Flag()).held
+
+
+def _effect_spec(shell: Shell, held: Any, tool: Callable[[], Any], **kw: Any) -> Any:
+    return EffectSpec(
+        key="job-1:main:charge:psp",
+        job_id="job-1",
+        stage="main",
+        action="charge",
+        target="psp",
+        payload_json="{}",
+        payload_hash="h-1",
+        tool=tool,
+        lease_check=lambda: held.lease.check(shell.mono),
+        may_record=lambda: held.lease.may_record(shell.mono),
+        **kw,
+    )
+
+
+def _run_effect(shell: Shell, held: Any, spec: Any, answer: Callable[[Call], Outcome]) -> Script:
+    s = Script(answer)
+    s.result = s.run(  # type: ignore[attr-defined]
+        held_effect_flow(shell.env, held, spec, wall_clock=lambda: WALL, flow_id="f-1")
+    )
+    return s
+
+
+def _run_effect_raising(
+    shell: Shell, held: Any, spec: Any, answer: Callable[[Call], Outcome]
+) -> tuple[Script, BaseException]:
+    s = Script(answer)
+    with pytest.raises(Exception) as caught:
+        s.run(held_effect_flow(shell.env, held, spec, wall_clock=lambda: WALL, flow_id="f-1"))
+    return s, caught.value
+
+
+def test_a_receiver_refusal_after_the_watchdog_let_the_lease_go_is_a_lease_loss() -> None:
+    """The before-send scenario: the intent started, the worker paused before its
+    call went out, the watchdog let the lapsed lease go, then the receiver refused
+    the late call (412 stale_token: another owner). That refusal proves a new owner:
+    ``heartbeat_lost`` (detected_by intent_start) and ``LeaseLost``, not
+    ``OwnershipUnknown`` from the lease check of the failed call's record."""
+    shell = Shell()
+    held = _held_attempt(shell)
+
+    def tool() -> Any:
+        shell.mono = held.lease.conservative_deadline + 5  # paused past the reserve
+        held.lease.drop(Drop.RESERVE_SPENT)  # the heartbeat's watchdog woke first
+        raise LeaseLost("http://psp: the receiver rejected fencing token 5")
+
+    s, exc = _run_effect_raising(shell, held, _effect_spec(shell, held, tool), lambda c: ok())
+    assert isinstance(exc, LeaseLost)
+    lost = s.event("heartbeat_lost")
+    assert (lost["detected_by"], lost["token"]) == ("intent_start", 5)
+    assert held.lease.status is LeaseStatus.LOST and held.cancelled.is_set()
+    assert isinstance(held.lease.stop_error(), LeaseLost)
+    end = ending_for(exc)
+    assert (end.kind, end.code) == (EndKind.ABANDON, "LeaseLost")
+
+
+def test_a_start_refused_on_the_token_after_the_watchdog_let_the_lease_go_is_a_lease_loss() -> None:
+    """The start transaction's condition on the job record failed (another token):
+    whatever the local lease says by then (here: dropped while the start was on its
+    way), the loss is journaled once and the attempt stops with ``LeaseLost``."""
+    shell = Shell()
+    held = _held_attempt(shell)
+    tool_calls: list[int] = []
+
+    def answer(c: Call) -> Outcome:
+        if c.op == "TransactWriteItems":
+            held.lease.drop(Drop.RESERVE_SPENT)
+            return Err(
+                ErrorKind.TRANSACTION_CANCELLED,
+                code="TransactionCanceledException",
+                message="cancelled",
+                reasons=({"Code": "ConditionalCheckFailed"}, {"Code": "None"}, {"Code": "None"}),
+            )
+        return ok()
+
+    spec = _effect_spec(shell, held, lambda: tool_calls.append(1))
+    s, exc = _run_effect_raising(shell, held, spec, answer)
+    assert isinstance(exc, LeaseLost) and tool_calls == []
+    assert [e.fields["detected_by"] for e in s.events if e.event == "heartbeat_lost"] == [
+        "intent_start"
+    ]
+    assert s.event("intent_start_refused")["reason"] == "token_moved"
+    assert isinstance(held.lease.stop_error(), LeaseLost)
+
+
+def test_an_unconfirmed_lease_whose_reserve_ran_out_is_ownership_unknown_not_a_loss() -> None:
+    """Nothing answered and nothing refused: the worker does not know who owns the
+    job. ``OwnershipUnknown``, no intent write, no ``heartbeat_lost``."""
+    shell = Shell()
+    held = _held_attempt(shell)
+    held.lease.status = LeaseStatus.UNKNOWN
+    shell.mono = held.lease.conservative_deadline + 1
+    tool_calls: list[int] = []
+    spec = _effect_spec(shell, held, lambda: tool_calls.append(1))
+    s, exc = _run_effect_raising(shell, held, spec, lambda c: ok())
+    assert isinstance(exc, OwnershipUnknown) and tool_calls == []
+    assert s.calls == []  # nothing was written
+    assert not [e for e in s.events if e.event == "heartbeat_lost"]
+    end = ending_for(exc)
+    assert (end.kind, end.code) == (EndKind.ABANDON, "OwnershipUnknown")
+
+
+def test_a_call_whose_outcome_is_unknown_parks_as_tool_outcome_unknown_not_a_loss() -> None:
+    """The call may have applied and nobody can tell: the intent is marked ambiguous
+    and the job parks; the lease was never lost."""
+    shell = Shell()
+    held = _held_attempt(shell)
+
+    def tool() -> Any:
+        raise ToolOutcomeUnknown("read timed out", code="timeout")
+
+    s, exc = _run_effect_raising(shell, held, _effect_spec(shell, held, tool), lambda c: ok())
+    assert isinstance(exc, IntentAmbiguous)
+    failed = s.event("tool_request_failed")
+    assert (failed["outcome_unknown"], failed["error_code"]) == (True, "ToolOutcomeUnknown")
+    assert not [e for e in s.events if e.event == "heartbeat_lost"]
+    assert held.lease.status is LeaseStatus.OK
+    end = ending_for(exc)
+    assert (end.kind, end.code) == (EndKind.PARK, "intent_ambiguous")
+
+
+def test_a_handler_s_own_fence_refusal_is_told_as_a_lease_loss_once() -> None:
+    """A handler's own fenced call (``ctx.fence_headers``) refused with 412 raises
+    ``LeaseLost`` outside ``ctx.effect``: the same proof of another owner, journaled
+    ``heartbeat_lost`` (detected_by handler) before ``job_abandoned LeaseLost``."""
+
+    def handler(run: HandlerRun) -> Any:
+        raise LeaseLost("https://psp: 412 stale_token (highest 6)")
+
+    shell = Shell(handler)
+    s = _run(shell, _answers())
+    lost = [e.fields for e in s.events if e.event == "heartbeat_lost"]
+    assert [(e["detected_by"], e["token"]) for e in lost] == [("handler", 5)]
+    ended = s.event("job_abandoned")
+    assert (ended["error_code"], ended["stop"]) == ("LeaseLost", "lease_lost")
+
+
+def test_a_handler_s_lease_lost_after_the_heartbeat_told_it_is_not_told_twice() -> None:
+    def handler(run: HandlerRun) -> Any:
+        shell.book.intent_refused(run.held, "token moved to 6")
+        raise LeaseLost("told")
+
+    shell = Shell(handler)
+    s = _run(shell, _answers())
+    assert [e.event for e in s.events].count("heartbeat_lost") == 0  # the first went to the test
+    assert s.event("job_abandoned")["error_code"] == "LeaseLost"

@@ -35,8 +35,14 @@ from sqs_lease import (
 )
 from sqs_lease._aws import SyncDriver
 from sqs_lease._core.calls import Call
-from sqs_lease._core.fifo import deduplication_id, fifo_params, message_group_id, sqs_id
-from sqs_lease._core.flows import send_job_message
+from sqs_lease._core.fifo import (
+    deduplication_id,
+    fifo_params,
+    message_group_id,
+    session_order_problem,
+    sqs_id,
+)
+from sqs_lease._core.flows import send_job_message, submit_flow
 from sqs_lease._core.records import JobState
 from sqs_lease._dlq import redrive_dlq
 from sqs_lease._schema import JobTable
@@ -441,3 +447,86 @@ def test_a_fifo_queue_s_interactive_queue_is_fifo_and_named_so(
     create_queue(settings, interactive=True)
     url = sqs_client.get_queue_url(QueueName=settings.interactive_queue)["QueueUrl"]
     assert _attrs(sqs_client, url)["FifoQueue"] == "true"
+
+
+# ----------------------------------------------------------------------------- session order
+#
+# Issue 26 defect 9: FIFO order is per message. A staged job's continuation joins the
+# back of its group, so a later job of the same session runs between its stages. The
+# rule (sqs_lease/_core/fifo.py, session_order_problem): such a submit is refused
+# unless the producer accepts that order (interleave_stages=True).
+
+
+def test_the_session_order_rule_refuses_only_a_job_of_several_stages_in_a_fifo_group() -> None:
+    fifo, std = "https://sqs/1/q-jobs.fifo", "https://sqs/1/q-jobs"
+    assert session_order_problem(fifo, group="s", stages=2, interleave=False) is not None
+    assert session_order_problem(fifo, group="s", stages=2, interleave=True) is None
+    assert session_order_problem(fifo, group=None, stages=3, interleave=False) is None
+    assert session_order_problem(fifo, group="s", stages=1, interleave=False) is None
+    assert session_order_problem(std, group="s", stages=3, interleave=False) is None
+    app = _staged_app()
+    assert app.stage_count("report", "{}") == 2
+    assert _app().stage_count("work", "{}") == 1
+    # The core's submit refuses it before it writes or sends anything.
+    flow = submit_flow(
+        JobTable("jobs"),
+        queue_url=fifo,
+        job_id="j",
+        job_class="report",
+        payload_json="{}",
+        payload_hash="h",
+        wall_now=0.0,
+        send_id="s-1",
+        group="s",
+        stages=2,
+    )
+    with pytest.raises(ConfigError, match="interleave_stages=True"):
+        next(flow)
+
+
+def test_a_staged_job_submitted_to_a_fifo_session_is_refused_unless_it_accepts_interleaving(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    settings, _, _ = _fifo(aws)
+    app = _staged_app()
+    producer = Producer(settings, app)
+    with pytest.raises(ConfigError, match=r"group='s'.*interleave_stages=True"):
+        producer.submit("report", Work(n=1), job_id="st-1", group="s")
+    got = ddb_client.get_item(TableName=settings.jobs_table, Key={"job_id": {"S": "st-1"}})
+    assert "Item" not in got  # refused before anything was written
+    # Alone in its own group its stages keep their order; a one-message class in a
+    # session keeps the session's order; a producer that accepts the order may.
+    assert producer.submit("report", Work(n=2), job_id="st-2").created
+    assert Producer(settings, _app()).submit("work", Work(n=3), job_id="w-3", group="s").created
+    assert producer.submit(
+        "report", Work(n=4), job_id="st-4", group="s", interleave_stages=True
+    ).created
+
+
+def test_a_fifo_sessions_later_job_runs_between_the_stages_of_an_earlier_one_as_documented(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    settings, _, _ = _fifo(aws)
+    ran: list[tuple[str, str]] = []
+    app = _staged_app(ran)
+
+    @app.job("work", payload=Work, **FAST)
+    def work(ctx: JobContext[Any], p: Work) -> dict[str, int]:
+        ran.append((ctx.job_id, "work"))
+        return {"n": p.n}
+
+    producer = Producer(settings, app)
+    first = producer.submit("report", Work(n=1), job_id="a", group="s", interleave_stages=True)
+    later = producer.submit("work", Work(n=2), job_id="b", group="s")
+    ids = [first.job_id, later.job_id]
+    with running(Shell(app, settings, receive_wait=1, concurrency=2)):
+        wait_until(
+            lambda: all(
+                read_view(ddb_client, settings, j).state is JobState.SUCCEEDED for j in ids
+            ),
+            HANG,
+            "both session jobs to succeed",
+        )
+    # One at a time (the group holds its next message while one is in flight), in the
+    # order of the messages: the continuation went to the back, behind job b.
+    assert ran == [("a", "fetch"), ("b", "work"), ("a", "render")]

@@ -1034,6 +1034,22 @@ def test_a_tool_stopped_by_the_lease_leaves_the_intent_for_the_next_owner() -> N
     assert sets(only(items[0], "Update"))["outcome"] == "unknown"
 
 
+def test_a_fence_refusal_after_the_lease_lapsed_stays_lease_lost_and_writes_nothing_more() -> None:
+    # The before-send pause (issue 26): the start landed, the process paused, the lease
+    # lapsed, then the receiver refused the late call. The refusal proves another
+    # owner; the lease check before the failed call's record (now refused: reserve
+    # spent) must not turn it into OwnershipUnknown, nor wait for a verdict.
+    exc = LeaseLost("the receiver rejected fencing token 7")
+    lease = LeaseCheck(OwnershipUnknown("lease reserve spent"), fail_from=3)
+    s = EffectScript([ok(), ok()])
+    with pytest.raises(LeaseLost) as caught:
+        run_effect(s, spec(Tool(exc), lease_check=lease, may_record=lambda: False))
+    assert caught.value is exc
+    assert [c.op for c in s.calls] == ["PutItem", "TransactWriteItems"]  # no record after
+    assert s.sleeps == []
+    assert s.event("tool_request_failed")["error_code"] == "LeaseLost"
+
+
 @pytest.mark.parametrize(
     "exc",
     [ToolOutcomeUnknown("read timed out", code="timeout"), TimeoutError("timed out")],

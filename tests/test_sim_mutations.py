@@ -238,6 +238,7 @@ def test_mutations_are_undone_on_exit() -> None:
             intents.__dict__["_lease_confirmed"],
             receiver.Receivers.__dict__["_fence"],
             intents.__dict__["resolve_flow"],
+            intents.__dict__["_record_stopped"],
             _schema.__dict__["_request_token"],
             JobTable.__dict__["advance_stage"],
         )

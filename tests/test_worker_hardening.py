@@ -385,6 +385,60 @@ def test_a_record_lacking_an_attribute_the_claim_needs_is_poison_not_ownership_u
     )
 
 
+def test_a_fence_refusal_of_a_call_paused_before_its_send_is_told_as_a_lease_loss(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    """The before-send scenario (issue 26): W1's intent started, then its process
+    paused before the call went out; W2 took the job over; W1's late call is refused
+    by the fenced receiver (412 stale_token). That refusal proves another owner:
+    ``heartbeat_lost`` (``detected_by: intent_start``) and ``job_abandoned LeaseLost``,
+    as docs/operations.md says, never ``OwnershipUnknown`` because the lease lapsed
+    while the process was paused."""
+    from sqs_lease import LeaseLost
+
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+    app.target("psp")
+    at_send, go = threading.Event(), threading.Event()
+
+    def late_call(call: Any) -> Any:
+        at_send.set()
+        go.wait(30)  # paused with the request about to go out
+        # What effects.http_json raises on the receiver's 412 stale_token.
+        raise LeaseLost(f"psp: the receiver rejected fencing token {call.token}")
+
+    @app.job("pay", payload=Work, **FAST, max_attempts=1)
+    def pay(ctx: JobContext[Any], p: Work) -> None:
+        ctx.effect("capture", "psp", {"n": p.n}, late_call)
+
+    job_id = Producer(settings, app).submit("pay", Work(n=1), job_id=f"{aws.prefix}-b").job_id
+    w = make_worker(app, settings, "w", concurrency=1)
+    paused = threading.Event()
+    with collect_journal() as journal, running(w):
+        journal.wait_for("intent_started", job_id=job_id)
+        assert at_send.wait(15)
+        paused.set()
+        hold_heartbeat(w, paused)  # the whole process is paused: its heartbeat too
+        ddb_client.update_item(  # W2's claim: the token moves on under the paused call
+            TableName=settings.jobs_table,
+            Key={"job_id": {"S": job_id}},
+            UpdateExpression="SET #t = :t, #o = :o",
+            ExpressionAttributeNames={"#t": "token", "#o": "owner"},
+            ExpressionAttributeValues={":t": {"N": "2"}, ":o": {"S": "other"}},
+        )
+        time.sleep(float(FAST["lease_seconds"]) + 1.0)  # the local lease lapses meanwhile
+        go.set()
+        journal.wait_for("job_abandoned", job_id=job_id, timeout=15)
+        paused.clear()
+        time.sleep(1.0)
+    ended = journal.events("job_abandoned", job_id=job_id)
+    assert [(e["error_code"], e["stop"]) for e in ended] == [("LeaseLost", "lease_lost")]
+    lost = journal.events("heartbeat_lost", job_id=job_id)
+    assert [(e["token"], e["detected_by"]) for e in lost] == [(1, "intent_start")]
+    failed = journal.events("tool_request_failed", job_id=job_id)
+    assert [e["error_code"] for e in failed] == ["LeaseLost"]
+
+
 def test_a_refused_intent_start_after_a_takeover_journals_the_loss_once(
     aws: AwsTestEnv, ddb_client: DynamoDBClient
 ) -> None:

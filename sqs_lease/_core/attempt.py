@@ -66,7 +66,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from .._errors import LeaseLost, PayloadError, RecordUnreadable
+from .._errors import JobCancelled, LeaseLost, PayloadError, RecordUnreadable
 from .calls import Call, Emit, Err, Flow, Invoke, Ok, call
 from .deadletter import DlqReport, DlqVerdict, reconcile_dlq_flow
 from .deletes import DeleteBatch
@@ -653,6 +653,12 @@ def _run(at: _At, held: Held, payload: Any, start: float) -> Flow[Finish | None]
             error = exc
         elif out is not None:
             result = out.response["value"]
+    if isinstance(error, LeaseLost) and not isinstance(error, JobCancelled):
+        # The handler's own fenced call was refused (a 412 on ``ctx.fence_headers``):
+        # the same proof of another owner as a refused intent start, told once.
+        ev = env.book.intent_refused(held, str(error), LossSource.HANDLER)
+        if ev is not None:
+            yield ev
     stop = env.book.mark(held, LeaseStatus.DONE)
     if env.observer is not None:
         env.observer.handler_ended(held, stop)

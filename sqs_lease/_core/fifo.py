@@ -36,6 +36,17 @@ carries two ids, and these are the toolkit's choices:
 
 A FIFO queue takes no per-message ``DelaySeconds`` (only a queue-wide delay): a
 delayed submit to one is refused before anything is written.
+
+FIFO order is per message, not per job (issue 26 defect 9). A staged job sends one
+message per stage, and each continuation joins the back of its group: a later job
+of the same session, already waiting in the group, runs between two stages of an
+earlier one. Keeping job order instead would need the continuation ahead of the
+waiting message, which SQS cannot do, or every later job of the session held
+back outside the queue until the staged job ends. So the order a session gets is
+this one, and a producer must accept it: submitting a job that can take more than
+one stage (a staged class of several stages, a plan of several steps) to a FIFO
+group is refused unless it says ``interleave_stages=True``
+(:func:`session_order_problem`, checked by ``submit_flow``).
 """
 
 from __future__ import annotations
@@ -102,3 +113,23 @@ def fifo_params(queue_url: str, *, group_id: str, dedup_id: str) -> dict[str, An
     if not is_fifo(queue_url):
         return {}
     return {"MessageGroupId": sqs_id(group_id), "MessageDeduplicationId": sqs_id(dedup_id)}
+
+
+def session_order_problem(
+    queue_url: str, *, group: str | None, stages: int, interleave: bool
+) -> str | None:
+    """Why a submit would break what a FIFO session's order promises (None: it would not).
+
+    A job of ``stages`` possible messages in the FIFO group ``group``: its stages after
+    the first go to the back of the group, so later jobs of the session run between
+    them. Only a producer that said so (``interleave``) may submit it. An ungrouped job
+    is alone in its group (its id): its stages keep their order."""
+    if not is_fifo(queue_url) or group is None or stages < 2 or interleave:
+        return None
+    return (
+        f"group={group!r}: this job runs in {stages} stages, and on a FIFO queue each "
+        "stage after the first joins the back of its message group, so later jobs of "
+        "the session run between its stages (FIFO order is per message, docs/stages.md); "
+        "pass interleave_stages=True (CLI: --interleave-stages) to accept that order, or "
+        "submit it without a group"
+    )

@@ -30,6 +30,7 @@ from .fifo import (
     fifo_params,
     is_fifo,
     message_group_id,
+    session_order_problem,
 )
 from .limits import REASON_LIMIT, bounded, result_problem
 from .records import (
@@ -427,9 +428,15 @@ def submit_flow(
     tenant: str | None = None,
     stage: str | None = None,
     priority: str | None = None,
+    stages: int = 1,
+    interleave_stages: bool = False,
 ) -> Flow[SubmitResult]:
     """Write the job record (condition: new) with this submission's send id, then
     send its message.
+
+    ``stages``: how many stages the job can take (its class's, as the producer's app
+    knows them; 1 when unknown). A job of several stages in a FIFO group is refused
+    unless ``interleave_stages`` (:func:`~sqs_lease._core.fifo.session_order_problem`).
 
     With a ``group`` (an agent session, set by the producer) the record is written
     in one transaction with the group's marker (``groups.count_job``: one more job,
@@ -448,6 +455,11 @@ def submit_flow(
             f"delay_seconds={delay_seconds}: a FIFO queue ({queue_url}) takes no delay per "
             "message (only a queue-wide DelaySeconds); submit without a delay"
         )
+    order = session_order_problem(
+        queue_url, group=group, stages=stages, interleave=interleave_stages
+    )
+    if order is not None:
+        raise ConfigError(order)
     out: Outcome
     if group is None:
         out = yield from call(
@@ -1615,6 +1627,7 @@ class LossSource(StrEnum):
     """How an attempt learned that its lease is gone (the ``detected_by`` field)."""
 
     HEARTBEAT = "heartbeat"  # the heartbeat's ownership read (or its progress save)
+    HANDLER = "handler"  # the handler raised LeaseLost: a fenced call of its own was refused
     COMMIT = "commit"  # a fenced end write was rejected: the token had moved
     FAIL = "fail"
     RETRY = "retry"

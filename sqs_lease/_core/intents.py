@@ -464,15 +464,17 @@ def effect_flow(
             error_code=res.code,
             outcome_unknown=not not_applied,
         )
-        yield from _record_failed(
-            ctx,
-            attempts,
-            not_applied=not_applied,
-            error=f"{res.code}: {message_of(exc, spec.payload_json)}",
-        )
-        if not_applied or isinstance(exc, LeaseError):
+        error = f"{res.code}: {message_of(exc, spec.payload_json)}"
+        if isinstance(exc, LeaseError):
             # A tool that stopped on the lease leaves the intent in progress: the
-            # next owner reconciles it (this one may no longer act).
+            # next owner reconciles it (this one may no longer act). The attempt ends
+            # with the tool's own signal: a fence refusal (``LeaseLost``) proves
+            # another owner, and must not be told as ``OwnershipUnknown`` because the
+            # lease lapsed meanwhile (the before-send pause, issue 26).
+            yield from _record_stopped(ctx, attempts, error=error)
+            raise exc
+        yield from _record_failed(ctx, attempts, not_applied=not_applied, error=error)
+        if not_applied:
             raise exc
         reconcile_first = True
 
@@ -561,6 +563,26 @@ def _record_failed(ctx: _Ctx, attempt: int, *, not_applied: bool, error: str) ->
         if wait is None:
             return
         yield from call(Sleep(wait))
+
+
+def _record_stopped(ctx: _Ctx, attempt: int, *, error: str) -> Flow[None]:
+    """The failed call's record when the tool stopped on the lease: written only if
+    the lease still holds now, never waited for (the attempt is over) and never
+    raising. What the attempt ends with is the tool's own ``LeaseError``."""
+    try:
+        yield from _lease_check(ctx.spec)
+    except LeaseError:
+        return
+    yield from call(
+        ctx.ireq.attempt_failed(
+            ctx.spec.key,
+            attempt=attempt,
+            outcome="unknown",
+            error=error[:LOG_LIMIT],
+            wall_now=(yield from _wall(ctx)),
+            reopen=False,
+        )
+    )
 
 
 def _lease_check(spec: EffectSpec) -> Flow[None]:

@@ -322,13 +322,23 @@ class LeaseBook:
             held.cancelled.set()
         return ev
 
-    def intent_refused(self, held: Held, reason: str) -> Emit | None:
-        """The fenced intent start found the token moved. While the lease was still
-        open that is the first news of the loss: tell the attempt, return the event."""
+    def intent_refused(
+        self, held: Held, reason: str, source: LossSource = LossSource.INTENT_START
+    ) -> Emit | None:
+        """A refusal that proves another owner: the fenced intent start found the
+        token moved, or a fenced receiver refused the call (``LeaseLost``). It is the
+        news of the loss: tell the attempt, return the event (once per attempt).
+
+        Also for a lease the watchdog let go without a write (its reserve spent: the
+        before-send pause, issue 26): nothing of this worker moved the record, so the
+        attempt ends told ``LeaseLost``, not ``OwnershipUnknown``. A lease handed back
+        (a retry, a release, a resend) stays quiet: its own write may be the refusal's
+        cause, and its ``lease_dropped`` already told it."""
         with self.lock:
-            if held.lease.status not in OPEN:
+            lease = held.lease
+            if lease.status not in OPEN and lease.dropped is not Drop.RESERVE_SPENT:
                 return None
-            ev = lose(held.lease, LossSource.INTENT_START, reason)
+            ev = lose(lease, source, reason)
             if ev is not None:
                 held.cancelled.set()
         return ev

@@ -114,6 +114,7 @@ I16 = "I16_half_resolution"
 I17 = "I17_shared_request_token"
 I18 = "I18_stage_checkpoint"
 I19 = "I19_stage_effect_after_checkpoint"
+I20 = "I20_refusal_told_as_unknown"
 E_EXC = "E_unhandled_exception"
 E_BUDGET = "E_budget"
 
@@ -137,6 +138,7 @@ INVARIANTS: dict[str, str] = {
     I17: "no ClientRequestToken shared by two different writes (one owner's one write)",
     I18: "no stage checkpoint lost or applied twice; a succeeded staged job ran every stage",
     I19: "no effect of a stage applied after that stage's checkpoint",
+    I20: "an attempt a refusal proved superseded (fenced start, receiver's 412) ends LeaseLost",
 }
 
 TRANSIENT_REASONS = frozenset(
@@ -662,6 +664,20 @@ class Checker:
                 I8,
                 f"{worker} gave up {job_id} (token {token}, still its own, lease running) "
                 f"as {error} after a transaction cancelled for a transient reason",
+            )
+
+    # ------------------------------------------------------------------ I20
+
+    def refusal_told_as(self, worker: str, job_id: str, token: int, error: str) -> None:
+        """I20: the attempt met a refusal that proves another owner (its fenced intent
+        start found the token moved, or a fenced receiver answered 412) and ended
+        ``error``: anything but a lease loss (or a cancel, a loss too) misinforms the
+        operator (issue 26: the before-send pause ended ``OwnershipUnknown``)."""
+        if error not in ("LeaseLost", "JobCancelled"):
+            self.fail(
+                I20,
+                f"{worker} abandoned {job_id} (token {token}) as {error} after a refusal "
+                "that proved another owner",
             )
 
     # ------------------------------------------------------------------ I4, I10

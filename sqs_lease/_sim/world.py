@@ -366,7 +366,11 @@ class World:
             "intent_replayed": self._effect_reported,
             "job_abandoned": self._attempt_abandoned,
             "ownership_unknown": self._ownership_unknown,
+            "tool_request_failed": self._refused,
+            "intent_start_refused": self._refused,
         }
+        # I20: (worker, job, token) of attempts a refusal proved superseded
+        self._refused_attempts: set[tuple[str, str, Any]] = set()
         self.workers: dict[str, Any] = {}
         self._worker_seq = 0
         # The producer's calls may be slow, lose their answer and be retried by its SDK
@@ -825,10 +829,20 @@ class World:
             worker, str(data.get("job_id")), key, data.get("external_id"), recorded
         )
 
+    def _refused(self, worker: str, data: Any) -> None:
+        """A refusal that proves another owner: a fenced receiver's 412 (the tool's
+        ``LeaseLost``) or a fenced intent start that found the token moved (I20)."""
+        if data.get("error_code") == "LeaseLost" or data.get("reason") == "token_moved":
+            self._refused_attempts.add((worker, str(data.get("job_id")), data.get("token")))
+
     def _attempt_abandoned(self, worker: str, data: Any) -> None:
-        """``job_abandoned``: was the attempt given up right after a transient cancellation?"""
+        """``job_abandoned``: was the attempt given up right after a transient cancellation?
+        And if a refusal proved another owner, is it told as a lease loss (I20)?"""
         w = self.workers[worker]
         job_id, token = str(data.get("job_id")), data.get("token")
+        if (worker, job_id, token) in self._refused_attempts:
+            self.checker.now = self.now
+            self.checker.refusal_told_as(worker, job_id, token, str(data.get("error_code")))
         held = w.book.get(job_id)
         if held is None or held.lease.token != token or not held.tag.transient_cancel:
             return
