@@ -138,7 +138,7 @@ class LambdaShell(Worker):
         # must delete at once, where settled_flow sees it (no batching across records).
         self.env.deletes = None
         self._warned = False
-        self._budgets = {c.name: c.stage_budget_seconds for c in app.job_classes()}
+        self._budgets = {n: c.stage_budget_seconds for n, c in app.lease_rules()}
         unfit = never_fit(self._budgets, LAMBDA_MAX_TIMEOUT)
         if unfit:
             # Never started, each record would come back until the DLQ, saying nothing.
