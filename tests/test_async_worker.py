@@ -209,7 +209,8 @@ def _planned_app() -> App:
 
 
 @pytest.mark.parametrize(
-    ("make_app", "named", "limit"), [(_staged_app, "report/render", 1.5), (_planned_app, "agent/mail", 2)]
+    ("make_app", "named", "limit"),
+    [(_staged_app, "report/render", 1.5), (_planned_app, "agent/mail", 2)],
 )
 def test_every_stage_and_tool_bounds_the_tolerated_loop_lag_not_only_its_job(
     make_app: Any, named: str, limit: float

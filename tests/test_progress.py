@@ -230,4 +230,5 @@ def test_a_next_stage_starts_without_the_progress_hint_of_the_stage_before(
     assert seen == {"fetch": None, "render": None}
     rec = read_record(ddb_client, settings, job_id)
     assert json.loads(rec.result or "null") == {"rendered": 7}
-    assert (rec.progress, rec.progress_token, rec.progress_at) == (None, None, None)
+    # The checkpoint cleared it; the second stage saved none of its own.
+    assert not {"progress", "progress_token", "progress_at"} & set(rec.attribute_values)
