@@ -712,6 +712,36 @@ def continuation_not_unsent() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def checkpoint_keeps_hint() -> Iterator[None]:
+    """Issue 26 defect 5, as before the fix: a stage's checkpoint keeps the progress
+    hint the ending stage saved, so the next stage starts with another stage's
+    ``ctx.last_progress`` (and may skip its own work). Drawn once the simulated
+    stages save hints and check, at each stage's start, that a hint is its own."""
+    from sqs_lease import _schema
+
+    with _patch(_schema, "_NEW_STAGE", []):
+        yield
+
+
+@contextmanager
+def pace_counts_fenced_out() -> Iterator[None]:
+    """Issue 26 defect 11, as before the fix: backpressure counts every attempt held,
+    its lease open or not, so after a pause in which every lease was taken over the
+    throttle stays on until the fenced-out handlers return (no round is left to
+    lift it). Drawn once the checker asks that a worker with free slots and no
+    open lease takes work within a bound."""
+
+    def room(self: LeaseBook, free: int) -> int:
+        if self.pace is None:
+            return free
+        with self.lock:
+            return max(0, min(free, self.pace.room(len(self._held))))
+
+    with _patch(LeaseBook, "room", room):
+        yield
+
+
 PENDING: dict[str, tuple[Callable[[], Any], str, str]] = {
     # name: (mutation, widened feature that exposes it, invariant expected first)
     # moved to MUTATIONS once their fixes landed (kept here for the table in the docs)
@@ -775,12 +805,22 @@ WORLDS: dict[str, frozenset[str]] = {
 it with ``plan.PASSING_FEATURES`` as well). Every feature is in ``PASSING_FEATURES``
 now, so these add nothing to the world today; they say where a mutation bites, and
 keep its world should its feature ever leave ``PASSING_FEATURES``."""
-UNCAUGHT: dict[str, Callable[[], Any]] = {"unfenced_checkpoint": unfenced_checkpoint}
+UNCAUGHT: dict[str, Callable[[], Any]] = {
+    "unfenced_checkpoint": unfenced_checkpoint,
+    "checkpoint_keeps_hint": checkpoint_keeps_hint,
+    "pace_counts_fenced_out": pace_counts_fenced_out,
+}
 """Mutations no seed of the mutation check catches yet (runnable with ``--mutation``).
 ``unfenced_checkpoint``: in 200 seeds of the staged world no stale owner of a stage
 reaches its stage's end without having learnt of the takeover (its heartbeat tells it
 first, and a stopped attempt's result is discarded); ``tests/test_stages.py`` shows the
-fence biting with real processes (a paused worker's late stage end)."""
+fence biting with real processes (a paused worker's late stage end).
+``checkpoint_keeps_hint``: the simulated stages save no progress hint (their handlers
+only reset the no-progress timer); ``tests/test_progress.py`` and
+``tests/test_claim_request.py`` show the hint cleared on moto and the simulated table.
+``pace_counts_fenced_out``: a throttle kept on only delays a worker (its handlers end
+in simulated time) and no invariant asks how soon an idle worker takes work;
+``tests/test_core_overload.py`` shows the throttle letting go."""
 VARIANTS: dict[str, Callable[[], Any]] = {
     **MUTATIONS,
     **UNCAUGHT,

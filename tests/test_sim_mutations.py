@@ -240,6 +240,8 @@ def test_mutations_are_undone_on_exit() -> None:
             intents.__dict__["resolve_flow"],
             _schema.__dict__["_request_token"],
             JobTable.__dict__["advance_stage"],
+            list(_schema.__dict__["_NEW_STAGE"]),
+            LeaseBook.__dict__["room"],
         )
 
     before = state()
