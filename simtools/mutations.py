@@ -728,6 +728,36 @@ def refusal_as_unknown() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def checkpoint_keeps_hint() -> Iterator[None]:
+    """Issue 26 defect 5, as before the fix: a stage's checkpoint keeps the progress
+    hint the ending stage saved, so the next stage starts with another stage's
+    ``ctx.last_progress`` (and may skip its own work). Drawn once the simulated
+    stages save hints and check, at each stage's start, that a hint is its own."""
+    from sqs_lease import _schema
+
+    with _patch(_schema, "_NEW_STAGE", []):
+        yield
+
+
+@contextmanager
+def pace_counts_fenced_out() -> Iterator[None]:
+    """Issue 26 defect 11, as before the fix: backpressure counts every attempt held,
+    its lease open or not, so after a pause in which every lease was taken over the
+    throttle stays on until the fenced-out handlers return (no round is left to
+    lift it). Expected: I21 (a worker with free slots and no open lease is given
+    no room)."""
+
+    def room(self: LeaseBook, free: int) -> int:
+        if self.pace is None:
+            return free
+        with self.lock:
+            return max(0, min(free, self.pace.room(len(self._held))))
+
+    with _patch(LeaseBook, "room", room):
+        yield
+
+
 PENDING: dict[str, tuple[Callable[[], Any], str, str]] = {
     # name: (mutation, widened feature that exposes it, invariant expected first)
     # moved to MUTATIONS once their fixes landed (kept here for the table in the docs)
@@ -775,6 +805,8 @@ MUTATIONS: dict[str, Callable[[], Any]] = {
     # issue 9: stages (in the staged world, one of plan.PASSING_FEATURES)
     "checkpoint_replaces_log": checkpoint_replaces_log,
     "continuation_not_unsent": continuation_not_unsent,
+    # issue 26
+    "pace_counts_fenced_out": pace_counts_fenced_out,
 }
 WORLDS: dict[str, frozenset[str]] = {
     "resolve_in_two_writes": frozenset({"operator_races"}),
@@ -794,6 +826,7 @@ keep its world should its feature ever leave ``PASSING_FEATURES``."""
 UNCAUGHT: dict[str, Callable[[], Any]] = {
     "unfenced_checkpoint": unfenced_checkpoint,
     "refusal_as_unknown": refusal_as_unknown,
+    "checkpoint_keeps_hint": checkpoint_keeps_hint,
 }
 """Mutations no seed of the mutation check catches yet (runnable with ``--mutation``).
 ``unfenced_checkpoint``: in 200 seeds of the staged world no stale owner of a stage
@@ -805,7 +838,11 @@ refusal while its lease has lapsed unknown to it (the schedule needs the process
 between its intent start and its call for longer than the lease, its heartbeat not yet
 told of the takeover, and the new owner at the receiver first); the heartbeat or the
 lease check tells the loss first. ``tests/test_worker_hardening.py`` draws it on moto
-(``test_a_fence_refusal_of_a_call_paused_before_its_send_is_told_as_a_lease_loss``)."""
+(``test_a_fence_refusal_of_a_call_paused_before_its_send_is_told_as_a_lease_loss``).
+``checkpoint_keeps_hint``: the simulated stages save no progress hint (their handlers
+only reset the no-progress timer); ``tests/test_progress.py`` and
+``tests/test_claim_request.py`` show the hint cleared on moto and the simulated table.
+"""
 VARIANTS: dict[str, Callable[[], Any]] = {
     **MUTATIONS,
     **UNCAUGHT,

@@ -153,13 +153,8 @@ class AsyncWorker(ShellBase):
         self.max_loop_lag = tolerated_loop_lag(
             max_loop_lag,
             [
-                (
-                    n,
-                    r.job_class.lease_seconds,
-                    r.job_class.heartbeat_seconds,
-                    r.job_class.jitter_seconds,
-                )
-                for n, r in app.classes.items()
+                (n, c.lease_seconds, c.heartbeat_seconds, c.jitter_seconds)
+                for n, c in app.lease_rules()
             ],
         )
         self.threads = threads

@@ -504,14 +504,32 @@ class App:
             return reg.planned.stage(stage)
         return None if reg.stages is None else reg.stages.get(stage)
 
-    def job_classes(self) -> list[JobClass]:
-        """Every job class the app runs, each stage's own included."""
-        out: list[JobClass] = []
-        for reg in self.classes.values():
-            out.extend(r.job_class for r in (reg.stages or {reg.job_class.name: reg}).values())
+    def lease_rules(self) -> list[tuple[str, JobClass]]:
+        """Every lease rule set the app runs, named for people: each job class (its
+        name), each stage of a staged job (``job/stage``) and each tool of a planned
+        job (``job/tool``), every one with its own lease, heartbeat, budgets and
+        attempts.
+
+        The one enumeration: a rule that reads "the classes" (the receive's first
+        lease, the heartbeat's timeouts, the pace's budget, the loop lag an async
+        worker tolerates, the most attempts against the redrive, a Lambda's stage
+        budget) reads it, because a stage or a tool may be tighter than its job's
+        defaults (issue 26 defect 10: read at the top level only, a stage's lease
+        was lost to a stall the worker tolerated)."""
+        out: list[tuple[str, JobClass]] = []
+        for name, reg in self.classes.items():
+            if reg.stages:
+                out.extend((f"{name}/{s}", r.job_class) for s, r in reg.stages.items())
+            else:
+                out.append((name, reg.job_class))
             if reg.planned is not None:
-                out.extend(t.job_class for t in reg.planned.tools.values())
+                out.extend((f"{name}/{t}", tool.job_class) for t, tool in reg.planned.tools.items())
         return out
+
+    def job_classes(self) -> list[JobClass]:
+        """Every job class the app runs, each stage's and each tool's own included
+        (:meth:`lease_rules`, without the names)."""
+        return [c for _, c in self.lease_rules()]
 
     def prepare(self, name: str, payload: BaseModel | Mapping[str, Any]) -> tuple[str, str]:
         """Validate a payload for a class; return (canonical JSON, hash)."""

@@ -369,6 +369,16 @@ def _awaits_send(wall_now: float) -> list[Action]:
     ]
 
 
+# A progress hint (``ctx.progress``) is the resume hint of the stage that saved it:
+# the write that moves a record to its next stage clears it with its checkpoint, so
+# the next stage's claim (whose ALL_OLD ``ctx.last_progress`` is read from) finds
+# none (issue 26 defect 5: a hint "all done" made the next stage skip its work).
+# Every other write keeps it: a takeover, a retry, a release or a resend of the
+# same stage resumes from it. A stale owner of the stage before cannot write it
+# again: ``save_progress`` is fenced on its token.
+_NEW_STAGE: list[Action] = [R.progress.remove(), R.progress_token.remove(), R.progress_at.remove()]
+
+
 def _waiting() -> Condition:
     cond: Condition = (R.state == JobState.QUEUED.value) & (R.message_sent == False)  # noqa: E712
     return cond
@@ -690,6 +700,7 @@ class JobTable:
                 R.stage.set(next_stage),
                 R.stage_input.set(stage_input),
                 R.stages.set(stage_log),
+                *_NEW_STAGE,
                 R.attempt.set(0),
                 R.granted_attempts.remove(),
                 R.send_id.set(send_id),

@@ -140,7 +140,7 @@ def find_queue(
         check_slots_table(settings)
     url = queue_url(settings)
     dlq_url, max_receives = redrive(settings, url)
-    most = max(r.job_class.max_attempts for r in app.classes.values())
+    most = max(c.max_attempts for c in app.job_classes())
     unknown, warning = redrive_rules(max_receives, most, unknown_class_receives)
     if warning is not None:
         journal.write(warning.event, warning.fields)
@@ -287,9 +287,8 @@ class ShellBase:
         self._stats_lock = threading.Lock()
         self._lock = threading.Lock()
         # The leases this worker holds; its heartbeat and its handlers' contexts share it.
-        classes = [r.job_class for r in app.classes.values()]
         budget = pace_budget(
-            (c.lease_seconds, c.heartbeat_seconds, c.jitter_seconds) for c in classes
+            (c.lease_seconds, c.heartbeat_seconds, c.jitter_seconds) for c in app.job_classes()
         )
         self.book = LeaseBook(self._lock, pace=Pace(budget))
         # Ended jobs' messages, deleted 10 per call (the shell's flusher sends the

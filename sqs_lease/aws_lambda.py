@@ -143,7 +143,7 @@ class LambdaShell(Worker):
         # must delete at once, where settled_flow sees it (no batching across records).
         self.env.deletes = None
         self._warned = False
-        self._budgets = {c.name: c.stage_budget_seconds for c in app.job_classes()}
+        self._budgets = {n: c.stage_budget_seconds for n, c in app.lease_rules()}
 
     def refuse_unfit(self) -> None:
         """A consumer whose app has a class no invocation can ever start refuses to run

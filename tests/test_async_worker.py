@@ -38,6 +38,7 @@ from sqs_lease import (
     EffectCall,
     JobContext,
     JobState,
+    NextStage,
     Producer,
     Settings,
     ToolResult,
@@ -171,6 +172,57 @@ def test_a_tolerated_loop_lag_that_a_lease_cannot_survive_is_refused() -> None:
 
     with pytest.raises(ConfigError, match=r"max_loop_lag=2.*1\.5.*'short'"):
         AsyncWorker(app, Settings(endpoint_url="http://127.0.0.1:9", prefix="x"), max_loop_lag=2)
+
+
+SLOW = {"lease_seconds": 60, "heartbeat_seconds": 10.0, "jitter_seconds": 5.0}  # a 45 s stall
+
+
+def _staged_app() -> App:
+    """A staged job whose defaults survive a 45 s stall, with one stage of the short
+    lease (it survives 3 - 1 - 0.5 = 1.5 s)."""
+    app = App()
+    report = app.staged("report", payload=Work, **SLOW)
+
+    @report.stage("fetch")
+    async def fetch(ctx: AsyncJobContext[Work], p: Work) -> NextStage:
+        return NextStage("render", p)
+
+    @report.stage("render", payload=Work, **FAST)
+    async def render(ctx: AsyncJobContext[Work], p: Work) -> None:
+        return None
+
+    return app
+
+
+def _planned_app() -> App:
+    """A planned job whose defaults survive a 45 s stall, with one tool of a lease
+    that survives 4 - 1 - 1 = 2 s."""
+    app = App()
+    agent = app.planned("agent", **SLOW)
+    agent.tool("search", args=Work)(lambda ctx, p: None)
+
+    tight = {"heartbeat_seconds": 1.0, "jitter_seconds": 1.0, "missed_heartbeats": 2}
+
+    @agent.tool("mail", args=Work, lease_seconds=4, **tight)
+    async def mail(ctx: AsyncJobContext[Work], p: Work) -> None:
+        return None
+
+    return app
+
+
+@pytest.mark.parametrize(
+    ("make_app", "named", "limit"),
+    [(_staged_app, "report/render", 1.5), (_planned_app, "agent/mail", 2)],
+)
+def test_every_stage_and_tool_bounds_the_tolerated_loop_lag_not_only_its_job(
+    make_app: Any, named: str, limit: float
+) -> None:
+    # Issue 26 defect 10: the tolerated loop lag was read from the jobs' defaults
+    # only; a stall it tolerated lost the tighter stage's (or tool's) lease, with no
+    # loop_blocked, and the attempt went back uncharged, every time.
+    settings = Settings(endpoint_url="http://127.0.0.1:9", prefix="x")
+    with pytest.raises(ConfigError, match=rf"max_loop_lag=10.*below {limit:g},.*'{named}'"):
+        AsyncWorker(make_app(), settings, max_loop_lag=10)
 
 
 # --------------------------------------------------------------------------- a blocked loop

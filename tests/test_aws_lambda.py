@@ -24,7 +24,7 @@ from worker_helpers import (
     result_of,
 )
 
-from sqs_lease import App, ConfigError, JobContext, Producer, Settings, aws_lambda
+from sqs_lease import App, ConfigError, JobContext, NextStage, Producer, Settings, aws_lambda
 from sqs_lease._core.eventsource import END_MARGIN_SECONDS, GroupStop, can_start, message_group
 from sqs_lease._core.records import JobState
 from sqs_lease.aws_lambda import LambdaHandler, handler
@@ -266,6 +266,24 @@ def test_an_app_whose_class_can_never_fit_a_lambda_is_refused_at_its_first_invoc
     app.job("slow", payload=Work, **FAST)(lambda ctx, p: None)  # the default budget: 3600 s
     run = handler(app, settings)
     with pytest.raises(ConfigError, match=r"job classes slow: stage_budget_seconds"):
+        run({"Records": []}, RunningDown(60))
+
+
+def test_a_stage_whose_own_budget_can_never_fit_a_lambda_is_refused_by_name(
+    aws: AwsTestEnv,
+) -> None:
+    # Issue 26 defect 10: the stages of one job share its name, and the budgets were
+    # kept by name: the last stage's (it fits) hid the middle one's (it never does).
+    settings, _url, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+    report = app.staged("report", payload=Work, **FAST, stage_budget_seconds=600)
+    report.stage("fetch")(lambda ctx, p: NextStage("render", p))
+    report.stage("render", payload=Work, stage_budget_seconds=3600)(
+        lambda ctx, p: NextStage("publish", p)
+    )
+    report.stage("publish", payload=Work)(lambda ctx, p: {})
+    run = handler(app, settings)
+    with pytest.raises(ConfigError, match=r"job classes report/render: stage_budget_seconds"):
         run({"Records": []}, RunningDown(60))
 
 

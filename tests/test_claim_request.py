@@ -129,3 +129,38 @@ def test_a_claim_of_another_class_or_message_is_refused_with_the_record(
         assert not held and current is not None and current["token"] == {"N": "0"}
     job = get("j2")
     assert job is not None and job["state"] == {"S": "queued"} and job["attempt"] == {"N": "0"}
+
+
+@pytest.mark.integration
+def test_the_claim_of_a_next_stage_reads_no_progress_hint_of_the_stage_before(
+    store: tuple[JobTable, Send, Get],
+) -> None:
+    # A progress hint belongs to the stage that saved it (issue 26 defect 5): the
+    # checkpoint that moves the record on clears it, so the next stage's claim (its
+    # ALL_OLD is what ``ctx.last_progress`` is read from) finds none.
+    table, send, get = store
+    _submit(table, send, "j3")
+    assert send(table.claim("j3", "w1", 10.0, 30, job_class="c", send_id="s1"))[0]
+    assert send(table.save_progress("j3", 1, '{"pages_done":500}', 11.0))[0]
+    # The hint survives a takeover within the stage: the next owner resumes from it.
+    held, old = send(table.claim("j3", "w2", 12.0, 30, job_class="c", send_id="s1"))
+    assert held and old is not None and old["progress"] == {"S": '{"pages_done":500}'}
+    checkpoint = table.advance_stage(
+        "j3",
+        2,
+        "w2",
+        stage="fetch",
+        next_stage="render",
+        stage_input='{"rows":1}',
+        stage_log='[{"stage":"fetch"}]',
+        send_id="s2",
+        wall_now=13.0,
+        write_id="n-1:stage",
+    )
+    assert send(checkpoint)[0]
+    job = get("j3")
+    assert job is not None
+    assert not {"progress", "progress_token", "progress_at"} & set(job)
+    held, old = send(table.claim("j3", "w3", 14.0, 30, job_class="c", send_id="s2"))
+    assert held and old is not None and "progress" not in old
+    assert table.parse(old).progress_json is None

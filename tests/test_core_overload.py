@@ -12,7 +12,7 @@ import json
 from collections import Counter
 from typing import Any
 
-from core_harness import TABLE, WORKER, Script, delivery, job_item, ok
+from core_harness import OTHER, TABLE, WORKER, Script, delivery, job_item, ok
 from test_core_attempt import MONO, Shell, _up_to_handler
 
 from sqs_lease._core.attempt import HandlerRun, Parallel, attempt_flow, heartbeat_round_flow
@@ -103,6 +103,39 @@ def test_a_late_heartbeat_round_turns_backpressure_on_in_the_round_flow() -> Non
     on = s.event("backpressure_on")
     assert on["held"] == 1 and on["round_late"] > on["budget"] == 0.5
     assert shell.book.room(10) == 0  # the receive loop takes nothing new
+
+
+def test_backpressure_lets_go_once_every_lease_it_protected_was_taken_over() -> None:
+    # Issue 26 defect 11: a pause made a round late (backpressure on), and the job was
+    # taken over meanwhile. Its handler, fenced out, still runs (it may for long: a
+    # hung call), but its lease is no longer extended: no round is left to be on
+    # time, and the worker took no job until that handler returned. The throttle
+    # protects the leases the heartbeat extends; with none left it lets go.
+    shell = Shell(lambda run: None)
+    shell.book.pace = Pace(budget=0.5)
+    run, _flow = _up_to_handler(shell, visibility=60)
+    due = run.held.lease.next_beat
+    _round(shell, run.claim.token, starts=due + 0.2, takes=1.0)
+    assert shell.book.pace.throttled and shell.book.room(10) == 0
+    # The next round, late too, finds the job under another owner's token.
+    shell.mono = run.held.lease.next_beat + 0.2
+
+    def taken_over(call: Call) -> Outcome:
+        if call.op != "BatchGetItem":
+            return ok({"Successful": [{"Id": "0"}]}, sent_at=shell.mono)
+        shell.mono += 1.0
+        found = [job_item(state=JobState.RUNNING, owner=OTHER, token=run.claim.token + 1)]
+        return ok({"Responses": {TABLE: found}, "UnprocessedKeys": {}})
+
+    s = Script(taken_over)
+    s.run(heartbeat_round_flow(shell.env))
+    assert run.held.lease.status is LeaseStatus.LOST
+    assert shell.book.get("job-1") is run.held  # its handler has not returned
+    # Nothing left to protect: it takes work again, as much as the late round
+    # showed a round keeps (one lease); that lease is protected again, and the
+    # first round that keeps it on time lifts the throttle (backpressure_off).
+    assert shell.book.room(10) == 1
+    assert shell.book.pace.room(1) == 0
 
 
 def test_a_first_beat_due_before_its_lease_began_is_late_only_from_the_claim() -> None:

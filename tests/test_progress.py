@@ -35,7 +35,15 @@ from worker_helpers import (
     wait_until,
 )
 
-from sqs_lease import PROGRESS_LIMIT, App, JobContext, Producer, ProgressTooLarge, Worker
+from sqs_lease import (
+    PROGRESS_LIMIT,
+    App,
+    JobContext,
+    NextStage,
+    Producer,
+    ProgressTooLarge,
+    Worker,
+)
 from sqs_lease._aws import SyncDriver
 from sqs_lease._core.calls import Call, Err, ErrorKind, Outcome
 from sqs_lease._core.flows import HeartbeatReport, apply_beats, heartbeat_flow
@@ -187,3 +195,40 @@ def test_the_progress_write_lands_only_under_the_current_token(
     current = driver.execute(req.save_progress(job_id, 2, '{"page":3}', WALL))
     assert not isinstance(current, Err)
     assert read_record(ddb_client, settings, job_id).progress == '{"page":3}'
+
+
+def test_a_next_stage_starts_without_the_progress_hint_of_the_stage_before(
+    aws: AwsTestEnv, ddb_client: DynamoDBClient
+) -> None:
+    # Issue 26 defect 5: the first stage's hint ("done") was read by the second
+    # stage as its own, which then skipped its work. A hint belongs to its stage.
+    settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
+    app = App()
+    seen: dict[str, Any] = {}
+    saved = threading.Event()
+    job = app.staged("pages", payload=Work, **FAST)
+
+    @job.stage("fetch")
+    def fetch(ctx: JobContext[Any], p: Work) -> NextStage:
+        seen["fetch"] = ctx.last_progress
+        ctx.progress({"pages_done": p.pages, "all_done": True})
+        saved.wait(HANG_GUARD)  # until a heartbeat kept the hint on the record
+        return NextStage("render", Work(pages=p.pages))
+
+    @job.stage("render", payload=Work)
+    def render(ctx: JobContext[Any], p: Work) -> dict[str, Any]:
+        seen["render"] = ctx.last_progress
+        done = (ctx.last_progress or {}).get("pages_done", 0)
+        return {"rendered": p.pages - done}  # a resume hint skips what it says is done
+
+    job_id = Producer(settings, app).submit("pages", Work(pages=7), job_id=f"{aws.prefix}-g").job_id
+    worker = Worker(app, settings, worker_id="W1", receive_wait=1)
+    with collect_journal() as journal, running(worker):
+        journal.wait_for("progress_saved", job_id=job_id, token=1, timeout=HANG_GUARD)
+        saved.set()
+        journal.wait_for("result_committed", job_id=job_id, timeout=HANG_GUARD)
+    assert seen == {"fetch": None, "render": None}
+    rec = read_record(ddb_client, settings, job_id)
+    assert json.loads(rec.result or "null") == {"rendered": 7}
+    # The checkpoint cleared it; the second stage saved none of its own.
+    assert not {"progress", "progress_token", "progress_at"} & set(rec.attribute_values)

@@ -66,6 +66,12 @@ Issue 9's (stages, in the ``staged`` world):
 - ``continuation_not_unsent``: the checkpoint leaves the record out of the ``unsent``
   index, so a worker dying before the next stage's send strands the job (I10).
 
+Issue 26's:
+
+- ``pace_counts_fenced_out`` (defect 11): backpressure counts every attempt held, its
+  lease open or not, so a worker whose leases were all taken over stays throttled
+  until its fenced-out handlers return (I20).
+
 They run in the world of ``plan.PASSING_FEATURES`` (the widened features whose
 defects are fixed), plus the features ``mutations.WORLDS`` names for a mutation.
 """
@@ -95,6 +101,7 @@ from sqs_lease._sim.invariants import (
     I16,
     I17,
     I18,
+    I20,
 )
 
 # The first seed of each mutation's search that catches it, as `python -m simtools
@@ -111,6 +118,7 @@ CAUGHT_AT: dict[str, int] = {
     "no_commit_token": 73,  # I3_superseded_commit
     "no_ownership_check": 3,  # I5_extended_lost_lease
     "no_stranded_sweep": 6,  # I10_stranded_record
+    "pace_counts_fenced_out": 17,  # I21_idle_backpressure
     "plain_error_not_applied": 10,  # I2_double_effect
     "resolve_in_two_writes": 12,  # I16_half_resolution
     "resume_keeps_attempts": 6,  # I12_resume_exhausted
@@ -158,6 +166,8 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
     # issue 9: stages (the staged world is one of PASSING_FEATURES)
     "checkpoint_replaces_log": I18,
     "continuation_not_unsent": I10,
+    # issue 26 defect 11: backpressure after every lease was taken over
+    "pace_counts_fenced_out": I20,
 }
 
 
@@ -241,6 +251,8 @@ def test_mutations_are_undone_on_exit() -> None:
             intents.__dict__["_record_stopped"],
             _schema.__dict__["_request_token"],
             JobTable.__dict__["advance_stage"],
+            list(_schema.__dict__["_NEW_STAGE"]),
+            LeaseBook.__dict__["room"],
         )
 
     before = state()

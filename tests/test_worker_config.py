@@ -10,7 +10,8 @@ import pytest
 from conftest import AwsTestEnv
 from pydantic import BaseModel
 
-from sqs_lease import App, Settings, Worker, create_queue, create_tables
+from sqs_lease import App, NextStage, Settings, Worker, create_queue, create_tables
+from sqs_lease._core.timing import pace_budget
 from sqs_lease._errors import ConfigError
 from sqs_lease._journal import LOGGER_NAME
 from sqs_lease.service import ExitCode, WorkerEnv, run_worker
@@ -101,3 +102,41 @@ def test_the_receive_window_reaches_the_worker_from_its_environment(
 def test_a_receive_window_out_of_range_names_the_variable() -> None:
     with pytest.raises(ConfigError, match="SQS_LEASE_RECEIVE_WINDOW"):
         WorkerEnv.load(receive_window=30)
+
+
+def test_a_stages_own_lease_and_attempts_reach_the_pace_and_the_redrive_rule(
+    aws: AwsTestEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 26 defect 10: the backpressure budget and the redrive bound read the
+    # jobs' defaults only. A stage with a tighter lease and more attempts than its
+    # job must set both (every rule that reads "the classes" reads every stage).
+    settings = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix)
+    create_tables(settings)
+    create_queue(settings, max_receives=6)
+    app = App()
+    slow = {"lease_seconds": 60, "heartbeat_seconds": 10.0, "jitter_seconds": 5.0}
+    report = app.staged("report", payload=_P, max_attempts=2, **slow)
+    report.stage("fetch")(lambda ctx, p: NextStage("render", p))
+    report.stage(
+        "render",
+        payload=_P,
+        lease_seconds=4,
+        heartbeat_seconds=1,
+        jitter_seconds=1,
+        missed_heartbeats=2,
+        max_attempts=5,
+    )(lambda ctx, p: {})
+    logger = logging.getLogger(LOGGER_NAME)
+    saved = logger.propagate
+    logger.propagate = True
+    try:
+        with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+            worker = Worker(app, settings)
+    finally:
+        logger.propagate = saved
+    assert worker.book.pace is not None
+    assert worker.book.pace.budget == pace_budget([(4, 1.0, 1.0)]) == 0.5
+    events = [json.loads(r.getMessage()) for r in caplog.records if r.name == LOGGER_NAME]
+    tight = [e for e in events if e["event"] == "redrive_too_tight"]
+    assert [(e["max_receive_count"], e["max_attempts"]) for e in tight] == [(6, 5)]
+    assert [n for n, _ in app.lease_rules()] == ["report/fetch", "report/render"]

@@ -240,11 +240,16 @@ class LeaseBook:
 
     def room(self, free: int) -> int:
         """How many new messages the worker may take on now, of ``free`` open slots:
-        no more than its heartbeat keeps on time (:class:`~sqs_lease._core.timing.Pace`)."""
+        no more than its heartbeat keeps on time (:class:`~sqs_lease._core.timing.Pace`).
+
+        The pace counts the leases the heartbeat still extends (open), not every
+        attempt held: a handler fenced out (its lease lost, dropped or done) may run
+        on for long, and no round of its would ever lift a throttle it kept on."""
         if self.pace is None:
             return free
         with self.lock:
-            return max(0, min(free, self.pace.room(len(self._held))))
+            extended = sum(1 for h in self._held.values() if h.lease.status in OPEN)
+            return max(0, min(free, self.pace.room(extended)))
 
     def ending(self) -> int:
         """Attempts whose handler ended and whose end write is still under way (their

@@ -664,10 +664,13 @@ class Pace:
         return was != self.throttled
 
     def room(self, held: int) -> int:
-        """How many more leases the worker may take on while it holds ``held``.
+        """How many more leases the worker may take on while its heartbeat extends
+        ``held`` (its open leases: what the throttle protects).
 
-        Throttled, none while it holds any: a worker that holds nothing has no round
-        that could be late (and no round would ever lift the throttle)."""
+        Throttled, none while it extends any. With none left (all ended, or taken
+        over during the pause that made a round late) there is no round that could
+        be late, and none that would ever lift the throttle: it lets go (issue 26
+        defect 11), and the next lease held is protected again."""
         if self.throttled and held > 0:
             return 0
         limit = self.capacity if self.capacity is not None else self.start

@@ -77,6 +77,14 @@ Issue 9 (staged jobs, the ``staged`` world) adds:
   of a stage applies at a target after that stage's checkpoint was written (a stale
   attempt of a finished stage acts no more; its intents and fences stop it).
 
+Issue 26 adds:
+
+- ``I21_idle_backpressure``: backpressure never keeps a worker from work while it
+  protects no lease: a worker with a free slot and no open lease (every attempt it
+  holds ended, or was taken over) is given room to receive (defect 11: after a
+  pause in which every lease was taken over, the throttle stayed on until the
+  fenced-out handlers returned).
+
 ``I1`` is scoped to what a token orders: the tokens of one job (its fence scope).
 
 Two more names report a broken run rather than a broken protocol:
@@ -115,6 +123,7 @@ I17 = "I17_shared_request_token"
 I18 = "I18_stage_checkpoint"
 I19 = "I19_stage_effect_after_checkpoint"
 I20 = "I20_refusal_told_as_unknown"
+I21 = "I21_idle_backpressure"
 E_EXC = "E_unhandled_exception"
 E_BUDGET = "E_budget"
 
@@ -139,6 +148,7 @@ INVARIANTS: dict[str, str] = {
     I18: "no stage checkpoint lost or applied twice; a succeeded staged job ran every stage",
     I19: "no effect of a stage applied after that stage's checkpoint",
     I20: "an attempt a refusal proved superseded (fenced start, receiver's 412) ends LeaseLost",
+    I21: "no worker with a free slot and no open lease held off by backpressure",
 }
 
 TRANSIENT_REASONS = frozenset(
@@ -399,6 +409,16 @@ class Checker:
             )
             return
         self._checkpointed.setdefault(job, {})[stage] = (self.now, token)
+
+    def room_given(self, worker: str, slots: int, room: int, open_leases: int) -> None:
+        """I21: the receive loop of ``worker`` asked for room with ``slots`` free and
+        ``open_leases`` leases its heartbeat extends; the book gave ``room``."""
+        if slots > 0 and open_leases == 0 and room == 0:
+            self.fail(
+                I21,
+                f"{worker} has {slots} free slot(s) and no open lease, but backpressure "
+                "gives it no room: a throttle that protects nothing keeps it from work",
+            )
 
     def stage_effect_applied(self, job: str, stage: str, key: str, token: int, worker: str) -> None:
         """I19: an effect of ``stage`` applied at a target (the world tells)."""

@@ -27,7 +27,7 @@ from .._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
 from .._core.deletes import DeleteBatch
 from .._core.flows import UNKNOWN_CLASS_RECEIVES, Claimed, Delivery, Poison, receive_flow
 from .._core.intents import EffectResult, EffectSpec, default_key
-from .._core.leasebook import Flag, Held, LeaseBook
+from .._core.leasebook import Flag, Held, LeaseBook, is_open
 from .._core.limits import ITEM_LIMIT
 from .._core.stages import NextStage
 from .._core.timing import EFFECT_MARGIN, OPEN, LocalLease, Pace, Stop, pace_budget
@@ -302,7 +302,11 @@ class SimWorker(Actor):
         for _ in range(_LOOP_LIMIT):
             if self.stopping:
                 break
-            free = self.book.room(max(0, self.concurrency - self._alive_jobs()))
+            slots = max(0, self.concurrency - self._alive_jobs())
+            free = self.book.room(slots)
+            self.world.checker.room_given(
+                self.id, slots, free, sum(1 for h in self.book.entries() if is_open(h))
+            )
             want = self._pacer.want(self.mono(), free)
             if want == 0:
                 # Woken when a job task ends; a free slot waits at most the fill wait.
