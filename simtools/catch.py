@@ -25,7 +25,6 @@ SEED_LIMIT = 200
 FIRST_SEED = {
     "shared_request_tokens": 400,
     "wall_clock_fence": 300,
-    "stale_resolution": 57900,
     "unconfirmed_lease_given_up": 777600,
 }
 """Where a mutation's search starts (else 0). Two owners writing one attempt of a job

@@ -101,7 +101,7 @@ from sqs_lease._sim.invariants import (
     I16,
     I17,
     I18,
-    I20,
+    I21,
 )
 
 # The first seed of each mutation's search that catches it, as `python -m simtools
@@ -124,7 +124,6 @@ CAUGHT_AT: dict[str, int] = {
     "resume_keeps_attempts": 6,  # I12_resume_exhausted
     "shared_key_as_own": 0,  # I2_double_effect
     "shared_request_tokens": 557,  # I17_shared_request_token
-    "stale_resolution": 57932,  # I2_double_effect
     "stray_claims": 1,  # I11_stray_claim
     "transient_cancel_as_refusal": 22,  # I8_transient_cancel_lost
     "unconfirmed_lease_given_up": 777674,  # I8_transient_cancel_lost
@@ -159,7 +158,6 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
     # the rest of issues 7 and 14
     "intent_write_unchecked": I15,  # issue 7 item 13
     "resolve_in_two_writes": I16,  # issue 14 item 6, in the operator_races world
-    "stale_resolution": I2,  # soak seed 57932, in the operator_races world
     "shared_request_tokens": I17,  # issue 14 item 7
     "unconfirmed_lease_given_up": I8,  # soak seeds 401269, 777674
     "fence_mark_on_success_only": I1,  # issue 14 item 3, in the plain_calls world
@@ -167,7 +165,7 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
     "checkpoint_replaces_log": I18,
     "continuation_not_unsent": I10,
     # issue 26 defect 11: backpressure after every lease was taken over
-    "pace_counts_fenced_out": I20,
+    "pace_counts_fenced_out": I21,
 }
 
 
