@@ -47,6 +47,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from ._core.inputs import hidden
 from ._errors import FenceError
 
 IDEMPOTENCY_KEY: Final = "Idempotency-Key"
@@ -73,7 +74,6 @@ _SIGNATURE_RE: Final = re.compile(r"v1=[0-9a-f]{64}\Z")
 # A space inside is admitted on the wire: keys sent raw before they were encoded.
 _KEY_WIRE_RE: Final = re.compile(rf"[\x20-\x7e]{{1,{MAX_KEY_WIRE}}}\Z")
 # C0 controls (NUL, ESC, CR, LF among them), DEL and C1: refused in a key, either end.
-_CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _OWS: Final = " \t"  # HTTP's optional whitespace around a field value; nothing else is stripped
 
 
@@ -119,25 +119,37 @@ def check_scope(scope: object) -> str:
     return scope
 
 
+def refuse_hidden(value: str, header: str, what: str) -> str:
+    """``value`` if it holds no hidden character (``inputs.hidden``: control, format such
+    as a bidi override or a zero-width space, line and paragraph separators); a
+    ``FenceError`` naming ``header`` and the first such character otherwise. None can
+    move a terminal's cursor, split a log line or make two keys look alike: neither a
+    job id nor a key needs them."""
+    for ch in value:
+        if hidden(ch):
+            raise FenceError(
+                "invalid_header",
+                header,
+                f"{what} must not contain control or format characters (U+{ord(ch):04X})",
+            )
+    return value
+
+
 def check_key_text(idem_key: object) -> str:
-    """``idem_key`` if it is a non-empty str of valid Unicode without control
-    characters (NUL, ESC, CR, LF, DEL, C1); ``FenceError`` otherwise. What the
-    client checks before a key is sent (no length bound: other targets take longer
-    keys than the receiver kit)."""
+    """``idem_key`` if it is a non-empty str of valid Unicode without hidden
+    characters (control, format such as a bidi override, separators: the one rule of
+    ``inputs.hidden`` that ids share); ``FenceError`` otherwise. What the client checks
+    before a key is sent (no length bound: other targets take longer keys than the
+    receiver kit)."""
     if not isinstance(idem_key, str) or not idem_key:
         raise FenceError("invalid_header", IDEMPOTENCY_KEY, "idempotency key must not be empty")
-    if _CONTROL_RE.search(idem_key):
-        raise FenceError(
-            "invalid_header",
-            IDEMPOTENCY_KEY,
-            "idempotency key must not hold control characters (NUL, ESC, CR, LF, DEL, C1)",
-        )
     try:
         idem_key.encode("utf-8")
     except UnicodeEncodeError:
         raise FenceError(
             "invalid_header", IDEMPOTENCY_KEY, "idempotency key is not valid Unicode"
         ) from None
+    refuse_hidden(idem_key, IDEMPOTENCY_KEY, "idempotency key")
     return idem_key
 
 

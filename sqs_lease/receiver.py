@@ -71,7 +71,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -107,6 +106,7 @@ from ._fence import (
     check_scope,
     check_token,
     parse_fence,
+    refuse_hidden,
 )
 from ._journal import Journal
 from ._schema import GC_TTL, _params, create_table_params
@@ -737,28 +737,11 @@ class FencedReceiver:
 def _check(scope: str, token: int, idem_key: str) -> None:
     _check_scope(scope)
     check_token(token)
-    _refuse_controls(check_key(idem_key), IDEMPOTENCY_KEY, "idempotency key")
+    check_key(idem_key)
 
 
 def _check_scope(scope: str) -> str:
-    return _refuse_controls(check_scope(scope), FENCE_SCOPE, "scope")
-
-
-# C0, DEL, C1 and the two Unicode line breaks: what can move a terminal's cursor, set
-# its title or clipboard (ESC, CSI), or split a plain-text log line (CR, LF, NEL,
-# U+2028/9). Neither a job id nor a key needs them; a caller's text with one is refused.
-_CONTROLS: Final = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-def _refuse_controls(value: str, header: str, what: str) -> str:
-    found = _CONTROLS.search(value)
-    if found is not None:
-        raise FenceError(
-            "invalid_header",
-            header,
-            f"{what} must not contain control characters (U+{ord(found.group()):04X})",
-        )
-    return value
+    return refuse_hidden(check_scope(scope), FENCE_SCOPE, "scope")
 
 
 def _check_retention(name: str, value: float | None, least: float) -> None:

@@ -217,9 +217,13 @@ def test_an_effect_with_a_control_character_in_its_key_is_refused_up_front() -> 
 
     ran: list[Any] = []
     ctx, _, _, _ = _context(run_effect=lambda spec: ran.append(spec))
-    with pytest.raises(ConfigError, match="control characters"):
+    with pytest.raises(ConfigError, match="control or format characters"):
         ctx.effect("a", "t", {"x": 1}, lambda c: {}, key="inv\x1b[2J")
     assert ran == []  # no intent prepared
+    for hidden in ("inv\u202ecod", "inv\u200b1"):  # a bidi override, a zero-width space
+        with pytest.raises(ConfigError, match="control or format characters"):
+            ctx.effect("a", "t", {"x": 1}, lambda c: {}, key=hidden)
+    assert ran == []
 
 
 # --------------------------------------------------------------------------- CLI, item 4

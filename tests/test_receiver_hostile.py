@@ -311,6 +311,8 @@ def test_property_a_signed_request_with_any_body_is_stored_only_when_valid(body:
         ("Idempotency-Key", "k\r\nX-Injected: 1"),
         ("Idempotency-Key", "k\x7f"),
         ("Idempotency-Key", "k\x9b31m"),
+        ("Idempotency-Key", "inv%E2%80%AEcod"),  # a bidi override, percent-encoded
+        ("Idempotency-Key", "inv%E2%80%8B1"),  # a zero-width space
         ("X-Execution-Fence-Scope", "job%00"),
         ("X-Execution-Fence-Scope", "job%1B%5B2J"),
         ("X-Execution-Fence-Scope", "job%0D%0Astate%3A%20succeeded"),
@@ -326,7 +328,9 @@ def test_control_characters_in_the_key_or_decoded_scope_are_a_400(header: str, v
     assert rcv.calls == []
 
 
-@pytest.mark.parametrize("bad", ["job\x00", "job\x1b[2J", "job\r\n", "j\u2028"])
+@pytest.mark.parametrize(
+    "bad", ["job\x00", "job\x1b[2J", "job\r\n", "j\u2028", "inv\u202ecod", "k\u200b1"]
+)
 def test_apply_refuses_a_control_character_in_scope_or_key(bad: str) -> None:
     rcv = FencedReceiver(Settings(prefix="x"), client=object())
     with pytest.raises(FenceError, match="control"):
