@@ -17,7 +17,8 @@
     ├── AwsCallFailed                 an AWS call failed in a way the flow cannot handle
     ├── LeaseError                    raised in handlers by ``ctx.check()``/``ctx.wait()``
     │   ├── LeaseLost                 the token moved on: stop, never commit success
-    │   │   └── JobCancelled          an operator or the session cancelled the job
+    │   │   ├── JobCancelled          an operator or the session cancelled the job
+    │   │   └── FenceRefused          a fenced target refused the token (412): not applied
     │   ├── OwnershipUnknown          cannot confirm ownership: start no irreversible step
     │   ├── AttemptTimedOut           the watchdog stopped the attempt (effect call, progress,
     │   │                             stage budget): it was given back for a counted retry
@@ -128,6 +129,12 @@ class LeaseLost(LeaseError):
 
 class JobCancelled(LeaseLost):
     """The job was cancelled; its owner lost the lease."""
+
+
+class FenceRefused(LeaseLost):
+    """A fenced target refused this owner's token (``412 stale_token``): the call was
+    not applied, and a newer owner holds the job. A lease loss that also says "not
+    applied", so the journal never tells it as an unknown outcome."""
 
 
 class OwnershipUnknown(LeaseError):

@@ -40,7 +40,7 @@ from typing import Any
 from ._core.inputs import loads as _loads
 from ._core.intents import CheckAnswer, ToolResult, Verdict
 from ._core.texts import url_origin, visible
-from ._errors import FenceError, LeaseLost, ToolNotApplied, ToolOutcomeUnknown
+from ._errors import FenceError, FenceRefused, ToolNotApplied, ToolOutcomeUnknown
 from ._fence import (
     FENCE_SCOPE,
     FENCE_SIGNATURE,
@@ -87,7 +87,8 @@ def http_json(
     - 2xx: the result (``external_id`` from ``id_field``);
     - connection refused or a name that does not resolve (nothing was sent), and
       429 (the target refused it for now): ``ToolNotApplied`` (retry later);
-    - 412: ``LeaseLost`` (the receiver fenced this token out);
+    - 412: ``FenceRefused``, a ``LeaseLost`` (the receiver fenced this token out: not
+      applied);
     - 409 (same key in flight), 5xx, and every transport failure once the
       request may have left (a timeout, a reset, a response cut short or
       unreadable, a dropped connection): ``ToolOutcomeUnknown``;
@@ -110,7 +111,9 @@ def http_json(
     except urllib.error.HTTPError as err:
         code = err.code
         if code == 412:
-            raise LeaseLost(f"{where}: the receiver rejected fencing token {call.token}") from None
+            raise FenceRefused(
+                f"{where}: the receiver rejected fencing token {call.token}"
+            ) from None
         if code == 429:
             raise ToolNotApplied(f"{where}: 429 too many requests", code="http_429") from None
         if code == 409 or code >= 500:

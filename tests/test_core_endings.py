@@ -6,6 +6,7 @@ import pytest
 
 from sqs_lease import (
     ConfigError,
+    FenceRefused,
     IntentAmbiguous,
     IntentPayloadMismatch,
     JobCancelled,
@@ -23,6 +24,7 @@ from sqs_lease import (
 from sqs_lease._core.endings import Ending, EndKind, ending_for, stopped_ending
 from sqs_lease._core.limits import ERROR_TEXT_LIMIT
 from sqs_lease._core.timing import Stop
+from sqs_lease.testing import StaleFence
 
 
 @pytest.mark.parametrize(
@@ -31,6 +33,9 @@ from sqs_lease._core.timing import Stop
         (None, Ending(EndKind.COMMIT)),
         (LeaseLost("token moved"), Ending(EndKind.ABANDON, "token moved", "LeaseLost")),
         (JobCancelled("stop"), Ending(EndKind.ABANDON, "stop", "JobCancelled")),
+        # a receiver's 412 (and the testing kit's StaleFence): a lease loss, told as one
+        (FenceRefused("412"), Ending(EndKind.ABANDON, "412", "LeaseLost")),
+        (StaleFence("412"), Ending(EndKind.ABANDON, "412", "LeaseLost")),
         (OwnershipUnknown("no answer"), Ending(EndKind.ABANDON, "no answer", "OwnershipUnknown")),
         (
             IntentPayloadMismatch("changed"),

@@ -15,7 +15,7 @@ from typing import Any
 import boto3
 import pytest
 
-from sqs_lease import EffectCall, LeaseLost, ToolNotApplied, ToolOutcomeUnknown
+from sqs_lease import EffectCall, FenceRefused, LeaseLost, ToolNotApplied, ToolOutcomeUnknown
 from sqs_lease.effects import botocore_fence, http_json
 
 CALL = EffectCall("payment:INV-1:capture", 7, "job-1", "capture", "payments", {"amount": 5})
@@ -72,7 +72,7 @@ def test_the_targets_request_id_header_comes_back_with_the_result(target: str) -
 @pytest.mark.parametrize(
     ("status", "error", "retry"),
     [
-        (412, LeaseLost, None),  # fenced out: certainly not applied for this token
+        (412, FenceRefused, None),  # fenced out: certainly not applied for this token
         (409, ToolOutcomeUnknown, None),  # the same key is in flight: cannot tell yet
         (500, ToolOutcomeUnknown, None),
         (503, ToolOutcomeUnknown, None),
@@ -88,6 +88,8 @@ def test_status_codes_map_to_the_three_outcomes(
         http_json(CALL, f"{target}/{status}")
     if retry is not None:
         assert isinstance(caught.value, ToolNotApplied) and caught.value.retry is retry
+    if status == 412:  # a lease loss for the attempt, whatever catches LeaseLost
+        assert isinstance(caught.value, LeaseLost)
 
 
 def test_a_timeout_after_sending_is_outcome_unknown(target: str) -> None:

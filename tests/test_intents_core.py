@@ -56,6 +56,7 @@ from sqs_lease._core.intents import (
 )
 from sqs_lease._core.records import JobState
 from sqs_lease._errors import (
+    FenceRefused,
     IntentAmbiguous,
     IntentBusy,
     IntentPayloadMismatch,
@@ -1032,6 +1033,20 @@ def test_a_tool_stopped_by_the_lease_leaves_the_intent_for_the_next_owner() -> N
     items = transact(s.calls[2])
     assert len(items) == 1
     assert sets(only(items[0], "Update"))["outcome"] == "unknown"
+
+
+def test_a_fence_refusal_is_a_lease_loss_told_as_not_applied() -> None:
+    # The receiver's 412 proves the call was not applied: the journal must not tell an
+    # operator it may have been (the event used to say outcome_unknown: true). The
+    # intent still stays for the next owner, who may act (this one may not).
+    exc = FenceRefused("the receiver rejected fencing token 7")
+    s = EffectScript([ok(), ok(), ok()])
+    with pytest.raises(LeaseLost) as caught:
+        run_effect(s, spec(Tool(exc), check=Check(CheckAnswer(Verdict.CONFIRMED))))
+    assert caught.value is exc
+    failed = s.event("tool_request_failed")
+    assert (failed["outcome_unknown"], failed["error_code"]) == (False, "FenceRefused")
+    assert len(transact(s.calls[2])) == 1  # no reopen by a fenced-out owner
 
 
 def test_a_fence_refusal_after_the_lease_lapsed_stays_lease_lost_and_writes_nothing_more() -> None:

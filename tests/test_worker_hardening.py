@@ -394,7 +394,7 @@ def test_a_fence_refusal_of_a_call_paused_before_its_send_is_told_as_a_lease_los
     ``heartbeat_lost`` (``detected_by: intent_start``) and ``job_abandoned LeaseLost``,
     as docs/operations.md says, never ``OwnershipUnknown`` because the lease lapsed
     while the process was paused."""
-    from sqs_lease import LeaseLost
+    from sqs_lease import FenceRefused
 
     settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
     app = App()
@@ -405,7 +405,7 @@ def test_a_fence_refusal_of_a_call_paused_before_its_send_is_told_as_a_lease_los
         at_send.set()
         go.wait(30)  # paused with the request about to go out
         # What effects.http_json raises on the receiver's 412 stale_token.
-        raise LeaseLost(f"psp: the receiver rejected fencing token {call.token}")
+        raise FenceRefused(f"psp: the receiver rejected fencing token {call.token}")
 
     @app.job("pay", payload=Work, **FAST, max_attempts=1)
     def pay(ctx: JobContext[Any], p: Work) -> None:
@@ -436,7 +436,8 @@ def test_a_fence_refusal_of_a_call_paused_before_its_send_is_told_as_a_lease_los
     lost = journal.events("heartbeat_lost", job_id=job_id)
     assert [(e["token"], e["detected_by"]) for e in lost] == [(1, "intent_start")]
     failed = journal.events("tool_request_failed", job_id=job_id)
-    assert [e["error_code"] for e in failed] == ["LeaseLost"]
+    # the refusal proves the call was not applied: never told as an unknown outcome
+    assert [(e["error_code"], e["outcome_unknown"]) for e in failed] == [("FenceRefused", False)]
 
 
 def test_a_refused_intent_start_after_a_takeover_journals_the_loss_once(

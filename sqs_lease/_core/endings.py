@@ -11,6 +11,7 @@ from enum import StrEnum
 
 from .._errors import (
     ConfigError,
+    FenceRefused,
     HandlerSignal,
     IntentAmbiguous,
     IntentBusy,
@@ -77,7 +78,11 @@ def ending_for(error: BaseException | None, payload_json: str | None = None) -> 
     if error is None:
         return Ending(EndKind.COMMIT)
     if isinstance(error, LeaseError):
-        return Ending(EndKind.ABANDON, str(error), type(error).__name__)
+        # The code is one of the documented four (LeaseLost, JobCancelled,
+        # OwnershipUnknown, AttemptTimedOut...): a finer kind of loss (a fence refusal)
+        # is told as the loss it is, so an operator's filter on the code still holds.
+        code = "LeaseLost" if isinstance(error, FenceRefused) else type(error).__name__
+        return Ending(EndKind.ABANDON, str(error), code)
     if isinstance(error, IntentPayloadMismatch):
         return Ending(EndKind.FAIL, str(error), "intent_payload_mismatch")
     if isinstance(error, IntentAmbiguous):

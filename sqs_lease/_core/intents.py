@@ -23,6 +23,7 @@ from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 from .._errors import (
+    FenceRefused,
     IntentAmbiguous,
     IntentBusy,
     IntentPayloadMismatch,
@@ -453,6 +454,9 @@ def effect_flow(
         # reopen the intent: anything else, a response cut in half or a bug in the
         # code that read a success, may have applied, and goes to reconciliation.
         not_applied = isinstance(exc, ToolNotApplied)
+        # A fence refusal (412) proves the call was not applied, though it ends the
+        # attempt as a lease loss below: the event must not tell it as unknown.
+        refused = isinstance(exc, FenceRefused)
         yield from emit(
             "tool_request_failed",
             job_id=spec.job_id,
@@ -462,7 +466,7 @@ def effect_flow(
             token=token,
             duration=duration,
             error_code=res.code,
-            outcome_unknown=not not_applied,
+            outcome_unknown=not (not_applied or refused),
         )
         error = f"{res.code}: {message_of(exc, spec.payload_json)}"
         if isinstance(exc, LeaseError):

@@ -56,6 +56,7 @@ from .._core.calls import Call, Outcome
 from .._core.flows import message_body
 from .._core.intents import CheckAnswer, IntentView, Verdict
 from .._core.records import JobState, JobView
+from .._errors import FenceRefused
 from .._jobs import App, EffectCall
 from .._journal import read_journal
 from .._local import local_credentials_env, spawn_local_server, stop_local_server
@@ -412,8 +413,10 @@ class ShiftedClock:
 # --------------------------------------------------------------------------- target
 
 
-class StaleFence(Exception):
-    """The fenced target refused a call: a newer token of the job was seen."""
+class StaleFence(FenceRefused):
+    """The fenced target refused a call: a newer token of the job was seen (a
+    ``FenceRefused``, so the worker ends the attempt as a lease loss, as it does for a
+    real receiver's 412)."""
 
 
 @dataclass(frozen=True)
