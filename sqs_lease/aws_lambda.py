@@ -93,7 +93,7 @@ from ._core.eventsource import (
 from ._core.flows import UNSENT_GRACE_SECONDS, Delivery, Poison, release_flow
 from ._errors import ConfigError
 from ._jobs import App
-from ._journal import Journal
+from ._journal import Journal, configure_for_lambda
 from ._worker import Worker, load_app
 
 if TYPE_CHECKING:
@@ -324,13 +324,15 @@ def handler(
     environment once the handler returns, so nothing is left in a buffer.
     """
     shells: list[LambdaShell] = []
+    journal = journal or Journal()
     if metrics is not None:
-        journal = journal or Journal()
         journal.add_sink(metrics)
 
     def lambda_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         try:
             if not shells:
+                # At the first invocation: the runtime's (and Powertools') logging is set.
+                configure_for_lambda(journal, os.environ)
                 shells.append(
                     LambdaShell(app, settings or Settings.from_env(), journal=journal, tick=tick)
                 )
@@ -358,13 +360,14 @@ def sweeper(
     deploys one); it returns what it did (``resent``, ``more``, ``dlq_parked``...).
     An SQS event is refused (``ConfigError``): the consumer is ``handler(app)``."""
     shells: list[LambdaShell] = []
+    journal = journal or Journal()
     if metrics is not None:
-        journal = journal or Journal()
         journal.add_sink(metrics)
 
     def sweep_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         try:
             if not shells:
+                configure_for_lambda(journal, os.environ)
                 shells.append(
                     LambdaShell(
                         app,
