@@ -95,6 +95,7 @@ EVENT_LEVELS: Mapping[str, int] = {
     "result_rejected": _W,
     "stage_budget_capped": _W,
     "tool_request_failed": _W,
+    "worker_exit_forced": _W,
     # Routine: what happened, for the record.
     **dict.fromkeys(
         (

@@ -191,7 +191,8 @@ def test_powertools_logger_users_get_the_fields_merged_into_their_json(
     from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
 
     runtime_logging("Text", None)
-    logger = Logger(service="agent-tools")
+    # A service name of its own: Powertools keeps one logger (and its stream) a name.
+    logger = Logger(service="journal-merge-check")
     # Powertools copies its handlers to top-level loggers: the package's.
     copy_config_to_registered_loggers(source_logger=logger, include={"sqs_lease"})
     capsys.readouterr()
@@ -200,7 +201,7 @@ def test_powertools_logger_users_get_the_fields_merged_into_their_json(
     journal = [d for d in docs if "event" in d]
     assert {"job_claimed", "result_committed", "job_failed"} <= {d["event"] for d in journal}
     for d in journal:
-        assert d["message"] == d["event"] and d["service"] == "agent-tools", d
+        assert d["message"] == d["event"] and d["service"] == "journal-merge-check", d
     failed = next(d for d in journal if d["event"] == "job_failed")
     assert failed["level"] == "WARNING" and failed["job_id"] == ids[1]
 
