@@ -253,7 +253,12 @@ ECS_EXIT_MARGIN_SECONDS = 2.0
 exited, whatever its handlers do: ECS's SIGKILL must never race its last writes."""
 
 
+ECS_FORCED_EXIT_LEAD = 1.0
+"""Time a forced exit keeps for itself: its journal line, the flushes, the exit."""
+
+
 def ecs_exit_after(stop_timeout: float) -> float:
-    """Seconds after SIGTERM by which the worker process has exited (it ends itself
-    then, if a handler or a call still holds it)."""
-    return max(0.0, stop_timeout - ECS_EXIT_MARGIN_SECONDS)
+    """Seconds after SIGTERM at which a worker process still running ends itself (a
+    handler or a call still holds it), so that it is gone
+    :data:`ECS_EXIT_MARGIN_SECONDS` before ``stop_timeout``."""
+    return max(0.0, stop_timeout - ECS_EXIT_MARGIN_SECONDS - ECS_FORCED_EXIT_LEAD)
