@@ -5,7 +5,8 @@ Synthesise with ``python app.py`` (no CDK CLI needed) or deploy with ``cdk deplo
 ``--prefix``), ``lambda_asset`` (a directory holding sqs-lease and the job
 module), ``worker_image`` (the ECS worker image), ``fifo`` (``true``: FIFO
 queues), ``encrypted`` (``true``: a KMS key of the stack's own for the queues),
-``interactive`` (``true``: the interactive jobs' queue too, for priorities).
+``interactive`` (``true``: the interactive jobs' queue too, for priorities),
+``alarm_topic_arn`` (an SNS topic every alarm publishes to).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from sqs_lease import App
@@ -69,6 +71,7 @@ class ExampleStack(cdk.Stack):
         fifo: bool = False,
         encrypted: bool = False,
         interactive: bool = False,
+        alarm_topic_arn: str | None = None,
         **kwargs: object,
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -145,10 +148,18 @@ class ExampleStack(cdk.Stack):
             image=ecs.ContainerImage.from_registry(worker_image),
             app_ref=APP_REF,
         )
+        # Every alarm, the function's too, publishes to the operator's topic when the
+        # context names one (`-c alarm_topic_arn=arn:aws:sns:...`).
         self.monitoring = LeaseMonitoring(
             self,
             "Monitoring",
             queue=self.queue,
+            lambda_consumer=self.lambda_consumer,
+            alarm_topic=(
+                sns.Topic.from_topic_arn(self, "AlarmTopic", alarm_topic_arn)
+                if alarm_topic_arn
+                else None
+            ),
         )
 
 
@@ -166,6 +177,7 @@ def build(app: cdk.App) -> ExampleStack:
         fifo=_flag(app.node.try_get_context("fifo")),
         encrypted=_flag(app.node.try_get_context("encrypted")),
         interactive=_flag(app.node.try_get_context("interactive")),
+        alarm_topic_arn=app.node.try_get_context("alarm_topic_arn"),
     )
 
 

@@ -146,6 +146,9 @@ class Worker(ShellBase):
         self._running = 0  # job threads started and not yet through their attempt
         self._slot_freed = threading.Event()  # a job thread ended: the receive loop looks
         self._deletes_done = threading.Event()
+        # Set once the shutdown handed back what it held: a handler that ignored the
+        # stop keeps its thread, but its lease was let go and needs no heartbeat.
+        self._beats_done = threading.Event()
 
     # ----------------------------------------------------------------- running
 
@@ -174,6 +177,7 @@ class Worker(ShellBase):
             sweep = threading.Thread(target=self._sweep_loop, name="sweep", daemon=True)
             sweep.start()
         self._deletes_done.clear()
+        self._beats_done.clear()
         deleter = threading.Thread(target=self._delete_loop, name="deletes", daemon=True)
         deleter.start()
         self._idle_since = self._clock()
@@ -199,6 +203,7 @@ class Worker(ShellBase):
         finally:
             self._shutdown()
             self._stopping.set()
+            self._beats_done.set()
             self._deletes_done.set()
             deleter.join(timeout=5)
             beat.join(timeout=5)
@@ -292,7 +297,9 @@ class Worker(ShellBase):
     # ----------------------------------------------------------------- heartbeat
 
     def _heartbeat_loop(self) -> None:
-        while not (self._stopping.is_set() and not len(self.book) and not self._alive()):
+        while not self._beats_done.is_set() and not (
+            self._stopping.is_set() and not len(self.book) and not self._alive()
+        ):
             try:
                 self._beat_once()
             except Exception as exc:  # the driver's own failure: the thread survives it too

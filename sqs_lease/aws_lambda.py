@@ -31,8 +31,10 @@ deleted its message (a fenced end write - commit, fail, park - that DynamoDB
 applied, then DeleteMessage; or a poison message copied to the DLQ). Everything
 else is in ``batchItemFailures``: a handler failure (its retry backoff is set as
 the message's visibility), a rejected commit (the lease was taken over), an
-unknown outcome, records not started for the budget or because an earlier record
-of their FIFO message group failed (those are released: visibility 0).
+unknown outcome, records not started because an earlier record of their FIFO
+message group failed (released: visibility 0) or for the budget (released for the
+rest of the invocation, ``not_started_visibility``: not received again into the
+same wave of batches).
 
 What it deletes itself, and why: the message of every record it ends, right
 after the fenced write, as every worker does. The mapping deletes the successes
@@ -86,6 +88,7 @@ from ._core.eventsource import (
     can_start,
     message_group,
     never_fit,
+    not_started_visibility,
     parse_event_record,
     settled_flow,
     take_record_flow,
@@ -93,7 +96,7 @@ from ._core.eventsource import (
 from ._core.flows import UNSENT_GRACE_SECONDS, Delivery, Poison, release_flow
 from ._errors import ConfigError
 from ._jobs import App
-from ._journal import Journal
+from ._journal import Journal, configure_for_lambda
 from ._worker import Worker, load_app
 
 if TYPE_CHECKING:
@@ -197,7 +200,8 @@ class LambdaShell(Worker):
             raise ConfigError("event has no Records list: is this an SQS event source's event?")
         failures: list[str] = []
         groups = GroupStop()
-        unstarted: list[Delivery] = []
+        unstarted: list[Delivery] = []  # released at 0: their FIFO group stopped
+        unfit: list[Delivery] = []  # released past this invocation: the budget did not fit
         done = threading.Event()
         beat = threading.Thread(target=self._beat_until, args=(done,), daemon=True)
         beat.start()
@@ -230,7 +234,7 @@ class LambdaShell(Worker):
                     groups.failed(group)
                     failures.append(mid)
                     if isinstance(item, Delivery):
-                        unstarted.append(item)
+                        (unstarted if blocked else unfit).append(item)
                     continue
                 if not self._attempt(item):
                     groups.failed(group)
@@ -239,7 +243,10 @@ class LambdaShell(Worker):
             done.set()
             beat.join(timeout=5)
             if unstarted:
-                self._release(unstarted)
+                self._release(unstarted, 0)
+            if unfit:
+                left = context.get_remaining_time_in_millis()
+                self._release(unfit, not_started_visibility(left))
         return {"batchItemFailures": [{"itemIdentifier": m} for m in failures]}
 
     def sweep(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
@@ -284,7 +291,7 @@ class LambdaShell(Worker):
             self.journal("lambda_record_failed", error_code=type(exc).__name__)
             return False
 
-    def _release(self, unstarted: list[Delivery]) -> None:
+    def _release(self, unstarted: list[Delivery], visibility: int) -> None:
         self.driver.run(
             release_flow(
                 self.table,
@@ -294,6 +301,7 @@ class LambdaShell(Worker):
                 wall_now=self._now().wall,
                 reason="lambda: not started",
                 nonce="",  # nothing claimed: no record is written
+                visibility=visibility,
             )
         )
 
@@ -324,13 +332,15 @@ def handler(
     environment once the handler returns, so nothing is left in a buffer.
     """
     shells: list[LambdaShell] = []
+    journal = journal or Journal()
     if metrics is not None:
-        journal = journal or Journal()
         journal.add_sink(metrics)
 
     def lambda_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         try:
             if not shells:
+                # At the first invocation: the runtime's (and Powertools') logging is set.
+                configure_for_lambda(journal, os.environ)
                 shells.append(
                     LambdaShell(app, settings or Settings.from_env(), journal=journal, tick=tick)
                 )
@@ -358,13 +368,14 @@ def sweeper(
     deploys one); it returns what it did (``resent``, ``more``, ``dlq_parked``...).
     An SQS event is refused (``ConfigError``): the consumer is ``handler(app)``."""
     shells: list[LambdaShell] = []
+    journal = journal or Journal()
     if metrics is not None:
-        journal = journal or Journal()
         journal.add_sink(metrics)
 
     def sweep_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         try:
             if not shells:
+                configure_for_lambda(journal, os.environ)
                 shells.append(
                     LambdaShell(
                         app,

@@ -15,14 +15,22 @@ from pynamodb.models import Model
 
 from ._config import Settings
 from ._core.deploy import (
+    DLQ_RETENTION_SECONDS,
     ECS_MAX_STOP_TIMEOUT,
+    LAMBDA_MAX_CONCURRENCY,
     LAMBDA_MAX_TIMEOUT,
     LAMBDA_VISIBILITY_FACTOR,
+    LIVENESS_RESOURCE,
+    PERMISSIONS,
+    QUEUE_RETENTION_SECONDS,
     REDRIVE_BACKSTOP,
     SHUTDOWN_GRACE_SECONDS,
     SHUTDOWN_RELEASE_MARGIN,
     SQS_MAX_RECEIVE_COUNT,
+    UNSENT_INDEX_RESOURCE,
+    check_lambda_concurrency,
     check_lambda_timing,
+    duration_alarm_seconds,
     ecs_stop_timeout,
     lambda_visibility_floor,
     max_receive_count_for,
@@ -156,22 +164,31 @@ def submit_requests(settings: Settings) -> tuple[ProducerRequest, ...]:
 
 
 __all__ = [
+    "DLQ_RETENTION_SECONDS",
     "ECS_MAX_STOP_TIMEOUT",
     "GC_TTL_ATTRIBUTE",
+    "LAMBDA_MAX_CONCURRENCY",
     "LAMBDA_MAX_TIMEOUT",
     "LAMBDA_VISIBILITY_FACTOR",
+    "LIVENESS_RESOURCE",
+    "PERMISSIONS",
+    "QUEUE_RETENTION_SECONDS",
     "REDRIVE_BACKSTOP",
     "SHUTDOWN_GRACE_SECONDS",
     "SHUTDOWN_RELEASE_MARGIN",
     "SQS_MAX_RECEIVE_COUNT",
     "TABLE_MODELS",
     "UNSENT_INDEX",
+    "UNSENT_INDEX_RESOURCE",
     "ProducerRequest",
+    "check_lambda_concurrency",
     "check_lambda_timing",
+    "duration_alarm_seconds",
     "ecs_stop_timeout",
     "lambda_visibility_floor",
     "max_receive_count_for",
     "model_attributes",
+    "permissions_table",
     "queue_visibility_for",
     "redrive_too_tight",
     "request_attributes",
@@ -179,3 +196,26 @@ __all__ = [
     "table_names",
     "table_params",
 ]
+
+
+_RESOURCE_LABELS = {
+    "queue": "job queues `PREFIX-jobs`, `PREFIX-jobs-interactive`",
+    "dlq": "DLQ `PREFIX-jobs-dlq`",
+    "jobs": "table `PREFIX-jobs`",
+    UNSENT_INDEX_RESOURCE: "index `PREFIX-jobs/index/unsent`",
+    LIVENESS_RESOURCE: "table `PREFIX-jobs`, keys `worker#*` only (`dynamodb:LeadingKeys`)",
+    "intents": "table `PREFIX-intents`",
+    "attempts": "table `PREFIX-attempts`",
+    "groups": "table `PREFIX-groups`",
+    "slots": "table `PREFIX-slots`",
+}
+
+
+def permissions_table() -> str:
+    """:data:`PERMISSIONS` as the README's markdown table (a test compares them)."""
+    lines = ["| role | resource | actions |", "|---|---|---|"]
+    for role, by_resource in PERMISSIONS.items():
+        for resource, actions in by_resource.items():
+            listed = ", ".join(f"`{a}`" for a in actions)
+            lines.append(f"| {role} | {_RESOURCE_LABELS[resource]} | {listed} |")
+    return "\n".join(lines) + "\n"

@@ -21,6 +21,7 @@ The process ends with an :class:`ExitCode` a scheduler can act on.
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import re
 import threading
@@ -37,15 +38,17 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ._config import ENV_VARIABLES, Settings
 from ._core.attempt import RECEIVE_WINDOW_MAX
 from ._core.calls import Call, Err, ErrorKind, Outcome
+from ._core.deploy import ECS_EXIT_MARGIN_SECONDS, ecs_exit_after
 from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
 from ._errors import AwsCallFailed, AwsUnavailable, ConfigError, ResourceMissing, SqsLeaseError
 from ._jobs import App
-from ._journal import Journal
+from ._journal import LOGGER_NAME, Journal
 from ._shell import WorkerStats, async_handlers
 from ._worker import Worker, load_app
 
 __all__ = [
     "ENV_PREFIX",
+    "EXIT_MARGIN_SECONDS",
     "STOP_RESERVE_SECONDS",
     "ExitCode",
     "ServiceResult",
@@ -56,6 +59,10 @@ __all__ = [
 ]
 
 ENV_PREFIX = "SQS_LEASE_"
+
+EXIT_MARGIN_SECONDS = ECS_EXIT_MARGIN_SECONDS
+"""The worker has exited this long before ``stop_timeout`` after SIGTERM, whatever
+its handlers do (``sqs_lease._core.deploy.ecs_exit_after``)."""
 
 STOP_RESERVE_SECONDS = 5.0
 """Kept below ``stopTimeout`` after the grace: the hand-back writes (one conditional
@@ -413,6 +420,9 @@ def run_worker(
     worker.receive_observers.append(monitor)
     if flusher is not None:
         flusher.start()
+    if env.stop_timeout is not None and install_signals:
+        # The process's own worker (its signals): it ends before ECS's SIGKILL.
+        _ExitDeadline(worker, ecs_exit_after(env.stop_timeout), flusher).start()
     try:
         if install_signals:
             worker.install_signal_handlers()
@@ -432,3 +442,39 @@ def run_worker(
             stats,
         )
     return ServiceResult(ExitCode.OK, "", stats)
+
+
+class _ExitDeadline:
+    """Ends the process ``after`` seconds past the stop request (SIGTERM), if it is
+    still running then: a handler that ignores the stop, an AWS call that hangs in
+    the hand-back. ECS sends SIGKILL at ``stopTimeout``; this comes
+    ``EXIT_MARGIN_SECONDS`` before it, says so, and flushes what is buffered. Jobs not
+    released yet are recovered as any crashed worker's are (their leases expire)."""
+
+    def __init__(self, worker: Any, after: float, flusher: Any) -> None:
+        self.worker = worker
+        self.after = after
+        self.flusher = flusher
+
+    def start(self) -> None:
+        threading.Thread(target=self._watch, name="exit-deadline", daemon=True).start()
+
+    def _watch(self) -> None:
+        stopping: threading.Event = self.worker._stopping
+        stopping.wait()
+        # A daemon thread: a process that ends in time ends it; one still here then
+        # (run() has not returned, or the interpreter waits on a stuck thread) is ended.
+        time.sleep(self.after)
+        self.worker.journal(
+            "worker_exit_forced",
+            after=self.after,
+            in_flight=len(self.worker.book),
+            reason="the stop timeout is near: a handler or a call did not end",
+        )
+        try:
+            if self.flusher is not None:
+                self.flusher.metrics.flush()
+            for h in [*logging.getLogger().handlers, *logging.getLogger(LOGGER_NAME).handlers]:
+                h.flush()
+        finally:
+            os._exit(int(ExitCode.OK))

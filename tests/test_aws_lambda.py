@@ -195,7 +195,8 @@ def test_records_that_cannot_finish_in_the_time_left_are_released_and_reported(
     for r in rest:
         view = read_view(ddb_client, b.settings, job_of(r))
         assert view.state is JobState.QUEUED and view.attempt == 0  # never claimed
-    # Released at once (visibility 0), not hidden for the rest of the 60 s receive.
+    # Released for the rest of the invocation (about a second here), not hidden for
+    # the rest of the 60 s receive (test_lambda_margins: not received again at once).
     assert visible_now(sqs_client, b.url) == {r["messageId"] for r in rest}
 
 

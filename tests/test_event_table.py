@@ -95,3 +95,11 @@ def test_every_emitted_event_is_documented_in_the_operations_table() -> None:
 def test_every_documented_event_is_emitted_by_the_code() -> None:
     stale = documented_events() - set(emitted_events())
     assert stale == set(), f"docs/operations.md lists events nothing emits: {sorted(stale)}"
+
+
+def test_every_emitted_event_has_a_log_level_and_the_table_has_no_stale_entry() -> None:
+    from sqs_lease._journal import EVENT_LEVELS
+
+    emitted = set(emitted_events())
+    assert sorted(emitted - set(EVENT_LEVELS)) == [], "add them to sqs_lease._journal.EVENT_LEVELS"
+    assert sorted(set(EVENT_LEVELS) - emitted) == []

@@ -20,7 +20,14 @@ from constructs import Construct
 
 from sqs_lease import ConfigError
 from sqs_lease._core.attempt import SWEEP_PAGE_SECONDS
-from sqs_lease.deploy import SHUTDOWN_GRACE_SECONDS, check_lambda_timing, ecs_stop_timeout
+from sqs_lease._core.eventsource import batch_size_for
+from sqs_lease.deploy import (
+    LAMBDA_MAX_CONCURRENCY,
+    SHUTDOWN_GRACE_SECONDS,
+    check_lambda_concurrency,
+    check_lambda_timing,
+    ecs_stop_timeout,
+)
 
 from .monitoring import metrics_namespace
 from .queue import LeasedQueue
@@ -90,6 +97,12 @@ class LambdaConsumer(Construct):
     before anything is built. The handler is ``sqs_lease.aws_lambda.entry``
     (the adapter of issue 10), which loads the app named by ``app_ref``.
 
+    Scaling: the event source hands at most ``max_concurrency`` invocations at once
+    (default ``sqs_lease.deploy.LAMBDA_MAX_CONCURRENCY``; ``reserved_concurrency``,
+    optional, must not be below it); ``batch_size`` defaults to the records that can
+    start one after another at their whole stage budgets within the timeout
+    (``batch_size_for``). ``tracing=True``: X-Ray active tracing on both functions.
+
     It reads the job queue only: the Lambda adapter serves one queue, so a queue made
     with ``interactive=True`` needs a ``FargateConsumer`` (whose workers serve the
     interactive queue first) for its interactive jobs.
@@ -115,7 +128,7 @@ class LambdaConsumer(Construct):
         app_ref: str,
         handler: str = LAMBDA_HANDLER,
         function_timeout: Duration | None = None,
-        batch_size: int = 10,
+        batch_size: int | None = None,
         max_batching_window: Duration | None = None,
         memory_size: int = 512,
         reserved_concurrency: int | None = None,
@@ -123,6 +136,8 @@ class LambdaConsumer(Construct):
         environment: Mapping[str, str] | None = None,
         sweep_every: Duration | None = SWEEP_EVERY,
         sweep_timeout: Duration = SWEEP_TIMEOUT,
+        max_concurrency: int | None = LAMBDA_MAX_CONCURRENCY,
+        tracing: bool = False,
     ) -> None:
         _check_app_ref(app_ref)
         env = _environment(queue, tables, app_ref)
@@ -161,6 +176,12 @@ class LambdaConsumer(Construct):
                 f"max_batching_window={window} s: an event source on a FIFO queue takes no "
                 "batching window; leave it unset"
             )
+        if batch_size is None:
+            # As many records as start one after another at their whole budgets: a
+            # larger batch's tail is received and released, each receive counted.
+            batch_size = batch_size_for(
+                timeout, (c.stage_budget_seconds for c in queue.job_classes)
+            )
         limit = 10 if queue.fifo else 10_000
         if not 1 <= batch_size <= limit:
             raise ConfigError(
@@ -173,8 +194,7 @@ class LambdaConsumer(Construct):
             )
         if not 128 <= memory_size <= 10_240:
             raise ConfigError(f"memory_size={memory_size}: Lambda takes 128..10240 MB")
-        if reserved_concurrency is not None and reserved_concurrency < 1:
-            raise ConfigError(f"reserved_concurrency={reserved_concurrency}: give 1 or more")
+        check_lambda_concurrency(max_concurrency, reserved_concurrency)
         for key in env:
             if environment and key in environment:
                 raise ConfigError(f"environment[{key!r}] is set by the construct; remove it")
@@ -205,7 +225,10 @@ class LambdaConsumer(Construct):
             log_group=self._log_group,
             reserved_concurrent_executions=reserved_concurrency,
             environment={**(environment or {}), **env},
+            tracing=lambda_.Tracing.ACTIVE if tracing else None,
         )
+        self._max_concurrency = max_concurrency
+        self._tracing = tracing
         queue.grant_worker(self._role)
         tables.grant_worker(self._role)
         self._source = sources.SqsEventSource(
@@ -213,6 +236,7 @@ class LambdaConsumer(Construct):
             batch_size=batch_size,
             max_batching_window=Duration.seconds(window) if window else None,
             report_batch_item_failures=True,
+            max_concurrency=max_concurrency,
         )
         self._function.add_event_source(self._source)
         self._sweep: lambda_.Function | None = None
@@ -229,6 +253,10 @@ class LambdaConsumer(Construct):
                 queue=queue,
                 tables=tables,
             )
+        if tracing:
+            _acknowledge_xray(self._role)
+            if self._sweep_role is not None:
+                _acknowledge_xray(self._sweep_role)
 
     def _add_sweep(
         self,
@@ -265,6 +293,7 @@ class LambdaConsumer(Construct):
             environment=environment,
             # A failed sweep is not retried: the next scheduled one starts over.
             retry_attempts=0,
+            tracing=lambda_.Tracing.ACTIVE if self._tracing else None,
         )
         queue.grant_sweeper(self._sweep_role)
         tables.grant_sweeper(self._sweep_role)
@@ -310,6 +339,24 @@ class LambdaConsumer(Construct):
     def function_timeout_seconds(self) -> int:
         """The function timeout, checked against the queue's visibility."""
         return self._timeout
+
+    @property
+    def max_concurrency(self) -> int | None:
+        """The event source's maximum concurrency (None: the account's limit only)."""
+        return self._max_concurrency
+
+
+def _acknowledge_xray(role: iam.Role) -> None:
+    """X-Ray's write actions take no resource ARN: CDK grants them on ``*``."""
+    policy = role.node.try_find_child("DefaultPolicy")
+    assert policy is not None  # the grants above made it
+    Validations.of(policy).acknowledge(
+        Acknowledgment(
+            id="AwsSolutions-IAM5[Resource::*]",
+            reason="X-Ray tracing (tracing=True): xray:PutTraceSegments and "
+            "xray:PutTelemetryRecords support no resource-level permission",
+        )
+    )
 
 
 class FargateConsumer(Construct):

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from sqs_lease import ConfigError
+from sqs_lease._core.eventsource import END_MARGIN_SECONDS
+from sqs_lease.deploy import duration_alarm_seconds
 from sqs_lease.metrics import METRICS, dimensions_of
 
 from .queue import LeasedQueue
+
+if TYPE_CHECKING:
+    from .consumers import LambdaConsumer
 
 _LIBRARY_METRICS = {m.name for m in METRICS}
 
@@ -67,6 +76,12 @@ class LeaseMonitoring(Construct):
     ambiguous intents, parked jobs, any message in the DLQ, and the oldest
     message's age (default: twice the queue's visibility, at least 15 min), on the
     job queue and, where the queue has one, on the interactive queue too.
+
+    With ``lambda_consumer``, also on the function: Errors, Throttles, and an
+    invocation that ran into its end margin (``sqs_lease.deploy.
+    duration_alarm_seconds``), and the scheduled sweep's Errors. Every alarm has
+    every ``alarm_actions`` and, with ``alarm_topic``, an SNS action to the topic
+    (docs/operations.md, "Alarms").
     """
 
     def __init__(
@@ -77,6 +92,8 @@ class LeaseMonitoring(Construct):
         queue: LeasedQueue,
         oldest_message_age: Duration | None = None,
         alarm_actions: Sequence[cloudwatch.IAlarmAction] = (),
+        alarm_topic: sns.ITopic | None = None,
+        lambda_consumer: LambdaConsumer | None = None,
     ) -> None:
         classes = queue.job_classes
         if len(classes) > MAX_CLASSES:
@@ -91,6 +108,9 @@ class LeaseMonitoring(Construct):
         )
         if age < 60:
             raise ConfigError(f"oldest_message_age={age} s: give at least 60 s")
+        if alarm_topic is not None:
+            # Every alarm tells whoever the topic reaches (and any other action given).
+            alarm_actions = (*alarm_actions, cw_actions.SnsAction(alarm_topic))
         super().__init__(scope, construct_id)
         self._namespace = metrics_namespace(queue.settings.prefix)
         self._alarms: dict[str, cloudwatch.Alarm] = {}
@@ -141,6 +161,11 @@ class LeaseMonitoring(Construct):
             age,
             f"the oldest message waited {age}+ s: too few consumers, or they fail",
             alarm_actions,
+        )
+        function_widgets = (
+            self._function_alarms(lambda_consumer, alarm_actions)
+            if lambda_consumer is not None
+            else []
         )
         fast = queue.interactive_queue
         queue_widget_left = [
@@ -196,10 +221,71 @@ class LeaseMonitoring(Construct):
                 width=12,
             ),
             cloudwatch.GraphWidget(title="Dead-letter queue", left=[dlq_depth], width=12),
+            *function_widgets,
             cloudwatch.AlarmStatusWidget(
                 title="Alarms", alarms=list(self._alarms.values()), width=24
             ),
         )
+
+    def _function_alarms(
+        self, consumer: LambdaConsumer, actions: Sequence[cloudwatch.IAlarmAction]
+    ) -> list[cloudwatch.IWidget]:
+        """The Lambda consumer's own alarms: an invocation failed (crash, timeout, a
+        refused configuration), Lambda throttled one, one ran into its end margin
+        (the next may time out); and the scheduled sweep's failures."""
+        fn = consumer.function
+        timeout = consumer.function_timeout_seconds
+        near = duration_alarm_seconds(timeout, END_MARGIN_SECONDS)
+        errors = fn.metric_errors(period=PERIOD, statistic="Sum", label="Errors")
+        throttles = fn.metric_throttles(period=PERIOD, statistic="Sum", label="Throttles")
+        duration = fn.metric_duration(period=PERIOD, statistic="Maximum", label="Duration (ms)")
+        self._alarm(
+            "FunctionErrors",
+            errors,
+            1,
+            "the Lambda consumer's invocations failed (a crash, a timeout, a refused "
+            "configuration): their unreported records come back; read the function's log",
+            actions,
+        )
+        self._alarm(
+            "FunctionThrottles",
+            throttles,
+            1,
+            "Lambda throttled the consumer: reserved concurrency below the event "
+            "source's maximum concurrency, or the account's limit reached",
+            actions,
+        )
+        self._alarm(
+            "FunctionNearTimeout",
+            duration,
+            int(near * 1000),
+            f"an invocation ran {near:g}+ s of its {timeout} s timeout (into the "
+            f"{END_MARGIN_SECONDS:g} s end margin): a handler overran its stage budget or "
+            "end writes were slow; the next may time out",
+            actions,
+        )
+        widgets: list[cloudwatch.IWidget] = [
+            cloudwatch.GraphWidget(title="Lambda consumer", left=[errors, throttles], width=12),
+            cloudwatch.GraphWidget(
+                title="Lambda duration",
+                left=[duration],
+                left_annotations=[
+                    cloudwatch.HorizontalAnnotation(value=timeout * 1000, label="timeout")
+                ],
+                width=12,
+            ),
+        ]
+        sweep = consumer.sweep_function
+        if isinstance(sweep, lambda_.Function):
+            self._alarm(
+                "SweepErrors",
+                sweep.metric_errors(period=PERIOD, statistic="Sum"),
+                1,
+                "the scheduled sweep failed: stranded jobs are not sent again and "
+                "dead-lettered jobs not parked until a sweep succeeds",
+                actions,
+            )
+        return widgets
 
     def _alarm(
         self,

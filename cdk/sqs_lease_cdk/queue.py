@@ -12,6 +12,9 @@ from constructs import Construct
 
 from sqs_lease import App, ConfigError, JobClass, Settings
 from sqs_lease.deploy import (
+    DLQ_RETENTION_SECONDS,
+    PERMISSIONS,
+    QUEUE_RETENTION_SECONDS,
     lambda_visibility_floor,
     max_receive_count_for,
     queue_visibility_for,
@@ -19,46 +22,29 @@ from sqs_lease.deploy import (
 
 from ._common import allow, job_classes_of, settings_for
 
-WORKER_QUEUE_ACTIONS = (
-    "sqs:ReceiveMessage",
-    "sqs:ChangeMessageVisibility",  # also authorises ChangeMessageVisibilityBatch
-    "sqs:DeleteMessage",  # also DeleteMessageBatch
-    "sqs:SendMessage",  # the stranded-record sweep re-sends, stages send the next
-    "sqs:GetQueueUrl",
-    "sqs:GetQueueAttributes",  # the worker reads the redrive policy at start
-)
-"""What a worker (thread, async or Lambda shell) calls on the job queue."""
+# The actions come from the library's one list (``sqs_lease.deploy.PERMISSIONS``),
+# which a test checks against every call the code makes.
+WORKER_QUEUE_ACTIONS = PERMISSIONS["worker"]["queue"]
+"""What a worker (thread, async or Lambda shell) calls on the job queues."""
 
-WORKER_DLQ_ACTIONS = (
-    "sqs:SendMessage",  # a poison message is copied there with its reason
-    "sqs:GetQueueUrl",  # the DLQ is found from the redrive policy's ARN
-    # The sweep's DLQ reconciliation: it receives a few DLQ messages (parking a job
-    # whose message SQS moved there) and makes them visible again at once.
-    "sqs:ReceiveMessage",
-    "sqs:ChangeMessageVisibility",  # also ChangeMessageVisibilityBatch
-)
+WORKER_DLQ_ACTIONS = PERMISSIONS["worker"]["dlq"]
 """What a worker calls on the dead-letter queue."""
 
-SWEEPER_QUEUE_ACTIONS = (
-    "sqs:SendMessage",  # a stranded job's message, sent again
-    "sqs:GetQueueUrl",
-    "sqs:GetQueueAttributes",  # the redrive policy (where the DLQ is), at start
-)
+SWEEPER_QUEUE_ACTIONS = PERMISSIONS["sweeper"]["queue"]
 """What the Lambda consumer's scheduled sweep calls on the job queues: it receives
 and deletes nothing there."""
 
-SWEEPER_DLQ_ACTIONS = (
-    "sqs:GetQueueUrl",
-    "sqs:ReceiveMessage",  # look at DLQ messages (with a hold) ...
-    "sqs:ChangeMessageVisibility",  # ... and give them back; also the Batch form
-)
+SWEEPER_DLQ_ACTIONS = PERMISSIONS["sweeper"]["dlq"]
 """What the scheduled sweep calls on the dead-letter queue (it parks the jobs of the
 messages SQS moved there, and never deletes one)."""
 
-PRODUCER_QUEUE_ACTIONS = ("sqs:SendMessage", "sqs:GetQueueUrl")
+PRODUCER_QUEUE_ACTIONS = PERMISSIONS["producer"]["queue"]
 """What a producer (``Producer.submit``) calls on the job queue."""
 
-DLQ_RETENTION = Duration.days(14)
+DLQ_RETENTION = Duration.seconds(DLQ_RETENTION_SECONDS)
+QUEUE_RETENTION = Duration.seconds(QUEUE_RETENTION_SECONDS)
+"""Set on the job queues explicitly (``sqs_lease.deploy.QUEUE_RETENTION_SECONDS``):
+shorter than the DLQ's, so a message moved there keeps time to be read."""
 
 
 class LeasedQueue(Construct):
@@ -154,6 +140,7 @@ class LeasedQueue(Construct):
             "Queue",
             queue_name=settings.queue,
             visibility_timeout=Duration.seconds(visibility),
+            retention_period=QUEUE_RETENTION,
             dead_letter_queue=sqs.DeadLetterQueue(queue=self._dlq, max_receive_count=max_receives),
             encryption=encryption,
             encryption_master_key=encryption_key,
@@ -171,6 +158,7 @@ class LeasedQueue(Construct):
                 "InteractiveQueue",
                 queue_name=settings.interactive_queue,
                 visibility_timeout=Duration.seconds(visibility),
+                retention_period=QUEUE_RETENTION,
                 dead_letter_queue=sqs.DeadLetterQueue(
                     queue=self._dlq, max_receive_count=max_receives
                 ),

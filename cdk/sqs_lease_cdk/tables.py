@@ -13,7 +13,10 @@ from sqs_lease import ConfigError, Settings
 from sqs_lease._core.liveness import LIVENESS_PREFIX
 from sqs_lease.deploy import (
     GC_TTL_ATTRIBUTE,
+    LIVENESS_RESOURCE,
+    PERMISSIONS,
     UNSENT_INDEX,
+    UNSENT_INDEX_RESOURCE,
     model_attributes,
     submit_requests,
     table_params,
@@ -32,56 +35,22 @@ _PROJECTIONS = {
     "INCLUDE": dynamodb.ProjectionType.INCLUDE,
 }
 
-WORKER_TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
-    # Claim, heartbeat confirmation (consistent BatchGetItem), commit, retry, park,
-    # the sweep's query of the sparse index and re-send, the intents' fenced
-    # transactions (a condition check on the job record).
-    "jobs": (
-        "dynamodb:DescribeTable",
-        "dynamodb:GetItem",
-        "dynamodb:BatchGetItem",
-        "dynamodb:UpdateItem",
-        "dynamodb:ConditionCheckItem",
-        "dynamodb:Query",
-    ),
-    "intents": (
-        "dynamodb:DescribeTable",
-        "dynamodb:GetItem",
-        "dynamodb:PutItem",
-        "dynamodb:UpdateItem",
-        "dynamodb:ConditionCheckItem",
-    ),
-    "attempts": (
-        "dynamodb:DescribeTable",
-        "dynamodb:PutItem",
-        "dynamodb:UpdateItem",
-    ),
-    # Concurrency limits: read a pool's slots (consistent BatchGetItem), take and
-    # give back one (conditional UpdateItem).
-    "slots": (
-        "dynamodb:DescribeTable",
-        "dynamodb:BatchGetItem",
-        "dynamodb:UpdateItem",
-    ),
-}
-"""What a worker calls on each table (TransactWriteItems is authorised per item action)."""
+_TABLE_ROLES = ("jobs", "intents", "attempts", "groups", "slots")
 
-SWEEPER_JOBS_ACTIONS: tuple[str, ...] = (
-    "dynamodb:DescribeTable",
-    "dynamodb:GetItem",  # a DLQ message's job record
-    "dynamodb:UpdateItem",  # take the right to send; park a dead-lettered job
-)
+# The actions come from the library's one list (``sqs_lease.deploy.PERMISSIONS``),
+# which a test checks against every call the code makes.
+WORKER_TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
+    r: a for r, a in PERMISSIONS["worker"].items() if r in _TABLE_ROLES
+}
+"""What a worker calls on each table (TransactWriteItems is authorised per item
+action); and Query on the jobs table's ``unsent`` index, PutItem on ``worker#`` keys."""
+
+SWEEPER_JOBS_ACTIONS: tuple[str, ...] = PERMISSIONS["sweeper"]["jobs"]
 """What the Lambda consumer's scheduled sweep calls on the jobs table (and Query on
 its ``unsent`` index only)."""
 
 PRODUCER_TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
-    # Submit: the conditional put of a new record; taking the send of a record left
-    # unsent, marking it sent, giving it back. No read: a duplicate is told by the
-    # put's refusal, and nothing else of a record is read back.
-    "jobs": ("dynamodb:PutItem", "dynamodb:UpdateItem"),
-    # A grouped submit counts the job on its session's record in the same
-    # transaction (refused once the session is cancelled).
-    "groups": ("dynamodb:UpdateItem",),
+    r: a for r, a in PERMISSIONS["producer"].items() if r in _TABLE_ROLES
 }
 """What a producer calls on each table; each action is granted on the attributes
 submit's requests name only (``sqs_lease.deploy.submit_requests``)."""
@@ -170,26 +139,33 @@ class LeaseTables(Construct):
         """What a worker calls, per table, on that table (and its named indexes) only;
         and its liveness record: PutItem on the jobs table for ``worker#`` keys only
         (it never creates a job record)."""
-        for role, actions in WORKER_TABLE_ACTIONS.items():
-            allow(grantee, actions, self._arns(role))
-        iam.Grant.add_to_principal(
-            grantee=grantee,
-            actions=["dynamodb:PutItem"],
-            resource_arns=[self._tables["jobs"].table_arn],
-            conditions={
-                "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{LIVENESS_PREFIX}*"]}
-            },
-        )
+        self._grant_listed(grantee, "worker")
 
     def grant_sweeper(self, grantee: iam.IGrantable) -> None:
         """What the scheduled sweep calls: the jobs table's ``unsent`` index (Query),
         the record's take and park (UpdateItem) and read (GetItem); the other tables'
         description only (the shell checks they exist at start)."""
+        self._grant_listed(grantee, "sweeper")
+
+    def _grant_listed(self, grantee: iam.IGrantable, who: str) -> None:
+        """``PERMISSIONS[who]`` on these tables: each table's actions on that table
+        only, Query on the ``unsent`` index only, the liveness PutItem on ``worker#``
+        keys only (it never creates a job record)."""
         jobs = self._tables["jobs"].table_arn
-        allow(grantee, SWEEPER_JOBS_ACTIONS, [jobs])
-        allow(grantee, ["dynamodb:Query"], [f"{jobs}/index/{UNSENT_INDEX}"])
-        others = [t.table_arn for role, t in self._tables.items() if role != "jobs"]
-        allow(grantee, ["dynamodb:DescribeTable"], others)
+        for resource, actions in PERMISSIONS[who].items():
+            if resource == UNSENT_INDEX_RESOURCE:
+                allow(grantee, actions, [f"{jobs}/index/{UNSENT_INDEX}"])
+            elif resource == LIVENESS_RESOURCE:
+                iam.Grant.add_to_principal(
+                    grantee=grantee,
+                    actions=list(actions),
+                    resource_arns=[jobs],
+                    conditions={
+                        "ForAllValues:StringLike": {"dynamodb:LeadingKeys": [f"{LIVENESS_PREFIX}*"]}
+                    },
+                )
+            elif resource in _TABLE_ROLES:
+                allow(grantee, actions, [self._tables[resource].table_arn])
 
     def grant_producer(self, grantee: iam.IGrantable, *, job_ids: str | None = None) -> None:
         """What ``Producer.submit`` calls, and nothing more: per table and action, the
@@ -225,15 +201,6 @@ class LeaseTables(Construct):
                 resource_arns=[self._tables[role].table_arn],
                 conditions=conditions,
             )
-
-    def _arns(self, role: str) -> list[str]:
-        table = self._tables[role]
-        # Each index by name: a grant on "index/*" would be a wildcard resource.
-        names = [
-            i["IndexName"]
-            for i in table_params(self._settings)[role].get("GlobalSecondaryIndexes", [])
-        ]
-        return [table.table_arn, *(f"{table.table_arn}/index/{n}" for n in names)]
 
 
 def _attr(defs: dict[str, str], name: str) -> dynamodb.Attribute:

@@ -121,3 +121,144 @@ def ecs_stop_timeout(shutdown_grace: float) -> int:
             f"shutdown_grace to at most {ECS_MAX_STOP_TIMEOUT - SHUTDOWN_RELEASE_MARGIN:g}"
         )
     return stop
+
+
+# --- Operating a Lambda consumer: scaling, retention, alarms (issue 27) ---
+
+LAMBDA_MAX_CONCURRENCY = 10
+"""The SQS event source's default maximum concurrency (the construct's
+``max_concurrency``): at most this many invocations at once, so a burst of jobs
+cannot take the account's whole Lambda concurrency (or throttle other functions),
+and jobs past it wait in the queue, not in throttled invocations."""
+
+ESM_CONCURRENCY_RANGE = (2, 1000)
+"""What an SQS event source's ``MaximumConcurrency`` takes."""
+
+QUEUE_RETENTION_SECONDS = 4 * 86_400
+"""The job queue's message retention, set explicitly (SQS's default, 4 days): the
+DLQ keeps its messages 14 days, so a message SQS moves there after days in the
+job queue still has time in the DLQ (its age counts from its first send)."""
+
+DLQ_RETENTION_SECONDS = 14 * 86_400
+"""The DLQ's retention: SQS's longest."""
+
+
+def check_lambda_concurrency(max_concurrency: int | None, reserved: int | None) -> None:
+    """Refuse an event source concurrency SQS does not take, or a reserved concurrency
+    below it (Lambda would throttle what the event source hands it: a throttled
+    invocation's records come back with their receive counted)."""
+    low, high = ESM_CONCURRENCY_RANGE
+    if max_concurrency is not None and not low <= max_concurrency <= high:
+        raise ConfigError(
+            f"max_concurrency={max_concurrency}: an SQS event source takes {low}..{high} "
+            "(None: no limit but the account's)"
+        )
+    if reserved is not None and reserved < 1:
+        raise ConfigError(f"reserved_concurrency={reserved}: give 1 or more")
+    if reserved is not None and max_concurrency is not None and reserved < max_concurrency:
+        raise ConfigError(
+            f"reserved_concurrency={reserved} is below max_concurrency={max_concurrency}: "
+            "the event source would start invocations Lambda throttles; give "
+            f"reserved_concurrency >= {max_concurrency} or lower max_concurrency"
+        )
+
+
+def duration_alarm_seconds(function_timeout: int, end_margin: float) -> float:
+    """The invocation duration that alarms: into the budget rule's end margin. A
+    record starts only when its stage budget and the margin fit, so a healthy
+    invocation returns before ``function_timeout - end_margin``; one that ran past
+    it had a handler overrun its budget or slow end writes, and the next may time
+    out (its records then come back unreported)."""
+    return max(1.0, function_timeout - end_margin)
+
+
+# --- What each role may call: the one list (issue 27) ---
+
+UNSENT_INDEX_RESOURCE = "jobs/index/unsent"
+"""The jobs table's sparse ``unsent`` index (the stranded sweep's Query)."""
+
+LIVENESS_RESOURCE = "jobs:worker#"
+"""The jobs table, for the worker's liveness record only (keys ``worker#...``)."""
+
+PERMISSIONS: dict[str, dict[str, tuple[str, ...]]] = {
+    # A worker: the thread and async workers, the Lambda consumer (one role).
+    "worker": {
+        "queue": (
+            "sqs:ReceiveMessage",
+            "sqs:ChangeMessageVisibility",  # also authorises ChangeMessageVisibilityBatch
+            "sqs:DeleteMessage",  # also DeleteMessageBatch
+            "sqs:SendMessage",  # the stranded sweep re-sends, stages send the next
+            "sqs:GetQueueUrl",
+            "sqs:GetQueueAttributes",  # the redrive policy, at start
+        ),
+        "dlq": (
+            "sqs:SendMessage",  # a poison message is copied there with its reason
+            "sqs:GetQueueUrl",  # the DLQ is found from the redrive policy's ARN
+            "sqs:ReceiveMessage",  # the sweep's DLQ reconciliation looks (with a hold)
+            "sqs:ChangeMessageVisibility",  # ... and gives back
+        ),
+        "jobs": (
+            "dynamodb:DescribeTable",
+            "dynamodb:GetItem",
+            "dynamodb:BatchGetItem",  # heartbeat confirmation (consistent)
+            "dynamodb:UpdateItem",  # claim, commit, retry, park, release, progress
+            "dynamodb:ConditionCheckItem",  # the intents' fenced transactions
+        ),
+        UNSENT_INDEX_RESOURCE: ("dynamodb:Query",),
+        LIVENESS_RESOURCE: ("dynamodb:PutItem",),
+        "intents": (
+            "dynamodb:DescribeTable",
+            "dynamodb:GetItem",  # tell its own start or confirm from another's
+            "dynamodb:PutItem",  # prepare
+            "dynamodb:UpdateItem",  # start and confirm (in a transaction)
+        ),
+        "attempts": (
+            "dynamodb:DescribeTable",
+            "dynamodb:PutItem",
+            "dynamodb:UpdateItem",
+        ),
+        "slots": (
+            "dynamodb:DescribeTable",
+            "dynamodb:BatchGetItem",  # a pool's slots (consistent)
+            "dynamodb:UpdateItem",  # take and give back one
+        ),
+    },
+    # The Lambda consumer's scheduled sweep: re-send stranded jobs, park dead-lettered.
+    "sweeper": {
+        "queue": ("sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"),
+        "dlq": ("sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility"),
+        "jobs": ("dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:UpdateItem"),
+        UNSENT_INDEX_RESOURCE: ("dynamodb:Query",),
+        "intents": ("dynamodb:DescribeTable",),  # the shell checks the tables at start
+        "attempts": ("dynamodb:DescribeTable",),
+        "slots": ("dynamodb:DescribeTable",),
+    },
+    # Producer.submit (the CDK narrows each table action to submit's attributes).
+    "producer": {
+        "queue": ("sqs:SendMessage", "sqs:GetQueueUrl"),
+        "jobs": ("dynamodb:PutItem", "dynamodb:UpdateItem"),
+        "groups": ("dynamodb:UpdateItem",),  # a grouped submit counts the job
+    },
+}
+"""What each role calls, per resource: ``queue`` (the job queues: the batch and the
+interactive one), ``dlq``, a table by its role, :data:`UNSENT_INDEX_RESOURCE`,
+:data:`LIVENESS_RESOURCE`. IAM authorises a batch call by its single action
+(``DeleteMessageBatch`` by ``sqs:DeleteMessage``) and a transaction per item
+action. The CDK grants and the README's table are made from this list, and a test
+runs every path and checks each AWS call against it, both ways."""
+
+
+ECS_EXIT_MARGIN_SECONDS = 2.0
+"""How long before the task's ``stopTimeout`` (counted from SIGTERM) a worker has
+exited, whatever its handlers do: ECS's SIGKILL must never race its last writes."""
+
+
+ECS_FORCED_EXIT_LEAD = 1.0
+"""Time a forced exit keeps for itself: its journal line, the flushes, the exit."""
+
+
+def ecs_exit_after(stop_timeout: float) -> float:
+    """Seconds after SIGTERM at which a worker process still running ends itself (a
+    handler or a call still holds it), so that it is gone
+    :data:`ECS_EXIT_MARGIN_SECONDS` before ``stop_timeout``."""
+    return max(0.0, stop_timeout - ECS_EXIT_MARGIN_SECONDS - ECS_FORCED_EXIT_LEAD)

@@ -21,7 +21,8 @@ answer (``batchItemFailures``). The rules for that live here, pure:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -68,6 +69,28 @@ def can_start(remaining_ms: int, stage_budget_seconds: float) -> bool:
     """Whether a record of a class with this stage budget may start with
     ``remaining_ms`` of the invocation left: its whole budget and the end margin fit."""
     return remaining_ms / 1000.0 >= stage_budget_seconds + END_MARGIN_SECONDS
+
+
+def not_started_visibility(remaining_ms: int) -> int:
+    """The visibility a record not started for the budget is released with: the rest
+    of this invocation, rounded up (at least 1 s). Released at 0, the event source
+    would receive it again at once, into a batch of the same invocation wave, where
+    it may again not start; each such receive counts toward the redrive bound. Once
+    this invocation is over, the wave's batches were handed out: it comes back to a
+    fresh one."""
+    return max(1, math.ceil(remaining_ms / 1000.0))
+
+
+def batch_size_for(function_timeout: float, stage_budgets: Iterable[float]) -> int:
+    """The event source's batch size for a function of this timeout: as many records
+    as can start one after the other when each uses its whole stage budget (at
+    least 1, at most 10). A larger batch's later records are received, not started
+    and released (each receive counted against the redrive bound) whenever the
+    earlier ones run long."""
+    longest = max(stage_budgets, default=0.0)
+    if longest <= 0:
+        return 10
+    return max(1, min(10, int((function_timeout - END_MARGIN_SECONDS) // longest)))
 
 
 def never_fit(budgets: Mapping[str, float], function_timeout: float) -> list[str]:
@@ -141,9 +164,11 @@ def settled_flow(flow: Flow[Any], receipt_handle: str) -> Flow[bool]:
 __all__ = [
     "END_MARGIN_SECONDS",
     "GroupStop",
+    "batch_size_for",
     "can_start",
     "message_group",
     "never_fit",
+    "not_started_visibility",
     "parse_event_record",
     "settled_flow",
     "take_record_flow",
