@@ -76,7 +76,8 @@ EXAMPLE = _load_example()
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
     app = cdk.App(outdir=str(tmp_path_factory.mktemp("cdk.out")))
-    return EXAMPLE.ExampleStack(app, "Example", prefix=PREFIX)
+    # A prebuilt asset (the job module only): the bundled asset is tests/test_lambda_asset.py's.
+    return EXAMPLE.ExampleStack(app, "Example", prefix=PREFIX, lambda_asset=EXAMPLE.HANDLERS)
 
 
 @pytest.fixture(scope="module")
@@ -737,7 +738,13 @@ def fifo_stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
     interactive queue (priorities)."""
     app = cdk.App(outdir=str(tmp_path_factory.mktemp("cdk.fifo.out")))
     return EXAMPLE.ExampleStack(
-        app, "FifoExample", prefix=FIFO_PREFIX, fifo=True, encrypted=True, interactive=True
+        app,
+        "FifoExample",
+        prefix=FIFO_PREFIX,
+        fifo=True,
+        encrypted=True,
+        interactive=True,
+        lambda_asset=EXAMPLE.HANDLERS,
     )
 
 
