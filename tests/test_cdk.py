@@ -344,8 +344,11 @@ def test_the_sweep_role_may_send_look_at_the_dlq_and_take_or_park_records_only(
 def test_a_sweep_schedule_that_cannot_hold_one_sweep_at_a_time_is_refused() -> None:
     def consumer(**kw: Any) -> cdk.Stack:
         scope = _scratch()
-        queue = LeasedQueue(
-            scope, "Q", job_classes=[_class()], lambda_timeout=cdk.Duration.seconds(60)
+        queue = LeasedQueue(  # a class that starts in a 60 s function (50 s + the margin)
+            scope,
+            "Q",
+            job_classes=[_class(stage_budget_seconds=50.0, effect_timeout_seconds=30.0)],
+            lambda_timeout=cdk.Duration.seconds(60),
         )
         tables = LeaseTables(scope, "T")
         code = lambda_.Code.from_asset(str(CDK_DIR / "handlers"))
