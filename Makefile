@@ -7,14 +7,24 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck unit soak chaos bench dist clean
 
-# The CDK constructs (cdk/, a sibling package) and what their tests need (aws-cdk-lib,
-# cdk-nag, cfn-lint) come in the same install: tests/test_cdk.py runs in `make test`.
-$(STAMP): pyproject.toml constraints.txt cdk/pyproject.toml
+# Two stages, so a first `make demo` installs only what the demo runs: the library
+# with its `local` extra (moto's SQS and DynamoDB backends and its server), about
+# 150 MB. `make test` (and every other target) adds the rest: the other extras, the
+# test and lint tools, and the CDK constructs (cdk/, a sibling package) with what
+# their tests need (aws-cdk-lib, cdk-nag, cfn-lint): tests/test_cdk.py runs in
+# `make test`. Both pinned by constraints.txt.
+DEMO_STAMP := $(VENV)/.demo-installed
+PIP_INSTALL := $(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt
+$(DEMO_STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]' -e './cdk[test]'
+	$(PIP_INSTALL) -e '.[local]'
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP) pyproject.toml constraints.txt cdk/pyproject.toml
+	$(PIP_INSTALL) -e '.[dev]' -e './cdk[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python examples/demo.py
 
 lint: $(STAMP)

@@ -2,11 +2,15 @@
 
 Synthesise with ``python app.py`` (no CDK CLI needed) or deploy with ``cdk deploy``
 (see README.md). Context values: ``prefix`` (resource names, as the library's
-``--prefix``), ``lambda_asset`` (a directory holding sqs-lease and the job
-module), ``worker_image`` (the ECS worker image), ``fifo`` (``true``: FIFO
-queues), ``encrypted`` (``true``: a KMS key of the stack's own for the queues),
-``interactive`` (``true``: the interactive jobs' queue too, for priorities),
-``alarm_topic_arn`` (an SNS topic every alarm publishes to).
+``--prefix``), ``lambda_asset`` (a directory that already holds sqs-lease and the
+job module; by default the asset is built at synth, with pip and no Docker:
+sqs-lease and its dependencies for the function's runtime, pinned by
+``../constraints.txt``, and ``handlers/`` beside them), ``lambda_runtime``
+(``python3.X``: the function's runtime, default the construct's), ``worker_image``
+(the ECS worker image), ``fifo`` (``true``: FIFO queues), ``encrypted`` (``true``:
+a KMS key of the stack's own for the queues), ``interactive`` (``true``: the
+interactive jobs' queue too, for priorities), ``alarm_topic_arn`` (an SNS topic
+every alarm publishes to).
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from sqs_lease_cdk import (  # noqa: E402
 )
 
 HANDLERS = HERE / "handlers"
+# The project's pins: the asset gets the versions the tests ran with.
+CONSTRAINTS = HERE.parent / "constraints.txt"
 APP_REF = "example_jobs:app"
 LAMBDA_TIMEOUT = cdk.Duration.minutes(5)
 
@@ -66,7 +72,8 @@ class ExampleStack(cdk.Stack):
         construct_id: str,
         *,
         prefix: str = "sqs-lease",
-        lambda_asset: Path = HANDLERS,
+        lambda_asset: Path | None = None,
+        lambda_runtime: str | None = None,
         worker_image: str = "sqs-lease-worker:latest",
         fifo: bool = False,
         encrypted: bool = False,
@@ -113,8 +120,18 @@ class ExampleStack(cdk.Stack):
             "LambdaConsumer",
             queue=self.queue,
             tables=self.tables,
-            code=lambda_.Code.from_asset(str(lambda_asset)),
             app_ref=APP_REF,
+            runtime=lambda_.Runtime(lambda_runtime, lambda_.RuntimeFamily.PYTHON)
+            if lambda_runtime
+            else None,
+            **(
+                {
+                    "handlers": HANDLERS,
+                    "constraints": CONSTRAINTS if CONSTRAINTS.is_file() else None,
+                }
+                if lambda_asset is None
+                else {"code": lambda_.Code.from_asset(str(lambda_asset))}
+            ),
         )
         flow_logs = logs.LogGroup(
             self,
@@ -172,7 +189,8 @@ def build(app: cdk.App) -> ExampleStack:
         app,
         "SqsLeaseExample",
         prefix=prefix,
-        lambda_asset=Path(asset) if asset else HANDLERS,
+        lambda_asset=Path(asset) if asset else None,
+        lambda_runtime=app.node.try_get_context("lambda_runtime") or None,
         worker_image=image,
         fifo=_flag(app.node.try_get_context("fifo")),
         encrypted=_flag(app.node.try_get_context("encrypted")),

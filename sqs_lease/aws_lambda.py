@@ -57,10 +57,14 @@ concurrent consumers would race for the same oldest records; the schedule is the
 one sweeper (the CDK's ``LambdaConsumer`` deploys it). Concurrent sweeps are safe
 all the same: each re-send is won by one conditional write.
 
-At cold start it warns (``lambda_visibility_too_short``) when the queue's
-visibility timeout is below AWS's guidance of 6 x the function timeout (the
-function timeout is read as the first invocation's remaining time; the mapping's
-batching window is not visible from inside the function and is counted as 0).
+At its first invocation it refuses an app with a class (or stage) whose stage budget
+can never fit the function's timeout (``_core.deploy.check_lambda_fit``, the rule the
+CDK construct checks at synth; journal ``lambda_budget_never_fits``, then every
+invocation raises ``JobClassError``). At cold start it warns
+(``lambda_visibility_too_short``) when the queue's visibility timeout is below
+AWS's guidance of 6 x the function timeout (the function timeout is read as the
+first invocation's remaining time; the mapping's batching window is not visible
+from inside the function and is counted as 0).
 """
 
 from __future__ import annotations
@@ -81,9 +85,8 @@ from ._core.attempt import (
     rules_for,
     sweep_pages_flow,
 )
-from ._core.deploy import LAMBDA_MAX_TIMEOUT, lambda_visibility_floor
+from ._core.deploy import check_lambda_fit, lambda_visibility_floor
 from ._core.eventsource import (
-    END_MARGIN_SECONDS,
     GroupStop,
     can_start,
     message_group,
@@ -94,7 +97,7 @@ from ._core.eventsource import (
     take_record_flow,
 )
 from ._core.flows import UNSENT_GRACE_SECONDS, Delivery, Poison, release_flow
-from ._errors import ConfigError
+from ._errors import ConfigError, JobClassError
 from ._jobs import App
 from ._journal import Journal, configure_for_lambda
 from ._worker import Worker, load_app
@@ -146,40 +149,46 @@ class LambdaShell(Worker):
         # must delete at once, where settled_flow sees it (no batching across records).
         self.env.deletes = None
         self._warned = False
-        self._budgets = {n: c.stage_budget_seconds for n, c in app.lease_rules()}
+        self._refused = False
+        self._timeout: int | None = None
+        self._rules = {n: (c.stage_budget_seconds, c.lease_seconds) for n, c in app.lease_rules()}
 
-    def refuse_unfit(self) -> None:
-        """A consumer whose app has a class no invocation can ever start refuses to run
-        (the scheduled sweep runs no job, so it does not ask)."""
-        unfit = never_fit(self._budgets, LAMBDA_MAX_TIMEOUT)
-        if unfit:
-            # Never started, each record would come back until the DLQ, saying nothing.
-            raise ConfigError(
-                f"job classes {', '.join(unfit)}: stage_budget_seconds (the default is 3600) "
-                f"plus {END_MARGIN_SECONDS:g} s can never fit in a Lambda invocation (at most "
-                f"{LAMBDA_MAX_TIMEOUT} s); set stage_budget_seconds to at most the function "
-                f"timeout less {END_MARGIN_SECONDS:g} s, or run these classes on a worker"
-            )
+    def function_timeout(self, context: LambdaContext) -> int:
+        """The function's timeout: the first invocation's time left, in whole seconds
+        (Lambda tells a function its timeout no other way)."""
+        if self._timeout is None:
+            self._timeout = math.ceil(context.get_remaining_time_in_millis() / 1000)
+        return self._timeout
+
+    def refuse_unfit(self, context: LambdaContext) -> None:
+        """A consumer whose app has a class (or stage) no invocation of this function can
+        ever start refuses every invocation (``_core.deploy.check_lambda_fit``: the
+        construct's rule at synth): never started, its records would come back until the
+        DLQ, saying nothing. The scheduled sweep runs no job, so it does not ask."""
+        timeout = self.function_timeout(context)
+        try:
+            check_lambda_fit(self._rules, timeout)
+        except JobClassError as refused:
+            if not self._refused:
+                self._refused = True
+                self.journal(
+                    "lambda_budget_never_fits",
+                    job_classes=never_fit({n: b for n, (b, _) in self._rules.items()}, timeout),
+                    function_timeout=timeout,
+                    fix=str(refused),
+                )
+            raise
 
     def warn_timing(self, context: LambdaContext) -> None:
         """Once per cold start: the queue's visibility against 6 x the function timeout."""
         if self._warned:
             return
         self._warned = True
-        timeout = math.ceil(context.get_remaining_time_in_millis() / 1000)
+        timeout = self.function_timeout(context)
         attrs = self.driver.clients["sqs"].get_queue_attributes(
             QueueUrl=self.queue_url, AttributeNames=["VisibilityTimeout"]
         )["Attributes"]
         visibility = int(attrs.get("VisibilityTimeout", "30"))
-        unfit = never_fit(self._budgets, timeout)
-        if unfit:
-            self.journal(
-                "lambda_budget_never_fits",
-                job_classes=unfit,
-                function_timeout=timeout,
-                fix="set stage_budget_seconds to at most the function timeout less "
-                f"{END_MARGIN_SECONDS:g} s",
-            )
         floor = lambda_visibility_floor(timeout, 0)
         if visibility < floor:
             self.journal(
@@ -193,7 +202,7 @@ class LambdaShell(Worker):
 
     def handle(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         """Run one event's records in order; report those that did not finish."""
-        self.refuse_unfit()
+        self.refuse_unfit(context)
         self.warn_timing(context)
         records = event.get("Records")
         if not isinstance(records, list):

@@ -24,7 +24,16 @@ from worker_helpers import (
     result_of,
 )
 
-from sqs_lease import App, ConfigError, JobContext, NextStage, Producer, Settings, aws_lambda
+from sqs_lease import (
+    App,
+    ConfigError,
+    JobClassError,
+    JobContext,
+    NextStage,
+    Producer,
+    Settings,
+    aws_lambda,
+)
 from sqs_lease._core.eventsource import END_MARGIN_SECONDS, GroupStop, can_start, message_group
 from sqs_lease._core.records import JobState
 from sqs_lease.aws_lambda import LambdaHandler, handler
@@ -285,7 +294,7 @@ def test_a_stage_whose_own_budget_can_never_fit_a_lambda_is_refused_by_name(
     report.stage("publish", payload=Work)(lambda ctx, p: {})
     run = handler(app, settings)
     with pytest.raises(ConfigError, match=r"job classes report/render: stage_budget_seconds"):
-        run({"Records": []}, RunningDown(60))
+        run({"Records": []}, RunningDown(900))  # the longest function: fetch's 600 s fit
 
 
 def test_a_record_not_started_for_the_budget_says_why(
@@ -293,13 +302,31 @@ def test_a_record_not_started_for_the_budget_says_why(
 ) -> None:
     b = batch(aws, sqs_client, lambda p: {"n": p.n}, 1)
     with collect_journal() as journal:
-        answer = b.run(b.event, RunningDown(5.0))  # less than 6 s + the margin
-        b.run({"Records": []}, RunningDown(5.0))
+        b.run({"Records": []}, RunningDown(60))  # the first invocation: a 60 s function
+        answer = b.run(b.event, RunningDown(5.0))  # less than 6 s + the margin left
     assert failed_ids(answer) == [r["messageId"] for r in b.event["Records"]]
     (why,) = journal.events("lambda_record_not_started")
     assert (why["reason"], why["stage_budget"]) == ("stage_budget_does_not_fit", 6.0)
+    assert journal.events("lambda_budget_never_fits") == []
+
+
+def test_a_function_whose_timeout_no_class_budget_fits_refuses_every_invocation_by_name(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
+) -> None:
+    # Issue 27: the function's own timeout (its first invocation's time left), not
+    # Lambda's longest, decides; released unstarted each time, the records went to
+    # the DLQ with their jobs still queued, and nothing failed loudly.
+    b = batch(aws, sqs_client, lambda p: {"n": p.n}, 1)
+    with collect_journal() as journal:
+        for _ in range(2):
+            with pytest.raises(JobClassError) as refused:
+                b.run(b.event, RunningDown(5.0))  # a 5 s function; the class needs 6 s + 3 s
+    assert "work: stage_budget_seconds 6 s (lease " in str(refused.value)
+    assert "function timeout is 5 s" in str(refused.value)
     (never,) = journal.events("lambda_budget_never_fits")  # once, at the first invocation
-    assert never["job_classes"] == ["work"] and never["function_timeout"] <= 5
+    assert never["job_classes"] == ["work"] and never["function_timeout"] == 5
+    for r in b.event["Records"]:
+        assert read_view(ddb_client, b.settings, job_of(r)).attempt == 0  # never started
 
 
 def test_the_budget_rule_counts_the_whole_stage_budget_and_the_margin() -> None:

@@ -76,7 +76,8 @@ EXAMPLE = _load_example()
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
     app = cdk.App(outdir=str(tmp_path_factory.mktemp("cdk.out")))
-    return EXAMPLE.ExampleStack(app, "Example", prefix=PREFIX)
+    # A prebuilt asset (the job module only): the bundled asset is tests/test_lambda_asset.py's.
+    return EXAMPLE.ExampleStack(app, "Example", prefix=PREFIX, lambda_asset=EXAMPLE.HANDLERS)
 
 
 @pytest.fixture(scope="module")
@@ -347,8 +348,11 @@ def test_the_sweep_role_may_send_look_at_the_dlq_and_take_or_park_records_only(
 def test_a_sweep_schedule_that_cannot_hold_one_sweep_at_a_time_is_refused() -> None:
     def consumer(**kw: Any) -> cdk.Stack:
         scope = _scratch()
-        queue = LeasedQueue(
-            scope, "Q", job_classes=[_class()], lambda_timeout=cdk.Duration.seconds(60)
+        queue = LeasedQueue(  # a class that starts in a 60 s function (50 s + the margin)
+            scope,
+            "Q",
+            job_classes=[_class(stage_budget_seconds=50.0, effect_timeout_seconds=30.0)],
+            lambda_timeout=cdk.Duration.seconds(60),
         )
         tables = LeaseTables(scope, "T")
         code = lambda_.Code.from_asset(str(CDK_DIR / "handlers"))
@@ -741,7 +745,13 @@ def fifo_stack(tmp_path_factory: pytest.TempPathFactory) -> Any:
     interactive queue (priorities)."""
     app = cdk.App(outdir=str(tmp_path_factory.mktemp("cdk.fifo.out")))
     return EXAMPLE.ExampleStack(
-        app, "FifoExample", prefix=FIFO_PREFIX, fifo=True, encrypted=True, interactive=True
+        app,
+        "FifoExample",
+        prefix=FIFO_PREFIX,
+        fifo=True,
+        encrypted=True,
+        interactive=True,
+        lambda_asset=EXAMPLE.HANDLERS,
     )
 
 

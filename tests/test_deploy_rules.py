@@ -67,3 +67,17 @@ def test_the_ecs_stop_timeout_leaves_the_release_margin_after_the_grace() -> Non
         ecs_stop_timeout(limit + 1)
     with pytest.raises(ConfigError, match="shutdown_grace"):
         ecs_stop_timeout(float("nan"))
+
+
+def test_a_lambda_fit_is_refused_naming_each_class_its_budget_lease_and_the_timeout() -> None:
+    from sqs_lease.deploy import check_lambda_fit
+
+    rules = {"edge": (297.0, 60), "over": (297.5, 60), "ocr/render": (3600.0, 120)}
+    with pytest.raises(JobClassError) as refused:
+        check_lambda_fit(rules, 300)
+    text = str(refused.value)
+    assert "ocr/render: stage_budget_seconds 3600 s (lease 120 s)" in text
+    assert "over: stage_budget_seconds 297.5 s (lease 60 s)" in text
+    assert "edge" not in text  # 297 s + the 3 s margin fit a 300 s function exactly
+    assert "function timeout is 300 s" in text and "at most 297 s" in text
+    check_lambda_fit({"edge": (297.0, 60)}, 300)

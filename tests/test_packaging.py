@@ -63,6 +63,7 @@ _NOT_SOURCE = shutil.ignore_patterns(
 class Dists:
     sdist: Path
     wheel: Path
+    log: str  # what the build printed (both streams)
 
 
 @dataclass(frozen=True)
@@ -111,14 +112,14 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
     src = base / "src"
     shutil.copytree(ROOT, src, ignore=_NOT_SOURCE)
     out = base / "out"
-    _run(
-        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(src)],
-        cwd=base,
-        timeout=BUILD_TIMEOUT,
+    cmd = [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(src)]
+    proc = subprocess.run(
+        cmd, cwd=base, env=_clean_env(), capture_output=True, text=True, timeout=BUILD_TIMEOUT
     )
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     (sdist,) = out.glob("*.tar.gz")
     (wheel,) = out.glob("*.whl")
-    return Dists(sdist, wheel)
+    return Dists(sdist, wheel, proc.stdout + proc.stderr)
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +207,35 @@ def test_the_sdist_holds_what_the_wheel_is_built_from(dists: Dists) -> None:
     wanted = _package_files() | {"pyproject.toml", "README.md"}
     missing = sorted(wanted - names)
     assert not missing, f"the sdist lacks {missing}"
+
+
+def test_the_sdist_ships_the_license_and_no_tests_that_import_what_it_lacks(
+    dists: Dists,
+) -> None:
+    # Issue 27: the sdist carried tests/ (they import simtools, examples, cdk: not in it).
+    with tarfile.open(dists.sdist) as tar:
+        names = {m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name}
+    assert "LICENSE" in names
+    assert not [n for n in names if n.startswith("tests/")]
+    tops = {n.split("/", 1)[0] for n in names}
+    assert tops <= {"sqs_lease", "sqs_lease.egg-info", "LICENSE", "README.md", "MANIFEST.in",
+                    "pyproject.toml", "setup.cfg", "PKG-INFO"}, tops  # fmt: skip
+
+
+def test_the_build_warns_of_nothing_and_the_wheel_carries_the_license(dists: Dists) -> None:
+    # A license table in pyproject.toml gave setuptools' deprecation warning at each build.
+    assert "deprecat" not in dists.log.lower(), dists.log[-3000:]
+    warned = [
+        line
+        for line in dists.log.splitlines()
+        if "warning" in line.lower() and "byte-compiling is disabled" not in line
+    ]  # (PYTHONDONTWRITEBYTECODE turns byte-compiling off: that one is no defect)
+    assert warned == [], warned
+    with zipfile.ZipFile(dists.wheel) as whl:
+        meta = whl.read(f"sqs_lease-{_version()}.dist-info/METADATA").decode()
+        names = set(whl.namelist())
+    assert "License-Expression: Apache-2.0" in meta.splitlines()
+    assert f"sqs_lease-{_version()}.dist-info/licenses/LICENSE" in names
 
 
 def test_the_installed_package_imports_from_the_venv_without_aiobotocore(

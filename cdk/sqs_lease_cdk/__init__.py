@@ -10,7 +10,8 @@ Every construct checks its props before it builds anything and raises the
 library's ``ConfigError`` (or ``JobClassError``) naming the prop and the fix.
 """
 
-from ._common import job_classes_of, settings_for
+from ._common import job_classes_of, lease_rules_of, settings_for
+from .bundling import BundlingError, check_native_code, lambda_code
 from .consumers import (
     LAMBDA_HANDLER,
     SWEEP_EVERY,
@@ -49,13 +50,17 @@ __all__ = [
     "WORKER_QUEUE_ACTIONS",
     "WORKER_TABLE_ACTIONS",
     "AlarmMetric",
+    "BundlingError",
     "FargateConsumer",
     "LambdaConsumer",
     "LeaseMonitoring",
     "LeaseTables",
     "LeasedQueue",
     "backlog_per_task",
+    "check_native_code",
     "job_classes_of",
+    "lambda_code",
+    "lease_rules_of",
     "metrics_namespace",
     "settings_for",
 ]

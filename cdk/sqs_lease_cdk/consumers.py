@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from aws_cdk import Acknowledgment, Duration, RemovalPolicy, Validations
 from aws_cdk import aws_applicationautoscaling as appscaling
@@ -25,10 +26,12 @@ from sqs_lease.deploy import (
     LAMBDA_MAX_CONCURRENCY,
     SHUTDOWN_GRACE_SECONDS,
     check_lambda_concurrency,
+    check_lambda_fit,
     check_lambda_timing,
     ecs_stop_timeout,
 )
 
+from .bundling import DEFAULT_EXTRAS, lambda_code
 from .monitoring import metrics_namespace
 from .queue import LeasedQueue
 from .tables import LeaseTables
@@ -51,7 +54,9 @@ SWEEP_MIN_TIMEOUT_SECONDS = 3 * int(SWEEP_PAGE_SECONDS)
 """A sweep's first page, its first DLQ receive, and one page more."""
 
 DEFAULT_RUNTIME = lambda_.Runtime.PYTHON_3_14
-"""The newest Python runtime (cdk-nag's AwsSolutions-L1 asks for the latest)."""
+"""The newest Python runtime (cdk-nag's AwsSolutions-L1 asks for the latest); pip
+fetches manylinux wheels of every pinned dependency for it (``constraints.txt``), so
+``handlers=`` bundles it (``sqs_lease_cdk.bundling``)."""
 
 _APP_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 LOG_RETENTION = logs.RetentionDays.THREE_MONTHS
@@ -103,6 +108,19 @@ class LambdaConsumer(Construct):
     start one after another at their whole stage budgets within the timeout
     (``batch_size_for``). ``tracing=True``: X-Ray active tracing on both functions.
 
+    The code: ``handlers=`` (a directory holding the job module) builds the asset at
+    synth, no Docker: sqs-lease and its dependencies for the function's ``runtime``
+    and ``architecture`` (manylinux wheels, ``--only-binary``, pinned by
+    ``constraints``), the job module beside them (``sqs_lease_cdk.bundling``). Or
+    ``code=``: an asset built otherwise, which must hold all of that itself.
+
+    Every lease rule of the queue's jobs (each class, each stage) must be able to start
+    in an invocation: its ``stage_budget_seconds`` plus the end margin within the
+    function timeout (``sqs_lease.deploy.check_lambda_fit``, the rule the Lambda shell
+    also refuses by). A class that cannot is refused at synth, by name and numbers:
+    its records would be released unstarted until SQS dead-lettered them. Run such a
+    class on a ``FargateConsumer`` reading a queue of its own, or split it into stages.
+
     It reads the job queue only: the Lambda adapter serves one queue, so a queue made
     with ``interactive=True`` needs a ``FargateConsumer`` (whose workers serve the
     interactive queue first) for its interactive jobs.
@@ -124,8 +142,13 @@ class LambdaConsumer(Construct):
         *,
         queue: LeasedQueue,
         tables: LeaseTables,
-        code: lambda_.Code,
         app_ref: str,
+        code: lambda_.Code | None = None,
+        handlers: Path | None = None,
+        constraints: Path | None = None,
+        library: str | Path | None = None,
+        extras: Sequence[str] = DEFAULT_EXTRAS,
+        architecture: lambda_.Architecture | None = None,
         handler: str = LAMBDA_HANDLER,
         function_timeout: Duration | None = None,
         batch_size: int | None = None,
@@ -171,6 +194,26 @@ class LambdaConsumer(Construct):
             else int(max_batching_window.to_seconds())
         )
         check_lambda_timing(queue.visibility_timeout_seconds, timeout, window)
+        # A class (or stage) that can never start here is refused (issue 27 item 2).
+        check_lambda_fit(queue.lease_budgets, timeout)
+        runtime = runtime or DEFAULT_RUNTIME
+        architecture = architecture or lambda_.Architecture.X86_64
+        if (code is None) == (handlers is None):
+            raise ConfigError(
+                "code / handlers: give exactly one: handlers=Path(DIR) (the job module's "
+                "directory; the asset is built with sqs-lease for the runtime) or code= "
+                "(an asset that already holds sqs-lease and the job module)"
+            )
+        if code is None:
+            assert handlers is not None
+            code = lambda_code(
+                handlers,
+                runtime=runtime,
+                architecture=architecture,
+                library=library,
+                extras=extras,
+                constraints=constraints,
+            )
         if queue.fifo and window:
             raise ConfigError(
                 f"max_batching_window={window} s: an event source on a FIFO queue takes no "
@@ -180,7 +223,7 @@ class LambdaConsumer(Construct):
             # As many records as start one after another at their whole budgets: a
             # larger batch's tail is received and released, each receive counted.
             batch_size = batch_size_for(
-                timeout, (c.stage_budget_seconds for c in queue.job_classes)
+                timeout, (budget for budget, _ in queue.lease_budgets.values())
             )
         limit = 10 if queue.fifo else 10_000
         if not 1 <= batch_size <= limit:
@@ -216,7 +259,8 @@ class LambdaConsumer(Construct):
         self._function = lambda_.Function(
             self,
             "Function",
-            runtime=runtime or DEFAULT_RUNTIME,
+            runtime=runtime,
+            architecture=architecture,
             handler=handler,
             code=code,
             timeout=Duration.seconds(timeout),
@@ -245,7 +289,8 @@ class LambdaConsumer(Construct):
         if sweep_every is not None:
             self._add_sweep(
                 code=code,
-                runtime=runtime or DEFAULT_RUNTIME,
+                runtime=runtime,
+                architecture=architecture,
                 memory_size=memory_size,
                 environment={**(environment or {}), **env},
                 every=sweep_every,
@@ -263,6 +308,7 @@ class LambdaConsumer(Construct):
         *,
         code: lambda_.Code,
         runtime: lambda_.Runtime,
+        architecture: lambda_.Architecture,
         memory_size: int,
         environment: dict[str, str],
         every: Duration,
@@ -284,6 +330,7 @@ class LambdaConsumer(Construct):
             self,
             "SweepFunction",
             runtime=runtime,
+            architecture=architecture,
             handler=SWEEP_HANDLER,
             code=code,
             timeout=Duration.seconds(timeout),

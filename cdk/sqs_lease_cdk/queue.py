@@ -20,7 +20,7 @@ from sqs_lease.deploy import (
     queue_visibility_for,
 )
 
-from ._common import allow, job_classes_of, settings_for
+from ._common import allow, lease_rules_of, settings_for
 
 # The actions come from the library's one list (``sqs_lease.deploy.PERMISSIONS``),
 # which a test checks against every call the code makes.
@@ -85,7 +85,8 @@ class LeasedQueue(Construct):
         encryption_key: kms.IKey | None = None,
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
     ) -> None:
-        classes = job_classes_of(job_classes)
+        rules = lease_rules_of(job_classes)
+        classes = tuple(c for _, c in rules)
         # The library's own rules: FIFO names end in .fifo (the DLQ's too), SQS's charset.
         settings = settings_for(prefix, queue_name, fifo)
         if max_batching_window is not None and lambda_timeout is None:
@@ -113,6 +114,7 @@ class LeasedQueue(Construct):
 
         self._settings = settings
         self._classes = classes
+        self._rules = rules
         self._visibility = visibility
         self._max_receives = max_receives
         self._lambda_timeout = timeout
@@ -199,6 +201,12 @@ class LeasedQueue(Construct):
     def job_classes(self) -> tuple[JobClass, ...]:
         """The job classes the queue was derived from."""
         return self._classes
+
+    @property
+    def lease_budgets(self) -> dict[str, tuple[float, int]]:
+        """Each lease rule's name (class, ``job/stage``, ``job/tool``) and its
+        (``stage_budget_seconds``, ``lease_seconds``): what a consumer checks it can run."""
+        return {n: (c.stage_budget_seconds, c.lease_seconds) for n, c in self._rules}
 
     @property
     def visibility_timeout_seconds(self) -> int:

@@ -8,9 +8,10 @@ so a stack and the worker cannot disagree about what "too tight" means.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from .._errors import ConfigError, JobClassError
+from .eventsource import END_MARGIN_SECONDS, never_fit
 
 REDRIVE_BACKSTOP = 50
 """The redrive ``maxReceiveCount`` used when the job classes ask for no more. The
@@ -106,6 +107,29 @@ def check_lambda_timing(visibility: int, function_timeout: int, batching_window:
             "give the queue the Lambda consumer's timing (LeasedQueue lambda_timeout / "
             "max_batching_window) or lower the function timeout"
         )
+
+
+def check_lambda_fit(rules: Mapping[str, tuple[float, int]], function_timeout: float) -> None:
+    """Refuse lease rules (job classes, ``job/stage``, ``job/tool``) that no invocation of
+    ``function_timeout`` seconds can ever start: ``rules`` maps each name to its
+    (``stage_budget_seconds``, ``lease_seconds``). The budget rule (``can_start``) would
+    leave each such record unstarted, released at once, until SQS moved it to the DLQ
+    with its job still queued. The construct checks it at synth, the Lambda shell at
+    its first invocation; the error names each class and the numbers."""
+    unfit = never_fit({name: budget for name, (budget, _) in rules.items()}, function_timeout)
+    if not unfit:
+        return
+    room = function_timeout - END_MARGIN_SECONDS
+    named = "; ".join(
+        f"{n}: stage_budget_seconds {rules[n][0]:g} s (lease {rules[n][1]} s)" for n in unfit
+    )
+    raise JobClassError(
+        f"job classes {named}: a record starts only when its stage budget + "
+        f"{END_MARGIN_SECONDS:g} s fits in the invocation, and the function timeout is "
+        f"{function_timeout:g} s, so these can never run on Lambda; route them to a "
+        f"worker (the ECS consumer) on a queue of their own, or split them into stages "
+        f"whose stage_budget_seconds are at most {room:g} s"
+    )
 
 
 def ecs_stop_timeout(shutdown_grace: float) -> int:
