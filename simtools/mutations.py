@@ -845,9 +845,8 @@ throttled worker whose leases were all taken over take work earlier, which moved
 but the mutation no longer breaks I2 there, and searches of seeds 0-1,000 and
 58,100-59,100 found no other catch: a longer search (``python -m simtools
 mutations``) is owed. ``tests/test_resume_core.py`` keeps the core rule.
-``checkpoint_keeps_hint``: the simulated stages save no progress hint (their handlers
-only reset the no-progress timer); ``tests/test_progress.py`` and
-``tests/test_claim_request.py`` show the hint cleared on moto and the simulated table.
+``checkpoint_keeps_hint`` leaves it below for ``FIFO_MUTATIONS``: the fifo world's
+stages save progress hints (caught at seed 13).
 """
 VARIANTS: dict[str, Callable[[], Any]] = {
     **MUTATIONS,
