@@ -950,3 +950,9 @@ there), and runnable by name (``VARIANTS``) meanwhile."""
 UNCAUGHT.pop("checkpoint_keeps_hint", None)
 WORLDS.update({name: frozenset({"fifo"}) for name in FIFO_MUTATIONS})
 VARIANTS.update(FIFO_MUTATIONS)
+WITHOUT: dict[str, frozenset[str]] = {"unconfirmed_lease_given_up": frozenset({"fifo"})}
+"""Features a mutation's world leaves out. ``unconfirmed_lease_given_up`` is pinned at
+soak seed 777674, a standard-queue schedule: the fifo world gives that seed a FIFO
+queue, which moves it off the case (a transient cancel right before an unanswered
+heartbeat), and no seed of 777675-777799 catches it with fifo on. Its case needs no
+FIFO queue, so its world is the passing world without one."""
