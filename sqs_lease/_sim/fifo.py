@@ -56,6 +56,7 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from .._core.calls import Ok, Outcome
 from .._schema import GroupTable
+from .invariants import I4, I18, INVARIANTS
 
 if TYPE_CHECKING:
     from .._jobs import JobClass
@@ -71,6 +72,7 @@ DEDUP_WINDOW = 300.0
 message sent, even one received and deleted since) drops the send."""
 
 I22 = "I22_session_order"
+INVARIANTS[I22] = "a FIFO session's messages run one at a time, in the order they were sent"
 ON = 0.25  # the share of runs with a FIFO queue
 STAGED = 0.8  # of those, the share that make staged jobs (the staged feature's draw)
 
@@ -293,8 +295,6 @@ class FifoWorld:
             return 0
         hint = json.loads(hint_json)
         if not isinstance(hint, dict) or hint.get("stage") != stage:
-            from .invariants import I18
-
             c = self.world.checker
             c.now = self.world.now
             c.fail(
@@ -322,8 +322,6 @@ class FifoWorld:
         state = new["state"].get("S")
         job_id = str(new["job_id"]["S"])
         if state == "failed" and new.get("error_code", {}).get("S") == "invalid_payload":
-            from .invariants import I4
-
             self._fail(
                 I4,
                 f"{job_id} failed invalid_payload at stage {new.get('stage', {}).get('S')}: "
