@@ -17,7 +17,7 @@ from sqs_lease._sim.chaos import Chaos
 from sqs_lease._sim.plan import PASSING_FEATURES, draw_plan
 
 from . import run_seed
-from .mutations import WORLDS
+from .mutations import WITHOUT, WORLDS
 
 SEED_LIMIT = 200
 """Each mutation must be caught within this many seeds of its search."""
@@ -44,8 +44,9 @@ __all__ = ["FIRST_SEED", "SEED_LIMIT", "Catch", "first_catch", "search_seeds", "
 
 
 def world(name: str) -> frozenset[str]:
-    """The features a mutation runs with: the passing world plus what exposes it."""
-    return PASSING_FEATURES | WORLDS.get(name, frozenset())
+    """The features a mutation runs with: the passing world plus what exposes it (less
+    what moves its pinned case away, ``mutations.WITHOUT``)."""
+    return (PASSING_FEATURES | WORLDS.get(name, frozenset())) - WITHOUT.get(name, frozenset())
 
 
 def search_seeds(name: str) -> list[int]:

@@ -845,9 +845,8 @@ throttled worker whose leases were all taken over take work earlier, which moved
 but the mutation no longer breaks I2 there, and searches of seeds 0-1,000 and
 58,100-59,100 found no other catch: a longer search (``python -m simtools
 mutations``) is owed. ``tests/test_resume_core.py`` keeps the core rule.
-``checkpoint_keeps_hint``: the simulated stages save no progress hint (their handlers
-only reset the no-progress timer); ``tests/test_progress.py`` and
-``tests/test_claim_request.py`` show the hint cleared on moto and the simulated table.
+``checkpoint_keeps_hint`` leaves it below for ``FIFO_MUTATIONS``: the fifo world's
+stages save progress hints (caught at seed 13).
 """
 VARIANTS: dict[str, Callable[[], Any]] = {
     **MUTATIONS,
@@ -872,3 +871,88 @@ def applied(name: str | None) -> Iterator[None]:
 
 
 __all__ = ["MUTATIONS", "PENDING", "UNCAUGHT", "VARIANTS", "WORLDS", "applied"]
+
+
+# ============================================================================ fifo (issue 26)
+# The fifo world's mutations (``sqs_lease/_sim/fifo.py``): each reintroduces one defect
+# of issue 26 that a FIFO queue with sessions, stages and resubmits draws.
+
+
+@contextmanager
+def dedup_per_send_only() -> Iterator[None]:
+    """Issue 26 defect 1, as before the fix: a send's FIFO deduplication id is its send
+    id alone, so a continuation's (``stage.{token}.{next}``) is the same for every job
+    at that token and stage: SQS drops another job's next stage as a duplicate while
+    its record says sent, and nothing sends it again. Expected: I10 (a job queued with
+    no message)."""
+    from sqs_lease._core import fifo
+
+    _require(flows, "deduplication_id", "dedup_per_send_only")
+    with _patch(flows, "deduplication_id", lambda job_id, send_id: fifo.sqs_id(send_id)):
+        yield
+
+
+@contextmanager
+def takeover_sends_first_stage() -> Iterator[None]:
+    """Issue 26 defect 6, as before the fix: a producer's resubmission that takes over
+    the send of a staged job's unsent continuation names the job's first stage (what
+    the producer submitted) instead of the record's current one; the worker checks the
+    next stage's input with the first stage's model and fails the job. Only the
+    submit's path (the stranded sweep's takeover keeps the rule): the defect as
+    reported. Expected: I4 (no job of the fifo world fails ``invalid_payload``)."""
+    import sys
+    from dataclasses import replace
+
+    real = flows.send_record_message
+
+    def send_record_message(req: Any, job: Any, **kw: Any) -> Any:
+        if sys._getframe(1).f_code.co_name != "submit_flow":
+            return real(req, job, **kw)
+        log = json.loads(job.stage_log) if job.stage_log else []
+        first = str(log[0]["stage"]) if log else job.stage
+        return real(req, replace(job, stage=first), **kw)
+
+    with _patch(flows, "send_record_message", send_record_message):
+        yield
+
+
+@contextmanager
+def continuation_leaves_session() -> Iterator[None]:
+    """Issue 26 defect 9, the tempting fix: a stage's continuation goes in a group of its
+    own (the job id) so that it need not wait behind its session, which lets it run
+    beside the session's next job, out of the order the session's messages were sent.
+    Expected: I22 (a session's messages one at a time, in the order sent)."""
+    from sqs_lease._core import stages
+
+    real = stages.__dict__["_send"]
+
+    def send(req: Any, **kw: Any) -> Any:
+        if str(kw.get("send_id", "")).startswith("stage."):
+            kw["group"] = None
+        return real(req, **kw)
+
+    with _patch(stages, "_send", send):
+        yield
+
+
+FIFO_MUTATIONS: dict[str, Callable[[], Any]] = {
+    "dedup_per_send_only": dedup_per_send_only,
+    "takeover_sends_first_stage": takeover_sends_first_stage,
+    "continuation_leaves_session": continuation_leaves_session,
+    # (issue 26 defect 5, out of UNCAUGHT: the fifo world's stages save progress hints
+    # and the checker asks that each stage starts without another's)
+    "checkpoint_keeps_hint": checkpoint_keeps_hint,
+}
+"""The fifo world's mutations, each caught at the seed ``tests/test_sim_fifo.py`` pins
+(``CAUGHT_AT`` there). Kept apart from ``MUTATIONS`` until the lead folds them in
+(``tests/test_sim_mutations.py``'s table, and its undo check, name every mutation
+there), and runnable by name (``VARIANTS``) meanwhile."""
+UNCAUGHT.pop("checkpoint_keeps_hint", None)
+WORLDS.update({name: frozenset({"fifo"}) for name in FIFO_MUTATIONS})
+VARIANTS.update(FIFO_MUTATIONS)
+WITHOUT: dict[str, frozenset[str]] = {"unconfirmed_lease_given_up": frozenset({"fifo"})}
+"""Features a mutation's world leaves out. ``unconfirmed_lease_given_up`` is pinned at
+soak seed 777674, a standard-queue schedule: the fifo world gives that seed a FIFO
+queue, which moves it off the case (a transient cancel right before an unanswered
+heartbeat), and no seed of 777675-777799 catches it with fifo on. Its case needs no
+FIFO queue, so its world is the passing world without one."""

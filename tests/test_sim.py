@@ -1139,7 +1139,7 @@ def test_seed_64626_a_slow_hand_back_does_not_spend_the_jobs_receives() -> None:
     seed 64626; batched stage deletes moved the schedules, and seed 1208 now draws a
     deferral behind a slow hand-back. Replay: python -m simtools replay --seed 1208"""
     assert run_seed(64626).ok
-    r = run_seed(1208)
+    r = run_seed(1208, features=frozenset(WIDE_FEATURES) - {"fifo"})  # (1208 draws fifo)
     assert r.ok, r.violations
     deferred = [e[3] for e in r.log if e[2] == "claim_deferred"]
     assert any(d["reason"] == "hand_back_under_way" for d in deferred), "the seed moved on"
@@ -1465,8 +1465,9 @@ def test_an_operator_resolving_a_parked_job_while_workers_run_grants_its_attempt
     # over (one more read moved that schedule); seed 47 until an intent write waited
     # for an unconfirmed lease instead of giving up; seed 66 shows it since, with the
     # operator dying half way through a command and running it again.
-    r = _issue14(66, "operator_races")
-    assert r.ok, _verdict(r, 66, *PASSING_FEATURES, "operator_races")
+    features = sorted(PASSING_FEATURES - {"fifo"})  # (66 draws a FIFO queue: another schedule)
+    r = _wide(66, *features)
+    assert r.ok, _verdict(r, 66, *features)
     assert r.injected.get("operator_died"), "seed 66 no longer has the operator die"
     resolved = _events_of(r, "intent_resolved")
     assert resolved and _events_of(r, "job_resumed")
@@ -1671,7 +1672,7 @@ def test_soak_seed_777674_an_unknown_outcome_waits_for_an_unconfirmed_lease_to_m
     # with 17 s of lease left. Every intent write of an attempt now waits for the
     # verdict while the lease has reserve, and the record's transient cancel is
     # retried (`unconfirmed_lease_given_up` is the mutation; it is caught here too).
-    features = tuple(sorted(WIDE_FEATURES))
+    features = tuple(sorted(set(WIDE_FEATURES) - {"fifo"}))  # (777674 draws a FIFO queue)
     r = _wide(777674, *features)
     assert r.ok, _verdict(r, 777674, *features)
     retried = [e for e in _events_of(r, "intent_write_retried") if e["op"] == "attempt_failed"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from .._core.flows import UNSENT_GRACE_SECONDS
 from .._core.limits import ITEM_LIMIT
+from . import fifo as fifo_world
 from .chaos import Chaos
 from .ddb import DdbFaults
 from .receiver import TargetFaults
@@ -44,7 +45,11 @@ ISSUE14_FEATURES = (
 PLAIN_FEATURES = ("plain_calls",)
 # Staged jobs (issue 9), drawn from a fifth stream (``staged-SEED``) after everything else.
 STAGED_FEATURES = ("staged",)
-WIDE_FEATURES = ISSUE7_FEATURES + ISSUE14_FEATURES + PLAIN_FEATURES + STAGED_FEATURES
+# issue 26, fifo: a FIFO queue with sessions (``sqs_lease/_sim/fifo.py``, stream fifo-SEED)
+FIFO_FEATURES = fifo_world.FIFO_FEATURES
+WIDE_FEATURES = (
+    ISSUE7_FEATURES + ISSUE14_FEATURES + PLAIN_FEATURES + STAGED_FEATURES + FIFO_FEATURES
+)
 
 PASSING_FEATURES: frozenset[str] = frozenset(WIDE_FEATURES)
 """The widened features the fixed-seed tests and the mutation check run with: those
@@ -181,6 +186,7 @@ class RunPlan:
     job_plans: list[JobPlan] = field(default_factory=list)
     wide: Widening = field(default_factory=Widening)
     sweep: SweepPlan | None = None  # the workers' stranded-record sweep (None: off)
+    fifo: fifo_world.FifoPlan | None = None  # issue 26: the fifo world (None: a standard queue)
 
 
 def draw_plan(
@@ -288,7 +294,8 @@ def draw_plan(
     _widen14(c, plan, calm, allowed)
     _dense(plan)
     _plain(c, plan, allowed)
-    _staged(c, plan, allowed)
+    _staged(c, plan, allowed, force=fifo_world.forces_staged(plan.seed, allowed))
+    fifo_world.draw(c, plan, allowed)  # issue 26, fifo
     _sweep(plan)
     return plan
 
@@ -364,7 +371,7 @@ STAGE_NAMES = ("fetch", "transform", "upload", "notify", "archive")
 """The stages a staged simulated job may have, in order (the world draws a prefix of 2-4)."""
 
 
-def _staged(c: Chaos, plan: RunPlan, allowed: frozenset[str]) -> None:
+def _staged(c: Chaos, plan: RunPlan, allowed: frozenset[str], *, force: bool = False) -> None:
     """staged (issue 9): about a third of the runs make some jobs jobs of stages.
 
     About 2 jobs in 3 of such a run have their steps cut into 2-4 consecutive stages
@@ -375,10 +382,11 @@ def _staged(c: Chaos, plan: RunPlan, allowed: frozenset[str]) -> None:
     stage's message is sent) or right after that send (before the old message is
     deleted), as the SIGKILL tests do on moto. Drawn from its own stream
     (``staged-SEED``), whatever is allowed, so no other run's schedule, nor any
-    other feature's draw, moved.
+    other feature's draw, moved. ``force``: the fifo world wants stages (its draws
+    stay the staged stream's).
     """
     r = random.Random(f"staged-{plan.seed}")
-    on = r.random() < 0.35
+    on = r.random() < 0.35 or force
     before_send = r.uniform(0.0, 0.2)
     before_delete = r.uniform(0.0, 0.15)
     picks = [(r.random() < 0.65, r.randint(2, 4), r.random()) for _ in plan.job_plans]

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._core.calls import Err, ErrorKind, Ok, Outcome
+from . import fifo as fifo_world
 from .chaos import Chaos
 
 MAX_VISIBILITY = 43_200
@@ -68,6 +69,7 @@ class Queue:
     max_receive: int = 0  # 0: no redrive
     messages: dict[str, Message] = field(default_factory=dict)  # not deleted
     gone: dict[str, Message] = field(default_factory=dict)  # deleted (handles stay known)
+    fifo: fifo_world.FifoQueue | None = None  # a FIFO queue's state (the fifo world)
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,8 @@ class SimSQS:
         self, url: str, *, visibility: int = 30, dlq_url: str | None = None, max_receive: int = 0
     ) -> Queue:
         q = Queue(url, visibility, dlq_url, max_receive)
+        if url.endswith(fifo_world.FIFO_SUFFIX):  # AWS's rule: a FIFO queue's name says so
+            q.fifo = fifo_world.FifoQueue()
         self.queues[url] = q
         return q
 
@@ -204,6 +208,8 @@ class SimSQS:
     # ---------------------------------------------------------------- operations
 
     def _op_SendMessage(self, q: Queue, params: Mapping[str, Any]) -> Outcome:
+        if q.fifo is not None:
+            return fifo_world.send(self, q, q.fifo, params)
         delay = int(params.get("DelaySeconds", 0))
         if not 0 <= delay <= 900:
             return self._err("InvalidParameterValue", "DelaySeconds must be 0..900")
@@ -239,6 +245,8 @@ class SimSQS:
                 later = va
             if m.dup_pending and m.handle:
                 dups.append(m)
+        if q.fifo is not None:  # groups in order, none while one is in flight; no copies
+            visible, dups = q.fifo.receivable(q, visible, now), []
         self.chaos.shuffle(visible)
         chosen = visible[:want]
         for m in chosen:
@@ -397,6 +405,8 @@ class SimSQS:
         if handle != m.handle:
             self.chaos.count("stale_delete_applied")
         self._remove(q, m)
+        if q.fifo is not None:
+            self._wake()  # the group's next message may be received now
         return None
 
     def _op_DeleteMessage(self, q: Queue, params: Mapping[str, Any]) -> Outcome:

@@ -42,8 +42,6 @@ from .._jobs import JobClass, canonical_json, payload_hash
 from .invariants import Origin
 from .plan import STAGE_NAMES, Step
 from .world import (
-    DLQ,
-    QUEUE,
     Actor,
     CallOp,
     RemoteCall,
@@ -179,8 +177,8 @@ class SimWorker(Actor):
         self.classes: dict[str, JobClass] = {world.job_class.name: world.job_class}
         self.table = world.jobs_req
         self.intents = world.intents_req
-        self.queue_url = QUEUE
-        self.dlq_url = DLQ
+        self.queue_url = world.queue_url  # (FIFO ones in the fifo world)
+        self.dlq_url = world.dlq_url
         self.job_tasks: list[Task] = []
         self.stopping = False
         self.receive_task: Task | None = None
@@ -237,7 +235,10 @@ class SimWorker(Actor):
         """staged: every stage of a known class runs with that class's rules."""
         if stage not in STAGE_NAMES:
             return None
-        return self.classes.get(job_class)
+        base = self.classes.get(job_class)
+        if base is not None and self.world.fifo is not None:
+            return self.world.fifo.stage_class(base, job_class, stage)  # its own input model
+        return base
 
     def bump(self, what: str, n: int = 1) -> None:
         self.stats[what] = self.stats.get(what, 0) + n
@@ -446,16 +447,25 @@ class SimWorker(Actor):
         r = self.world.chaos.random()
         steps = plan.steps
         after: str | None = None  # staged: the stage that follows this one
+        fifo = self.world.fifo
+        stage = ""
         if plan.stages:
             names = plan.stage_names
             i = names.index(claim.job.stage or names[0])
             steps = plan.stages[i][1]
             after = names[i + 1] if i + 1 < len(names) else None
+            stage = names[i]
+            if fifo is not None:  # fifo: resume after the steps its own hint says are done
+                steps = steps[fifo.resume_from(claim.job.job_id, stage, claim.job.progress_json) :]
+        done = len(plan.stages[i][1]) - len(steps) if plan.stages else 0
         for step in steps:
+            done += 1
             if step.kind == "work":
                 yield SleepOp(step.seconds)
                 if plan.cooperative:
                     held.lease.last_progress = self.mono()  # ctx.progress()
+                    if stage and fifo is not None:  # ctx.progress({"stage", "done"})
+                        held.lease.progress = fifo.hint(stage, done)
                     if held.cancelled.is_set():
                         held.lease.check(self.mono())  # ctx.wait(): raises once told to stop
             elif step.kind == "plain":
@@ -472,7 +482,12 @@ class SimWorker(Actor):
         if after is not None:
             # staged: the checkpoint names who ended the stage; the next stage's input
             # is the job's payload again (every stage's model is SimPayload)
-            return NextStage(after, {"n": int(claim.job.job_id.rsplit("-", 1)[1])}, result=result)
+            given = (
+                fifo.next_input(claim.job.job_id, after)
+                if fifo is not None
+                else {"n": int(claim.job.job_id.rsplit("-", 1)[1])}
+            )
+            return NextStage(after, given, result=result)
         if plan.result_bytes:  # oversize: a result over DynamoDB's item limit
             result["blob"] = "x" * plan.result_bytes
         return result

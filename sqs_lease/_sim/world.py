@@ -35,6 +35,7 @@ from .._schema import (
     JobTable,
     UnsentIndex,
 )
+from . import fifo as fifo_world
 from . import plan as plans
 from .chaos import Chaos
 from .ddb import IndexSpec, SimDynamo, TableSpec
@@ -316,9 +317,17 @@ class World:
         self.ddb.faults.txn_transient = self.plan.wide.txn_transient
         self.ddb.item_limit = "oversize" in self.plan.wide.features
         self.sqs = SimSQS(self.chaos, self.plan.sqs)
-        self.sqs.create_queue(DLQ, visibility=self.plan.lease)
+        # the fifo world's queues are FIFO ones (their names end in .fifo)
+        self.queue_url, self.dlq_url = fifo_world.queue_urls(self.plan, QUEUE, DLQ)
+        self.fifo = (
+            fifo_world.FifoWorld(self, self.plan.fifo) if self.plan.fifo is not None else None
+        )
+        self.sqs.create_queue(self.dlq_url, visibility=self.plan.lease)
         self.sqs.create_queue(
-            QUEUE, visibility=self.plan.lease, dlq_url=DLQ, max_receive=self.plan.max_receive
+            self.queue_url,
+            visibility=self.plan.lease,
+            dlq_url=self.dlq_url,
+            max_receive=self.plan.max_receive,
         )
         self.sqs.on_redrive = self._on_redrive
         self.receivers = Receivers(self.chaos, self.plan.targets)
@@ -804,6 +813,8 @@ class World:
     ) -> None:
         self.checker.now = self.now
         self.checker.item_written(table, old, new, origin)
+        if table == JOBS and self.fifo is not None:
+            self.fifo.job_written(old, new, origin)
         if table == JOBS and "operator_races" in self.plan.wide.features:
             self._operator_sees(old, new)
 
@@ -911,7 +922,7 @@ class World:
         jp = self.job_plans[job_id]
         flow: Any = submit_flow(
             self.jobs_req,
-            queue_url=QUEUE,
+            queue_url=self.queue_url,
             job_id=job_id,
             job_class=jp.job_class,
             payload_json=text,
@@ -921,6 +932,8 @@ class World:
             resend_after=self._resend_after(),
             # staged: submitted with the app, the record and message name the first stage
             stage=jp.stages[0][0] if jp.stages else None,
+            # fifo: its session, stage count, interleave_stages
+            **(self.fifo.submit_args(jp) if self.fifo is not None else {}),
         )
         if jp.producer_dies:
             flow = self._dies_before_send(flow, job_id)
@@ -980,7 +993,7 @@ class World:
         self.chaos.count("stray_class_message")
         self.record("faults", "stray_class_message", {"job_id": job_id, "job_class": other})
         self.sqs.now = self.now
-        self.sqs.send(self.sqs.queues[QUEUE], message_body(job_id, other))
+        self.sqs.send(self.sqs.queues[self.queue_url], message_body(job_id, other))
 
     def _cancel(self) -> None:
         job_id = self.chaos.choice(sorted(self.job_plans))
@@ -994,7 +1007,7 @@ class World:
         self.operator.spawn(f"cancel-{job_id}", _drive_plain(self, self.operator, flow, origin))
 
     def _poison(self) -> None:
-        q = self.sqs.queues[QUEUE]
+        q = self.sqs.queues[self.queue_url]
         self.sqs.now = self.now
         if self.chaos.chance(0.5):
             self.sqs.send(q, "{not json")
@@ -1069,6 +1082,8 @@ class World:
         for t in times:
             self.at(t, self._fault)
         self._schedule_issue14()
+        if self.fifo is not None:
+            self.fifo.schedule()  # the fifo world's resubmits
         if "mixed_versions" in p.wide.features:
             self.at(p.wide.deploy_at, self._deploy)
             for t in p.wide.stray_messages:
@@ -1267,7 +1282,7 @@ class World:
                 return core_intents.resolve_flow(
                     self.intents_req,
                     self.jobs_req,
-                    queue_url=QUEUE,
+                    queue_url=self.queue_url,
                     key=key,
                     resolution=resolution,
                     external_id=external_id,
@@ -1285,7 +1300,7 @@ class World:
             def command(sid: str) -> Any:
                 return core_intents.resume_flow(
                     self.jobs_req,
-                    queue_url=QUEUE,
+                    queue_url=self.queue_url,
                     job_id=job_id,
                     wall_now=self.operator.wall(),
                     send_id=sid,
@@ -1295,7 +1310,7 @@ class World:
 
     def _stranded(self, records: Mapping[str, Mapping[str, Any] | None]) -> list[str]:
         """Jobs whose record is ``queued`` and no message (queue or DLQ) names them."""
-        named = {m.body for url in (QUEUE, DLQ) for m in self.sqs.live(url)}
+        named = {m.body for url in (self.queue_url, self.dlq_url) for m in self.sqs.live(url)}
         out = []
         for job_id, item in records.items():
             if item is None or item["state"]["S"] != "queued":
@@ -1308,7 +1323,7 @@ class World:
         out: dict[str, str] = {}
         for job_id in records:
             where = []
-            for url, name in ((QUEUE, "queue"), (DLQ, "dlq")):
+            for url, name in ((self.queue_url, "queue"), (self.dlq_url, "dlq")):
                 for m in self.sqs.live(url):
                     if f'"job_id":"{job_id}"' in m.body:
                         state = "in flight" if self.sqs.in_flight(m) else "visible"

@@ -1,0 +1,188 @@
+"""The fifo world (issue 26, ``sqs_lease/_sim/fifo.py``): the simulated SQS keeps FIFO as
+AWS documents it, a seed with the feature off runs as before, and the world catches
+the defects of issue 26 it draws (each as a mutation at a pinned seed), while the real
+protocol passes the same seeds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from simtools import run_seed
+from simtools.catch import world
+from simtools.cli import replay_command
+from simtools.mutations import FIFO_MUTATIONS, UNCAUGHT, VARIANTS, WORLDS, applied
+from sqs_lease._core.calls import Err, Ok
+from sqs_lease._sim import fifo
+from sqs_lease._sim.chaos import Chaos
+from sqs_lease._sim.invariants import I4, I10, I18
+from sqs_lease._sim.plan import PASSING_FEATURES, WIDE_FEATURES, draw_plan
+from sqs_lease._sim.sqs import SimSQS, SqsBehaviour
+
+Q = "https://sqs.sim.local/000000000000/q.fifo"
+
+# --------------------------------------------------------------------------- the SQS
+
+
+def _sqs() -> SimSQS:
+    sqs = SimSQS(Chaos(1), SqsBehaviour(duplicate=1.0))
+    sqs.create_queue(Q, visibility=30)
+    return sqs
+
+
+def _send(sqs: SimSQS, body: str, group: str, dedup: str, now: float, **more: Any) -> Any:
+    params = {
+        "QueueUrl": Q,
+        "MessageBody": body,
+        "MessageGroupId": group,
+        "MessageDeduplicationId": dedup,
+        **more,
+    }
+    return sqs.handle("SendMessage", params, now)
+
+
+def _receive(sqs: SimSQS, now: float) -> list[str]:
+    out = sqs.handle("ReceiveMessage", {"QueueUrl": Q, "MaxNumberOfMessages": 10}, now)
+    assert isinstance(out, Ok)
+    return [m["Body"] for m in out.response.get("Messages", [])]
+
+
+def _delete(sqs: SimSQS, body: str, now: float) -> None:
+    [m] = [m for m in sqs.live(Q) if m.body == body]
+    assert m.handle is not None
+    out = sqs.handle("DeleteMessage", {"QueueUrl": Q, "ReceiptHandle": m.handle}, now)
+    assert isinstance(out, Ok)
+
+
+def test_a_fifo_send_needs_its_group_and_deduplication_id_and_takes_no_delay() -> None:
+    sqs = _sqs()
+    missing = sqs.handle("SendMessage", {"QueueUrl": Q, "MessageBody": "b"}, 0.0)
+    assert isinstance(missing, Err) and missing.code == "MissingParameter"
+    no_dedup = sqs.handle(
+        "SendMessage", {"QueueUrl": Q, "MessageBody": "b", "MessageGroupId": "g"}, 0.0
+    )
+    assert isinstance(no_dedup, Err) and no_dedup.code == "InvalidParameterValue"
+    delayed = _send(sqs, "b", "g", "d", 0.0, DelaySeconds=5)
+    assert isinstance(delayed, Err) and "DelaySeconds" in delayed.message
+    assert sqs.live(Q) == []
+
+
+def test_a_duplicate_deduplication_id_is_answered_success_and_dropped_for_five_minutes() -> None:
+    sqs = _sqs()
+    first = _send(sqs, "a", "g1", "same", 0.0)
+    assert isinstance(first, Ok)
+    [a] = _receive(sqs, 1.0)
+    _delete(sqs, a, 2.0)  # tracked even after the message was received and deleted
+    again = _send(sqs, "b", "g2", "same", 299.0)  # another group, the same id: dropped
+    assert isinstance(again, Ok) and again.response["MessageId"] == first.response["MessageId"]
+    assert sqs.live(Q) == []
+    later = _send(sqs, "c", "g2", "same", 300.5)  # past the interval: a new message
+    assert isinstance(later, Ok) and [m.body for m in sqs.live(Q)] == ["c"]
+
+
+def test_a_group_is_received_in_order_and_held_while_one_of_it_is_in_flight() -> None:
+    sqs = _sqs()
+    for i, (body, group) in enumerate([("a1", "a"), ("b1", "b"), ("a2", "a"), ("a3", "a")]):
+        assert isinstance(_send(sqs, body, group, f"d{i}", 0.0), Ok)
+    assert sorted(_receive(sqs, 1.0)) == ["a1", "b1"]  # each group's head, no copies
+    assert _receive(sqs, 2.0) == []  # both groups in flight: nothing, though a2 waits
+    _delete(sqs, "a1", 3.0)
+    assert _receive(sqs, 4.0) == ["a2"]
+    # a2 and b1 lapsed (30 s): each comes back, ahead of its group's later messages
+    assert sorted(_receive(sqs, 40.0)) == ["a2", "b1"]
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def test_fifo_is_a_passing_widened_feature_drawn_from_its_own_stream() -> None:
+    assert "fifo" in WIDE_FEATURES and "fifo" in PASSING_FEATURES
+    drawn = [s for s in range(200) if draw_plan(Chaos(s)).fifo is not None]
+    assert 20 < len(drawn) < 90  # about one run in four
+    without = frozenset(WIDE_FEATURES) - {"fifo"}
+    for seed in range(60):
+        on, off = draw_plan(Chaos(seed)), draw_plan(Chaos(seed), features=without)
+        if on.fifo is None:
+            assert on == off, seed  # the feature off: the seed draws what it drew
+
+
+def test_a_seed_without_the_fifo_world_runs_byte_for_byte_as_before() -> None:
+    without = frozenset(WIDE_FEATURES) - {"fifo"}
+    seed = next(s for s in range(100) if draw_plan(Chaos(s)).fifo is None)
+    a, b = run_seed(seed, trace=True), run_seed(seed, trace=True, features=without)
+    assert a.render_log() == b.render_log()
+
+
+def test_the_fifo_world_draws_sessions_stages_hints_and_resubmits() -> None:
+    plans = [p for p in (draw_plan(Chaos(s)) for s in range(300)) if p.fifo is not None]
+    assert any(p.fifo and p.fifo.sessions for p in plans)
+    assert any(p.fifo and p.fifo.resubmits for p in plans)
+    assert any(p.fifo and not p.fifo.interleave for p in plans)
+    assert any(p.fifo and p.fifo.hints for p in plans)
+    assert sum(1 for p in plans if "staged" in p.wide.features) > len(plans) // 2
+    for p in plans:
+        assert p.sqs.duplicate == 0.0  # FIFO: exactly-once, no duplicate copies
+        assert p.fifo is not None
+        for job_id in p.fifo.sessions:
+            jp = next(j for j in p.job_plans if j.job_id == job_id)
+            # without interleave_stages, a job of several stages goes in no session
+            assert p.fifo.interleave or len(jp.stages) < 2
+
+
+# --------------------------------------------------------------------------- mutations
+
+# The first seed of each fifo mutation's search that catches it (``python -m simtools
+# mutations`` prints them), with the invariant it is expected to break there.
+CAUGHT_AT: dict[str, tuple[int, str]] = {
+    "dedup_per_send_only": (2, I10),  # defect 1: another job's continuation dropped
+    "takeover_sends_first_stage": (154, I4),  # defect 6: a resubmit's send names fetch
+    "continuation_leaves_session": (17, fifo.I22),  # defect 9: a stage skips its session
+    "checkpoint_keeps_hint": (13, I18),  # defect 5: notify starts with upload's hint
+}
+
+
+def test_every_fifo_mutation_is_registered_in_the_fifo_world() -> None:
+    assert set(CAUGHT_AT) == set(FIFO_MUTATIONS)
+    for name in CAUGHT_AT:
+        assert name in VARIANTS and name not in UNCAUGHT
+        assert WORLDS[name] == frozenset({"fifo"})
+
+
+def test_fifo_mutations_are_undone_on_exit() -> None:
+    from sqs_lease import _schema
+    from sqs_lease._core import flows, stages
+
+    def state() -> tuple[object, ...]:
+        return (
+            flows.__dict__["deduplication_id"],
+            flows.send_record_message,
+            stages.__dict__["_send"],
+            list(_schema.__dict__["_NEW_STAGE"]),
+        )
+
+    before = state()
+    for name in FIFO_MUTATIONS:
+        with applied(name):
+            assert state() != before, name
+    assert state() == before
+
+
+@pytest.mark.parametrize("name", sorted(CAUGHT_AT))
+def test_fifo_mutation_is_caught_at_its_pinned_seed_and_the_protocol_passes_it(
+    name: str,
+) -> None:
+    seed, expected = CAUGHT_AT[name]
+    features = world(name)
+    assert draw_plan(Chaos(seed), features=features).fifo is not None, "not a fifo seed"
+    result = run_seed(seed, mutation=name, features=features)
+    assert not result.ok, f"{name} was not caught at seed {seed}"
+    first = result.violations[0]
+    assert first.name == expected, (
+        f"{name} broke {first.name} first (seed {seed}): {first.message}; "
+        f"replay: {replay_command(seed, name, features=features)}"
+    )
+    assert run_seed(seed, features=features).ok, (
+        f"the unmutated protocol fails seed {seed}: {replay_command(seed, None, features=features)}"
+    )
