@@ -167,12 +167,16 @@ def test_a_stage_that_overruns_its_budget_is_stopped_with_a_reason_not_kept_aliv
     with collect_journal() as journal, running(worker):
         journal.wait_for("job_failed", job_id=job_id, timeout=40)
         journal.wait_for("result_discarded", job_id=job_id, timeout=20)
+    # The render stage's token: 2 on a calm machine; a busy one may let the first
+    # stage's lease lapse and claim it again, so it is read, not assumed.
+    render_token = journal.events("job_claimed", job_id=job_id)[-1]["token"]
+    assert render_token >= 2
     (dropped,) = journal.events("lease_dropped", job_id=job_id)
-    assert (dropped["reason"], dropped["token"]) == ("stage_budget_exceeded", 2)
+    assert (dropped["reason"], dropped["token"]) == ("stage_budget_exceeded", render_token)
     # Not kept alive: no extension of the render stage's token after the drop.
     assert all(
         b["_mono"] < dropped["_mono"]
-        for b in journal.events("heartbeat_ok", job_id=job_id, token=2)
+        for b in journal.events("heartbeat_ok", job_id=job_id, token=render_token)
     )
     view = read_view(ddb_client, settings, job_id)
     assert (view.state, view.stage, view.error_code) == ("failed", "render", "attempts_exhausted")
