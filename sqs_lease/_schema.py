@@ -35,6 +35,7 @@ from ._core.intents import (
     success_meaning,
     successor_key,
 )
+from ._core.limits import REJECTED_CONTENT_LIMIT
 from ._core.liveness import LIVENESS_KEEP_SECONDS, Liveness, held_json, liveness_key
 from ._core.records import (
     DEAD_LETTERED_CODE,
@@ -312,10 +313,6 @@ def _params(
     if values:
         out["ExpressionAttributeValues"] = values
     return out
-
-
-REJECTED_CONTENT_LIMIT = 4096
-"""UTF-8 bytes of a rejected result's content kept on the job record (opt-in)."""
 
 
 def _clip(text: str, limit: int) -> str:
@@ -1172,6 +1169,13 @@ class GroupTable:
             )
         )
         return Call("dynamodb", "UpdateItem", params)
+
+    def get(self, group: str) -> Call:
+        return Call(
+            "dynamodb",
+            "GetItem",
+            {"TableName": self.table, "Key": {"group_id": {"S": group}}, "ConsistentRead": True},
+        )
 
     def parse(self, item: Mapping[str, Any]) -> GroupView:
         def n(name: str) -> float | None:

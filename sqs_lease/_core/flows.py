@@ -2101,10 +2101,17 @@ def commit_flow(
     ``keep_rejected_content`` (the class's ``keep_rejected_results``) its bounded
     content.
 
-    A result that would make the record break DynamoDB's item limit (payload and
-    result together) is never sent: the job fails with a reason naming the limit.
+    A result that would make the record break DynamoDB's item limit (the whole
+    record: payload, a staged job's checkpoints and last input, and the result) is
+    never sent: the job fails ``result_too_large`` with a reason naming the limit.
     """
-    problem = result_problem(job.job_id, job.payload_json, result_json)
+    problem = result_problem(
+        job.job_id,
+        job.payload_json,
+        result_json,
+        stage_log=job.stage_log,
+        stage_input=job.stage_input,
+    )
     if problem is not None:
         failed = yield from fail_flow(
             req,
