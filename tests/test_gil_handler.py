@@ -23,6 +23,7 @@ from sqs_lease._core.timing import LATE_HANDBACK_LIMIT
 
 if TYPE_CHECKING:
     from types_boto3_dynamodb import DynamoDBClient
+    from types_boto3_sqs import SQSClient
 
 pytestmark = [pytest.mark.integration]
 
@@ -30,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def test_a_handler_holding_the_gil_is_charged_at_the_limit_and_fails_not_walked_into_the_dlq(
-    aws: AwsTestEnv, ddb_client: DynamoDBClient, tmp_path: Path
+    aws: AwsTestEnv, ddb_client: DynamoDBClient, sqs_client: SQSClient, tmp_path: Path
 ) -> None:
     settings, _, dlq_url = prepare(aws.endpoint_url, aws.prefix)
     from gil_worker import Hog, app
@@ -58,5 +59,10 @@ def test_a_handler_holding_the_gil_is_charged_at_the_limit_and_fails_not_walked_
     (told,) = proc.events("worker_late_charged")
     assert (told["job_id"], told["job_class"], told["limit"]) == (job_id, "hog", 3)
     assert proc.events("result_committed") == []
+    # Ended by its class's max_attempts, not by SQS's receive count (the DLQ).
+    attrs = sqs_client.get_queue_attributes(
+        QueueUrl=dlq_url, AttributeNames=["ApproximateNumberOfMessages"]
+    )["Attributes"]
+    assert attrs["ApproximateNumberOfMessages"] == "0"
     assert view.late_handbacks == LATE_HANDBACK_LIMIT
     assert view.reason is not None and "attempts exhausted (1 of 1)" in view.reason
