@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from worker_helpers import FAST, collect_journal, prepare, read_view, running
 
 from sqs_lease import App, JobContext, NextStage, Producer, Worker
+from sqs_lease._core import limits
 from sqs_lease._core.calls import Call
 from sqs_lease._core.endings import Ending, EndKind
 from sqs_lease._core.flows import commit_flow
@@ -29,7 +30,6 @@ from sqs_lease._core.limits import (
     ITEM_LIMIT,
     PROGRESS_LIMIT,
     REASON_LIMIT,
-    RECORD_ROOM,
     REJECTED_CONTENT_LIMIT,
     bounded,
     record_problem,
@@ -137,13 +137,13 @@ def test_the_record_room_covers_a_rejected_result_kept_on_a_record_at_every_othe
     )
     assert len(item["rejected_result"]["S"]) == REJECTED_CONTENT_LIMIT
     committed = _apply(item, JT.commit(JOB, token, NAME, '{"r":1}', 1.0e9, write_id=SEND))
-    assert _item_size(committed) - _brought(committed) <= RECORD_ROOM
+    assert _item_size(committed) - _brought(committed) <= limits.RECORD_ROOM
     # ...and a second stale attempt's, kept on the succeeded record.
     again = _apply(
         committed,
         JT.keep_rejected(JOB, token - 2, NAME, "q" * 100_000, 1.0e9, keep_content=True),
     )
-    assert _item_size(again) - _brought(again) <= RECORD_ROOM
+    assert _item_size(again) - _brought(again) <= limits.RECORD_ROOM
 
 
 @pytest.mark.parametrize("end", ["fail", "park", "requeue"])
@@ -164,7 +164,7 @@ def test_the_record_room_covers_an_ended_record_with_the_longest_reason(end: str
     else:
         call = JT.requeue(JOB, token, NAME, reason, code, 1.0e9, write_id=SEND)
     ended = _apply(item, call)
-    assert _item_size(ended) - _brought(ended) <= RECORD_ROOM
+    assert _item_size(ended) - _brought(ended) <= limits.RECORD_ROOM
 
 
 def test_a_record_problem_is_measured_on_every_part_the_record_holds() -> None:
