@@ -741,6 +741,77 @@ def checkpoint_keeps_hint() -> Iterator[None]:
 
 
 @contextmanager
+def final_size_ignores_stages() -> Iterator[None]:
+    """Issue 26 (read and settle), as before the fix: a commit's size check counts the
+    payload and the result only, not a staged job's checkpoints and last input that
+    stay on the record, so a final stage's oversize result is sent and refused by
+    DynamoDB (``dynamodb_validation``) instead of failing ``result_too_large``."""
+    from sqs_lease._core import limits
+
+    _require(limits, "record_problem", "issue 26 settle (the whole record's size)")
+
+    def payload_and_result(
+        job_id: str, payload_json: str | None, result_json: str, **_: str | None
+    ) -> str | None:
+        return limits.result_problem(job_id, payload_json, result_json)
+
+    with _patch(flows, "result_problem", payload_and_result):
+        yield
+
+
+@contextmanager
+def rejected_outside_room() -> Iterator[None]:
+    """Issue 26 (read and settle), as before the fix: the record's reserve leaves out a
+    kept rejected result and the longest reason and code, so a record at its payload
+    bound breaks the item limit when a fenced-out result is kept or a reason written."""
+    from sqs_lease._core import limits
+
+    _require(limits, "REJECTED_ROOM", "issue 26 settle (the record's reserve)")
+    old = 8 * 1024 + limits.TIMELINE_ROOM + limits.PROGRESS_LIMIT
+    with _patch(limits, "RECORD_ROOM", old):
+        yield
+
+
+@contextmanager
+def retry_ignores_group() -> Iterator[None]:
+    """Issue 26 (read and settle), as before the fix: ``jobs retry`` reads the job's
+    record only, so a job of a cancelled session that had failed before the cancel
+    runs again."""
+    from sqs_lease._core import groups
+
+    _require(groups, "cancelled_group_flow", "issue 26 settle (retry of a cancelled group)")
+
+    def never(_groups: Any, _job: Any) -> Flow[None]:
+        return None
+        yield  # a generator flow that makes no call
+
+    with _patch(groups, "cancelled_group_flow", never):
+        yield
+
+
+@contextmanager
+def short_polls_only() -> Iterator[None]:
+    """Issue 26 (read and settle), as before the fix: the batch queue is only ever
+    short-polled, and a short poll samples SQS's servers: a sparse batch queue's
+    message may wait unreceived for as long as the samples miss it."""
+    from sqs_lease._core import priority
+
+    _require(priority, "LOWER_POLL_SECONDS", "issue 26 settle (sparse queues)")
+    with _patch(priority, "LOWER_POLL_SECONDS", 0):
+        yield
+
+
+@contextmanager
+def late_never_charged() -> Iterator[None]:
+    """Issue 26 (read and settle), as before the fix: every late hand-back gives the
+    attempt back, so a handler that holds the GIL (its worker late on every attempt)
+    is walked into the DLQ uncharged, its class's max_attempts never reached."""
+    _require(attempt, "late_charged", "issue 26 settle (a handler holding the GIL)")
+    with _patch(attempt, "late_charged", lambda late_handbacks: False):
+        yield
+
+
+@contextmanager
 def pace_counts_fenced_out() -> Iterator[None]:
     """Issue 26 defect 11, as before the fix: backpressure counts every attempt held,
     its lease open or not, so after a pause in which every lease was taken over the
@@ -827,6 +898,11 @@ UNCAUGHT: dict[str, Callable[[], Any]] = {
     "stale_resolution": stale_resolution,
     "refusal_as_unknown": refusal_as_unknown,
     "checkpoint_keeps_hint": checkpoint_keeps_hint,
+    "final_size_ignores_stages": final_size_ignores_stages,
+    "rejected_outside_room": rejected_outside_room,
+    "retry_ignores_group": retry_ignores_group,
+    "short_polls_only": short_polls_only,
+    "late_never_charged": late_never_charged,
 }
 """Mutations no seed of the mutation check catches yet (runnable with ``--mutation``).
 ``unfenced_checkpoint``: in 200 seeds of the staged world no stale owner of a stage
@@ -847,6 +923,19 @@ but the mutation no longer breaks I2 there, and searches of seeds 0-1,000 and
 mutations``) is owed. ``tests/test_resume_core.py`` keeps the core rule.
 ``checkpoint_keeps_hint`` leaves it below for ``FIFO_MUTATIONS``: the fifo world's
 stages save progress hints (caught at seed 13).
+The "read and settle" items of issue 26 (``tests/test_record_size.py``,
+``tests/test_groups.py``, ``tests/test_priority.py``, ``tests/test_gil_handler.py``
+and ``tests/test_core_overload.py`` catch each): ``final_size_ignores_stages`` needs
+staged jobs whose checkpoints and input, with a final result, cross the item limit
+while each alone fits (the simulator draws results over the limit alone);
+``rejected_outside_room`` needs records at the payload bound with full timelines,
+the longest reasons and kept rejected results (its payloads are small);
+``retry_ignores_group`` needs operator retries of failed jobs in cancelled groups
+(it draws no groups); ``short_polls_only`` needs a simulated SQS whose short polls
+sample (its receives see every message) and an invariant bounding a message's wait;
+``late_never_charged`` needs a handler that stalls its worker on every attempt and
+an invariant that such a job ends by its attempts, not in the DLQ (a job parked
+``dead_lettered`` satisfies today's invariants).
 """
 VARIANTS: dict[str, Callable[[], Any]] = {
     **MUTATIONS,

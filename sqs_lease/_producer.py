@@ -243,6 +243,7 @@ class Producer:
                 send_id=new_send_id(),
                 stage=stage,
                 interactive_url=self._interactive_or_none(),
+                groups=self.groups,
             )
         )
 

@@ -35,6 +35,7 @@ from ._core.intents import (
     success_meaning,
     successor_key,
 )
+from ._core.limits import REJECTED_CONTENT_LIMIT
 from ._core.liveness import LIVENESS_KEEP_SECONDS, Liveness, held_json, liveness_key
 from ._core.records import (
     DEAD_LETTERED_CODE,
@@ -229,6 +230,9 @@ class JobRecord(Model):
     progress = UnicodeAttribute(null=True)
     progress_token = NumberAttribute(null=True)
     progress_at = NumberAttribute(null=True)
+    # Late hand-backs of the current stage (the worker's own heartbeat let the lease
+    # run out): from timing.LATE_HANDBACK_LIMIT on, a late hand-back is charged.
+    late_handbacks = NumberAttribute(null=True)
     # Whose job it is (a user, an account), set by the producer: its own slot pool.
     tenant = UnicodeAttribute(null=True)
     # "interactive" for a job submitted to the interactive queue (absent: batch): a
@@ -314,10 +318,6 @@ def _params(
     return out
 
 
-REJECTED_CONTENT_LIMIT = 4096
-"""UTF-8 bytes of a rejected result's content kept on the job record (opt-in)."""
-
-
 def _clip(text: str, limit: int) -> str:
     data = text.encode("utf-8")
     if len(data) <= limit:
@@ -376,7 +376,12 @@ def _awaits_send(wall_now: float) -> list[Action]:
 # Every other write keeps it: a takeover, a retry, a release or a resend of the
 # same stage resumes from it. A stale owner of the stage before cannot write it
 # again: ``save_progress`` is fenced on its token.
-_NEW_STAGE: list[Action] = [R.progress.remove(), R.progress_token.remove(), R.progress_at.remove()]
+_NEW_STAGE: list[Action] = [
+    R.progress.remove(),
+    R.progress_token.remove(),
+    R.progress_at.remove(),
+    R.late_handbacks.remove(),
+]
 
 
 def _waiting() -> Condition:
@@ -786,9 +791,13 @@ class JobTable:
         *,
         write_id: str,
         resend_id: str | None = None,
+        late: bool = False,
+        charged: bool = False,
     ) -> Call:
         # The worker, not the job, stopped this attempt (shutdown, a wait for a slot):
-        # back to queued and the attempt the claim counted is given back. With a
+        # back to queued and the attempt the claim counted is given back. ``late``: a
+        # late hand-back, counted on the record; ``charged``: the attempt is kept
+        # (timing.late_charged decided the job, not the worker, is the likely cause). With a
         # resend id (a slot wait, ``_core/slots.py`` rule 4) the received message is
         # retired in the same write, as a stage's checkpoint retires its message: the
         # record names the fresh message's send id and is unsent (the sweep's to
@@ -796,7 +805,8 @@ class JobTable:
         actions: list[Action] = [
             R.state.set(JobState.QUEUED.value),
             R.write_id.set(write_id),
-            R.attempt.set(R.attempt - 1),
+            *([] if charged else [R.attempt.set(R.attempt - 1)]),
+            *([R.late_handbacks.add(1)] if late else []),
             R.reason.set(reason),
             R.error_code.set("released"),
             R.updated_at.set(wall_now),
@@ -1055,6 +1065,7 @@ class JobTable:
             R.finished_at.remove(),
             R.attempt.set(0),
             R.granted_attempts.remove(),
+            R.late_handbacks.remove(),
             R.send_id.set(send_id),
             *_awaits_send(wall_now),
             R.updated_at.set(wall_now),
@@ -1172,6 +1183,13 @@ class GroupTable:
             )
         )
         return Call("dynamodb", "UpdateItem", params)
+
+    def get(self, group: str) -> Call:
+        return Call(
+            "dynamodb",
+            "GetItem",
+            {"TableName": self.table, "Key": {"group_id": {"S": group}}, "ConsistentRead": True},
+        )
 
     def parse(self, item: Mapping[str, Any]) -> GroupView:
         def n(name: str) -> float | None:
@@ -1325,6 +1343,7 @@ def view_of(item: Mapping[str, Any]) -> JobView:
             stage_input=s("stage_input"),
             stage_log=s("stages"),
             write_id=s("write_id"),
+            late_handbacks=n("late_handbacks"),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         detail = f"{type(exc).__name__}: {exc}"[:300]

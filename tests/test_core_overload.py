@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
+import pytest
 from core_harness import OTHER, TABLE, WORKER, Script, delivery, job_item, ok
 from test_core_attempt import MONO, Shell, _up_to_handler
 
@@ -20,7 +22,7 @@ from sqs_lease._core.calls import Call, Emit, Flow, Invoke, Outcome
 from sqs_lease._core.flows import Delivery
 from sqs_lease._core.leasebook import HAND_BACK_STALE, LeaseBook
 from sqs_lease._core.records import JobState
-from sqs_lease._core.timing import Drop, LeaseStatus, Pace, pace_budget
+from sqs_lease._core.timing import LATE_HANDBACK_LIMIT, Drop, LeaseStatus, Pace, pace_budget
 
 # ----------------------------------------------------------------------------- backpressure
 
@@ -210,6 +212,34 @@ def _hold(shell: Shell, d: Any, claimed: Outcome) -> Flow[Any]:
 
 
 # ----------------------------------------------------------------------------- lateness
+
+
+@pytest.mark.parametrize("before", [0, LATE_HANDBACK_LIMIT - 2, LATE_HANDBACK_LIMIT - 1])
+def test_late_hand_backs_are_counted_and_the_one_at_the_limit_is_charged(before: int) -> None:
+    # A handler that holds the GIL makes its worker late on every attempt: uncharged
+    # each time, it would walk into the DLQ with its attempts never spent. The
+    # record counts its late hand-backs; the LATE_HANDBACK_LIMIT-th keeps the attempt.
+    shell = Shell(lambda run: None)
+    run, _flow = _up_to_handler(shell)
+    held = run.held
+    held.job = replace(held.job, late_handbacks=before)
+    shell.mono = held.lease.conservative_deadline + 0.5
+    s = Script([ok({"Attributes": {}})])
+    s.run(heartbeat_round_flow(shell.env))
+    charged = before + 1 == LATE_HANDBACK_LIMIT
+    late = s.event("lease_dropped_late")
+    assert (late["late_handbacks"], late["charged"]) == (before + 1, charged)
+    (release,) = s.calls
+    names = release.params["ExpressionAttributeNames"].values()
+    assert "late_handbacks" in names  # counted on the record, fenced like the release
+    assert ("attempt" in names) is not charged  # given back, or kept when charged
+    if charged:
+        told = s.event("worker_late_charged")
+        assert (told["job_class"], told["late_handbacks"]) == ("ocr", LATE_HANDBACK_LIMIT)
+        assert "GIL" in told["fix"]
+        assert "attempt charged" in s.event("messages_released")["reason"]
+    else:
+        assert s.events_named("worker_late_charged") == []
 
 
 def test_a_lease_the_worker_let_run_out_by_its_own_lateness_is_handed_back_uncharged() -> None:

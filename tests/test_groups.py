@@ -343,3 +343,42 @@ def test_owners_of_a_cancelled_sessions_jobs_lose_their_leases_at_the_next_heart
         assert (view.state.value, view.error_code) == ("failed", "cancelled")
     committed = {e["job_id"] for w in procs for e in w.events("result_committed")}
     assert committed.isdisjoint(ids) and other in committed
+
+
+def _fail(settings: Settings, job_id: str) -> None:
+    """The job failed on its own (a handler's error) before its group was cancelled."""
+    import boto3
+
+    ddb = boto3.client("dynamodb", endpoint_url=settings.endpoint_url, region_name="us-east-1")
+    ddb.update_item(
+        TableName=settings.jobs_table,
+        Key={"job_id": {"S": job_id}},
+        UpdateExpression="SET #s = :s, #e = :e, #t = :t",
+        ExpressionAttributeNames={"#s": "state", "#e": "error_code", "#t": "token"},
+        ExpressionAttributeValues={":s": {"S": "failed"}, ":e": {"S": "boom"}, ":t": {"N": "1"}},
+    )
+
+
+@pytest.mark.integration
+def test_jobs_retry_refuses_a_job_of_a_cancelled_group_that_had_failed_before_the_cancel(
+    aws: AwsTestEnv, env: Settings
+) -> None:
+    p = Producer(env)
+    failed, other = f"{env.prefix}-r-1", f"{env.prefix}-r-2"
+    p.submit("c", {"n": 1}, failed, group="rs")
+    p.submit("c", {"n": 2}, other, group="rs-open")
+    _fail(env, failed)
+    _fail(env, other)
+    rep = p.cancel_group("rs", "the user closed the session")
+    assert rep.finished == ((failed, "failed"),) and rep.cancelled == ()
+    # The cancel found it terminal and left its record as it was: only the group's
+    # marker says the session is over, and the retry reads it.
+    refused = run_cli(aws, "jobs", "retry", failed)
+    assert refused.exit_code != 0, refused.output
+    assert "group 'rs', cancelled (the user closed the session)" in refused.output
+    view = _state(env, failed)
+    assert (view.state.value, view.error_code, view.token) == ("failed", "boom", 1)
+    # A failed job of a group that is not cancelled is retried as before.
+    retried = run_cli(aws, "jobs", "retry", other)
+    assert retried.exit_code == 0, retried.output
+    assert _state(env, other).state.value == "queued"

@@ -13,7 +13,13 @@ from pydantic import BaseModel
 from worker_helpers import collect_journal
 
 from sqs_lease import App, JobContext, Producer, Settings, Worker, create_queue
-from sqs_lease._core.priority import receive_order, receive_prioritized_flow
+from sqs_lease._core.calls import Call, Outcome
+from sqs_lease._core.priority import (
+    LOWER_POLL_SECONDS,
+    WEIGHTS,
+    receive_order,
+    receive_prioritized_flow,
+)
 from sqs_lease._errors import ConfigError
 from sqs_lease._resources import create_tables
 
@@ -66,6 +72,43 @@ def test_with_both_queues_empty_the_worker_long_polls_the_interactive_one() -> N
         == []
     )
     assert (s.calls[-1].params["QueueUrl"], s.calls[-1].params["WaitTimeSeconds"]) == (FAST, 2)
+
+
+def test_a_sparse_batch_queue_short_polls_miss_is_received_within_one_round() -> None:
+    # AWS answers a short poll from a sample of its servers: a queue holding one
+    # message may answer it empty every time, while a long poll (1 s or more) asks
+    # every server. Here the batch queue's one message is seen by long polls only.
+    def answer(c: Call) -> Outcome:
+        if c.params["QueueUrl"] == SLOW and c.params["WaitTimeSeconds"] >= 1:
+            return ok({"Messages": [_msg("b1")]})
+        return ok({})
+
+    received = []
+    for turn in range(sum(WEIGHTS)):
+        s = Script(answer)
+        got = s.run(
+            receive_prioritized_flow(
+                queue_urls=[FAST, SLOW], turn=turn, max_messages=5, wait_seconds=20, visibility=30
+            )
+        )
+        polls = [(c.params["QueueUrl"], c.params["WaitTimeSeconds"]) for c in s.calls]
+        if got:
+            received.append(turn)
+            # On its own turn the batch queue is long-polled for the shortest wait.
+            assert polls == [(SLOW, LOWER_POLL_SECONDS)]
+        else:  # interactive's turns: the batch queue's ask stays a short poll
+            assert polls == [(FAST, 0), (SLOW, 0), (FAST, 20)]
+    assert received == [3]  # within one round of receives, however few messages wait
+
+
+def test_a_worker_configured_without_long_polls_keeps_its_short_polls() -> None:
+    s = Script([ok({}), ok({}), ok({})])
+    s.run(
+        receive_prioritized_flow(
+            queue_urls=[FAST, SLOW], turn=3, max_messages=5, wait_seconds=0, visibility=30
+        )
+    )
+    assert [c.params["WaitTimeSeconds"] for c in s.calls] == [0, 0, 0]
 
 
 def test_one_queue_is_one_long_poll_as_before() -> None:

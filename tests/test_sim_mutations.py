@@ -218,7 +218,7 @@ def test_mutation_is_caught_within_its_search_and_the_protocol_passes_the_same_s
 def test_mutations_are_undone_on_exit() -> None:
     from simtools.mutations import applied
     from sqs_lease import _schema
-    from sqs_lease._core import attempt, flows, intents
+    from sqs_lease._core import attempt, flows, groups, intents, limits, priority
     from sqs_lease._core.leasebook import LeaseBook
     from sqs_lease._schema import JobTable
     from sqs_lease._sim import receiver
@@ -251,6 +251,10 @@ def test_mutations_are_undone_on_exit() -> None:
             JobTable.__dict__["advance_stage"],
             list(_schema.__dict__["_NEW_STAGE"]),
             LeaseBook.__dict__["room"],
+            limits.__dict__["RECORD_ROOM"],
+            groups.__dict__["cancelled_group_flow"],
+            priority.__dict__["LOWER_POLL_SECONDS"],
+            attempt.__dict__["late_charged"],
         )
 
     before = state()

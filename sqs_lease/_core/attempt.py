@@ -123,7 +123,16 @@ from .stages import (
     stage_input_json,
 )
 from .texts import outside_text
-from .timing import Drop, LeaseStatus, LocalLease, Stop, backoff_delay, beat_due
+from .timing import (
+    LATE_HANDBACK_LIMIT,
+    Drop,
+    LeaseStatus,
+    LocalLease,
+    Stop,
+    backoff_delay,
+    beat_due,
+    late_charged,
+)
 
 UNKNOWN_CLASS_MAX_ATTEMPTS = 1_000_000  # an unknown class is never claimed: no bound applies
 
@@ -1038,16 +1047,45 @@ def _handed_back_late(env: AttemptEnv, held: Held, now: float) -> Flow[None]:
     charged. The fenced release puts the record back to ``queued`` and gives back
     the attempt its claim counted (only while the token is still this attempt's:
     a claim that already took the job over keeps its own count), and makes the
-    message visible at once."""
-    lease = held.lease
+    message visible at once. The record counts its late hand-backs: one that
+    :func:`~sqs_lease._core.timing.late_charged` charges keeps the attempt and is
+    told as ``worker_late_charged``, naming the job's class and stage."""
+    lease, job = held.lease, held.job
+    late_by = round(now - beat_due(lease), 3)
+    charged = late_charged(job.late_handbacks)
     yield Emit(
         "lease_dropped_late",
         {
             "job_id": lease.job_id,
             "token": lease.token,
-            "late_by": round(now - beat_due(lease), 3),
+            "late_by": late_by,
             "lease_left": round(lease.deadline - now, 3),
+            "late_handbacks": job.late_handbacks + 1,
+            "charged": charged,
         },
+    )
+    if charged:
+        yield Emit(
+            "worker_late_charged",
+            {
+                "job_id": lease.job_id,
+                "job_class": job.job_class,
+                "stage": job.stage,
+                "token": lease.token,
+                "late_handbacks": job.late_handbacks + 1,
+                "limit": LATE_HANDBACK_LIMIT,
+                "late_by": late_by,
+                "fix": "this job's worker was late every time it ran it: a handler that "
+                "holds the GIL (a long C call) or the event loop stops the heartbeat; "
+                "release it (run the work in a subprocess or a thread that releases "
+                "the GIL) or raise the class's lease_seconds",
+            },
+        )
+    reason = (
+        f"worker late {job.late_handbacks + 1} times running this job at this stage: "
+        "attempt charged (its handler may hold the GIL or the loop past its lease)"
+        if charged
+        else "worker late: its heartbeat fell behind; attempt not charged"
     )
     yield Invoke("act_for", ActFor("release", {lease.job_id: lease.token}))
     try:
@@ -1059,9 +1097,11 @@ def _handed_back_late(env: AttemptEnv, held: Held, now: float) -> Flow[None]:
             held=[(held.job, held.delivery)],
             worker_id=env.worker_id,
             wall_now=t.wall,
-            reason="worker late: its heartbeat fell behind; attempt not charged",
+            reason=reason,
             nonce=nonce,
             lapsed=() if lease.handle_ours(t.mono) else (held.delivery.receipt_handle,),
+            late=True,
+            charged=charged,
         )
     finally:
         # However the release ended (even a driver failure), the hand-back is over:

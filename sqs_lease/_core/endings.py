@@ -24,7 +24,7 @@ from .._errors import (
     ToolOutcomeUnknown,
     TransientError,
 )
-from .limits import ERROR_TEXT_LIMIT, bounded
+from .limits import CODE_LIMIT, ERROR_TEXT_LIMIT, bounded
 from .texts import message_of
 from .timing import Stop
 
@@ -47,6 +47,11 @@ class Ending:
     kind: EndKind
     reason: str = ""
     code: str = ""
+
+    def __post_init__(self) -> None:
+        # A handler's own code (PermanentError(code=...)) is kept on the record: bounded
+        # like every other text the record holds (limits.RECORD_ROOM counts on it).
+        object.__setattr__(self, "code", bounded(self.code, CODE_LIMIT))
 
 
 def error_text(error: BaseException, payload_json: str | None = None) -> str:

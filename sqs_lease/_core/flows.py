@@ -1066,6 +1066,7 @@ def claim_flow(
         tenant=old.tenant,
         stage_input=old.stage_input,
         stage_log=old.stage_log,
+        late_handbacks=old.late_handbacks,  # timing.late_charged reads it
     )
     reclaimed = old.state is JobState.RUNNING
     allowed = max_attempts + old.granted_attempts
@@ -2101,10 +2102,17 @@ def commit_flow(
     ``keep_rejected_content`` (the class's ``keep_rejected_results``) its bounded
     content.
 
-    A result that would make the record break DynamoDB's item limit (payload and
-    result together) is never sent: the job fails with a reason naming the limit.
+    A result that would make the record break DynamoDB's item limit (the whole
+    record: payload, a staged job's checkpoints and last input, and the result) is
+    never sent: the job fails ``result_too_large`` with a reason naming the limit.
     """
-    problem = result_problem(job.job_id, job.payload_json, result_json)
+    problem = result_problem(
+        job.job_id,
+        job.payload_json,
+        result_json,
+        stage_log=job.stage_log,
+        stage_input=job.stage_input,
+    )
     if problem is not None:
         failed = yield from fail_flow(
             req,
@@ -2365,6 +2373,8 @@ def release_flow(
     nonce: str,
     visibility: int = 0,
     lapsed: Collection[str] = (),
+    late: bool = False,
+    charged: bool = False,
 ) -> Flow[int]:
     """Hand messages back (shutdown: at once): claimed records -> queued, visibility ->
     ``visibility`` (0). (A job waiting for a slot waits as a fresh message instead:
@@ -2378,8 +2388,9 @@ def release_flow(
     back the attempt its claim counted. ``lapsed``: receipt handles whose local
     lease has run out (``LocalLease.handle_ours``): their records are handed back,
     but no visibility change is sent with them, since the message may already be
-    another receive's. Returns how many messages are back: SQS confirmed the
-    change, or the lease had already lapsed.
+    another receive's. ``late``/``charged``: a late hand-back, counted on the
+    record, and whether its attempt is kept (``timing.late_charged``). Returns how
+    many messages are back: SQS confirmed the change, or the lease had already lapsed.
     """
     handback: list[Delivery] = []
     gone_back = 0  # lapsed leases handed back by their record alone
@@ -2392,7 +2403,16 @@ def release_flow(
         write_id = end_write_id(nonce, "release")
         fin = yield from _fenced_write(
             req,
-            req.release(job.job_id, job.token, worker_id, reason, wall_now, write_id=write_id),
+            req.release(
+                job.job_id,
+                job.token,
+                worker_id,
+                reason,
+                wall_now,
+                write_id=write_id,
+                late=late,
+                charged=charged,
+            ),
             job=job,
             worker_id=worker_id,
             applied=JobState.QUEUED,

@@ -27,7 +27,7 @@ from typing import Any
 
 from .calls import Err, Flow, Sleep, call, emit
 from .flows import _fail_call, cancel_one
-from .records import GroupRequests, JobRequests, JobView
+from .records import GroupRequests, GroupView, JobRequests, JobView
 
 GROUP_ROUNDS = 10
 """How many times a group cancel reads the index while it shows fewer jobs than counted."""
@@ -68,6 +68,28 @@ def _ended_as(view: JobView) -> str:
 def job_reason(group: str, reason: str) -> str:
     """The reason a job of a cancelled group is ended with."""
     return f"group {group}: {reason}"
+
+
+def cancelled_group_flow(groups: GroupRequests | None, job: JobView) -> Flow[GroupView | None]:
+    """The cancelled group (agent session) ``job`` belongs to; None: it has no group, or
+    its group is not cancelled.
+
+    The rule for every operator command that would run a job again (``jobs retry``):
+    a cancelled session's work stays cancelled, whether the cancel ended the job or
+    found it already failed. The group's marker decides (read strongly consistent:
+    a cancel that returned is seen), never the job's own record, which a cancel that
+    found it terminal does not touch.
+    """
+    if job.group is None:
+        return None
+    if groups is None:
+        raise ValueError(f"job {job.job_id!r} is in group {job.group!r}: pass its GroupRequests")
+    got = yield from call(groups.get(job.group))
+    if isinstance(got, Err):
+        raise _fail_call(f"read group {job.group!r} of job {job.job_id!r}", got)
+    item = got.response.get("Item")
+    marker = groups.parse(item) if item else None
+    return marker if marker is not None and marker.cancelled_at is not None else None
 
 
 def cancel_group_flow(

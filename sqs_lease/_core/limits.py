@@ -27,13 +27,34 @@ TIMELINE_ROOM = 64 * 1024
 """Bytes a job's timeline may take: TIMELINE_LIMIT events of at most
 ``timeline.EVENT_BYTES`` each (kept in step by a test)."""
 
-RECORD_ROOM = 8 * 1024 + TIMELINE_ROOM + PROGRESS_LIMIT
-"""Room kept in a job record for everything but payload and result: the other
-attributes' names, ids, numbers, a bounded reason (see REASON_LIMIT), the timeline
-and the progress details."""
-
 REASON_LIMIT = 2000
 """Characters of a reason the toolkit writes into a record (UTF-8: at most 4x bytes)."""
+
+CODE_LIMIT = 100
+"""Characters of an error code kept on the record (a handler's own code is cut to it)."""
+
+REASON_ROOM = 4 * (REASON_LIMIT + CODE_LIMIT)
+"""Bytes of the longest reason and error code (UTF-8 takes up to 4 bytes a character)."""
+
+REJECTED_CONTENT_LIMIT = 4096
+"""UTF-8 bytes of a rejected result's content kept on the job record (the class's
+``keep_rejected_results``)."""
+
+REJECTED_ROOM = REJECTED_CONTENT_LIMIT + 512
+"""Bytes a rejected result's record takes: its bounded content, and its hash, size,
+token, worker and time with their names. A fenced-out attempt writes it onto any
+record, running or ended, outside the fence, so it must always fit."""
+
+FIELDS_ROOM = 4 * 1024
+"""Bytes of the record's attribute names, ids, names and numbers (each bounded by
+``inputs``: about 1.3 KB at every bound)."""
+
+RECORD_ROOM = FIELDS_ROOM + REASON_ROOM + TIMELINE_ROOM + PROGRESS_LIMIT + REJECTED_ROOM
+"""Room kept in a job record for everything but the JSON the job brings (payload,
+stage checkpoints, stage input, result), each part at its bound: the fields, a
+reason and code, the timeline, the progress details and a rejected result.
+tests/test_record_size.py builds the largest record each write can make and checks
+that it fits."""
 
 ERROR_TEXT_LIMIT = 500
 """Characters of an exception's message kept on the record and in the journal."""
@@ -82,21 +103,51 @@ def check_payload(job_id: str, payload_json: str) -> None:
         )
 
 
-def result_problem(job_id: str, payload_json: str | None, result_json: str) -> str | None:
-    """Why a record with this payload and result would break the item limit (None: fits).
+def record_problem(job_id: str, **parts: str | None) -> str | None:
+    """Why a job record holding ``parts`` would break the item limit (None: it fits).
 
-    The whole item counts: the payload stays in the record next to the result.
+    The one size rule for every write that grows a record (a commit, a stage's
+    checkpoint): ``parts`` are the JSON texts the record holds after the write, by
+    name (payload, stage log, stage input, result), measured together with the
+    room kept for everything else (:data:`RECORD_ROOM`), since DynamoDB counts the
+    whole item and not the attribute a write sets.
     """
-    payload = utf8_len(payload_json or "")
-    result = utf8_len(result_json)
-    total = payload + result + RECORD_ROOM + utf8_len(job_id)
+    sizes = {name: utf8_len(text or "") for name, text in parts.items()}
+    total = sum(sizes.values()) + RECORD_ROOM + utf8_len(job_id)
     if total <= ITEM_LIMIT:
         return None
+    listed = ", ".join(f"{name.replace('_', ' ')} {n}" for name, n in sizes.items() if n)
     return (
-        f"result is {result} bytes and the payload {payload} bytes: the job record would "
-        f"be about {total} bytes, over DynamoDB's item limit of {ITEM_LIMIT} bytes (400 KB) "
-        "for payload and result together; store large results elsewhere and return a "
-        "reference"
+        f"the job record would be about {total} bytes ({listed} bytes, and {RECORD_ROOM} "
+        f"kept for its other fields), over DynamoDB's item limit of {ITEM_LIMIT} bytes "
+        "(400 KB)"
+    )
+
+
+def result_problem(
+    job_id: str,
+    payload_json: str | None,
+    result_json: str,
+    *,
+    stage_log: str | None = None,
+    stage_input: str | None = None,
+) -> str | None:
+    """Why committing ``result_json`` would break the item limit (None: it fits): the
+    payload, and a staged job's checkpoints and last input (``stage_log``,
+    ``stage_input``), stay in the record next to the result."""
+    problem = record_problem(
+        job_id,
+        payload=payload_json,
+        stage_log=stage_log,
+        stage_input=stage_input,
+        result=result_json,
+    )
+    if problem is None:
+        return None
+    return (
+        f"result is {utf8_len(result_json)} bytes: {problem}; payload and result together "
+        "(with a staged job's checkpoints and input) must fit: store large results "
+        "elsewhere and return a reference"
     )
 
 

@@ -6,10 +6,20 @@ default). Each level has its own SQS queue (``PREFIX-jobs-interactive`` and
 the worker's receive order. The rule (:func:`receive_order`) is a weighted round
 robin over the levels: of every ``sum(weights)`` receives, the interactive queue
 is asked first ``weights[0]`` times and the batch queue first ``weights[1]``
-times. A receive takes from the first queue of its turn that has messages
-(short polls, no wait), and long-polls the interactive queue when none has. So
-interactive work is served first whenever it is there, and batch work still gets
-the first pick of at least one receive in ``sum(weights)``: it is never starved.
+times. A receive takes from the first queue of its turn that has messages, and
+long-polls the interactive queue when none has. So interactive work is served
+first whenever it is there, and batch work still gets the first pick of at least
+one receive in ``sum(weights)``: it is never starved.
+
+A short poll (no wait) is not proof that a queue is empty: SQS answers it from a
+sample of its servers, and a queue holding only a few messages may answer empty
+while they wait ("you might not receive any messages in a particular
+ReceiveMessage response", the ReceiveMessage reference). A long poll asks every
+server. So each level is long-polled at least once in every ``sum(weights)``
+receives: the highest at the end of every receive that found nothing, every lower
+level on its own turn (first in the order) for :data:`LOWER_POLL_SECONDS`. A
+message on any level is therefore received within one round of receives, however
+few wait; the other asks stay short polls.
 A claim does not care which queue a message came from (the record's send id
 decides). The record remembers an interactive job (``priority``), so a re-send (a
 sweep, a resume, a retry, a resolve: ``flows.home_queue``) goes back to its queue;
@@ -29,6 +39,12 @@ Priority = Literal["interactive", "batch"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "batch")
 WEIGHTS: tuple[int, ...] = (3, 1)
 """Receives that ask each level first, per round (interactive, batch)."""
+
+LOWER_POLL_SECONDS = 1
+"""The wait of a lower level's long poll on its own turn: SQS's shortest long poll,
+which asks every server (a short poll samples some) and answers as soon as a
+message is there. An idle worker's interactive work waits at most this much more,
+once a round."""
 
 
 def receive_order(turn: int, weights: Sequence[int] = WEIGHTS) -> list[int]:
@@ -55,8 +71,10 @@ def receive_prioritized_flow(
     weights: Sequence[int] = WEIGHTS,
 ) -> Flow[list[Delivery | Poison]]:
     """One receive over the levels' queues (highest first in ``queue_urls``): the first
-    queue of this turn's order with messages, else a long poll on the highest. Every
-    message names the queue it came from (its visibility and delete go there)."""
+    queue of this turn's order with messages, else a long poll on the highest. A
+    lower level asked first on its turn is long-polled (:data:`LOWER_POLL_SECONDS`),
+    the rest short-polled (see the module). Every message names the queue it came
+    from (its visibility and delete go there)."""
     if len(queue_urls) == 1:
         return (
             yield from receive_flow(
@@ -66,11 +84,14 @@ def receive_prioritized_flow(
                 visibility=visibility,
             )
         )
-    for level in receive_order(turn, weights[: len(queue_urls)]):
+    order = receive_order(turn, weights[: len(queue_urls)])
+    for level in order:
+        own_turn = level == order[0] and level > 0
         got = yield from receive_flow(
             queue_url=queue_urls[level],
             max_messages=max_messages,
-            wait_seconds=0,
+            # A worker configured without long polls (wait 0) keeps its short polls.
+            wait_seconds=min(LOWER_POLL_SECONDS, wait_seconds) if own_turn else 0,
             visibility=visibility,
             tag_queue=True,
         )
@@ -87,4 +108,11 @@ def receive_prioritized_flow(
     )
 
 
-__all__ = ["PRIORITIES", "WEIGHTS", "Priority", "receive_order", "receive_prioritized_flow"]
+__all__ = [
+    "LOWER_POLL_SECONDS",
+    "PRIORITIES",
+    "WEIGHTS",
+    "Priority",
+    "receive_order",
+    "receive_prioritized_flow",
+]

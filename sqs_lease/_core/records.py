@@ -68,6 +68,7 @@ class JobView:
     # nonce is the attempt's own (drawn by its shell, never on the record before its
     # end write), so a retried end write recognises its own earlier write exactly.
     write_id: str | None = None
+    late_handbacks: int = 0  # late hand-backs of the current stage (timing.late_charged)
 
 
 def awaits_send(job: JobView) -> bool:
@@ -222,8 +223,11 @@ class JobRequests(Protocol):
         *,
         write_id: str,
         resend_id: str | None = None,
+        late: bool = False,
+        charged: bool = False,
     ) -> Call:
-        """Fenced: back to queued, the claim's attempt given back. ``resend_id``: the
+        """Fenced: back to queued, the claim's attempt given back (kept when
+        ``charged``); ``late``: a late hand-back, counted on the record. ``resend_id``: the
         job's next message is a fresh one under this send id (the received one is
         retired; the record is unsent until that message is out)."""
         ...
@@ -350,5 +354,9 @@ class GroupRequests(Protocol):
         ...
 
     def cancel(self, group: str, reason: str, wall_now: float) -> Call: ...
+
+    def get(self, group: str) -> Call:
+        """Read the group's marker (strongly consistent: a cancel that returned is seen)."""
+        ...
 
     def parse(self, item: Mapping[str, Any]) -> GroupView: ...

@@ -59,8 +59,8 @@ from .flows import (
 )
 from .flows import send_job_message as _send
 from .inputs import NAME_RULE, loads, valid_name
-from .limits import ITEM_LIMIT, RECORD_ROOM, utf8_len
-from .records import JobRequests, JobState, JobView
+from .limits import record_problem
+from .records import GroupRequests, JobRequests, JobState, JobView
 from .timing import CAP_MARGIN, SQS_MAX_VISIBILITY
 
 MESSAGE_CAP_SECONDS = SQS_MAX_VISIBILITY - CAP_MARGIN
@@ -266,23 +266,6 @@ class CappedRules:
         return float(self.rules.backoff_max_seconds)
 
 
-def _size_problem(job: JobView, log_json: str, input_json: str) -> str | None:
-    total = (
-        utf8_len(job.payload_json or "")
-        + utf8_len(log_json)
-        + utf8_len(input_json)
-        + RECORD_ROOM
-        + utf8_len(job.job_id)
-    )
-    if total <= ITEM_LIMIT:
-        return None
-    return (
-        f"the stage checkpoints, the next stage's input and the payload would make the job "
-        f"record about {total} bytes, over DynamoDB's item limit of {ITEM_LIMIT} bytes "
-        "(400 KB): return references to stored data in NextStage, not the data"
-    )
-
-
 @dataclass(frozen=True)
 class Continued:
     """How ending a stage went: the checkpoint write, and the next message's send."""
@@ -328,8 +311,11 @@ def continue_flow(
     )
     log = [e.as_json() for e in stage_log(job)] + [entry.as_json()]
     log_json = json.dumps(log, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    problem = _size_problem(job, log_json, input_json)
+    problem = record_problem(
+        job.job_id, payload=job.payload_json, stage_log=log_json, stage_input=input_json
+    )
     if problem is not None:
+        problem += ": return references to stored data in NextStage, not the data"
         failed = yield from fail_flow(
             req,
             queue_url=queue_url,
@@ -511,6 +497,7 @@ def retry_flow(
     send_id: str,
     stage: str | None = None,
     interactive_url: str | None = None,
+    groups: GroupRequests | None = None,
 ) -> Flow[Retried]:
     """Run a failed or parked job again from where it ended (``sqs-lease jobs retry``).
 
@@ -523,9 +510,11 @@ def retry_flow(
     token read, so a second retry of the same failure (or one racing a worker) is
     refused: it reports ``nothing_to_do``. A cancelled job is refused (submit again).
     A parked job, or one queued without a sent message, is resumed as by
-    ``jobs resume`` (safe to repeat).
+    ``jobs resume`` (safe to repeat). A job of a cancelled group (agent session) is
+    refused, however it ended (``groups.cancelled_group_flow``; ``groups`` reads it).
     """
     from .._errors import JobNotFound, RetryRefused
+    from .groups import cancelled_group_flow
     from .intents import resume_flow
 
     got = yield from call(req.get(job_id))
@@ -555,6 +544,14 @@ def retry_flow(
         raise RetryRefused(
             f"job {job_id!r} was cancelled ({job.reason}); a cancelled job is not retried: "
             "submit it again under a new id"
+        )
+    if job.state is not JobState.SUCCEEDED and (
+        marker := (yield from cancelled_group_flow(groups, job))
+    ):
+        raise RetryRefused(
+            f"job {job_id!r} is in group {marker.group!r}, cancelled ({marker.reason}); a "
+            "cancelled session's jobs are not run again: submit it again under a new id "
+            "in a new group"
         )
     if job.state is JobState.PARKED or (job.state is JobState.QUEUED and not job.message_sent):
         resumed = yield from resume_flow(

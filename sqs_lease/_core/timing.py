@@ -605,6 +605,29 @@ def pace_budget(timings: Iterable[tuple[float, float, float]]) -> float:
     return PACE_SHARE * slack
 
 
+LATE_HANDBACK_LIMIT = 3
+"""Late hand-backs of one job at one stage, the last of them charged (see
+:func:`late_charged`)."""
+
+
+def late_charged(late_handbacks: int) -> bool:
+    """Whether a late hand-back of a job already handed back late ``late_handbacks``
+    times at its stage keeps (charges) the attempt.
+
+    A worker whose own heartbeat let a lease run out (a suspended process, an
+    overloaded host) hands the job back uncharged: the job did nothing wrong. But
+    a handler that holds the GIL (a long C call: a regex, big-number arithmetic, an
+    extension that keeps the lock) stops the heartbeat thread on every attempt, and
+    so makes its worker late every time: uncharged, it would run until SQS moves its
+    message to the DLQ, and its class's ``max_attempts`` would never end it. A worker
+    pause that hits the same job at the same stage :data:`LATE_HANDBACK_LIMIT` times
+    running is unlikely; a job that blocks its worker does it every time. So from the
+    LATE_HANDBACK_LIMIT-th on, a late hand-back is charged, and ``max_attempts`` ends
+    the job (``attempts_exhausted`` at its next claim), in a bounded number of receives.
+    """
+    return late_handbacks + 1 >= LATE_HANDBACK_LIMIT
+
+
 def beat_due(lease: LocalLease) -> float:
     """When a lease's beat fell due, as the pace measures a round's lateness: its
     schedule (``next_beat``), or the moment this worker took the lease on, whichever
