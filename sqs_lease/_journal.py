@@ -96,6 +96,7 @@ EVENT_LEVELS: Mapping[str, int] = {
     "stage_budget_capped": _W,
     "tool_request_failed": _W,
     "worker_exit_forced": _W,
+    "worker_late_charged": _W,
     # Routine: what happened, for the record.
     **dict.fromkeys(
         (
