@@ -72,25 +72,11 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._config import Settings
-from ._core.attempt import (
-    SCHEDULED_DLQ_RECEIVES,
-    SCHEDULED_SWEEP_PAGE,
-    attempt_flow,
-    rules_for,
-    sweep_pages_flow,
-)
+from ._core.attempt import SCHEDULED_DLQ_RECEIVES, SCHEDULED_SWEEP_PAGE, sweep_pages_flow
 from ._core.deploy import LAMBDA_MAX_TIMEOUT, lambda_visibility_floor
-from ._core.eventsource import (
-    END_MARGIN_SECONDS,
-    GroupStop,
-    can_start,
-    message_group,
-    never_fit,
-    parse_event_record,
-    settled_flow,
-    take_record_flow,
-)
-from ._core.flows import UNSENT_GRACE_SECONDS, Delivery, Poison, release_flow
+from ._core.eventsource import END_MARGIN_SECONDS, GroupStop, message_group, never_fit
+from ._core.flows import UNSENT_GRACE_SECONDS, Delivery
+from ._core.invocation import record_flow, release_unstarted_records_flow, unfit_problem
 from ._errors import ConfigError
 from ._jobs import App
 from ._journal import Journal
@@ -143,40 +129,28 @@ class LambdaShell(Worker):
         # must delete at once, where settled_flow sees it (no batching across records).
         self.env.deletes = None
         self._warned = False
+        self._told_unfit = False
+        self._timeout: int | None = None
         self._budgets = {n: c.stage_budget_seconds for n, c in app.lease_rules()}
 
-    def refuse_unfit(self) -> None:
-        """A consumer whose app has a class no invocation can ever start refuses to run
-        (the scheduled sweep runs no job, so it does not ask)."""
-        unfit = never_fit(self._budgets, LAMBDA_MAX_TIMEOUT)
-        if unfit:
-            # Never started, each record would come back until the DLQ, saying nothing.
-            raise ConfigError(
-                f"job classes {', '.join(unfit)}: stage_budget_seconds (the default is 3600) "
-                f"plus {END_MARGIN_SECONDS:g} s can never fit in a Lambda invocation (at most "
-                f"{LAMBDA_MAX_TIMEOUT} s); set stage_budget_seconds to at most the function "
-                f"timeout less {END_MARGIN_SECONDS:g} s, or run these classes on a worker"
-            )
+    def refuse_unfit(self, function_timeout: float = LAMBDA_MAX_TIMEOUT) -> None:
+        """A consumer whose app has a class no invocation of this function can ever start
+        refuses to run (``_core.invocation.unfit_problem``); the scheduled sweep runs no
+        job, so it does not ask."""
+        problem = unfit_problem(self._budgets, function_timeout)
+        if problem is not None:
+            raise ConfigError(problem)
 
     def warn_timing(self, context: LambdaContext) -> None:
         """Once per cold start: the queue's visibility against 6 x the function timeout."""
         if self._warned:
             return
         self._warned = True
-        timeout = math.ceil(context.get_remaining_time_in_millis() / 1000)
+        timeout = self._function_timeout(context)
         attrs = self.driver.clients["sqs"].get_queue_attributes(
             QueueUrl=self.queue_url, AttributeNames=["VisibilityTimeout"]
         )["Attributes"]
         visibility = int(attrs.get("VisibilityTimeout", "30"))
-        unfit = never_fit(self._budgets, timeout)
-        if unfit:
-            self.journal(
-                "lambda_budget_never_fits",
-                job_classes=unfit,
-                function_timeout=timeout,
-                fix="set stage_budget_seconds to at most the function timeout less "
-                f"{END_MARGIN_SECONDS:g} s",
-            )
         floor = lambda_visibility_floor(timeout, 0)
         if visibility < floor:
             self.journal(
@@ -188,9 +162,30 @@ class LambdaShell(Worker):
                 "timeout + the event source's batching window",
             )
 
+    def _function_timeout(self, context: LambdaContext) -> int:
+        """The function's timeout, read once: the first invocation's remaining time."""
+        if self._timeout is None:
+            self._timeout = math.ceil(context.get_remaining_time_in_millis() / 1000)
+        return self._timeout
+
+    def _refuse_unfit_here(self, context: LambdaContext) -> None:
+        """Refuse an app with a class this function can never start, saying so once."""
+        timeout = self._function_timeout(context)
+        unfit = never_fit(self._budgets, min(timeout, LAMBDA_MAX_TIMEOUT))
+        if unfit and not self._told_unfit:
+            self._told_unfit = True
+            self.journal(
+                "lambda_budget_never_fits",
+                job_classes=unfit,
+                function_timeout=timeout,
+                fix="set stage_budget_seconds to at most the function timeout less "
+                f"{END_MARGIN_SECONDS:g} s",
+            )
+        self.refuse_unfit(timeout)
+
     def handle(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         """Run one event's records in order; report those that did not finish."""
-        self.refuse_unfit()
+        self._refuse_unfit_here(context)
         self.warn_timing(context)
         records = event.get("Records")
         if not isinstance(records, list):
@@ -203,43 +198,27 @@ class LambdaShell(Worker):
         beat.start()
         try:
             for record in records:
-                if not isinstance(record, Mapping):
-                    # Not an SQS record at all: nothing to report it by, nothing to run.
-                    self.journal("lambda_record_unreadable", record_type=type(record).__name__)
-                    continue
-                mid = str(record.get("messageId", ""))
-                group = message_group(record)
-                item = parse_event_record(record, self._clock(), 0)
-                # A staged job's record starts only when its own stage's budget fits.
-                rules = (
-                    rules_for(self.env, item.job_class, item.stage)
-                    if isinstance(item, Delivery)
-                    else None
-                )
-                budget = rules.stage_budget_seconds if rules is not None else 0.0
-                blocked = groups.blocked(group)
-                left = context.get_remaining_time_in_millis()
-                if blocked or not can_start(left, budget):
-                    self.journal(
-                        "lambda_record_not_started",
-                        job_id=item.job_id,
-                        reason="fifo_group_stopped" if blocked else "stage_budget_does_not_fit",
-                        stage_budget=budget,
-                        remaining=round(left / 1000.0, 3),
+                try:
+                    end = self.driver.run(
+                        record_flow(self.env, record, groups, context.get_remaining_time_in_millis)
                     )
-                    groups.failed(group)
-                    failures.append(mid)
-                    if isinstance(item, Delivery):
-                        unstarted.append(item)
+                except Exception as exc:  # an AWS failure the flow could not handle
+                    self.journal("lambda_record_failed", error_code=type(exc).__name__)
+                    if isinstance(record, Mapping):
+                        groups.failed(message_group(record))
+                        failures.append(str(record.get("messageId", "")))
                     continue
-                if not self._attempt(item):
-                    groups.failed(group)
-                    failures.append(mid)
+                if end is None:
+                    continue
+                if not end.done:
+                    failures.append(end.message_id)
+                if end.unstarted is not None:
+                    unstarted.append(end.unstarted)
         finally:
             done.set()
             beat.join(timeout=5)
             if unstarted:
-                self._release(unstarted)
+                self.driver.run(release_unstarted_records_flow(self.env, unstarted))
         return {"batchItemFailures": [{"itemIdentifier": m} for m in failures]}
 
     def sweep(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
@@ -266,36 +245,6 @@ class LambdaShell(Worker):
         )
         self.journal("lambda_sweep_done", **{k: v for k, v in asdict(run).items() if k != "failed"})
         return {**asdict(run), "failed": list(run.failed)}
-
-    def _attempt(self, item: Delivery | Poison) -> bool:
-        """One record through the attempt flow; True when its message was deleted."""
-        self._count("received")
-        try:
-            if isinstance(item, Delivery):
-                rules = rules_for(self.env, item.job_class, item.stage)
-                lease = rules.lease_seconds if rules is not None else self.receive_visibility
-                taken = self.driver.run(take_record_flow(self.queue_url, item, lease))
-                if taken is None:
-                    return False
-                item = taken
-            flow = attempt_flow(self.env, item)
-            return self.driver.run(settled_flow(flow, item.receipt_handle))
-        except Exception as exc:  # an AWS failure the flow could not handle: not finished
-            self.journal("lambda_record_failed", error_code=type(exc).__name__)
-            return False
-
-    def _release(self, unstarted: list[Delivery]) -> None:
-        self.driver.run(
-            release_flow(
-                self.table,
-                queue_url=self.queue_url,
-                held=[(None, d) for d in unstarted],
-                worker_id=self.worker_id,
-                wall_now=self._now().wall,
-                reason="lambda: not started",
-                nonce="",  # nothing claimed: no record is written
-            )
-        )
 
     def _beat_until(self, done: threading.Event) -> None:
         while not done.wait(self.tick):

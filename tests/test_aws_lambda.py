@@ -266,7 +266,7 @@ def test_an_app_whose_class_can_never_fit_a_lambda_is_refused_at_its_first_invoc
     app.job("slow", payload=Work, **FAST)(lambda ctx, p: None)  # the default budget: 3600 s
     run = handler(app, settings)
     with pytest.raises(ConfigError, match=r"job classes slow: stage_budget_seconds"):
-        run({"Records": []}, RunningDown(60))
+        run({"Records": []}, RunningDown(900))
 
 
 def test_a_stage_whose_own_budget_can_never_fit_a_lambda_is_refused_by_name(
@@ -284,7 +284,7 @@ def test_a_stage_whose_own_budget_can_never_fit_a_lambda_is_refused_by_name(
     report.stage("publish", payload=Work)(lambda ctx, p: {})
     run = handler(app, settings)
     with pytest.raises(ConfigError, match=r"job classes report/render: stage_budget_seconds"):
-        run({"Records": []}, RunningDown(60))
+        run({"Records": []}, RunningDown(900))
 
 
 def test_a_record_not_started_for_the_budget_says_why(
@@ -292,13 +292,30 @@ def test_a_record_not_started_for_the_budget_says_why(
 ) -> None:
     b = batch(aws, sqs_client, lambda p: {"n": p.n}, 1)
     with collect_journal() as journal:
-        answer = b.run(b.event, RunningDown(5.0))  # less than 6 s + the margin
-        b.run({"Records": []}, RunningDown(5.0))
+        b.run({"Records": []}, RunningDown(60.0))  # the first invocation: a 60 s function
+        answer = b.run(b.event, RunningDown(5.0))  # less than 6 s + the margin left
     assert failed_ids(answer) == [r["messageId"] for r in b.event["Records"]]
     (why,) = journal.events("lambda_record_not_started")
     assert (why["reason"], why["stage_budget"]) == ("stage_budget_does_not_fit", 6.0)
-    (never,) = journal.events("lambda_budget_never_fits")  # once, at the first invocation
+    assert not journal.events("lambda_budget_never_fits")
+
+
+def test_a_function_whose_timeout_a_class_can_never_fit_is_refused_not_looped(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
+) -> None:
+    # Issue 26: a class whose budget fits Lambda's 900 s but not this function's timeout
+    # (read at the first invocation) was run all the same: every record handed back
+    # unstarted, the function succeeding, until SQS moved them to the DLQ.
+    b = batch(aws, sqs_client, lambda p: {"n": p.n}, 1)
+    with collect_journal() as journal:
+        for _ in range(2):  # refused at every invocation, told once
+            with pytest.raises(ConfigError, match=r"job classes work: stage_budget_seconds"):
+                b.run(b.event, RunningDown(5.0))  # a 5 s function; the class needs 6 s + 3
+    (never,) = journal.events("lambda_budget_never_fits")
     assert never["job_classes"] == ["work"] and never["function_timeout"] <= 5
+    assert not journal.events("lambda_record_not_started")
+    for r in b.event["Records"]:
+        assert read_view(ddb_client, b.settings, job_of(r)).attempt == 0  # never started
 
 
 def test_the_budget_rule_counts_the_whole_stage_budget_and_the_margin() -> None:

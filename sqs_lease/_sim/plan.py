@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .._core.flows import UNSENT_GRACE_SECONDS
 from .._core.limits import ITEM_LIMIT
@@ -44,7 +45,13 @@ ISSUE14_FEATURES = (
 PLAIN_FEATURES = ("plain_calls",)
 # Staged jobs (issue 9), drawn from a fifth stream (``staged-SEED``) after everything else.
 STAGED_FEATURES = ("staged",)
-WIDE_FEATURES = ISSUE7_FEATURES + ISSUE14_FEATURES + PLAIN_FEATURES + STAGED_FEATURES
+# --- lambda (issue 26): Lambda consumers, alone or beside the workers (lambdas.py),
+# drawn from their own stream (``lambda-SEED``) after everything else.
+LAMBDA_FEATURES = ("lambda",)
+# --- end lambda
+WIDE_FEATURES = (
+    ISSUE7_FEATURES + ISSUE14_FEATURES + PLAIN_FEATURES + STAGED_FEATURES + LAMBDA_FEATURES
+)
 
 PASSING_FEATURES: frozenset[str] = frozenset(WIDE_FEATURES)
 """The widened features the fixed-seed tests and the mutation check run with: those
@@ -181,6 +188,7 @@ class RunPlan:
     job_plans: list[JobPlan] = field(default_factory=list)
     wide: Widening = field(default_factory=Widening)
     sweep: SweepPlan | None = None  # the workers' stranded-record sweep (None: off)
+    lambdas: Any = None  # lambda: the run's LambdaPlan (lambdas.py; None: no functions)
 
 
 def draw_plan(
@@ -290,6 +298,9 @@ def draw_plan(
     _plain(c, plan, allowed)
     _staged(c, plan, allowed)
     _sweep(plan)
+    from .lambdas import draw as _lambdas  # lambda (its module imports this one)
+
+    _lambdas(plan, allowed)
     return plan
 
 

@@ -383,6 +383,7 @@ class World:
         # oversize: job -> token of the attempt whose handler returned it
         self.oversize_returned: dict[str, int] = {}
         self.failed_tasks = 0
+        self.reserved_jobs: set[str] = set()  # lambda: jobs stored under a reserved id
 
     # ------------------------------------------------------------------ scheduling
 
@@ -902,7 +903,8 @@ class World:
     def worker_exited(self, w: Any, *, restart_after: float) -> None:
         w.kill()
         self.record(w.id, "worker_exited", {})
-        self.at(self.now + restart_after, self.new_worker)
+        # lambda: a dead function environment is not restarted (the mapping starts one)
+        self.at(self.now + restart_after, getattr(w, "replace_after_exit", self.new_worker))
 
     def _submit(self, job_id: str, tries: int = 1, producer: str = "") -> None:
         """Submit ``job_id`` as the producer would (``producer``: concurrent_submits'
@@ -1069,6 +1071,9 @@ class World:
         for t in times:
             self.at(t, self._fault)
         self._schedule_issue14()
+        from . import lambdas  # lambda: the event source mapping and the sweep function
+
+        lambdas.start(self)
         if "mixed_versions" in p.wide.features:
             self.at(p.wide.deploy_at, self._deploy)
             for t in p.wide.stray_messages:
@@ -1095,6 +1100,7 @@ class World:
             if violations:
                 break
             finished = self._finished() if self._edited else len(final_jobs)
+            finished -= len(self.reserved_jobs)  # lambda: a reserved id's job is not a plan's
             if settle_end is None:
                 if finished == n_jobs and t >= last_submit:
                     self.done_at = t
@@ -1117,6 +1123,7 @@ class World:
             self.checker.half_resolutions(records, stranded)
             self.checker.finish(records, self._stuck_detail(records), stranded)
             self.checker.oversize_ended(records, self.oversize_returned)
+            lambdas.finish(self, records)  # lambda
         for v in self.checker.violations:
             self.record("checker", "violation", {"name": v.name, "message": v.message})
         return RunResult(

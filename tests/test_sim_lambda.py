@@ -1,0 +1,96 @@
+"""The ``lambda`` world (issue 26): Lambda consumers on the queue, alone or beside thread
+workers, its scheduled sweep, and a job submitted under a worker's reserved id.
+
+Each mutation of the Lambda part is caught at a pinned seed (the mutated protocol
+breaks the expected invariant there, the real one passes it), found by
+``python -m simtools mutations``-style bounded searches in the lambda world; see
+docs/simulation.md, "Lambda consumers".
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from simtools import run_seed
+from simtools.catch import world
+from simtools.cli import replay_command
+from simtools.mutations import LAMBDA_MUTATIONS
+from sqs_lease._core.eventsource import parse_event_record
+from sqs_lease._core.flows import Delivery
+from sqs_lease._core.invocation import unfit_problem
+from sqs_lease._sim.chaos import Chaos
+from sqs_lease._sim.invariants import I4
+from sqs_lease._sim.lambdas import I22
+from sqs_lease._sim.plan import PASSING_FEATURES, draw_plan
+
+# The first seed of each search that catches the mutation, with the invariant it broke.
+CAUGHT_AT: dict[str, tuple[int, str]] = {
+    "lambda_unfit_looped": (35, I22),  # a 89 s function for a 108 s budget
+    "reserved_id_accepted": (83, I4),  # worker#fn1's record replaced by its liveness
+}
+
+# Seeds of the lambda world, each of its shapes: functions alone and beside workers,
+# a first deployment the class never fits (refused, then fixed), a reserved job id.
+PASSING_SEEDS: tuple[int, ...] = (27, 31, 35, 58, 83)
+
+
+def _lambda_plan(seed: int) -> object:
+    return draw_plan(Chaos(seed), features=PASSING_FEATURES).lambdas
+
+
+def test_a_seed_without_the_lambda_feature_draws_the_same_plan() -> None:
+    without = PASSING_FEATURES - {"lambda"}
+    for seed in range(40):
+        a = draw_plan(Chaos(seed), features=without)
+        b = draw_plan(Chaos(seed), features=PASSING_FEATURES)
+        if b.lambdas is None:
+            assert a == b, seed
+
+
+def test_the_world_draws_each_lambda_shape() -> None:
+    plans = [p for p in (_lambda_plan(s) for s in range(300)) if p is not None]
+    assert {p.mode for p in plans} == {"lambda", "both"}  # type: ignore[attr-defined]
+    assert any(p.timeout < p.fitted_timeout for p in plans)  # type: ignore[attr-defined]
+    assert any(p.reserved_id for p in plans)  # type: ignore[attr-defined]
+    assert {p.batch_size for p in plans} >= {1, 10}  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("seed", PASSING_SEEDS)
+def test_lambda_world_seed_passes(seed: int) -> None:
+    result = run_seed(seed, features=PASSING_FEATURES)
+    assert result.ok, (result.violations, replay_command(seed, None, features=PASSING_FEATURES))
+
+
+@pytest.mark.parametrize("name", sorted(LAMBDA_MUTATIONS))
+def test_lambda_mutation_is_caught_at_its_pinned_seed_and_the_protocol_passes_it(
+    name: str,
+) -> None:
+    seed, expected = CAUGHT_AT[name]
+    features = world(name)
+    result = run_seed(seed, mutation=name, features=features)
+    assert not result.ok, f"{name} was not caught at seed {seed}"
+    assert result.violations[0].name == expected, result.violations[0].message
+    assert run_seed(seed, features=features).ok, replay_command(seed, None, features=features)
+
+
+def test_a_function_too_short_for_a_class_is_refused_by_the_core_rule() -> None:
+    assert unfit_problem({"a": 100.0}, 200) is None
+    problem = unfit_problem({"a": 100.0, "b": 290.0}, 120)
+    assert problem is not None and problem.startswith("job classes b: stage_budget_seconds")
+    assert unfit_problem({"a": 3600.0}, 5000) is not None  # never above Lambda's 900 s
+
+
+def test_the_lambda_parser_keeps_sqs_timestamps() -> None:
+    record = {
+        "messageId": "m",
+        "receiptHandle": "h",
+        "body": '{"job_id":"j","job_class":"c"}',
+        "attributes": {
+            "ApproximateReceiveCount": "2",
+            "SentTimestamp": "1767225600000",
+            "ApproximateFirstReceiveTimestamp": "1767225660000",
+        },
+    }
+    item = parse_event_record(record, 0.0, 0)
+    assert isinstance(item, Delivery)
+    assert (item.sent_wall, item.first_received_wall) == (1767225600.0, 1767225660.0)
