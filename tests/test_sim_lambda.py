@@ -94,3 +94,24 @@ def test_the_lambda_parser_keeps_sqs_timestamps() -> None:
     item = parse_event_record(record, 0.0, 0)
     assert isinstance(item, Delivery)
     assert (item.sent_wall, item.first_received_wall) == (1767225600.0, 1767225660.0)
+
+
+def test_submit_refuses_a_reserved_job_id_in_the_core() -> None:
+    # Issue 26 defect 12: the refusal was the producer's only; every shell that submits
+    # (the simulator's producer, a custom one over the core) stored the record.
+    from sqs_lease._core.flows import submit_flow
+    from sqs_lease._errors import ConfigError
+    from sqs_lease._schema import JobTable
+
+    flow = submit_flow(
+        JobTable("jobs"),
+        queue_url="https://sqs.example/q",
+        job_id="worker#w1",
+        job_class="c",
+        payload_json="{}",
+        payload_hash="h",
+        wall_now=0.0,
+        send_id="s1",
+    )
+    with pytest.raises(ConfigError, match="job_id='worker#w1'"):
+        next(flow)
