@@ -41,6 +41,7 @@ from .._core.calls import Call, Flow, Ok, Outcome, call
 from .._core.eventsource import END_MARGIN_SECONDS, GroupStop, parse_event_record
 from .._core.flows import Delivery
 from .._core.invocation import RecordEnd
+from .._core.timing import EFFECT_MARGIN
 from .invariants import Origin
 from .plan import SweepPlan
 from .world import DLQ, JOB_CLASS, JOB_CLASS_V2, QUEUE, Actor, SimGen, SleepOp, Task
@@ -93,10 +94,12 @@ def draw(plan: RunPlan, allowed: frozenset[str]) -> None:
         return
     # The class's stage budget fits the function (the margin and some slack under it);
     # a "budget" run keeps its tighter budget.
-    # (a stage gets at least one lease: the timeouts that leave room for two)
-    fits = [t for t in FUNCTION_TIMEOUTS if t - END_MARGIN_SECONDS >= 2 * plan.lease]
+    # A stage gets at least one lease and one effect call with the watchdog's margin
+    # (the job class's own timing rules); the timeouts that leave room for twice that.
+    floor = max(plan.lease, plan.tool_http_timeout + EFFECT_MARGIN)
+    fits = [t for t in FUNCTION_TIMEOUTS if t - END_MARGIN_SECONDS >= 2 * floor]
     fitted = fits[int(pick * len(fits))]
-    budget = max(plan.lease, math.floor((fitted - END_MARGIN_SECONDS) * (1.0 - slack)))
+    budget = max(floor, math.floor((fitted - END_MARGIN_SECONDS) * (1.0 - slack)))
     plan.stage_budget = min(plan.stage_budget, budget)
     if plan.progress_timeout is not None:
         plan.progress_timeout = min(plan.progress_timeout, plan.stage_budget)
