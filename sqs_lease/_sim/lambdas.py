@@ -71,6 +71,7 @@ class LambdaPlan:
     cold_start: float  # an environment's init, before its first invocation
     reserved_id: str = ""  # a job submitted under a worker's reserved id ("": none)
     reserved_at: float = 0.0
+    retries: bool = False  # an operator runs ``jobs retry`` on jobs that fail, racing the run
 
 
 def draw(plan: RunPlan, allowed: frozenset[str]) -> None:
@@ -90,6 +91,7 @@ def draw(plan: RunPlan, allowed: frozenset[str]) -> None:
     cold_start = r.uniform(0.1, 2.0)
     reserved = r.random() < 0.3
     reserved_at = r.uniform(0.0, 0.6)
+    retries = r.random() < 0.6
     if not on or FEATURE not in allowed or plan.profile == "long":
         return
     # The class's stage budget fits the function (the margin and some slack under it);
@@ -116,6 +118,7 @@ def draw(plan: RunPlan, allowed: frozenset[str]) -> None:
         cold_start=round(cold_start, 3),
         reserved_id="worker#fn1" if reserved else "",
         reserved_at=round(reserved_at * plan.cutoff, 3),
+        retries=retries,
     )
     if mode == "lambda":
         plan.workers = 0
@@ -453,8 +456,57 @@ def start(world: World) -> None:
     world.record("world", "lambda", {k: v for k, v in vars(lp).items()})
     EventSourceMapping(world, lp).start()
     Sweeper(world, lp).start()
+    world.lambda_run = LambdaRun(world, lp)
     if lp.reserved_id:
         world.at(lp.reserved_at, lambda: _submit_reserved(world, lp.reserved_id))
+
+
+class LambdaRun:
+    """The run's operator beside the functions: ``jobs retry`` on a job that failed (not
+    cancelled), a little after it failed, at most twice per job, while the functions and
+    workers go on (a stale attempt's late writes, its message's redeliveries, the
+    sweep). The operator's process may die half way and run the command again, as in
+    ``operator_races`` (``World._operator_runs``)."""
+
+    def __init__(self, world: World, lp: LambdaPlan) -> None:
+        self.world = world
+        self.lp = lp
+        self.rng = random.Random(f"lambda-ops-{world.seed}")
+        self.retried: dict[str, int] = {}
+
+    def job_written(self, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
+        """The world's hook on every job-table write."""
+        if not self.lp.retries or new is None or new.get("state", {}).get("S") != "failed":
+            return
+        if old is not None and old.get("state", {}).get("S") == "failed":
+            return
+        job_id = str(new["job_id"]["S"])
+        n = self.retried.get(job_id, 0)
+        if job_id not in self.world.job_plans or n >= 2:
+            return
+        if new.get("error_code", {}).get("S") == "cancelled":
+            return  # refused by the command (a cancelled job is submitted again)
+        self.retried[job_id] = n + 1
+        delay = self.rng.uniform(0.5, 30.0)
+        self.world.at(self.world.now + delay, lambda: self._retry(job_id, n + 1))
+
+    def _retry(self, job_id: str, n: int) -> None:
+        from .._core.stages import retry_flow
+
+        world = self.world
+        world.record("operator", "operator_retries", {"job_id": job_id})
+
+        def command(sid: str) -> Any:
+            return retry_flow(
+                world.jobs_req,
+                queue_url=QUEUE,
+                job_id=job_id,
+                wall_now=world.operator.wall(),
+                send_id=sid,
+            )
+
+        origin = Origin("operator", f"retry-{job_id}-{n}", "operator")
+        world._operator_runs(origin, command, f"{job_id}.retry{n}")
 
 
 def _submit_reserved(world: World, job_id: str) -> None:

@@ -384,6 +384,7 @@ class World:
         self.oversize_returned: dict[str, int] = {}
         self.failed_tasks = 0
         self.reserved_jobs: set[str] = set()  # lambda: jobs stored under a reserved id
+        self.lambda_run: Any = None  # lambda: the operator's retries (lambdas.LambdaRun)
 
     # ------------------------------------------------------------------ scheduling
 
@@ -807,6 +808,8 @@ class World:
         self.checker.item_written(table, old, new, origin)
         if table == JOBS and "operator_races" in self.plan.wide.features:
             self._operator_sees(old, new)
+        if table == JOBS and self.lambda_run is not None:
+            self.lambda_run.job_written(old, new)  # lambda: jobs retry racing the run
 
     def _on_effect(self, entry: Any) -> None:
         self.checker.now = self.now
