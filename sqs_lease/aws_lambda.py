@@ -18,7 +18,8 @@ CDK's ``LambdaConsumer`` sets them.
 
 It is a shell of :func:`sqs_lease._core.attempt.attempt_flow` like the workers
 (it reuses the thread worker's handler and effect running): for each record in
-order it reads the record (``_core.eventsource.parse_event_record``), checks the
+order it drives ``_core.invocation.record_flow`` (the simulator's Lambda drives the
+same), which reads the record (``_core.eventsource.parse_event_record``), checks the
 budget (``can_start``: the class's whole ``stage_budget_seconds`` plus a margin
 must fit in ``context.get_remaining_time_in_millis()``), sets the record's
 visibility to its class's lease (``take_record_flow``: the local lease then
