@@ -47,6 +47,7 @@ from .plan import SweepPlan
 from .world import DLQ, JOB_CLASS, JOB_CLASS_V2, QUEUE, Actor, SimGen, SleepOp, Task
 
 if TYPE_CHECKING:
+    from .chaos import Chaos
     from .plan import RunPlan
     from .world import World
 
@@ -74,7 +75,7 @@ class LambdaPlan:
     retries: bool = False  # an operator runs ``jobs retry`` on jobs that fail, racing the run
 
 
-def draw(plan: RunPlan, allowed: frozenset[str]) -> None:
+def draw(c: Chaos, plan: RunPlan, allowed: frozenset[str]) -> None:
     """Draw the Lambda deployment from its own stream; everything is drawn whatever
     is allowed, so no other feature's draws move."""
     r = random.Random(f"lambda-{plan.seed}")
@@ -94,6 +95,8 @@ def draw(plan: RunPlan, allowed: frozenset[str]) -> None:
     retries = r.random() < 0.6
     if not on or FEATURE not in allowed or plan.profile == "long":
         return
+    if "mixed_versions" in plan.wide.features:
+        mode = "both"  # its old and new workers stay (the functions run the new app)
     # The class's stage budget fits the function (the margin and some slack under it);
     # a "budget" run keeps its tighter budget.
     # A stage gets at least one lease and one effect call with the watchdog's margin
@@ -120,6 +123,7 @@ def draw(plan: RunPlan, allowed: frozenset[str]) -> None:
         reserved_at=round(reserved_at * plan.cutoff, 3),
         retries=retries,
     )
+    c.count(f"world_{FEATURE}")
     if mode == "lambda":
         plan.workers = 0
     plan.lambdas = lp

@@ -300,7 +300,7 @@ def draw_plan(
     _sweep(plan)
     from .lambdas import draw as _lambdas  # lambda (its module imports this one)
 
-    _lambdas(plan, allowed)
+    _lambdas(c, plan, allowed)
     return plan
 
 
