@@ -942,6 +942,10 @@ MUTATIONS and CAUGHT_AT when the lead merges the four parts of the widened world
 LAMBDA_UNCAUGHT: dict[str, Callable[[], Any]] = {
     "lambda_parser_drops_timestamps": lambda_parser_drops_timestamps,
 }
+# ``refusal_as_unknown`` (in UNCAUGHT above) is caught in the lambda world at seed 188
+# (I20): an environment starved of CPU while its intent start is in flight sends its
+# call after its lease lapsed (tests/test_sim_lambda.py); it can join MUTATIONS (with
+# CAUGHT_AT 188, after a search) when the four parts of the widened world are merged.
 """``lambda_parser_drops_timestamps``: the first receive's timestamp only shortens the
 budget of a message received before whose first receive is near 12 hours old
 (``stages.cap_budget``); the simulated SQS counts the cap from each receive (as AWS

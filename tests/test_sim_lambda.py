@@ -19,7 +19,7 @@ from sqs_lease._core.eventsource import parse_event_record
 from sqs_lease._core.flows import Delivery
 from sqs_lease._core.invocation import unfit_problem
 from sqs_lease._sim.chaos import Chaos
-from sqs_lease._sim.invariants import I4
+from sqs_lease._sim.invariants import I4, I20
 from sqs_lease._sim.lambdas import I22
 from sqs_lease._sim.plan import PASSING_FEATURES, draw_plan
 
@@ -70,6 +70,19 @@ def test_lambda_mutation_is_caught_at_its_pinned_seed_and_the_protocol_passes_it
     result = run_seed(seed, mutation=name, features=features)
     assert not result.ok, f"{name} was not caught at seed {seed}"
     assert result.violations[0].name == expected, result.violations[0].message
+    assert run_seed(seed, features=features).ok, replay_command(seed, None, features=features)
+
+
+def test_refusal_as_unknown_is_caught_where_an_environment_starves_at_an_intent_start() -> None:
+    # Issue 26 (signals): in the lambda world an environment may be starved of CPU for
+    # 1-2.5 leases while its intent start is in flight; its call goes out after its
+    # lease lapsed and the next owner reached the receiver first: refused (412), a
+    # proof of another owner. The mutation tells it as OwnershipUnknown (I20).
+    seed, name = 188, "refusal_as_unknown"
+    features = PASSING_FEATURES
+    result = run_seed(seed, mutation=name, features=features)
+    assert not result.ok and result.violations[0].name == I20, result.violations
+    assert any(e[2] == "sim_starved" for e in result.log)
     assert run_seed(seed, features=features).ok, replay_command(seed, None, features=features)
 
 

@@ -127,7 +127,7 @@ CAUGHT_AT: dict[str, int] = {
     "stray_claims": 1,  # I11_stray_claim
     "transient_cancel_as_refusal": 22,  # I8_transient_cancel_lost
     "unconfirmed_lease_given_up": 777674,  # I8_transient_cancel_lost
-    "unknown_class_claims": 10,  # I9_unknown_class
+    "unknown_class_claims": 16,  # I9_unknown_class (10 before the lambda world drew 10)
     "unreadable_aborts_round": 2,  # E_unhandled_exception
     "validation_as_unknown": 0,  # I14_oversize_result
     "wall_clock_fence": 355,  # I3_superseded_commit

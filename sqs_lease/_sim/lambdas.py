@@ -33,7 +33,7 @@ import random
 from collections.abc import Mapping
 from collections.abc import Mapping as MappingT
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core import attempt as core
 from .._core import invocation
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from .plan import RunPlan
     from .world import World
 
+T = TypeVar("T")
 FEATURE = "lambda"
 REFUSED = "refused"  # an invocation's answer when the consumer refused the app
 FUNCTION_TIMEOUTS = (30, 60, 120, 300, 900)
@@ -73,6 +74,10 @@ class LambdaPlan:
     reserved_id: str = ""  # a job submitted under a worker's reserved id ("": none)
     reserved_at: float = 0.0
     retries: bool = False  # an operator runs ``jobs retry`` on jobs that fail, racing the run
+    # per intent start an environment sends: the chance it is starved of CPU (a
+    # function's CPU share scales with its memory) for 1-2.5 leases while the write
+    # is in flight: its call goes out after its lease lapsed, its heartbeat not told
+    starved: float = 0.0
 
 
 def draw(c: Chaos, plan: RunPlan, allowed: frozenset[str]) -> None:
@@ -93,6 +98,7 @@ def draw(c: Chaos, plan: RunPlan, allowed: frozenset[str]) -> None:
     reserved = r.random() < 0.3
     reserved_at = r.uniform(0.0, 0.6)
     retries = r.random() < 0.6
+    starved = r.uniform(0.02, 0.2) if r.random() < 0.4 else 0.0
     if not on or FEATURE not in allowed or plan.profile == "long":
         return
     if "mixed_versions" in plan.wide.features:
@@ -122,6 +128,7 @@ def draw(c: Chaos, plan: RunPlan, allowed: frozenset[str]) -> None:
         reserved_id="worker#fn1" if reserved else "",
         reserved_at=round(reserved_at * plan.cutoff, 3),
         retries=retries,
+        starved=round(starved, 4),
     )
     c.count(f"world_{FEATURE}")
     if mode == "lambda":
@@ -170,6 +177,38 @@ def _new_env(world: World, deployment: Deployment) -> Any:
 
         def start(self) -> None:
             """Frozen between invocations: nothing runs until the mapping invokes it."""
+
+        def drive(self, flow: Flow[T], origin: Origin, watch: Any = None) -> SimGen[T]:
+            lp = world.plan.lambdas
+            if lp is not None and lp.starved > 0:
+                flow = self._starving(flow, lp.starved)
+            return super().drive(flow, origin, watch)
+
+        def _starving(self, flow: Flow[T], chance: float) -> Flow[T]:
+            """Pass the flow's instructions on; at an intent start, maybe starve."""
+            from .invariants import _intent_write
+            from .world import INTENTS
+
+            rng = world.lambda_run.rng if world.lambda_run is not None else None
+            try:
+                instr = next(flow)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            while True:
+                if (
+                    rng is not None
+                    and isinstance(instr, Call)
+                    and _intent_write(instr, INTENTS) == "transaction"
+                    and rng.random() < chance
+                ):
+                    d = rng.uniform(1.0, 2.5) * world.plan.lease
+                    self.paused_until = max(self.paused_until, world.now + d)
+                    world.record(self.id, "sim_starved", {"seconds": round(d, 3)})
+                out = yield instr
+                try:
+                    instr = flow.send(out)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
 
         def begin_shutdown(self) -> None:
             """Lambda retires an environment between invocations (the mapping stops
