@@ -1467,8 +1467,12 @@ def test_an_operator_resolving_a_parked_job_while_workers_run_grants_its_attempt
     # over (one more read moved that schedule); seed 47 until an intent write waited
     # for an unconfirmed lease instead of giving up; seed 66 shows it since, with the
     # operator dying half way through a command and running it again.
-    r = _issue14(66, "operator_races")
-    assert r.ok, _verdict(r, 66, *PASSING_FEATURES, "operator_races")
+    # Pinned without the lambda world (issue 26): seed 66 draws it and its functions
+    # move this schedule.
+    world = sorted(PASSING_FEATURES - {"lambda"})
+    r = _wide(66, *world)
+    assert r.injected.get("world_operator_races"), "seed 66 no longer draws operator_races"
+    assert r.ok, _verdict(r, 66, *world)
     assert r.injected.get("operator_died"), "seed 66 no longer has the operator die"
     resolved = _events_of(r, "intent_resolved")
     assert resolved and _events_of(r, "job_resumed")
