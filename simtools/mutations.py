@@ -959,9 +959,6 @@ def applied(name: str | None) -> Iterator[None]:
         yield
 
 
-__all__ = ["MUTATIONS", "PENDING", "UNCAUGHT", "VARIANTS", "WORLDS", "applied"]
-
-
 # ============================================================================ fifo (issue 26)
 # The fifo world's mutations (``sqs_lease/_sim/fifo.py``): each reintroduces one defect
 # of issue 26 that a FIFO queue with sessions, stages and resubmits draws.
@@ -1045,3 +1042,106 @@ soak seed 777674, a standard-queue schedule: the fifo world gives that seed a FI
 queue, which moves it off the case (a transient cancel right before an unanswered
 heartbeat), and no seed of 777675-777799 catches it with fifo on. Its case needs no
 FIFO queue, so its world is the passing world without one."""
+
+
+# --- lambda (issue 26: Lambda consumers and a reserved job id; tests/test_sim_lambda.py)
+
+
+@contextmanager
+def lambda_unfit_looped() -> Iterator[None]:
+    """Issue 26 (Lambda budgets), as before the fix: a consumer whose class can never
+    fit the function's timeout runs all the same (only the 900 s ceiling was refused):
+    each record is handed back unstarted until SQS moves it to the DLQ, the function
+    succeeding all along. Expected: I22 (a job dead-lettered with no attempt started)."""
+    from sqs_lease._core import invocation
+
+    with _patch(invocation, "unfit_problem", lambda rules, timeout: None):
+        yield
+
+
+@contextmanager
+def reserved_id_accepted() -> Iterator[None]:
+    """Issue 26 defect 12, as before the fix: a job id ``worker#<id>`` is accepted at
+    submit, and that worker's liveness write replaces whatever item holds its key.
+    Expected: I4 (the job's record is gone: a liveness item stands in its place)."""
+    from sqs_lease._core import inputs
+    from sqs_lease._core.liveness import LIVENESS_KEEP_SECONDS, liveness_key
+
+    def liveness(self: JobTable, part: Any) -> Call:
+        item = {
+            "job_id": {"S": liveness_key(part.worker_id, part.part)},
+            "kind": {"S": "liveness"},
+            "owner": {"S": part.worker_id},
+            "beat_at": {"N": repr(round(part.beat_at, 3))},
+            "round_seconds": {"N": repr(round(part.round_seconds, 3))},
+            "part": {"N": str(part.part)},
+            "parts": {"N": str(part.parts)},
+            "held": {"S": "[]"},
+            "gc_expires_at": {"N": str(int(part.beat_at + LIVENESS_KEEP_SECONDS))},
+        }
+        return Call("dynamodb", "PutItem", {"TableName": self.table, "Item": item})
+
+    with _patch(inputs, "RESERVED_PREFIXES", ()), _patch(JobTable, "liveness", liveness):
+        yield
+
+
+@contextmanager
+def lambda_parser_drops_timestamps() -> Iterator[None]:
+    """Issue 26 (read and settle), as before the fix: the Lambda event parser keeps
+    only ``ApproximateReceiveCount`` of a record's attributes, dropping SQS's
+    ``SentTimestamp`` and ``ApproximateFirstReceiveTimestamp`` (the 12-hour cap's
+    first receive, ``stages.cap_budget``)."""
+    from sqs_lease._core import eventsource, invocation
+
+    real = eventsource.parse_event_record
+
+    def parse(record: Any, received_at: float, visibility: int) -> Any:
+        attrs = record.get("attributes") if isinstance(record, dict) else None
+        if isinstance(attrs, dict):
+            keep = {k: v for k, v in attrs.items() if k == "ApproximateReceiveCount"}
+            record = {**record, "attributes": keep}
+        return real(record, received_at, visibility)
+
+    with _patch(invocation, "parse_event_record", parse):
+        yield
+
+
+LAMBDA_MUTATIONS: dict[str, Callable[[], Any]] = {
+    "lambda_unfit_looped": lambda_unfit_looped,
+    "reserved_id_accepted": reserved_id_accepted,
+}
+"""Caught in the ``lambda`` world (seeds pinned in tests/test_sim_lambda.py; to join
+MUTATIONS and CAUGHT_AT when the lead merges the four parts of the widened world)."""
+LAMBDA_UNCAUGHT: dict[str, Callable[[], Any]] = {
+    "lambda_parser_drops_timestamps": lambda_parser_drops_timestamps,
+}
+# ``refusal_as_unknown`` (in UNCAUGHT above) is caught in the lambda world at seed 188
+# (I20): an environment starved of CPU while its intent start is in flight sends its
+# call after its lease lapsed (tests/test_sim_lambda.py); it can join MUTATIONS (with
+# CAUGHT_AT 188, after a search) when the four parts of the widened world are merged.
+"""``lambda_parser_drops_timestamps``: the first receive's timestamp only shortens the
+budget of a message received before whose first receive is near 12 hours old
+(``stages.cap_budget``); the simulated SQS counts the cap from each receive (as AWS
+documents it) and a lambda run's functions have budgets of at most 897 s, so no seed
+draws a record whose cap the timestamp would have saved. It would need a backlog of
+hours-old, often re-received messages (sim-clocks' world) and an SQS mode whose cap
+counts from the first receive. ``tests/test_sim_lambda.py`` checks the parser keeps
+both timestamps."""
+VARIANTS.update(LAMBDA_MUTATIONS)
+VARIANTS.update(LAMBDA_UNCAUGHT)
+WORLDS.update({name: frozenset({"lambda"}) for name in [*LAMBDA_MUTATIONS, *LAMBDA_UNCAUGHT]})
+# --- end lambda
+
+
+__all__ = [
+    "FIFO_MUTATIONS",
+    "LAMBDA_MUTATIONS",
+    "LAMBDA_UNCAUGHT",
+    "MUTATIONS",
+    "PENDING",
+    "UNCAUGHT",
+    "VARIANTS",
+    "WITHOUT",
+    "WORLDS",
+    "applied",
+]

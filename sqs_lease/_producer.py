@@ -23,9 +23,8 @@ from ._core.flows import (
     sweep_flow,
 )
 from ._core.groups import GroupReport, cancel_group_flow
-from ._core.inputs import job_id_problem
 from ._core.intents import Resumed, resume_flow
-from ._core.limits import bounded, check_payload
+from ._core.limits import check_payload
 from ._core.priority import PRIORITIES, Priority
 from ._core.records import JobView
 from ._core.stages import Retried, retry_flow
@@ -156,11 +155,7 @@ class Producer:
         jid = job_id or f"{job_class}-{digest[:24]}"
         # DynamoDB would refuse these with a ValidationException: say which limit now.
         check_payload(jid, text)
-        # The rule every worker reads a message by: an id it would refuse is never stored.
-        if (why := job_id_problem(jid)) is not None:
-            raise ConfigError(
-                f"job_id={bounded(repr(jid), 120)}: {why}; derive it from the source event's own id"
-            )
+        # submit_flow refuses an id no worker would read (inputs.job_id_problem).
         return self.driver.run(
             submit_flow(
                 self.table,

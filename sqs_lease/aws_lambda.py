@@ -18,7 +18,8 @@ CDK's ``LambdaConsumer`` sets them.
 
 It is a shell of :func:`sqs_lease._core.attempt.attempt_flow` like the workers
 (it reuses the thread worker's handler and effect running): for each record in
-order it reads the record (``_core.eventsource.parse_event_record``), checks the
+order it drives ``_core.invocation.record_flow`` (the simulator's Lambda drives the
+same), which reads the record (``_core.eventsource.parse_event_record``), checks the
 budget (``can_start``: the class's whole ``stage_budget_seconds`` plus a margin
 must fit in ``context.get_remaining_time_in_millis()``), sets the record's
 visibility to its class's lease (``take_record_flow``: the local lease then
@@ -78,25 +79,16 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._config import Settings
-from ._core.attempt import (
-    SCHEDULED_DLQ_RECEIVES,
-    SCHEDULED_SWEEP_PAGE,
-    attempt_flow,
-    rules_for,
-    sweep_pages_flow,
+from ._core.attempt import SCHEDULED_DLQ_RECEIVES, SCHEDULED_SWEEP_PAGE, sweep_pages_flow
+from ._core.deploy import lambda_visibility_floor
+from ._core.eventsource import GroupStop, message_group, never_fit
+from ._core.flows import UNSENT_GRACE_SECONDS
+from ._core.invocation import (
+    RecordEnd,
+    record_flow,
+    release_unstarted_records_flow,
+    unfit_problem,
 )
-from ._core.deploy import check_lambda_fit, lambda_visibility_floor
-from ._core.eventsource import (
-    GroupStop,
-    can_start,
-    message_group,
-    never_fit,
-    not_started_visibility,
-    parse_event_record,
-    settled_flow,
-    take_record_flow,
-)
-from ._core.flows import UNSENT_GRACE_SECONDS, Delivery, Poison, release_flow
 from ._errors import ConfigError, JobClassError
 from ._jobs import App
 from ._journal import Journal, configure_for_lambda
@@ -162,22 +154,22 @@ class LambdaShell(Worker):
 
     def refuse_unfit(self, context: LambdaContext) -> None:
         """A consumer whose app has a class (or stage) no invocation of this function can
-        ever start refuses every invocation (``_core.deploy.check_lambda_fit``: the
-        construct's rule at synth): never started, its records would come back until the
-        DLQ, saying nothing. The scheduled sweep runs no job, so it does not ask."""
+        ever start refuses every invocation (``_core.invocation.unfit_problem``, the
+        construct's rule at synth): never started, its records would come back until
+        the DLQ, saying nothing. The scheduled sweep runs no job, so it does not ask."""
         timeout = self.function_timeout(context)
-        try:
-            check_lambda_fit(self._rules, timeout)
-        except JobClassError as refused:
-            if not self._refused:
-                self._refused = True
-                self.journal(
-                    "lambda_budget_never_fits",
-                    job_classes=never_fit({n: b for n, (b, _) in self._rules.items()}, timeout),
-                    function_timeout=timeout,
-                    fix=str(refused),
-                )
-            raise
+        problem = unfit_problem(self._rules, timeout)
+        if problem is None:
+            return
+        if not self._refused:
+            self._refused = True
+            self.journal(
+                "lambda_budget_never_fits",
+                job_classes=never_fit({n: b for n, (b, _) in self._rules.items()}, timeout),
+                function_timeout=timeout,
+                fix=problem,
+            )
+        raise JobClassError(problem)
 
     def warn_timing(self, context: LambdaContext) -> None:
         """Once per cold start: the queue's visibility against 6 x the function timeout."""
@@ -209,53 +201,37 @@ class LambdaShell(Worker):
             raise ConfigError("event has no Records list: is this an SQS event source's event?")
         failures: list[str] = []
         groups = GroupStop()
-        unstarted: list[Delivery] = []  # released at 0: their FIFO group stopped
-        unfit: list[Delivery] = []  # released past this invocation: the budget did not fit
+        unstarted: list[RecordEnd] = []  # handed back at the end (release_unstarted_records_flow)
         done = threading.Event()
         beat = threading.Thread(target=self._beat_until, args=(done,), daemon=True)
         beat.start()
         try:
             for record in records:
-                if not isinstance(record, Mapping):
-                    # Not an SQS record at all: nothing to report it by, nothing to run.
-                    self.journal("lambda_record_unreadable", record_type=type(record).__name__)
-                    continue
-                mid = str(record.get("messageId", ""))
-                group = message_group(record)
-                item = parse_event_record(record, self._clock(), 0)
-                # A staged job's record starts only when its own stage's budget fits.
-                rules = (
-                    rules_for(self.env, item.job_class, item.stage)
-                    if isinstance(item, Delivery)
-                    else None
-                )
-                budget = rules.stage_budget_seconds if rules is not None else 0.0
-                blocked = groups.blocked(group)
-                left = context.get_remaining_time_in_millis()
-                if blocked or not can_start(left, budget):
-                    self.journal(
-                        "lambda_record_not_started",
-                        job_id=item.job_id,
-                        reason="fifo_group_stopped" if blocked else "stage_budget_does_not_fit",
-                        stage_budget=budget,
-                        remaining=round(left / 1000.0, 3),
+                try:
+                    end = self.driver.run(
+                        record_flow(self.env, record, groups, context.get_remaining_time_in_millis)
                     )
-                    groups.failed(group)
-                    failures.append(mid)
-                    if isinstance(item, Delivery):
-                        (unstarted if blocked else unfit).append(item)
+                except Exception as exc:  # an AWS failure the flow could not handle
+                    self.journal("lambda_record_failed", error_code=type(exc).__name__)
+                    if isinstance(record, Mapping):
+                        groups.failed(message_group(record))
+                        failures.append(str(record.get("messageId", "")))
                     continue
-                if not self._attempt(item):
-                    groups.failed(group)
-                    failures.append(mid)
+                if end is None:
+                    continue
+                if not end.done:
+                    failures.append(end.message_id)
+                if end.unstarted is not None:
+                    unstarted.append(end)
         finally:
             done.set()
             beat.join(timeout=5)
             if unstarted:
-                self._release(unstarted, 0)
-            if unfit:
-                left = context.get_remaining_time_in_millis()
-                self._release(unfit, not_started_visibility(left))
+                self.driver.run(
+                    release_unstarted_records_flow(
+                        self.env, unstarted, context.get_remaining_time_in_millis
+                    )
+                )
         return {"batchItemFailures": [{"itemIdentifier": m} for m in failures]}
 
     def sweep(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
@@ -282,37 +258,6 @@ class LambdaShell(Worker):
         )
         self.journal("lambda_sweep_done", **{k: v for k, v in asdict(run).items() if k != "failed"})
         return {**asdict(run), "failed": list(run.failed)}
-
-    def _attempt(self, item: Delivery | Poison) -> bool:
-        """One record through the attempt flow; True when its message was deleted."""
-        self._count("received")
-        try:
-            if isinstance(item, Delivery):
-                rules = rules_for(self.env, item.job_class, item.stage)
-                lease = rules.lease_seconds if rules is not None else self.receive_visibility
-                taken = self.driver.run(take_record_flow(self.queue_url, item, lease))
-                if taken is None:
-                    return False
-                item = taken
-            flow = attempt_flow(self.env, item)
-            return self.driver.run(settled_flow(flow, item.receipt_handle))
-        except Exception as exc:  # an AWS failure the flow could not handle: not finished
-            self.journal("lambda_record_failed", error_code=type(exc).__name__)
-            return False
-
-    def _release(self, unstarted: list[Delivery], visibility: int) -> None:
-        self.driver.run(
-            release_flow(
-                self.table,
-                queue_url=self.queue_url,
-                held=[(None, d) for d in unstarted],
-                worker_id=self.worker_id,
-                wall_now=self._now().wall,
-                reason="lambda: not started",
-                nonce="",  # nothing claimed: no record is written
-                visibility=visibility,
-            )
-        )
 
     def _beat_until(self, done: threading.Event) -> None:
         while not done.wait(self.tick):

@@ -276,7 +276,7 @@ def test_an_app_whose_class_can_never_fit_a_lambda_is_refused_at_its_first_invoc
     app.job("slow", payload=Work, **FAST)(lambda ctx, p: None)  # the default budget: 3600 s
     run = handler(app, settings)
     with pytest.raises(ConfigError, match=r"job classes slow: stage_budget_seconds"):
-        run({"Records": []}, RunningDown(60))
+        run({"Records": []}, RunningDown(900))
 
 
 def test_a_stage_whose_own_budget_can_never_fit_a_lambda_is_refused_by_name(
@@ -325,6 +325,7 @@ def test_a_function_whose_timeout_no_class_budget_fits_refuses_every_invocation_
     assert "function timeout is 5 s" in str(refused.value)
     (never,) = journal.events("lambda_budget_never_fits")  # once, at the first invocation
     assert never["job_classes"] == ["work"] and never["function_timeout"] == 5
+    assert not journal.events("lambda_record_not_started")  # refused, not looped
     for r in b.event["Records"]:
         assert read_view(ddb_client, b.settings, job_of(r)).attempt == 0  # never started
 

@@ -450,6 +450,12 @@ def submit_flow(
     (and says so); past it, or when that sender gave the right back, it takes the
     right over with a conditional write and sends under its own id.
     """
+    # The rule every worker reads a message by: an id it would refuse is never stored
+    # (a reserved one, ``worker#...``, would be replaced by that worker's liveness item).
+    if (why := inputs.job_id_problem(job_id)) is not None:
+        raise ConfigError(
+            f"job_id={bounded(repr(job_id), 120)}: {why}; derive it from the source event's own id"
+        )
     if delay_seconds and is_fifo(queue_url):
         raise ConfigError(
             f"delay_seconds={delay_seconds}: a FIFO queue ({queue_url}) takes no delay per "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .._core.flows import UNSENT_GRACE_SECONDS
 from .._core.limits import ITEM_LIMIT
@@ -47,8 +48,17 @@ PLAIN_FEATURES = ("plain_calls",)
 STAGED_FEATURES = ("staged",)
 # issue 26, fifo: a FIFO queue with sessions (``sqs_lease/_sim/fifo.py``, stream fifo-SEED)
 FIFO_FEATURES = fifo_world.FIFO_FEATURES
+# --- lambda (issue 26): Lambda consumers, alone or beside the workers (lambdas.py),
+# drawn from their own stream (``lambda-SEED``) after everything else.
+LAMBDA_FEATURES = ("lambda",)
+# --- end lambda
 WIDE_FEATURES = (
-    ISSUE7_FEATURES + ISSUE14_FEATURES + PLAIN_FEATURES + STAGED_FEATURES + FIFO_FEATURES
+    ISSUE7_FEATURES
+    + ISSUE14_FEATURES
+    + PLAIN_FEATURES
+    + STAGED_FEATURES
+    + FIFO_FEATURES
+    + LAMBDA_FEATURES
 )
 
 PASSING_FEATURES: frozenset[str] = frozenset(WIDE_FEATURES)
@@ -187,6 +197,7 @@ class RunPlan:
     wide: Widening = field(default_factory=Widening)
     sweep: SweepPlan | None = None  # the workers' stranded-record sweep (None: off)
     fifo: fifo_world.FifoPlan | None = None  # issue 26: the fifo world (None: a standard queue)
+    lambdas: Any = None  # lambda: the run's LambdaPlan (lambdas.py; None: no functions)
 
 
 def draw_plan(
@@ -297,6 +308,9 @@ def draw_plan(
     _staged(c, plan, allowed, force=fifo_world.forces_staged(plan.seed, allowed))
     fifo_world.draw(c, plan, allowed)  # issue 26, fifo
     _sweep(plan)
+    from .lambdas import draw as _lambdas  # lambda (its module imports this one)
+
+    _lambdas(c, plan, allowed)
     return plan
 
 

@@ -392,6 +392,8 @@ class World:
         # oversize: job -> token of the attempt whose handler returned it
         self.oversize_returned: dict[str, int] = {}
         self.failed_tasks = 0
+        self.reserved_jobs: set[str] = set()  # lambda: jobs stored under a reserved id
+        self.lambda_run: Any = None  # lambda: the operator's retries (lambdas.LambdaRun)
 
     # ------------------------------------------------------------------ scheduling
 
@@ -817,6 +819,8 @@ class World:
             self.fifo.job_written(old, new, origin)
         if table == JOBS and "operator_races" in self.plan.wide.features:
             self._operator_sees(old, new)
+        if table == JOBS and self.lambda_run is not None:
+            self.lambda_run.job_written(old, new)  # lambda: jobs retry racing the run
 
     def _on_effect(self, entry: Any) -> None:
         self.checker.now = self.now
@@ -913,7 +917,8 @@ class World:
     def worker_exited(self, w: Any, *, restart_after: float) -> None:
         w.kill()
         self.record(w.id, "worker_exited", {})
-        self.at(self.now + restart_after, self.new_worker)
+        # lambda: a dead function environment is not restarted (the mapping starts one)
+        self.at(self.now + restart_after, getattr(w, "replace_after_exit", self.new_worker))
 
     def _submit(self, job_id: str, tries: int = 1, producer: str = "") -> None:
         """Submit ``job_id`` as the producer would (``producer``: concurrent_submits'
@@ -1084,6 +1089,9 @@ class World:
         self._schedule_issue14()
         if self.fifo is not None:
             self.fifo.schedule()  # the fifo world's resubmits
+        from . import lambdas  # lambda: the event source mapping and the sweep function
+
+        lambdas.start(self)
         if "mixed_versions" in p.wide.features:
             self.at(p.wide.deploy_at, self._deploy)
             for t in p.wide.stray_messages:
@@ -1110,6 +1118,7 @@ class World:
             if violations:
                 break
             finished = self._finished() if self._edited else len(final_jobs)
+            finished -= len(self.reserved_jobs)  # lambda: a reserved id's job is not a plan's
             if settle_end is None:
                 if finished == n_jobs and t >= last_submit:
                     self.done_at = t
@@ -1132,6 +1141,7 @@ class World:
             self.checker.half_resolutions(records, stranded)
             self.checker.finish(records, self._stuck_detail(records), stranded)
             self.checker.oversize_ended(records, self.oversize_returned)
+            lambdas.finish(self, records)  # lambda
         for v in self.checker.violations:
             self.record("checker", "violation", {"name": v.name, "message": v.message})
         return RunResult(
