@@ -1052,7 +1052,7 @@ def lambda_unfit_looped() -> Iterator[None]:
     """Issue 26 (Lambda budgets), as before the fix: a consumer whose class can never
     fit the function's timeout runs all the same (only the 900 s ceiling was refused):
     each record is handed back unstarted until SQS moves it to the DLQ, the function
-    succeeding all along. Expected: I22 (a job dead-lettered with no attempt started)."""
+    succeeding all along. Expected: I23 (a job dead-lettered with no attempt started)."""
     from sqs_lease._core import invocation
 
     with _patch(invocation, "unfit_problem", lambda rules, timeout: None):
@@ -1106,9 +1106,23 @@ def lambda_parser_drops_timestamps() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def unstarted_released_at_once() -> Iterator[None]:
+    """Issue 27 item 6, as before the fix: a record the invocation's remaining time
+    could not hold is released at visibility 0, so the event source hands it straight
+    back into a batch of the same wave, where it again does not start, each receive
+    counted toward the redrive bound (soak seed 2600897). Expected: I23 (a job
+    dead-lettered with no attempt started)."""
+    from sqs_lease._core import invocation
+
+    with _patch(invocation, "not_started_visibility", lambda remaining_ms: 0):
+        yield
+
+
 LAMBDA_MUTATIONS: dict[str, Callable[[], Any]] = {
     "lambda_unfit_looped": lambda_unfit_looped,
     "reserved_id_accepted": reserved_id_accepted,
+    "unstarted_released_at_once": unstarted_released_at_once,
 }
 """Caught in the ``lambda`` world (seeds pinned in tests/test_sim_lambda.py; to join
 MUTATIONS and CAUGHT_AT when the lead merges the four parts of the widened world)."""

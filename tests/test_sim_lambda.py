@@ -20,13 +20,14 @@ from sqs_lease._core.flows import Delivery
 from sqs_lease._core.invocation import unfit_problem
 from sqs_lease._sim.chaos import Chaos
 from sqs_lease._sim.invariants import I4, I20
-from sqs_lease._sim.lambdas import I22
+from sqs_lease._sim.lambdas import I23
 from sqs_lease._sim.plan import PASSING_FEATURES, draw_plan
 
 # The first seed of each search that catches the mutation, with the invariant it broke.
 CAUGHT_AT: dict[str, tuple[int, str]] = {
-    "lambda_unfit_looped": (35, I22),  # a 89 s function for a 108 s budget
+    "lambda_unfit_looped": (27, I23),  # (35 before unstarted records waited out the wave)
     "reserved_id_accepted": (83, I4),  # worker#fn1's record replaced by its liveness
+    "unstarted_released_at_once": (2600897, I23),  # the soak's seed (issue 27 item 6)
 }
 
 # Seeds of the lambda world, each of its shapes: functions alone and beside workers,
@@ -61,18 +62,15 @@ def test_lambda_world_seed_passes(seed: int) -> None:
     assert result.ok, (result.violations, replay_command(seed, None, features=PASSING_FEATURES))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found by the lambda world's soak, not fixed: a record handed back unstarted "
-    "spends a receive, and a batch behind a record that runs to the function's timeout is "
-    "received again and again until SQS dead-letters a job that never ran",
-)
 def test_soak_seed_2600897_a_job_behind_long_records_is_not_dead_lettered_unstarted() -> None:
     # Functions only, batches of 10, a 300 s function, stage budget 200 s, redrive at 20
     # receives: job-001 was skipped 14 times for the time left in its batch (released
-    # at visibility 0, one receive each) and was in batches whose invocation a
-    # non-cooperative handler kept to the timeout (9 kills): 20 receives, no attempt,
-    # the DLQ (I22). Replay: python -m simtools replay --seed 2600897
+    # at visibility 0, one receive each, straight back into the same wave) and was in
+    # batches whose invocation a non-cooperative handler kept to the timeout (9 kills):
+    # 20 receives, no attempt, the DLQ (I23). Fixed by issue 27 item 6: a record not
+    # started for the budget is released for the rest of the invocation
+    # (``not_started_visibility``); its mutation ``unstarted_released_at_once`` is
+    # caught here. Replay: python -m simtools replay --seed 2600897
     result = run_seed(2600897, features=PASSING_FEATURES)
     assert result.ok, result.violations[0].message
 

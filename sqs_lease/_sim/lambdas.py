@@ -603,14 +603,14 @@ def _noting(flow: Flow[Any], accepted: Any) -> Flow[Any]:
 
 # --------------------------------------------------------------------------- the checks
 
-I22 = "I22_dead_lettered_unstarted"
+I23 = "I23_dead_lettered_unstarted"
 """lambda: no job is dead-lettered without one attempt ever started: a consumer that
 can never start a class refuses it (its invocations fail until the function is
 fixed) rather than hand its records back until SQS moves them to the DLQ."""
 
 
 def finish(world: World, records: MappingT[str, MappingT[str, Any] | None]) -> None:
-    """At the end of a lambda run: I22, and every job stored under a reserved id is a
+    """At the end of a lambda run: I23, and every job stored under a reserved id is a
     job record that ended like any other (I4: a liveness item must never replace one)."""
     from .._core.records import DEAD_LETTERED_CODE, JobState
     from .._schema import view_of
@@ -626,7 +626,7 @@ def finish(world: World, records: MappingT[str, MappingT[str, Any] | None]) -> N
         v = view_of(item)
         if v.state is JobState.PARKED and v.error_code == DEAD_LETTERED_CODE and v.attempt == 0:
             checker.fail(
-                I22,
+                I23,
                 f"{job_id} was dead-lettered without an attempt ever started (stage budget "
                 f"{world.plan.stage_budget:g} s, function timeout "
                 f"{world.plan.lambdas.timeout} s)",
