@@ -368,9 +368,17 @@ def stray_claims() -> Iterator[None]:
         *,
         job_class: str,
         send_id: str | None,
+        take_from: int | None = None,
     ) -> Call:
         real = original(
-            self, job_id, worker_id, wall_now, lease_seconds, job_class=job_class, send_id=send_id
+            self,
+            job_id,
+            worker_id,
+            wall_now,
+            lease_seconds,
+            job_class=job_class,
+            send_id=send_id,
+            take_from=take_from,
         )
         loose = self._update(
             job_id,
@@ -775,6 +783,56 @@ its expectation into tests/test_sim_mutations.py, which then runs it with its
 feature in ``PASSING_FEATURES``) when its fix is merged."""
 
 
+# ------------------------------------------------------------------ issue 26, duplicates
+# (dup-defer: a duplicate delivery to a live owner defers instead of taking over)
+
+
+@contextmanager
+def duplicate_takes_over() -> Iterator[None]:
+    """The claim before the duplicate rule: a record running under another owner is
+    taken over at once, its heartbeat never watched (the owner's work thrown away)."""
+    _require(attempt, "_owner_running", "issue 26 (a duplicate delivery to a live owner)")
+
+    def take_over(
+        env: Any, item: Any, found: Any, rules: Any, nonce: str
+    ) -> Flow[flows.ClaimResult | None]:
+        now = yield from attempt._now(env)
+        claim = yield from attempt.admit_flow(
+            env.table,
+            queue_url=env.queue_url,
+            dlq_url=env.dlq_url,
+            delivery=item,
+            known_class=True,
+            worker_id=env.worker_id,
+            wall_now=now.wall,
+            lease_seconds=rules.lease_seconds,
+            max_attempts=rules.max_attempts,
+            unknown_class_receives=env.unknown_class_receives,
+            keep_receive_lease=attempt.first_beat_reserve(rules, item.visibility),
+            nonce=nonce,
+            take_from=found.job.token,
+        )
+        return None if isinstance(claim, flows.NotClaimed) and claim.outcome == "running" else claim
+
+    with _patch(attempt, "_owner_running", take_over):
+        yield
+
+
+@contextmanager
+def defers_forever() -> Iterator[None]:
+    """The duplicate rule judges every other owner alive: a dead owner's job is never
+    taken over (each delivery deferred again), so it never ends."""
+    from sqs_lease._core import duplicates
+
+    _require(duplicates, "owner_alive", "issue 26 (a duplicate delivery to a live owner)")
+
+    def always_alive(first: Any, second: Any) -> bool:
+        return True
+
+    with _patch(duplicates, "owner_alive", always_alive):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], Any]] = {
     "no_commit_token": no_commit_token,
     "no_ownership_check": no_ownership_check,
@@ -806,6 +864,9 @@ MUTATIONS: dict[str, Callable[[], Any]] = {
     "continuation_not_unsent": continuation_not_unsent,
     # issue 26
     "pace_counts_fenced_out": pace_counts_fenced_out,
+    # issue 26, duplicates (dup-defer)
+    "duplicate_takes_over": duplicate_takes_over,
+    "defers_forever": defers_forever,
 }
 WORLDS: dict[str, frozenset[str]] = {
     "resolve_in_two_writes": frozenset({"operator_races"}),

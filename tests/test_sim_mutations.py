@@ -71,6 +71,10 @@ Issue 26's:
 - ``pace_counts_fenced_out`` (defect 11): backpressure counts every attempt held, its
   lease open or not, so a worker whose leases were all taken over stays throttled
   until its fenced-out handlers return (I20).
+- ``duplicate_takes_over`` (signals, dup-defer): a claim takes a record running
+  under another token at once, as before the duplicate rule (I22);
+- ``defers_forever`` (signals, dup-defer): the rule finds every other owner alive,
+  so a crashed owner's job is deferred for good and never ends (I4).
 
 They run in the world of ``plan.PASSING_FEATURES`` (the widened features whose
 defects are fixed), plus the features ``mutations.WORLDS`` names for a mutation.
@@ -88,6 +92,7 @@ from sqs_lease._sim.invariants import (
     I1,
     I2,
     I3,
+    I4,
     I5,
     I7,
     I8,
@@ -102,6 +107,7 @@ from sqs_lease._sim.invariants import (
     I17,
     I18,
     I21,
+    I22,
 )
 
 # The first seed of each mutation's search that catches it, as `python -m simtools
@@ -119,6 +125,8 @@ CAUGHT_AT: dict[str, int] = {
     "no_ownership_check": 3,  # I5_extended_lost_lease
     "no_stranded_sweep": 6,  # I10_stranded_record
     "pace_counts_fenced_out": 17,  # I21_idle_backpressure
+    "duplicate_takes_over": 2,  # I22_live_owner_taken_over (dup-defer)
+    "defers_forever": 3,  # I4_unfinished_job (dup-defer)
     "plain_error_not_applied": 10,  # I2_double_effect
     "resolve_in_two_writes": 12,  # I16_half_resolution
     "resume_keeps_attempts": 6,  # I12_resume_exhausted
@@ -166,6 +174,10 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
     "continuation_not_unsent": I10,
     # issue 26 defect 11: backpressure after every lease was taken over
     "pace_counts_fenced_out": I21,
+    # issue 26, duplicates (dup-defer): the old take-over of a live owner; a rule
+    # that never finds an owner dead leaves a crashed owner's job unfinished
+    "duplicate_takes_over": I22,
+    "defers_forever": I4,
 }
 
 
@@ -218,7 +230,7 @@ def test_mutation_is_caught_within_its_search_and_the_protocol_passes_the_same_s
 def test_mutations_are_undone_on_exit() -> None:
     from simtools.mutations import applied
     from sqs_lease import _schema
-    from sqs_lease._core import attempt, flows, intents
+    from sqs_lease._core import attempt, duplicates, flows, intents
     from sqs_lease._core.leasebook import LeaseBook
     from sqs_lease._schema import JobTable
     from sqs_lease._sim import receiver
@@ -251,6 +263,8 @@ def test_mutations_are_undone_on_exit() -> None:
             JobTable.__dict__["advance_stage"],
             list(_schema.__dict__["_NEW_STAGE"]),
             LeaseBook.__dict__["room"],
+            attempt.__dict__["_owner_running"],
+            duplicates.__dict__["owner_alive"],
         )
 
     before = state()

@@ -54,6 +54,10 @@ class Liveness:
     part: int
     parts: int
     held: tuple[HeldJob, ...]
+    # The writer's count of its liveness writes (1, 2, ...): a claimer that reads it
+    # twice, a window apart on its own clock, sees the owner's heartbeat land
+    # without comparing two machines' clocks (``_core/duplicates.py``).
+    beats: int = 0
 
     def find(self, job_id: str) -> HeldJob | None:
         """The job's entry in this part (None: not in it)."""
@@ -67,13 +71,17 @@ def liveness_key(worker_id: str, part: int = 0) -> str:
 
 
 def liveness_parts(
-    worker_id: str, beat_at: float, round_seconds: float, held: Sequence[HeldJob]
+    worker_id: str,
+    beat_at: float,
+    round_seconds: float,
+    held: Sequence[HeldJob],
+    beats: int = 0,
 ) -> list[Liveness]:
     """Split what a worker holds into the parts written this round (one at least, so
     a worker that holds nothing says so)."""
     chunks = [held[i : i + LIVENESS_PART] for i in range(0, len(held), LIVENESS_PART)] or [[]]
     return [
-        Liveness(worker_id, beat_at, round_seconds, n, len(chunks), tuple(chunk))
+        Liveness(worker_id, beat_at, round_seconds, n, len(chunks), tuple(chunk), beats)
         for n, chunk in enumerate(chunks)
     ]
 
@@ -115,6 +123,7 @@ def liveness_of(item: Mapping[str, Any]) -> Liveness | None:
         int(n("part") or 0),
         int(n("parts") or 1),
         held,
+        int(n("beats") or 0),
     )
 
 
