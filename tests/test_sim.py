@@ -419,7 +419,12 @@ def test_job_requests_claim_commit_and_fence() -> None:
 
     first = _send(db, T.claim("j1", "w1", 10.0, 30, job_class="c", send_id="s1"))
     assert isinstance(first, Ok) and first.response["Attributes"]["token"] == {"N": "0"}
-    second = _send(db, T.claim("j1", "w2", 11.0, 30, job_class="c", send_id="s1"))
+    # A running record is taken over only under the token its claimer watched (the
+    # duplicate rule, issue 26): without it the claim is refused with the record.
+    running = _send(db, T.claim("j1", "w2", 11.0, 30, job_class="c", send_id="s1"))
+    assert isinstance(running, Err) and running.item is not None
+    assert running.item["owner"] == {"S": "w1"}
+    second = _send(db, T.claim("j1", "w2", 11.0, 30, job_class="c", send_id="s1", take_from=1))
     assert isinstance(second, Ok) and second.response["Attributes"]["owner"] == {"S": "w1"}
     job = _job(db)
     assert (job["token"], job["attempt"], job["owner"]) == ({"N": "2"}, {"N": "2"}, {"S": "w2"})
@@ -538,7 +543,7 @@ def test_intent_transactions_start_confirm_and_cancel_with_reasons() -> None:
     assert attempt["ended_at"] == {"N": "4"}
 
     # A start under a token that moved on: the job's ConditionCheck fails first.
-    _send(db, T.claim("j1", "w2", 5.0, 30, job_class="c", send_id="s1"))
+    _send(db, T.claim("j1", "w2", 5.0, 30, job_class="c", send_id="s1", take_from=1))
     spec2 = _spec("k2")
     _send(db, I.prepare(spec2, 5.0))
     stale = I.start(

@@ -38,7 +38,7 @@ from .calls import Err, Flow, Sleep, call
 from .liveness import Liveness, liveness_key, liveness_of
 from .records import JobRequests
 
-DUPLICATE_DEFER_CAP = 900
+DUPLICATE_DEFER_CAP = 1800
 """The longest visibility (seconds) a deferred delivery is given, unless the class's
 lease is longer: its receives stay few over a long job (see :func:`duplicate_defer`)."""
 
@@ -72,8 +72,9 @@ def duplicate_defer(lease_seconds: int, receive_count: int) -> int:
     were it to die now), doubling with the message's receives after the second (a
     live owner's job does not walk into the DLQ: SQS counts every receive toward
     ``maxReceiveCount``), at most :data:`DUPLICATE_DEFER_CAP` or ``L``. With L = 60 s,
-    an hour of the owner's work costs the copy 5 receives (60, 120, 240, 480, 900,
-    ...), and 4 an hour after that.
+    the first hour of the owner's work costs the copy 6 receives (60, 120, 240, 480,
+    960, 1800 s), and 2 an hour after that: a stage of 11.75 hours (the longest a
+    class may have) about 28, under the redrive's 50 even with L = 30 s (29).
     """
     cap = max(lease_seconds, DUPLICATE_DEFER_CAP)
     doublings = min(max(0, receive_count - 2), 20)
