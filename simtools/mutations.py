@@ -797,7 +797,7 @@ def duplicate_takes_over() -> Iterator[None]:
         env: Any, item: Any, found: Any, rules: Any, nonce: str
     ) -> Flow[flows.ClaimResult | None]:
         now = yield from attempt._now(env)
-        claim = yield from attempt.admit_flow(
+        claim = yield from flows.admit_flow(
             env.table,
             queue_url=env.queue_url,
             dlq_url=env.dlq_url,

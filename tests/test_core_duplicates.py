@@ -197,7 +197,12 @@ def test_an_owner_holding_the_job_at_an_older_token_is_taken_over() -> None:
 
 
 def test_a_liveness_record_missing_or_unread_proves_nothing_and_the_claim_takes_over() -> None:
-    for reads in ([ok({}), ok({})], [unreachable(), unreachable()], [_liveness(7), ok({})]):
+    cases: list[list[Outcome]] = [
+        [ok({}), ok({})],
+        [unreachable(), unreachable()],
+        [_liveness(7), ok({})],
+    ]
+    for reads in cases:
         shell = Shell()
         run = Run(shell, delivery(), _responder(reads, _taken_over()))
         assert run.handler is not None, reads

@@ -1002,9 +1002,10 @@ def liveness_flow(env: AttemptEnv, at: Now, *, round_seconds: float) -> Flow[int
     """After a round: the worker's one liveness record (``_core/liveness.py``): every
     open lease it holds, with its token and deadline on the wall clock. Advisory:
     its only condition keeps it off a job record under its key, and a failure is
-    only journaled (``liveness_failed``). Written at
-    most once per heartbeat interval (the shortest held), however many rounds the
-    leases' own schedules make. Returns the calls made (one per
+    only journaled (``liveness_failed``). Written once per heartbeat interval (the
+    shortest held; at most one per half interval), however many rounds the leases'
+    own schedules make; each write counts ``beats`` up, which a claim of a job this
+    worker runs watches move (``_core/duplicates.py``). Returns the calls made (one per
     :data:`~sqs_lease._core.liveness.LIVENESS_PART` jobs)."""
     book = env.book
     open_ = [h for h in book.entries() if is_open(h)]

@@ -6,8 +6,12 @@ worker writes one item (per :data:`LIVENESS_PART` jobs) naming itself, the
 round's wall time and length, and every job it holds with its token and lease
 deadline (wall clock). ``jobs show`` reads it by the job record's owner.
 
-It is advisory: no condition, no decision and no fence reads it; a failed write
-is journaled (``liveness_failed``) and changes nothing. The item lives in the
+No condition and no fence reads it. One decision does: a claim that finds a job
+running under another worker reads the owner's record twice, two heartbeat
+intervals apart, and leaves the job to it when ``beats`` (the count of its writes)
+moved and the job is still listed (``_core/duplicates.py``). A failed write is
+journaled (``liveness_failed``); the worst it causes is a take-over of a live
+owner, as every take-over was before that rule. The item lives in the
 job table under a key no job uses (``worker#<id>``, then ``worker#<id>#<n>``
 for further parts), carries no ``state`` (so no job index holds it) and a
 ``gc_expires_at`` (the tables' garbage-collection TTL attribute,
