@@ -4,7 +4,7 @@ Its one job class, ``long``, stands for an hour of work in a few seconds: the ha
 records that it ran (a line in ``RUNS``, with the worker's name), then works until the
 file ``GATE`` exists (checking its lease as it goes), and returns who ran it.
 Environment: ``AWS_ENDPOINT_URL``, ``SQS_LEASE_PREFIX``, ``WORKER_NAME``, ``RUNS``,
-``GATE``.
+``GATE``; ``SQS_LEASE_SHELL``: ``thread`` (default) or ``async``.
 """
 
 from __future__ import annotations
@@ -53,13 +53,14 @@ def long(ctx: JobContext[Any], p: Work) -> dict[str, Any]:
 
 
 def main() -> int:
-    from sqs_lease import Settings, Worker
+    from sqs_lease import AsyncWorker, Settings, Worker
     from sqs_lease._journal import configure_stderr
 
     configure_stderr()
+    shell = {"thread": Worker, "async": AsyncWorker}[os.environ.get("SQS_LEASE_SHELL", "thread")]
     # One job at a time: a worker running the job receives nothing more, so a copy of
     # its message goes to the other worker.
-    worker = Worker(
+    worker = shell(
         app,
         Settings.from_env(),
         worker_id=os.environ["WORKER_NAME"],

@@ -79,7 +79,7 @@ def _send_copy(settings: Settings, job_id: str) -> None:
     sqs.send_message(QueueUrl=url, MessageBody=body)
 
 
-def _start(name: str, env: Settings, tmp: Path) -> WorkerProcess:
+def _start(name: str, env: Settings, tmp: Path, shell: str = "thread") -> WorkerProcess:
     return WorkerProcess(
         HERE / "dup_worker.py",
         name,
@@ -87,6 +87,7 @@ def _start(name: str, env: Settings, tmp: Path) -> WorkerProcess:
         tmp / f"{name}.log",
         RUNS=str(tmp / "runs"),
         GATE=str(tmp / "gate"),
+        SQS_LEASE_SHELL=shell,
     )
 
 
@@ -102,14 +103,17 @@ def _submit(env: Settings) -> str:
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("shell", ["thread", "async"])
 def test_a_duplicate_delivery_to_a_live_owner_is_deferred_and_the_handler_runs_once(
-    env: Settings, procs: list[WorkerProcess], tmp_path: Path
+    env: Settings, procs: list[WorkerProcess], tmp_path: Path, shell: str
 ) -> None:
+    # The owner runs the thread worker; the worker that gets the copy runs ``shell``
+    # (the rule is the core's: both shells run it).
     job_id = _submit(env)
     a = _start("A", env, tmp_path)
     procs.append(a)
     _wait(lambda: _runs(tmp_path) == ["A"], "A running the job", procs)
-    b = _start("B", env, tmp_path)
+    b = _start("B", env, tmp_path, shell)
     procs.append(b)
     _send_copy(env, job_id)
     deferred: list[dict[str, Any]] = []
