@@ -1643,12 +1643,16 @@ def test_soak_seed_207201_a_job_whose_message_went_to_the_dlq_is_parked_not_left
     # (``lease_dropped_late``: its own lateness, attempt not charged), so the record is
     # ``queued``, not ``running``, when the message goes to the DLQ; left unparked it
     # would still be a job without a message (I4, checked by ``r.ok`` above). Since the
-    # heartbeat's shared rounds the seed shows both: job-000 parked from ``running``
-    # (the case as found), job-001 handed back late and parked from ``queued``.
+    # heartbeat's shared rounds the seed showed both: job-000 parked from ``running``
+    # (the case as found), job-001 handed back late and parked from ``queued``. Since
+    # a claim of a running job watches its owner first (the duplicate rule, issue 26:
+    # 2H before every take-over), the seed runs clean without the case, and none of
+    # 207201-207599 draws it (a search from 0 was cut short on a busy machine): the
+    # seed stays a regression run; the rule keeps its tests in
+    # tests/test_core_hardening.py (a running job's message to the DLQ parks it) and
+    # tests/test_worker_hardening.py (on moto). A longer search owes a new pin.
     parked = [e[3] for e in r.log if e[2] == "job_parked" and e[3].get("undeliverable")]
-    assert parked and all(p["previous_state"] in ("running", "queued") for p in parked)
-    late = {e[3]["job_id"] for e in r.log if e[2] == "lease_dropped_late"}
-    assert any(p["job_id"] in late for p in parked), "seed 207201 moved on"
+    assert all(p["previous_state"] in ("running", "queued") for p in parked)
 
 
 @pytest.mark.parametrize("seed", [300478, 300544])
