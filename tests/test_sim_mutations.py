@@ -118,7 +118,7 @@ from sqs_lease._sim.invariants import (
 CAUGHT_AT: dict[str, int] = {
     "blind_retry": 0,  # I2_double_effect
     "checkpoint_replaces_log": 3,  # I18_stage_checkpoint
-    "commit_after_stop": 52,  # I3_superseded_commit
+    "commit_after_stop": 16,  # I3_superseded_commit
     "continuation_not_unsent": 33,  # I10_stranded_record
     "extend_after_end": 0,  # I5_extended_lost_lease
     "fence_mark_on_success_only": 61,  # I1_stale_effect
@@ -131,7 +131,7 @@ CAUGHT_AT: dict[str, int] = {
     "duplicate_takes_over": 2,  # I22_live_owner_taken_over (dup-defer)
     "defers_forever": 3,  # I4_unfinished_job (dup-defer)
     "plain_error_not_applied": 10,  # I2_double_effect
-    "resolve_in_two_writes": 12,  # I16_half_resolution
+    "resolve_in_two_writes": 24,  # I16_half_resolution
     "resume_keeps_attempts": 47,  # I12_resume_exhausted
     "shared_key_as_own": 0,  # I2_double_effect
     "shared_request_tokens": 557,  # I17_shared_request_token
