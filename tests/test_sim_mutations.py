@@ -124,7 +124,7 @@ CAUGHT_AT: dict[str, int] = {
     "fence_mark_on_success_only": 61,  # I1_stale_effect
     "fence_per_resource": 7,  # I7_live_owner_fenced
     "intent_write_unchecked": 2,  # I15_write_after_lease
-    "no_commit_token": 73,  # I3_superseded_commit
+    "no_commit_token": 159,  # I3_superseded_commit
     "no_ownership_check": 74,  # I5_extended_lost_lease
     "no_stranded_sweep": 6,  # I10_stranded_record
     "pace_counts_fenced_out": 17,  # I21_idle_backpressure
