@@ -104,7 +104,6 @@ from sqs_lease._sim.invariants import (
     I14,
     I15,
     I16,
-    I17,
     I18,
     I21,
     I22,
@@ -134,14 +133,12 @@ CAUGHT_AT: dict[str, int] = {
     "resolve_in_two_writes": 24,  # I16_half_resolution
     "resume_keeps_attempts": 47,  # I12_resume_exhausted
     "shared_key_as_own": 0,  # I2_double_effect
-    "shared_request_tokens": 557,  # I17_shared_request_token
     "stray_claims": 1,  # I11_stray_claim
     "transient_cancel_as_refusal": 22,  # I8_transient_cancel_lost
     "unconfirmed_lease_given_up": 777674,  # I8_transient_cancel_lost
     "unknown_class_claims": 10,  # I9_unknown_class
     "unreadable_aborts_round": 2,  # E_unhandled_exception
     "validation_as_unknown": 0,  # I14_oversize_result
-    "wall_clock_fence": 355,  # I3_superseded_commit
 }
 
 # The invariant each mutation is expected to break first.
@@ -149,7 +146,6 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
     "no_commit_token": I3,
     "no_ownership_check": I5,
     "blind_retry": I2,
-    "wall_clock_fence": I3,
     "extend_after_end": I5,
     "commit_after_stop": I3,
     "shared_key_as_own": I2,  # in the shared_keys world
@@ -169,7 +165,6 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
     # the rest of issues 7 and 14
     "intent_write_unchecked": I15,  # issue 7 item 13
     "resolve_in_two_writes": I16,  # issue 14 item 6, in the operator_races world
-    "shared_request_tokens": I17,  # issue 14 item 7
     "unconfirmed_lease_given_up": I8,  # soak seeds 401269, 777674
     "fence_mark_on_success_only": I1,  # issue 14 item 3, in the plain_calls world
     # issue 9: stages (the staged world is one of PASSING_FEATURES)
