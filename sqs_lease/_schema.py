@@ -592,7 +592,12 @@ class JobTable:
         *,
         job_class: str,
         send_id: str | None,
+        take_from: int | None = None,
     ) -> Call:
+        # Only a queued record, or one running under the token its claimer judged
+        # dead (``take_from``, ``_core/duplicates.py``): a claim never takes a job
+        # from an owner it has not first watched for a heartbeat.
+        #
         # The class is the record's and the message must be the job's current one:
         # both are part of the claim's own condition, so a stray duplicate or a
         # message naming another class claims nothing (ALL_OLD says which). A
@@ -612,9 +617,15 @@ class JobTable:
             if send_id is None
             else R.send_id == send_id
         )
+        claimable: Condition = (
+            R.state == JobState.QUEUED.value
+            if take_from is None
+            else (R.state == JobState.QUEUED.value)
+            | ((R.state == _RUNNING) & (R.token == take_from))
+        )
         return self._update(
             job_id,
-            R.state.is_in(JobState.QUEUED.value, _RUNNING) & (R.job_class == job_class) & current,
+            claimable & (R.job_class == job_class) & current,
             [
                 R.state.set(_RUNNING),
                 R.owner.set(worker_id),
@@ -1020,6 +1031,7 @@ class JobTable:
             "part": {"N": str(part.part)},
             "parts": {"N": str(part.parts)},
             "held": {"S": held_json(part.held)},
+            "beats": {"N": str(part.beats)},
             # The tables' garbage-collection TTL attribute (deploy.GC_TTL_ATTRIBUTE).
             GC_TTL: {"N": str(int(part.beat_at + LIVENESS_KEEP_SECONDS))},
         }

@@ -97,7 +97,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "Count",
         "counter",
         "`job_reclaimed`",
-        "claims that took a job from a running owner (a duplicate delivery, a lapsed lease)",
+        "claims that took a job from a running owner whose heartbeat stopped (a lapsed lease)",
     ),
     MetricSpec(
         "RejectedResults",

@@ -58,6 +58,7 @@ async def _scenario(settings: Settings, queue_url: str) -> tuple[str, str, str, 
                 nonce="n-1",
             )
         )
+        assert isinstance(first, Claimed)
         second = await d.run(
             claim_flow(
                 table,
@@ -68,6 +69,7 @@ async def _scenario(settings: Settings, queue_url: str) -> tuple[str, str, str, 
                 lease_seconds=5,
                 max_attempts=3,
                 nonce="n-1",
+                take_from=first.token,  # a take-over, as the duplicate rule makes it
             )
         )
         assert isinstance(first, Claimed) and isinstance(second, Claimed)

@@ -103,7 +103,16 @@ def test_a_claim_counts_token_and_attempt_up_from_the_record_and_answers_the_old
     assert held and old is not None
     assert (old["token"], old["attempt"], old["state"]) == ({"N": "0"}, {"N": "0"}, {"S": "queued"})
     assert old["payload"] == {"S": '{"n":1}'}  # the claim reads the job from ALL_OLD
-    held, old = send(table.claim("j1", "w2", 11.0, 30, job_class="c", send_id="s1"))
+    # A running record is not claimed (the duplicate rule decides first, issue 26)...
+    held, current = send(table.claim("j1", "w2", 11.0, 30, job_class="c", send_id="s1"))
+    assert not held and current is not None and current["owner"] == {"S": "w1"}
+    # ... nor taken over under another token than the one judged dead ...
+    held, current = send(
+        table.claim("j1", "w2", 11.0, 30, job_class="c", send_id="s1", take_from=0)
+    )
+    assert not held and current is not None and current["token"] == {"N": "1"}
+    # ... but taken over under the token its claimer watched and found dead.
+    held, old = send(table.claim("j1", "w2", 11.0, 30, job_class="c", send_id="s1", take_from=1))
     assert held and old is not None and old["owner"] == {"S": "w1"}  # a reclaim
     job = get("j1")
     assert job is not None
@@ -143,7 +152,7 @@ def test_the_claim_of_a_next_stage_reads_no_progress_hint_of_the_stage_before(
     assert send(table.claim("j3", "w1", 10.0, 30, job_class="c", send_id="s1"))[0]
     assert send(table.save_progress("j3", 1, '{"pages_done":500}', 11.0))[0]
     # The hint survives a takeover within the stage: the next owner resumes from it.
-    held, old = send(table.claim("j3", "w2", 12.0, 30, job_class="c", send_id="s1"))
+    held, old = send(table.claim("j3", "w2", 12.0, 30, job_class="c", send_id="s1", take_from=1))
     assert held and old is not None and old["progress"] == {"S": '{"pages_done":500}'}
     checkpoint = table.advance_stage(
         "j3",

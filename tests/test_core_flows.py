@@ -650,10 +650,12 @@ def test_claim_request_is_conditional_and_returns_old_values() -> None:
     assert claim.params["Key"] == {"job_id": {"S": "job-1"}}
     assert claim.params["ReturnValues"] == "ALL_OLD"
     assert claim.params["ReturnValuesOnConditionCheckFailure"] == "ALL_OLD"
-    # The claim lands only for the record's own class and the job's current message.
-    # (The class equality also refuses a missing record: no attribute_exists needed.)
+    # The claim lands only for the record's own class and the job's current message,
+    # and only on a queued record: one running is the duplicate rule's to judge
+    # (issue 26; tests/test_core_duplicates.py). (The class equality also refuses a
+    # missing record: no attribute_exists needed.)
     assert condition_text(claim.params) == (
-        "((state IN ('queued', 'running') AND job_class = 'ocr') AND send_id = 'send-1')"
+        "((state = 'queued' AND job_class = 'ocr') AND send_id = 'send-1')"
     )
     sets = update_sets(claim.params)
     assert sets["message_sent"] == "True"  # a delivered message was sent

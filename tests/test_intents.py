@@ -505,7 +505,14 @@ def receive_all(env: Env, n: int, *, visibility: int) -> dict[str, Delivery]:
     return got
 
 
-def claim(env: Env, delivery: Delivery, *, lease_seconds: int, worker_id: str = W1) -> Claimed:
+def claim(
+    env: Env,
+    delivery: Delivery,
+    *,
+    lease_seconds: int,
+    worker_id: str = W1,
+    take_from: int | None = None,
+) -> Claimed:
     out = env.driver.run(
         claim_flow(
             env.jobs,
@@ -516,6 +523,7 @@ def claim(env: Env, delivery: Delivery, *, lease_seconds: int, worker_id: str = 
             lease_seconds=lease_seconds,
             max_attempts=5,
             nonce="n-1",
+            take_from=take_from,
         )
     )
     assert isinstance(out, Claimed), out
@@ -1070,7 +1078,8 @@ def test_the_intent_cannot_start_once_the_jobs_token_moved_on(env: Env, logs: Lo
 
     spec = spec_for(job_id, p)
     env.driver.run(prepare_only(env, spec))  # written while token 1 was current
-    second = claim(env, delivery, lease_seconds=30, worker_id="w-second")
+    # A take-over, as the duplicate rule makes it once it found the first owner gone.
+    second = claim(env, delivery, lease_seconds=30, worker_id="w-second", take_from=first.token)
     assert second.token == 2
 
     # The raw start transaction under token 1: cancelled by the job's fence (entry 0).

@@ -71,6 +71,10 @@ Issue 26's:
 - ``pace_counts_fenced_out`` (defect 11): backpressure counts every attempt held, its
   lease open or not, so a worker whose leases were all taken over stays throttled
   until its fenced-out handlers return (I20).
+- ``duplicate_takes_over`` (signals, dup-defer): a claim takes a record running
+  under another token at once, as before the duplicate rule (I24);
+- ``defers_forever`` (signals, dup-defer): the rule finds every other owner alive,
+  so a crashed owner's job is deferred for good and never ends (I4).
 
 They run in the world of ``plan.PASSING_FEATURES`` (the widened features whose
 defects are fixed), plus the features ``mutations.WORLDS`` names for a mutation.
@@ -88,6 +92,7 @@ from sqs_lease._sim.invariants import (
     I1,
     I2,
     I3,
+    I4,
     I5,
     I7,
     I8,
@@ -99,38 +104,41 @@ from sqs_lease._sim.invariants import (
     I14,
     I15,
     I16,
-    I17,
     I18,
     I21,
+    I24,
 )
 
 # The first seed of each mutation's search that catches it, as `python -m simtools
 # mutations` printed it (with the invariant it broke); the search runs in `make soak`.
+# Re-pinned (dup-defer) where the duplicate rule's 2H watch before every take-over moved
+# the schedules: the first seed of each search that catches it with its expected
+# invariant, the protocol passing it (searched one mutation at a time).
 CAUGHT_AT: dict[str, int] = {
     "blind_retry": 0,  # I2_double_effect
     "checkpoint_replaces_log": 3,  # I18_stage_checkpoint
-    "commit_after_stop": 18,  # I3_superseded_commit (52 before the lambda world drew 52)
-    "continuation_not_unsent": 44,  # I10_stranded_record (33 before the lambda world drew 33)
+    "commit_after_stop": 16,  # I3_superseded_commit
+    "continuation_not_unsent": 33,  # I10_stranded_record
     "extend_after_end": 0,  # I5_extended_lost_lease
     "fence_mark_on_success_only": 61,  # I1_stale_effect
     "fence_per_resource": 7,  # I7_live_owner_fenced
-    "intent_write_unchecked": 0,  # I15_write_after_lease
-    "no_commit_token": 73,  # I3_superseded_commit
-    "no_ownership_check": 3,  # I5_extended_lost_lease
+    "intent_write_unchecked": 2,  # I15_write_after_lease
+    "no_commit_token": 159,  # I3_superseded_commit
+    "no_ownership_check": 74,  # I5_extended_lost_lease
     "no_stranded_sweep": 6,  # I10_stranded_record
     "pace_counts_fenced_out": 17,  # I21_idle_backpressure
-    "plain_error_not_applied": 28,  # I2_double_effect (10 before the lambda world drew 10)
-    "resolve_in_two_writes": 12,  # I16_half_resolution
-    "resume_keeps_attempts": 6,  # I12_resume_exhausted
+    "duplicate_takes_over": 2,  # I24_live_owner_taken_over (dup-defer)
+    "defers_forever": 3,  # I4_unfinished_job (dup-defer)
+    "plain_error_not_applied": 10,  # I2_double_effect
+    "resolve_in_two_writes": 24,  # I16_half_resolution
+    "resume_keeps_attempts": 47,  # I12_resume_exhausted
     "shared_key_as_own": 0,  # I2_double_effect
-    "shared_request_tokens": 557,  # I17_shared_request_token
     "stray_claims": 1,  # I11_stray_claim
     "transient_cancel_as_refusal": 22,  # I8_transient_cancel_lost
     "unconfirmed_lease_given_up": 777674,  # I8_transient_cancel_lost
     "unknown_class_claims": 16,  # I9_unknown_class (10 before the lambda world drew 10)
     "unreadable_aborts_round": 2,  # E_unhandled_exception
     "validation_as_unknown": 0,  # I14_oversize_result
-    "wall_clock_fence": 355,  # I3_superseded_commit
 }
 
 # The invariant each mutation is expected to break first.
@@ -138,7 +146,6 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
     "no_commit_token": I3,
     "no_ownership_check": I5,
     "blind_retry": I2,
-    "wall_clock_fence": I3,
     "extend_after_end": I5,
     "commit_after_stop": I3,
     "shared_key_as_own": I2,  # in the shared_keys world
@@ -158,7 +165,6 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
     # the rest of issues 7 and 14
     "intent_write_unchecked": I15,  # issue 7 item 13
     "resolve_in_two_writes": I16,  # issue 14 item 6, in the operator_races world
-    "shared_request_tokens": I17,  # issue 14 item 7
     "unconfirmed_lease_given_up": I8,  # soak seeds 401269, 777674
     "fence_mark_on_success_only": I1,  # issue 14 item 3, in the plain_calls world
     # issue 9: stages (the staged world is one of PASSING_FEATURES)
@@ -166,6 +172,10 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
     "continuation_not_unsent": I10,
     # issue 26 defect 11: backpressure after every lease was taken over
     "pace_counts_fenced_out": I21,
+    # issue 26, duplicates (dup-defer): the old take-over of a live owner; a rule
+    # that never finds an owner dead leaves a crashed owner's job unfinished
+    "duplicate_takes_over": I24,
+    "defers_forever": I4,
 }
 
 
@@ -218,7 +228,7 @@ def test_mutation_is_caught_within_its_search_and_the_protocol_passes_the_same_s
 def test_mutations_are_undone_on_exit() -> None:
     from simtools.mutations import applied
     from sqs_lease import _schema
-    from sqs_lease._core import attempt, flows, groups, intents, limits, priority
+    from sqs_lease._core import attempt, duplicates, flows, groups, intents, limits, priority
     from sqs_lease._core.leasebook import LeaseBook
     from sqs_lease._schema import JobTable
     from sqs_lease._sim import receiver
@@ -255,6 +265,8 @@ def test_mutations_are_undone_on_exit() -> None:
             groups.__dict__["cancelled_group_flow"],
             priority.__dict__["LOWER_POLL_SECONDS"],
             attempt.__dict__["late_charged"],
+            attempt.__dict__["_owner_running"],
+            duplicates.__dict__["owner_alive"],
         )
 
     before = state()

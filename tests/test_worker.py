@@ -54,7 +54,6 @@ from sqs_lease import (
     TransientError,
     Worker,
 )
-from sqs_lease._core.flows import message_body
 from sqs_lease._core.timing import backoff_delay
 
 if TYPE_CHECKING:
@@ -814,100 +813,6 @@ def test_a_job_class_that_extends_with_less_than_a_beat_plus_jitter_left_is_refu
 
 
 # --------------------------------------------------------------------------- 12. duplicates
-
-
-def test_duplicate_delivery_fences_the_first_owner_out(
-    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
-) -> None:
-    # Bounded tries, each on a fresh job: the scenario needs A's lease alive until the
-    # duplicate's claim, which only a thread starved for some 20 s would prevent under
-    # the roomy lease (see _duplicate_delivery).
-    for tag in "abc":
-        if _duplicate_delivery(aws, sqs_client, ddb_client, tag):
-            return
-    pytest.fail("A dropped its own lease late in 3 tries: the machine is too loaded")
-
-
-def _duplicate_delivery(
-    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient, tag: str
-) -> bool:
-    """The duplicate's claim fences A out; False if A's own lateness came first."""
-    settings, url, _ = prepare(aws.endpoint_url, f"{aws.prefix}{tag}")
-    app = App()
-
-    # A lease no busy machine lapses: the subject is the duplicate's fence, and a short
-    # one let B's own lease lapse beside two CPU hogs (A's copy then taken over again:
-    # tokens 3 and 4). A's copy still comes back once its visibility lapses (<= 30 s).
-    @app.job("dup", payload=Work, **ROOMY)
-    def dup(ctx: JobContext[Any], p: Work) -> dict[str, Any]:
-        # The first owner would run long (a hang guard), but learns at its next beat
-        # that it lost; it never ends before that beat, however late the beat comes.
-        cancelled = ctx.wait(HANG_GUARD if ctx.token == 1 else 3.0)
-        return {"token": ctx.token, "cancelled": cancelled}
-
-    job_id = Producer(settings, app).submit("dup", Work(n=1), job_id=f"{aws.prefix}-dup").job_id
-    # A holds one job at a time, so the duplicate can only go to B.
-    a = make_worker(app, settings, "a", concurrency=1)
-    b = make_worker(app, settings, "b", concurrency=2)
-    with collect_journal() as journal, running(a):
-        journal.wait_for("job_claimed", job_id=job_id, worker=a.worker_id)
-        # SQS delivering the job's current message twice: the same body, send id and all
-        # (a copy under another send id would be a stray, deleted without claiming).
-        current = read_view(ddb_client, settings, job_id).send_id
-        body = message_body(job_id, "dup", send_id=current)
-        sqs_client.send_message(QueueUrl=url, MessageBody=body)
-        with running(b):
-            journal.wait_for("result_committed", job_id=job_id)
-            wait_until(
-                lambda: bool(
-                    journal.events("result_rejected", job_id=job_id)
-                    + journal.events("job_abandoned", job_id=job_id)
-                ),
-                HANG_GUARD,
-                "the first owner's end",
-            )
-            # A's copy comes back when its visibility lapses and meets a finished job.
-            journal.wait_for("job_already_done", job_id=job_id)
-
-    claims = journal.events("job_claimed", job_id=job_id)
-    if journal.events("lease_dropped_late", job_id=job_id, worker=a.worker_id):
-        # A busy machine held A's heartbeat past its lease's reserve: A handed its own
-        # lease back before the duplicate's claim (a correct path, not this scenario).
-        # What must hold whatever the order: one commit, by the last claim's token.
-        tokens = [e["token"] for e in claims]
-        assert tokens == sorted(set(tokens)), tokens
-        committed = journal.events("result_committed", job_id=job_id)
-        assert [e["token"] for e in committed] == [tokens[-1]]
-        rec = read_record(ddb_client, settings, job_id)
-        assert (rec.state, rec.token) == ("succeeded", tokens[-1])
-        return False
-    assert [(e["worker"], e["token"], e["reclaimed"]) for e in claims] == [
-        (a.worker_id, 1, False),
-        (b.worker_id, 2, True),
-    ]
-    assert claims[1]["previous_owner"] == a.worker_id
-    (reclaim,) = journal.events("job_reclaimed", job_id=job_id)
-    assert (reclaim["previous_owner"], reclaim["previous_token"], reclaim["token"]) == (
-        a.worker_id,
-        1,
-        2,
-    )
-    lost = journal.events("heartbeat_lost", job_id=job_id, worker=a.worker_id)
-    assert [(e["token"], e["reason"]) for e in lost] == [(1, "token moved to 2")]
-    committed = journal.events("result_committed", job_id=job_id)
-    assert [(e["worker"], e["token"]) for e in committed] == [(b.worker_id, 2)]
-    ends = journal.events("result_rejected", job_id=job_id) + journal.events(
-        "job_abandoned", job_id=job_id
-    )
-    assert [(e["worker"], e["token"]) for e in ends] == [(a.worker_id, 1)]
-    rec = read_record(ddb_client, settings, job_id)
-    assert (rec.state, rec.token, rec.attempt, rec.owner) == ("succeeded", 2, 2, b.worker_id)
-    assert result_of(rec) == {"token": 2, "cancelled": False}
-    wait_until(lambda: queue_depth(sqs_client, url) == 0, 3, "an empty queue")
-    return True
-
-
-# --------------------------------------------------------------------------- idle exit
 
 
 def test_idle_exit_waits_for_a_retry_the_worker_just_scheduled(

@@ -71,16 +71,19 @@ from .calls import Call, Emit, Err, Flow, Invoke, Ok, call
 from .deadletter import DlqReport, DlqVerdict, reconcile_dlq_flow
 from .deletes import DeleteBatch
 from .deploy import redrive_too_tight
+from .duplicates import duplicate_defer, owner_alive_flow, owner_window
 from .endings import Ending, EndKind, ending_for, stopped_ending
 from .flows import (
     DDB_BATCH_GET,
     SQS_BATCH,
     Claimed,
+    ClaimResult,
     Delivery,
     Finish,
     FinishOutcome,
     HeartbeatReport,
     LossSource,
+    NotClaimed,
     NotClaimedOutcome,
     Poison,
     SweepReport,
@@ -285,6 +288,7 @@ NOT_CLAIMED_COUNTS: dict[NotClaimedOutcome, str] = {
     "invalid": "poisoned",
     "exhausted": "failed",
     "deferred": "deferred",
+    "running": "deferred",
 }
 
 # What an end write counts as, by its outcome (a commit's; the others count apart).
@@ -369,6 +373,11 @@ def attempt_flow(
         keep_receive_lease=first_beat_reserve(rules, item.visibility) if rules else None,
         nonce=nonce,
     )
+    if isinstance(claim, NotClaimed) and claim.outcome == "running" and rules is not None:
+        taken = yield from _owner_running(env, item, claim, rules, nonce)
+        if taken is None:
+            return None
+        claim = taken
     if not isinstance(claim, Claimed):
         counter = NOT_CLAIMED_COUNTS.get(claim.outcome)
         if counter is not None:
@@ -451,6 +460,78 @@ def attempt_flow(
     if full:
         yield from flush_deletes_flow(env)
     return fin
+
+
+# ----------------------------------------------------------------------------- duplicates
+
+
+def _owner_running(
+    env: AttemptEnv, item: Delivery, found: NotClaimed, rules: ClassRules, nonce: str
+) -> Flow[ClaimResult | None]:
+    """The job's current message, but the record runs under another token: a live
+    owner keeps the job (the delivery is deferred, None), a dead one is taken over
+    (the claim's result). The rule: ``_core/duplicates.py``."""
+    running = found.job
+    assert running is not None
+    own = rules_for(env, running.job_class, running.stage) or rules
+    now = yield from _now(env)
+    if running.owner == env.worker_id:
+        # One worker id, two attempts (a copy reached another of its threads): its
+        # own book says whether the first still holds a lease it extends.
+        alive = env.book.holds_open(running.job_id, running.token, now.mono)
+    else:
+        window = owner_window(own.heartbeat_seconds)
+        # Keep the message while watching: a copy that came back meanwhile would
+        # be received (one more receive) and watched again by another worker.
+        hold = math.ceil(window) + own.lease_seconds
+        cmv = yield from set_visibility(on_queue(item, env.queue_url), item.receipt_handle, hold)
+        if isinstance(cmv, Ok):
+            item = replace(item, visibility=math.floor(cmv.sent_at - item.received_at) + hold)
+        alive = yield from owner_alive_flow(
+            env.table,
+            owner=running.owner or "",
+            job_id=running.job_id,
+            token=running.token,
+            window=window,
+        )
+    if not alive:
+        now = yield from _now(env)
+        claim = yield from admit_flow(
+            env.table,
+            queue_url=env.queue_url,
+            dlq_url=env.dlq_url,
+            delivery=item,
+            known_class=True,
+            worker_id=env.worker_id,
+            wall_now=now.wall,
+            lease_seconds=rules.lease_seconds,
+            max_attempts=rules.max_attempts,
+            unknown_class_receives=env.unknown_class_receives,
+            keep_receive_lease=first_beat_reserve(rules, item.visibility),
+            nonce=nonce,
+            take_from=running.token,
+        )
+        if not (isinstance(claim, NotClaimed) and claim.outcome == "running"):
+            return claim
+        # Claimed by another worker while this one watched: that owner is alive.
+        running = claim.job if claim.job is not None else running
+    delay = duplicate_defer(own.lease_seconds, item.receive_count)
+    cmv = yield from set_visibility(on_queue(item, env.queue_url), item.receipt_handle, delay)
+    yield Emit(
+        "claim_deferred",
+        {
+            "job_id": item.job_id,
+            "message_id": item.message_id,
+            "reason": "owner_alive",
+            "owner": running.owner,
+            "token": running.token,
+            "receive_count": item.receive_count,
+            "delay": delay,
+            "visibility_set": isinstance(cmv, Ok),
+        },
+    )
+    env.tally("deferred", 1)
+    return None
 
 
 # ----------------------------------------------------------------------------- slots
@@ -930,18 +1011,25 @@ def liveness_flow(env: AttemptEnv, at: Now, *, round_seconds: float) -> Flow[int
     """After a round: the worker's one liveness record (``_core/liveness.py``): every
     open lease it holds, with its token and deadline on the wall clock. Advisory:
     its only condition keeps it off a job record under its key, and a failure is
-    only journaled (``liveness_failed``). Written at
-    most once per heartbeat interval (the shortest held), however many rounds the
-    leases' own schedules make. Returns the calls made (one per
+    only journaled (``liveness_failed``). Written once per heartbeat interval (the
+    shortest held; at most one per half interval), however many rounds the leases'
+    own schedules make; each write counts ``beats`` up, which a claim of a job this
+    worker runs watches move (``_core/duplicates.py``). Returns the calls made (one per
     :data:`~sqs_lease._core.liveness.LIVENESS_PART` jobs)."""
     book = env.book
     open_ = [h for h in book.entries() if is_open(h)]
     if not open_:
         return 0
     every = min(h.lease.heartbeat_seconds for h in open_)
-    if book.liveness_at is not None and at.mono - book.liveness_at < every:
+    # Half an interval: rounds come every H on their shared schedule, but each ends
+    # a little earlier or later than the one before; with a whole H a round that
+    # ended early would skip its write, leaving 2H between two, and a claimer
+    # watching for the owner's heartbeat (``_core/duplicates.py``) must see one
+    # within its window.
+    if book.liveness_at is not None and at.mono - book.liveness_at < every / 2:
         return 0
     book.liveness_at = at.mono
+    book.liveness_beats += 1
     held = sorted(
         (
             HeldJob(h.job.job_id, h.lease.token, at.wall + (h.lease.deadline - at.mono))
@@ -949,7 +1037,7 @@ def liveness_flow(env: AttemptEnv, at: Now, *, round_seconds: float) -> Flow[int
         ),
         key=lambda j: j.job_id,
     )
-    parts = liveness_parts(env.worker_id, at.wall, round_seconds, held)
+    parts = liveness_parts(env.worker_id, at.wall, round_seconds, held, book.liveness_beats)
     for part in parts:
         out = yield from call(env.table.liveness(part))
         if isinstance(out, Err):

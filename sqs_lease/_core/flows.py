@@ -976,6 +976,9 @@ NotClaimedOutcome = Literal[
     "unknown",
     "class_mismatch",
     "stray",
+    # running under another token, this message its current one (left to the
+    # duplicate rule, ``_core/duplicates.py``: defer, or take over with take_from):
+    "running",
     # from admit_flow:
     "deferred",
     "unknown_class",
@@ -1007,8 +1010,14 @@ def claim_flow(
     nonce: str,
     dlq_url: str | None = None,
     keep_receive_lease: float | None = None,
+    take_from: int | None = None,
 ) -> Flow[ClaimResult]:
     """Claim the job a message names: token + 1, owner = me; the lease is the receive's.
+
+    Only a ``queued`` record is claimed, or with ``take_from`` one still ``running``
+    under that token: a record running under another owner answers ``running``
+    (nothing written, the message kept) for the duplicate rule to judge
+    (``_core/duplicates.py``).
 
     The receive's own VisibilityTimeout is the first lease (counted from before the
     receive was sent), so a claim makes no ChangeMessageVisibility when more than
@@ -1035,6 +1044,7 @@ def claim_flow(
             lease_seconds,
             job_class=d.job_class,
             send_id=d.send_id,
+            take_from=take_from,
         )
     )
     if isinstance(out, Err):
@@ -1161,6 +1171,10 @@ def _refused_claim(
             token=current.token,
         )
         return NotClaimed(d, outcome, f"job is {current.state}", current)
+    if current.state is JobState.RUNNING and _is_current(d, current):
+        # The job's current message, delivered again while the job runs (SQS's
+        # at-least-once copy, or its owner's lease lapsed): the duplicate rule decides.
+        return NotClaimed(d, "running", f"job runs under token {current.token}", current)
     # Queued or running under the same class: the message is not the job's current
     # one (a losing sender's, or one a re-send retired). Its owner keeps the job.
     yield from _delete(on_queue(d, queue_url), d.receipt_handle)
@@ -1179,6 +1193,13 @@ def _refused_claim(
         token=current.token,
     )
     return NotClaimed(d, "stray", reason, current)
+
+
+def _is_current(d: Delivery, current: JobView) -> bool:
+    """The message is the record's current one, as the claim's condition reads it."""
+    if d.send_id is None:
+        return current.send_id is None and current.unsent_since is None
+    return d.send_id == current.send_id
 
 
 UNKNOWN_CLASS_RECEIVES = 20
@@ -1212,6 +1233,7 @@ def admit_flow(
     rand: float = 0.5,
     keep_receive_lease: float | None = None,
     nonce: str,
+    take_from: int | None = None,
 ) -> Flow[ClaimResult]:
     """Decide whether this worker may claim a delivery, and claim it.
 
@@ -1261,6 +1283,7 @@ def admit_flow(
             dlq_url=dlq_url,
             keep_receive_lease=keep_receive_lease,
             nonce=nonce,
+            take_from=take_from,
         )
     except RecordUnreadable as exc:
         reason = str(exc)

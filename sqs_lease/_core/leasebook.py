@@ -214,6 +214,8 @@ class LeaseBook:
         self._on_hold = on_hold  # a shell whose heartbeat sleeps until due wakes it
         # When the heartbeat last wrote the worker's liveness record (lease clock).
         self.liveness_at: float | None = None
+        # How many liveness records it wrote: the counter a claimer watches move.
+        self.liveness_beats = 0
         # Per heartbeat interval, when its leases' next shared round is due
         # (``timing.shared_round``): the leases of one interval beat together.
         self.rounds: dict[float, float] = {}
@@ -392,6 +394,19 @@ class LeaseBook:
             h.cancelled.set()
             self._handing_back[job_id] = (h.lease, now)
         return h, 0.0
+
+    def holds_open(self, job_id: str, token: int, now: float) -> bool:
+        """This worker holds ``job_id`` at ``token`` with a lease it may still extend
+        and has not let run past its conservative deadline: a delivery of the job to
+        another of its attempts is a duplicate to a live owner (``_core/duplicates``)."""
+        with self.lock:
+            h = self._held.get(job_id)
+            return (
+                h is not None
+                and h.lease.token == token
+                and is_open(h)
+                and now < h.lease.conservative_deadline
+            )
 
     # ------------------------------------------------------------------ the worker
 

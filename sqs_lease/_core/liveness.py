@@ -6,8 +6,12 @@ worker writes one item (per :data:`LIVENESS_PART` jobs) naming itself, the
 round's wall time and length, and every job it holds with its token and lease
 deadline (wall clock). ``jobs show`` reads it by the job record's owner.
 
-It is advisory: no condition, no decision and no fence reads it; a failed write
-is journaled (``liveness_failed``) and changes nothing. The item lives in the
+No condition and no fence reads it. One decision does: a claim that finds a job
+running under another worker reads the owner's record twice, two heartbeat
+intervals apart, and leaves the job to it when ``beats`` (the count of its writes)
+moved and the job is still listed (``_core/duplicates.py``). A failed write is
+journaled (``liveness_failed``); the worst it causes is a take-over of a live
+owner, as every take-over was before that rule. The item lives in the
 job table under a key no job uses (``worker#<id>``, then ``worker#<id>#<n>``
 for further parts), carries no ``state`` (so no job index holds it) and a
 ``gc_expires_at`` (the tables' garbage-collection TTL attribute,
@@ -54,6 +58,10 @@ class Liveness:
     part: int
     parts: int
     held: tuple[HeldJob, ...]
+    # The writer's count of its liveness writes (1, 2, ...): a claimer that reads it
+    # twice, a window apart on its own clock, sees the owner's heartbeat land
+    # without comparing two machines' clocks (``_core/duplicates.py``).
+    beats: int = 0
 
     def find(self, job_id: str) -> HeldJob | None:
         """The job's entry in this part (None: not in it)."""
@@ -67,13 +75,17 @@ def liveness_key(worker_id: str, part: int = 0) -> str:
 
 
 def liveness_parts(
-    worker_id: str, beat_at: float, round_seconds: float, held: Sequence[HeldJob]
+    worker_id: str,
+    beat_at: float,
+    round_seconds: float,
+    held: Sequence[HeldJob],
+    beats: int = 0,
 ) -> list[Liveness]:
     """Split what a worker holds into the parts written this round (one at least, so
     a worker that holds nothing says so)."""
     chunks = [held[i : i + LIVENESS_PART] for i in range(0, len(held), LIVENESS_PART)] or [[]]
     return [
-        Liveness(worker_id, beat_at, round_seconds, n, len(chunks), tuple(chunk))
+        Liveness(worker_id, beat_at, round_seconds, n, len(chunks), tuple(chunk), beats)
         for n, chunk in enumerate(chunks)
     ]
 
@@ -115,6 +127,7 @@ def liveness_of(item: Mapping[str, Any]) -> Liveness | None:
         int(n("part") or 0),
         int(n("parts") or 1),
         held,
+        int(n("beats") or 0),
     )
 
 

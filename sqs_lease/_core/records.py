@@ -141,7 +141,11 @@ class JobRequests(Protocol):
         *,
         job_class: str,
         send_id: str | None,
-    ) -> Call: ...
+        take_from: int | None = None,
+    ) -> Call:
+        """Claim a ``queued`` record; with ``take_from``, also one still ``running``
+        under that token (a take-over from an owner judged dead)."""
+        ...
 
     def unsent_query(
         self, *, older_than: float, limit: int, start: Mapping[str, Any] | None = None

@@ -79,6 +79,13 @@ Issue 9 (staged jobs, the ``staged`` world) adds:
 
 Issue 26 adds:
 
+- ``I24_live_owner_taken_over``: a claim that takes a job ``running`` under a live
+  owner (its process alive, not paused, its book holding the job at that token with
+  a lease open and inside its conservative deadline) has first read that owner's
+  liveness record twice, at two moments (the duplicate rule's watch,
+  ``_core/duplicates.py``); a claim that did watch and still took a live owner (its
+  liveness write failed or came late) is waste, counted ``live_owner_taken_over``.
+  Every take-over is counted (``owner_taken_over``).
 - ``I21_idle_backpressure``: backpressure never keeps a worker from work while it
   protects no lease: a worker with a free slot and no open lease (every attempt it
   holds ended, or was taken over) is given room to receive (defect 11: after a
@@ -124,6 +131,7 @@ I18 = "I18_stage_checkpoint"
 I19 = "I19_stage_effect_after_checkpoint"
 I20 = "I20_refusal_told_as_unknown"
 I21 = "I21_idle_backpressure"
+I24 = "I24_live_owner_taken_over"  # issue 26, duplicate deliveries (dup-defer)
 E_EXC = "E_unhandled_exception"
 E_BUDGET = "E_budget"
 
@@ -149,6 +157,7 @@ INVARIANTS: dict[str, str] = {
     I19: "no effect of a stage applied after that stage's checkpoint",
     I20: "an attempt a refusal proved superseded (fenced start, receiver's 412) ends LeaseLost",
     I21: "no worker with a free slot and no open lease held off by backpressure",
+    I24: "no claim takes a job from a live owner without watching its heartbeat first",
 }
 
 TRANSIENT_REASONS = frozenset(
@@ -214,6 +223,10 @@ class Checker:
         # the simulated table never changes an item in place (a write stores a new
         # dict), views are frozen, and an entry keeps its item alive (no id reuse).
         self._views: dict[int, tuple[Mapping[str, Any], Any]] = {}
+        # I24 (dup-defer): set by the world: is this worker a live owner of the job at
+        # this token; and when each job task read each owner's liveness record.
+        self.live_owner: Any = lambda worker, job_id, token: False
+        self._watched: dict[tuple[str, str, str], list[float]] = {}
 
     def fail(self, name: str, message: str) -> None:
         self.violations.append(Violation(name, self.now, message))
@@ -356,6 +369,8 @@ class Checker:
             if origin.send_id != o.send_id:
                 self._stray_claim(origin, job, o.state, o.token, o.send_id)
                 return
+            if o.state is JobState.RUNNING:
+                self._took_over(origin, o)
             origin.tokens[job] = n.token  # a claim: this task now acts under the new token
             return
         if o.state is JobState.RUNNING and n.state is not JobState.RUNNING:
@@ -441,6 +456,39 @@ class Checker:
             self._resolved_at[job] = (self.now, str(new.get("intent_key", {}).get("S", "")))
 
     def call_sent(self, call: Any, origin: Any, mono: float) -> None:
+        self._liveness_read(call, origin)
+        self._intent_write_checked(call, origin, mono)
+
+    # ------------------------------------------------------------------ I24 (dup-defer)
+
+    def _liveness_read(self, call: Any, origin: Any) -> None:
+        """A job task reads an owner's liveness record: the duplicate rule's watch."""
+        if not isinstance(origin, Origin) or origin.kind != "job" or call.op != "GetItem":
+            return
+        key = str(call.params.get("Key", {}).get("job_id", {}).get("S", ""))
+        if key.startswith("worker#") and "#" not in key[len("worker#") :]:
+            owner = key[len("worker#") :]
+            self._watched.setdefault((origin.worker, origin.task, owner), []).append(self.now)
+
+    def _took_over(self, origin: Origin, o: JobView) -> None:
+        """A claim took ``o`` (running) over: from a live owner only after watching it."""
+        self.bump("owner_taken_over")
+        owner = o.owner or ""
+        if not self.live_owner(owner, o.job_id, o.token):
+            return
+        self.bump("live_owner_taken_over")
+        reads = self._watched.get((origin.worker, origin.task, owner), [])
+        if owner != origin.worker and len(reads) >= 2 and reads[-1] > reads[0]:
+            return  # it watched; the owner's liveness did not land meanwhile (waste)
+        self.fail(
+            I24,
+            f"{_who(origin)} took {o.job_id} (token {o.token}) from its live owner {owner} "
+            f"without watching its heartbeat ({len(reads)} liveness reads)",
+        )
+
+    # ------------------------------------------------------------------ I15
+
+    def _intent_write_checked(self, call: Any, origin: Any, mono: float) -> None:
         """I15: an intent write leaves a job task only while its attempt may still act.
 
         Every intent write of an attempt checks the local lease first; only a confirm

@@ -302,6 +302,7 @@ class World:
         self.log: list[tuple[float, str, str, Any]] = []
         self.checker = Checker(JOBS, INTENTS)
         self.checker.known_classes = self._known_classes
+        self.checker.live_owner = self._live_owner  # I24 (dup-defer)
         self.counts = self.checker.counts
         self.ddb = SimDynamo(
             [
@@ -828,6 +829,17 @@ class World:
 
     def _on_redrive(self, m: Message) -> None:
         self.record("sqs", "redrive_to_dlq", {"message": m.message_id, "body": m.body})
+
+    def _live_owner(self, worker: str, job_id: str, token: int) -> bool:
+        """I24 (dup-defer): the worker runs and holds the job at the token, its lease
+        open and inside its conservative deadline on its own clock."""
+        w = self.workers.get(worker)
+        return (
+            w is not None
+            and w.alive
+            and w.paused_until <= self.now
+            and w.book.holds_open(job_id, token, w.mono())
+        )
 
     def _known_classes(self, worker: str) -> frozenset[str] | None:
         w = self.workers.get(worker)
