@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from .._core.flows import UNSENT_GRACE_SECONDS
 from .._core.limits import ITEM_LIMIT
+from . import clocks as _clocks
 from .chaos import Chaos
 from .ddb import DdbFaults
 from .receiver import TargetFaults
@@ -45,6 +46,9 @@ PLAIN_FEATURES = ("plain_calls",)
 # Staged jobs (issue 9), drawn from a fifth stream (``staged-SEED``) after everything else.
 STAGED_FEATURES = ("staged",)
 WIDE_FEATURES = ISSUE7_FEATURES + ISSUE14_FEATURES + PLAIN_FEATURES + STAGED_FEATURES
+# --- issue 26, clocks: clocks, backlog, dead_entries (clocks.py; own stream clocks-SEED)
+WIDE_FEATURES += _clocks.CLOCK_FEATURES
+# --- end clocks
 
 PASSING_FEATURES: frozenset[str] = frozenset(WIDE_FEATURES)
 """The widened features the fixed-seed tests and the mutation check run with: those
@@ -181,6 +185,7 @@ class RunPlan:
     job_plans: list[JobPlan] = field(default_factory=list)
     wide: Widening = field(default_factory=Widening)
     sweep: SweepPlan | None = None  # the workers' stranded-record sweep (None: off)
+    clocks: _clocks.ClockPlan | None = None  # issue 26: clocks, backlog, dead_entries
 
 
 def draw_plan(
@@ -289,6 +294,7 @@ def draw_plan(
     _dense(plan)
     _plain(c, plan, allowed)
     _staged(c, plan, allowed)
+    _clocks.draw(plan, allowed)  # issue 26: its own stream
     _sweep(plan)
     return plan
 
@@ -420,7 +426,7 @@ def _sweep(plan: RunPlan) -> None:
     whose send failed (or whose worker died after the checkpoint) is recovered by
     the sweep and nothing else.
     """
-    if plan.wide.features & {"producer_death", "staged"}:
+    if plan.wide.features & {"producer_death", "staged", "dead_entries"}:
         plan.sweep = SweepPlan()
 
 
