@@ -912,8 +912,9 @@ def sweep_blind_to_dead() -> Iterator[None]:
         sent = yield from send_record_message(
             req, job, queue_url=queue_url, send_id=new_id, wall_now=wall_now
         )
-        verdict = "failed" if sent.verdict == "failed" else "resent"
-        return Stranded(job.job_id, job.job_class, age, verdict, new_id), 1
+        if sent.verdict == "failed":
+            return Stranded(job.job_id, job.job_class, age, "failed", new_id), 1
+        return Stranded(job.job_id, job.job_class, age, "resent", new_id), 1
 
     _require(flows, "_sweep_one", "sweep_blind_to_dead")
     with _patch(flows, "_sweep_one", sweep_one):
@@ -927,7 +928,7 @@ def cap_from_send() -> Iterator[None]:
     short ends as the stage budget does, in a counted retry: a message that waited
     12 hours in a backlog gets no budget, and its job is failed by the watchdog though
     its handler never ran (I22)."""
-    from sqs_lease._core.endings import EndKind, Ending
+    from sqs_lease._core.endings import Ending, EndKind
     from sqs_lease._core.stages import MESSAGE_CAP_SECONDS
     from sqs_lease._core.timing import Drop
 
@@ -936,7 +937,7 @@ def cap_from_send() -> Iterator[None]:
         if not known:
             return budget
         used = max(0.0, wall_now - min(known))
-        return max(0.0, min(budget, MESSAGE_CAP_SECONDS - used))
+        return float(max(0.0, min(budget, MESSAGE_CAP_SECONDS - used)))
 
     def resend(at: Any, now: Any, why: str) -> Flow[Finish]:
         code = Drop.STAGE_BUDGET.value

@@ -89,14 +89,20 @@ def draw(plan: RunPlan, allowed: frozenset[str]) -> None:
     """Draw the three features from their own stream (``clocks-SEED``) and apply what is
     allowed to ``plan`` (its jobs, ``plan.clocks``, ``plan.wide.features``)."""
     r = random.Random(f"clocks-{plan.seed}")
-    on = {name: r.random() < 0.3 for name in CLOCK_FEATURES}
+    # One run in about three is an outage's: each of the three features is on in it
+    # with 3 chances in 5 (at least one), so each is on in about one run in five.
+    outage = r.random() < 0.3
+    picks = [r.random() < 0.6 for _ in CLOCK_FEATURES]
+    if not any(picks):
+        picks[r.randrange(len(picks))] = True
+    on = {name: outage and pick for name, pick in zip(CLOCK_FEATURES, picks, strict=True)}
     skew_max = math.exp(r.uniform(math.log(120.0), math.log(MAX_SKEW)))
     step_chance = r.choice([0.0, 0.3, 0.6])
     # Tens of seconds to minutes: to a run of minutes what a target's day is to a real run.
-    retention = round(r.uniform(0.3, 4.0) * plan.lease, 1)
+    retention = round(r.uniform(0.2, 2.0) * plan.lease, 1)
     # Answers lost after the target applied: the in-progress intents a takeover
     # reconciles, where a retention read on two clocks would decide a repeat.
-    lost_answers = r.uniform(0.03, 0.12)
+    lost_answers = r.uniform(0.05, 0.15)
     # A backlog: about half the jobs waited, from an hour to 13 days (log-uniform).
     ages = {
         jp.job_id: round(math.exp(r.uniform(math.log(3600.0), math.log(MAX_BACKLOG))), 3)
@@ -153,10 +159,12 @@ class Clocks:
         self.world = world
         self.plan: ClockPlan = world.plan.clocks or ClockPlan()
         self.on = self.plan.features
+        for name in sorted(self.on):
+            world.chaos.count(f"world_{name}")  # (a count, no draw)
         self._r = random.Random(f"clocks-run-{self.plan.seed}")
         self._backdated: set[str] = set()
-        # I22: (worker, job) -> the true time SQS received the message of its attempt
-        self._received: dict[tuple[str, str], float] = {}
+        # I22: (worker, job) -> when its attempt's receive left (true time), its clock's rate
+        self._received: dict[tuple[str, str], tuple[float, float]] = {}
 
     # ------------------------------------------------------------------ clocks
 
@@ -207,23 +215,19 @@ class Clocks:
                 return age
         return 0.0
 
-    def delivered(self, worker: str, job_id: str, receipt_handle: str) -> None:
-        """A worker took a delivery of ``job_id``: when SQS received it (I22)."""
+    def delivered(self, worker: Actor, job_id: str, received_mono: float) -> None:
+        """A worker took a delivery of ``job_id``, received at ``received_mono`` on its
+        lease clock (before its ReceiveMessage left): that moment in true time (I22)."""
         if "backlog" not in self.on:
             return
-        sqs = self.world.sqs
-        where = sqs._handles.get(receipt_handle)
-        if where is None:
-            return
-        q = sqs.queues.get(where[0])
-        m = q.messages.get(where[1]) or q.gone.get(where[1]) if q is not None else None
-        if m is not None and receipt_handle in m.handles:
-            self._received[(worker, job_id)] = m.handles[receipt_handle]
+        true = worker.t0 + (received_mono - worker.mono0) / worker.rate
+        self._received[(worker.id, job_id)] = (true, worker.rate)
 
     def charged(self, old: Mapping[str, Any] | None, new: Mapping[str, Any], origin: Any) -> None:
         """I22: an attempt charged for the stage budget (its record leaves ``running``
         under the same token, error ``stage_budget_exceeded``) ran its stage budget
-        from its receive, less one lease (the watchdog stops a lease short of it)."""
+        from its receive, less one lease (the watchdog stops a lease short of it), on
+        its worker's lease clock (its rate)."""
         if "backlog" not in self.on or old is None or origin is None:
             return
         if new.get("error_code", {}).get("S") != "stage_budget_exceeded":
@@ -234,12 +238,13 @@ class Clocks:
         ):
             return
         job_id = str(new["job_id"]["S"])
-        received = self._received.get((origin.worker, job_id))
-        if received is None:
+        seen = self._received.get((origin.worker, job_id))
+        if seen is None:
             return
+        received, rate = seen
         p = self.world.plan
         held = self.world.now - received
-        need = (p.stage_budget - p.lease) * 0.99 - 5.0
+        need = (p.stage_budget - p.lease) / rate - 1.0
         if held < need:
             checker = self.world.checker
             checker.now = self.world.now

@@ -45,10 +45,11 @@ ISSUE14_FEATURES = (
 PLAIN_FEATURES = ("plain_calls",)
 # Staged jobs (issue 9), drawn from a fifth stream (``staged-SEED``) after everything else.
 STAGED_FEATURES = ("staged",)
-WIDE_FEATURES = ISSUE7_FEATURES + ISSUE14_FEATURES + PLAIN_FEATURES + STAGED_FEATURES
-# --- issue 26, clocks: clocks, backlog, dead_entries (clocks.py; own stream clocks-SEED)
-WIDE_FEATURES += _clocks.CLOCK_FEATURES
-# --- end clocks
+# issue 26: clocks, backlog, dead_entries (clocks.py; own stream clocks-SEED)
+CLOCK_FEATURES = _clocks.CLOCK_FEATURES
+WIDE_FEATURES = (
+    ISSUE7_FEATURES + ISSUE14_FEATURES + PLAIN_FEATURES + STAGED_FEATURES + CLOCK_FEATURES
+)
 
 PASSING_FEATURES: frozenset[str] = frozenset(WIDE_FEATURES)
 """The widened features the fixed-seed tests and the mutation check run with: those

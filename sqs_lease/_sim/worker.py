@@ -385,7 +385,7 @@ class SimWorker(Actor):
         origin = Origin(self.id, task_name, "job")
         if isinstance(item, Delivery):
             origin.send_id = item.send_id  # the checker's I11: which send this task claims with
-            self.world.clocks.delivered(self.id, item.job_id, item.receipt_handle)  # I22
+            self.world.clocks.delivered(self, item.job_id, item.received_at)  # I22
         flow: Flow[Any] = core.attempt_flow(self.env, item, tag=origin)
         if "staged" in self.world.plan.wide.features:
             flow = self._mortal_continuation(flow)
