@@ -115,18 +115,17 @@ CAUGHT_AT: dict[str, int] = {
     "fence_mark_on_success_only": 61,  # I1_stale_effect
     "fence_per_resource": 7,  # I7_live_owner_fenced
     "intent_write_unchecked": 0,  # I15_write_after_lease
-    "no_commit_token": 3,  # I3_superseded_commit
-    "no_ownership_check": 12,  # I5_extended_lost_lease
+    "no_commit_token": 79,  # I3_superseded_commit
+    "no_ownership_check": 3,  # I5_extended_lost_lease
     "no_stranded_sweep": 6,  # I10_stranded_record
     "pace_counts_fenced_out": 17,  # I21_idle_backpressure
     "plain_error_not_applied": 10,  # I2_double_effect
     "resolve_in_two_writes": 82,  # I16_half_resolution
-    "resume_keeps_attempts": 6,  # I12_resume_exhausted
+    "resume_keeps_attempts": 66,  # I12_resume_exhausted
     "shared_key_as_own": 0,  # I2_double_effect
     "shared_request_tokens": 557,  # I17_shared_request_token
     "stray_claims": 1,  # I11_stray_claim
     "transient_cancel_as_refusal": 22,  # I8_transient_cancel_lost
-    "unconfirmed_lease_given_up": 777674,  # I8_transient_cancel_lost
     "unknown_class_claims": 10,  # I9_unknown_class
     "unreadable_aborts_round": 2,  # E_unhandled_exception
     "validation_as_unknown": 0,  # I14_oversize_result
@@ -159,7 +158,6 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
     "intent_write_unchecked": I15,  # issue 7 item 13
     "resolve_in_two_writes": I16,  # issue 14 item 6, in the operator_races world
     "shared_request_tokens": I17,  # issue 14 item 7
-    "unconfirmed_lease_given_up": I8,  # soak seeds 401269, 777674
     "fence_mark_on_success_only": I1,  # issue 14 item 3, in the plain_calls world
     # issue 9: stages (the staged world is one of PASSING_FEATURES)
     "checkpoint_replaces_log": I18,
