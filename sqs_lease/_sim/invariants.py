@@ -101,6 +101,7 @@ from typing import Any
 
 from .._core.records import UNDELIVERED_CODE, JobState, JobView
 from .._schema import view_of
+from .clocks import I22, I22_TEXT
 from .receiver import Applied
 
 I1 = "I1_stale_effect"
@@ -149,6 +150,7 @@ INVARIANTS: dict[str, str] = {
     I19: "no effect of a stage applied after that stage's checkpoint",
     I20: "an attempt a refusal proved superseded (fenced start, receiver's 412) ends LeaseLost",
     I21: "no worker with a free slot and no open lease held off by backpressure",
+    I22: I22_TEXT,  # issue 26, the backlog world (clocks.py)
 }
 
 TRANSIENT_REASONS = frozenset(
