@@ -1228,3 +1228,119 @@ __all__ = [
     "WORLDS",
     "applied",
 ]
+
+
+# --- issue 26: clocks, backlog, dead_entries (sqs_lease/_sim/clocks.py) -----------------
+# Each reintroduces one defect of issue 26 as it was before its fix; each is caught in
+# the world of the feature named in CLOCK_WORLDS (tests/test_sim_clocks.py pins the seed).
+
+
+@contextmanager
+def sweep_blind_to_dead() -> Iterator[None]:
+    """Issue 26 defect 2, as before the fix: the stranded sweep neither takes a dead
+    entry (a record that no longer waits for its message, left in the ``unsent``
+    index by an older version's cancel) out of the index nor reads past it: it tries
+    to take the send, is refused, answers "moved" and counts it against its limit.
+    Once ``limit`` dead entries are the oldest, no stranded job is ever sent (I10)."""
+    from sqs_lease._core.calls import Err, call
+    from sqs_lease._core.flows import Stranded, send_record_message
+
+    def sweep_one(
+        req: Any,
+        item: Any,
+        *,
+        new_id: str,
+        queue_url: str,
+        wall_now: float,
+        dry_run: bool,
+        interactive_url: str | None,
+    ) -> Flow[tuple[Any, int]]:
+        seen = req.parse(item)
+        age = round(wall_now - (seen.unsent_since or wall_now), 3)
+        took = yield from call(
+            req.take_send(
+                seen.job_id, seen_send_id=seen.send_id, new_send_id=new_id, wall_now=wall_now
+            )
+        )
+        if isinstance(took, Err):
+            return Stranded(seen.job_id, seen.job_class, age, "moved", seen.send_id), 1
+        job = req.parse(took.response.get("Attributes", {}))
+        sent = yield from send_record_message(
+            req, job, queue_url=queue_url, send_id=new_id, wall_now=wall_now
+        )
+        if sent.verdict == "failed":
+            return Stranded(job.job_id, job.job_class, age, "failed", new_id), 1
+        return Stranded(job.job_id, job.job_class, age, "resent", new_id), 1
+
+    _require(flows, "_sweep_one", "sweep_blind_to_dead")
+    with _patch(flows, "_sweep_one", sweep_one):
+        yield
+
+
+@contextmanager
+def cap_from_send() -> Iterator[None]:
+    """Issue 26 defect 3, as before the fix: the 12-hour cap is counted from the older of
+    the message's SentTimestamp and its first receive, and a budget the cap leaves
+    short ends as the stage budget does, in a counted retry: a message that waited
+    12 hours in a backlog gets no budget, and its job is failed by the watchdog though
+    its handler never ran (I25)."""
+    from sqs_lease._core.endings import Ending, EndKind
+    from sqs_lease._core.stages import MESSAGE_CAP_SECONDS
+    from sqs_lease._core.timing import Drop
+
+    def cap_budget(delivery: Any, budget: float, wall_now: float) -> float:
+        known = [t for t in (delivery.sent_wall, delivery.first_received_wall) if t is not None]
+        if not known:
+            return budget
+        used = max(0.0, wall_now - min(known))
+        return float(max(0.0, min(budget, MESSAGE_CAP_SECONDS - used)))
+
+    def resend(at: Any, now: Any, why: str) -> Flow[Finish]:
+        code = Drop.STAGE_BUDGET.value
+        return (yield from attempt._retry(at, Ending(EndKind.RETRY, f"watchdog: {code}", code)))
+
+    _require(attempt, "_resend", "cap_from_send")
+    with _patch(attempt, "cap_budget", cap_budget), _patch(attempt, "_resend", resend):
+        yield
+
+
+@contextmanager
+def retention_across_clocks() -> Iterator[None]:
+    """Issue 26 defect 4, as before the fix: key retention compares the intent's first
+    start, stamped by the starting worker's wall clock, with the reconciling worker's
+    now, whoever started it: a taker whose clock lags judges a key the target already
+    forgot protected, its check (a lookup by key) says "not applied", and the effect
+    is repeated (I2)."""
+
+    real = intents.repeat_unprotected
+
+    def repeat_unprotected(
+        retention: float | None, first_started: float | None, now: float, *, same_clock: bool
+    ) -> Any:
+        return real(retention, first_started, now, same_clock=True)
+
+    with _patch(intents, "repeat_unprotected", repeat_unprotected):
+        yield
+
+
+CLOCK_MUTATIONS: dict[str, Callable[[], Any]] = {
+    "sweep_blind_to_dead": sweep_blind_to_dead,  # defect 2, in the dead_entries world
+    "cap_from_send": cap_from_send,  # defect 3, in the backlog world
+    "retention_across_clocks": retention_across_clocks,  # defect 4, in the clocks world
+}
+"""Issue 26 defects 2, 3 and 4 (tests/test_sim_clocks.py pins where each is caught).
+Kept apart from MUTATIONS (whose table tests/test_sim_mutations.py pins) until merged."""
+CLOCK_WORLDS: dict[str, frozenset[str]] = {
+    "sweep_blind_to_dead": frozenset({"dead_entries"}),
+    "cap_from_send": frozenset({"backlog"}),
+    "retention_across_clocks": frozenset({"clocks"}),
+}
+WORLDS.update(CLOCK_WORLDS)
+VARIANTS.update(CLOCK_MUTATIONS)
+# Soak seed 777674 draws the clocks world now, which moves its schedule off its case:
+# its world leaves the clocks features out (WITHOUT), the world the seed was found in.
+WITHOUT["unconfirmed_lease_given_up"] = WITHOUT["unconfirmed_lease_given_up"] | frozenset(
+    CLOCK_WORLDS["sweep_blind_to_dead"] | {"clocks", "backlog"}
+)
+__all__ += ["CLOCK_MUTATIONS", "CLOCK_WORLDS"]
+# --- end issue 26: clocks

@@ -108,6 +108,7 @@ from typing import Any
 
 from .._core.records import UNDELIVERED_CODE, JobState, JobView
 from .._schema import view_of
+from .clocks import I25, I25_TEXT
 from .receiver import Applied
 
 I1 = "I1_stale_effect"
@@ -158,6 +159,7 @@ INVARIANTS: dict[str, str] = {
     I20: "an attempt a refusal proved superseded (fenced start, receiver's 412) ends LeaseLost",
     I21: "no worker with a free slot and no open lease held off by backpressure",
     I24: "no claim takes a job from a live owner without watching its heartbeat first",
+    I25: I25_TEXT,  # issue 26, the backlog world (clocks.py)
 }
 
 TRANSIENT_REASONS = frozenset(

@@ -8,6 +8,7 @@ from typing import Any
 
 from .._core.flows import UNSENT_GRACE_SECONDS
 from .._core.limits import ITEM_LIMIT
+from . import clocks as _clocks
 from . import fifo as fifo_world
 from .chaos import Chaos
 from .ddb import DdbFaults
@@ -52,6 +53,8 @@ FIFO_FEATURES = fifo_world.FIFO_FEATURES
 # drawn from their own stream (``lambda-SEED``) after everything else.
 LAMBDA_FEATURES = ("lambda",)
 # --- end lambda
+# issue 26: clocks, backlog, dead_entries (clocks.py; own stream clocks-SEED)
+CLOCK_FEATURES = _clocks.CLOCK_FEATURES
 WIDE_FEATURES = (
     ISSUE7_FEATURES
     + ISSUE14_FEATURES
@@ -59,6 +62,7 @@ WIDE_FEATURES = (
     + STAGED_FEATURES
     + FIFO_FEATURES
     + LAMBDA_FEATURES
+    + CLOCK_FEATURES
 )
 
 PASSING_FEATURES: frozenset[str] = frozenset(WIDE_FEATURES)
@@ -198,6 +202,7 @@ class RunPlan:
     sweep: SweepPlan | None = None  # the workers' stranded-record sweep (None: off)
     fifo: fifo_world.FifoPlan | None = None  # issue 26: the fifo world (None: a standard queue)
     lambdas: Any = None  # lambda: the run's LambdaPlan (lambdas.py; None: no functions)
+    clocks: _clocks.ClockPlan | None = None  # issue 26: clocks, backlog, dead_entries
 
 
 def draw_plan(
@@ -307,6 +312,7 @@ def draw_plan(
     _plain(c, plan, allowed)
     _staged(c, plan, allowed, force=fifo_world.forces_staged(plan.seed, allowed))
     fifo_world.draw(c, plan, allowed)  # issue 26, fifo
+    _clocks.draw(plan, allowed)  # issue 26: its own stream
     _sweep(plan)
     from .lambdas import draw as _lambdas  # lambda (its module imports this one)
 
@@ -442,7 +448,7 @@ def _sweep(plan: RunPlan) -> None:
     whose send failed (or whose worker died after the checkpoint) is recovered by
     the sweep and nothing else.
     """
-    if plan.wide.features & {"producer_death", "staged"}:
+    if plan.wide.features & {"producer_death", "staged", "dead_entries"}:
         plan.sweep = SweepPlan()
 
 

@@ -66,6 +66,7 @@ class SimTarget:
     stored: dict[str, tuple[str, Reply]] = field(default_factory=dict)
     applied: dict[str, Applied] = field(default_factory=dict)
     pending: dict[str, list[int]] = field(default_factory=dict)
+    stored_at: dict[str, float] = field(default_factory=dict)  # key -> when it was stored
 
 
 @dataclass
@@ -89,6 +90,12 @@ class Receivers:
         self.admitted: list[Any] = []  # callables (target, scope, token) -> None
         self.rejected = 0
         self.replayed = 0
+        # issue 26 (clocks): the targets keep intents' keys this long, then forget them
+        # (None: for good); the check, a lookup by key, forgets them too. The retention
+        # is drawn to a run's scale (minutes) to exercise the intent flow's rule; a
+        # handler's own fenced calls (plain_calls, ``plain:`` keys) rely on the target
+        # alone, whose real retention (a day) outlives their repeats: kept for good.
+        self.retention: float | None = None
 
     def add(self, name: str, keyed: bool) -> SimTarget:
         t = SimTarget(name, keyed)
@@ -129,6 +136,9 @@ class Receivers:
             self.rejected += 1
             return Reply(412, {"error": "stale_token", "highest": t.fences[scope]})
         self._passed(t, scope, token)
+        if t.keyed and key in t.stored and self._forgot(key, t.stored_at.get(key, now), now):
+            del t.stored[key]
+            self.chaos.count("key_forgotten")
         if t.keyed and key in t.stored:
             stored_hash, reply = t.stored[key]
             if stored_hash != payload_hash:
@@ -156,6 +166,7 @@ class Receivers:
         )
         if t.keyed:
             t.stored[key] = (payload_hash, reply)
+            t.stored_at[key] = now
         for listener in self.listeners:
             listener(entry)
         if self.chaos.roll("target_error_after", self.faults.error_after):
@@ -170,6 +181,12 @@ class Receivers:
         t.fences[scope] = token
         return True
 
+    def _forgot(self, key: str, since: float, now: float) -> bool:
+        """Whether ``key`` stored at ``since`` is forgotten at ``now`` (issue 26, clocks)."""
+        if self.retention is None or key.startswith("plain:"):
+            return False
+        return now - since > self.retention
+
     def _passed(self, t: SimTarget, scope: str, token: int) -> None:
         # Told apart from _fence so the checker learns what passed even if the mark
         # keeping were broken: it keeps its own high-water marks from these.
@@ -181,6 +198,8 @@ class Receivers:
     def check(self, target: str, *, key: str, resource: str, scope: str, token: int) -> CheckAnswer:
         t = self.targets[target]
         done = t.applied.get(key)
+        if done is not None and self._forgot(key, done.time, self.chaos.now):
+            done = None  # the lookup by key forgot it with the key
         if self.check_mode == "fenced" and self._fence(t, scope, token):
             self._passed(t, scope, token)
         if self.chaos.roll("check_cannot_tell", self.faults.cannot_tell):

@@ -96,6 +96,8 @@ class SimSQS:
         self._prune_at = 64
         self.on_redrive: Callable[[Message], None] | None = None
         self.calls: dict[str, int] = {}
+        # issue 26 (backlog): how long before now a message with this body was sent
+        self.sent_before: Callable[[str], float] | None = None
 
     def create_queue(
         self, url: str, *, visibility: int = 30, dlq_url: str | None = None, max_receive: int = 0
@@ -197,7 +199,7 @@ class SimSQS:
             queue_url=q.url,
             message_id=f"msg-{self._seq:05d}",
             body=body,
-            sent_at=self.now,
+            sent_at=self.now - (self.sent_before(body) if self.sent_before is not None else 0.0),
             visible_at=self.now + delay,
             attributes=dict(attributes or {}),
         )

@@ -386,6 +386,7 @@ class SimWorker(Actor):
         origin = Origin(self.id, task_name, "job")
         if isinstance(item, Delivery):
             origin.send_id = item.send_id  # the checker's I11: which send this task claims with
+            self.world.clocks.delivered(self, item.job_id, item.received_at)  # I25
         flow: Flow[Any] = core.attempt_flow(self.env, item, tag=origin)
         if "staged" in self.world.plan.wide.features:
             flow = self._mortal_continuation(flow)
@@ -567,7 +568,7 @@ class SimWorker(Actor):
             check=SimCheck(target, key, resource, job_id, claim.token, p.tool_http_timeout),
             lease_check=lambda: lease.check(self.mono()),
             may_record=lambda: lease.may_record(self.mono()),
-            key_retention_seconds=_SIM_KEY_RETENTION,
+            key_retention_seconds=self.world.clocks.key_retention or _SIM_KEY_RETENTION,
         )
         return (
             yield from self.drive(

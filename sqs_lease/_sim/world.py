@@ -38,6 +38,7 @@ from .._schema import (
 from . import fifo as fifo_world
 from . import plan as plans
 from .chaos import Chaos
+from .clocks import Clocks, Skew
 from .ddb import IndexSpec, SimDynamo, TableSpec
 from .invariants import E_BUDGET, E_EXC, TRANSIENT_REASONS, Checker, Origin, Violation
 from .plan import FAULT_KINDS, RunPlan
@@ -200,6 +201,7 @@ class Actor:
         self.rate = rate
         self.mono0 = mono0
         self.wall_offset = wall_offset
+        self.clock: Skew | None = None  # issue 26 (clocks): skew, drift, a step
         self.t0 = world.now
         self.alive = True
         self.paused_until = 0.0
@@ -215,6 +217,9 @@ class Actor:
 
     def wall(self) -> float:
         """This actor's wall clock: off by its offset (the protocol must not care)."""
+        if self.clock is not None:  # issue 26 (clocks)
+            skew = self.clock.at(self.world.now)
+            return round(EPOCH_S + self.world.now * self.rate + self.wall_offset + skew, 3)
         return round(EPOCH_S + self.world.now * self.rate + self.wall_offset, 3)
 
     def cut(self, service: str, t: float, *, request: bool) -> bool:
@@ -387,6 +392,14 @@ class World:
         # (a duplicate message); it never pauses nor crashes, and resubmits on error.
         self.producer = Actor(self, "producer", faulty=True)
         self.operator = Actor(self, "operator")
+        # --- issue 26 (clocks.py): clocks, backlog, dead_entries
+        self.clocks = Clocks(self)
+        self.clocks.attach(self.producer)
+        self.clocks.attach(self.operator)
+        self.receivers.retention = self.clocks.key_retention
+        if self.clocks.plan.backlog:
+            self.sqs.sent_before = self.clocks.sent_before
+        # --- end clocks
         self.done_at: float | None = None
         self._decisions: dict[str, int] = {}  # operator_races: decisions per job
         self._edited: set[str] = set()  # unreadable_records: jobs an outside writer edited
@@ -814,10 +827,14 @@ class World:
         new: Mapping[str, Any] | None,
         origin: Any,
     ) -> None:
+        if table == JOBS and self.clocks.outside(new, old):
+            return  # dead_entries: an older version's record, not a job of the run
         self.checker.now = self.now
         self.checker.item_written(table, old, new, origin)
         if table == JOBS and self.fifo is not None:
             self.fifo.job_written(old, new, origin)
+        if table == JOBS and new is not None:
+            self.clocks.charged(old, new, origin)  # backlog: I25
         if table == JOBS and "operator_races" in self.plan.wide.features:
             self._operator_sees(old, new)
         if table == JOBS and self.lambda_run is not None:
@@ -923,6 +940,7 @@ class World:
             info["app"] = "old" if old else "new"
         self.workers[wid] = w
         self.record(wid, "worker_started", info)
+        self.clocks.attach(w, steps=True)  # issue 26 (clocks)
         w.start()
         return w
 
@@ -1091,6 +1109,7 @@ class World:
     def run(self) -> RunResult:
         p = self.plan
         self.record("world", "plan", _plan_summary(p))
+        self.clocks.leave_dead_entries()  # issue 26 (dead_entries)
         for jp in p.job_plans:
             self.at(jp.submit_at, lambda j=jp.job_id: self._submit(j))  # type: ignore[misc]
         for _ in range(p.workers):

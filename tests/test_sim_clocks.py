@@ -1,0 +1,230 @@
+"""The clocks, backlog and dead_entries worlds (issue 26, ``sqs_lease/_sim/clocks.py``):
+what they draw, that a seed without them runs as before, and that each catches the
+defect it was drawn for (issue 26 defects 2, 3 and 4) at a pinned seed while the real
+protocol passes the same seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import pytest
+
+from simtools import run_seed
+from simtools.catch import SEED_LIMIT, first_catch, search_seeds, world
+from simtools.cli import replay_command
+from simtools.mutations import CLOCK_MUTATIONS, VARIANTS, WORLDS, applied
+from sqs_lease._core import flows, intents
+from sqs_lease._core.flows import SWEEP_PAGES
+from sqs_lease._sim.chaos import Chaos
+from sqs_lease._sim.clocks import CLOCK_FEATURES, DEAD_PREFIX, I25, MAX_BACKLOG, Skew
+from sqs_lease._sim.invariants import I2, I10
+from sqs_lease._sim.plan import PASSING_FEATURES, SWEEP_LIMIT, WIDE_FEATURES, draw_plan
+from sqs_lease._sim.receiver import Receivers
+from sqs_lease._sim.sqs import EPOCH_MS
+from sqs_lease._sim.world import JOBS, QUEUE, World
+
+# The first seed of each mutation's search that catches it (``first_catch``), with the
+# invariant it breaks there.
+CAUGHT_AT: dict[str, int] = {
+    "cap_from_send": 1,  # I25_charged_before_budget
+    "retention_across_clocks": 76,  # I2_double_effect
+    "sweep_blind_to_dead": 6,  # I10_stranded_record
+}
+EXPECTED: dict[str, str] = {
+    "cap_from_send": I25,
+    "retention_across_clocks": I2,
+    "sweep_blind_to_dead": I10,
+}
+
+
+def _features(seed: int) -> frozenset[str]:
+    plan = draw_plan(Chaos(seed))
+    return plan.clocks.features if plan.clocks is not None else frozenset()
+
+
+def _digest(seed: int, features: frozenset[str]) -> str:
+    log = "\n".join(run_seed(seed, trace=True, features=features).render_log())
+    return hashlib.sha256(log.encode()).hexdigest()
+
+
+def test_the_three_features_are_widened_and_passing() -> None:
+    for name in CLOCK_FEATURES:
+        assert name in WIDE_FEATURES
+        assert name in PASSING_FEATURES
+
+
+def test_every_clock_mutation_has_an_expectation_a_pinned_seed_and_a_world() -> None:
+    assert set(EXPECTED) == set(CLOCK_MUTATIONS) == set(CAUGHT_AT)
+    for name in CLOCK_MUTATIONS:
+        assert name in VARIANTS
+        assert WORLDS[name] <= set(CLOCK_FEATURES)
+
+
+def test_a_seed_without_them_runs_byte_for_byte_as_before() -> None:
+    seed = next(s for s in range(40) if not _features(s))
+    others = frozenset(WIDE_FEATURES) - set(CLOCK_FEATURES)
+    assert _digest(seed, frozenset(WIDE_FEATURES)) == _digest(seed, others)
+
+
+def test_they_are_drawn_from_their_own_stream() -> None:
+    """Masking them changes no other draw: every other feature, job and fault is the same."""
+    for seed in range(40):
+        full = draw_plan(Chaos(seed))
+        masked = draw_plan(Chaos(seed), features=frozenset(WIDE_FEATURES) - set(CLOCK_FEATURES))
+        assert full.wide.features - set(CLOCK_FEATURES) == masked.wide.features
+        assert [j.job_id for j in full.job_plans] == [j.job_id for j in masked.job_plans]
+        assert [j.steps for j in full.job_plans] == [j.steps for j in masked.job_plans]
+        assert full.fault_events == masked.fault_events
+        assert masked.clocks is None
+
+
+def test_clocks_draw_skewed_drifting_and_stepping_walls() -> None:
+    seed = next(
+        s
+        for s in range(200)
+        if "clocks" in _features(s) and draw_plan(Chaos(s)).clocks.step_chance  # type: ignore[union-attr]
+    )
+    w = World(seed, trace=True)
+    walls = {a.id: a.clock for a in [w.producer, w.operator]}
+    assert all(isinstance(c, Skew) for c in walls.values())
+    assert w.receivers.retention is not None and w.receivers.retention > 0
+    result = w.run()
+    assert result.ok, result.violations
+    drawn = [(who, d) for _, who, kind, d in result.log if kind == "clock_drawn"]
+    assert {"producer", "operator"} <= {who for who, _ in drawn}
+    assert all(30.0 <= abs(d["offset"]) <= 4 * 3600.0 for _, d in drawn)
+    assert all(abs(d["drift_ppm"]) <= 500.0 for _, d in drawn)
+    skew = Skew(offset=600.0, drift=1e-4, step_at=100.0, step=-600.0)
+    assert skew.at(0.0) == 600.0
+    assert math.isclose(skew.at(99.0), 600.0 + 99e-4)
+    assert math.isclose(skew.at(100.0), 100e-4)
+
+
+def test_a_target_forgets_keys_after_its_retention_and_its_check_with_them() -> None:
+    chaos = Chaos(0)
+    chaos.cutoff = 0.0  # no faults
+    r = Receivers(chaos)
+    r.add("keyed", keyed=True)
+    r.retention = 60.0
+    first = r.apply(
+        "keyed", key="k", resource="x", scope="j", token=1, payload_hash="h", worker="w", now=0.0
+    )
+    again = r.apply(
+        "keyed", key="k", resource="x", scope="j", token=1, payload_hash="h", worker="w", now=30.0
+    )
+    assert first.status == 200 and again.replayed  # kept: replayed
+    chaos.now = 61.0
+    assert r.check("keyed", key="k", resource="x", scope="j", token=1).verdict.value == (
+        "not_applied"
+    )
+    late = r.apply(
+        "keyed", key="k", resource="x", scope="j", token=1, payload_hash="h", worker="w", now=61.0
+    )
+    assert late.status == 200 and not late.replayed  # forgotten: applied again
+    assert len(r.ledger) == 2
+    # a handler's own fenced calls (plain_calls) keep the narrow world's keys
+    r.apply(
+        "keyed", key="plain:j:c", resource="x", scope="j", token=1, payload_hash="h", worker="w",
+        now=0.0,
+    )  # fmt: skip
+    kept = r.apply(
+        "keyed", key="plain:j:c", resource="x", scope="j", token=1, payload_hash="h", worker="w",
+        now=600.0,
+    )  # fmt: skip
+    assert kept.replayed
+
+
+def test_a_backlog_is_hours_to_days_old_at_its_first_receive_and_fails_nothing() -> None:
+    seed = next(s for s in range(60) if "backlog" in _features(s))
+    w = World(seed, trace=True)
+    ages = dict(w.plan.clocks.backlog)  # type: ignore[union-attr]
+    assert ages and all(3600.0 <= a <= MAX_BACKLOG for a in ages.values())
+    result = w.run()
+    assert result.ok, result.violations
+    backlogged = {d["job_id"] for _, _, kind, d in result.log if kind == "backlogged"}
+    assert backlogged == set(ages)
+    q = w.sqs.queues[QUEUE]
+    firsts = [
+        m
+        for m in list(q.gone.values()) + list(q.messages.values())
+        if any(f'"job_id":"{j}"' in m.body for j in ages) and m.sent_at < 0
+    ]
+    assert len(firsts) == len(ages)
+    for m in firsts:
+        assert m.first_received_at is not None and m.first_received_at >= 0.0
+        assert EPOCH_MS + int(m.sent_at * 1000) < EPOCH_MS - 3_599_000
+    for job_id in ages:
+        item = w.ddb.get(JOBS, {"job_id": {"S": job_id}})
+        assert item is not None
+        assert item.get("error_code", {}).get("S") != "stage_budget_exceeded"
+
+
+def test_dead_entries_outnumber_a_sweeps_pages_and_the_sweep_reads_past_them() -> None:
+    seed = next(
+        s
+        for s in range(200)
+        if "dead_entries" in _features(s)
+        and draw_plan(Chaos(s)).clocks.dead > SWEEP_PAGES * SWEEP_LIMIT  # type: ignore[union-attr]
+    )
+    w = World(seed, trace=True)
+    plan = w.plan.clocks
+    assert plan is not None and plan.stranded
+    result = w.run()
+    assert result.ok, result.violations
+    cleared = {d["job_id"] for _, _, kind, d in result.log if kind == "unsent_entry_cleared"}
+    assert cleared <= {f"{DEAD_PREFIX}{i:04d}" for i in range(plan.dead)}
+    # more than one sweep's pages: the sweep read on past what it took out
+    assert len(cleared) > SWEEP_PAGES * SWEEP_LIMIT
+    taken = {
+        d["job_id"]
+        for _, _, kind, d in result.log
+        if kind == "job_send_taken" and d.get("by") == "sweep"
+    }
+    assert set(plan.stranded) <= taken  # every stranded job (behind them all) was sent
+
+
+@pytest.mark.parametrize("name", sorted(CLOCK_MUTATIONS))
+def test_mutation_is_caught_at_its_pinned_seed_and_the_protocol_passes_it(name: str) -> None:
+    seed, features = CAUGHT_AT[name], world(name)
+    assert seed in search_seeds(name)
+    assert WORLDS[name] <= _features(seed)
+    result = run_seed(seed, mutation=name, features=features)
+    assert not result.ok, f"{name} was not caught at its pinned seed {seed}"
+    first = result.violations[0]
+    assert first.name == EXPECTED[name], (
+        f"{name} broke {first.name} first (seed {seed}): {first.message}; "
+        f"replay: {replay_command(seed, name, features=features)}"
+    )
+    assert run_seed(seed, features=features).ok, replay_command(seed, None, features=features)
+
+
+def test_clock_mutations_are_undone_on_exit() -> None:
+    from sqs_lease._core import attempt
+
+    def state() -> tuple[object, ...]:
+        return (
+            flows.__dict__["_sweep_one"],
+            attempt.__dict__["cap_budget"],
+            attempt.__dict__["_resend"],
+            intents.__dict__["repeat_unprotected"],
+        )
+
+    before = state()
+    for name in CLOCK_MUTATIONS:
+        with applied(name):
+            assert state() != before, name
+    assert state() == before
+
+
+@pytest.mark.long
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("name", sorted(CLOCK_MUTATIONS))
+def test_mutation_is_caught_within_its_search_and_the_protocol_passes_the_same_seeds(
+    name: str,
+) -> None:
+    found = first_catch(name)
+    assert found.seed is not None, f"{name} was not caught in {SEED_LIMIT} seeds"
+    assert found.violation == EXPECTED[name], found.message
+    assert not found.protocol_fails, found.protocol_fails
