@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .._core.flows import UNSENT_GRACE_SECONDS
 from .._core.limits import ITEM_LIMIT
@@ -44,7 +45,13 @@ ISSUE14_FEATURES = (
 PLAIN_FEATURES = ("plain_calls",)
 # Staged jobs (issue 9), drawn from a fifth stream (``staged-SEED``) after everything else.
 STAGED_FEATURES = ("staged",)
-WIDE_FEATURES = ISSUE7_FEATURES + ISSUE14_FEATURES + PLAIN_FEATURES + STAGED_FEATURES
+# --- plans (issue 26: planned jobs, tool and tenant limits, async tools; planned.py),
+# drawn from their own stream (``plans-SEED``) after everything else.
+PLANS_FEATURES = ("plans",)
+# --- end plans
+WIDE_FEATURES = (
+    ISSUE7_FEATURES + ISSUE14_FEATURES + PLAIN_FEATURES + STAGED_FEATURES + PLANS_FEATURES
+)
 
 PASSING_FEATURES: frozenset[str] = frozenset(WIDE_FEATURES)
 """The widened features the fixed-seed tests and the mutation check run with: those
@@ -181,6 +188,7 @@ class RunPlan:
     job_plans: list[JobPlan] = field(default_factory=list)
     wide: Widening = field(default_factory=Widening)
     sweep: SweepPlan | None = None  # the workers' stranded-record sweep (None: off)
+    plans: Any = None  # plans: the drawn tools, limits and shells (planned.PlansDraw)
 
 
 def draw_plan(
@@ -289,6 +297,9 @@ def draw_plan(
     _dense(plan)
     _plain(c, plan, allowed)
     _staged(c, plan, allowed)
+    from . import planned  # plans (planned.py imports this module)
+
+    planned.draw(plan, allowed)
     _sweep(plan)
     return plan
 
@@ -420,7 +431,7 @@ def _sweep(plan: RunPlan) -> None:
     whose send failed (or whose worker died after the checkpoint) is recovered by
     the sweep and nothing else.
     """
-    if plan.wide.features & {"producer_death", "staged"}:
+    if plan.wide.features & {"producer_death", "staged", "plans"}:
         plan.sweep = SweepPlan()
 
 

@@ -190,6 +190,8 @@ class SimWorker(Actor):
         self.sweep_task: Task | None = None
         self._sweeps = 0
         self._truth: dict[str, tuple[int, str] | None] = {}
+        self.shell = "thread"  # plans: the shell it runs as, and an async one's loop lag
+        self.loop_lag = 0.0
         most = max(c.max_attempts for c in self.classes.values())
         unknown_bound, _ = core.redrive_rules(p.max_receive, most, UNKNOWN_CLASS_RECEIVES)
         # A heartbeat that sleeps until the next due moment is woken by a new lease.
@@ -236,7 +238,8 @@ class SimWorker(Actor):
     def _stage_rules(self, job_class: str, stage: str) -> JobClass | None:
         """staged: every stage of a known class runs with that class's rules."""
         if stage not in STAGE_NAMES:
-            return None
+            planned = self.world.planned  # plans: a planned stage has its tool's rules
+            return planned.stage_rules(job_class, stage) if planned is not None else None
         return self.classes.get(job_class)
 
     def bump(self, what: str, n: int = 1) -> None:
@@ -451,9 +454,19 @@ class SimWorker(Actor):
             i = names.index(claim.job.stage or names[0])
             steps = plan.stages[i][1]
             after = names[i + 1] if i + 1 < len(names) else None
-        for step in steps:
+        planned = self.world.planned
+        # plans: the limits it holds, and its tool's callable run as this shell would
+        ran = planned.start_stage(self, run, plan) if planned is not None else None
+        for k, step in enumerate(steps):
             if step.kind == "work":
-                yield SleepOp(step.seconds)
+                stall = (
+                    planned.stall_of(self, claim.job.job_id, claim.job.stage, k)
+                    if planned
+                    else None
+                )
+                if stall is not None:  # plans: an async tool holds the event loop a while
+                    yield from planned.block(self, run, stall)  # type: ignore[union-attr]
+                yield SleepOp(max(0.0, step.seconds - (stall or 0.0)))
                 if plan.cooperative:
                     held.lease.last_progress = self.mono()  # ctx.progress()
                     if held.cancelled.is_set():
@@ -462,6 +475,8 @@ class SimWorker(Actor):
                 yield from self._plain_call(claim, step)
             else:
                 yield from self._effect(held, claim, step, plan.target, origin)
+        if ran is not None:
+            ran.end()  # plans: a plain tool awaited fails once its work is done
         if r < plan.p_unknown:
             raise ToolOutcomeUnknown("scripted: the handler's own call timed out", code="timeout")
         if r < plan.p_unknown + plan.p_permanent:

@@ -358,6 +358,9 @@ class World:
             backoff_max_seconds=p.backoff_max,
         )
         self.job_plans = {jp.job_id: jp for jp in p.job_plans}
+        from . import planned  # plans: the drawn app, its limits and shells (None: off)
+
+        self.planned = planned.setup(self)
         # staged: each staged job's stages, in order (the checker's I18)
         self.checker.staged = {jp.job_id: jp.stage_names for jp in p.job_plans if jp.stages}
         self._old_left = p.wide.old_workers  # mixed_versions: first workers on the old app
@@ -813,6 +816,8 @@ class World:
 
     def _on_redrive(self, m: Message) -> None:
         self.record("sqs", "redrive_to_dlq", {"message": m.message_id, "body": m.body})
+        if self.planned is not None:  # plans: P4, no waiter for a slot is dead-lettered
+            self.planned.redriven(m)
 
     def _known_classes(self, worker: str) -> frozenset[str] | None:
         w = self.workers.get(worker)
@@ -894,6 +899,8 @@ class World:
             if not old:
                 w.classes[JOB_CLASS_V2] = self.job_class_v2
             info["app"] = "old" if old else "new"
+        if self.planned is not None:  # plans: the shell, limits, pace and lag from the app
+            self.planned.worker_started(w, info)
         self.workers[wid] = w
         self.record(wid, "worker_started", info)
         w.start()
@@ -921,6 +928,7 @@ class World:
             resend_after=self._resend_after(),
             # staged: submitted with the app, the record and message name the first stage
             stage=jp.stages[0][0] if jp.stages else None,
+            tenant=self.planned.tenant(job_id) if self.planned is not None else None,  # plans
         )
         if jp.producer_dies:
             flow = self._dies_before_send(flow, job_id)
