@@ -145,6 +145,21 @@ def test_the_limit_rule_counts_live_holders_across_steps() -> None:
     assert len(w.checker.violations) == 3
 
 
+def test_a_message_whose_receive_waited_for_a_slot_never_goes_to_the_dlq() -> None:
+    w = World(10, features=PASSING_FEATURES)
+    p = w.planned
+    assert p is not None
+    worker = w.new_worker()
+    claim = {"job_id": "job-001", "token": 3, "message_id": "msg-7"}
+    w.record(worker.id, "job_claimed", claim)
+    w.record(worker.id, "job_claimed", {**claim, "token": 4, "message_id": "msg-8"})
+    w.record(worker.id, "job_waiting_for_slot", {"job_id": "job-001", "token": 3})
+    p.redriven(SimpleNamespace(message_id="msg-8"))  # type: ignore[arg-type]
+    assert not w.checker.violations  # its receives all ran: dead-lettered, not for waiting
+    p.redriven(SimpleNamespace(message_id="msg-7"))  # type: ignore[arg-type]
+    assert [v.name for v in w.checker.violations] == [planned.P4]
+
+
 def test_a_callable_run_as_it_cannot_be_is_caught() -> None:
     w = World(2, features=PASSING_FEATURES)
     p = w.planned

@@ -34,8 +34,9 @@ holds against them is the draw itself:
 - ``P3_tolerated_stall``: a stall of an async worker's event loop that the worker
   tolerated (no ``loop_blocked``) is never longer than a lease it holds survives
   (the lease's ``L - H - J``): a tolerated stall must never cost a lease.
-- ``P4_waiter_dead_lettered``: no job's wait for a slot sends it to the DLQ (a
-  waiter waits as a fresh message, whose receives its redrive counts apart).
+- ``P4_waiter_dead_lettered``: no job's wait for a slot brings it nearer the DLQ: no
+  message that went to the DLQ had a receive that waited (a waiter waits as a fresh
+  message; the one it came with is retired).
 """
 
 from __future__ import annotations
@@ -256,6 +257,11 @@ class Planned:
         ddb.items[SLOTS] = {}
         ddb._prev[SLOTS] = {}
         self.slots = SlotTable(SLOTS)
+        # P4: the message each claim came with, and the receives of each that waited
+        self._claims: dict[tuple[str, Any], str] = {}
+        self._waits: dict[str, int] = {}
+        for kind, hook in (("job_claimed", self._claimed), ("job_waiting_for_slot", self._waited)):
+            world._journal_hooks[kind] = _chain(world._journal_hooks.get(kind), hook)
 
     # ------------------------------------------------------------------ hooks
 
@@ -316,17 +322,24 @@ class Planned:
                 w.loop_lag = tolerated_loop_lag(None, timings)
             info["max_loop_lag"] = w.loop_lag
 
+    def _claimed(self, worker: str, data: Any) -> None:
+        self._claims[(str(data.get("job_id")), data.get("token"))] = str(data.get("message_id"))
+
+    def _waited(self, worker: str, data: Any) -> None:
+        message = self._claims.get((str(data.get("job_id")), data.get("token")))
+        if message is not None:
+            self._waits[message] = self._waits.get(message, 0) + 1
+
     def redriven(self, m: Message) -> None:
-        """P4: a message the queue moved to the DLQ is never a slot waiter's."""
-        send_id = ""
-        try:
-            send_id = str(json.loads(m.body).get("send_id", ""))
-        except (ValueError, AttributeError):
-            return
-        if send_id.startswith("slotwait."):
+        """P4: a message the queue moves to the DLQ had no receive that waited for a
+        slot (a wait retires the message it was received with: its receives count
+        only claims that could run)."""
+        waits = self._waits.get(m.message_id, 0)
+        if waits:
             self._fail(
                 P4,
-                f"message {m.message_id} of a job waiting for a slot ({send_id}) went to the DLQ",
+                f"message {m.message_id} went to the DLQ after {waits} of its receives "
+                "waited for a slot (a wait must retire the message it came with)",
             )
 
     # ------------------------------------------------------------------ a planned stage
@@ -451,6 +464,18 @@ class Planned:
         checker = self.world.checker
         checker.now = self.world.now
         checker.fail(name, message)
+
+
+def _chain(first: Any, then: Any) -> Any:
+    """A journal hook that runs ``first`` (another feature's, if any) and ``then``."""
+    if first is None:
+        return then
+
+    def both(worker: str, data: Any) -> None:
+        first(worker, data)
+        then(worker, data)
+
+    return both
 
 
 def _coroutines(value: Any) -> list[Any]:

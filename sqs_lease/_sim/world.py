@@ -358,9 +358,6 @@ class World:
             backoff_max_seconds=p.backoff_max,
         )
         self.job_plans = {jp.job_id: jp for jp in p.job_plans}
-        from . import planned  # plans: the drawn app, its limits and shells (None: off)
-
-        self.planned = planned.setup(self)
         # staged: each staged job's stages, in order (the checker's I18)
         self.checker.staged = {jp.job_id: jp.stage_names for jp in p.job_plans if jp.stages}
         self._old_left = p.wide.old_workers  # mixed_versions: first workers on the old app
@@ -372,6 +369,9 @@ class World:
             "tool_request_failed": self._refused,
             "intent_start_refused": self._refused,
         }
+        from . import planned  # plans: the drawn app, its limits and shells (None: off)
+
+        self.planned = planned.setup(self)
         # I20: (worker, job, token) of attempts a refusal proved superseded
         self._refused_attempts: set[tuple[str, str, Any]] = set()
         self.workers: dict[str, Any] = {}
