@@ -109,28 +109,28 @@ from sqs_lease._sim.invariants import (
 CAUGHT_AT: dict[str, int] = {
     "blind_retry": 0,  # I2_double_effect
     "checkpoint_replaces_log": 3,  # I18_stage_checkpoint
-    "commit_after_stop": 52,  # I3_superseded_commit
+    "commit_after_stop": 101,  # I3_superseded_commit
     "continuation_not_unsent": 33,  # I10_stranded_record
     "extend_after_end": 0,  # I5_extended_lost_lease
     "fence_mark_on_success_only": 61,  # I1_stale_effect
     "fence_per_resource": 7,  # I7_live_owner_fenced
     "intent_write_unchecked": 0,  # I15_write_after_lease
-    "no_commit_token": 73,  # I3_superseded_commit
+    "no_commit_token": 48,  # I3_superseded_commit
     "no_ownership_check": 3,  # I5_extended_lost_lease
     "no_stranded_sweep": 6,  # I10_stranded_record
     "pace_counts_fenced_out": 17,  # I21_idle_backpressure
-    "plain_error_not_applied": 10,  # I2_double_effect
-    "resolve_in_two_writes": 12,  # I16_half_resolution
+    "plain_error_not_applied": 3,  # I2_double_effect
+    "resolve_in_two_writes": 82,  # I16_half_resolution
     "resume_keeps_attempts": 6,  # I12_resume_exhausted
     "shared_key_as_own": 0,  # I2_double_effect
     "shared_request_tokens": 557,  # I17_shared_request_token
     "stray_claims": 1,  # I11_stray_claim
     "transient_cancel_as_refusal": 22,  # I8_transient_cancel_lost
     "unconfirmed_lease_given_up": 777674,  # I8_transient_cancel_lost
-    "unknown_class_claims": 10,  # I9_unknown_class
+    "unknown_class_claims": 16,  # I9_unknown_class
     "unreadable_aborts_round": 2,  # E_unhandled_exception
     "validation_as_unknown": 0,  # I14_oversize_result
-    "wall_clock_fence": 355,  # I3_superseded_commit
+    "wall_clock_fence": 329,  # I3_superseded_commit
 }
 
 # The invariant each mutation is expected to break first.
