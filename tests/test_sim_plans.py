@@ -236,3 +236,18 @@ def test_mutation_is_caught_within_200_seeds_of_the_plans_world(name: str) -> No
 
 def test_the_invariants_are_named() -> None:
     assert set(planned.INVARIANTS) == {P1, P2, P3, planned.P4}
+
+
+@pytest.mark.parametrize("seed", [2600685, 2600855])
+def test_soak_a_job_waiting_behind_a_slot_an_edited_record_holds_is_the_operators(
+    seed: int,
+) -> None:
+    """Soak seeds (fresh range 2,600,000): an outside writer broke the record of a job
+    holding a slot; its message went to the DLQ as poison and its record stays running
+    under the slot's token, so the slot is held until an operator fixes the record (a
+    slot is never taken on a guess). The jobs waiting for that pool wait for the
+    operator too: the checker's I4 counted them as unfinished (the checker's error;
+    like the edited job, they are the operator's now)."""
+    result = run_seed(seed, features=PASSING_FEATURES, trace=True)
+    assert result.ok, result.violations[:1]
+    assert any(e[2] == "sim_waits_behind_edited" for e in result.log)

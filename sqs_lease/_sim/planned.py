@@ -326,9 +326,32 @@ class Planned:
         self._claims[(str(data.get("job_id")), data.get("token"))] = str(data.get("message_id"))
 
     def _waited(self, worker: str, data: Any) -> None:
-        message = self._claims.get((str(data.get("job_id")), data.get("token")))
+        job_id = str(data.get("job_id"))
+        message = self._claims.get((job_id, data.get("token")))
         if message is not None:
             self._waits[message] = self._waits.get(message, 0) + 1
+        self._behind_edited(job_id, str(data.get("pool")), data.get("limit"))
+
+    def _behind_edited(self, job_id: str, pool: str, limit: Any) -> None:
+        """unreadable_records: a job that waits for a pool whose every slot is held by a
+        job an outside writer broke waits for the operator, as that job does (its record
+        stays running under the slot's token, its message went to the DLQ as poison,
+        and a slot is never taken on a guess): it is the operator's, like that job
+        (``World._edited``: not judged by I4)."""
+        edited = self.world._edited
+        if not edited or not isinstance(limit, int):
+            return
+        slots = self.world.ddb.items[SLOTS]
+        for i in range(limit):
+            item = slots.get((("slot", "S", f"{pool}#{i}"),))
+            holder = self.slots.parse(item) if item is not None else None
+            if holder is None or holder.job_id not in edited:
+                return
+            if self.world.truth(holder.job_id) != (holder.token, "running"):
+                return
+        if job_id not in edited:
+            edited.add(job_id)
+            self.world.record("world", "sim_waits_behind_edited", {"job_id": job_id, "pool": pool})
 
     def redriven(self, m: Message) -> None:
         """P4: a message the queue moves to the DLQ had no receive that waited for a
