@@ -33,12 +33,13 @@ visibility change (issue 12) the first seed to draw it for shared_request_tokens
 above 400 (a search of seeds 200-999 on 78d16e8 found 435). A commit fenced on the
 wall clock is caught only where clocks drift across a takeover with a late commit:
 since every widened feature joined the mutation world, seeds 0-299 show none (the
-first is 355). A decision run again after its job ran again and went ambiguous again
-needs an operator who dies after the first half of a resolve, a resumed attempt that
-reaches the target and a second ambiguity, all before the re-run: the soak found the
-first at seed 57932. An attempt that gives itself up at an unanswered heartbeat is
-caught only where a transient cancel comes just before it with the lease still
-running (I8): seeds 0-199 show none; the fresh-range soak of issue 34 found 777674."""
+first is 355; with the plans world of issue 26, 329). A decision run again after its
+job ran again and went ambiguous again needs an operator who dies after the first
+half of a resolve, a resumed attempt that reaches the target and a second ambiguity,
+all before the re-run: the soak found the first at seed 57932. An attempt that gives
+itself up at an unanswered heartbeat is caught only where a transient cancel comes
+just before it with the lease still running (I8): seeds 0-199 show none; the fresh-
+range soak of issue 34 found 777674."""
 
 __all__ = ["FIRST_SEED", "SEED_LIMIT", "Catch", "first_catch", "search_seeds", "world"]
 

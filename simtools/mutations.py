@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from typing import Any
 
 from sqs_lease._core import attempt, flows, intents
@@ -1344,3 +1345,82 @@ WITHOUT["unconfirmed_lease_given_up"] = WITHOUT["unconfirmed_lease_given_up"] | 
 )
 __all__ += ["CLOCK_MUTATIONS", "CLOCK_WORLDS"]
 # --- end issue 26: clocks
+
+
+# --------------------------------------------------------------------------- plans
+# Issue 26's plans world (``sqs_lease/_sim/planned.py``: planned jobs, tool and tenant
+# limits, async tools): the defects it draws, each put back by one mutation. They are
+# registered in ``VARIANTS`` and ``WORLDS`` here, and in ``PLANS_MUTATIONS`` (pinned
+# in tests/test_sim_plans.py, not in ``MUTATIONS``, whose table lives in
+# tests/test_sim_mutations.py).
+
+
+@contextmanager
+def limit_per_step() -> Iterator[None]:
+    """Issue 26 defect 7, as before the fix: a planned tool's ``concurrency_limit`` is
+    counted per plan step (pool ``CLASS:N-tool``), so two steps calling one tool hold
+    twice its limit. Expected: P1 (a tool's limit exceeded across steps)."""
+    from sqs_lease import plans
+
+    real = plans.PlannedJob.stage
+
+    def stage(self: plans.PlannedJob, name: str) -> Any:
+        reg = real(self, name)
+        return None if reg is None else replace(reg, limit_unit=None)
+
+    with _patch(plans.PlannedJob, "stage", stage):
+        yield
+
+
+@contextmanager
+def async_per_class() -> Iterator[None]:
+    """Issue 26 defect 8, as before the fix: ``async def`` is decided per job class,
+    not per callable: a planned step's wrapper is always plain (its async tool is
+    called and never awaited, in either worker) and the app's async callables are its
+    classes' top-level handlers (a thread worker accepts an app with async tools).
+    Expected: P2 (a callable run as it cannot be)."""
+    from sqs_lease import _jobs, plans
+
+    def step_handler(tool: Any, n: int) -> Any:
+        def run_step(ctx: Any, args: Any) -> Any:
+            return plans._step_end(ctx, n, tool.fn(ctx, args))
+
+        return run_step
+
+    def async_callables(self: _jobs.App) -> list[str]:
+        return sorted(f"job class {n!r}" for n, reg in self.classes.items() if reg.is_async)
+
+    with (
+        _patch(plans, "_step_handler", step_handler),
+        _patch(_jobs.App, "async_callables", async_callables),
+    ):
+        yield
+
+
+@contextmanager
+def lease_rules_top_level() -> Iterator[None]:
+    """Issue 26 defect 10, as before the fix: the rules that read "the classes" (the
+    loop lag an async worker tolerates, the pace's budget, the receive's first lease)
+    read the top-level classes only, so a tool's tighter lease is lost to a loop
+    stall the worker tolerated, with no ``loop_blocked``. Expected: P3."""
+    from sqs_lease import _jobs
+
+    def lease_rules(self: _jobs.App) -> list[tuple[str, Any]]:
+        return [(name, reg.job_class) for name, reg in self.classes.items()]
+
+    with _patch(_jobs.App, "lease_rules", lease_rules):
+        yield
+
+
+PLANS_MUTATIONS: dict[str, Callable[[], Any]] = {
+    "limit_per_step": limit_per_step,
+    "async_per_class": async_per_class,
+    "lease_rules_top_level": lease_rules_top_level,
+}
+"""The plans world's mutations (each caught in the ``plans`` world, one of
+``plan.PASSING_FEATURES``); ``pace_counts_fenced_out`` (defect 11) is caught there too
+(tests/test_sim_plans.py)."""
+VARIANTS.update(PLANS_MUTATIONS)
+WORLDS.update({name: frozenset({"plans"}) for name in PLANS_MUTATIONS})
+__all__ += ["PLANS_MUTATIONS"]
+# --------------------------------------------------------------------------- end plans

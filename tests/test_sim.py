@@ -1077,6 +1077,11 @@ def test_every_seed_of_the_first_soak_passes_after_the_seed_1658_fix() -> None:
 SOAK_2_FAILING = (105, 1487, 1970, 2181, 2197, 2746, 989)
 
 
+NO_PLANS = PASSING_FEATURES - {"plans"}
+"""Every feature but the plans world (issue 26), for seeds pinned on a case drawn
+before it: the plans world draws at some of them and moves their schedules."""
+
+
 def test_seed_2197_a_later_stage_exhausting_its_own_attempts_is_not_the_resume_exhausting_it() -> (
     None
 ):

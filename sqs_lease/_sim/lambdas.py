@@ -101,6 +101,10 @@ def draw(c: Chaos, plan: RunPlan, allowed: frozenset[str]) -> None:
     starved = r.uniform(0.02, 0.2) if r.random() < 0.4 else 0.0
     if not on or FEATURE not in allowed or plan.profile == "long":
         return
+    if plan.plans is not None:
+        # Not drawn with planned jobs yet: their shells (thread, async, loop stalls) are
+        # the workers'; a function's would need its own.
+        return
     if plan.fifo is not None:
         # Not drawn yet: the simulated mapping polls a standard queue (its batches of
         # several groups, each group's order kept, are the next step). A FIFO run keeps

@@ -55,6 +55,10 @@ LAMBDA_FEATURES = ("lambda",)
 # --- end lambda
 # issue 26: clocks, backlog, dead_entries (clocks.py; own stream clocks-SEED)
 CLOCK_FEATURES = _clocks.CLOCK_FEATURES
+# --- plans (issue 26: planned jobs, tool and tenant limits, async tools; planned.py),
+# drawn from their own stream (``plans-SEED``) after everything else.
+PLANS_FEATURES = ("plans",)
+# --- end plans
 WIDE_FEATURES = (
     ISSUE7_FEATURES
     + ISSUE14_FEATURES
@@ -63,6 +67,7 @@ WIDE_FEATURES = (
     + FIFO_FEATURES
     + LAMBDA_FEATURES
     + CLOCK_FEATURES
+    + PLANS_FEATURES
 )
 
 PASSING_FEATURES: frozenset[str] = frozenset(WIDE_FEATURES)
@@ -203,6 +208,7 @@ class RunPlan:
     fifo: fifo_world.FifoPlan | None = None  # issue 26: the fifo world (None: a standard queue)
     lambdas: Any = None  # lambda: the run's LambdaPlan (lambdas.py; None: no functions)
     clocks: _clocks.ClockPlan | None = None  # issue 26: clocks, backlog, dead_entries
+    plans: Any = None  # plans: the drawn tools, limits and shells (planned.PlansDraw)
 
 
 def draw_plan(
@@ -313,6 +319,9 @@ def draw_plan(
     _staged(c, plan, allowed, force=fifo_world.forces_staged(plan.seed, allowed))
     fifo_world.draw(c, plan, allowed)  # issue 26, fifo
     _clocks.draw(plan, allowed)  # issue 26: its own stream
+    from . import planned  # plans (planned.py imports this module)
+
+    planned.draw(plan, allowed)
     _sweep(plan)
     from .lambdas import draw as _lambdas  # lambda (its module imports this one)
 
@@ -448,7 +457,7 @@ def _sweep(plan: RunPlan) -> None:
     whose send failed (or whose worker died after the checkpoint) is recovered by
     the sweep and nothing else.
     """
-    if plan.wide.features & {"producer_death", "staged", "dead_entries"}:
+    if plan.wide.features & {"producer_death", "staged", "dead_entries", "plans"}:
         plan.sweep = SweepPlan()
 
 

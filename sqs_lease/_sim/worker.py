@@ -188,6 +188,8 @@ class SimWorker(Actor):
         self.sweep_task: Task | None = None
         self._sweeps = 0
         self._truth: dict[str, tuple[int, str] | None] = {}
+        self.shell = "thread"  # plans: the shell it runs as, and an async one's loop lag
+        self.loop_lag = 0.0
         most = max(c.max_attempts for c in self.classes.values())
         unknown_bound, _ = core.redrive_rules(p.max_receive, most, UNKNOWN_CLASS_RECEIVES)
         # A heartbeat that sleeps until the next due moment is woken by a new lease.
@@ -234,7 +236,8 @@ class SimWorker(Actor):
     def _stage_rules(self, job_class: str, stage: str) -> JobClass | None:
         """staged: every stage of a known class runs with that class's rules."""
         if stage not in STAGE_NAMES:
-            return None
+            planned = self.world.planned  # plans: a planned stage has its tool's rules
+            return planned.stage_rules(job_class, stage) if planned is not None else None
         base = self.classes.get(job_class)
         if base is not None and self.world.fifo is not None:
             return self.world.fifo.stage_class(base, job_class, stage)  # its own input model
@@ -459,10 +462,21 @@ class SimWorker(Actor):
             if fifo is not None:  # fifo: resume after the steps its own hint says are done
                 steps = steps[fifo.resume_from(claim.job.job_id, stage, claim.job.progress_json) :]
         done = len(plan.stages[i][1]) - len(steps) if plan.stages else 0
-        for step in steps:
+        planned = self.world.planned
+        # plans: the limits it holds, and its tool's callable run as this shell would
+        # (never drawn with fifo: its steps are never resumed past, so k is the step's)
+        ran = planned.start_stage(self, run, plan) if planned is not None else None
+        for k, step in enumerate(steps):
             done += 1
             if step.kind == "work":
-                yield SleepOp(step.seconds)
+                stall = (
+                    planned.stall_of(self, claim.job.job_id, claim.job.stage, k)
+                    if planned
+                    else None
+                )
+                if stall is not None:  # plans: an async tool holds the event loop a while
+                    yield from planned.block(self, run, stall)  # type: ignore[union-attr]
+                yield SleepOp(max(0.0, step.seconds - (stall or 0.0)))
                 if plan.cooperative:
                     held.lease.last_progress = self.mono()  # ctx.progress()
                     if stage and fifo is not None:  # ctx.progress({"stage", "done"})
@@ -473,6 +487,8 @@ class SimWorker(Actor):
                 yield from self._plain_call(claim, step)
             else:
                 yield from self._effect(held, claim, step, plan.target, origin)
+        if ran is not None:
+            ran.end()  # plans: a plain tool awaited fails once its work is done
         if r < plan.p_unknown:
             raise ToolOutcomeUnknown("scripted: the handler's own call timed out", code="timeout")
         if r < plan.p_unknown + plan.p_permanent:

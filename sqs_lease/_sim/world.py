@@ -384,6 +384,9 @@ class World:
             "tool_request_failed": self._refused,
             "intent_start_refused": self._refused,
         }
+        from . import planned  # plans: the drawn app, its limits and shells (None: off)
+
+        self.planned = planned.setup(self)
         # I20: (worker, job, token) of attempts a refusal proved superseded
         self._refused_attempts: set[tuple[str, str, Any]] = set()
         self.workers: dict[str, Any] = {}
@@ -846,6 +849,8 @@ class World:
 
     def _on_redrive(self, m: Message) -> None:
         self.record("sqs", "redrive_to_dlq", {"message": m.message_id, "body": m.body})
+        if self.planned is not None:  # plans: P4, no waiter for a slot is dead-lettered
+            self.planned.redriven(m)
 
     def _live_owner(self, worker: str, job_id: str, token: int) -> bool:
         """I24 (dup-defer): the worker runs and holds the job at the token, its lease
@@ -938,6 +943,8 @@ class World:
             if not old:
                 w.classes[JOB_CLASS_V2] = self.job_class_v2
             info["app"] = "old" if old else "new"
+        if self.planned is not None:  # plans: the shell, limits, pace and lag from the app
+            self.planned.worker_started(w, info)
         self.workers[wid] = w
         self.record(wid, "worker_started", info)
         self.clocks.attach(w, steps=True)  # issue 26 (clocks)
@@ -969,6 +976,7 @@ class World:
             stage=jp.stages[0][0] if jp.stages else None,
             # fifo: its session, stage count, interleave_stages
             **(self.fifo.submit_args(jp) if self.fifo is not None else {}),
+            tenant=self.planned.tenant(job_id) if self.planned is not None else None,  # plans
         )
         if jp.producer_dies:
             flow = self._dies_before_send(flow, job_id)
