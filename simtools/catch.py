@@ -26,6 +26,7 @@ FIRST_SEED = {
     "shared_request_tokens": 400,
     "wall_clock_fence": 300,
     "unconfirmed_lease_given_up": 777600,
+    "retention_across_clocks": 500,
 }
 """Where a mutation's search starts (else 0). Two owners writing one attempt of a job
 on a table that honours request tokens is a rare schedule: since the claim sends no
@@ -39,7 +40,10 @@ half of a resolve, a resumed attempt that reaches the target and a second ambigu
 all before the re-run: the soak found the first at seed 57932. An attempt that gives
 itself up at an unanswered heartbeat is caught only where a transient cancel comes
 just before it with the lease still running (I8): seeds 0-199 show none; the fresh-
-range soak of issue 34 found 777674."""
+range soak of issue 34 found 777674. A repeat past a key the target forgot needs a
+lagging clock on the reconciling worker and a takeover of an in-progress intent: since
+the duplicate rule (issue 26) a takeover waits for the owner's liveness to stop, and
+seeds 0-575 of the clocks world show none (the first is 576)."""
 
 __all__ = ["FIRST_SEED", "SEED_LIMIT", "Catch", "first_catch", "search_seeds", "world"]
 

@@ -1192,17 +1192,20 @@ def unstarted_released_at_once() -> Iterator[None]:
 LAMBDA_MUTATIONS: dict[str, Callable[[], Any]] = {
     "lambda_unfit_looped": lambda_unfit_looped,
     "reserved_id_accepted": reserved_id_accepted,
-    "unstarted_released_at_once": unstarted_released_at_once,
 }
 """Caught in the ``lambda`` world (seeds pinned in tests/test_sim_lambda.py; to join
 MUTATIONS and CAUGHT_AT when the lead merges the four parts of the widened world)."""
 LAMBDA_UNCAUGHT: dict[str, Callable[[], Any]] = {
+    # Caught at soak seed 2600897 until the duplicate rule moved it (no seed of the lambda
+    # world's 0-399 draws a record behind long ones in a batch since); seed 117 draws the
+    # class, but the real protocol fails it too (tests/test_sim_lambda.py, strict xfail).
+    "unstarted_released_at_once": unstarted_released_at_once,
     "lambda_parser_drops_timestamps": lambda_parser_drops_timestamps,
 }
-# ``refusal_as_unknown`` (in UNCAUGHT above) is caught in the lambda world at seed 188
+# ``refusal_as_unknown`` (in UNCAUGHT above) is caught in the lambda world at seed 10
 # (I20): an environment starved of CPU while its intent start is in flight sends its
 # call after its lease lapsed (tests/test_sim_lambda.py); it can join MUTATIONS (with
-# CAUGHT_AT 188, after a search) when the four parts of the widened world are merged.
+# CAUGHT_AT 10) once MUTATIONS runs per world (188 before the duplicate rule moved it).
 """``lambda_parser_drops_timestamps``: the first receive's timestamp only shortens the
 budget of a message received before whose first receive is near 12 hours old
 (``stages.cap_budget``); the simulated SQS counts the cap from each receive (as AWS
@@ -1424,3 +1427,33 @@ VARIANTS.update(PLANS_MUTATIONS)
 WORLDS.update({name: frozenset({"plans"}) for name in PLANS_MUTATIONS})
 __all__ += ["PLANS_MUTATIONS"]
 # --------------------------------------------------------------------------- end plans
+
+
+# --------------------------------------------------------------------------- issue 26 worlds
+# Each world of issue 26 pins its mutations in the world it was built in: the passing
+# world less the other issue 26 configurations (each draws from its own stream, and each
+# moves the schedules of seeds the others pinned). The soak draws them all together.
+ISSUE26_WORLDS: dict[str, frozenset[str]] = {
+    "fifo": frozenset({"fifo"}),
+    "lambda": frozenset({"lambda"}),
+    "clocks": frozenset({"clocks", "backlog", "dead_entries"}),
+    "plans": frozenset({"plans"}),
+}
+"""The features of each issue 26 configuration."""
+for _mutations, _own in (
+    (FIFO_MUTATIONS, "fifo"),
+    ({**LAMBDA_MUTATIONS, **LAMBDA_UNCAUGHT}, "lambda"),
+    (CLOCK_MUTATIONS, "clocks"),
+    (PLANS_MUTATIONS, "plans"),
+):
+    _others = frozenset().union(*(f for w, f in ISSUE26_WORLDS.items() if w != _own))
+    for _name in _mutations:
+        WITHOUT[_name] = WITHOUT.get(_name, frozenset()) | _others
+__all__ += ["ISSUE26_WORLDS"]
+# ``no_commit_token`` (a commit fenced without its token) needs a superseded owner that
+# commits after a takeover; since the duplicate rule a takeover waits for the owner's
+# liveness to stop, and in the whole world no seed of 0-799 draws the case where the
+# real protocol passes (seed 117 draws it, but fails the real protocol too: see
+# tests/test_sim_lambda.py). It stays pinned in the world it was found in, without
+# issue 26's configurations (caught at 159).
+WITHOUT["no_commit_token"] = frozenset().union(*ISSUE26_WORLDS.values())

@@ -47,9 +47,10 @@ from sqs_lease._sim.sqs import SimSQS, SqsBehaviour, Wait
 # CPU a seed, two processes), yet every fault kind and reaction the test checks
 # appears in it. `make soak` runs a longer batch (LONG_SEEDS) and then 100,000.
 FIXED_SEEDS = range(0, 60)
-# The world before issue 26's clocks, backlog and dead_entries (sqs_lease/_sim/clocks.py):
-# where a pinned scenario that now draws them was found (they moved its schedule).
-_BEFORE_CLOCKS = frozenset(WIDE_FEATURES) - frozenset(CLOCK_FEATURES)
+# The world before issue 26's configurations (fifo, lambda, plans, and the clocks,
+# backlog and dead_entries of sqs_lease/_sim/clocks.py): where a pinned scenario that
+# now draws one of them was found (they move its schedule).
+_BEFORE_26 = frozenset(WIDE_FEATURES) - {"fifo", "lambda", "plans"} - frozenset(CLOCK_FEATURES)
 LONG_SEEDS = range(60, 1000)
 
 JOBS, INTENTS, ATTEMPTS = "jobs", "intents", "attempts"
@@ -1077,7 +1078,6 @@ def test_every_seed_of_the_first_soak_passes_after_the_seed_1658_fix() -> None:
 SOAK_2_FAILING = (105, 1487, 1970, 2181, 2197, 2746, 989)
 
 
-NO_PLANS = PASSING_FEATURES - {"plans"}
 """Every feature but the plans world (issue 26), for seeds pinned on a case drawn
 before it: the plans world draws at some of them and moves their schedules."""
 
@@ -1099,7 +1099,7 @@ def test_seed_2197_a_later_stage_exhausting_its_own_attempts_is_not_the_resume_e
     duplicate of a live stage defers now, so the case needs an owner judged gone);
     2503 since, none of 2197-2502.)
     Replay: python -m simtools replay --seed 2503"""
-    r = run_seed(2503)
+    r = run_seed(2503, features=_BEFORE_26)  # the world it was found in
     assert r.ok, r.violations
     resumed = [e for e in r.log if e[2] == "operator_resumes"]
     assert resumed, "the seed no longer draws its case"
@@ -1167,7 +1167,7 @@ def test_seed_64626_a_slow_hand_back_does_not_spend_the_jobs_receives() -> None:
     first (the duplicate rule, issue 26); seed 1434 since (none of 1208-1433).
     Replay: python -m simtools replay --seed 1434"""
     assert run_seed(64626).ok
-    r = run_seed(1434)
+    r = run_seed(1434, features=_BEFORE_26)  # the world it was found in
     assert r.ok, r.violations
     deferred = [e[3] for e in r.log if e[2] == "claim_deferred"]
     assert any(d["reason"] == "hand_back_under_way" for d in deferred), "the seed moved on"
@@ -1552,7 +1552,7 @@ def test_an_older_owner_s_plain_fenced_call_after_a_newer_owner_s_replay_is_refu
     # Pinned without the staged world: seed 33 draws it too, and its stages (deaths
     # after checkpoints, the sweep) move this schedule; nor the lambda world (issue 26),
     # which seed 33 draws too (functions alone: no worker is left to draw the case).
-    world = sorted((PASSING_FEATURES - {"staged", "lambda"}) | {"plain_calls"})
+    world = sorted((_BEFORE_26 - {"staged"}) | {"plain_calls"})
     r = _wide(33, *world)
     assert r.injected.get("world_plain_calls"), "seed 33 no longer draws plain_calls"
     assert r.ok, _verdict(r, 33, *world)
@@ -1706,7 +1706,7 @@ def test_soak_seed_777674_an_unknown_outcome_waits_for_an_unconfirmed_lease_to_m
     # with 17 s of lease left. Every intent write of an attempt now waits for the
     # verdict while the lease has reserve, and the record's transient cancel is
     # retried (`unconfirmed_lease_given_up` is the mutation; it is caught here too).
-    features = tuple(sorted(set(WIDE_FEATURES) - {"fifo"}))  # (777674 draws a FIFO queue)
+    features = tuple(sorted(_BEFORE_26))  # (777674 draws issue 26's worlds: without them)
     r = _wide(777674, *features)
     assert r.ok, _verdict(r, 777674, *features)
     retried = [e for e in _events_of(r, "intent_write_retried") if e["op"] == "attempt_failed"]
@@ -1714,7 +1714,7 @@ def test_soak_seed_777674_an_unknown_outcome_waits_for_an_unconfirmed_lease_to_m
     waits = [e for e in _events_of(r, "ownership_wait") if e["job_id"] == retried[0]["job_id"]]
     assert waits, "seed 777674 no longer waits for a verdict after the retry"
     # The mutation's pinned seed until the clocks world moved it (mutations.UNCAUGHT)
-    mutated = run_seed(777674, mutation="unconfirmed_lease_given_up", features=_BEFORE_CLOCKS)
+    mutated = run_seed(777674, mutation="unconfirmed_lease_given_up", features=_BEFORE_26)
     assert [v.name for v in mutated.violations][:1] == ["I8_transient_cancel_lost"]
 
 
@@ -1729,7 +1729,7 @@ def test_soak_seed_401794_an_oversize_result_is_judged_by_its_own_attempts_end(s
     # schedules (clean, but no refused owner's end); 401782 and 401982 then, and
     # 401782 and 401810 since the liveness record replaced the per-job advisory write.
     # (401810 draws issue 26's clocks world, which moved it: replayed without it)
-    features = tuple(sorted(_BEFORE_CLOCKS))
+    features = tuple(sorted(_BEFORE_26))
     r = _wide(seed, *features)
     assert r.ok, _verdict(r, seed, *features)
     assert _events_of(r, "result_rejected"), f"seed {seed} no longer refuses the owner's end"

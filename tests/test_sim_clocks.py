@@ -29,7 +29,7 @@ from sqs_lease._sim.world import JOBS, QUEUE, World
 # invariant it breaks there.
 CAUGHT_AT: dict[str, int] = {
     "cap_from_send": 1,  # I25_charged_before_budget
-    "retention_across_clocks": 76,  # I2_double_effect
+    "retention_across_clocks": 576,  # I2_double_effect (76 before the duplicate rule moved it)
     "sweep_blind_to_dead": 6,  # I10_stranded_record
 }
 EXPECTED: dict[str, str] = {

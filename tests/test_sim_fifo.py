@@ -136,7 +136,7 @@ def test_the_fifo_world_draws_sessions_stages_hints_and_resubmits() -> None:
 # The first seed of each fifo mutation's search that catches it (``python -m simtools
 # mutations`` prints them), with the invariant it is expected to break there.
 CAUGHT_AT: dict[str, tuple[int, str]] = {
-    "dedup_per_send_only": (2, I10),  # defect 1: another job's continuation dropped
+    "dedup_per_send_only": (13, I10),  # defect 1: another job's continuation dropped
     "takeover_sends_first_stage": (154, I4),  # defect 6: a resubmit's send names fetch
     "continuation_leaves_session": (17, fifo.I22),  # defect 9: a stage skips its session
     "checkpoint_keeps_hint": (13, I18),  # defect 5: notify starts with upload's hint

@@ -122,16 +122,16 @@ CAUGHT_AT: dict[str, int] = {
     "extend_after_end": 0,  # I5_extended_lost_lease
     "fence_mark_on_success_only": 61,  # I1_stale_effect
     "fence_per_resource": 7,  # I7_live_owner_fenced
-    "intent_write_unchecked": 2,  # I15_write_after_lease
-    "no_commit_token": 159,  # I3_superseded_commit
+    "intent_write_unchecked": 10,  # I15_write_after_lease (issue 26's worlds)
+    "no_commit_token": 159,  # I3_superseded_commit (without issue 26's worlds: WITHOUT)
     "no_ownership_check": 74,  # I5_extended_lost_lease
     "no_stranded_sweep": 6,  # I10_stranded_record
     "pace_counts_fenced_out": 17,  # I21_idle_backpressure
-    "duplicate_takes_over": 2,  # I24_live_owner_taken_over (dup-defer)
+    "duplicate_takes_over": 7,  # I24_live_owner_taken_over (issue 26's worlds)
     "defers_forever": 3,  # I4_unfinished_job (dup-defer)
-    "plain_error_not_applied": 10,  # I2_double_effect
+    "plain_error_not_applied": 0,  # I2_double_effect (issue 26's worlds)
     "resolve_in_two_writes": 24,  # I16_half_resolution
-    "resume_keeps_attempts": 47,  # I12_resume_exhausted
+    "resume_keeps_attempts": 75,  # I12_resume_exhausted (issue 26's worlds)
     "shared_key_as_own": 0,  # I2_double_effect
     "stray_claims": 1,  # I11_stray_claim
     "transient_cancel_as_refusal": 22,  # I8_transient_cancel_lost
