@@ -869,20 +869,8 @@ def duplicate_takes_over() -> Iterator[None]:
         env: Any, item: Any, found: Any, rules: Any, nonce: str
     ) -> Flow[flows.ClaimResult | None]:
         now = yield from attempt._now(env)
-        claim = yield from flows.admit_flow(
-            env.table,
-            queue_url=env.queue_url,
-            dlq_url=env.dlq_url,
-            delivery=item,
-            known_class=True,
-            worker_id=env.worker_id,
-            wall_now=now.wall,
-            lease_seconds=rules.lease_seconds,
-            max_attempts=rules.max_attempts,
-            unknown_class_receives=env.unknown_class_receives,
-            keep_receive_lease=attempt.first_beat_reserve(rules, item.visibility),
-            nonce=nonce,
-            take_from=found.job.token,
+        claim = yield from attempt._admit(
+            env, item, rules, now.wall, nonce, take_from=found.job.token
         )
         return None if isinstance(claim, flows.NotClaimed) and claim.outcome == "running" else claim
 

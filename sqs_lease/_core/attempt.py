@@ -358,21 +358,7 @@ def attempt_flow(
     # Drawn only when needed: the random stream stays the retries' own.
     rand = 0.5 if rules is not None else (yield from _value("random", env.random))
     nonce = yield from _nonce(env)
-    claim = yield from admit_flow(
-        env.table,
-        queue_url=env.queue_url,
-        dlq_url=env.dlq_url,
-        delivery=item,
-        known_class=rules is not None,
-        worker_id=env.worker_id,
-        wall_now=now.wall,
-        lease_seconds=rules.lease_seconds if rules else env.receive_visibility,
-        max_attempts=rules.max_attempts if rules else UNKNOWN_CLASS_MAX_ATTEMPTS,
-        unknown_class_receives=env.unknown_class_receives,
-        rand=rand,
-        keep_receive_lease=first_beat_reserve(rules, item.visibility) if rules else None,
-        nonce=nonce,
-    )
+    claim = yield from _admit(env, item, rules, now.wall, nonce, rand=rand)
     if isinstance(claim, NotClaimed) and claim.outcome == "running" and rules is not None:
         taken = yield from _owner_running(env, item, claim, rules, nonce)
         if taken is None:
@@ -496,42 +482,70 @@ def _owner_running(
         )
     if not alive:
         now = yield from _now(env)
-        claim = yield from admit_flow(
-            env.table,
-            queue_url=env.queue_url,
-            dlq_url=env.dlq_url,
-            delivery=item,
-            known_class=True,
-            worker_id=env.worker_id,
-            wall_now=now.wall,
-            lease_seconds=rules.lease_seconds,
-            max_attempts=rules.max_attempts,
-            unknown_class_receives=env.unknown_class_receives,
-            keep_receive_lease=first_beat_reserve(rules, item.visibility),
-            nonce=nonce,
-            take_from=running.token,
-        )
+        claim = yield from _admit(env, item, rules, now.wall, nonce, take_from=running.token)
         if not (isinstance(claim, NotClaimed) and claim.outcome == "running"):
             return claim
         # Claimed by another worker while this one watched: that owner is alive.
         running = claim.job if claim.job is not None else running
-    delay = duplicate_defer(own.lease_seconds, item.receive_count)
+    yield from _defer(
+        env,
+        item,
+        duplicate_defer(own.lease_seconds, item.receive_count),
+        "owner_alive",
+        owner=running.owner,
+        token=running.token,
+        receive_count=item.receive_count,
+    )
+    return None
+
+
+def _admit(
+    env: AttemptEnv,
+    item: Delivery,
+    rules: LeaseRules | None,
+    wall_now: float,
+    nonce: str,
+    *,
+    rand: float = 0.5,
+    take_from: int | None = None,
+) -> Flow[ClaimResult]:
+    """``admit_flow`` for a delivery under its class's rules (None: a class this
+    worker does not know); ``take_from``: the running token a take-over may replace."""
+    return (
+        yield from admit_flow(
+            env.table,
+            queue_url=env.queue_url,
+            dlq_url=env.dlq_url,
+            delivery=item,
+            known_class=rules is not None,
+            worker_id=env.worker_id,
+            wall_now=wall_now,
+            lease_seconds=rules.lease_seconds if rules else env.receive_visibility,
+            max_attempts=rules.max_attempts if rules else UNKNOWN_CLASS_MAX_ATTEMPTS,
+            unknown_class_receives=env.unknown_class_receives,
+            rand=rand,
+            keep_receive_lease=first_beat_reserve(rules, item.visibility) if rules else None,
+            nonce=nonce,
+            take_from=take_from,
+        )
+    )
+
+
+def _defer(env: AttemptEnv, item: Delivery, delay: int, reason: str, **fields: Any) -> Flow[None]:
+    """Leave a delivery unclaimed for ``delay`` seconds (``claim_deferred``)."""
     cmv = yield from set_visibility(on_queue(item, env.queue_url), item.receipt_handle, delay)
     yield Emit(
         "claim_deferred",
         {
             "job_id": item.job_id,
             "message_id": item.message_id,
-            "reason": "owner_alive",
-            "owner": running.owner,
-            "token": running.token,
-            "receive_count": item.receive_count,
+            "reason": reason,
+            **fields,
             "delay": delay,
             "visibility_set": isinstance(cmv, Ok),
         },
     )
     env.tally("deferred", 1)
-    return None
 
 
 # ----------------------------------------------------------------------------- slots
@@ -1223,19 +1237,7 @@ def _defer_behind_hand_back(env: AttemptEnv, item: Delivery, age: float) -> Flow
     """The job's lapsed attempt is being handed back by another flow of this worker:
     a claim now could land before that release and charge the job an attempt for the
     worker's own lateness, so the message comes back later, unclaimed."""
-    delay = hand_back_defer(age)
-    cmv = yield from set_visibility(on_queue(item, env.queue_url), item.receipt_handle, delay)
-    yield Emit(
-        "claim_deferred",
-        {
-            "job_id": item.job_id,
-            "message_id": item.message_id,
-            "reason": "hand_back_under_way",
-            "delay": delay,
-            "visibility_set": isinstance(cmv, Ok),
-        },
-    )
-    env.tally("deferred", 1)
+    yield from _defer(env, item, hand_back_defer(age), "hand_back_under_way")
 
 
 def heartbeat_tick_flow(env: AttemptEnv, *, stopping: bool) -> Flow[None]:
