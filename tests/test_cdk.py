@@ -6,14 +6,11 @@ One synthesis (module-scoped fixtures) serves every test: jsii makes each one sl
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -24,6 +21,7 @@ import aws_cdk as cdk
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk.assertions import Template
+from cdk_example import load_example
 
 from sqs_lease import App, ConfigError, JobClass, JobClassError, Settings
 from sqs_lease.deploy import (
@@ -61,16 +59,7 @@ PREFIX = f"t{uuid.uuid4().hex[:10]}"
 Json = dict[str, Any]
 
 
-def _load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cdk_example_app", CDK_DIR / "app.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-EXAMPLE = _load_example()
+EXAMPLE = load_example("cdk_example_app")
 
 
 @pytest.fixture(scope="module")

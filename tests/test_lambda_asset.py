@@ -15,7 +15,6 @@ failure fails them.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -25,7 +24,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -35,6 +33,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 import aws_cdk as cdk
 from aws_cdk import aws_lambda as lambda_
+from cdk_example import load_example
 
 from sqs_lease import App, ConfigError, JobClassError, NextStage, Producer, Settings
 from sqs_lease.deploy import check_lambda_fit
@@ -58,16 +57,7 @@ PREFIX = f"t{uuid.uuid4().hex[:10]}"
 Json = dict[str, Any]
 
 
-def _load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cdk_asset_example_app", CDK_DIR / "app.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-EXAMPLE = _load_example()
+EXAMPLE = load_example("cdk_asset_example_app")
 
 
 def _registry_unreachable() -> str | None:
