@@ -138,6 +138,7 @@ EVENT_LEVELS: Mapping[str, int] = {
             "job_submitted",
             "job_waiting_for_slot",
             "lambda_record_not_started",
+            "lambda_record_waits",
             "lambda_sweep_done",
             "loop_unblocked",
             "messages_released",

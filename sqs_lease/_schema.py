@@ -554,16 +554,20 @@ class JobTable:
         new_send_id: str,
         wall_now: float,
         read_back: bool = True,
+        retire: bool = False,
     ) -> Call:
         # One decision among every would-be sender (resubmits, resume, sweep, repair):
         # the record is queued without a sent message and its send id is still the
         # one the sender saw. The new id retires every older message of the job.
+        # ``retire``: the seen message was received and not started (sent or not, as
+        # the record knows it): queued under that send id is the whole condition.
         seen: Condition = (
             R.send_id.does_not_exist() if seen_send_id is None else R.send_id == seen_send_id
         )
+        state: Condition = R.state == JobState.QUEUED.value if retire else _waiting()
         return self._update(
             job_id,
-            _waiting() & seen,
+            state & seen,
             [R.send_id.set(new_send_id), *_awaits_send(wall_now), R.updated_at.set(wall_now)],
             returns="ALL_NEW" if read_back else "NONE",
         )

@@ -36,7 +36,9 @@ from sqs_lease import (
 )
 from sqs_lease._core.eventsource import END_MARGIN_SECONDS, GroupStop, can_start, message_group
 from sqs_lease._core.records import JobState
+from sqs_lease._core.slots import waits_of
 from sqs_lease.aws_lambda import LambdaHandler, handler
+from sqs_lease.testing import make_env
 
 if TYPE_CHECKING:
     from types_boto3_dynamodb import DynamoDBClient
@@ -204,9 +206,35 @@ def test_records_that_cannot_finish_in_the_time_left_are_released_and_reported(
     for r in rest:
         view = read_view(ddb_client, b.settings, job_of(r))
         assert view.state is JobState.QUEUED and view.attempt == 0  # never claimed
-    # Released for the rest of the invocation (about a second here), not hidden for
-    # the rest of the 60 s receive (test_lambda_margins: not received again at once).
-    assert visible_now(sqs_client, b.url) == {r["messageId"] for r in rest}
+    # Each waits as a fresh message (a second or two), not hidden for the rest of the
+    # 60 s receive, and not as its received message, which SQS would count again.
+    back = drain(sqs_client, b.url, timeout=20, want=len(rest))
+    assert sorted(json.loads(m["Body"])["job_id"] for m in back) == sorted(job_of(r) for r in rest)
+    assert not {m["MessageId"] for m in back} & {r["messageId"] for r in rest}
+
+
+def test_a_record_skipped_more_often_than_the_redrive_bound_is_never_dead_lettered(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
+) -> None:
+    # Soak seed 117: a record behind long ones in a user's batch is not started for
+    # the time left at every receive; each receive counted, SQS dead-lettered a job
+    # that never ran. A redrive bound of one receive: the second receive of the same
+    # message would go to the DLQ.
+    env = make_env(aws.endpoint_url, aws.prefix, max_receives=1)
+    app = App()
+    app.job("work", payload=Work, **BUDGET)(lambda ctx, p: {"n": p.n})
+    job_id = Producer(env.settings, app).submit("work", Work(n=1), job_id=f"{aws.prefix}-0").job_id
+    run = handler(app, env.settings)
+    run({"Records": []}, RunningDown(60))  # the first invocation: a 60 s function
+    with collect_journal() as journal:
+        for _ in range(2):  # more receives than the bound
+            answer = run(event_of(sqs_client, env.queue_url, 1), RunningDown(5.0))
+            assert len(failed_ids(answer)) == 1  # not started: 6 s + the margin do not fit
+    assert len(journal.events("lambda_record_waits", job_id=job_id)) == 2
+    assert queue_depth(sqs_client, env.dlq_url) == 0
+    view = read_view(ddb_client, env.settings, job_id)
+    assert view.state is JobState.QUEUED and view.attempt == 0
+    assert waits_of(view.send_id) == 2  # its second fresh message is the current one
 
 
 def test_a_record_taken_over_meanwhile_has_its_commit_rejected_and_is_reported(

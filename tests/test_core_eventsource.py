@@ -57,13 +57,14 @@ def test_an_event_record_whose_body_is_not_a_job_is_poison_with_its_handle() -> 
 def test_taking_a_record_counts_its_lease_from_before_the_visibility_call() -> None:
     d = Delivery("m-1", "rh-1", "j", "work", 1, 0.0, 0)
     taken = Script([Ok({}, sent_at=7.0, received_at=7.5)]).run(take_record_flow(QUEUE, d, 45))
-    assert taken is not None and (taken.received_at, taken.visibility) == (7.0, 45)
+    assert isinstance(taken, Delivery) and (taken.received_at, taken.visibility) == (7.0, 45)
 
 
 def test_a_record_sqs_refuses_to_extend_is_not_taken_and_says_why() -> None:
     d = Delivery("m-1", "rh-1", "j", "work", 1, 0.0, 0)
     script = Script([Err(ErrorKind.INVALID, "ReceiptHandleIsInvalid")])
-    assert script.run(take_record_flow(QUEUE, d, 45)) is None
+    refused = script.run(take_record_flow(QUEUE, d, 45))
+    assert isinstance(refused, Err) and refused.code == "ReceiptHandleIsInvalid"
     assert [e.event for e in script.events] == ["lambda_record_not_taken"]
 
 

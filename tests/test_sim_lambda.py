@@ -28,8 +28,14 @@ LAMBDA_WORLD = world("lambda_unfit_looped")
 
 # The first seed of each search that catches the mutation, with the invariant it broke.
 CAUGHT_AT: dict[str, tuple[int, str]] = {
-    "lambda_unfit_looped": (27, I23),  # (35 before unstarted records waited out the wave)
+    # A class that never fits, run anyway: its records never start. They reached the
+    # DLQ (I23, at 27; 35 before unstarted records waited out the wave); since a record
+    # not started waits as a fresh message, they wait for good (I4 at the drain).
+    "lambda_unfit_looped": (76, I4),
     "reserved_id_accepted": (83, I4),  # worker#fn1's record replaced by its liveness
+    # soak seed 1045968: records behind a long one, their visibility lapsed before their
+    # turn, handed back at every batch until the DLQ
+    "unstarted_not_waited": (1045968, I23),
 }
 
 # Seeds of the lambda world, each of its shapes: functions alone and beside workers,
@@ -73,28 +79,26 @@ def test_soak_seed_2600897_a_job_behind_long_records_is_not_dead_lettered_unstar
     # started for the budget is released for the rest of the invocation
     # (``not_started_visibility``); its mutation ``unstarted_released_at_once`` was
     # caught here until the duplicate rule moved the schedule (``LAMBDA_UNCAUGHT``).
+    # Such a record now waits as a fresh message (seed 117 below).
     # Replay: python -m simtools replay --seed 2600897
     result = run_seed(2600897, features=LAMBDA_WORLD)
     assert result.ok, result.violations[0].message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found by the merged worlds (lambda + clocks + backlog), not fixed: a record "
-    "behind long records in a user-set batch of several is not started for the budget "
-    "at every receive, each receive counted, until SQS dead-letters a job that never ran",
-)
 def test_seed_117_a_record_never_started_for_the_budget_is_not_dead_lettered() -> None:
     # Every issue 26 world together: a first deployment refused (40 s for a 157 s
     # budget), fixed to 300 s at t=68; batches of several records, the earlier ones
-    # running long, so job-003 meets 139 s left at every receive (7 times, released for
-    # the rest of the invocation each time) until its receives run out (I23). The
+    # running long, so job-003 met 139 s left at every receive (7 times, released for
+    # the rest of the invocation each time) until its receives ran out (I23). The
     # construct's default batch (``batch_size_for``: 1 here) avoids it; a user's larger
-    # batch does not. The fix owed: a record not started for the budget a few times
-    # waits as a fresh message (as a slot waiter does), so its receives start again.
+    # batch did not. Fixed: a record not started waits as a fresh message (as a slot
+    # waiter does, ``slots.unstarted_wait_flow``), so its receives start again; the
+    # mutation ``unstarted_not_waited`` (handed back as before) is caught here too.
     # Replay: python -m simtools replay --seed 117
     result = run_seed(117)
     assert result.ok, result.violations[0].message
+    caught = run_seed(117, mutation="unstarted_not_waited")
+    assert not caught.ok and caught.violations[0].name == I23, caught.violations
 
 
 @pytest.mark.parametrize("name", sorted(LAMBDA_MUTATIONS))

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .calls import Call, Emit, Flow, Ok, Outcome, call
+from .calls import Call, Emit, Err, Flow, Ok, Outcome, call, sqs_code_is
 from .flows import Delivery, Poison, parse_message
 
 END_MARGIN_SECONDS = 3.0
@@ -118,9 +118,10 @@ class GroupStop:
 
 def take_record_flow(
     queue_url: str, delivery: Delivery, lease_seconds: int
-) -> Flow[Delivery | None]:
+) -> Flow[Delivery | Err]:
     """Set the record's visibility to ``lease_seconds`` from now: its local lease counts
-    from before this call. None when SQS refused (the message is not ours to work)."""
+    from before this call. SQS's refusal when it refused (the message is not ours to
+    work; :func:`lapsed` tells whether its receive's visibility ran out)."""
     out: Outcome = yield from call(
         Call(
             "sqs",
@@ -137,8 +138,18 @@ def take_record_flow(
             "lambda_record_not_taken",
             {"job_id": delivery.job_id, "error_code": out.code or out.kind.value},
         )
-        return None
+        return out
     return replace(delivery, received_at=out.sent_at, visibility=lease_seconds)
+
+
+def lapsed(refused: Err) -> bool:
+    """Whether SQS refused a record's take because its receive's visibility ran out
+    behind the batch's earlier records (the handle no longer in flight): the record was
+    received and never started, like one the budget did not fit. Any other refusal
+    (a denied call, a throttle, no answer) leaves the record to its visibility."""
+    return sqs_code_is("MessageNotInflight", refused.code) or sqs_code_is(
+        "ReceiptHandleIsInvalid", refused.code
+    )
 
 
 def settled_flow(flow: Flow[Any], receipt_handle: str) -> Flow[bool]:
@@ -166,6 +177,7 @@ __all__ = [
     "GroupStop",
     "batch_size_for",
     "can_start",
+    "lapsed",
     "message_group",
     "never_fit",
     "not_started_visibility",

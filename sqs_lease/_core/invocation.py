@@ -8,8 +8,9 @@ time left (:func:`can_start`) and no earlier record of its FIFO group failed
 (:func:`take_record_flow`), run the attempt and tell whether the attempt deleted its
 message (:func:`settled_flow`). A shell loops over the records in order, asks the
 time left from its own context, reports the records not done in
-``batchItemFailures`` and releases the records it did not start
-(:func:`release_unstarted_records_flow`).
+``batchItemFailures`` and hands back the records it did not start (each waits as a
+fresh message where it can, so that no skip counts toward the DLQ:
+:func:`release_unstarted_records_flow`).
 """
 
 from __future__ import annotations
@@ -20,18 +21,21 @@ from typing import Any
 
 from .._errors import JobClassError
 from .attempt import AttemptEnv, _now, _value, attempt_flow, rules_for
-from .calls import Emit, Flow
+from .calls import Emit, Err, Flow
 from .deploy import LAMBDA_MAX_TIMEOUT, check_lambda_fit
 from .eventsource import (
     GroupStop,
     can_start,
+    lapsed,
     message_group,
     not_started_visibility,
     parse_event_record,
     settled_flow,
     take_record_flow,
 )
-from .flows import Delivery, Poison, release_flow
+from .fifo import is_fifo
+from .flows import Delivery, on_queue, release_flow
+from .slots import unstarted_wait_flow, wait_delay, waits_of
 
 
 def unfit_problem(rules: Mapping[str, tuple[float, int]], function_timeout: float) -> str | None:
@@ -58,7 +62,8 @@ class RecordEnd:
     """What became of one record: ``done`` when the attempt's own flows deleted its
     message (a success for the mapping); ``unstarted``, a delivery not started, to hand
     back at the end of the batch: ``blocked`` when its FIFO group stopped (back at
-    once, behind its group), else for the budget (back after this invocation)."""
+    once, behind its group), else for the budget or a take SQS refused (back after
+    this invocation)."""
 
     message_id: str
     done: bool
@@ -102,54 +107,92 @@ def record_flow(
         groups.failed(group)
         return RecordEnd(mid, False, item if isinstance(item, Delivery) else None, blocked)
     env.tally("received", 1)
-    done = yield from _run_record(env, item, tag)
+    if isinstance(item, Delivery):
+        lease = rules.lease_seconds if rules is not None else env.receive_visibility
+        taken = yield from take_record_flow(env.queue_url, item, lease)
+        if isinstance(taken, Err):
+            groups.failed(group)
+            # Its visibility lapsed behind the batch's earlier records: not started
+            # either, it waits like one the budget did not fit, so that it is no
+            # receive toward the DLQ (a FIFO record is left to its visibility, behind
+            # its group). Any other refusal leaves it to its visibility.
+            wait = lapsed(taken) and waits_as_fresh(env, item)
+            return RecordEnd(mid, False, item if wait else None)
+        item = taken
+    done: bool = yield from settled_flow(attempt_flow(env, item, tag=tag), item.receipt_handle)
     if not done:
         groups.failed(group)
     return RecordEnd(mid, done)
 
 
-def _run_record(env: AttemptEnv, item: Delivery | Poison, tag: Any) -> Flow[bool]:
-    """One started record through the attempt flow; True when its message was deleted."""
-    if isinstance(item, Delivery):
-        rules = rules_for(env, item.job_class, item.stage)
-        lease = rules.lease_seconds if rules is not None else env.receive_visibility
-        taken = yield from take_record_flow(env.queue_url, item, lease)
-        if taken is None:
-            return False
-        item = taken
-    done: bool = yield from settled_flow(attempt_flow(env, item, tag=tag), item.receipt_handle)
-    return done
+def waits_as_fresh(env: AttemptEnv, delivery: Delivery) -> bool:
+    """Whether a record received and not started waits as a fresh message
+    (``slots.unstarted_wait_flow``): on a standard queue. On a FIFO queue it keeps its
+    message: a fresh one would go behind its group's later jobs (the session's
+    order)."""
+    return not is_fifo(on_queue(delivery, env.queue_url))
 
 
 def release_unstarted_records_flow(
     env: AttemptEnv, ends: Sequence[RecordEnd], remaining_ms: Callable[[], int]
 ) -> Flow[int]:
-    """The records the invocation did not start, handed back (nothing was claimed, no
-    record is written): a FIFO group's at once (visibility 0, it waits behind the
-    group's failed record); one the budget did not fit after the rest of this
-    invocation (:func:`not_started_visibility`), so the event source does not hand it
-    straight back into the same wave of batches, where it may again not start, each
-    receive counted toward the redrive bound."""
+    """The records the invocation did not start (nothing was claimed), handed back.
+    A FIFO group's blocked ones at once (visibility 0, behind the group's failed
+    record). One the budget did not fit, or whose visibility lapsed before its turn,
+    waits as a fresh message (``slots.unstarted_wait_flow``, the slot waiters' rule 4,
+    with their delay, rule 6): every receive counts toward the redrive bound, and a
+    record behind long ones in a batch would otherwise be dead-lettered without ever
+    starting. Where it cannot (:func:`waits_as_fresh`: a FIFO queue; or its record
+    moved on) it is released for the rest of this invocation
+    (:func:`not_started_visibility`), so the event source does not hand it straight
+    back into the same wave of batches. Returns how many are back (waiting or
+    released)."""
     blocked = [e.unstarted for e in ends if e.unstarted is not None and e.blocked]
     unfit = [e.unstarted for e in ends if e.unstarted is not None and not e.blocked]
-    released = 0
-    for deliveries, visibility in ((blocked, 0), (unfit, None)):
-        if not deliveries:
+    released: int = yield from _release(env, blocked, 0)
+    kept: list[Delivery] = []
+    for d in unfit:
+        if not waits_as_fresh(env, d):
+            kept.append(d)
             continue
-        if visibility is None:
-            left: int = yield from _value("remaining", remaining_ms)
-            visibility = not_started_visibility(left)
+        home = on_queue(d, env.queue_url)
+        # As a slot waiter waits for a free slot (rule 6: the delay falls with the
+        # job's waits, so the record skipped most often comes back most often).
+        rand: float = yield from _value("random", env.random)
+        delay = wait_delay(waits_of(d.send_id), rand, interactive=home == env.interactive_url)
         now = yield from _now(env)
-        released += yield from release_flow(
-            env.table,
-            queue_url=env.queue_url,
-            held=[(None, d) for d in deliveries],
-            worker_id=env.worker_id,
-            wall_now=now.wall,
-            reason="lambda: not started",
-            nonce="",  # nothing claimed: no record is written
-            visibility=visibility,
+        waits = yield from unstarted_wait_flow(
+            env.table, queue_url=env.queue_url, delivery=d, wall_now=now.wall, delay=delay
         )
+        if not waits:
+            kept.append(d)
+            continue
+        yield Emit(
+            "lambda_record_waits",
+            {"job_id": d.job_id, "delay": delay, "receive_count": d.receive_count},
+        )
+        released += 1
+    if kept:
+        left: int = yield from _value("remaining", remaining_ms)
+        released += yield from _release(env, kept, not_started_visibility(left))
+    return released
+
+
+def _release(env: AttemptEnv, deliveries: Sequence[Delivery], visibility: int) -> Flow[int]:
+    """Hand these unclaimed deliveries back, visible again in ``visibility`` seconds."""
+    if not deliveries:
+        return 0
+    now = yield from _now(env)
+    released: int = yield from release_flow(
+        env.table,
+        queue_url=env.queue_url,
+        held=[(None, d) for d in deliveries],
+        worker_id=env.worker_id,
+        wall_now=now.wall,
+        reason="lambda: not started",
+        nonce="",  # nothing claimed: no record is written
+        visibility=visibility,
+    )
     return released
 
 

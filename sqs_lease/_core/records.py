@@ -124,10 +124,14 @@ class JobRequests(Protocol):
         new_send_id: str,
         wall_now: float,
         read_back: bool = True,
+        retire: bool = False,
     ) -> Call:
         """Take the right to send (the record queued without a sent message, its send
         id the one seen). ``read_back``: the record comes back (ALL_NEW); submit asks
-        for nothing back, so a producer role needs no read of the record."""
+        for nothing back, so a producer role needs no read of the record. ``retire``:
+        the seen message was received and not started, sent or not (a record a Lambda
+        invocation did not start waits as a fresh message: ``slots.unstarted_wait_flow``);
+        the record queued under the seen send id is the whole condition."""
         ...
 
     def release_send(self, job_id: str, send_id: str, wall_now: float) -> Call: ...

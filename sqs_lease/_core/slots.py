@@ -41,7 +41,11 @@ keyed ``POOL#i``. The rules, each one a function below:
    fresh message goes at once and the received one, left in flight for the wait,
    holds the job's group until it comes back as a stray. Waiting jobs hold no
    worker capacity, so a class at its limit never starves another class of
-   workers.
+   workers. A record received and *not started* (a Lambda invocation whose time
+   left cannot hold its stage budget, behind long records in its batch) waits
+   the same way (:func:`unstarted_wait_flow`): with no claim to give back, the
+   write that names the new send id is the take of the send, conditioned on the
+   record queued under the received message's send id.
 5. **Given back when the handler ends** (:func:`give_back_flow`): conditioned on
    the holder (job and token), so a late give-back of an attempt whose slot was
    taken over changes nothing. A give-back that gets no answer is harmless: rule 1
@@ -79,7 +83,7 @@ from .flows import (
     send_job_message,
     set_visibility,
 )
-from .records import JobRequests, JobState, JobView
+from .records import JobRequests, JobState, JobView, awaits_send
 
 CLASS_POOL = "class"
 TENANT_POOL = "tenant"
@@ -231,12 +235,14 @@ def candidates(
     return free + stale
 
 
-def wait_send_id(waits: int, token: int, job_id: str) -> str:
+def wait_send_id(waits: int, fence: int | str, job_id: str) -> str:
     """Rule 4: the send id of a waiting job's fresh message after its ``waits``-th wait.
-    Unique per job (a wait ends its claim: each token waits at most once) and across
-    jobs (the job id): a FIFO queue drops a message whose deduplication id (the send
-    id) it saw in the last 5 minutes, from any job."""
-    return f"{WAIT_SEND_PREFIX}.{waits}.{token}.{job_id}"
+    Unique per job (``fence``: the claim's token, and a wait ends its claim, so each
+    token waits at most once; for a record never claimed, ``m`` and the retired
+    message's id, each message retired at most once) and across jobs (the job id): a
+    FIFO queue drops a message whose deduplication id (the send id) it saw in the
+    last 5 minutes, from any job."""
+    return f"{WAIT_SEND_PREFIX}.{waits}.{fence}.{job_id}"
 
 
 def waits_of(send_id: str | None) -> int:
@@ -438,6 +444,80 @@ def wait_flow(
             ev = lost_event(job.job_id, job.token, LossSource.RELEASE, *loss)
             yield from emit(ev.event, **ev.fields)
         return False
+    yield from _wait_as_fresh(
+        req,
+        queue_url=queue_url,
+        job=job,
+        delivery=delivery,
+        send_id=send_id,
+        wall_now=wall_now,
+        delay=delay,
+    )
+    return True
+
+
+def unstarted_wait_flow(
+    req: JobRequests, *, queue_url: str, delivery: Delivery, wall_now: float, delay: int
+) -> Flow[bool]:
+    """Rule 4 for a record received and not started (a Lambda invocation's record that
+    its time left could not hold): it waits as a fresh message (``delay`` seconds on),
+    so a record behind long ones in a batch never nears the DLQ however often it is
+    not started. Nothing was claimed, so no claim is given back: the write that names
+    the new send id is the take of the send (``take_send(retire=True)``), conditioned
+    on the record queued under the received message's send id; it retires that
+    message as wait_flow's release does. The send id carries the retired message's id
+    where a claim's carries its token: each message is retired at most once.
+
+    Returns whether the job waits; False when the record moved on (claimed by another
+    copy, ended, or this message a stray): the caller hands the message back."""
+    send_id = wait_send_id(
+        waits_of(delivery.send_id) + 1, f"m{delivery.message_id}", delivery.job_id
+    )
+    took = yield from call(
+        req.take_send(
+            delivery.job_id,
+            seen_send_id=delivery.send_id,
+            new_send_id=send_id,
+            wall_now=wall_now,
+            retire=True,
+        )
+    )
+    item = took.response.get("Attributes") if isinstance(took, Ok) else None
+    if isinstance(took, Err) and took.kind is ErrorKind.CONDITION_FAILED:
+        item = took.item  # our own write, retried after its answer was lost?
+    try:
+        job = req.parse(item) if item else None
+    except RecordUnreadable as exc:
+        yield from emit(
+            "job_record_unreadable", job_id=delivery.job_id, stage="wait", reason=str(exc)
+        )
+        return False
+    if job is None or job.send_id != send_id or not awaits_send(job):
+        return False
+    yield from _wait_as_fresh(
+        req,
+        queue_url=queue_url,
+        job=job,
+        delivery=delivery,
+        send_id=send_id,
+        wall_now=wall_now,
+        delay=delay,
+    )
+    return True
+
+
+def _wait_as_fresh(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job: JobView,
+    delivery: Delivery,
+    send_id: str,
+    wall_now: float,
+    delay: int,
+) -> Flow[None]:
+    """Rule 4's wait, once the record names ``send_id``: send its message, retire the
+    received one."""
     # The queue it was received from: an interactive job stays interactive.
     home = on_queue(delivery, queue_url)
     fifo = is_fifo(home)
@@ -460,7 +540,6 @@ def wait_flow(
         yield from set_visibility(home, delivery.receipt_handle, delay)
     else:
         yield from _delete(home, delivery.receipt_handle)
-    return True
 
 
 def slot_wait_event(
@@ -497,6 +576,7 @@ __all__ = [
     "own_pool",
     "pools_for",
     "take_slots_flow",
+    "unstarted_wait_flow",
     "wait_delay",
     "wait_flow",
     "wait_send_id",

@@ -142,6 +142,16 @@ def draw(c: Chaos, plan: RunPlan, allowed: frozenset[str]) -> None:
     c.count(f"world_{FEATURE}")
     if mode == "lambda":
         plan.workers = 0
+        # The drain's bound (``plan.max_time``) counts a job's attempts as if each job
+        # had a worker of its own; functions alone run a batch's records one after the
+        # other, ``pollers`` batches at once, and an operator's retries give each
+        # failing job up to two more lives: every attempt of every job may queue
+        # behind the others (soak seed 1045968: ten jobs always over their budget,
+        # retried, on one poller).
+        lives = 3 if retries else 1
+        per_attempt = plan.stage_budget + plan.lease + plan.backoff_max
+        serial = plan.jobs * lives * (plan.max_attempts + 2) * per_attempt / pollers
+        plan.max_time = max(plan.max_time, plan.cutoff + serial + 3600.0)
     plan.lambdas = lp
     # The scheduled sweep finds what no message brings (issue 33 item 1): the producer
     # leaves a record's send to it for the real grace, as beside sweeping workers.
