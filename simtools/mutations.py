@@ -27,9 +27,9 @@ from typing import Any
 from sqs_lease._core import attempt, flows, intents
 from sqs_lease._core.calls import Call, Flow
 from sqs_lease._core.flows import Beat, BeatStatus, Finish, FinishOutcome
+from sqs_lease._core.lease import LocalLease
 from sqs_lease._core.leasebook import Held, LeaseBook
 from sqs_lease._core.records import JobState
-from sqs_lease._core.timing import LeaseStatus, LocalLease
 from sqs_lease._schema import JobTable, R
 from sqs_lease._sim import receiver
 
@@ -125,12 +125,10 @@ def extend_after_end() -> Iterator[None]:
     """The worker keeps a job in its heartbeat set after the handler ended, unless
     the attempt ended with a clean commit (e.g. when the commit's outcome was unknown)."""
 
-    mark_real, forget_real = LeaseBook.mark, LeaseBook.forget
+    forget_real = LeaseBook.forget
 
-    def mark(self: LeaseBook, held: Held, status: LeaseStatus) -> Any:
-        if status is LeaseStatus.DONE:
-            return self.told(held)
-        return mark_real(self, held, status)
+    def mark(self: LeaseBook, held: Held) -> Any:
+        return self.told(held)
 
     def forget(self: LeaseBook, held: Held, end: Finish | None) -> None:
         if end is not None and end.outcome is FinishOutcome.DONE:
@@ -1296,8 +1294,8 @@ def cap_from_send() -> Iterator[None]:
     12 hours in a backlog gets no budget, and its job is failed by the watchdog though
     its handler never ran (I25)."""
     from sqs_lease._core.endings import Ending, EndKind
+    from sqs_lease._core.lease import Drop
     from sqs_lease._core.stages import MESSAGE_CAP_SECONDS
-    from sqs_lease._core.timing import Drop
 
     def cap_budget(delivery: Any, budget: float, wall_now: float) -> float:
         known = [t for t in (delivery.sent_wall, delivery.first_received_wall) if t is not None]

@@ -25,11 +25,12 @@ from ._core.intents import (
     SuccessMeaning,
 )
 from ._core.intents import default_key as _default_key
+from ._core.lease import LocalLease
 from ._core.limits import check_intent, progress_text
 from ._core.slots import MAX_LIMIT, check_limit
 from ._core.stages import STAGE_NAME, valid_stage_name
 from ._core.texts import visible
-from ._core.timing import EFFECT_MARGIN, LocalLease, check_timing
+from ._core.timing import EFFECT_MARGIN, check_timing
 from ._errors import (
     ConfigError,
     FenceError,

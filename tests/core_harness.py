@@ -27,8 +27,8 @@ from sqs_lease._core.calls import (
     Sleep,
 )
 from sqs_lease._core.flows import Delivery
+from sqs_lease._core.lease import Drop, LeaseEvent, LeaseStatus, LocalLease
 from sqs_lease._core.records import JobState, JobView
-from sqs_lease._core.timing import LocalLease
 from sqs_lease._schema import JobRecord, JobTable
 
 T = TypeVar("T")
@@ -403,3 +403,24 @@ def update_removes(params: Mapping[str, Any]) -> list[str]:
     if match is None:
         return []
     return [_resolve(part, params) for part in match.group(1).split(", ")]
+
+
+_REACH = {
+    LeaseStatus.OK: None,
+    LeaseStatus.UNKNOWN: LeaseEvent.UNCONFIRMED,
+    LeaseStatus.DONE: LeaseEvent.RETURNED,
+    LeaseStatus.EXPIRED: LeaseEvent.DROPPED,
+    LeaseStatus.LOST: LeaseEvent.LOST,
+    LeaseStatus.CANCELLED: LeaseEvent.CANCELLED,
+}
+
+
+def put(lease: LocalLease, status: LeaseStatus, reason: str = "") -> None:
+    """Move a fresh lease to ``status`` by the event that reaches it (its state has one
+    writer, ``LocalLease.process``; an expired lease is a spent reserve)."""
+    event = _REACH[status]
+    if event is not None:
+        lease.process(
+            event, reason, why=Drop.RESERVE_SPENT if event is LeaseEvent.DROPPED else None
+        )
+    assert lease.status is status

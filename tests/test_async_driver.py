@@ -19,7 +19,7 @@ from sqs_lease._core.flows import (
     receive_flow,
     submit_flow,
 )
-from sqs_lease._core.timing import LocalLease
+from sqs_lease._core.lease import LocalLease
 from sqs_lease._schema import JobTable
 
 pytestmark = pytest.mark.integration

@@ -25,6 +25,7 @@ from core_harness import (
     delivery,
     job_item,
     ok,
+    put,
     table,
 )
 
@@ -56,9 +57,10 @@ from sqs_lease._core.flows import (
     Poison,
 )
 from sqs_lease._core.intents import EffectSpec, Unprotected, repeat_unprotected
+from sqs_lease._core.lease import Drop, LeaseStatus, Stop
 from sqs_lease._core.leasebook import Flag, LeaseBook
 from sqs_lease._core.records import JobState, JobView
-from sqs_lease._core.timing import Drop, LeaseStatus, Stop, backoff_delay
+from sqs_lease._core.timing import backoff_delay
 from sqs_lease._errors import (
     IntentAmbiguous,
     LeaseLost,
@@ -369,7 +371,7 @@ def test_the_next_stage_claimed_while_the_stage_before_finishes_its_ending_is_no
     not a heartbeat_lost alert (seen on a loaded machine, tests/test_stages_virtual_time.py)."""
     book = LeaseBook()
     fetch = book.hold(_stage_claim("fetch", 4, []), Rules(), MONO, Flag()).held
-    book.mark(fetch, LeaseStatus.DONE)  # its handler returned NextStage("render")
+    book.mark(fetch)  # its handler returned NextStage("render")
     render = book.hold(_stage_claim("render", 5, [("fetch", 4)]), Rules(), MONO, Flag())
     assert (render.superseded, render.event) == (False, None)
     assert fetch.lease.status is LeaseStatus.DONE and not fetch.cancelled.is_set()
@@ -883,7 +885,7 @@ def test_an_unconfirmed_lease_whose_reserve_ran_out_is_ownership_unknown_not_a_l
     job. ``OwnershipUnknown``, no intent write, no ``heartbeat_lost``."""
     shell = Shell()
     held = _held_attempt(shell)
-    held.lease.status = LeaseStatus.UNKNOWN
+    put(held.lease, LeaseStatus.UNKNOWN)
     shell.mono = held.lease.conservative_deadline + 1
     tool_calls: list[int] = []
     spec = _effect_spec(shell, held, lambda: tool_calls.append(1))

@@ -26,6 +26,7 @@ from sqs_lease._core.duplicates import (
     owner_window,
 )
 from sqs_lease._core.flows import Delivery
+from sqs_lease._core.lease import LeaseEvent
 from sqs_lease._core.liveness import HeldJob, Liveness
 from sqs_lease._core.records import JobState
 
@@ -235,7 +236,7 @@ def test_a_duplicate_reaching_another_attempt_of_the_owner_is_deferred_by_its_ow
 def test_a_duplicate_reaching_the_owner_after_its_lease_went_is_taken_over_at_once() -> None:
     shell = Shell()
     first, _flow = _up_to_handler(shell)
-    first.held.lease.status = first.held.lease.status.__class__.LOST
+    first.held.lease.process(LeaseEvent.LOST, "token moved")
     token = first.claim.token
     claims = iter([_running(token=token, owner=WORKER), _taken_over()])
     run = Run(shell, delivery(receipt_handle="rh-2"), lambda c: next(claims))

@@ -22,8 +22,8 @@ from sqs_lease import (
     WorkerShuttingDown,
 )
 from sqs_lease._core.endings import Ending, EndKind, ending_for, stopped_ending
+from sqs_lease._core.lease import Stop
 from sqs_lease._core.limits import ERROR_TEXT_LIMIT
-from sqs_lease._core.timing import Stop
 from sqs_lease.testing import StaleFence
 
 

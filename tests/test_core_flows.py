@@ -31,6 +31,7 @@ from core_harness import (
     job_view,
     local_lease,
     ok,
+    put,
     table,
     unreachable,
     update_adds,
@@ -67,9 +68,9 @@ from sqs_lease._core.flows import (
     retry_flow,
     submit_flow,
 )
+from sqs_lease._core.lease import LeaseStatus, LocalLease
 from sqs_lease._core.records import JobState, JobView
 from sqs_lease._core.stages import NextStage, continue_flow
-from sqs_lease._core.timing import LeaseStatus, LocalLease
 from sqs_lease._errors import (
     AwsCallFailed,
     JobNotFound,
@@ -1848,7 +1849,7 @@ def test_apply_beats_moves_each_lease_by_its_verdict() -> None:
     ok_l, lost_l, canc_l, unk_l, done_l, fin_l = (
         local_lease(f"job-{n}") for n in ("ok", "lost", "canc", "unk", "done", "fin")
     )
-    fin_l.status = LeaseStatus.DONE  # the handler returned while the round was in flight
+    put(fin_l, LeaseStatus.DONE)  # the handler returned while the round was in flight
     report = HeartbeatReport(
         {
             "job-ok": Beat("job-ok", BeatStatus.OK, deadline=1180.0),

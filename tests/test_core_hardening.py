@@ -21,6 +21,7 @@ from core_harness import (
     job_view,
     local_lease,
     ok,
+    put,
     table,
     unreachable,
     update_sets,
@@ -43,9 +44,9 @@ from sqs_lease._core.flows import (
     lose,
     retry_flow,
 )
+from sqs_lease._core.lease import Drop, LeaseStatus
 from sqs_lease._core.limits import ITEM_LIMIT, PARTITION_KEY_LIMIT, check_key, check_payload
 from sqs_lease._core.records import JobState
-from sqs_lease._core.timing import Drop, LeaseStatus
 from sqs_lease._errors import AttemptTimedOut, LeaseLost
 from sqs_lease._schema import view_of
 
@@ -428,12 +429,12 @@ def test_a_lost_lease_is_journaled_once_per_attempt_however_it_is_learned() -> N
 
 def test_a_loss_first_seen_by_a_rejected_commit_after_a_drop_is_journaled() -> None:
     lease = local_lease("job-1", token=1)
-    lease.status = LeaseStatus.EXPIRED  # the watchdog let it go after a pause
+    put(lease, LeaseStatus.EXPIRED)  # the watchdog let it go after a pause
     ev = lose(lease, LossSource.COMMIT, "token moved from 1 to 2")
     assert ev is not None and ev.event == "heartbeat_lost"
     assert ev.fields["detected_by"] == "commit" and lease.status is LeaseStatus.LOST
     finished = local_lease("job-2", token=1)
-    finished.status = LeaseStatus.DONE  # the handler returned before it learned
+    put(finished, LeaseStatus.DONE)  # the handler returned before it learned
     assert lose(finished, LossSource.COMMIT, "x", cancelled=True) is not None
     assert finished.status is LeaseStatus.CANCELLED
 

@@ -14,15 +14,16 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from core_harness import OTHER, TABLE, WORKER, Script, delivery, job_item, ok
+from core_harness import OTHER, TABLE, WORKER, Script, delivery, job_item, ok, put
 from test_core_attempt import MONO, Shell, _up_to_handler
 
 from sqs_lease._core.attempt import HandlerRun, Parallel, attempt_flow, heartbeat_round_flow
 from sqs_lease._core.calls import Call, Emit, Flow, Invoke, Outcome
 from sqs_lease._core.flows import Delivery
+from sqs_lease._core.lease import Drop, LeaseStatus
 from sqs_lease._core.leasebook import HAND_BACK_STALE, LeaseBook
 from sqs_lease._core.records import JobState
-from sqs_lease._core.timing import LATE_HANDBACK_LIMIT, Drop, LeaseStatus, Pace, pace_budget
+from sqs_lease._core.timing import LATE_HANDBACK_LIMIT, Pace, pace_budget
 
 # ----------------------------------------------------------------------------- backpressure
 
@@ -280,7 +281,7 @@ def test_a_lease_whose_ownership_went_unconfirmed_is_still_just_let_go() -> None
     shell = Shell(lambda run: None)
     run, _flow = _up_to_handler(shell)
     held = run.held
-    held.lease.status = LeaseStatus.UNKNOWN  # SQS or DynamoDB did not answer
+    put(held.lease, LeaseStatus.UNKNOWN)  # SQS or DynamoDB did not answer
     shell.mono = held.lease.conservative_deadline + 0.5
     s = Script([])
     s.run(heartbeat_round_flow(shell.env))
@@ -390,7 +391,7 @@ def test_a_lapsed_lease_whose_ownership_went_unconfirmed_does_not_hold_the_claim
     # owed, and the claim takes the job over as any claim would, counted.
     shell = Shell(lambda run: None)
     first, _flow = _up_to_handler(shell)
-    first.held.lease.status = LeaseStatus.UNKNOWN
+    put(first.held.lease, LeaseStatus.UNKNOWN)
     shell.mono = first.held.lease.conservative_deadline + 0.5
     again = delivery(receipt_handle="rh-2", received_at=shell.mono)
     run, calls, events, _flow2 = _drive(shell, again, [_claim_answer(5, 1)])

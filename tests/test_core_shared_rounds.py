@@ -28,20 +28,16 @@ from core_harness import (
     job_view,
     local_lease,
     ok,
+    put,
     table,
 )
 
 from sqs_lease._core.attempt import AttemptEnv, Now, heartbeat_round_flow
 from sqs_lease._core.calls import Call, Outcome
 from sqs_lease._core.flows import Claimed, Delivery
+from sqs_lease._core.lease import Drop, LeaseStatus
 from sqs_lease._core.leasebook import Flag, Held, LeaseBook
-from sqs_lease._core.timing import (
-    Drop,
-    LeaseStatus,
-    may_join,
-    plan_heartbeat,
-    shared_round,
-)
+from sqs_lease._core.timing import may_join, plan_heartbeat, shared_round
 from sqs_lease._schema import IntentTable
 
 T0 = 1000.0
@@ -134,7 +130,7 @@ class World:
 
     def end(self, held: Held) -> None:
         """The attempt's handler returned and its end was written: the book forgets it."""
-        self.book.mark(held, LeaseStatus.DONE)
+        self.book.mark(held)
         self.book.forget(held, None)
 
     def answer(self, c: Call) -> Outcome:
@@ -271,7 +267,7 @@ def test_a_lease_due_off_the_schedule_goes_alone_and_never_pulls_the_group_ahead
     assert sum(len(b) for b in shared2.cmv) == 23  # all of them, at the group's round
     shared = shared2
     # An ownership retry after an unanswered round is off the schedule too.
-    world.book.get("job-3").lease.status = LeaseStatus.UNKNOWN  # type: ignore[union-attr]
+    put(world.book.get("job-3").lease, LeaseStatus.UNKNOWN)  # type: ignore[union-attr]
     world.book.get("job-3").lease.next_beat = shared.at + 1.0  # type: ignore[union-attr]
     (retry,) = world.run_until(shared.at + 1.05)
     assert retry.cmv == [["rh-job-3"]]
@@ -325,7 +321,7 @@ def test_a_lease_whose_handle_may_have_lapsed_is_never_joined_to_a_shared_round(
     # An unanswered round left its deadline at 1014: past 1009 (1014 - J) the message
     # may be another receive's, and a visibility change with its handle would move it.
     lapsed = local_lease("lapsed", deadline=1014.0, next_beat=1011.0)
-    lapsed.status = LeaseStatus.UNKNOWN
+    put(lapsed, LeaseStatus.UNKNOWN)
     assert not lapsed.handle_ours(1010.0)
     assert not may_join(lapsed, 1010.0, 1020.0)
     early, _ = shared_round([due], [lapsed], 1010.0, {})
@@ -336,7 +332,7 @@ def test_a_lease_that_ended_or_was_let_go_is_never_joined_to_a_shared_round() ->
     due = local_lease("due", next_beat=1010.0)
     gone = [local_lease(f"x-{s.value}", next_beat=1015.0) for s in LeaseStatus]
     for lease, status in zip(gone, LeaseStatus, strict=True):
-        lease.status = status
+        put(lease, status)
     early, _ = shared_round([due], gone, 1010.0, {})
     assert sorted(lease.job_id for lease in early) == ["x-ok", "x-unknown"]
 
@@ -348,9 +344,9 @@ def test_no_visibility_change_goes_out_with_a_lapsed_or_ended_leases_handle() ->
     budget, late, done = held[0], held[1], held[2]
     budget.lease.stage_deadline = T0 + 69.0  # one more lease at T0 + 10 would cross it
     late.lease.deadline = T0 + 14.0  # an unanswered round left it short (J = 5) ...
-    late.lease.status = LeaseStatus.UNKNOWN
+    put(late.lease, LeaseStatus.UNKNOWN)
     late.lease.next_beat = T0 + 11.0  # ... its retry due after the group's round
-    world.book.mark(done, LeaseStatus.DONE)  # its handler returned; its end write runs
+    world.book.mark(done)  # its handler returned; its end write runs
     world.run_until(T0 + 12.0)
     sent = [h for r in world.rounds for b in r.cmv for h in b]
     assert sorted(sent) == [f"rh-job-{i}" for i in (3, 4, 5)]  # the shared round, once

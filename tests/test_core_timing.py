@@ -5,16 +5,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from core_harness import local_lease
+from core_harness import local_lease, put
 
+from sqs_lease._core.lease import Drop, LeaseEvent, LeaseStatus, LocalLease, Stop
 from sqs_lease._core.timing import (
     CAP_MARGIN,
     EFFECT_MARGIN,
     SQS_MAX_VISIBILITY,
-    Drop,
-    LeaseStatus,
-    LocalLease,
-    Stop,
     backoff_delay,
     check_timing,
     judge_stall,
@@ -244,8 +241,7 @@ def test_backoff_delay_survives_a_huge_attempt_count() -> None:
 
 def _held(status: LeaseStatus = LeaseStatus.OK) -> LocalLease:
     lease = local_lease("job-1", token=4, deadline=1060.0, jitter_seconds=5.0)
-    lease.status = status
-    lease.reason = "why"
+    put(lease, status, "why")
     return lease
 
 
@@ -300,7 +296,7 @@ def test_a_held_lease_has_no_stop_and_no_stop_error() -> None:
 
 def test_shutdown_tells_an_open_attempt_to_stop_with_worker_shutting_down() -> None:
     lease = _held()
-    lease.shutdown = True
+    lease.process(LeaseEvent.STOP_ASKED)
     assert lease.stop is Stop.SHUTDOWN
     with pytest.raises(WorkerShuttingDown, match="job-1 token 4: the worker is shutting down"):
         lease.check(1000.0)
@@ -309,11 +305,11 @@ def test_shutdown_tells_an_open_attempt_to_stop_with_worker_shutting_down() -> N
 
 def test_a_lost_or_cancelled_lease_outranks_a_shutdown() -> None:
     lost = _held(LeaseStatus.LOST)
-    lost.shutdown = True
+    lost.process(LeaseEvent.STOP_ASKED)
     assert lost.stop is Stop.LEASE_LOST
     assert type(lost.stop_error()) is LeaseLost
     cancelled = _held(LeaseStatus.CANCELLED)
-    cancelled.shutdown = True
+    cancelled.process(LeaseEvent.STOP_ASKED)
     assert cancelled.stop is Stop.CANCELLED
     assert type(cancelled.stop_error()) is JobCancelled
 
@@ -362,7 +358,7 @@ def test_plan_extends_only_leases_that_are_due() -> None:
 
 def test_plan_extends_unknown_leases_while_reserve_remains() -> None:
     lease = local_lease("u")
-    lease.status = LeaseStatus.UNKNOWN
+    put(lease, LeaseStatus.UNKNOWN)
     assert plan_heartbeat([lease], now=1050.0).extend == (lease,)
 
 
@@ -371,7 +367,7 @@ def test_plan_extends_unknown_leases_while_reserve_remains() -> None:
 )
 def test_plan_never_extends_finished_leases(status: LeaseStatus) -> None:
     lease = local_lease("x", next_beat=0.0)
-    lease.status = status
+    put(lease, status)
     plan = plan_heartbeat([lease], now=1010.0)
     assert plan.extend == ()
     assert plan.drop == ()  # nor re-drops them
@@ -381,7 +377,7 @@ def test_plan_never_extends_finished_leases(status: LeaseStatus) -> None:
 
 def test_plan_drops_when_reserve_spent() -> None:
     lease = local_lease("r")
-    lease.status = LeaseStatus.UNKNOWN  # the last round could not confirm ownership
+    put(lease, LeaseStatus.UNKNOWN)  # the last round could not confirm ownership
     plan = plan_heartbeat([lease], now=1055.0)  # deadline 1060 - jitter 5
     assert plan.extend == ()
     assert plan.drop == ((lease, Drop.RESERVE_SPENT),)
@@ -472,7 +468,7 @@ def test_plan_reserve_spent_wins_over_other_drop_reasons() -> None:
     lease = local_lease("w", stage_deadline=1001.0)
     lease.begin_call(1000.0, 1.0)
     assert plan_heartbeat([lease], now=1058.0).drop == ((lease, Drop.WORKER_LATE),)
-    lease.status = LeaseStatus.UNKNOWN
+    put(lease, LeaseStatus.UNKNOWN)
     assert plan_heartbeat([lease], now=1058.0).drop == ((lease, Drop.RESERVE_SPENT),)
 
 
@@ -511,7 +507,7 @@ def test_a_stall_past_the_tolerated_lag_drops_the_blocker_and_names_the_lapsed_l
     lapsed = local_lease("b", deadline=1020.0)  # conservative deadline 1015: crossed
     alive = local_lease("c", deadline=1050.0)  # conservative deadline 1045: not crossed
     done = local_lease("d", deadline=1010.0)
-    done.status = LeaseStatus.DONE  # ended before: nothing to lapse
+    put(done, LeaseStatus.DONE)  # ended before: nothing to lapse
     stall = judge_stall(
         [blocker, lapsed, alive, done],
         blocker=blocker,
@@ -534,7 +530,7 @@ def test_a_stall_past_the_tolerated_lag_drops_the_blocker_and_names_the_lapsed_l
 
 def test_a_stall_by_a_job_not_yet_held_or_already_ended_drops_nothing_but_is_reported() -> None:
     ended = local_lease("a")
-    ended.status = LeaseStatus.DONE
+    put(ended, LeaseStatus.DONE)
     for blocker in (None, ended):
         stall = judge_stall(
             [ended], blocker=blocker, blocker_job="a", began=0.0, ended=5.0, tolerated=1.0

@@ -24,7 +24,8 @@ from sqs_lease import (
     WorkerShuttingDown,
 )
 from sqs_lease._core.intents import EffectResult, EffectSpec
-from sqs_lease._core.timing import EFFECT_MARGIN, Drop, LeaseStatus, LocalLease
+from sqs_lease._core.lease import Drop, LeaseEvent, LocalLease
+from sqs_lease._core.timing import EFFECT_MARGIN
 from sqs_lease._journal import Journal
 
 
@@ -141,15 +142,15 @@ def test_a_wait_that_runs_its_time_returns_false() -> None:
 
 
 def _stop_shutdown(lease: LocalLease) -> None:
-    lease.shutdown = True
+    lease.process(LeaseEvent.STOP_ASKED)
 
 
 def _stop_lost(lease: LocalLease) -> None:
-    lease.status, lease.reason = LeaseStatus.LOST, "token moved to 4"
+    lease.process(LeaseEvent.LOST, "token moved to 4")
 
 
 def _stop_cancelled(lease: LocalLease) -> None:
-    lease.status, lease.reason = LeaseStatus.CANCELLED, "session ended"
+    lease.process(LeaseEvent.CANCELLED, "session ended")
 
 
 @pytest.mark.parametrize(
@@ -193,7 +194,7 @@ def test_a_wait_raises_when_the_stop_comes_during_it() -> None:
     ctx, lease, stopped, _ = _context()
 
     def stop_later() -> None:
-        lease.shutdown = True
+        lease.process(LeaseEvent.STOP_ASKED)
         stopped.set()
 
     timer = threading.Timer(0.05, stop_later)

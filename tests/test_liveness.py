@@ -16,6 +16,7 @@ from test_core_attempt import MONO, WALL, Shell, _up_to_handler
 
 from sqs_lease._core.attempt import attempt_flow, heartbeat_round_flow
 from sqs_lease._core.calls import Call, Invoke, Outcome
+from sqs_lease._core.lease import LeaseStatus
 from sqs_lease._core.liveness import (
     LIVENESS_PART,
     HeldJob,
@@ -24,7 +25,6 @@ from sqs_lease._core.liveness import (
     liveness_parts,
 )
 from sqs_lease._core.records import JobState
-from sqs_lease._core.timing import LeaseStatus
 from sqs_lease._schema import JobTable
 
 

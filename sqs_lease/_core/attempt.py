@@ -100,6 +100,7 @@ from .flows import (
     sweep_flow,
 )
 from .intents import EffectResult, EffectSpec, IntentRequests, effect_flow
+from .lease import Drop, LocalLease, Stop
 from .leasebook import HAND_BACK_STALE, Held, LeaseBook, LeaseRules, Signal, is_open
 from .liveness import HeldJob, liveness_parts
 from .records import JobRequests
@@ -126,16 +127,7 @@ from .stages import (
     stage_input_json,
 )
 from .texts import outside_text
-from .timing import (
-    LATE_HANDBACK_LIMIT,
-    Drop,
-    LeaseStatus,
-    LocalLease,
-    Stop,
-    backoff_delay,
-    beat_due,
-    late_charged,
-)
+from .timing import LATE_HANDBACK_LIMIT, backoff_delay, beat_due, late_charged
 
 UNKNOWN_CLASS_MAX_ATTEMPTS = 1_000_000  # an unknown class is never claimed: no bound applies
 
@@ -763,7 +755,7 @@ def _run(at: _At, held: Held, payload: Any, start: float) -> Flow[Finish | None]
         ev = env.book.intent_refused(held, str(error), LossSource.HANDLER)
         if ev is not None:
             yield ev
-    stop = env.book.mark(held, LeaseStatus.DONE)
+    stop = env.book.mark(held)
     if env.observer is not None:
         env.observer.handler_ended(held, stop)
     # A handler told to stop may return a partial result: never committed.

@@ -24,9 +24,9 @@ from .._errors import (
     ToolOutcomeUnknown,
     TransientError,
 )
+from .lease import Stop
 from .limits import CODE_LIMIT, ERROR_TEXT_LIMIT, bounded
 from .texts import message_of
-from .timing import Stop
 
 _PERMANENT_TYPES: tuple[type[BaseException], ...] = (ConfigError, PayloadError, LimitExceeded)
 """Raised in a handler, these are configuration or input errors (an undeclared target,

@@ -32,6 +32,7 @@ from .fifo import (
     message_group_id,
     session_order_problem,
 )
+from .lease import OPEN, Action, Drop, LeaseEvent, LocalLease
 from .limits import REASON_LIMIT, bounded, result_problem
 from .records import (
     UNDELIVERED_CODE,
@@ -42,7 +43,6 @@ from .records import (
     awaits_send,
 )
 from .timeline import trim_count
-from .timing import OPEN, Drop, LeaseStatus, LocalLease
 
 SQS_BATCH = 10
 DDB_BATCH_GET = 100
@@ -1668,10 +1668,6 @@ class LossSource(StrEnum):
     CLAIM = "claim"  # a write right after the claim, before the lease was held
 
 
-LOSS_KNOWN = frozenset({LeaseStatus.LOST, LeaseStatus.CANCELLED})
-"""Statuses of an attempt whose loss was already journaled (or that gave the job back)."""
-
-
 def lost_event(
     job_id: str, token: int, source: LossSource, reason: str, cancelled: bool = False
 ) -> Emit:
@@ -1699,20 +1695,16 @@ def lose(
     that returned (done) and meets a rejected commit, one the watchdog dropped
     (expired) whose late write finds the token moved.
     """
-    if lease.status in LOSS_KNOWN:
+    event = LeaseEvent.CANCELLED if cancelled else LeaseEvent.LOST
+    if lease.process(event, reason) is not Action.TELL_LOSS:
         return None
-    lease.status = LeaseStatus.CANCELLED if cancelled else LeaseStatus.LOST
-    lease.reason = reason
     return lost_event(lease.job_id, lease.token, source, reason, cancelled)
 
 
 def gave_back(lease: LocalLease, reason: str) -> None:
     """This attempt handed its job back itself (a watchdog retry, a release): nothing
     it learns later is a lost lease, and nothing may be done for it any more."""
-    if lease.status not in LOSS_KNOWN:
-        lease.status = LeaseStatus.LOST
-        lease.reason = f"given back: {reason}"
-        lease.given_back = True
+    lease.process(LeaseEvent.GAVE_BACK, reason)
 
 
 def rejected_loss(fin: Finish) -> tuple[str, bool] | None:
@@ -1749,8 +1741,8 @@ def apply_beats(
         if lease.status not in OPEN:
             continue
         if beat.status is BeatStatus.OK and beat.deadline is not None:
+            lease.process(LeaseEvent.CONFIRMED)
             lease.deadline = beat.deadline
-            lease.status = LeaseStatus.OK
             lease.last_confirmed = started
             lease.next_beat = started + lease.heartbeat_seconds
             if lease.job_id in report.progress_saved:
@@ -1771,8 +1763,7 @@ def apply_beats(
                 events.append(ev)
             cancel.append(lease)
         else:
-            lease.status = LeaseStatus.UNKNOWN
-            lease.reason = beat.reason
+            lease.process(LeaseEvent.UNCONFIRMED, beat.reason)
             lease.next_beat = started + min(lease.heartbeat_seconds, 1.0)
     return BeatOutcome(tuple(extended), tuple(cancel), tuple(events), tuple(capped))
 

@@ -42,20 +42,10 @@ from .flows import (
     lost_event,
     rejected_loss,
 )
+from .lease import OPEN, Action, Drop, LeaseEvent, LeaseStatus, LocalLease, Stop
 from .records import JobView
 from .stages import stage_log
-from .timing import (
-    OPEN,
-    BeatPlan,
-    Drop,
-    LeaseStatus,
-    LocalLease,
-    Pace,
-    Stall,
-    Stop,
-    judge_stall,
-    plan_heartbeat,
-)
+from .timing import BeatPlan, Pace, Stall, judge_stall, plan_heartbeat
 
 
 class Signal(Protocol):
@@ -285,7 +275,7 @@ class LeaseBook:
                 earlier.cancelled.set()
             if self.stopping:
                 # Claimed while the worker stops: the attempt is told at once.
-                held.lease.shutdown = True
+                held.lease.process(LeaseEvent.STOP_ASKED)
                 held.cancelled.set()
             self._held[claim.job.job_id] = held
         if self._on_hold is not None:
@@ -297,13 +287,12 @@ class LeaseBook:
         with self.lock:
             return held.lease.stop
 
-    def mark(self, held: Held, status: LeaseStatus) -> Stop | None:
+    def mark(self, held: Held) -> Stop | None:
         """Mark the attempt's end (its handler returned); return the stop it was told
         before (None: none). A lease that ended is never extended again."""
         with self.lock:
             stop = held.lease.stop
-            if held.lease.status in OPEN:
-                held.lease.status = status
+            held.lease.process(LeaseEvent.RETURNED)
             return stop
 
     def forget(self, held: Held, end: Finish | None) -> None:
@@ -415,8 +404,7 @@ class LeaseBook:
         self.stopping = True
         with self.lock:
             for h in self._held.values():
-                if h.lease.status in OPEN and not h.lease.shutdown:
-                    h.lease.shutdown = True
+                if h.lease.process(LeaseEvent.STOP_ASKED) is Action.TELL:
                     h.cancelled.set()
 
     def let_go(self) -> list[Held]:

@@ -27,10 +27,11 @@ from .._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
 from .._core.deletes import DeleteBatch
 from .._core.flows import UNKNOWN_CLASS_RECEIVES, Claimed, Delivery, Poison, receive_flow
 from .._core.intents import EffectResult, EffectSpec, default_key
+from .._core.lease import OPEN, LocalLease, Stop
 from .._core.leasebook import Flag, Held, LeaseBook, is_open
 from .._core.limits import ITEM_LIMIT
 from .._core.stages import NextStage
-from .._core.timing import EFFECT_MARGIN, OPEN, LocalLease, Pace, Stop, pace_budget
+from .._core.timing import EFFECT_MARGIN, Pace, pace_budget
 from .._errors import (
     LeaseLost,
     PermanentError,
