@@ -1420,10 +1420,25 @@ def lease_rules_top_level() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def own_claim_unseen() -> Iterator[None]:
+    """The duplicate rule's same-worker branch as before soak seeds 1040258 and
+    1045173: a copy that finds the record running under its own worker asks only
+    whether the book holds the job, not whether another attempt of the worker
+    claimed it and holds it not yet (validating, taking its slots) or has a claim of
+    it under way: it takes the job over from its own live attempt. Expected: I24."""
+    from sqs_lease._core import leasebook
+
+    _require(leasebook.LeaseBook, "owns", "soak seeds 1040258, 1045173 (issue 26)")
+    with _patch(leasebook.LeaseBook, "owns", leasebook.LeaseBook.holds_open):
+        yield
+
+
 PLANS_MUTATIONS: dict[str, Callable[[], Any]] = {
     "limit_per_step": limit_per_step,
     "async_per_class": async_per_class,
     "lease_rules_top_level": lease_rules_top_level,
+    "own_claim_unseen": own_claim_unseen,
 }
 """The plans world's mutations (each caught in the ``plans`` world, one of
 ``plan.PASSING_FEATURES``); ``pace_counts_fenced_out`` (defect 11) is caught there too

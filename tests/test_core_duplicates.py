@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from core_harness import OTHER, WORKER, condition_text, delivery, job_item, ok, table, unreachable
-from test_core_attempt import MONO, Shell, _up_to_handler
+from test_core_attempt import MONO, Shell, _answers, _up_to_handler
 
 from sqs_lease._core.attempt import HandlerRun, attempt_flow, liveness_flow
 from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Invoke, Ok, Outcome, Sleep
@@ -233,6 +233,74 @@ def test_a_duplicate_reaching_another_attempt_of_the_owner_is_deferred_by_its_ow
     assert shell.book.get("job-1") is first.held  # the live attempt is untouched
 
 
+def _first_until(shell: Shell, stop: Callable[[Any], bool]) -> Any:
+    """Drive a first attempt of job-1 (its claim lands at token 5) until ``stop``
+    holds for the instruction it yields; return the suspended flow (keep it)."""
+    flow = attempt_flow(shell.env, delivery())
+    answers = iter(_answers())
+    instr = next(flow)
+    while not stop(instr):
+        out: Any = None
+        if isinstance(instr, Call):
+            out = next(answers)
+        elif isinstance(instr, Invoke):
+            out = ok({"value": instr.fn()})
+        instr = flow.send(out)
+    return flow
+
+
+def _own_copy(shell: Shell, token: int) -> Run:
+    """A copy of job-1 reaches another attempt of the same worker: its claim finds
+    the record running under this worker at ``token``; a take-over would land."""
+    claims = iter([_running(token=token, owner=WORKER), _taken_over()])
+    return Run(shell, delivery(receipt_handle="rh-2"), lambda c: next(claims))
+
+
+def test_a_copy_reaching_the_owner_between_its_claim_and_its_hold_is_deferred() -> None:
+    # Soak seeds 1040258 and 1045173 (plans world): the first attempt's claim landed,
+    # and it was still taking its slots (seconds, under a slow window) when the copy's
+    # claim found the record running under its own worker: its book held nothing yet,
+    # so the copy took the job over from its own live attempt.
+    shell = Shell()
+    first = _first_until(shell, lambda i: isinstance(i, Invoke) and i.what == "validate")
+    assert shell.book.get("job-1") is None  # claimed, not yet held
+    run = _own_copy(shell, token=5)
+    assert run.handler is None and run.sleeps == []
+    assert run.ops() == ["UpdateItem", "ChangeMessageVisibility"]
+    assert run.event("claim_deferred")["owner"] == WORKER
+    first.close()
+
+
+def test_a_copy_reaching_the_owner_while_its_claim_is_under_way_is_deferred() -> None:
+    # The copy's refusal can come back before the first claim's answer (two threads,
+    # two connections): the record runs at the first claim's token, which this
+    # worker does not know yet; the first claim's answer settles the job.
+    shell = Shell()
+    first = _first_until(shell, lambda i: isinstance(i, Call) and i.op == "UpdateItem")
+    run = _own_copy(shell, token=5)
+    assert run.handler is None and run.event("claim_deferred")["owner"] == WORKER
+    first.close()
+
+
+def test_an_own_claim_that_ended_before_its_hold_leaves_the_job_to_a_copy() -> None:
+    shell = Shell()
+    first = _first_until(shell, lambda i: isinstance(i, Invoke) and i.what == "validate")
+    first.close()  # that attempt is over (its flow ended) without holding the job
+    run = _own_copy(shell, token=5)
+    assert run.handler is not None and run.sleeps == []
+    assert "token = 5" in condition_text(run.claims()[1].params)
+
+
+def test_a_copy_reaching_the_owner_while_its_end_write_is_under_way_is_deferred() -> None:
+    # The handler returned (DONE: nothing more to extend) and the end write is on its
+    # way: a take-over now would refuse that write and throw the finished work away.
+    shell = Shell()
+    first, _flow = _up_to_handler(shell)
+    first.held.lease.process(LeaseEvent.RETURNED)
+    run = _own_copy(shell, token=first.claim.token)
+    assert run.handler is None and run.event("claim_deferred")["owner"] == WORKER
+
+
 def test_a_duplicate_reaching_the_owner_after_its_lease_went_is_taken_over_at_once() -> None:
     shell = Shell()
     first, _flow = _up_to_handler(shell)
@@ -293,3 +361,24 @@ def test_each_liveness_write_counts_up_and_a_round_a_little_early_still_writes()
     write(MONO + H - 0.3)  # the next round ended a little earlier than H after it
     write(MONO + H - 0.2 + 0.1)  # a round off the schedule right after: not written
     assert [int(c.params["Item"]["beats"]["N"]) for c in written] == [1, 2]
+
+
+def test_the_liveness_record_lists_a_claim_not_yet_held_at_its_token() -> None:
+    # Another worker watching this one for a job it claimed and has not held yet
+    # (validating, taking its slots) must find it listed: a live owner, not a dead one.
+    shell = Shell()
+    _first, _flow = _up_to_handler(shell)  # job-1 held at token 5
+    shell.book.claiming("n-other", "job-2")
+    shell.book.claimed("n-other", 8, MONO + 50)
+    shell.book.claiming("n-flight", "job-3")  # under way: no token to list yet
+    from sqs_lease._core.attempt import Now
+    from sqs_lease._core.liveness import liveness_of
+
+    flow = liveness_flow(shell.env, Now(MONO, 1_700_000_000.0), round_seconds=0.1)
+    call = next(flow)
+    assert isinstance(call, Call)
+    live = liveness_of(call.params["Item"])
+    assert live is not None
+    assert [(h.job_id, h.token) for h in live.held] == [("job-1", 5), ("job-2", 8)]
+    shell.book.unclaim("n-other")
+    assert not shell.book.claim_pending("job-2", 8, MONO)

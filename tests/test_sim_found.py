@@ -26,11 +26,6 @@ FOUND = {
     1042203: ("I25_charged_before_budget", "as 1041056"),
     1043592: ("I25_charged_before_budget", "as 1041056, a message 4.6 days in a backlog"),
     1044867: ("I25_charged_before_budget", "as 1041056"),
-    1040258: (
-        "I24_live_owner_taken_over",
-        "the plans world: a duplicate of a job its own worker holds taken over without "
-        "the book's answer (or the checker's view of a live owner wrong): to judge",
-    ),
 }
 
 

@@ -350,6 +350,23 @@ def attempt_flow(
     # Drawn only when needed: the random stream stays the retries' own.
     rand = 0.5 if rules is not None else (yield from _value("random", env.random))
     nonce = yield from _nonce(env)
+    try:
+        return (yield from _claim_and_run(env, item, rules, now, nonce, rand, tag))
+    finally:
+        # Held, refused, or ended before its hold: the claim is no longer the book's
+        # news (``LeaseBook.owns``); a flow closed midway forgets it too.
+        env.book.unclaim(nonce)
+
+
+def _claim_and_run(
+    env: AttemptEnv,
+    item: Delivery,
+    rules: ClassRules | None,
+    now: Now,
+    nonce: str,
+    rand: float,
+    tag: Any,
+) -> Flow[Finish | None]:
     claim = yield from _admit(env, item, rules, now.wall, nonce, rand=rand)
     if isinstance(claim, NotClaimed) and claim.outcome == "running" and rules is not None:
         taken = yield from _owner_running(env, item, claim, rules, nonce)
@@ -416,6 +433,7 @@ def attempt_flow(
             },
         )
     holding = env.book.hold(claim, held_rules, now.mono, env.new_signal(), tag)
+    env.book.unclaim(nonce)  # the book's entry says the rest
     if holding.superseded:
         env.tally("own_claim_superseded", 1)
     if holding.event is not None:
@@ -455,8 +473,10 @@ def _owner_running(
     now = yield from _now(env)
     if running.owner == env.worker_id:
         # One worker id, two attempts (a copy reached another of its threads): its
-        # own book says whether the first still holds a lease it extends.
-        alive = env.book.holds_open(running.job_id, running.token, now.mono)
+        # own book says whether the first still owns the job: holds a lease it
+        # extends, or claimed it and has not held it yet (validating, taking its
+        # slots), or has a claim of it under way (soak seeds 1040258, 1045173).
+        alive = env.book.owns(running.job_id, running.token, now.mono)
     else:
         window = owner_window(own.heartbeat_seconds)
         # Keep the message while watching: a copy that came back meanwhile would
@@ -502,25 +522,32 @@ def _admit(
     take_from: int | None = None,
 ) -> Flow[ClaimResult]:
     """``admit_flow`` for a delivery under its class's rules (None: a class this
-    worker does not know); ``take_from``: the running token a take-over may replace."""
-    return (
-        yield from admit_flow(
-            env.table,
-            queue_url=env.queue_url,
-            dlq_url=env.dlq_url,
-            delivery=item,
-            known_class=rules is not None,
-            worker_id=env.worker_id,
-            wall_now=wall_now,
-            lease_seconds=rules.lease_seconds if rules else env.receive_visibility,
-            max_attempts=rules.max_attempts if rules else UNKNOWN_CLASS_MAX_ATTEMPTS,
-            unknown_class_receives=env.unknown_class_receives,
-            rand=rand,
-            keep_receive_lease=first_beat_reserve(rules, item.visibility) if rules else None,
-            nonce=nonce,
-            take_from=take_from,
-        )
+    worker does not know); ``take_from``: the running token a take-over may replace.
+
+    The book knows the claim from its write to its hold (``LeaseBook.owns``): a copy
+    of the job that reaches another attempt of this worker meanwhile is deferred."""
+    env.book.claiming(nonce, item.job_id)
+    claim = yield from admit_flow(
+        env.table,
+        queue_url=env.queue_url,
+        dlq_url=env.dlq_url,
+        delivery=item,
+        known_class=rules is not None,
+        worker_id=env.worker_id,
+        wall_now=wall_now,
+        lease_seconds=rules.lease_seconds if rules else env.receive_visibility,
+        max_attempts=rules.max_attempts if rules else UNKNOWN_CLASS_MAX_ATTEMPTS,
+        unknown_class_receives=env.unknown_class_receives,
+        rand=rand,
+        keep_receive_lease=first_beat_reserve(rules, item.visibility) if rules else None,
+        nonce=nonce,
+        take_from=take_from,
     )
+    if isinstance(claim, Claimed) and rules is not None:
+        env.book.claimed(nonce, claim.token, claim.deadline - rules.jitter_seconds)
+    else:
+        env.book.unclaim(nonce)
+    return claim
 
 
 def _defer(env: AttemptEnv, item: Delivery, delay: int, reason: str, **fields: Any) -> Flow[None]:
@@ -1015,12 +1042,13 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
 
 def liveness_flow(env: AttemptEnv, at: Now, *, round_seconds: float) -> Flow[int]:
     """After a round: the worker's one liveness record (``_core/liveness.py``): every
-    open lease it holds, with its token and deadline on the wall clock. Advisory:
-    its only condition keeps it off a job record under its key, and a failure is
-    only journaled (``liveness_failed``). Written once per heartbeat interval (the
-    shortest held; at most one per half interval), however many rounds the leases'
-    own schedules make; each write counts ``beats`` up, which a claim of a job this
-    worker runs watches move (``_core/duplicates.py``). Returns the calls made (one per
+    open lease it holds (and every claim it made and holds not yet), with its token
+    and deadline on the wall clock. Advisory: its only condition keeps it off a job
+    record under its key, and a failure is only journaled (``liveness_failed``).
+    Written once per heartbeat interval (the shortest held; at most one per half
+    interval), however many rounds the leases' own schedules make; each write counts
+    ``beats`` up, which a claim of a job this worker runs watches move
+    (``_core/duplicates.py``). Returns the calls made (one per
     :data:`~sqs_lease._core.liveness.LIVENESS_PART` jobs)."""
     book = env.book
     open_ = [h for h in book.entries() if is_open(h)]
@@ -1036,13 +1064,17 @@ def liveness_flow(env: AttemptEnv, at: Now, *, round_seconds: float) -> Flow[int
         return 0
     book.liveness_at = at.mono
     book.liveness_beats += 1
-    held = sorted(
-        (
-            HeldJob(h.job.job_id, h.lease.token, at.wall + (h.lease.deadline - at.mono))
-            for h in open_
-        ),
-        key=lambda j: j.job_id,
-    )
+    listed = {
+        h.job.job_id: HeldJob(h.job.job_id, h.lease.token, at.wall + (h.lease.deadline - at.mono))
+        for h in open_
+    }
+    # A claim that landed and is not held yet (validating, taking its slots) is this
+    # worker's too: a claimer watching it must not judge it dead. It is the job's
+    # newest token here (a held entry of the job is the attempt it supersedes).
+    for c in book.pending_claims(at.mono):
+        assert c.token is not None
+        listed[c.job_id] = HeldJob(c.job_id, c.token, at.wall + (c.deadline - at.mono))
+    held = sorted(listed.values(), key=lambda j: j.job_id)
     parts = liveness_parts(env.worker_id, at.wall, round_seconds, held, book.liveness_beats)
     for part in parts:
         out = yield from call(env.table.liveness(part))

@@ -7,11 +7,15 @@ out) but throws the owner's work away. So a claim only takes a ``queued`` record
 one that finds the record ``running`` under another token (:func:`flows.claim_flow`
 answers ``running``) asks whether that owner still beats:
 
-- the owner is this worker: its own book knows (:meth:`LeaseBook.holds_open`);
+- the owner is this worker: its own book knows (:meth:`LeaseBook.owns`): an
+  attempt of it holds the job open, or claimed it and holds it not yet, or has a
+  claim of it under way (from the claim's write to its hold the attempt runs,
+  validating and taking its slots, with no lease in the book);
 - another worker: its liveness record (``_core/liveness.py``, one write per round)
   is read twice, a window of :func:`owner_window` apart on the claimer's own lease
   clock. The owner is alive when the second read lists the job at the record's
-  token and the record's write counter (``beats``) moved between the reads. Only
+  token (it lists claims not yet held too) and the record's write counter
+  (``beats``) moved between the reads. Only
   the owner's own counter is compared with itself: no two machines' clocks meet.
 
 Alive: the delivery is left unclaimed (``claim_deferred``, reason ``owner_alive``)

@@ -174,6 +174,19 @@ def handed_on(earlier: Held, claim: Claimed) -> bool:
     )
 
 
+@dataclass(eq=False)
+class Claiming:
+    """One attempt's claim of a job, from its write until the book holds it (or the
+    attempt ends without): its token is None while the write is under way, then the
+    claimed token, live until ``deadline`` (the claim's conservative deadline, lease
+    clock). The attempt runs all that time (validating, taking its slots) though the
+    book holds no lease of it yet: a copy of the job is a duplicate to a live owner."""
+
+    job_id: str
+    token: int | None = None
+    deadline: float = 0.0
+
+
 @dataclass(frozen=True)
 class Holding:
     """What :meth:`LeaseBook.hold` did: the new entry, and the earlier attempt of the
@@ -214,6 +227,8 @@ class LeaseBook:
         # same job must not overtake it (:meth:`before_claim`).
         # The drop's time (lease clock) bounds the wait: HAND_BACK_STALE.
         self._handing_back: dict[str, tuple[LocalLease, float]] = {}
+        # Claims not yet held, by the attempt's nonce (:class:`Claiming`).
+        self._claims: dict[str, Claiming] = {}
 
     # ------------------------------------------------------------------ reading
 
@@ -397,6 +412,60 @@ class LeaseBook:
                 and now < h.lease.conservative_deadline
             )
 
+    def claiming(self, nonce: str, job_id: str) -> None:
+        """The attempt ``nonce`` sends a claim of ``job_id`` (its first, or a take-over)."""
+        with self.lock:
+            self._claims[nonce] = Claiming(job_id)
+
+    def claimed(self, nonce: str, token: int, deadline: float) -> None:
+        """Its claim landed at ``token``: the attempt owns the job until it holds it."""
+        with self.lock:
+            c = self._claims.get(nonce)
+            if c is not None:
+                c.token, c.deadline = token, deadline
+
+    def unclaim(self, nonce: str) -> None:
+        """The attempt's claim is settled: refused, held (the book's entry says the
+        rest), or the attempt ended before its hold. Idempotent."""
+        with self.lock:
+            self._claims.pop(nonce, None)
+
+    def claim_pending(self, job_id: str, token: int, now: float) -> bool:
+        """An attempt of this worker claimed ``job_id`` at ``token`` and has not held
+        it yet (nor let its claim run past its conservative deadline)."""
+        with self.lock:
+            return any(
+                c.job_id == job_id and c.token == token and now < c.deadline
+                for c in self._claims.values()
+            )
+
+    def pending_claims(self, now: float) -> list[Claiming]:
+        """The landed claims not yet held, live (the liveness record lists them)."""
+        with self.lock:
+            return [c for c in self._claims.values() if c.token is not None and now < c.deadline]
+
+    def owns(self, job_id: str, token: int, now: float) -> bool:
+        """A delivery of ``job_id`` found its record running under this worker at
+        ``token``: is that a live attempt of this worker (``_core/duplicates.py``)?
+        Yes, inside the attempt's conservative deadline, from its claim's write to its
+        end write: when an attempt claimed it and holds it not yet, holds it open, or
+        its handler returned and its end write is under way (a take-over would refuse
+        that write and throw the work away); and when another claim of the job is
+        under way here (its answer, not this delivery's, settles the job: the record
+        may be at that claim's token)."""
+        if self.claim_pending(job_id, token, now):
+            return True
+        with self.lock:
+            h = self._held.get(job_id)
+            if (
+                h is not None
+                and h.lease.token == token
+                and (is_open(h) or h.lease.status is LeaseStatus.DONE)
+                and now < h.lease.conservative_deadline
+            ):
+                return True
+            return any(c.job_id == job_id and c.token is None for c in self._claims.values())
+
     # ------------------------------------------------------------------ the worker
 
     def request_stop(self) -> None:
@@ -534,6 +603,7 @@ def is_open(held: Held) -> bool:
 
 
 __all__ = [
+    "Claiming",
     "Flag",
     "Guard",
     "Held",

@@ -854,13 +854,20 @@ class World:
 
     def _live_owner(self, worker: str, job_id: str, token: int) -> bool:
         """I24 (dup-defer): the worker runs and holds the job at the token, its lease
-        open and inside its conservative deadline on its own clock."""
+        open and inside its conservative deadline on its own clock; or one of its
+        attempts claimed it at the token and has not held it yet (validating, taking
+        its slots: soak seeds 1040258 and 1045173). (An attempt whose handler
+        returned, its end write under way, is the protocol's to keep too, but not
+        counted here: another worker's watch does not see it, see ``LeaseBook.owns``.)"""
         w = self.workers.get(worker)
         return (
             w is not None
             and w.alive
             and w.paused_until <= self.now
-            and w.book.holds_open(job_id, token, w.mono())
+            and (
+                w.book.holds_open(job_id, token, w.mono())
+                or w.book.claim_pending(job_id, token, w.mono())
+            )
         )
 
     def _known_classes(self, worker: str) -> frozenset[str] | None:
