@@ -376,7 +376,9 @@ def _env_app(make: Callable[..., LambdaHandler], own: str) -> LambdaHandler:
         from .tracing import OtelSpans
 
         journal.add_sink(OtelSpans())
-    return make(app, journal=journal, metrics=metrics)
+    # The worker's options set in the environment, as for the container's worker; one
+    # the Lambda shell decides itself (SQS_LEASE_RECEIVE_WAIT...) is refused at cold start.
+    return make(app, journal=journal, metrics=metrics, options=env.options())
 
 
 def entry(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:

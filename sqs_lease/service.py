@@ -2,8 +2,10 @@
 
 ``sqs-lease worker`` (or ``python -m sqs_lease worker``) reads its settings from
 command-line options, else from ``SQS_LEASE_*`` environment variables
-(:class:`WorkerEnv`, pydantic-settings), else the defaults; where AWS is comes
-from :class:`~sqs_lease.Settings` (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...).
+(:class:`WorkerEnv`), else the defaults (``sqs_lease._config.layered``, the rule
+``Settings.from_env`` follows too); where AWS is comes from
+:class:`~sqs_lease.Settings` (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...). The
+options among them are a :class:`~sqs_lease.WorkerOptions` (their bounds).
 :func:`env_table` is the one table of every variable (docs/operations.md holds
 it; a test compares the two).
 
@@ -32,10 +34,9 @@ from enum import IntEnum
 from typing import Any
 
 import botocore.exceptions
-from pydantic import Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ._config import ENV_VARIABLES, Settings
+from ._config import ENV_VARIABLES, Settings, layered
 from ._core.calls import Call, Err, ErrorKind, Outcome
 from ._core.deploy import ECS_EXIT_MARGIN_SECONDS, ecs_exit_after
 from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
@@ -98,16 +99,15 @@ class ExitCode(IntEnum):
     ``queue create`` (or deploy the stack) first."""
 
 
-class WorkerEnv(BaseSettings):
-    """The worker's settings from ``SQS_LEASE_*`` environment variables.
+class WorkerEnv(BaseModel):
+    """The worker's settings from ``SQS_LEASE_*`` environment variables (:meth:`load`).
 
-    Explicit keyword arguments (the CLI's options) win over the environment. Where
-    AWS is and the resource names are :class:`~sqs_lease.Settings`' business.
+    Explicit keyword arguments (the CLI's options) win over the environment
+    (``sqs_lease._config.layered``). Where AWS is and the resource names are
+    :class:`~sqs_lease.Settings`' business.
     """
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True
-    )
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     app: str | None = Field(
         default=None,
@@ -194,11 +194,15 @@ class WorkerEnv(BaseSettings):
 
     def options(self, shell: Shell | None = None) -> WorkerOptions:
         """The worker's options these settings give (checked for ``shell`` if named):
-        an unset concurrency is the shell's default, ``sweep_interval`` 0 is off, the
-        grace is :attr:`grace`."""
-        given = {name: getattr(self, name) for name in _OPTION_NAMES}
-        given |= {"shutdown_grace": self.grace, "sweep_interval": self.sweep_interval or None}
-        options = WorkerOptions.of(**{k: v for k, v in given.items() if v is not None})
+        those set (a variable, an argument); the rest are ``WorkerOptions``' defaults.
+        ``sweep_interval`` 0 is off; the grace is :attr:`grace` once either it or
+        ``stop_timeout`` is set."""
+        given = {n: getattr(self, n) for n in _OPTION_NAMES if n in self.model_fields_set}
+        if "sweep_interval" in given:
+            given["sweep_interval"] = self.sweep_interval or None
+        if self.shutdown_grace is not None or self.stop_timeout is not None:
+            given["shutdown_grace"] = self.grace
+        options = WorkerOptions.of(**given)
         return options if shell is None else options.for_shell(shell)
 
     @model_validator(mode="after")
@@ -227,12 +231,13 @@ class WorkerEnv(BaseSettings):
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **given: Any) -> WorkerEnv:
-        """Read the environment; ``given`` (non-None) wins. Bad values, and a
-        variable that looks like a misspelt one (``SQS_LEASE_CONCURENCY``), raise
-        :class:`ConfigError` naming the variable and the fix. ``environ``: the
-        variable names to check for misspellings (default ``os.environ``)."""
+        """Read the environment ``environ`` (default ``os.environ``); ``given``
+        (non-None) wins. Bad values, and a variable that looks like a misspelt one
+        (``SQS_LEASE_CONCURENCY``), raise :class:`ConfigError` naming the variable
+        and the fix."""
         known = [name for name, _, _ in env_table()]
-        for name in os.environ if environ is None else environ:
+        e = os.environ if environ is None else environ
+        for name in e:
             if name.startswith(ENV_PREFIX) and name not in known:
                 close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
                 if close:
@@ -241,7 +246,12 @@ class WorkerEnv(BaseSettings):
                         "(docs/operations.md lists every variable)"
                     )
         try:
-            return cls(**{k: v for k, v in given.items() if v is not None})
+            found = {
+                n: e[f"{ENV_PREFIX}{n.upper()}"]
+                for n in cls.model_fields
+                if f"{ENV_PREFIX}{n.upper()}" in e
+            }
+            return cls(**layered(given, found))
         except OptionError as exc:
             raise ConfigError(f"{_where(exc.field)}: {exc}") from None
         except ValidationError as exc:
