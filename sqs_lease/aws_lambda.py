@@ -320,7 +320,7 @@ def sweeper(
     from an EventBridge schedule (every few minutes; the CDK's ``LambdaConsumer``
     deploys one); it returns what it did (``resent``, ``more``, ``dlq_parked``...).
     An SQS event is refused (``ConfigError``): the consumer is ``handler(app)``.
-    ``older_than`` is the options' ``sweep_grace`` (default 15 min); both are checked
+    ``older_than`` is the options' ``sweep_grace`` (default 60 s); both are checked
     here, with the bounds every shell has."""
     options = _lambda_options(options, sweep_grace=older_than)
     shells: list[LambdaShell] = []
