@@ -44,6 +44,7 @@ from ._errors import (
     LeaseError,
     LeaseLost,
     LimitExceeded,
+    OptionError,
     OwnershipUnknown,
     PayloadError,
     PermanentError,
@@ -60,6 +61,7 @@ from ._errors import (
 )
 from ._jobs import App, AsyncJobContext, EffectCall, JobClass, JobContext, StagedJob, Target
 from ._journal import Journal
+from ._options import WorkerOptions
 from ._producer import Producer
 from ._resources import create_queue, create_tables
 from ._shell import WorkerStats
@@ -103,6 +105,7 @@ __all__ = [
     "LeaseLost",
     "LimitExceeded",
     "NextStage",
+    "OptionError",
     "OwnershipUnknown",
     "PayloadError",
     "PermanentError",
@@ -129,6 +132,7 @@ __all__ = [
     "TransientError",
     "Verdict",
     "Worker",
+    "WorkerOptions",
     "WorkerShuttingDown",
     "WorkerStats",
     "create_queue",

@@ -54,24 +54,20 @@ from ._core.attempt import (
     watchdog_drops_flow,
 )
 from ._core.calls import Flow
-from ._core.deploy import SHUTDOWN_GRACE_SECONDS, SHUTDOWN_RELEASE_MARGIN
+from ._core.deploy import SHUTDOWN_RELEASE_MARGIN
 from ._core.flows import (
-    UNKNOWN_CLASS_RECEIVES,
-    UNSENT_GRACE_SECONDS,
     Delivery,
     Poison,
 )
 from ._core.intents import EffectResult, EffectSpec
 from ._core.leasebook import Held
 from ._core.timing import tolerated_loop_lag
-from ._errors import ConfigError
 from ._jobs import App, AsyncJobContext, JobContext, is_async_callable
 from ._journal import Journal
+from ._options import Shell, WorkerOptions
 from ._shell import ShellBase, WorkerStats
 
 T = TypeVar("T")
-
-MAX_CONCURRENCY = 100_000
 
 
 class _Stop(threading.Event):
@@ -108,7 +104,7 @@ class AsyncWorker(ShellBase):
     :class:`~sqs_lease.Worker`; handlers may be ``async def`` (run on the loop,
     ``ctx`` is an :class:`~sqs_lease.AsyncJobContext`) or plain functions (run in
     a pool of ``threads`` threads, ``ctx`` is a :class:`~sqs_lease.JobContext`).
-    ``concurrency`` bounds the jobs held at once (1..100,000).
+    ``concurrency`` bounds the jobs held at once (1..100,000; default 1000).
 
     ``max_loop_lag`` is the longest a handler's step may hold the event loop
     (default: 1 s, lowered to half of what the tightest job class survives; it
@@ -122,61 +118,30 @@ class AsyncWorker(ShellBase):
     handler.
     """
 
+    shell: Shell = "async"
+
     def __init__(
         self,
         app: App,
         settings: Settings,
+        options: WorkerOptions | None = None,
         *,
-        worker_id: str | None = None,
-        concurrency: int = 1000,
-        threads: int = 16,
-        receive_wait: int = 2,
-        receive_window: float = 0.0,
-        receive_visibility: int | None = None,
-        shutdown_grace: float = SHUTDOWN_GRACE_SECONDS,
-        timeouts: Timeouts | None = None,
         journal: Journal | None = None,
-        tick: float = 0.1,
         rng: random.Random | None = None,
-        sweep_interval: float | None = 60.0,
-        sweep_grace: float = UNSENT_GRACE_SECONDS,
-        sweep_limit: int = 25,
-        unknown_class_receives: int = UNKNOWN_CLASS_RECEIVES,
-        max_loop_lag: float | None = None,
+        **option_keywords: Any,
     ) -> None:
-        if not 1 <= concurrency <= MAX_CONCURRENCY:
-            raise ConfigError(f"concurrency={concurrency}: choose 1..{MAX_CONCURRENCY}")
-        if not 1 <= threads <= 1000:
-            raise ConfigError(
-                f"threads={threads}: choose 1..1000 threads for plain (non-async) handlers"
-            )
+        """``options`` (:class:`~sqs_lease.WorkerOptions`), or its fields as keywords
+        (``concurrency=5000``; on top of ``options`` when both are given)."""
+        options = WorkerOptions.of(options, **option_keywords).for_shell(self.shell)
         self.max_loop_lag = tolerated_loop_lag(
-            max_loop_lag,
+            options.max_loop_lag,
             [
                 (n, c.lease_seconds, c.heartbeat_seconds, c.jitter_seconds)
                 for n, c in app.lease_rules()
             ],
         )
-        self.threads = threads
-        super().__init__(
-            app,
-            settings,
-            worker_id=worker_id,
-            concurrency=concurrency,
-            receive_wait=receive_wait,
-            receive_window=receive_window,
-            receive_visibility=receive_visibility,
-            shutdown_grace=shutdown_grace,
-            timeouts=timeouts,
-            journal=journal,
-            tick=tick,
-            rng=rng,
-            sweep_interval=sweep_interval,
-            sweep_grace=sweep_grace,
-            sweep_limit=sweep_limit,
-            unknown_class_receives=unknown_class_receives,
-            new_signal=_Stop,
-        )
+        self.threads = options.threads
+        super().__init__(app, settings, options, journal=journal, rng=rng, new_signal=_Stop)
         self._tasks: set[asyncio.Task[None]] = set()
         self._jobs = 0  # attempt tasks started and not yet through their attempt
         self._slot_freed: asyncio.Event | None = None  # made on the loop, by serve()

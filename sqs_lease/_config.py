@@ -51,6 +51,15 @@ ENV_VARIABLES: tuple[tuple[str, str, str], ...] = (
 come from boto3's own chain (the task role in ECS). A test checks this against the code."""
 
 
+def layered(code: Mapping[str, Any], environment: Mapping[str, Any]) -> dict[str, Any]:
+    """The one precedence rule of every setting (``Settings``, the worker's
+    ``WorkerEnv`` and so its ``WorkerOptions``): a value given in code (an argument, a
+    command-line option; ``None`` means not given) wins over the environment's, which
+    wins over the model's default (a name in neither is left to it). docs/operations.md,
+    "Configuration", says it for users."""
+    return {**environment, **{k: v for k, v in code.items() if v is not None}}
+
+
 def is_local_url(url: str | None) -> bool:
     """Whether ``url`` points at this machine (loopback): the local emulator, never AWS."""
     if not url:
@@ -212,13 +221,11 @@ class Settings(BaseModel):
             values["endpoint_url"] = e.get("AWS_ENDPOINT_URL") or None
             for service, name in _SERVICE_ENV.items():
                 values[f"{service}_endpoint_url"] = e.get(name) or None
-        given = {k: v for k, v in overrides.items() if v is not None}
-        if "endpoint_url" in given:
+        if overrides.get("endpoint_url") is not None:
             for service in SERVICES:
                 values.pop(f"{service}_endpoint_url", None)
-        values.update(given)
         try:
-            return cls(**values)
+            return cls(**layered(overrides, values))
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"])

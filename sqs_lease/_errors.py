@@ -52,6 +52,17 @@ class ConfigError(SqsLeaseError):
     """A setting is wrong; the message names the field and the fix."""
 
 
+class OptionError(ConfigError):
+    """A worker option is wrong (``WorkerOptions``): ``field``, the ``value`` given and
+    the ``fix``; the message says all three."""
+
+    def __init__(self, field: str, value: object, fix: str) -> None:
+        super().__init__(f"{field}={value!r}: {fix}")
+        self.field = field
+        self.value = value
+        self.fix = fix
+
+
 class JobClassError(ConfigError):
     """A job class breaks a lease timing rule; the message names the numbers."""
 

@@ -1,8 +1,8 @@
 """What every worker shell sets up the same way: its options, its queue, its counters.
 
 The thread worker (``_worker.py``) and the async worker (``_aio_worker.py``)
-differ in how they schedule; the checks of their options, the queue and
-redrive they find and their counters live here once.
+differ in how they schedule; their options (one ``WorkerOptions``, checked in
+``_options.py``), the queue and redrive they find and their counters live here once.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from ._aws import CallObserver, Timeouts
 from ._clock import lease_clock
 from ._config import Settings
 from ._core.attempt import (
-    RECEIVE_WINDOW_MAX,
     AttemptEnv,
     HandlerRun,
     Now,
@@ -44,6 +43,7 @@ from ._core.timing import Pace, pace_budget
 from ._errors import ConfigError
 from ._jobs import App, JobClass, Target
 from ._journal import Journal
+from ._options import WorkerOptions
 from ._resources import (
     check_slots_table,
     check_table,
@@ -81,40 +81,10 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-def check_options(
-    app: App,
-    *,
-    receive_wait: int,
-    receive_window: float = 0.0,
-    sweep_interval: float | None,
-    sweep_grace: float,
-    sweep_limit: int,
-    unknown_class_receives: int,
-) -> None:
-    """Refuse options no worker can run with, naming the field and the fix."""
+def check_app(app: App) -> None:
+    """Refuse an app no worker can run (the options' own bounds: ``WorkerOptions``)."""
     if not app.classes:
         raise ConfigError("the app registers no job class; add one with @app.job(...)")
-    if not 0 <= receive_wait <= 20:
-        raise ConfigError(f"receive_wait={receive_wait}: SQS long polls 0..20 s")
-    if not 0 <= receive_window <= RECEIVE_WINDOW_MAX:
-        raise ConfigError(
-            f"receive_window={receive_window}: give 0 (off) .. {RECEIVE_WINDOW_MAX:g} seconds "
-            "to wait after a short receive, so a batch gathers"
-        )
-    if sweep_interval is not None and not sweep_interval > 0:
-        raise ConfigError(
-            f"sweep_interval={sweep_interval}: give seconds > 0, or None to turn the "
-            "stranded-record sweep off"
-        )
-    if not sweep_grace >= 0:
-        raise ConfigError(f"sweep_grace={sweep_grace}: give seconds >= 0")
-    if not 1 <= sweep_limit <= 1000:
-        raise ConfigError(f"sweep_limit={sweep_limit}: choose 1..1000 records per sweep")
-    if unknown_class_receives < 1:
-        raise ConfigError(
-            f"unknown_class_receives={unknown_class_receives}: choose 1 or more receives "
-            "before a message of an unknown job class goes to the DLQ"
-        )
 
 
 def async_handlers(app: App) -> list[str]:
@@ -214,69 +184,52 @@ def new_write_id() -> str:
 class ShellBase:
     """What both worker shells hold and do alike; each adds how it schedules.
 
-    Options (checked with :func:`check_options`), the journal, the lease clock,
-    the tables and queue, the counters, the core's :class:`LeaseBook` (guarded by
-    ``_lock``, which handlers' contexts share) and the :class:`AttemptEnv` the
-    flows run with; ``stop``, the signal handlers and what a handler's context is
-    built from. A shell passes its stop ``Signal`` type and supplies
-    ``_run_handler`` (how ``Invoke("handler")`` is performed).
+    Options (a :class:`WorkerOptions` the shell checked with ``for_shell``), the
+    journal, the lease clock, the tables and queue, the counters, the core's
+    :class:`LeaseBook` (guarded by ``_lock``, which handlers' contexts share) and the
+    :class:`AttemptEnv` the flows run with; ``stop``, the signal handlers and what a
+    handler's context is built from. A shell passes its stop ``Signal`` type and
+    supplies ``_run_handler`` (how ``Invoke("handler")`` is performed).
     """
 
     def __init__(
         self,
         app: App,
         settings: Settings,
+        options: WorkerOptions,
         *,
-        worker_id: str | None,
-        concurrency: int,
-        receive_wait: int,
-        receive_window: float,
-        receive_visibility: int | None,
-        shutdown_grace: float,
-        timeouts: Timeouts | None,
         journal: Journal | None,
-        tick: float,
         rng: random.Random | None,
-        sweep_interval: float | None,
-        sweep_grace: float,
-        sweep_limit: int,
-        unknown_class_receives: int,
         new_signal: Callable[[], Signal],
     ) -> None:
-        check_options(
-            app,
-            receive_wait=receive_wait,
-            receive_window=receive_window,
-            sweep_interval=sweep_interval,
-            sweep_grace=sweep_grace,
-            sweep_limit=sweep_limit,
-            unknown_class_receives=unknown_class_receives,
-        )
+        check_app(app)
+        assert options.concurrency is not None  # WorkerOptions.for_shell set the shell's
+        self.options = options
         self.app = app
         self.settings = settings
-        self.worker_id = worker_id or default_worker_id()
-        self.concurrency = concurrency
-        self.receive_wait = receive_wait
+        self.worker_id = options.worker_id or default_worker_id()
+        self.concurrency = concurrency = options.concurrency
+        self.receive_wait = options.receive_wait
         shortest = min(c.lease_seconds for c in app.job_classes())
-        self.receive_visibility = receive_visibility or shortest
-        self.shutdown_grace = shutdown_grace
-        self.tick = tick
+        self.receive_visibility = options.receive_visibility or shortest
+        self.shutdown_grace = options.shutdown_grace
+        self.tick = options.tick
         self.rng = rng or random.Random()
-        self.sweep_interval = sweep_interval
-        self.sweep_grace = sweep_grace
-        self.sweep_limit = sweep_limit
+        self.sweep_interval = options.sweep_interval
+        self.sweep_grace = options.sweep_grace
+        self.sweep_limit = options.sweep_limit
         self.journal = journal or Journal(worker_id=self.worker_id)
         if self.journal.worker_id is None:
             self.journal.worker_id = self.worker_id
         heartbeat = min(c.heartbeat_seconds for c in app.job_classes())
         # A heartbeat call must give up well inside the reserve (jitter) of a lease.
-        self.timeouts = timeouts or Timeouts(read=max(0.5, min(5.0, heartbeat)))
+        self.timeouts = options.timeouts or Timeouts(read=max(0.5, min(5.0, heartbeat)))
         # Every lease measurement of this worker (its drivers' stamps, its heartbeat,
         # its handlers' contexts) is on the one lease clock (CLOCK_BOOTTIME if any).
         self._clock: Callable[[], float] = lease_clock
         self.table = JobTable(settings.jobs_table)
         self.intents = IntentTable(settings.intents_table, settings.attempts_table)
-        setup = find_queue(app, settings, self.journal, unknown_class_receives)
+        setup = find_queue(app, settings, self.journal, options.unknown_class_receives)
         self.queue_url = setup.queue_url
         # Highest priority first (_core/priority.py); one queue when there are no levels.
         self.queue_urls = [u for u in (setup.interactive_url, setup.queue_url) if u]
@@ -326,10 +279,16 @@ class ShellBase:
         self._pacer = ReceivePacer(
             concurrency,
             batch=1 if is_fifo(self.queue_url) else SQS_BATCH,
-            window=receive_window,
+            window=options.receive_window,
         )
 
     def _run_handler(self, run: HandlerRun) -> Any:  # pragma: no cover - every shell has one
+        raise NotImplementedError
+
+    def run(
+        self, *, max_messages: int | None = None, idle_exit: float | None = None
+    ) -> WorkerStats:  # pragma: no cover - every shell has one
+        """Receive and run until stopped; then shut down cleanly (each shell's own)."""
         raise NotImplementedError
 
     # ----------------------------------------------------------------- the receive loop

@@ -36,10 +36,8 @@ from ._core.attempt import (
     sweep_once_flow,
 )
 from ._core.calls import Flow
-from ._core.deploy import SHUTDOWN_GRACE_SECONDS, SHUTDOWN_RELEASE_MARGIN
+from ._core.deploy import SHUTDOWN_RELEASE_MARGIN
 from ._core.flows import (
-    UNKNOWN_CLASS_RECEIVES,
-    UNSENT_GRACE_SECONDS,
     Delivery,
     Poison,
 )
@@ -49,6 +47,7 @@ from ._errors import ConfigError
 from ._interrupt import stop_on_interrupt
 from ._jobs import App, JobContext
 from ._journal import Journal
+from ._options import Shell, WorkerOptions
 from ._shell import ShellBase, WorkerStats, async_handlers
 
 ROUND_THREADS = 4
@@ -88,55 +87,35 @@ class Worker(ShellBase):
     )
     """The end of the refusal of an app with an ``async def`` handler, stage or tool."""
 
+    shell: Shell = "thread"
+
     def __init__(
         self,
         app: App,
         settings: Settings,
+        options: WorkerOptions | None = None,
         *,
-        worker_id: str | None = None,
-        concurrency: int = 4,
-        receive_wait: int = 2,
-        receive_window: float = 0.0,
-        receive_visibility: int | None = None,
-        shutdown_grace: float = SHUTDOWN_GRACE_SECONDS,
-        timeouts: Timeouts | None = None,
         journal: Journal | None = None,
-        tick: float = 0.1,
         rng: random.Random | None = None,
-        sweep_interval: float | None = 60.0,
-        sweep_grace: float = UNSENT_GRACE_SECONDS,
-        sweep_limit: int = 25,
-        unknown_class_receives: int = UNKNOWN_CLASS_RECEIVES,
+        **option_keywords: Any,
     ) -> None:
-        if not 1 <= concurrency <= 1000:
-            raise ConfigError(f"concurrency={concurrency}: choose 1..1000")
+        """``options`` (:class:`~sqs_lease.WorkerOptions`), or its fields as keywords
+        (``concurrency=8``; on top of ``options`` when both are given)."""
+        options = WorkerOptions.of(options, **option_keywords).for_shell(self.shell)
         if async_handlers(app):
             # Refused at start: a coroutine called here would never be awaited.
             raise ConfigError(
                 f"{'; '.join(async_handlers(app))}: async def, which {self.cannot_await}"
             )
         super().__init__(
-            app,
-            settings,
-            worker_id=worker_id,
-            concurrency=concurrency,
-            receive_wait=receive_wait,
-            receive_window=receive_window,
-            receive_visibility=receive_visibility,
-            shutdown_grace=shutdown_grace,
-            timeouts=timeouts,
-            journal=journal,
-            tick=tick,
-            rng=rng,
-            sweep_interval=sweep_interval,
-            sweep_grace=sweep_grace,
-            sweep_limit=sweep_limit,
-            unknown_class_receives=unknown_class_receives,
-            new_signal=threading.Event,
+            app, settings, options, journal=journal, rng=rng, new_signal=threading.Event
         )
         self.driver = SyncDriver(settings, self.journal, self.timeouts, clock=self._clock)
         self.poll_driver = SyncDriver(
-            settings, self.journal, Timeouts(read=receive_wait + 5.0, attempts=1), clock=self._clock
+            settings,
+            self.journal,
+            Timeouts(read=options.receive_wait + 5.0, attempts=1),
+            clock=self._clock,
         )
         self.poll_driver.observers = self.receive_observers
         self._threads: list[threading.Thread] = []

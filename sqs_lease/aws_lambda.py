@@ -79,10 +79,9 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._config import Settings
-from ._core.attempt import SCHEDULED_DLQ_RECEIVES, SCHEDULED_SWEEP_PAGE, sweep_pages_flow
+from ._core.attempt import SCHEDULED_DLQ_RECEIVES, sweep_pages_flow
 from ._core.deploy import lambda_visibility_floor
 from ._core.eventsource import GroupStop, message_group, never_fit
-from ._core.flows import UNSENT_GRACE_SECONDS
 from ._core.invocation import (
     RecordEnd,
     record_flow,
@@ -92,6 +91,7 @@ from ._core.invocation import (
 from ._errors import ConfigError, JobClassError
 from ._jobs import App
 from ._journal import Journal, configure_for_lambda
+from ._options import Shell, WorkerOptions
 from ._worker import Worker, load_app
 
 if TYPE_CHECKING:
@@ -115,28 +115,21 @@ class LambdaShell(Worker):
         "the async worker (sqs-lease worker)"
     )
 
+    shell: Shell = "lambda"
+
     def __init__(
         self,
         app: App,
         settings: Settings,
+        options: WorkerOptions | None = None,
         *,
-        journal: Journal | None,
-        tick: float,
-        sweep_grace: float = UNSENT_GRACE_SECONDS,
+        journal: Journal | None = None,
+        **option_keywords: Any,
     ) -> None:
-        super().__init__(
-            app,
-            settings,
-            concurrency=1,
-            receive_wait=0,
-            journal=journal,
-            tick=tick,
-            # No sweep thread: the consumer sweeps nothing (the module's doc); a
-            # scheduled function calls sweep().
-            sweep_interval=None,
-            sweep_grace=sweep_grace,
-            sweep_limit=SCHEDULED_SWEEP_PAGE,
-        )
+        # One record at a time, no receive, no sweep thread (the consumer sweeps
+        # nothing, the module's doc; a scheduled function calls sweep()): the Lambda
+        # shell's own values (``WorkerOptions.for_shell``), refused when given otherwise.
+        super().__init__(app, settings, options, journal=journal, **option_keywords)
         # Lambda deletes a record's message by not reporting it failed: the attempt
         # must delete at once, where settled_flow sees it (no batching across records).
         self.env.deletes = None
@@ -272,8 +265,9 @@ def handler(
     settings: Settings | None = None,
     *,
     journal: Journal | None = None,
-    tick: float = 0.1,
+    tick: float | None = None,
     metrics: EmfMetrics | None = None,
+    options: WorkerOptions | None = None,
 ) -> LambdaHandler:
     """A Lambda handler ``(event, context) -> {"batchItemFailures": [...]}`` for ``app``.
 
@@ -284,7 +278,12 @@ def handler(
     ``metrics`` (:class:`sqs_lease.metrics.EmfMetrics`) is fed by the journal and
     flushed to stdout at the end of every invocation: Lambda may freeze the
     environment once the handler returns, so nothing is left in a buffer.
+
+    ``options`` (:class:`~sqs_lease.WorkerOptions`; ``tick`` on top) are checked here,
+    at import, with the bounds every shell has; the event source decides the
+    receive options, which are refused.
     """
+    options = _lambda_options(options, tick=tick)
     shells: list[LambdaShell] = []
     journal = journal or Journal()
     if metrics is not None:
@@ -295,9 +294,8 @@ def handler(
             if not shells:
                 # At the first invocation: the runtime's (and Powertools') logging is set.
                 configure_for_lambda(journal, os.environ)
-                shells.append(
-                    LambdaShell(app, settings or Settings.from_env(), journal=journal, tick=tick)
-                )
+                shell = LambdaShell(app, settings or Settings.from_env(), options, journal=journal)
+                shells.append(shell)
             return shells[0].handle(event, context)
         finally:
             if metrics is not None:
@@ -312,7 +310,8 @@ def sweeper(
     *,
     journal: Journal | None = None,
     metrics: EmfMetrics | None = None,
-    older_than: float = UNSENT_GRACE_SECONDS,
+    older_than: float | None = None,
+    options: WorkerOptions | None = None,
 ) -> LambdaHandler:
     """A scheduled function's handler ``(event, context) -> {...}`` sweeping ``app``'s
     queue and tables: records left without a sent message for ``older_than`` seconds
@@ -320,7 +319,10 @@ def sweeper(
     moved to the DLQ are parked, within the invocation's remaining time. Invoke it
     from an EventBridge schedule (every few minutes; the CDK's ``LambdaConsumer``
     deploys one); it returns what it did (``resent``, ``more``, ``dlq_parked``...).
-    An SQS event is refused (``ConfigError``): the consumer is ``handler(app)``."""
+    An SQS event is refused (``ConfigError``): the consumer is ``handler(app)``.
+    ``older_than`` is the options' ``sweep_grace`` (default 60 s); both are checked
+    here, with the bounds every shell has."""
+    options = _lambda_options(options, sweep_grace=older_than)
     shells: list[LambdaShell] = []
     journal = journal or Journal()
     if metrics is not None:
@@ -330,21 +332,21 @@ def sweeper(
         try:
             if not shells:
                 configure_for_lambda(journal, os.environ)
-                shells.append(
-                    LambdaShell(
-                        app,
-                        settings or Settings.from_env(),
-                        journal=journal,
-                        tick=0.1,
-                        sweep_grace=older_than,
-                    )
-                )
+                shell = LambdaShell(app, settings or Settings.from_env(), options, journal=journal)
+                shells.append(shell)
             return shells[0].sweep(event, context)
         finally:
             if metrics is not None:
                 metrics.flush()
 
     return sweep_handler
+
+
+def _lambda_options(options: WorkerOptions | None, **given: Any) -> WorkerOptions:
+    """``options`` with the handler's own keywords (non-None) on top, checked now
+    (at import, not at the first record) for the Lambda shell."""
+    keywords = {k: v for k, v in given.items() if v is not None}
+    return WorkerOptions.of(options, **keywords).for_shell("lambda")
 
 
 _from_env: list[LambdaHandler] = []
@@ -374,7 +376,9 @@ def _env_app(make: Callable[..., LambdaHandler], own: str) -> LambdaHandler:
         from .tracing import OtelSpans
 
         journal.add_sink(OtelSpans())
-    return make(app, journal=journal, metrics=metrics)
+    # The worker's options set in the environment, as for the container's worker; one
+    # the Lambda shell decides itself (SQS_LEASE_RECEIVE_WAIT...) is refused at cold start.
+    return make(app, journal=journal, metrics=metrics, options=env.options())
 
 
 def entry(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:

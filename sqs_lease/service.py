@@ -2,8 +2,10 @@
 
 ``sqs-lease worker`` (or ``python -m sqs_lease worker``) reads its settings from
 command-line options, else from ``SQS_LEASE_*`` environment variables
-(:class:`WorkerEnv`, pydantic-settings), else the defaults; where AWS is comes
-from :class:`~sqs_lease.Settings` (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...).
+(:class:`WorkerEnv`), else the defaults (``sqs_lease._config.layered``, the rule
+``Settings.from_env`` follows too); where AWS is comes from
+:class:`~sqs_lease.Settings` (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ...). The
+options among them are a :class:`~sqs_lease.WorkerOptions` (their bounds).
 :func:`env_table` is the one table of every variable (docs/operations.md holds
 it; a test compares the two).
 
@@ -32,17 +34,23 @@ from enum import IntEnum
 from typing import Any
 
 import botocore.exceptions
-from pydantic import Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ._config import ENV_VARIABLES, Settings
-from ._core.attempt import RECEIVE_WINDOW_MAX
+from ._config import ENV_VARIABLES, Settings, layered
 from ._core.calls import Call, Err, ErrorKind, Outcome
 from ._core.deploy import ECS_EXIT_MARGIN_SECONDS, ecs_exit_after
 from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
-from ._errors import AwsCallFailed, AwsUnavailable, ConfigError, ResourceMissing, SqsLeaseError
+from ._errors import (
+    AwsCallFailed,
+    AwsUnavailable,
+    ConfigError,
+    OptionError,
+    ResourceMissing,
+    SqsLeaseError,
+)
 from ._jobs import App
 from ._journal import LOGGER_NAME, Journal
+from ._options import Shell, WorkerOptions
 from ._shell import WorkerStats, async_handlers
 from ._worker import Worker, load_app
 
@@ -91,16 +99,15 @@ class ExitCode(IntEnum):
     ``queue create`` (or deploy the stack) first."""
 
 
-class WorkerEnv(BaseSettings):
-    """The worker's settings from ``SQS_LEASE_*`` environment variables.
+class WorkerEnv(BaseModel):
+    """The worker's settings from ``SQS_LEASE_*`` environment variables (:meth:`load`).
 
-    Explicit keyword arguments (the CLI's options) win over the environment. Where
-    AWS is and the resource names are :class:`~sqs_lease.Settings`' business.
+    Explicit keyword arguments (the CLI's options) win over the environment
+    (``sqs_lease._config.layered``). Where AWS is and the resource names are
+    :class:`~sqs_lease.Settings`' business.
     """
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True
-    )
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     app: str | None = Field(
         default=None,
@@ -111,30 +118,24 @@ class WorkerEnv(BaseSettings):
         description="the shell: true one event loop, false a thread per job; unset: async "
         "if any handler is an async def",
     )
+    # The worker's options: their bounds are WorkerOptions' (checked once, there, for
+    # every shell); here only how they are read.
     concurrency: int | None = Field(
         default=None,
-        ge=1,
-        le=100_000,
         description="jobs held at once; unset: 4 (threads, at most 1000), 1000 (async)",
     )
     max_loop_lag: float | None = Field(
         default=None,
-        gt=0,
         description="async: seconds a handler may hold the loop before it loses its lease",
     )
-    receive_wait: int = Field(
-        default=2, ge=0, le=20, description="long-poll seconds of each ReceiveMessage"
-    )
+    receive_wait: int = Field(default=2, description="long-poll seconds of each ReceiveMessage")
     receive_window: float = Field(
         default=0.0,
-        ge=0,
-        le=RECEIVE_WINDOW_MAX,
         description="batching window: seconds to wait after a receive that came back short, "
         "so messages that trickle in are received 10 at a time; 0: off",
     )
     shutdown_grace: float | None = Field(
         default=None,
-        ge=0,
         description="seconds running handlers get after SIGTERM before their jobs are "
         "released; unset: stop_timeout - receive_wait - 5, else 20",
     )
@@ -150,24 +151,19 @@ class WorkerEnv(BaseSettings):
     max_messages: int | None = Field(
         default=None, ge=1, description="exit after this many messages (unset: never)"
     )
-    worker_id: str | None = Field(
-        default=None, min_length=1, max_length=200, description="unset: host-pid-random"
-    )
+    worker_id: str | None = Field(default=None, description="unset: host-pid-random")
     sweep_interval: float = Field(
         default=60.0,
-        ge=0,
         description="seconds between sweeps for jobs stranded without a message (each "
         "sweep also reconciles one receive of the DLQ); 0: off",
     )
     sweep_grace: float = Field(
         default=UNSENT_GRACE_SECONDS,
-        ge=0,
         description="sweep only jobs without a sent message for this many seconds",
     )
-    sweep_limit: int = Field(default=25, ge=1, le=1000, description="records per sweep")
+    sweep_limit: int = Field(default=25, description="records per sweep")
     unknown_class_receives: int = Field(
         default=UNKNOWN_CLASS_RECEIVES,
-        ge=1,
         description="receives of a message of a job class this app does not know "
         "before it goes to the DLQ",
     )
@@ -189,6 +185,25 @@ class WorkerEnv(BaseSettings):
         default=False,
         description="OpenTelemetry spans: attempts, claims, tool calls, commits (extra `otel`)",
     )
+
+    @model_validator(mode="after")
+    def _options(self) -> WorkerEnv:
+        # Before the stop timeout's sum: a value out of its own bound is named first.
+        self.options()
+        return self
+
+    def options(self, shell: Shell | None = None) -> WorkerOptions:
+        """The worker's options these settings give (checked for ``shell`` if named):
+        those set (a variable, an argument); the rest are ``WorkerOptions``' defaults.
+        ``sweep_interval`` 0 is off; the grace is :attr:`grace` once either it or
+        ``stop_timeout`` is set."""
+        given = {n: getattr(self, n) for n in _OPTION_NAMES if n in self.model_fields_set}
+        if "sweep_interval" in given:
+            given["sweep_interval"] = self.sweep_interval or None
+        if self.shutdown_grace is not None or self.stop_timeout is not None:
+            given["shutdown_grace"] = self.grace
+        options = WorkerOptions.of(**given)
+        return options if shell is None else options.for_shell(shell)
 
     @model_validator(mode="after")
     def _fits_stop_timeout(self) -> WorkerEnv:
@@ -216,12 +231,13 @@ class WorkerEnv(BaseSettings):
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **given: Any) -> WorkerEnv:
-        """Read the environment; ``given`` (non-None) wins. Bad values, and a
-        variable that looks like a misspelt one (``SQS_LEASE_CONCURENCY``), raise
-        :class:`ConfigError` naming the variable and the fix. ``environ``: the
-        variable names to check for misspellings (default ``os.environ``)."""
+        """Read the environment ``environ`` (default ``os.environ``); ``given``
+        (non-None) wins. Bad values, and a variable that looks like a misspelt one
+        (``SQS_LEASE_CONCURENCY``), raise :class:`ConfigError` naming the variable
+        and the fix."""
         known = [name for name, _, _ in env_table()]
-        for name in os.environ if environ is None else environ:
+        e = os.environ if environ is None else environ
+        for name in e:
             if name.startswith(ENV_PREFIX) and name not in known:
                 close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
                 if close:
@@ -230,18 +246,29 @@ class WorkerEnv(BaseSettings):
                         "(docs/operations.md lists every variable)"
                     )
         try:
-            return cls(**{k: v for k, v in given.items() if v is not None})
+            found = {
+                n: e[f"{ENV_PREFIX}{n.upper()}"]
+                for n in cls.model_fields
+                if f"{ENV_PREFIX}{n.upper()}" in e
+            }
+            return cls(**layered(given, found))
+        except OptionError as exc:
+            raise ConfigError(f"{_where(exc.field)}: {exc}") from None
         except ValidationError as exc:
             first = exc.errors()[0]
             name = ".".join(str(p) for p in first["loc"])
-            where = (
-                f"{ENV_PREFIX}{name.upper()} (or --{name.replace('_', '-')})"
-                if name
-                else "worker settings"
-            )
+            where = _where(name) if name else "worker settings"
             got = f" (got {first.get('input')!r})" if name else ""
             msg = first["msg"].removeprefix("Value error, ")
             raise ConfigError(f"{where}: {msg}{got}") from None
+
+
+_OPTION_NAMES = tuple(n for n in WorkerEnv.model_fields if n in WorkerOptions.model_fields)
+"""The settings that are worker options (their bounds: ``WorkerOptions``)."""
+
+
+def _where(name: str) -> str:
+    return f"{ENV_PREFIX}{name.upper()} (or --{name.replace('_', '-')})"
 
 
 def env_table() -> list[tuple[str, str, str]]:
@@ -380,32 +407,13 @@ def run_worker(
             from .tracing import OtelSpans
 
             sinks.append(OtelSpans())
-        common: dict[str, Any] = {
-            "worker_id": env.worker_id,
-            "receive_wait": env.receive_wait,
-            "receive_window": env.receive_window,
-            "shutdown_grace": env.grace,
-            "journal": journal,
-            "sweep_interval": env.sweep_interval or None,
-            "sweep_grace": env.sweep_grace,
-            "sweep_limit": env.sweep_limit,
-            "unknown_class_receives": env.unknown_class_receives,
-        }
         worker: Any
         if env.use_async or (env.use_async is None and async_handlers(app)):
             from ._aio_worker import AsyncWorker
 
-            worker = AsyncWorker(
-                app,
-                settings,
-                concurrency=env.concurrency or 1000,
-                max_loop_lag=env.max_loop_lag,
-                **common,
-            )
+            worker = AsyncWorker(app, settings, env.options("async"), journal=journal)
         else:
-            if env.max_loop_lag is not None:
-                raise ConfigError("--max-loop-lag is for the async worker: add --async")
-            worker = Worker(app, settings, concurrency=env.concurrency or 4, **common)
+            worker = Worker(app, settings, env.options("thread"), journal=journal)
     except ConfigError as exc:
         return ServiceResult(ExitCode.CONFIG, str(exc))
     except ResourceMissing as exc:
