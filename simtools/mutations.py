@@ -1314,6 +1314,44 @@ def cap_from_send() -> Iterator[None]:
 
 
 @contextmanager
+def budget_across_clocks() -> Iterator[None]:
+    """Issue 26 defect 4 for the stage budget (seeds 1041056...): a message received
+    before has its stage budget counted from its first receive, read on SQS's clock
+    (``ApproximateFirstReceiveTimestamp``) against the worker's wall clock, and a budget
+    so cut is charged as the stage budget (neither ``Drop.MESSAGE_CAP`` nor the
+    uncharged resend): a retry's message received again (seed 35: no skew needed), or
+    any re-received message on a worker whose clock runs ahead, charges an attempt
+    that never used its budget (I25, read in the backlog world)."""
+    from dataclasses import dataclass as _dataclass
+
+    from sqs_lease._core.endings import Ending, EndKind
+    from sqs_lease._core.lease import Drop
+    from sqs_lease._core.stages import CappedRules
+
+    def cap_budget(delivery: Any, budget: float, wall_now: float) -> float:
+        first = delivery.first_received_wall
+        if delivery.receive_count <= 1 or first is None:
+            return budget
+        return float(max(0.0, budget - max(0.0, wall_now - first)))
+
+    @_dataclass(frozen=True)
+    class Charged(CappedRules):
+        capped: bool = False  # reaching the cut budget is the stage budget's drop
+
+    def resend(at: Any, now: Any, why: str) -> Flow[Finish]:
+        code = Drop.STAGE_BUDGET.value
+        return (yield from attempt._retry(at, Ending(EndKind.RETRY, f"watchdog: {code}", code)))
+
+    _require(attempt, "_resend", "budget_across_clocks")
+    with (
+        _patch(attempt, "cap_budget", cap_budget),
+        _patch(attempt, "CappedRules", Charged),
+        _patch(attempt, "_resend", resend),
+    ):
+        yield
+
+
+@contextmanager
 def retention_across_clocks() -> Iterator[None]:
     """Issue 26 defect 4, as before the fix: key retention compares the intent's first
     start, stamped by the starting worker's wall clock, with the reconciling worker's
@@ -1335,6 +1373,7 @@ def retention_across_clocks() -> Iterator[None]:
 CLOCK_MUTATIONS: dict[str, Callable[[], Any]] = {
     "sweep_blind_to_dead": sweep_blind_to_dead,  # defect 2, in the dead_entries world
     "cap_from_send": cap_from_send,  # defect 3, in the backlog world
+    "budget_across_clocks": budget_across_clocks,  # defect 4 (the budget), the backlog world
     "retention_across_clocks": retention_across_clocks,  # defect 4, in the clocks world
 }
 """Issue 26 defects 2, 3 and 4 (tests/test_sim_clocks.py pins where each is caught).
@@ -1342,6 +1381,7 @@ Kept apart from MUTATIONS (whose table tests/test_sim_mutations.py pins) until m
 CLOCK_WORLDS: dict[str, frozenset[str]] = {
     "sweep_blind_to_dead": frozenset({"dead_entries"}),
     "cap_from_send": frozenset({"backlog"}),
+    "budget_across_clocks": frozenset({"backlog"}),  # I25 reads the backlog world
     "retention_across_clocks": frozenset({"clocks"}),
 }
 WORLDS.update(CLOCK_WORLDS)

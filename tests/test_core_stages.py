@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from core_harness import (
+    TABLE,
     Script,
     assert_fenced,
     condition_equalities,
@@ -24,11 +25,12 @@ from core_harness import (
 )
 from test_core_attempt import MONO, WALL, Rules, Shell
 
-from sqs_lease._core.attempt import HandlerRun, attempt_flow
-from sqs_lease._core.calls import Err, ErrorKind, Outcome
+from sqs_lease._core.attempt import HandlerRun, attempt_flow, heartbeat_round_flow
+from sqs_lease._core.calls import Call, Err, ErrorKind, Invoke, Outcome
 from sqs_lease._core.deletes import DeleteBatch
 from sqs_lease._core.fifo import deduplication_id, message_group_id
 from sqs_lease._core.flows import Delivery, FinishOutcome, message_body, parse_message
+from sqs_lease._core.lease import Drop
 from sqs_lease._core.records import JobState
 from sqs_lease._core.stages import (
     MESSAGE_CAP_SECONDS,
@@ -396,6 +398,58 @@ def test_an_attempt_on_a_message_received_before_gets_only_what_is_left_of_the_1
     assert (capped["budget"], capped["class_budget"]) == (left, Rules.stage_budget_seconds)
     lease = held[0].held.lease
     assert lease.stage_deadline == item.received_at + left and lease.stage_capped
+
+
+def test_a_budget_a_wall_clock_ahead_of_sqs_cut_runs_out_uncharged() -> None:
+    # Issue 26 defect 4, the cap's comparison of two clocks (seeds 1041056...): SQS's
+    # first receive against this worker's wall clock, here 4 h ahead, so the budget is
+    # cut to 600 s where SQS's own clock would leave the class's whole hour. When the
+    # cut runs out the job goes on under a new message, its attempt given back: a skew
+    # can cost a hand-back, never a charged attempt (``stage_budget_exceeded``).
+    shell = _staged_shell(lambda run: None)
+    item = replace(
+        _staged_delivery(),
+        receive_count=2,
+        first_received_wall=WALL - (MESSAGE_CAP_SECONDS - 600.0),  # 4 h of it the skew's
+    )
+    flow = attempt_flow(shell.env, item)
+    answers = iter([_claimed(), ok(sent_at=MONO)])
+    instr = next(flow)
+    while not (isinstance(instr, Invoke) and instr.what == "handler"):
+        out: Any = next(answers) if isinstance(instr, Call) else None
+        if isinstance(instr, Invoke):
+            out = ok({"value": instr.fn()})
+        instr = flow.send(out)
+    assert isinstance(instr.fn, HandlerRun)
+    held = instr.fn.held
+    assert held.lease.stage_capped
+    assert held.lease.stage_deadline == item.received_at + 600.0
+
+    def answer(c: Any) -> Outcome:  # every beat lands, the record still this attempt's
+        if c.op == "ChangeMessageVisibilityBatch":
+            return ok({"Successful": [{"Id": "0"}], "Failed": []}, sent_at=shell.mono)
+        if c.op == "BatchGetItem":
+            item = job_item(state=JobState.RUNNING, token=5, attempt=1, stage="fetch")
+            return ok({"Responses": {TABLE: [item]}})
+        return ok({"MessageId": "m-2"} if c.op == "SendMessage" else {})
+
+    for _ in range(100):  # beats every H until one more lease no longer fits the cut
+        shell.mono = held.lease.next_beat
+        s = Script(answer)
+        s.run(heartbeat_round_flow(shell.env))
+        if held.lease.dropped is not None:
+            break
+    assert shell.mono < item.received_at + Rules.stage_budget_seconds - Rules.lease_seconds
+    assert held.lease.dropped is Drop.MESSAGE_CAP
+    assert s.event("lease_dropped")["reason"] == "message_cap"
+    write = next(c for c in s.calls if c.op == "UpdateItem")
+    names = {v: k for k, v in write.params["ExpressionAttributeNames"].items()}
+    assert f"{names['attempt']} = {names['attempt']} - :" in write.params["UpdateExpression"]
+    text = json.dumps(write.params)
+    assert "message_cap" in text and "stage_budget_exceeded" not in text
+    assert s.event("job_resent")["send_id"] == "cap.5"
+    assert shell.counts["resent"] == 1 and shell.counts["retried"] == 0
+    assert shell.counts["failed"] == 0
 
 
 def test_a_message_that_waited_12_hours_in_the_backlog_gets_its_whole_stage_budget() -> None:

@@ -28,11 +28,13 @@ from sqs_lease._sim.world import JOBS, QUEUE, World
 # The first seed of each mutation's search that catches it (``first_catch``), with the
 # invariant it breaks there.
 CAUGHT_AT: dict[str, int] = {
+    "budget_across_clocks": 35,  # I25_charged_before_budget
     "cap_from_send": 1,  # I25_charged_before_budget
     "retention_across_clocks": 576,  # I2_double_effect (76 before the duplicate rule moved it)
     "sweep_blind_to_dead": 6,  # I10_stranded_record
 }
 EXPECTED: dict[str, str] = {
+    "budget_across_clocks": I25,
     "cap_from_send": I25,
     "retention_across_clocks": I2,
     "sweep_blind_to_dead": I10,
@@ -208,6 +210,7 @@ def test_clock_mutations_are_undone_on_exit() -> None:
             flows.__dict__["_sweep_one"],
             attempt.__dict__["cap_budget"],
             attempt.__dict__["_resend"],
+            attempt.__dict__["CappedRules"],
             intents.__dict__["repeat_unprotected"],
         )
 
@@ -228,3 +231,28 @@ def test_mutation_is_caught_within_its_search_and_the_protocol_passes_the_same_s
     assert found.seed is not None, f"{name} was not caught in {SEED_LIMIT} seeds"
     assert found.violation == EXPECTED[name], found.message
     assert not found.protocol_fails, found.protocol_fails
+
+
+# Failing schedules of the merged worlds' first soak (tests/test_sim_found.py), judged
+# and fixed: the seed, and the verdict.
+REGRESSIONS: dict[int, str] = {
+    1041056: (
+        "checker: I25 credited the charged attempt with the receive of the worker's latest "
+        "delivery of the job (a duplicate deferred to its own live attempt, received 13 s "
+        "later), not the receive of the delivery that claimed the charged token; the "
+        "protocol charged at its stage budget less one lease, from its own receive"
+    ),
+    1042203: "checker, as 1041056 (a later delivery of the job to the same worker)",
+    1043592: "checker, as 1041056 (a message 4.6 days in a backlog; its budget uncut)",
+    1044867: "checker, as 1041056",
+    1045301: "checker, as 1041056 (found by the soak's next 1,000 seeds)",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(REGRESSIONS))
+def test_an_attempt_is_charged_only_after_the_budget_of_its_own_receive(seed: int) -> None:
+    # Each of these failed with I25 before the checker read the receive of the delivery
+    # that claimed the charged token (clocks.Clocks.charged): no budget was cut there
+    # (12-hour cap or clock), each charge came at its stage budget less one lease.
+    result = run_seed(seed)
+    assert result.ok, f"{REGRESSIONS[seed]}: {result.violations[0].message}"

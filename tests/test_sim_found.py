@@ -17,15 +17,6 @@ FOUND = {
         "still kept (repeat_unprotected's same_clock reads wall time twice); the age must "
         "be read on the lease clock, or the repeat parked",
     ),
-    1041056: (
-        "I25_charged_before_budget",
-        "the backlog and clocks worlds: an attempt charged for its stage budget before "
-        "the budget ran on its worker's clock (a budget cut by a wall clock compared with "
-        "SQS's first-receive timestamp is to be handed back uncharged)",
-    ),
-    1042203: ("I25_charged_before_budget", "as 1041056"),
-    1043592: ("I25_charged_before_budget", "as 1041056, a message 4.6 days in a backlog"),
-    1044867: ("I25_charged_before_budget", "as 1041056"),
 }
 
 

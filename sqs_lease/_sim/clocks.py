@@ -163,8 +163,9 @@ class Clocks:
             world.chaos.count(f"world_{name}")  # (a count, no draw)
         self._r = random.Random(f"clocks-run-{self.plan.seed}")
         self._backdated: set[str] = set()
-        # I25: (worker, job) -> when its attempt's receive left (true time), its clock's rate
-        self._received: dict[tuple[str, str], tuple[float, float]] = {}
+        # I25: (job, token) -> when the receive of the delivery that claimed that token
+        # left (true time), and its worker's lease-clock rate
+        self._received: dict[tuple[str, int], tuple[float, float]] = {}
 
     # ------------------------------------------------------------------ clocks
 
@@ -215,20 +216,35 @@ class Clocks:
                 return age
         return 0.0
 
-    def delivered(self, worker: Actor, job_id: str, received_mono: float) -> None:
-        """A worker took a delivery of ``job_id``, received at ``received_mono`` on its
-        lease clock (before its ReceiveMessage left): that moment in true time (I25)."""
+    def delivered(self, worker: Actor, received_mono: float, origin: Any) -> None:
+        """A job task of ``worker`` took a delivery received at ``received_mono`` on its
+        lease clock (before its ReceiveMessage left): that moment in true time, kept on
+        the task's ``origin`` until its claim names the token (I25)."""
         if "backlog" not in self.on:
             return
         true = worker.t0 + (received_mono - worker.mono0) / worker.rate
-        self._received[(worker.id, job_id)] = (true, worker.rate)
+        origin.received = (true, worker.rate)
 
     def charged(self, old: Mapping[str, Any] | None, new: Mapping[str, Any], origin: Any) -> None:
         """I25: an attempt charged for the stage budget (its record leaves ``running``
         under the same token, error ``stage_budget_exceeded``) ran its stage budget
         from its receive, less one lease (the watchdog stops a lease short of it), on
-        its worker's lease clock (its rate)."""
+        its worker's lease clock (its rate).
+
+        The receive is the one of the delivery that claimed the charged token (a claim
+        write of a job task names it), never the worker's latest delivery of the job:
+        a duplicate or stray of the same message to the same worker (deferred to its
+        live owner, or a stray) comes later, while the attempt still runs on its own."""
         if "backlog" not in self.on or old is None or origin is None:
+            return
+        job_id = str(new["job_id"]["S"])
+        token = int(new.get("token", {}).get("N", 0))
+        if (
+            new.get("state", {}).get("S") == "running"
+            and token != int(old.get("token", {}).get("N", 0))
+            and getattr(origin, "received", None) is not None
+        ):
+            self._received[(job_id, token)] = origin.received  # a claim
             return
         if new.get("error_code", {}).get("S") != "stage_budget_exceeded":
             return
@@ -237,8 +253,7 @@ class Clocks:
             "failed",
         ):
             return
-        job_id = str(new["job_id"]["S"])
-        seen = self._received.get((origin.worker, job_id))
+        seen = self._received.get((job_id, int(old.get("token", {}).get("N", 0))))
         if seen is None:
             return
         received, rate = seen

@@ -187,6 +187,9 @@ class Origin:
     send_id: str | None = None
     # job tasks running an effect: the attempt's local lease (I15)
     lease: Any = None
+    # job tasks: when their delivery's receive left (true time) and their worker's
+    # lease-clock rate; the claim this task writes carries it to its token (I25)
+    received: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -390,7 +390,7 @@ class SimWorker(Actor):
         origin = Origin(self.id, task_name, "job")
         if isinstance(item, Delivery):
             origin.send_id = item.send_id  # the checker's I11: which send this task claims with
-            self.world.clocks.delivered(self, item.job_id, item.received_at)  # I25
+            self.world.clocks.delivered(self, item.received_at, origin)  # I25
         flow: Flow[Any] = core.attempt_flow(self.env, item, tag=origin)
         if "staged" in self.world.plan.wide.features:
             flow = self._mortal_continuation(flow)
