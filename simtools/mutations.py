@@ -1307,11 +1307,45 @@ def retention_across_clocks() -> Iterator[None]:
     real = intents.repeat_unprotected
 
     def repeat_unprotected(
-        retention: float | None, first_started: float | None, now: float, *, same_clock: bool
+        retention: float | None,
+        first_started: float | None,
+        now: float,
+        *,
+        own_age: float | None = None,
     ) -> Any:
-        return real(retention, first_started, now, same_clock=True)
+        wall_age = now - first_started if first_started is not None else None
+        return real(retention, first_started, now, own_age=wall_age)
 
     with _patch(intents, "repeat_unprotected", repeat_unprotected):
+        yield
+
+
+@contextmanager
+def retention_on_wall() -> Iterator[None]:
+    """Issue 26 defect 4's same-clock exception as first fixed (soak seed 1041578): a
+    repeat by the worker that stamped the intent's first start is judged on that
+    worker's *wall* clock, read twice (the start's stamp, then now). A wall clock
+    stepped back or drifting slow (NTP) between the two calls a key the target already
+    forgot protected, and the effect is repeated (I2). The fix reads the age on the
+    lease clock of the process that made the first start."""
+
+    real = intents._unprotected
+
+    def _unprotected(
+        spec: Any,
+        first_started: float | None,
+        now: float,
+        *,
+        age: float | None,
+        by: str | None,
+        me: str,
+    ) -> Any:
+        same = by is not None and by == me and first_started is not None
+        wall_age = now - first_started if same and first_started is not None else None
+        return real(spec, first_started, now, age=wall_age, by=by, me=me)
+
+    _require(intents, "_unprotected", "retention_on_wall")
+    with _patch(intents, "_unprotected", _unprotected):
         yield
 
 
@@ -1319,6 +1353,7 @@ CLOCK_MUTATIONS: dict[str, Callable[[], Any]] = {
     "sweep_blind_to_dead": sweep_blind_to_dead,  # defect 2, in the dead_entries world
     "cap_from_send": cap_from_send,  # defect 3, in the backlog world
     "retention_across_clocks": retention_across_clocks,  # defect 4, in the clocks world
+    "retention_on_wall": retention_on_wall,  # defect 4's same-process repeat, clocks world
 }
 """Issue 26 defects 2, 3 and 4 (tests/test_sim_clocks.py pins where each is caught).
 Kept apart from MUTATIONS (whose table tests/test_sim_mutations.py pins) until merged."""
@@ -1326,6 +1361,7 @@ CLOCK_WORLDS: dict[str, frozenset[str]] = {
     "sweep_blind_to_dead": frozenset({"dead_entries"}),
     "cap_from_send": frozenset({"backlog"}),
     "retention_across_clocks": frozenset({"clocks"}),
+    "retention_on_wall": frozenset({"clocks"}),
 }
 WORLDS.update(CLOCK_WORLDS)
 VARIANTS.update(CLOCK_MUTATIONS)
