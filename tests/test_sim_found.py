@@ -10,13 +10,6 @@ import pytest
 from simtools import run_seed
 
 FOUND = {
-    1041578: (
-        "I2_double_effect",
-        "the clocks world: one worker's own wall clock, stepped or drifting between its "
-        "intent's first start and its reconcile, judged a key the target had forgotten "
-        "still kept (repeat_unprotected's same_clock reads wall time twice); the age must "
-        "be read on the lease clock, or the repeat parked",
-    ),
     1041056: (
         "I25_charged_before_budget",
         "the backlog and clocks worlds: an attempt charged for its stage budget before "
