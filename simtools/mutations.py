@@ -960,6 +960,9 @@ UNCAUGHT: dict[str, Callable[[], Any]] = {
 557): since a claim of a running job watches its owner for 2H before taking it over
 (the duplicate rule, issue 26), no seed of their searches (300-499, 400-599) catches
 them: a stale owner now learns of the take-over before it commits or starts again.
+Nor does the clocks world (issue 26), where walls are skewed, drift and step: its
+seeds 600-1867 (the 220 that draw it, on the fix of soak seed 1041578) catch
+``wall_clock_fence`` nowhere (1785 breaks I25, as the real protocol does there).
 A longer search (``python -m simtools mutations --only ...``) is owed; the rules keep
 their tests (the commit's token fence: ``tests/test_core_flows.py``, the W1/W2 proof;
 request tokens: ``tests/test_intents_core.py``).
