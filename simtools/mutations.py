@@ -958,6 +958,9 @@ UNCAUGHT: dict[str, Callable[[], Any]] = {
 557): since a claim of a running job watches its owner for 2H before taking it over
 (the duplicate rule, issue 26), no seed of their searches (300-499, 400-599) catches
 them: a stale owner now learns of the take-over before it commits or starts again.
+Nor does the clocks world (issue 26), where walls are skewed, drift and step: its
+seeds 600-1867 (the 220 that draw it, on the fix of soak seed 1041578) catch
+``wall_clock_fence`` nowhere (1785 breaks I25, as the real protocol does there).
 A longer search (``python -m simtools mutations --only ...``) is owed; the rules keep
 their tests (the commit's token fence: ``tests/test_core_flows.py``, the W1/W2 proof;
 request tokens: ``tests/test_intents_core.py``).
@@ -1362,11 +1365,45 @@ def retention_across_clocks() -> Iterator[None]:
     real = intents.repeat_unprotected
 
     def repeat_unprotected(
-        retention: float | None, first_started: float | None, now: float, *, same_clock: bool
+        retention: float | None,
+        first_started: float | None,
+        now: float,
+        *,
+        own_age: float | None = None,
     ) -> Any:
-        return real(retention, first_started, now, same_clock=True)
+        wall_age = now - first_started if first_started is not None else None
+        return real(retention, first_started, now, own_age=wall_age)
 
     with _patch(intents, "repeat_unprotected", repeat_unprotected):
+        yield
+
+
+@contextmanager
+def retention_on_wall() -> Iterator[None]:
+    """Issue 26 defect 4's same-clock exception as first fixed (soak seed 1041578): a
+    repeat by the worker that stamped the intent's first start is judged on that
+    worker's *wall* clock, read twice (the start's stamp, then now). A wall clock
+    stepped back or drifting slow (NTP) between the two calls a key the target already
+    forgot protected, and the effect is repeated (I2). The fix reads the age on the
+    lease clock of the process that made the first start."""
+
+    real = intents._unprotected
+
+    def _unprotected(
+        spec: Any,
+        first_started: float | None,
+        now: float,
+        *,
+        age: float | None,
+        by: str | None,
+        me: str,
+    ) -> Any:
+        same = by is not None and by == me and first_started is not None
+        wall_age = now - first_started if same and first_started is not None else None
+        return real(spec, first_started, now, age=wall_age, by=by, me=me)
+
+    _require(intents, "_unprotected", "retention_on_wall")
+    with _patch(intents, "_unprotected", _unprotected):
         yield
 
 
@@ -1375,6 +1412,7 @@ CLOCK_MUTATIONS: dict[str, Callable[[], Any]] = {
     "cap_from_send": cap_from_send,  # defect 3, in the backlog world
     "budget_across_clocks": budget_across_clocks,  # defect 4 (the budget), the backlog world
     "retention_across_clocks": retention_across_clocks,  # defect 4, in the clocks world
+    "retention_on_wall": retention_on_wall,  # defect 4's same-process repeat, clocks world
 }
 """Issue 26 defects 2, 3 and 4 (tests/test_sim_clocks.py pins where each is caught).
 Kept apart from MUTATIONS (whose table tests/test_sim_mutations.py pins) until merged."""
@@ -1383,6 +1421,7 @@ CLOCK_WORLDS: dict[str, frozenset[str]] = {
     "cap_from_send": frozenset({"backlog"}),
     "budget_across_clocks": frozenset({"backlog"}),  # I25 reads the backlog world
     "retention_across_clocks": frozenset({"clocks"}),
+    "retention_on_wall": frozenset({"clocks"}),
 }
 WORLDS.update(CLOCK_WORLDS)
 VARIANTS.update(CLOCK_MUTATIONS)

@@ -1769,10 +1769,11 @@ def _refuse_unprotected_retry(settings: Settings, key: str) -> None:
         return  # resolve_flow says "no intent" in its own words
     rec = _intent_of(item)
     started = rec.first_started_at or rec.created_at
-    # The operator's clock against the starting worker's: two machines' clocks. It only
-    # guards a person's decision (--retry says they checked the target): past the
-    # retention by these clocks it is refused; inside it, the person's word stands.
-    why = repeat_unprotected(rec.key_retention, started, time.time(), same_clock=False)
+    # No age on one clock here (the operator's clock against the starting worker's):
+    # the rule answers OTHER_CLOCK, or EXPIRED when the two walls say the window has
+    # passed. It only guards a person's decision (--retry says they checked the
+    # target): EXPIRED is refused; otherwise the person's word stands.
+    why = repeat_unprotected(rec.key_retention, started, time.time())
     if why is Unprotected.NO_KEYS:
         raise click.UsageError(
             f"target {rec.target!r} does not keep idempotency keys: a repeat of {key!r} is "

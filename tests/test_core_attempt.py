@@ -504,25 +504,31 @@ def test_result_json_is_canonical_or_none() -> None:
 
 
 @pytest.mark.parametrize(
-    ("retention", "first_started", "now", "same_clock", "why"),
+    ("retention", "first_started", "now", "own_age", "why"),
     [
-        (None, None, 100.0, True, Unprotected.NO_KEYS),
-        (60.0, None, 100.0, False, None),  # never started: nothing to repeat yet
-        (60.0, 50.0, 100.0, True, None),
-        (60.0, 30.0, 100.0, True, Unprotected.EXPIRED),
-        # Inside the window only by comparing two machines' clocks: not proof.
-        (60.0, 50.0, 100.0, False, Unprotected.OTHER_CLOCK),
-        (60.0, 30.0, 100.0, False, Unprotected.EXPIRED),
+        (None, None, 100.0, 10.0, Unprotected.NO_KEYS),
+        # Aged on the lease clock of the process that made the first start: the only proof.
+        (60.0, 50.0, 100.0, 50.0, None),
+        (60.0, 30.0, 100.0, 70.0, Unprotected.EXPIRED),
+        # The walls say 50 s, that clock says 70 s (it was stepped back): the lease clock.
+        (60.0, 50.0, 100.0, 70.0, Unprotected.EXPIRED),
+        # The walls say 70 s, that clock says 50 s (it jumped ahead): the lease clock.
+        (60.0, 30.0, 100.0, 50.0, None),
+        # Inside the window only by comparing two clocks (or one wall clock twice): not
+        # proof. Past it by them: refused in those words (the operator's --retry).
+        (60.0, 50.0, 100.0, None, Unprotected.OTHER_CLOCK),
+        (60.0, 30.0, 100.0, None, Unprotected.EXPIRED),
+        (60.0, None, 100.0, None, Unprotected.OTHER_CLOCK),  # started at an unknown time
     ],
 )
 def test_key_retention_is_one_rule_for_the_effect_flow_and_the_operator(
     retention: float | None,
     first_started: float | None,
     now: float,
-    same_clock: bool,
+    own_age: float | None,
     why: Unprotected | None,
 ) -> None:
-    assert repeat_unprotected(retention, first_started, now, same_clock=same_clock) is why
+    assert repeat_unprotected(retention, first_started, now, own_age=own_age) is why
 
 
 # ----------------------------------------------------------------------------- the floor

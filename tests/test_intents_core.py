@@ -45,6 +45,7 @@ from sqs_lease._core.intents import (
     EffectSpec,
     IntentState,
     IntentView,
+    OwnStarts,
     Resolution,
     ToolResult,
     Verdict,
@@ -91,26 +92,24 @@ class EffectScript(Script):
     The tool's duration in ``tool_request_finished`` comes from them.
     """
 
-    def __init__(self, answers: Responder | Iterable[Outcome] = ()) -> None:
+    def __init__(
+        self, answers: Responder | Iterable[Outcome] = (), *, mono: Mono | None = None
+    ) -> None:
         super().__init__(answers)
         self.invoked: list[Invoke] = []
+        self.mono = mono  # None: every Invoke stamped INVOKE_SENT, INVOKE_RECEIVED
 
     def _invoke(self, inv: Invoke) -> Outcome:
+        sent = INVOKE_SENT if self.mono is None else self.mono()
         try:
             value = inv.fn()
         except Exception as exc:
+            received = INVOKE_RECEIVED if self.mono is None else self.mono()
             return Err(
-                ErrorKind.RAISED,
-                type(exc).__name__,
-                "",
-                str(exc),
-                None,
-                (),
-                INVOKE_SENT,
-                INVOKE_RECEIVED,
-                exc,
+                ErrorKind.RAISED, type(exc).__name__, "", str(exc), None, (), sent, received, exc
             )
-        return Ok({"value": value}, INVOKE_SENT, INVOKE_RECEIVED)
+        received = INVOKE_RECEIVED if self.mono is None else self.mono()
+        return Ok({"value": value}, sent, received)
 
     def run(self, flow: Flow[T]) -> T:
         try:
@@ -291,6 +290,16 @@ def cancelled(*codes: str) -> Err:
     )
 
 
+class Mono:
+    """The driver's lease clock (monotonic): it moves only when a test moves it."""
+
+    def __init__(self, start: float = 1_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Wall:
     """A wall clock that moves one second at every reading, so that each write's
     time tells which reading it took (the core must read it before every write)."""
@@ -313,6 +322,7 @@ def run_effect(
     wall: Wall | None = None,
     job_id: str = JOB,
     flow_id: str = "flow-1",
+    own_starts: OwnStarts | None = None,
 ) -> EffectResult:
     return script.run(
         effect_flow(
@@ -323,8 +333,17 @@ def run_effect(
             worker_id=WORKER,
             wall_clock=wall or Wall(),
             flow_id=flow_id,
+            own_starts=own_starts,
         )
     )
+
+
+def started_here(started_at: float = WALL - 60, mono: float = INVOKE_SENT - 60) -> OwnStarts:
+    """This process's memory of its own first start of KEY (at wall ``started_at``, on
+    its lease clock at ``mono``): an intent it stamped, read back by a later flow."""
+    starts = OwnStarts()
+    starts.remember(KEY, started_at, mono)
+    return starts
 
 
 def sets(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -693,10 +712,18 @@ def test_in_progress_confirmed_by_the_check_is_confirmed_without_calling_the_too
 def test_in_progress_not_applied_repeats_with_the_same_key_and_payload() -> None:
     tool, lc = Tool(ToolResult({"charge_id": "ch_2"}, "ch_2")), LeaseCheck()
     check = Check(CheckAnswer(Verdict.NOT_APPLIED, detail="no such key"))
-    item = intent_item(IntentState.IN_PROGRESS, attempts=1, last_token=1)
+    # This process made the first start (a minute ago on its lease clock) under the
+    # job's earlier token: the repeat is inside the target's key retention.
+    item = intent_item(
+        IntentState.IN_PROGRESS,
+        attempts=1,
+        last_token=1,
+        first_started_at=WALL - 60,
+        first_started_by=WORKER,
+    )
     s = EffectScript([condition_failed(item), ok(), ok()])
     the_spec = spec(tool, check=check, lease_check=lc)
-    res = run_effect(s, the_spec, token=2)
+    res = run_effect(s, the_spec, token=2, own_starts=started_here())
     assert res == EffectResult({"charge_id": "ch_2"}, "ch_2", False, False, KEY)
     assert s.invokes == ["lease_check", "check", "lease_check", "tool"]
     tool_invokes = [i for i in s.invoked if i.what == "tool"]
@@ -1227,12 +1254,19 @@ def test_not_applied_repeats_after_a_takeover_are_bounded_too() -> None:
     def answer(call: Call) -> Outcome:
         if first[0]:
             first[0] = False
-            return condition_failed(intent_item(IntentState.IN_PROGRESS, attempts=1))
+            return condition_failed(
+                intent_item(
+                    IntentState.IN_PROGRESS,
+                    attempts=1,
+                    first_started_at=WALL - 60,
+                    first_started_by=WORKER,
+                )
+            )
         return ok()
 
     s = EffectScript(answer)
     with pytest.raises(TransientError):
-        run_effect(s, spec(tool, check=check))
+        run_effect(s, spec(tool, check=check), own_starts=started_here())
     assert tool.calls == MAX_REPEATS
     assert check.calls == MAX_REPEATS + 1
 
@@ -1760,14 +1794,110 @@ def test_no_automatic_repeat_once_the_targets_key_no_longer_protects_it(
     assert s.event("intent_reconciled")["verdict"] == "not_applied"
 
 
-def test_a_repeat_inside_the_retention_window_by_the_starters_own_clock_goes_ahead() -> None:
+def test_a_repeat_inside_the_retention_on_the_starters_lease_clock_goes_ahead() -> None:
     tool = Tool()
     check = Check(CheckAnswer(Verdict.NOT_APPLIED))
     item = intent_item(
         IntentState.IN_PROGRESS, attempts=1, first_started_at=WALL - 60, first_started_by=WORKER
     )
     s = EffectScript([condition_failed(item), ok(), ok()])
-    res = run_effect(s, spec(tool, check=check, key_retention_seconds=3600.0))
+    res = run_effect(
+        s, spec(tool, check=check, key_retention_seconds=3600.0), own_starts=started_here()
+    )
+    assert (tool.calls, res.external_id) == (1, "ch_1")
+
+
+@pytest.mark.parametrize(
+    "memory",
+    [OwnStarts(), started_here(started_at=WALL - 61)],
+    ids=["restarted_process", "another_first_start"],
+)
+def test_a_repeat_by_the_same_worker_id_without_its_lease_clock_reading_parks(
+    memory: OwnStarts,
+) -> None:
+    # The stamp names this worker, but this process did not time that start (a
+    # restart under the same worker id, or a first start it does not remember): only
+    # a wall clock read twice, across a possible step, would age the key. It parks.
+    tool = Tool()
+    check = Check(CheckAnswer(Verdict.NOT_APPLIED))
+    item = intent_item(
+        IntentState.IN_PROGRESS, attempts=1, first_started_at=WALL - 60, first_started_by=WORKER
+    )
+    s = EffectScript([condition_failed(item), ok()])
+    with pytest.raises(IntentAmbiguous, match="comparing two machines' clocks"):
+        run_effect(s, spec(tool, check=check, key_retention_seconds=3600.0), own_starts=memory)
+    assert tool.calls == 0
+
+
+def _stepping_tool(mono: Mono, wall: Wall, *, lasts: float, wall_step: float) -> Tool:
+    """A tool call that lasts ``lasts`` seconds of the lease clock, during which NTP
+    steps the wall clock by ``wall_step``, and whose outcome is unknown."""
+
+    class Stepping(Tool):
+        def __call__(self) -> Any:
+            mono.now += lasts
+            wall.now += lasts + wall_step
+            return super().__call__()
+
+    return Stepping(ToolOutcomeUnknown("read timed out"), ToolResult({"charge_id": "ch_2"}, "ch_2"))
+
+
+def test_a_repeat_past_the_retention_parks_though_the_wall_clock_stepped_back() -> None:
+    # Soak seed 1041578: the call took 120 s, past the target's 60 s key retention,
+    # so the target forgot the key and its check says "not applied". Meanwhile this
+    # worker's wall clock was stepped back 10 minutes: by its two wall readings the
+    # first start was moments ago. A repeat would apply the effect twice: it parks.
+    mono, wall = Mono(), Wall()
+    tool = _stepping_tool(mono, wall, lasts=120.0, wall_step=-600.0)
+    check = Check(CheckAnswer(Verdict.NOT_APPLIED, detail="no such key"))
+    s = EffectScript([ok(), ok(), ok(), ok()], mono=mono)  # prepare, start, failed, ambiguous
+    with pytest.raises(IntentAmbiguous, match="past the 60 s"):
+        run_effect(s, spec(tool, check=check, key_retention_seconds=60.0), wall=wall)
+    assert tool.calls == 1  # never repeated
+    assert sets(s.calls_to("UpdateItem")[-1].params)["state"] == "ambiguous"
+
+
+def test_a_repeat_inside_the_retention_goes_ahead_though_the_wall_clock_jumped() -> None:
+    # The mirror: 5 s on the lease clock, while the wall clock jumped an hour ahead.
+    mono, wall = Mono(), Wall()
+    tool = _stepping_tool(mono, wall, lasts=5.0, wall_step=3600.0)
+    check = Check(CheckAnswer(Verdict.NOT_APPLIED, detail="no such key"))
+    s = EffectScript([ok(), ok(), ok(), ok(), ok()], mono=mono)  # ..., failed, start, confirm
+    res = run_effect(s, spec(tool, check=check, key_retention_seconds=60.0), wall=wall)
+    assert (tool.calls, res.external_id) == (2, "ch_2")
+
+
+def test_a_later_flow_of_the_same_process_ages_its_first_start_on_the_lease_clock() -> None:
+    # The first flow starts the intent and its call is cut off (the attempt ends with
+    # the intent in progress); 120 s later on the lease clock a new attempt in the
+    # same process meets it. Its wall clock was stepped back 10 minutes meanwhile.
+    mono, wall, memory = Mono(), Wall(), OwnStarts()
+    first = EffectScript([ok(), ok(), ok()], mono=mono)  # prepare, start, the stopped call
+    with pytest.raises(LeaseLost):
+        run_effect(first, spec(Tool(LeaseLost("token moved"))), wall=wall, own_starts=memory)
+    stamped = sets(first.calls_to("TransactWriteItems")[0].params["TransactItems"][1]["Update"])
+    mono.now += 120.0
+    wall.now += 120.0 - 600.0
+    item = intent_item(
+        IntentState.IN_PROGRESS,
+        attempts=1,
+        first_started_at=stamped["first_started_at"],
+        first_started_by=WORKER,
+    )
+    tool = Tool()
+    check = Check(CheckAnswer(Verdict.NOT_APPLIED, detail="no such key"))
+    s = EffectScript([condition_failed(item), ok()], mono=mono)
+    with pytest.raises(IntentAmbiguous, match="past the 60 s"):
+        run_effect(
+            s, spec(tool, check=check, key_retention_seconds=60.0), wall=wall, own_starts=memory
+        )
+    assert tool.calls == 0
+    # The same memory, inside the window: the repeat goes ahead.
+    mono.now -= 100.0
+    s = EffectScript([condition_failed(item), ok(), ok()], mono=mono)
+    res = run_effect(
+        s, spec(tool, check=check, key_retention_seconds=60.0), wall=wall, own_starts=memory
+    )
     assert (tool.calls, res.external_id) == (1, "ch_1")
 
 

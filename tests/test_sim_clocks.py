@@ -31,12 +31,14 @@ CAUGHT_AT: dict[str, int] = {
     "budget_across_clocks": 35,  # I25_charged_before_budget
     "cap_from_send": 1,  # I25_charged_before_budget
     "retention_across_clocks": 576,  # I2_double_effect (76 before the duplicate rule moved it)
+    "retention_on_wall": 1041578,  # I2_double_effect (the merged worlds' soak seed)
     "sweep_blind_to_dead": 6,  # I10_stranded_record
 }
 EXPECTED: dict[str, str] = {
     "budget_across_clocks": I25,
     "cap_from_send": I25,
     "retention_across_clocks": I2,
+    "retention_on_wall": I2,
     "sweep_blind_to_dead": I10,
 }
 
@@ -187,6 +189,24 @@ def test_dead_entries_outnumber_a_sweeps_pages_and_the_sweep_reads_past_them() -
     assert set(plan.stranded) <= taken  # every stranded job (behind them all) was sent
 
 
+def test_soak_seed_1041578_a_stepped_wall_clock_repeats_no_effect() -> None:
+    """Found by the merged worlds' soak (tests/test_sim_found.py until fixed): a worker
+    started an intent, its call timed out after 30 s, past the keyed target's 28.2 s
+    key retention, and its wall clock had moved back meanwhile; key retention's
+    same-worker exception read that wall clock twice, judged the forgotten key kept,
+    and repeated the effect (I2). Verdict: a real defect of the one-clock rule (issue
+    26 defect 4); the age is now read on the lease clock of the process that made the
+    first start (``intents.OwnStarts``), and the job parks with the reason."""
+    result = run_seed(1041578, trace=True)
+    assert result.ok, result.violations[0].message
+    parked = [
+        d["reason"]
+        for _, _, kind, d in result.log
+        if kind == "intent_ambiguous" and d["key"] == "job-005:upload:act1:keyed"
+    ]
+    assert parked and "past the 28.2 s" in parked[0]
+
+
 @pytest.mark.parametrize("name", sorted(CLOCK_MUTATIONS))
 def test_mutation_is_caught_at_its_pinned_seed_and_the_protocol_passes_it(name: str) -> None:
     seed, features = CAUGHT_AT[name], world(name)
@@ -212,6 +232,7 @@ def test_clock_mutations_are_undone_on_exit() -> None:
             attempt.__dict__["_resend"],
             attempt.__dict__["CappedRules"],
             intents.__dict__["repeat_unprotected"],
+            intents.__dict__["_unprotected"],
         )
 
     before = state()

@@ -9,15 +9,7 @@ import pytest
 
 from simtools import run_seed
 
-FOUND = {
-    1041578: (
-        "I2_double_effect",
-        "the clocks world: one worker's own wall clock, stepped or drifting between its "
-        "intent's first start and its reconcile, judged a key the target had forgotten "
-        "still kept (repeat_unprotected's same_clock reads wall time twice); the age must "
-        "be read on the lease clock, or the repeat parked",
-    ),
-}
+FOUND: dict[int, tuple[str, str]] = {}
 
 
 @pytest.mark.parametrize(

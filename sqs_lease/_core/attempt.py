@@ -63,7 +63,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from .._errors import JobCancelled, LeaseLost, PayloadError, RecordUnreadable
@@ -99,7 +99,7 @@ from .flows import (
     set_visibility,
     sweep_flow,
 )
-from .intents import EffectResult, EffectSpec, IntentRequests, effect_flow
+from .intents import EffectResult, EffectSpec, IntentRequests, OwnStarts, effect_flow
 from .lease import Drop, LocalLease, Stop
 from .leasebook import HAND_BACK_STALE, Held, LeaseBook, LeaseRules, Signal, is_open
 from .liveness import HeldJob, liveness_parts
@@ -259,6 +259,9 @@ class AttemptEnv:
     # Priorities: the interactive queue (None: none), where the sweep re-sends an
     # interactive job's message.
     interactive_url: str | None = None
+    # This process's first starts of intents on its lease clock: the only age a
+    # repeat inside a target's key retention may go ahead on (``repeat_unprotected``).
+    own_starts: OwnStarts = field(default_factory=OwnStarts)
 
 
 def rules_for(env: AttemptEnv, job_class: str, stage: str | None) -> ClassRules | None:
@@ -966,6 +969,7 @@ def held_effect_flow(
                 worker_id=env.worker_id,
                 wall_clock=wall_clock,
                 flow_id=flow_id,
+                own_starts=env.own_starts,
             )
         )
     except LeaseLost as exc:

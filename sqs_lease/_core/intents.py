@@ -17,6 +17,7 @@ typed ``ToolNotApplied``; anything else may have applied and is reconciled.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -261,6 +262,7 @@ class _Ctx:
     wall_clock: Callable[[], float]
     flow_id: str
     retry_waits: tuple[float, ...]
+    own_starts: OwnStarts | None = None
 
 
 def effect_flow(
@@ -274,14 +276,19 @@ def effect_flow(
     flow_id: str = "",
     held_waits: tuple[float, ...] = HELD_WAITS,
     retry_waits: tuple[float, ...] = RETRY_WAITS,
+    own_starts: OwnStarts | None = None,
 ) -> Flow[EffectResult]:
     """The whole life of one side effect, from intent to confirmation.
 
     ``wall_clock`` is read (through the driver, as an ``Invoke("wall_clock")``)
     before every write, so each write carries its own time; ``flow_id`` must be
     fresh per effect call (the drivers pass a random id; see ``start_id_for``).
+    ``own_starts``: this worker process's lease-clock readings of the first starts
+    it made (see :class:`OwnStarts`); None: only this call's own start is known.
     """
-    ctx = _Ctx(ireq, jreq, spec, token, worker_id, wall_clock, flow_id, tuple(retry_waits))
+    ctx = _Ctx(
+        ireq, jreq, spec, token, worker_id, wall_clock, flow_id, tuple(retry_waits), own_starts
+    )
     key = spec.key
     held = iter(held_waits)
     existing: IntentView | None = None
@@ -329,7 +336,7 @@ def effect_flow(
                 predecessor=key,
                 tool=spec.rekey(existing.successor),
             )
-            ctx = _Ctx(ireq, jreq, spec, token, worker_id, wall_clock, flow_id, tuple(retry_waits))
+            ctx = replace(ctx, spec=spec)
             key = spec.key
             continue
         if existing.payload_hash != spec.payload_hash:
@@ -383,12 +390,18 @@ def effect_flow(
     attempts = existing.attempts if existing is not None else 0
     first_started = existing.first_started_at if existing is not None else None
     first_by = existing.first_started_by if existing is not None else None
+    # This process's lease-clock reading taken before the start that stamped
+    # ``first_started`` (None: another process stamped it, or this one forgot):
+    # the only age of the key a repeat may be decided on (``repeat_unprotected``).
+    own_start = _own_start(ctx, first_started, first_by)
     reconcile_first = expected is IntentState.IN_PROGRESS
     stored = existing
     repeats = 0
     while True:
         if reconcile_first:
-            decision = yield from _reconcile(ctx, attempts, stored, first_started, first_by)
+            decision = yield from _reconcile(
+                ctx, attempts, stored, first_started, first_by, own_start
+            )
             if isinstance(decision, EffectResult):
                 return decision
             expected = IntentState.IN_PROGRESS
@@ -402,8 +415,10 @@ def effect_flow(
         if isinstance(started, EffectResult):
             return started
         attempts += 1
-        if first_started is None:  # this start stamped it, on this worker's clock
-            first_started, first_by = started, ctx.worker_id
+        if first_started is None:  # this start stamped it, on this worker's clocks
+            first_started, first_by, own_start = started.wall, ctx.worker_id, started.mono
+            if ctx.own_starts is not None:
+                ctx.own_starts.remember(key, started.wall, started.mono)
         yield from emit(
             "intent_started",
             job_id=spec.job_id,
@@ -644,13 +659,20 @@ def _lease_holds(spec: EffectSpec) -> Flow[bool]:
 
 def _wall(ctx: _Ctx) -> Flow[float]:
     """The wall time for the next write, read by the driver (the simulator's is virtual)."""
+    wall, _, _ = yield from _clocks(ctx)
+    return wall
+
+
+def _clocks(ctx: _Ctx) -> Flow[tuple[float, float, float]]:
+    """The wall time, with the driver's lease-clock stamps of the reading (before and
+    after it: every outcome carries them), so a duration can be read on one clock."""
     out = yield from call(Invoke("wall_clock", ctx.wall_clock))
     if isinstance(out, Err):
         raise out.exc if out.exc is not None else RuntimeError(f"wall clock: {out.message}")
     value = out.response.get("value")
     if not isinstance(value, (int, float)):
         raise TypeError(f"wall clock returned {type(value).__name__}, not a number")
-    return float(value)
+    return float(value), out.sent_at, out.received_at
 
 
 def _cancel_codes(err: Err) -> list[str]:
@@ -721,19 +743,28 @@ def _read_intent(ireq: IntentRequests, key: str) -> Flow[IntentView | None]:
     return ireq.parse(item) if item else None
 
 
-def _start(ctx: _Ctx, expected: IntentState, attempts: int) -> Flow[float | EffectResult]:
+@dataclass(frozen=True)
+class _Started:
+    wall: float  # the wall time the start wrote
+    mono: float  # the lease clock before the first try of the start (an upper bound of age)
+
+
+def _start(ctx: _Ctx, expected: IntentState, attempts: int) -> Flow[_Started | EffectResult]:
     """Move the intent to in_progress, fenced on the job's token.
 
-    Returns the wall time written, or the result when the intent turned out to be
-    confirmed meanwhile (the earlier owner's late confirmation: replay it).
+    Returns the wall time written (with the lease clock read before the first try),
+    or the result when the intent turned out to be confirmed meanwhile (the earlier
+    owner's late confirmation: replay it).
     """
     spec = ctx.spec
     start_id = start_id_for(spec.job_id, ctx.token, attempts + 1, ctx.worker_id, ctx.flow_id)
     waits = iter(ctx.retry_waits)
     try_no = 0
+    first_mono: float | None = None
     while True:
         yield from _lease_confirmed(ctx)
-        now = yield from _wall(ctx)
+        now, mono, _ = yield from _clocks(ctx)
+        first_mono = mono if first_mono is None else first_mono
         out = yield from call(
             ctx.ireq.start(
                 spec,
@@ -748,7 +779,7 @@ def _start(ctx: _Ctx, expected: IntentState, attempts: int) -> Flow[float | Effe
             )
         )
         if isinstance(out, Ok):
-            return now
+            return _Started(now, first_mono)
         if _transient_cancel(out):
             # Throttled or in conflict: nothing applied, the lease is not lost and
             # no attempt is spent. Try again after a pause while the local lease
@@ -772,7 +803,7 @@ def _start(ctx: _Ctx, expected: IntentState, attempts: int) -> Flow[float | Effe
             try_no += 1
             continue
         mine = yield from _refused_start(ctx, out, start_id)
-        return now if mine is None else mine
+        return _Started(now, first_mono) if mine is None else mine
 
 
 def _refused_start(ctx: _Ctx, err: Err, start_id: str) -> Flow[EffectResult | None]:
@@ -934,47 +965,110 @@ def first_started_by(stamp: str | None, first_started_at: float | None) -> str |
 
 
 def repeat_unprotected(
-    retention: float | None, first_started: float | None, now: float, *, same_clock: bool
+    retention: float | None,
+    first_started: float | None,
+    now: float,
+    *,
+    own_age: float | None = None,
 ) -> Unprotected | None:
     """Key retention, the one rule (the effect flow and the operator's ``intents
-    retry``): whether a repeat of a key first started at ``first_started`` (wall
-    seconds; None: never started) is still protected by a target that keeps keys
-    for ``retention`` seconds (None: not at all). None: protected.
+    retry``): whether a repeat of a key is still protected by a target that keeps
+    keys for ``retention`` seconds (None: not at all). None: protected.
 
-    ``same_clock``: ``now`` was read from the clock that stamped ``first_started``
-    (the same worker process). Otherwise the age is two machines' clocks compared,
-    and a lagging clock would call a key the target already forgot protected and
-    repeat the effect: the rule decides conservatively (:attr:`Unprotected.OTHER_CLOCK`,
-    the job parks as ambiguous for an operator)."""
+    ``own_age``: the key's age read on one clock, the lease clock (monotonic) of the
+    worker process that made the first start, from a reading before that start to
+    now. Only that proves a repeat safe. Wall times prove nothing: ``first_started``
+    (stamped by the starter's wall clock) against ``now`` (the reader's) compares two
+    machines' clocks, or one machine's wall clock across a step or a drift (NTP): a
+    lagging reading would call a key the target already forgot protected and repeat
+    the effect. Without ``own_age`` the walls only word a refusal (:attr:`EXPIRED`
+    when they say the window has passed); otherwise the rule decides conservatively
+    (:attr:`Unprotected.OTHER_CLOCK`: the effect flow parks the job as ambiguous; the
+    operator's ``--retry`` is the operator's word that they checked the target)."""
     if retention is None:
         return Unprotected.NO_KEYS
-    if first_started is None:
-        return None
-    if now > first_started + retention:
+    if own_age is not None:
+        return Unprotected.EXPIRED if own_age > retention else None
+    if first_started is not None and now > first_started + retention:
         return Unprotected.EXPIRED
-    if not same_clock:
-        return Unprotected.OTHER_CLOCK
-    return None
+    return Unprotected.OTHER_CLOCK
+
+
+OWN_STARTS_KEPT = 10_000
+"""First starts one worker process remembers (the oldest forgotten first): forgetting
+one only makes a later repeat of its key park instead of going ahead."""
+
+
+class OwnStarts:
+    """One worker process's first starts of intents: key -> (the wall time the start
+    wrote as ``first_started_at``, the lease clock read before it).
+
+    Lives as long as the process, never stored: a restarted process (same worker id,
+    a new lease clock) remembers nothing, and its repeats park. The wall time only
+    tells that the stored first start is the one remembered (one write, exact)."""
+
+    def __init__(self, kept: int = OWN_STARTS_KEPT) -> None:
+        # OrderedDict: set and popitem are each one step under the GIL, so threads
+        # sharing one process's memory need no lock.
+        self._starts: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._kept = kept
+
+    def remember(self, key: str, wall: float, mono: float) -> None:
+        self._starts[key] = (wall, mono)
+        for _ in range(len(self._starts) - self._kept):
+            try:
+                self._starts.popitem(last=False)
+            except KeyError:
+                return
+
+    def mono_of(self, key: str, first_started: float | None) -> float | None:
+        """The lease-clock reading before this process's first start of ``key``, if
+        the stored first start (``first_started``) is the one it made."""
+        known = self._starts.get(key)
+        if known is None or first_started is None or known[0] != first_started:
+            return None
+        return known[1]
+
+
+def _own_start(ctx: _Ctx, first_started: float | None, first_by: str | None) -> float | None:
+    """The lease-clock reading before the first start, when this process made it."""
+    if ctx.own_starts is None or first_by is None or first_by != ctx.worker_id:
+        return None
+    return ctx.own_starts.mono_of(ctx.spec.key, first_started)
 
 
 def _unprotected(
-    spec: EffectSpec, first_started: float | None, now: float, *, by: str | None, me: str
+    spec: EffectSpec,
+    first_started: float | None,
+    now: float,
+    *,
+    age: float | None,
+    by: str | None,
+    me: str,
 ) -> str | None:
     """Why a repeat with the same key would not be protected by the target, or None
-    (``by``: whose clock stamped ``first_started``; ``me``: this worker)."""
+    (``age``: the key's age on this process's lease clock, None when this process did
+    not time the first start; ``by``: whose wall clock stamped ``first_started``;
+    ``me``: this worker)."""
     retention = spec.key_retention_seconds
-    why = repeat_unprotected(retention, first_started, now, same_clock=by is not None and by == me)
+    why = repeat_unprotected(retention, first_started, now, own_age=age)
     if why is Unprotected.OTHER_CLOCK:
+        whose = (
+            "this worker before a restart"
+            if by == me
+            else (f"worker {by}" if by else "an unknown worker")
+        )
         return (
-            f"its first attempt was timed by {'worker ' + by if by else 'an unknown'} clock, "
-            f"not this worker's, and whether target {spec.target!r} still keeps the key "
-            f"({retention:g} s) cannot be told without comparing two machines' clocks"
+            f"its first attempt was timed by {whose}, not on this process's lease clock, "
+            f"and whether target {spec.target!r} still keeps the key ({retention:g} s) "
+            "cannot be told without comparing two machines' clocks"
         )
     if why is Unprotected.NO_KEYS:
         return f"target {spec.target!r} keeps no idempotency keys"
-    if why is Unprotected.EXPIRED and first_started is not None:
+    if why is Unprotected.EXPIRED:
+        started = age if age is not None else now - (first_started or now)
         return (
-            f"its first attempt started {now - first_started:.0f} s ago, past the "
+            f"its first attempt started {started:.0f} s ago, past the "
             f"{retention:g} s target {spec.target!r} keeps keys"
         )
     return None
@@ -986,6 +1080,7 @@ def _reconcile(
     stored: IntentView | None,
     first_started: float | None,
     first_by: str | None = None,
+    own_start: float | None = None,
 ) -> Flow[EffectResult | None]:
     """Ask the target what happened to an in-progress intent.
 
@@ -1038,8 +1133,9 @@ def _reconcile(
             )
         )
     if answer.verdict is Verdict.NOT_APPLIED:
-        now = yield from _wall(ctx)
-        why = _unprotected(spec, first_started, now, by=first_by, me=ctx.worker_id)
+        now, _, mono_now = yield from _clocks(ctx)
+        age = mono_now - own_start if own_start is not None else None
+        why = _unprotected(spec, first_started, now, age=age, by=first_by, me=ctx.worker_id)
         if why is None:
             return None
         reason = (
