@@ -40,6 +40,7 @@ from .records import (
     JobState,
     JobView,
     awaits_send,
+    is_cancelled,
 )
 from .timeline import trim_count
 from .timing import OPEN, Drop, LeaseStatus, LocalLease
@@ -1720,7 +1721,7 @@ def rejected_loss(fin: Finish) -> tuple[str, bool] | None:
     if fin.outcome is not FinishOutcome.REJECTED:
         return None
     cur = fin.current
-    cancelled = cur is not None and cur.state is JobState.FAILED and cur.error_code == "cancelled"
+    cancelled = cur is not None and is_cancelled(cur)
     return fin.reason, cancelled
 
 
@@ -1829,7 +1830,7 @@ def _finished_by(lease: LocalLease, view: JobView) -> bool:
 
 
 def _verdict(lease: LocalLease, view: JobView, worker_id: str, sent_at: float) -> Beat:
-    if view.state is JobState.FAILED and view.error_code == "cancelled":
+    if is_cancelled(view):
         return Beat(lease.job_id, BeatStatus.CANCELLED, reason=view.reason or "cancelled")
     if _finished_by(lease, view):
         return Beat(lease.job_id, BeatStatus.DONE, reason=f"job is {view.state}")
