@@ -25,6 +25,7 @@ from ._core.deadletter import DlqFinding, DlqReport, DlqVerdict
 from ._core.inputs import loads as _loads
 from ._dlq import (
     DlqMessage,
+    RedriveVerdict,
     age,
     approximate_depth,
     dlq_url_of,
@@ -274,7 +275,7 @@ def dlq_redrive(
     claims once). Messages that name no job stay. Exit 1 if any move failed.
     """
     report = redrive_dlq(settings_of(ctx), job_ids=job_ids or None, limit=limit, dry_run=dry_run)
-    failed = sum(1 for r in report.messages if r.verdict == "failed")
+    failed = sum(1 for r in report.messages if r.verdict is RedriveVerdict.FAILED)
     if as_json:
         emit_json(
             {
@@ -286,7 +287,7 @@ def dlq_redrive(
                     {
                         "message_id": r.message.message_id,
                         "job_id": r.message.job_id,
-                        "verdict": r.verdict,
+                        "verdict": r.verdict.value,
                         "detail": r.detail,
                         "new_message_id": r.new_message_id,
                     }
@@ -298,7 +299,11 @@ def dlq_redrive(
         for r in report.messages:
             said = _SAID[r.verdict] + (f": {r.detail}" if r.detail else "")
             row(r.message.message_id, r.message.job_id or "-", said)
-        moved = sum(1 for r in report.messages if r.verdict in ("moved", "copied_not_deleted"))
+        moved = sum(
+            1
+            for r in report.messages
+            if r.verdict in (RedriveVerdict.MOVED, RedriveVerdict.COPIED_NOT_DELETED)
+        )
         if dry_run:
             summary = f"{len(report.messages)} would move (dry run: nothing sent)"
         else:

@@ -30,7 +30,7 @@ from ._cli_out import (
     settings_of,
     table,
 )
-from ._core.flows import UNSENT_GRACE_SECONDS
+from ._core.flows import UNSENT_GRACE_SECONDS, CancelVerdict
 from ._core.liveness import Liveness
 from ._core.stages import stage_rows
 from ._core.texts import visible
@@ -358,13 +358,13 @@ def jobs_cancel(
     view = done.job
     data = {
         "job_id": view.job_id,
-        "verdict": done.verdict,
+        "verdict": done.verdict.value,
         "state": view.state.value,
         "token": view.token,
         "error_code": view.error_code,
         "reason": view.reason,
     }
-    if done.verdict == "already_final":
+    if done.verdict is CancelVerdict.ALREADY_FINAL:
         why = f" ({view.reason})" if view.reason else ""
         noop(
             f"job {job_id!r} is already {view.state.value}{why}: not cancelled",

@@ -9,6 +9,7 @@ worker's stats); a cancel is recognised by one predicate, ``records.is_cancelled
 from __future__ import annotations
 
 import ast
+import json
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -76,3 +77,20 @@ def test_is_cancelled_is_a_failed_record_with_the_cancel_code() -> None:
     assert is_cancelled(replace(running, state=JobState.FAILED, error_code=CANCELLED_CODE))
     assert not is_cancelled(replace(running, state=JobState.FAILED, error_code="no_page"))
     assert not is_cancelled(replace(running, error_code=CANCELLED_CODE))
+
+
+def test_verdicts_are_enums_whose_values_are_the_words_printed_before() -> None:
+    # StrEnum: `--json` output and journal fields keep the same strings.
+    from sqs_lease._core.flows import CancelVerdict, SendVerdict
+    from sqs_lease._dlq import RedriveVerdict
+
+    assert {v.value for v in CancelVerdict} == {"cancelled", "already_final"}
+    assert {v.value for v in SendVerdict} == {"sent", "superseded", "failed"}
+    assert {v.value for v in RedriveVerdict} == {
+        "moved",
+        "copied_not_deleted",
+        "failed",
+        "skipped",
+        "would_move",
+    }
+    assert json.dumps({"verdict": CancelVerdict.ALREADY_FINAL}) == '{"verdict": "already_final"}'
