@@ -3,21 +3,21 @@
 SQS's visibility timeout is the time lease (extended by a heartbeat); DynamoDB
 conditional writes hold the ownership order (a fencing token that rises at
 every claim), the results and the intents of side effects.
+
+The names here are what an application uses: the app and its handlers' types, the
+workers and the producer, settings, the exception hierarchy. Drivers, reports of
+the operator commands and the simulator stay in their own modules (see
+``tests/test_public_api.py``, which lists them).
 """
 
-from ._aio import AsyncDriver
 from ._aio_worker import AsyncWorker
-from ._aws import SyncDriver, Timeouts
+from ._aws import Timeouts
 from ._config import Settings
-from ._core.flows import Cancelled, Stranded, SubmitResult, SweepReport
-from ._core.groups import GroupReport
 from ._core.intents import (
     CheckAnswer,
     EffectResult,
     IntentState,
     IntentView,
-    Resolution,
-    Resumed,
     ToolResult,
     Verdict,
 )
@@ -59,31 +59,28 @@ from ._errors import (
     TransientError,
     WorkerShuttingDown,
 )
-from ._jobs import App, AsyncJobContext, EffectCall, JobClass, JobContext, StagedJob, Target
+from ._jobs import App, AsyncJobContext, EffectCall, JobClass, JobContext, Target
 from ._journal import Journal
 from ._options import WorkerOptions
 from ._producer import Producer
 from ._resources import create_queue, create_tables
 from ._shell import WorkerStats
-from ._worker import Worker, load_app
+from ._worker import Worker
 
 __all__ = [
     "PROGRESS_LIMIT",
     "App",
-    "AsyncDriver",
     "AsyncJobContext",
     "AsyncWorker",
     "AttemptTimedOut",
     "AwsCallFailed",
     "AwsUnavailable",
-    "Cancelled",
     "CheckAnswer",
     "ConfigError",
     "EffectCall",
     "EffectResult",
     "FenceRefused",
     "GroupCancelled",
-    "GroupReport",
     "HandlerSignal",
     "IntentAmbiguous",
     "IntentBusy",
@@ -112,18 +109,11 @@ __all__ = [
     "Producer",
     "ProgressTooLarge",
     "RecordUnreadable",
-    "Resolution",
     "ResourceMissing",
-    "Resumed",
     "RetryRefused",
     "Settings",
     "SqsLeaseError",
-    "StagedJob",
-    "Stranded",
     "SubmitConflict",
-    "SubmitResult",
-    "SweepReport",
-    "SyncDriver",
     "Target",
     "Timeouts",
     "ToolNotApplied",
@@ -137,5 +127,4 @@ __all__ = [
     "WorkerStats",
     "create_queue",
     "create_tables",
-    "load_app",
 ]

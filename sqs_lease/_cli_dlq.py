@@ -9,12 +9,23 @@ from typing import Any
 
 import click
 
-from ._cli_out import EXIT_NOT_FOUND, emit_json, fail_line, field, json_option, note, row, table
+from ._cli_out import (
+    EXIT_NOT_FOUND,
+    emit_json,
+    fail_line,
+    field,
+    json_option,
+    note,
+    row,
+    settings_of,
+    table,
+)
 from ._config import Settings
 from ._core.deadletter import DlqFinding, DlqReport, DlqVerdict
 from ._core.inputs import loads as _loads
 from ._dlq import (
     DlqMessage,
+    RedriveVerdict,
     age,
     approximate_depth,
     dlq_url_of,
@@ -23,12 +34,6 @@ from ._dlq import (
     reconcile_dlq,
     redrive_dlq,
 )
-
-
-def _settings(ctx: click.Context) -> Settings:
-    obj = ctx.find_root().obj
-    assert isinstance(obj, Settings)
-    return obj
 
 
 def _fields(msg: DlqMessage, *, body: bool = False) -> dict[str, Any]:
@@ -87,7 +92,7 @@ def dlq_list(
     write that holds only while the record still names this message (a job re-sent
     since is left alone). Exit 1 if a park or delete failed.
     """
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     if (delete_finished or dry_run) and not reconcile:
         raise click.UsageError("--delete-finished and --dry-run go with --reconcile")
     if reconcile:
@@ -219,7 +224,7 @@ def _reconciled(settings: Settings, report: DlqReport, limit: int, as_json: bool
 def dlq_show(ctx: click.Context, ident: str, scan: int, as_json: bool) -> None:
     """Show the DLQ message with this message id, or every one naming this job id,
     with its body. Exit 1 when none is found."""
-    found = find_in_dlq(_settings(ctx), ident, scan=scan)
+    found = find_in_dlq(settings_of(ctx), ident, scan=scan)
     if as_json:
         emit_json({"messages": [_fields(m, body=True) for m in found]})
     else:
@@ -269,8 +274,8 @@ def dlq_redrive(
     send succeeded: a message is never lost, at worst sent twice (harmless: a job
     claims once). Messages that name no job stay. Exit 1 if any move failed.
     """
-    report = redrive_dlq(_settings(ctx), job_ids=job_ids or None, limit=limit, dry_run=dry_run)
-    failed = sum(1 for r in report.messages if r.verdict == "failed")
+    report = redrive_dlq(settings_of(ctx), job_ids=job_ids or None, limit=limit, dry_run=dry_run)
+    failed = sum(1 for r in report.messages if r.verdict is RedriveVerdict.FAILED)
     if as_json:
         emit_json(
             {
@@ -282,7 +287,7 @@ def dlq_redrive(
                     {
                         "message_id": r.message.message_id,
                         "job_id": r.message.job_id,
-                        "verdict": r.verdict,
+                        "verdict": r.verdict.value,
                         "detail": r.detail,
                         "new_message_id": r.new_message_id,
                     }
@@ -294,7 +299,11 @@ def dlq_redrive(
         for r in report.messages:
             said = _SAID[r.verdict] + (f": {r.detail}" if r.detail else "")
             row(r.message.message_id, r.message.job_id or "-", said)
-        moved = sum(1 for r in report.messages if r.verdict in ("moved", "copied_not_deleted"))
+        moved = sum(
+            1
+            for r in report.messages
+            if r.verdict in (RedriveVerdict.MOVED, RedriveVerdict.COPIED_NOT_DELETED)
+        )
         if dry_run:
             summary = f"{len(report.messages)} would move (dry run: nothing sent)"
         else:

@@ -19,10 +19,13 @@ import shutil
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any, NoReturn, TypeVar
 
 import click
 
+from ._config import Settings
+from ._core.inputs import loads
 from ._core.texts import visible, visible_lines
 
 EXIT_OK = 0
@@ -89,6 +92,59 @@ def field(name: str, value: object, *, lead: str = "", ours: bool = False) -> No
 def fail_line(message: str) -> str:
     """The ``error:`` line of a failed command: one line, controls made visible."""
     return f"error: {visible(' '.join(message.split()))}"
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """Print the ``error:`` line on stderr and exit with ``code``."""
+    click.echo(fail_line(message), err=True)
+    raise click.exceptions.Exit(code)
+
+
+def settings_of(ctx: click.Context) -> Settings:
+    """The :class:`Settings` the root group made from its options and the environment."""
+    obj = ctx.find_root().obj
+    assert isinstance(obj, Settings)
+    return obj
+
+
+def limit_note(what: str, limit: int, narrow: str) -> None:
+    """Say on stderr that ``--limit`` cut a list, and how to see the rest."""
+    note(
+        f"--limit {limit} reached: more {what} exist and are not shown; raise --limit, "
+        f"or narrow with {narrow}"
+    )
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def seconds(value: float) -> str:
+    return f"{value:.1f}s"
+
+
+def age(now: float, then: float | None) -> str:
+    return "-" if then is None else seconds(now - then)
+
+
+def iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+def reason_cell(text: str | None) -> str:
+    """A reason for a table's last column: whole (the table wraps it on a terminal;
+    ``--json`` has it verbatim)."""
+    return one_line(text) if text else "-"
+
+
+def json_or_text(text: str | None) -> Any:
+    """A stored JSON text as its value, or the text itself where it is not JSON."""
+    if text is None:
+        return None
+    try:
+        return loads(text)
+    except ValueError:
+        return text
 
 
 def terminal_width() -> int | None:

@@ -19,7 +19,8 @@ import contextlib
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 from ._aws import SyncDriver, make_client
 from ._config import Settings
@@ -33,7 +34,15 @@ from ._schema import JobTable
 _BATCH = 10  # SQS's largest receive and batch
 _HOLD = 60  # seconds a looked-at message stays hidden while the look goes on
 
-RedriveVerdict = Literal["moved", "copied_not_deleted", "failed", "skipped", "would_move"]
+
+class RedriveVerdict(StrEnum):
+    """What a redrive did with one message (``sqs-lease dlq redrive --json`` prints it)."""
+
+    MOVED = "moved"  # copied to the job queue, deleted from the DLQ
+    COPIED_NOT_DELETED = "copied_not_deleted"  # copied; the DLQ keeps a second copy
+    FAILED = "failed"  # not sent: left in the DLQ
+    SKIPPED = "skipped"  # not a job message: left
+    WOULD_MOVE = "would_move"  # a dry run
 
 
 @dataclass(frozen=True)
@@ -231,10 +240,12 @@ def redrive_dlq(
             if wanted is not None and msg.job_id not in wanted:
                 continue  # not asked for: given back untouched
             if not msg.is_job_message:
-                out.append(Redriven(msg, "skipped", f"not a job message ({msg.reason}): left"))
+                out.append(
+                    Redriven(msg, RedriveVerdict.SKIPPED, f"not a job message ({msg.reason}): left")
+                )
                 continue
             if dry_run:
-                out.append(Redriven(msg, "would_move"))
+                out.append(Redriven(msg, RedriveVerdict.WOULD_MOVE))
                 continue
             out.append(_move_one(looker, url, msg))
     finally:
@@ -293,7 +304,9 @@ def _move_one(looker: _Looker, url: str, msg: DlqMessage) -> Redriven:
     try:
         sent = _call(looker.sqs, "send_message", **params)
     except (AwsCallFailed, AwsUnavailable) as exc:
-        return Redriven(msg, "failed", f"send to the job queue failed, left in the DLQ: {exc}")
+        return Redriven(
+            msg, RedriveVerdict.FAILED, f"send to the job queue failed, left in the DLQ: {exc}"
+        )
     new_id = str(sent.get("MessageId", ""))
     try:
         _call(
@@ -304,13 +317,13 @@ def _move_one(looker: _Looker, url: str, msg: DlqMessage) -> Redriven:
         looker.done_with(msg.message_id)
         return Redriven(
             msg,
-            "copied_not_deleted",
+            RedriveVerdict.COPIED_NOT_DELETED,
             f"sent, but the DLQ copy could not be deleted ({exc}); a later redrive sends it "
             "again, which is harmless (the job claims once)",
             new_id,
         )
     looker.done_with(msg.message_id)
-    return Redriven(msg, "moved", "", new_id)
+    return Redriven(msg, RedriveVerdict.MOVED, "", new_id)
 
 
 def age(ts: float | None, now: float | None = None) -> str:

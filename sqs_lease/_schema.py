@@ -38,6 +38,7 @@ from ._core.intents import (
 from ._core.limits import REJECTED_CONTENT_LIMIT
 from ._core.liveness import LIVENESS_KEEP_SECONDS, Liveness, held_json, liveness_key
 from ._core.records import (
+    CANCELLED_CODE,
     DEAD_LETTERED_CODE,
     UNDELIVERED_CODE,
     GroupView,
@@ -1053,7 +1054,7 @@ class JobTable:
                 R.attention.set(JobState.FAILED.value),
                 R.token.set(R.token + 1),
                 R.reason.set(f"cancelled: {reason}"),
-                R.error_code.set("cancelled"),
+                R.error_code.set(CANCELLED_CODE),
                 R.updated_at.set(wall_now),
                 R.finished_at.set(wall_now),
                 R.lease_deadline.remove(),

@@ -75,6 +75,7 @@ class WorkerStats:
     deferred: int = 0  # messages left unclaimed: an unknown job class, or a hand-back under way
     released_late: int = 0  # leases its own late heartbeat let go, handed back uncharged
     waited_for_slot: int = 0  # claims given back: the job's limit had no slot free
+    unanswered: int = 0  # claims with no answer (ownership unknown): the message comes back
 
 
 def default_worker_id() -> str:

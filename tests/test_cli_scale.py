@@ -19,7 +19,7 @@ import pytest
 from conftest import AwsTestEnv
 from test_cli import ready, run
 
-import sqs_lease.cli as cli_module
+import sqs_lease._operator as operator_module
 from sqs_lease import Settings
 from sqs_lease._core.liveness import HeldJob, Liveness
 from sqs_lease._schema import JobRecord, JobTable
@@ -27,9 +27,9 @@ from sqs_lease._schema import JobRecord, JobTable
 
 @pytest.fixture
 def ops(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The DynamoDB operations the CLI's clients send (read from botocore's events)."""
+    """The DynamoDB operations the CLI's reads send (read from botocore's events)."""
     seen: list[str] = []
-    make = cli_module.make_client  # type: ignore[attr-defined]
+    make = operator_module.make_client  # type: ignore[attr-defined]
 
     def counting(settings: Settings, service: str) -> Any:
         client = make(settings, service)
@@ -38,7 +38,7 @@ def ops(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
         )
         return client
 
-    monkeypatch.setattr(cli_module, "make_client", counting)
+    monkeypatch.setattr(operator_module, "make_client", counting)
     yield seen
 
 

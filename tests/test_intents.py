@@ -46,9 +46,7 @@ from sqs_lease import (
     Journal,
     LeaseLost,
     Producer,
-    Resolution,
     Settings,
-    SyncDriver,
     ToolNotApplied,
     ToolResult,
     Verdict,
@@ -56,9 +54,10 @@ from sqs_lease import (
     create_queue,
     create_tables,
 )
+from sqs_lease._aws import SyncDriver
 from sqs_lease._core.calls import Err, ErrorKind, Flow, Ok, call
 from sqs_lease._core.flows import Claimed, Delivery, claim_flow, receive_flow
-from sqs_lease._core.intents import EffectSpec, effect_flow
+from sqs_lease._core.intents import EffectSpec, Resolution, effect_flow
 from sqs_lease._jobs import canonical_json, payload_hash
 from sqs_lease._journal import LOGGER_NAME
 from sqs_lease._schema import (

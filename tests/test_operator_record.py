@@ -93,7 +93,7 @@ def test_a_rejected_result_is_reachable_from_jobs_show(aws: AwsTestEnv) -> None:
     from core_harness import delivery, job_view
     from test_cli import run as run_cli
 
-    from sqs_lease import SyncDriver
+    from sqs_lease._aws import SyncDriver
     from sqs_lease._core.flows import commit_flow
 
     settings = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix)

@@ -284,6 +284,7 @@ NOT_CLAIMED_COUNTS: dict[NotClaimedOutcome, str] = {
     "exhausted": "failed",
     "deferred": "deferred",
     "running": "deferred",
+    "unknown": "unanswered",
 }
 
 # What an end write counts as, by its outcome (a commit's; the others count apart).

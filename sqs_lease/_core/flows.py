@@ -41,6 +41,7 @@ from .records import (
     JobState,
     JobView,
     awaits_send,
+    is_cancelled,
 )
 from .timeline import trim_count
 
@@ -298,7 +299,12 @@ class SubmitResult:
     send_id: str | None = None  # the send this call made (None: it sent nothing)
 
 
-SendVerdict = Literal["sent", "superseded", "failed"]
+class SendVerdict(StrEnum):
+    """How sending a job's current message went (see :class:`SendOutcome`)."""
+
+    SENT = "sent"
+    SUPERSEDED = "superseded"
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -355,7 +361,7 @@ def send_job_message(
             error_code=sent.code or sent.kind.value,
             released=isinstance(released, Ok),
         )
-        return SendOutcome("failed", None, sent)
+        return SendOutcome(SendVerdict.FAILED, None, sent)
     message_id = str(sent.response.get("MessageId", ""))
     marked = yield from call(req.mark_sent(job_id, send_id, wall_now))
     if isinstance(marked, Err) and marked.kind is ErrorKind.CONDITION_FAILED:
@@ -374,12 +380,12 @@ def send_job_message(
             current_send_id=current.send_id if current else None,
             message_id=message_id,
         )
-        return SendOutcome("superseded", message_id)
+        return SendOutcome(SendVerdict.SUPERSEDED, message_id)
     if isinstance(marked, Err):
         # The message is out; a record still marked unsent is at worst re-sent by
         # the stranded sweep after its grace, and this message is then a stray.
         yield from emit("job_submit_flag_unset", job_id=job_id, error_code=marked.code)
-    return SendOutcome("sent", message_id)
+    return SendOutcome(SendVerdict.SENT, message_id)
 
 
 def send_record_message(
@@ -558,7 +564,7 @@ def submit_flow(
             wall_now=wall_now,
             delay_seconds=delay_seconds,
         )
-    if sent.verdict == "failed":
+    if sent.verdict is SendVerdict.FAILED:
         assert sent.error is not None
         raise _fail_call(
             f"submit {job_id}: send message (the record is kept without a message: submit "
@@ -575,7 +581,7 @@ def submit_flow(
         send_id=send_id,
         resent=not created,
     )
-    if sent.verdict == "superseded":
+    if sent.verdict is SendVerdict.SUPERSEDED:
         note = (
             "message sent, but another submission took the send over meanwhile: its "
             "message is the job's, this one will be discarded as a stray"
@@ -907,7 +913,7 @@ def _sweep_one(
         send_id=new_id,
         wall_now=wall_now,
     )
-    if sent.verdict == "failed":
+    if sent.verdict is SendVerdict.FAILED:
         err = sent.error
         why = f"{err.code or err.kind}: {err.message}" if err else "send failed"
         return Stranded(job.job_id, job.job_class, age, "failed", new_id, why), 1
@@ -1712,7 +1718,7 @@ def rejected_loss(fin: Finish) -> tuple[str, bool] | None:
     if fin.outcome is not FinishOutcome.REJECTED:
         return None
     cur = fin.current
-    cancelled = cur is not None and cur.state is JobState.FAILED and cur.error_code == "cancelled"
+    cancelled = cur is not None and is_cancelled(cur)
     return fin.reason, cancelled
 
 
@@ -1820,7 +1826,7 @@ def _finished_by(lease: LocalLease, view: JobView) -> bool:
 
 
 def _verdict(lease: LocalLease, view: JobView, worker_id: str, sent_at: float) -> Beat:
-    if view.state is JobState.FAILED and view.error_code == "cancelled":
+    if is_cancelled(view):
         return Beat(lease.job_id, BeatStatus.CANCELLED, reason=view.reason or "cancelled")
     if _finished_by(lease, view):
         return Beat(lease.job_id, BeatStatus.DONE, reason=f"job is {view.state}")
@@ -2565,7 +2571,11 @@ def cancel_one(
     return view, True
 
 
-CancelVerdict = Literal["cancelled", "already_final"]
+class CancelVerdict(StrEnum):
+    """What a cancel did (``sqs-lease jobs cancel --json`` prints the value)."""
+
+    CANCELLED = "cancelled"  # this call ended the job
+    ALREADY_FINAL = "already_final"  # it had ended before: nothing changed
 
 
 @dataclass(frozen=True)
@@ -2583,4 +2593,4 @@ def cancel_job_flow(
 ) -> Flow[Cancelled]:
     """:func:`cancel_flow` with a typed verdict (what ``sqs-lease jobs cancel`` says)."""
     view, ended = yield from cancel_one(req, job_id=job_id, reason=reason, wall_now=wall_now)
-    return Cancelled(view, "cancelled" if ended else "already_final")
+    return Cancelled(view, CancelVerdict.CANCELLED if ended else CancelVerdict.ALREADY_FINAL)

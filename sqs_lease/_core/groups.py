@@ -27,7 +27,14 @@ from typing import Any
 
 from .calls import Err, Flow, Sleep, call, emit
 from .flows import _fail_call, cancel_one
-from .records import GroupRequests, GroupView, JobRequests, JobView
+from .records import (
+    CANCELLED_CODE,
+    GroupRequests,
+    GroupView,
+    JobRequests,
+    JobView,
+    is_cancelled,
+)
 
 GROUP_ROUNDS = 10
 """How many times a group cancel reads the index while it shows fewer jobs than counted."""
@@ -62,7 +69,7 @@ class GroupReport:
 
 
 def _ended_as(view: JobView) -> str:
-    return "cancelled" if view.error_code == "cancelled" else view.state.value
+    return CANCELLED_CODE if is_cancelled(view) else view.state.value
 
 
 def job_reason(group: str, reason: str) -> str:

@@ -71,6 +71,16 @@ class JobView:
     late_handbacks: int = 0  # late hand-backs of the current stage (timing.late_charged)
 
 
+CANCELLED_CODE = "cancelled"
+"""``error_code`` of a job a cancel ended ``failed`` (an operator's, or its session's);
+:func:`is_cancelled` is the one test of it."""
+
+
+def is_cancelled(job: JobView) -> bool:
+    """Whether a cancel ended the job: its owner loses the lease as cancelled, not lost."""
+    return job.state is JobState.FAILED and job.error_code == CANCELLED_CODE
+
+
 def awaits_send(job: JobView) -> bool:
     """Whether the record waits for its message: queued, its current message not
     known sent. Such a record, and only such a record, is in the ``unsent`` index

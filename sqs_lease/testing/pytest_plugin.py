@@ -21,6 +21,8 @@ try:
 except ImportError:  # pragma: no cover - the package imports without pytest installed
     pytest = None  # type: ignore[assignment]
 
+__all__ = ["fenced_target", "lease_endpoint", "lease_env"]  # the fixtures (with pytest)
+
 
 def _lease_endpoint() -> Iterator[str]:
     """Endpoint URL of the embedded emulator, shared by the session."""
