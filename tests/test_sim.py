@@ -1422,17 +1422,15 @@ def test_widened_world_seed_holds_every_invariant(
 
 
 def test_the_simulated_sweep_uses_the_real_workers_defaults() -> None:
-    import inspect
-
     from sqs_lease._core.flows import UNSENT_GRACE_SECONDS
+    from sqs_lease._options import WorkerOptions
     from sqs_lease._sim.plan import SweepPlan
-    from sqs_lease._worker import Worker
 
-    defaults = inspect.signature(Worker.__init__).parameters
+    defaults = WorkerOptions()  # every shell's options, validated once
     sweep = SweepPlan()
-    assert sweep.interval == defaults["sweep_interval"].default
-    assert sweep.grace == defaults["sweep_grace"].default == UNSENT_GRACE_SECONDS
-    assert sweep.limit == defaults["sweep_limit"].default
+    assert sweep.interval == defaults.sweep_interval
+    assert sweep.grace == defaults.sweep_grace == UNSENT_GRACE_SECONDS
+    assert sweep.limit == defaults.sweep_limit
 
 
 def test_workers_resend_a_record_whose_producer_died_before_its_message() -> None:
