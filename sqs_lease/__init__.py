@@ -3,27 +3,19 @@
 SQS's visibility timeout is the time lease (extended by a heartbeat); DynamoDB
 conditional writes hold the ownership order (a fencing token that rises at
 every claim), the results and the intents of side effects.
+
+Importing the package imports none of its parts but its error types: each other
+public name is imported from its module on first use (``_WHERE``), so a process
+pays only for what it uses (a pytest run that loads the testing kit's plugin, a
+Lambda whose handler needs one module; see ARCHITECTURE.md).
 """
 
-from ._aio import AsyncDriver
-from ._aio_worker import AsyncWorker
-from ._aws import SyncDriver, Timeouts
-from ._config import Settings
-from ._core.flows import Cancelled, Stranded, SubmitResult, SweepReport
-from ._core.groups import GroupReport
-from ._core.intents import (
-    CheckAnswer,
-    EffectResult,
-    IntentState,
-    IntentView,
-    Resolution,
-    Resumed,
-    ToolResult,
-    Verdict,
-)
-from ._core.limits import PROGRESS_LIMIT
-from ._core.records import JobState, JobView
-from ._core.stages import NextStage
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The error types import nothing: every caller may catch them for free.
 from ._errors import (
     AttemptTimedOut,
     AwsCallFailed,
@@ -58,12 +50,33 @@ from ._errors import (
     TransientError,
     WorkerShuttingDown,
 )
-from ._jobs import App, AsyncJobContext, EffectCall, JobClass, JobContext, StagedJob, Target
-from ._journal import Journal
-from ._producer import Producer
-from ._resources import create_queue, create_tables
-from ._shell import WorkerStats
-from ._worker import Worker, load_app
+
+if TYPE_CHECKING:
+    from ._aio import AsyncDriver
+    from ._aio_worker import AsyncWorker
+    from ._aws import SyncDriver, Timeouts
+    from ._config import Settings
+    from ._core.flows import Cancelled, Stranded, SubmitResult, SweepReport
+    from ._core.groups import GroupReport
+    from ._core.intents import (
+        CheckAnswer,
+        EffectResult,
+        IntentState,
+        IntentView,
+        Resolution,
+        Resumed,
+        ToolResult,
+        Verdict,
+    )
+    from ._core.limits import PROGRESS_LIMIT
+    from ._core.records import JobState, JobView
+    from ._core.stages import NextStage
+    from ._jobs import App, AsyncJobContext, EffectCall, JobClass, JobContext, StagedJob, Target
+    from ._journal import Journal
+    from ._producer import Producer
+    from ._resources import create_queue, create_tables
+    from ._shell import WorkerStats
+    from ._worker import Worker, load_app
 
 __all__ = [
     "PROGRESS_LIMIT",
@@ -135,3 +148,55 @@ __all__ = [
     "create_tables",
     "load_app",
 ]
+
+# Where each public name lives (the imports above, for type checkers, say the same;
+# tests/test_import_weight.py holds the two and __all__ together).
+_WHERE: dict[str, tuple[str, ...]] = {
+    "._aio": ("AsyncDriver",),
+    "._aio_worker": ("AsyncWorker",),
+    "._aws": ("SyncDriver", "Timeouts"),
+    "._config": ("Settings",),
+    "._core.flows": ("Cancelled", "Stranded", "SubmitResult", "SweepReport"),
+    "._core.groups": ("GroupReport",),
+    "._core.intents": (
+        "CheckAnswer",
+        "EffectResult",
+        "IntentState",
+        "IntentView",
+        "Resolution",
+        "Resumed",
+        "ToolResult",
+        "Verdict",
+    ),
+    "._core.limits": ("PROGRESS_LIMIT",),
+    "._core.records": ("JobState", "JobView"),
+    "._core.stages": ("NextStage",),
+    "._jobs": (
+        "App",
+        "AsyncJobContext",
+        "EffectCall",
+        "JobClass",
+        "JobContext",
+        "StagedJob",
+        "Target",
+    ),
+    "._journal": ("Journal",),
+    "._producer": ("Producer",),
+    "._resources": ("create_queue", "create_tables"),
+    "._shell": ("WorkerStats",),
+    "._worker": ("Worker", "load_app"),
+}
+_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # the next use is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
