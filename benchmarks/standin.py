@@ -16,9 +16,10 @@ and RSS apart from the emulator:
   would have mattered); no DLQ, no redrive, no FIFO, no message attributes.
 - **DynamoDB**, two backends (``ddb=``):
 
-  - ``"sim"`` (the default): the simulator's DynamoDB (:class:`sqs_lease._sim.ddb.SimDynamo`),
-    items in dicts, condition and update expressions evaluated from the request's
-    own expressions (:mod:`sqs_lease._sim.expr`, the model the simulation's
+  - ``"sim"`` (the default): the simulator's DynamoDB
+    (:class:`sqs_lease.testing._sim.ddb.SimDynamo`), items in dicts, condition and update
+    expressions evaluated from the request's own expressions
+    (:mod:`sqs_lease.testing._sim.expr`, the model the simulation's
     invariants stand on), answered as outcome values with no botocore request
     serialisation and no moto expression parser. Claims, commits and releases meet
     the same conditions (``tests/test_bench_standin.py`` checks both backends).
@@ -117,9 +118,9 @@ class StandIn:
         for role, model in TABLE_MODELS.items():
             self.ddb.create_table(**create_table_params(model, names[role]))
         if self.backend == "sim":
-            from sqs_lease._sim.chaos import Chaos
-            from sqs_lease._sim.ddb import SimDynamo, TableSpec
-            from sqs_lease._sim.world import _jobs_table_spec
+            from sqs_lease.testing._sim.chaos import Chaos
+            from sqs_lease.testing._sim.ddb import SimDynamo, TableSpec
+            from sqs_lease.testing._sim.world import _jobs_table_spec
 
             self.dynamo = SimDynamo(
                 [

@@ -2,12 +2,12 @@
 
 ``python -m simtools run|soak|replay`` from the repository's root (see
 docs/simulation.md). The simulator itself (worlds, simulated SQS and DynamoDB,
-plans, invariants) is ``sqs_lease._sim``.
+plans, invariants) is ``sqs_lease.testing._sim``.
 """
 
 from __future__ import annotations
 
-from sqs_lease._sim import RunResult, World
+from sqs_lease.testing._sim import RunResult, World
 
 from .mutations import applied
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqs_lease._sim.chaos import Chaos
-from sqs_lease._sim.plan import PASSING_FEATURES, draw_plan
+from sqs_lease.testing._sim.chaos import Chaos
+from sqs_lease.testing._sim.plan import PASSING_FEATURES, draw_plan
 
 from . import run_seed
 from .mutations import WITHOUT, WORLDS

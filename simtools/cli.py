@@ -29,8 +29,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from sqs_lease._sim.invariants import INVARIANTS
-from sqs_lease._sim.plan import WIDE_FEATURES
+from sqs_lease.testing._sim.invariants import INVARIANTS
+from sqs_lease.testing._sim.plan import WIDE_FEATURES
 
 from .catch import Catch, first_catch
 from .mutations import MUTATIONS, VARIANTS
@@ -268,7 +268,7 @@ def _replay(
     jobs: int | None,
     features: frozenset[str] | None = None,
 ) -> int:
-    from sqs_lease._sim.world import render_entry
+    from sqs_lease.testing._sim.world import render_entry
 
     from . import run_seed
 

@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from sqs_lease._sim.world import World, render_entry
+from sqs_lease.testing._sim.world import World, render_entry
 
 from .mutations import applied
 

@@ -31,7 +31,7 @@ from sqs_lease._core.lease import LocalLease
 from sqs_lease._core.leasebook import Held, LeaseBook
 from sqs_lease._core.records import JobState
 from sqs_lease._schema import JobTable, R
-from sqs_lease._sim import receiver
+from sqs_lease.testing._sim import receiver
 
 
 @contextmanager
@@ -152,7 +152,7 @@ def commit_after_stop() -> Iterator[None]:
 def tight_redrive() -> Iterator[None]:
     """A queue whose ``maxReceiveCount`` is only one above the job class's
     ``max_attempts`` (nothing in the library compares the two)."""
-    from sqs_lease._sim import plan as plans
+    from sqs_lease.testing._sim import plan as plans
 
     original = plans.draw_plan
 
@@ -271,7 +271,8 @@ def fence_per_resource() -> Iterator[None]:
     params = inspect.signature(receiver.Receivers.apply).parameters
     if "scope" not in params:
         raise RuntimeError(
-            "fence_per_resource needs the scoped fence in _sim/receiver.py (item 3 not landed)"
+            "fence_per_resource needs the scoped fence in testing/_sim/receiver.py "
+            "(item 3 not landed)"
         )
     apply, check = receiver.Receivers.apply, receiver.Receivers.check
 
@@ -1019,7 +1020,7 @@ def applied(name: str | None) -> Iterator[None]:
 
 
 # ============================================================================ fifo (issue 26)
-# The fifo world's mutations (``sqs_lease/_sim/fifo.py``): each reintroduces one defect
+# The fifo world's mutations (``sqs_lease/testing/_sim/fifo.py``): each reintroduces one defect
 # of issue 26 that a FIFO queue with sessions, stages and resubmits draws.
 
 
@@ -1242,7 +1243,7 @@ __all__ = [
 ]
 
 
-# --- issue 26: clocks, backlog, dead_entries (sqs_lease/_sim/clocks.py) -----------------
+# --- issue 26: clocks, backlog, dead_entries (sqs_lease/testing/_sim/clocks.py) -----------------
 # Each reintroduces one defect of issue 26 as it was before its fix; each is caught in
 # the world of the feature named in CLOCK_WORLDS (tests/test_sim_clocks.py pins the seed).
 
@@ -1435,7 +1436,7 @@ __all__ += ["CLOCK_MUTATIONS", "CLOCK_WORLDS"]
 
 
 # --------------------------------------------------------------------------- plans
-# Issue 26's plans world (``sqs_lease/_sim/planned.py``: planned jobs, tool and tenant
+# Issue 26's plans world (``sqs_lease/testing/_sim/planned.py``: planned jobs, tool and tenant
 # limits, async tools): the defects it draws, each put back by one mutation. They are
 # registered in ``VARIANTS`` and ``WORLDS`` here, and in ``PLANS_MUTATIONS`` (pinned
 # in tests/test_sim_plans.py, not in ``MUTATIONS``, whose table lives in

@@ -8,22 +8,19 @@ The names here are what an application uses: the app and its handlers' types, th
 workers and the producer, settings, the exception hierarchy. Drivers, reports of
 the operator commands and the simulator stay in their own modules (see
 ``tests/test_public_api.py``, which lists them).
+
+Importing the package imports none of its parts but its error types: each other
+public name is imported from its module on first use (``_WHERE``), so a process
+pays only for what it uses (a pytest run that loads the testing kit's plugin, a
+Lambda whose handler needs one module; see ARCHITECTURE.md).
 """
 
-from ._aio_worker import AsyncWorker
-from ._aws import Timeouts
-from ._config import Settings
-from ._core.intents import (
-    CheckAnswer,
-    EffectResult,
-    IntentState,
-    IntentView,
-    ToolResult,
-    Verdict,
-)
-from ._core.limits import PROGRESS_LIMIT
-from ._core.records import JobState, JobView
-from ._core.stages import NextStage
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The error types import nothing: every caller may catch them for free.
 from ._errors import (
     AttemptTimedOut,
     AwsCallFailed,
@@ -59,13 +56,29 @@ from ._errors import (
     TransientError,
     WorkerShuttingDown,
 )
-from ._jobs import App, AsyncJobContext, EffectCall, JobClass, JobContext, Target
-from ._journal import Journal
-from ._options import WorkerOptions
-from ._producer import Producer
-from ._resources import create_queue, create_tables
-from ._shell import WorkerStats
-from ._worker import Worker
+
+if TYPE_CHECKING:
+    from ._aio_worker import AsyncWorker
+    from ._aws import Timeouts
+    from ._config import Settings
+    from ._core.intents import (
+        CheckAnswer,
+        EffectResult,
+        IntentState,
+        IntentView,
+        ToolResult,
+        Verdict,
+    )
+    from ._core.limits import PROGRESS_LIMIT
+    from ._core.records import JobState, JobView
+    from ._core.stages import NextStage
+    from ._jobs import App, AsyncJobContext, EffectCall, JobClass, JobContext, Target
+    from ._journal import Journal
+    from ._options import WorkerOptions
+    from ._producer import Producer
+    from ._resources import create_queue, create_tables
+    from ._shell import WorkerStats
+    from ._worker import Worker
 
 __all__ = [
     "PROGRESS_LIMIT",
@@ -128,3 +141,52 @@ __all__ = [
     "create_queue",
     "create_tables",
 ]
+
+# Where each public name lives (the imports above, for type checkers, say the same;
+# tests/test_import_weight.py holds the two and __all__ together).
+_WHERE: dict[str, tuple[str, ...]] = {
+    "._aio_worker": ("AsyncWorker",),
+    "._aws": ("Timeouts",),
+    "._config": ("Settings",),
+    "._core.intents": (
+        "CheckAnswer",
+        "EffectResult",
+        "IntentState",
+        "IntentView",
+        "ToolResult",
+        "Verdict",
+    ),
+    "._core.limits": ("PROGRESS_LIMIT",),
+    "._core.records": (
+        "JobState",
+        "JobView",
+    ),
+    "._core.stages": ("NextStage",),
+    "._jobs": (
+        "App",
+        "AsyncJobContext",
+        "EffectCall",
+        "JobClass",
+        "JobContext",
+        "Target",
+    ),
+    "._journal": ("Journal",),
+    "._options": ("WorkerOptions",),
+    "._producer": ("Producer",),
+    "._resources": (
+        "create_queue",
+        "create_tables",
+    ),
+    "._shell": ("WorkerStats",),
+    "._worker": ("Worker",),
+}
+_MODULE_OF = {name: module for module, names in _WHERE.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # the next use is a plain attribute
+    return value

@@ -133,7 +133,7 @@ def context_fields(
     targets: Mapping[str, Target],
 ) -> dict[str, Any]:
     """What a handler's context is built from for ``run``: every shell's (the
-    simulator's too, ``_sim/user.py``), so the contexts agree."""
+    simulator's too, ``testing/_sim/user.py``), so the contexts agree."""
     held, claim = run.held, run.claim
     return {
         "job_id": claim.job.job_id,

@@ -18,8 +18,8 @@ from worker_helpers import prepare
 
 from sqs_lease._core.calls import Call
 from sqs_lease._schema import JobTable
-from sqs_lease._sim.chaos import Chaos
-from sqs_lease._sim.ddb import DdbFaults, SimDynamo, TableSpec
+from sqs_lease.testing._sim.chaos import Chaos
+from sqs_lease.testing._sim.ddb import DdbFaults, SimDynamo, TableSpec
 
 Send = Callable[[Call], tuple[bool, dict[str, Any] | None]]
 """Applies a call: (condition held, the answer's Attributes / ALL_OLD item)."""

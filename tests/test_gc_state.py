@@ -14,7 +14,7 @@ import pytest
 
 from simtools import cli as sim_cli
 from simtools import run_seed
-from sqs_lease._sim.world import World
+from sqs_lease.testing._sim.world import World
 
 ROOT = Path(__file__).resolve().parent.parent
 # Unusual values, so a change by anyone shows.

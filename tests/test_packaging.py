@@ -172,6 +172,9 @@ def test_the_wheel_leaves_the_simulators_tooling_out(dists: Dists) -> None:
     tooling = sorted(n for n in names if n.rsplit("/", 1)[-1] in ("mutations.py", "cli.py"))
     assert tooling == ["sqs_lease/cli.py"], tooling
     assert "sqs_lease/testing/__init__.py" in names  # the users' testing kit is shipped
+    # The simulator is the testing kit's (simulate/replay), not the runtime's (issue 28).
+    assert "sqs_lease/testing/_sim/world.py" in names
+    assert not [n for n in names if n.startswith("sqs_lease/_sim/")]
 
 
 def test_the_wheel_declares_ranges_and_keeps_aiobotocore_and_moto_in_extras(

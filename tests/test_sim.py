@@ -28,11 +28,11 @@ from sqs_lease._core.calls import Call, Err, ErrorKind, Ok, Outcome
 from sqs_lease._core.intents import EffectSpec, IntentState, Resolution, Verdict
 from sqs_lease._core.liveness import HeldJob, Liveness
 from sqs_lease._schema import IntentTable, JobTable
-from sqs_lease._sim.chaos import Chaos
-from sqs_lease._sim.clocks import CLOCK_FEATURES
-from sqs_lease._sim.ddb import DdbFaults, IndexSpec, SimDynamo, TableSpec
-from sqs_lease._sim.expr import ExpressionError, parse_condition, request_expressions
-from sqs_lease._sim.plan import (
+from sqs_lease.testing._sim.chaos import Chaos
+from sqs_lease.testing._sim.clocks import CLOCK_FEATURES
+from sqs_lease.testing._sim.ddb import DdbFaults, IndexSpec, SimDynamo, TableSpec
+from sqs_lease.testing._sim.expr import ExpressionError, parse_condition, request_expressions
+from sqs_lease.testing._sim.plan import (
     FAULT_KINDS,
     ISSUE14_FEATURES,
     PASSING_FEATURES,
@@ -40,15 +40,15 @@ from sqs_lease._sim.plan import (
     WIDE_FEATURES,
     draw_plan,
 )
-from sqs_lease._sim.receiver import Receivers
-from sqs_lease._sim.sqs import SimSQS, SqsBehaviour, Wait
+from sqs_lease.testing._sim.receiver import Receivers
+from sqs_lease.testing._sim.sqs import SimSQS, SqsBehaviour, Wait
 
 # `make test`'s batch: well under a minute on a loaded 2-core machine (0.2-0.6 s of
 # CPU a seed, two processes), yet every fault kind and reaction the test checks
 # appears in it. `make soak` runs a longer batch (LONG_SEEDS) and then 100,000.
 FIXED_SEEDS = range(0, 60)
 # The world before issue 26's configurations (fifo, lambda, plans, and the clocks,
-# backlog and dead_entries of sqs_lease/_sim/clocks.py): where a pinned scenario that
+# backlog and dead_entries of sqs_lease/testing/_sim/clocks.py): where a pinned scenario that
 # now draws one of them was found (they move its schedule).
 _BEFORE_26 = frozenset(WIDE_FEATURES) - {"fifo", "lambda", "plans"} - frozenset(CLOCK_FEATURES)
 LONG_SEEDS = range(60, 1000)
@@ -1424,7 +1424,7 @@ def test_widened_world_seed_holds_every_invariant(
 def test_the_simulated_sweep_uses_the_real_workers_defaults() -> None:
     from sqs_lease._core.flows import UNSENT_GRACE_SECONDS
     from sqs_lease._options import WorkerOptions
-    from sqs_lease._sim.plan import SweepPlan
+    from sqs_lease.testing._sim.plan import SweepPlan
 
     defaults = WorkerOptions()  # every shell's options, validated once
     sweep = SweepPlan()
@@ -1606,7 +1606,7 @@ def test_the_simulated_dynamodb_runs_a_group_submit_and_cancel_through_its_index
     from sqs_lease._core.groups import cancel_group_flow
     from sqs_lease._errors import GroupCancelled
     from sqs_lease._schema import GroupTable
-    from sqs_lease._sim.world import GROUPS, _jobs_table_spec
+    from sqs_lease.testing._sim.world import GROUPS, _jobs_table_spec
 
     db = SimDynamo([_jobs_table_spec(JOBS), TableSpec(GROUPS, "group_id")], Chaos(0))
     db.chaos.cutoff = 0.0

@@ -1,4 +1,4 @@
-"""The clocks, backlog and dead_entries worlds (issue 26, ``sqs_lease/_sim/clocks.py``):
+"""The clocks, backlog and dead_entries worlds (issue 26, ``sqs_lease/testing/_sim/clocks.py``):
 what they draw, that a seed without them runs as before, and that each catches the
 defect it was drawn for (issue 26 defects 2, 3 and 4) at a pinned seed while the real
 protocol passes the same seed.
@@ -17,13 +17,13 @@ from simtools.cli import replay_command
 from simtools.mutations import CLOCK_MUTATIONS, VARIANTS, WORLDS, applied
 from sqs_lease._core import flows, intents
 from sqs_lease._core.flows import SWEEP_PAGES
-from sqs_lease._sim.chaos import Chaos
-from sqs_lease._sim.clocks import CLOCK_FEATURES, DEAD_PREFIX, I25, MAX_BACKLOG, Skew
-from sqs_lease._sim.invariants import I2, I10
-from sqs_lease._sim.plan import PASSING_FEATURES, SWEEP_LIMIT, WIDE_FEATURES, draw_plan
-from sqs_lease._sim.receiver import Receivers
-from sqs_lease._sim.sqs import EPOCH_MS
-from sqs_lease._sim.world import JOBS, QUEUE, World
+from sqs_lease.testing._sim.chaos import Chaos
+from sqs_lease.testing._sim.clocks import CLOCK_FEATURES, DEAD_PREFIX, I25, MAX_BACKLOG, Skew
+from sqs_lease.testing._sim.invariants import I2, I10
+from sqs_lease.testing._sim.plan import PASSING_FEATURES, SWEEP_LIMIT, WIDE_FEATURES, draw_plan
+from sqs_lease.testing._sim.receiver import Receivers
+from sqs_lease.testing._sim.sqs import EPOCH_MS
+from sqs_lease.testing._sim.world import JOBS, QUEUE, World
 
 # The first seed of each mutation's search that catches it (``first_catch``), with the
 # invariant it breaks there.

@@ -1,4 +1,4 @@
-"""The fifo world (issue 26, ``sqs_lease/_sim/fifo.py``): the simulated SQS keeps FIFO as
+"""The fifo world (issue 26, ``sqs_lease/testing/_sim/fifo.py``): the simulated SQS keeps FIFO as
 AWS documents it, a seed with the feature off runs as before, and the world catches
 the defects of issue 26 it draws (each as a mutation at a pinned seed), while the real
 protocol passes the same seeds.
@@ -15,11 +15,11 @@ from simtools.catch import world
 from simtools.cli import replay_command
 from simtools.mutations import FIFO_MUTATIONS, UNCAUGHT, VARIANTS, WORLDS, applied
 from sqs_lease._core.calls import Err, Ok
-from sqs_lease._sim import fifo
-from sqs_lease._sim.chaos import Chaos
-from sqs_lease._sim.invariants import I4, I10, I18
-from sqs_lease._sim.plan import PASSING_FEATURES, WIDE_FEATURES, draw_plan
-from sqs_lease._sim.sqs import SimSQS, SqsBehaviour
+from sqs_lease.testing._sim import fifo
+from sqs_lease.testing._sim.chaos import Chaos
+from sqs_lease.testing._sim.invariants import I4, I10, I18
+from sqs_lease.testing._sim.plan import PASSING_FEATURES, WIDE_FEATURES, draw_plan
+from sqs_lease.testing._sim.sqs import SimSQS, SqsBehaviour
 
 Q = "https://sqs.sim.local/000000000000/q.fifo"
 

@@ -18,10 +18,10 @@ from simtools.mutations import LAMBDA_MUTATIONS
 from sqs_lease._core.eventsource import parse_event_record
 from sqs_lease._core.flows import Delivery
 from sqs_lease._core.invocation import unfit_problem
-from sqs_lease._sim.chaos import Chaos
-from sqs_lease._sim.invariants import I4, I20
-from sqs_lease._sim.lambdas import I23
-from sqs_lease._sim.plan import draw_plan
+from sqs_lease.testing._sim.chaos import Chaos
+from sqs_lease.testing._sim.invariants import I4, I20
+from sqs_lease.testing._sim.lambdas import I23
+from sqs_lease.testing._sim.plan import draw_plan
 
 # The lambda world as it was built: the passing world less issue 26's other worlds.
 LAMBDA_WORLD = world("lambda_unfit_looped")

@@ -88,7 +88,7 @@ from simtools import run_seed
 from simtools.catch import SEED_LIMIT, first_catch, search_seeds, world
 from simtools.cli import replay_command
 from simtools.mutations import MUTATIONS, UNCAUGHT
-from sqs_lease._sim.invariants import (
+from sqs_lease.testing._sim.invariants import (
     I1,
     I2,
     I3,
@@ -231,7 +231,7 @@ def test_mutations_are_undone_on_exit() -> None:
     from sqs_lease._core import attempt, duplicates, flows, groups, intents, limits, priority
     from sqs_lease._core.leasebook import LeaseBook
     from sqs_lease._schema import JobTable
-    from sqs_lease._sim import receiver
+    from sqs_lease.testing._sim import receiver
 
     def state() -> tuple[object, ...]:
         return (

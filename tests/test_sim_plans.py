@@ -1,7 +1,7 @@
 """The ``plans`` world of the simulator (issue 26): planned jobs whose steps call
 tools, limits per tool and per tenant, tools with a tighter lease, ``async def``
 tools mixed with plain ones, thread and async worker shells
-(``sqs_lease/_sim/planned.py``).
+(``sqs_lease/testing/_sim/planned.py``).
 
 Each of the issue's defects that this world draws is put back by a mutation
 (``simtools.mutations.PLANS_MUTATIONS``) and caught at a pinned seed: the mutated
@@ -21,12 +21,12 @@ from simtools import run_seed
 from simtools.catch import world
 from simtools.mutations import ISSUE26_WORLDS, PLANS_MUTATIONS, VARIANTS, WORLDS, applied
 from sqs_lease._core.attempt import HandlerRun
-from sqs_lease._sim import planned
-from sqs_lease._sim.chaos import Chaos
-from sqs_lease._sim.invariants import I21, I24, Origin
-from sqs_lease._sim.plan import PASSING_FEATURES, WIDE_FEATURES, draw_plan
-from sqs_lease._sim.planned import P1, P2, P3, PlansDraw, ToolDraw, tool_of
-from sqs_lease._sim.world import World
+from sqs_lease.testing._sim import planned
+from sqs_lease.testing._sim.chaos import Chaos
+from sqs_lease.testing._sim.invariants import I21, I24, Origin
+from sqs_lease.testing._sim.plan import PASSING_FEATURES, WIDE_FEATURES, draw_plan
+from sqs_lease.testing._sim.planned import P1, P2, P3, PlansDraw, ToolDraw, tool_of
+from sqs_lease.testing._sim.world import World
 
 PLANS_ON = [2, 3, 10, 11, 12, 23, 28, 30, 32, 33, 36, 40]
 """The first seeds that draw the plans world (all features allowed)."""

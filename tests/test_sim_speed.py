@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from simtools.digest import seed_digest
-from sqs_lease._sim.chaos import Chaos
-from sqs_lease._sim.sqs import SimSQS
+from sqs_lease.testing._sim.chaos import Chaos
+from sqs_lease.testing._sim.sqs import SimSQS
 
 
 def test_a_seeds_digest_is_the_same_on_every_run_and_differs_from_another_seeds() -> None:

@@ -21,11 +21,11 @@ from simtools import run_seed
 from sqs_lease._core.stages import MESSAGE_CAP_SECONDS
 from sqs_lease._core.timing import SQS_MAX_VISIBILITY
 from sqs_lease._schema import view_of
-from sqs_lease._sim import plan as plans
-from sqs_lease._sim.chaos import Chaos
-from sqs_lease._sim.ddb import DdbFaults
-from sqs_lease._sim.invariants import I10, I18
-from sqs_lease._sim.plan import (
+from sqs_lease.testing._sim import plan as plans
+from sqs_lease.testing._sim.chaos import Chaos
+from sqs_lease.testing._sim.ddb import DdbFaults
+from sqs_lease.testing._sim.invariants import I10, I18
+from sqs_lease.testing._sim.plan import (
     PASSING_FEATURES,
     JobPlan,
     RunPlan,
@@ -34,9 +34,9 @@ from sqs_lease._sim.plan import (
     Widening,
     draw_plan,
 )
-from sqs_lease._sim.receiver import TargetFaults
-from sqs_lease._sim.sqs import SqsBehaviour
-from sqs_lease._sim.world import JOBS, World
+from sqs_lease.testing._sim.receiver import TargetFaults
+from sqs_lease.testing._sim.sqs import SqsBehaviour
+from sqs_lease.testing._sim.world import JOBS, World
 
 HOUR = 3600.0
 # fetch 5 h, transform 10 h (close to the cap), then three of 5 h: 30 h in all

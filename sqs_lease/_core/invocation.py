@@ -1,5 +1,5 @@
 """One record of a Lambda invocation's SQS batch, decided and run: the flow every Lambda
-shell drives (the adapter ``sqs_lease.aws_lambda`` and the simulator's ``_sim.lambdas``).
+shell drives (the adapter ``sqs_lease.aws_lambda`` and the simulator's ``testing._sim.lambdas``).
 
 The rules it applies are :mod:`~sqs_lease._core.eventsource`'s: read the record
 (:func:`parse_event_record`), start it only when its own stage's budget fits in the

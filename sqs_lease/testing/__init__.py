@@ -36,36 +36,46 @@ What the kit offers:
 
 from __future__ import annotations
 
-import asyncio
+import importlib
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
-from pydantic import BaseModel
-
-from .._aio_worker import AsyncWorker
-from .._aws import classify
 from .._clock import lease_clock
-from .._config import Settings
-from .._core.calls import Call, Outcome
-from .._core.flows import message_body
-from .._core.intents import CheckAnswer, IntentView, Verdict
-from .._core.records import JobState, JobView
 from .._errors import FenceRefused
-from .._jobs import App, EffectCall
-from .._journal import read_journal
-from .._local import local_credentials_env, spawn_local_server, stop_local_server
-from .._producer import Producer
-from .._resources import create_queue, create_tables
-from .._schema import view_of
-from .._shell import WorkerStats
-from .._worker import Worker
-from ._simulate import SeedFailure, SimulationReport, replay, simulate
+
+# Loading the kit (its pytest plugin is loaded in every pytest run of an environment
+# that installs the package) imports no worker, boto3, moto or simulator: each part
+# is imported where a function or fixture first needs it, and the names below on
+# first use (module ``__getattr__``).
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from .._aio_worker import AsyncWorker
+    from .._config import Settings
+    from .._core.calls import Call, Outcome
+    from .._core.intents import CheckAnswer, IntentView
+    from .._core.records import JobView
+    from .._jobs import App, EffectCall
+    from .._journal import read_journal
+    from .._shell import WorkerStats
+    from .._worker import Worker
+    from ._simulate import SeedFailure, SimulationReport, replay, simulate
+
+    AnyWorker = Worker | AsyncWorker
+    SHELLS: dict[str, type[Worker] | type[AsyncWorker]]
+
+_WHERE = {
+    "read_journal": ".._journal",
+    "SeedFailure": "._simulate",
+    "SimulationReport": "._simulate",
+    "replay": "._simulate",
+    "simulate": "._simulate",
+}
 
 __all__ = [
     "HANG_GUARD",
@@ -92,15 +102,35 @@ __all__ = [
     "wait_for",
 ]
 
-AnyWorker = Worker | AsyncWorker
+
+def __getattr__(name: str) -> Any:
+    if name == "SHELLS":
+        value: Any = _shells()
+    elif name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # the next use is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 HANG_GUARD = 120.0
 """Every wait's default bound, in seconds: a hang guard sized for a loaded CI machine,
 never a speed check (a wait that succeeds returns as soon as its condition holds)."""
 
-SHELLS: dict[str, type[Worker] | type[AsyncWorker]] = {"thread": Worker, "async": AsyncWorker}
-"""The worker shells (same constructor, same ``run``/``stop``): ``LeaseEnv.worker``'s
-``shell``; the async one needs the ``async`` extra."""
+
+def _shells() -> dict[str, type[Worker] | type[AsyncWorker]]:
+    """``SHELLS``: the worker shells (same constructor, same ``run``/``stop``):
+    ``LeaseEnv.worker``'s ``shell``; the async one needs the ``async`` extra."""
+    from .._aio_worker import AsyncWorker
+    from .._worker import Worker
+
+    return {"thread": Worker, "async": AsyncWorker}
+
 
 SHORT_LEASE: dict[str, Any] = {
     "lease_seconds": 3,
@@ -195,6 +225,8 @@ def emulator() -> Iterator[str]:
     """Run the embedded emulator (moto, its own process, 127.0.0.1) for the block;
     yield its endpoint URL. Dummy credentials are what it needs: set them with
     ``local_credentials_env()`` (the pytest plugin does)."""
+    from .._local import spawn_local_server, stop_local_server
+
     proc, endpoint = spawn_local_server()
     try:
         yield endpoint
@@ -204,6 +236,8 @@ def emulator() -> Iterator[str]:
 
 def credentials_env() -> dict[str, str]:
     """Dummy credentials and region for the emulator (never real ones)."""
+    from .._local import local_credentials_env
+
     return {**local_credentials_env(), "AWS_DEFAULT_REGION": "us-east-1"}
 
 
@@ -220,16 +254,19 @@ class LeaseEnv:
         self, app: App, job_class: str, payload: BaseModel | Mapping[str, Any], **kw: Any
     ) -> str:
         """Submit a job; return its id (``kw``: ``job_id``, ``group``, ...)."""
+        from .._producer import Producer
+
         return Producer(self.settings, app).submit(job_class, payload, **kw).job_id
 
     def worker(self, app: App, name: str, *, shell: str = "thread", **kw: Any) -> AnyWorker:
         """A worker on this env (short receive wait) in ``shell`` (``thread`` or
         ``async``, :data:`SHELLS`); the plugin's ``lease_env`` stops it after the test."""
-        if shell not in SHELLS:
-            raise ValueError(f"shell={shell!r}: use one of {sorted(SHELLS)}")
+        shells = _shells()
+        if shell not in shells:
+            raise ValueError(f"shell={shell!r}: use one of {sorted(shells)}")
         kw.setdefault("receive_wait", 1)
         kw.setdefault("shutdown_grace", 3.0)
-        w = SHELLS[shell](app, self.settings, worker_id=name, **kw)
+        w = shells[shell](app, self.settings, worker_id=name, **kw)
         self.workers.append(w)
         return w
 
@@ -242,6 +279,8 @@ class LeaseEnv:
 
     def record(self, job_id: str) -> JobView:
         """The job's record as the toolkit reads it (a consistent read)."""
+        from .._schema import view_of
+
         item = job_item(self._ddb(), self.settings, job_id)
         if item is None:
             raise AssertionError(f"no job record {job_id!r}")
@@ -249,6 +288,8 @@ class LeaseEnv:
 
     def deliver_twice(self, job_id: str) -> None:
         """Send the job's current message once more (SQS delivers at least once)."""
+        from .._core.flows import message_body
+
         view = self.record(job_id)
         body = message_body(view.job_id, view.job_class, view.stage, view.send_id)
         self._sqs().send_message(QueueUrl=self.queue_url, MessageBody=body)
@@ -265,6 +306,7 @@ class LeaseEnv:
 
     def wait_until_final(self, *job_ids: str, timeout: float = HANG_GUARD) -> None:
         """Wait until every job is terminal or parked."""
+        from .._core.records import JobState
 
         def final() -> bool:
             return all(
@@ -286,6 +328,9 @@ class LeaseEnv:
 
 def make_env(endpoint_url: str, prefix: str | None = None, **queue: Any) -> LeaseEnv:
     """Create the queue (with DLQ) and the tables under ``prefix`` (default: fresh)."""
+    from .._config import Settings
+    from .._resources import create_queue, create_tables
+
     settings = Settings(endpoint_url=endpoint_url, prefix=prefix or f"t{uuid.uuid4().hex[:10]}")
     create_tables(settings)
     url, dlq = create_queue(settings, **queue)
@@ -306,6 +351,8 @@ class Faults:
     """
 
     def __init__(self, worker: AnyWorker) -> None:
+        from .._aio_worker import AsyncWorker
+
         self.worker = worker
         self._running = threading.Event()
         self._running.set()
@@ -322,6 +369,10 @@ class Faults:
     def _cut_outcome(self, sent: float, clock: Callable[[], float]) -> Outcome | None:
         if not self._cut:
             return None
+        from botocore.exceptions import EndpointConnectionError
+
+        from .._aws import classify
+
         return classify(EndpointConnectionError(endpoint_url="kit-fault"), sent, clock())
 
     def _after(self, c: Call, out: Outcome, sent: float, clock: Callable[[], float]) -> Outcome:
@@ -331,6 +382,10 @@ class Faults:
                 return out
             self._lose[c.op] = left - 1
             self.lost.append(c)
+        from botocore.exceptions import ReadTimeoutError
+
+        from .._aws import classify
+
         return classify(ReadTimeoutError(endpoint_url="kit-fault"), sent, clock())
 
     def _wrap(self, driver: Any) -> None:
@@ -347,6 +402,8 @@ class Faults:
         driver.execute = execute
 
     def _wrap_async(self, driver: Any) -> None:
+        import asyncio
+
         real: Callable[[Call], Any] = driver.execute
 
         async def execute(c: Call) -> Outcome:
@@ -403,6 +460,8 @@ class ShiftedClock:
 
     def install(self, worker: AnyWorker) -> ShiftedClock:
         """Make this the worker's lease clock (before it runs; thread or async)."""
+        from .._worker import Worker
+
         worker._clock = self
         if isinstance(worker, Worker):
             for driver in (worker.driver, worker.poll_driver):
@@ -465,6 +524,8 @@ class FencedTarget:
 
     def check(self, intent: IntentView) -> CheckAnswer:
         """Whether the intent's key was applied here."""
+        from .._core.intents import CheckAnswer, Verdict
+
         with self._mutex:
             done = self._done.get(intent.key)
         if done is None:
@@ -492,6 +553,8 @@ def assert_no_effect_applied_twice(
 
 def assert_every_job_terminal_or_parked(env: LeaseEnv, job_ids: Sequence[str]) -> None:
     """Fail naming each job that is neither terminal (succeeded, failed) nor parked."""
+    from .._core.records import JobState
+
     open_jobs = {}
     for job_id in job_ids:
         view = env.record(job_id)

@@ -10,8 +10,8 @@ from pydantic import BaseModel
 
 from .._errors import ConfigError
 from .._jobs import App
-from .._sim.user import UserJob, UserJobs
-from .._sim.world import RunResult, World
+from ._sim.user import UserJob, UserJobs
+from ._sim.world import RunResult, World
 
 SIM_FEATURES = frozenset({"cut_responses", "txn_transient"})
 """The simulator's widened faults a user's run has besides the base world: a tool's

@@ -6,6 +6,10 @@
 - ``lease_env`` (each test): a fresh prefix with the queue (and DLQ) and the tables
   created: a :class:`~sqs_lease.testing.LeaseEnv`; its workers are stopped after.
 - ``fenced_target`` (each test): a :class:`~sqs_lease.testing.FencedTarget`.
+
+Every pytest run of an environment that installs the package loads this module (a
+pytest11 entry point): loading it imports no worker, boto3, moto or simulator; a
+fixture imports what it needs when a test first uses it.
 """
 
 from __future__ import annotations

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from .._core import attempt as core
-from .._core.attempt import HandlerRun
-from .._core.intents import EffectResult, EffectSpec
-from .._jobs import App, JobContext
-from .._journal import Journal
-from .._shell import context_fields
+from ..._core import attempt as core
+from ..._core.attempt import HandlerRun
+from ..._core.intents import EffectResult, EffectSpec
+from ..._jobs import App, JobContext
+from ..._journal import Journal
+from ..._shell import context_fields
 from .world import SimCheck, SimGen, SimTool, SleepOp
 
 if TYPE_CHECKING:

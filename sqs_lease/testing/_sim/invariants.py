@@ -106,8 +106,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._core.records import UNDELIVERED_CODE, JobState, JobView
-from .._schema import view_of
+from ..._core.records import UNDELIVERED_CODE, JobState, JobView
+from ..._schema import view_of
 from .clocks import I25, I25_TEXT
 from .receiver import Applied
 

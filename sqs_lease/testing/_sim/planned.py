@@ -47,13 +47,13 @@ import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from .._core.attempt import HandlerRun, SlotEnv, watchdog_drops_flow
-from .._core.leasebook import is_open
-from .._core.timing import DEFAULT_LOOP_LAG, Pace, pace_budget, tolerated_loop_lag
-from .._errors import ConfigError
-from .._jobs import App, JobClass
-from .._schema import SlotTable
-from .._shell import async_handlers
+from ..._core.attempt import HandlerRun, SlotEnv, watchdog_drops_flow
+from ..._core.leasebook import is_open
+from ..._core.timing import DEFAULT_LOOP_LAG, Pace, pace_budget, tolerated_loop_lag
+from ..._errors import ConfigError
+from ..._jobs import App, JobClass
+from ..._schema import SlotTable
+from ..._shell import async_handlers
 from .ddb import TableSpec
 from .invariants import Origin
 from .plan import JobPlan, RunPlan
@@ -508,7 +508,7 @@ def _chain(first: Any, then: Any) -> Any:
 def _coroutines(value: Any) -> list[Any]:
     """The coroutines a callable's return holds (itself, a stage's result, a plan's
     results): what a shell that called an ``async def`` without awaiting it holds."""
-    from .._core.stages import NextStage
+    from ..._core.stages import NextStage
 
     found = [value] if inspect.iscoroutine(value) else []
     if isinstance(value, NextStage):

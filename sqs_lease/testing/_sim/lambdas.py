@@ -35,13 +35,13 @@ from collections.abc import Mapping as MappingT
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._core import attempt as core
-from .._core import invocation
-from .._core.calls import Call, Flow, Ok, Outcome, call
-from .._core.eventsource import END_MARGIN_SECONDS, GroupStop, parse_event_record
-from .._core.flows import Delivery
-from .._core.invocation import RecordEnd
-from .._core.timing import EFFECT_MARGIN
+from ..._core import attempt as core
+from ..._core import invocation
+from ..._core.calls import Call, Flow, Ok, Outcome, call
+from ..._core.eventsource import END_MARGIN_SECONDS, GroupStop, parse_event_record
+from ..._core.flows import Delivery
+from ..._core.invocation import RecordEnd
+from ..._core.timing import EFFECT_MARGIN
 from .invariants import Origin
 from .plan import SweepPlan
 from .world import DLQ, JOB_CLASS, JOB_CLASS_V2, QUEUE, Actor, SimGen, SleepOp, Task
@@ -473,7 +473,7 @@ class Sweeper(Actor):
 
 
 def _sweep_env(actor: Actor) -> core.AttemptEnv:
-    from .._core.leasebook import Flag, LeaseBook
+    from ..._core.leasebook import Flag, LeaseBook
 
     world = actor.world
     ids = iter(range(1, 1_000_000))
@@ -555,7 +555,7 @@ class LambdaRun:
         self.world.at(self.world.now + delay, lambda: self._retry(job_id, n + 1))
 
     def _retry(self, job_id: str, n: int) -> None:
-        from .._core.stages import retry_flow
+        from ..._core.stages import retry_flow
 
         world = self.world
         world.record("operator", "operator_retries", {"job_id": job_id})
@@ -576,8 +576,8 @@ class LambdaRun:
 def _submit_reserved(world: World, job_id: str) -> None:
     """A producer submits a job under a worker's reserved id (defect 12): refused at
     submit; had it been stored, it is a job like any other and must end as one."""
-    from .._core.flows import submit_flow
-    from .._jobs import canonical_json, payload_hash
+    from ..._core.flows import submit_flow
+    from ..._jobs import canonical_json, payload_hash
     from .world import _drive_plain
 
     text = canonical_json({"n": 0})
@@ -626,8 +626,8 @@ fixed) rather than hand its records back until SQS moves them to the DLQ."""
 def finish(world: World, records: MappingT[str, MappingT[str, Any] | None]) -> None:
     """At the end of a lambda run: I23, and every job stored under a reserved id is a
     job record that ended like any other (I4: a liveness item must never replace one)."""
-    from .._core.records import DEAD_LETTERED_CODE, JobState
-    from .._schema import view_of
+    from ..._core.records import DEAD_LETTERED_CODE, JobState
+    from ..._schema import view_of
     from .invariants import I4
     from .world import JOBS
 

@@ -54,12 +54,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, create_model
 
-from .._core.calls import Ok, Outcome
-from .._schema import GroupTable
+from ..._core.calls import Ok, Outcome
+from ..._schema import GroupTable
 from .invariants import I4, I18, INVARIANTS
 
 if TYPE_CHECKING:
-    from .._jobs import JobClass
+    from ..._jobs import JobClass
     from .chaos import Chaos
     from .plan import JobPlan, RunPlan
     from .sqs import Message, Queue, SimSQS

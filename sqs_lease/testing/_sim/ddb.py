@@ -6,7 +6,7 @@ consistent here, where DynamoDB's index may lag) and TransactWriteItems
 (ConditionCheck/Put/Update/Delete, all or nothing,
 ``TransactionCanceledException`` with per-item ``CancellationReasons``).
 Conditions and updates are evaluated from the request's own expressions
-(:mod:`sqs_lease._sim.expr`), so a wrong expression in a request is caught.
+(:mod:`sqs_lease.testing._sim.expr`), so a wrong expression in a request is caught.
 ``ReturnValues`` NONE/ALL_OLD/ALL_NEW/UPDATED_OLD/UPDATED_NEW and
 ``ReturnValuesOnConditionCheckFailure=ALL_OLD`` behave as in DynamoDB.
 
@@ -26,8 +26,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._core.calls import Err, ErrorKind, Ok, Outcome
-from .._core.limits import ITEM_LIMIT  # DynamoDB's item limit: the one constant
+from ..._core.calls import Err, ErrorKind, Ok, Outcome
+from ..._core.limits import ITEM_LIMIT  # DynamoDB's item limit: the one constant
 from .chaos import Chaos
 from .expr import ExpressionError, Item, request_expressions, stored
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._core.intents import CheckAnswer, Verdict
+from ..._core.intents import CheckAnswer, Verdict
 from .chaos import Chaos
 
 

@@ -8,7 +8,7 @@ only schedules (tasks in simulated time instead of threads) and performs the
 instructions (:func:`drive`), so a mutation of the core is caught through the
 real worker's path.
 
-The handler is a scripted list of steps (:class:`~sqs_lease._sim.plan.JobPlan`):
+The handler is a scripted list of steps (:class:`~sqs_lease.testing._sim.plan.JobPlan`):
 work for some seconds, and side effects through the real ``held_effect_flow``
 whose tool and check are simulated remote calls to a fenced target. The
 checker watches through the flows' :class:`~sqs_lease._core.attempt.Observer`
@@ -21,25 +21,25 @@ import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
-from .._core import attempt as core
-from .._core.attempt import ActFor, AttemptEnv, HandlerRun, Now, Parallel
-from .._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
-from .._core.deletes import DeleteBatch
-from .._core.flows import UNKNOWN_CLASS_RECEIVES, Claimed, Delivery, Poison, receive_flow
-from .._core.intents import EffectResult, EffectSpec, default_key
-from .._core.lease import OPEN, LocalLease, Stop
-from .._core.leasebook import Flag, Held, LeaseBook, is_open
-from .._core.limits import ITEM_LIMIT
-from .._core.stages import NextStage
-from .._core.timing import EFFECT_MARGIN, Pace, pace_budget
-from .._errors import (
+from ..._core import attempt as core
+from ..._core.attempt import ActFor, AttemptEnv, HandlerRun, Now, Parallel
+from ..._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
+from ..._core.deletes import DeleteBatch
+from ..._core.flows import UNKNOWN_CLASS_RECEIVES, Claimed, Delivery, Poison, receive_flow
+from ..._core.intents import EffectResult, EffectSpec, default_key
+from ..._core.lease import OPEN, LocalLease, Stop
+from ..._core.leasebook import Flag, Held, LeaseBook, is_open
+from ..._core.limits import ITEM_LIMIT
+from ..._core.stages import NextStage
+from ..._core.timing import EFFECT_MARGIN, Pace, pace_budget
+from ..._errors import (
     LeaseLost,
     PermanentError,
     ToolNotApplied,
     ToolOutcomeUnknown,
     TransientError,
 )
-from .._jobs import JobClass, canonical_json, payload_hash
+from ..._jobs import JobClass, canonical_json, payload_hash
 from .invariants import Origin
 from .plan import STAGE_NAMES, Step
 from .world import (

@@ -6,8 +6,8 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .._core.flows import UNSENT_GRACE_SECONDS
-from .._core.limits import ITEM_LIMIT
+from ..._core.flows import UNSENT_GRACE_SECONDS
+from ..._core.limits import ITEM_LIMIT
 from . import clocks as _clocks
 from . import fifo as fifo_world
 from .chaos import Chaos
@@ -47,7 +47,7 @@ ISSUE14_FEATURES = (
 PLAIN_FEATURES = ("plain_calls",)
 # Staged jobs (issue 9), drawn from a fifth stream (``staged-SEED``) after everything else.
 STAGED_FEATURES = ("staged",)
-# issue 26, fifo: a FIFO queue with sessions (``sqs_lease/_sim/fifo.py``, stream fifo-SEED)
+# issue 26, fifo: a FIFO queue with sessions (``sqs_lease/testing/_sim/fifo.py``, stream fifo-SEED)
 FIFO_FEATURES = fifo_world.FIFO_FEATURES
 # --- lambda (issue 26): Lambda consumers, alone or beside the workers (lambdas.py),
 # drawn from their own stream (``lambda-SEED``) after everything else.

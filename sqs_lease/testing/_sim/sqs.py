@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._core.calls import Err, ErrorKind, Ok, Outcome
+from ..._core.calls import Err, ErrorKind, Ok, Outcome
 from . import fifo as fifo_world
 from .chaos import Chaos
 
