@@ -30,7 +30,7 @@ from typing import Any
 from sqs_lease import Settings, create_queue, create_tables
 from sqs_lease._aws import SyncDriver, Timeouts, make_client
 from sqs_lease._core.calls import Call, Ok, Outcome
-from sqs_lease._core.flows import message_body
+from sqs_lease._core.messages import message_body
 from sqs_lease._jobs import canonical_json, payload_hash
 from sqs_lease._journal import Journal
 from sqs_lease._local import local_credentials_env, spawn_local_server, stop_local_server

@@ -41,7 +41,7 @@ from sqs_lease import Settings
 from sqs_lease._aio import AsyncDriver
 from sqs_lease._clock import lease_clock
 from sqs_lease._core.calls import Call, Ok
-from sqs_lease._core.flows import HeartbeatReport, heartbeat_flow
+from sqs_lease._core.heartbeats import HeartbeatReport, heartbeat_flow
 from sqs_lease._core.lease import LocalLease
 from sqs_lease._schema import JobTable
 

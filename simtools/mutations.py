@@ -24,9 +24,19 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import Any
 
-from sqs_lease._core import attempt, flows, intents
+from sqs_lease._core import (
+    attempt,
+    claiming,
+    endwrites,
+    fencing,
+    heartbeats,
+    intents,
+    sending,
+    sweeping,
+)
 from sqs_lease._core.calls import Call, Flow
-from sqs_lease._core.flows import Beat, BeatStatus, Finish, FinishOutcome
+from sqs_lease._core.fencing import Finish, FinishOutcome
+from sqs_lease._core.heartbeats import Beat, BeatStatus
 from sqs_lease._core.lease import LocalLease
 from sqs_lease._core.leasebook import Held, LeaseBook
 from sqs_lease._core.records import JobState
@@ -36,6 +46,12 @@ from sqs_lease.testing._sim import receiver
 
 @contextmanager
 def _patch(owner: Any, name: str, value: Any) -> Iterator[None]:
+    if isinstance(owner, tuple):  # a name several modules look up at call time: each
+        with ExitStack() as stack:
+            for one in owner:
+                stack.enter_context(_patch(one, name, value))
+            yield
+        return
     missing = object()
     old = owner.__dict__.get(name, missing) if isinstance(owner, type) else getattr(owner, name)
     setattr(owner, name, value)
@@ -104,7 +120,7 @@ def no_ownership_check() -> Iterator[None]:
     def verdict(lease: LocalLease, view: Any, worker_id: str, sent_at: float) -> Beat:
         return Beat(lease.job_id, BeatStatus.OK, deadline=sent_at + lease.lease_seconds)
 
-    with _patch(flows, "_verdict", verdict):
+    with _patch(heartbeats, "_verdict", verdict):
         yield
 
 
@@ -297,11 +313,11 @@ def unknown_class_claims() -> Iterator[None]:
     _require(attempt, "admit_flow", "item 6 (unknown classes left for another version)")
     admit = attempt.__dict__["admit_flow"]
 
-    def claims_unknown(req: Any, *, known_class: bool, **kw: Any) -> Flow[flows.ClaimResult]:
+    def claims_unknown(req: Any, *, known_class: bool, **kw: Any) -> Flow[claiming.ClaimResult]:
         if known_class:
-            out: flows.ClaimResult = yield from admit(req, known_class=True, **kw)
+            out: claiming.ClaimResult = yield from admit(req, known_class=True, **kw)
             return out
-        claim = yield from flows.claim_flow(
+        claim = yield from claiming.claim_flow(
             req,
             queue_url=kw["queue_url"],
             delivery=kw["delivery"],
@@ -312,10 +328,10 @@ def unknown_class_claims() -> Iterator[None]:
             dlq_url=kw["dlq_url"],
             nonce=kw["nonce"],
         )
-        if not isinstance(claim, flows.Claimed):
+        if not isinstance(claim, claiming.Claimed):
             return claim
         reason = f"unknown job class {claim.job.job_class!r}"
-        yield from flows.fail_flow(
+        yield from endwrites.fail_flow(
             req,
             queue_url=kw["queue_url"],
             job=claim.job,
@@ -326,7 +342,7 @@ def unknown_class_claims() -> Iterator[None]:
             error_code="unknown_job_class",
             nonce=kw["nonce"],
         )
-        return flows.NotClaimed(claim.delivery, "unknown_class", reason, claim.job)
+        return claiming.NotClaimed(claim.delivery, "unknown_class", reason, claim.job)
 
     with _patch(attempt, "admit_flow", claims_unknown):
         yield
@@ -339,8 +355,8 @@ def no_stranded_sweep() -> Iterator[None]:
     Expected: I10 (producer_death)."""
     _require(attempt, "sweep_flow", "item 8 (the stranded-record sweep)")
 
-    def finds_nothing(req: Any, **kw: Any) -> Flow[flows.SweepReport]:
-        return flows.SweepReport((), False)
+    def finds_nothing(req: Any, **kw: Any) -> Flow[sweeping.SweepReport]:
+        return sweeping.SweepReport((), False)
         yield  # a generator, as the real flow
 
     with _patch(attempt, "sweep_flow", finds_nothing):
@@ -446,8 +462,8 @@ def unreadable_aborts_round() -> Iterator[None]:
 def validation_as_unknown() -> Iterator[None]:
     """Issue 14 item 5: no size check before sending, and a write DynamoDB refuses as
     invalid (the item limit) read as ownership unknown, as before the fix."""
-    _require(flows, "result_problem", "issue 14 item 5 (size checks)")
-    original = flows._fenced_write
+    _require(endwrites, "result_problem", "issue 14 item 5 (size checks)")
+    original = fencing.fenced_write
 
     def fenced_write(*args: Any, **kwargs: Any) -> Flow[Finish]:
         fin = yield from original(*args, **kwargs)
@@ -456,8 +472,8 @@ def validation_as_unknown() -> Iterator[None]:
         return fin
 
     with ExitStack() as stack:
-        stack.enter_context(_patch(flows, "result_problem", lambda *a, **k: None))
-        stack.enter_context(_patch(flows, "_fenced_write", fenced_write))
+        stack.enter_context(_patch(endwrites, "result_problem", lambda *a, **k: None))
+        stack.enter_context(_patch(endwrites, "fenced_write", fenced_write))
         yield
 
 
@@ -763,7 +779,7 @@ def final_size_ignores_stages() -> Iterator[None]:
     ) -> str | None:
         return limits.result_problem(job_id, payload_json, result_json)
 
-    with _patch(flows, "result_problem", payload_and_result):
+    with _patch(endwrites, "result_problem", payload_and_result):
         yield
 
 
@@ -866,12 +882,14 @@ def duplicate_takes_over() -> Iterator[None]:
 
     def take_over(
         env: Any, item: Any, found: Any, rules: Any, nonce: str
-    ) -> Flow[flows.ClaimResult | None]:
+    ) -> Flow[claiming.ClaimResult | None]:
         now = yield from attempt._now(env)
         claim = yield from attempt._admit(
             env, item, rules, now.wall, nonce, take_from=found.job.token
         )
-        return None if isinstance(claim, flows.NotClaimed) and claim.outcome == "running" else claim
+        return (
+            None if isinstance(claim, claiming.NotClaimed) and claim.outcome == "running" else claim
+        )
 
     with _patch(attempt, "_owner_running", take_over):
         yield
@@ -1033,8 +1051,8 @@ def dedup_per_send_only() -> Iterator[None]:
     no message)."""
     from sqs_lease._core import fifo
 
-    _require(flows, "deduplication_id", "dedup_per_send_only")
-    with _patch(flows, "deduplication_id", lambda job_id, send_id: fifo.sqs_id(send_id)):
+    _require(sending, "deduplication_id", "dedup_per_send_only")
+    with _patch(sending, "deduplication_id", lambda job_id, send_id: fifo.sqs_id(send_id)):
         yield
 
 
@@ -1049,7 +1067,7 @@ def takeover_sends_first_stage() -> Iterator[None]:
     import sys
     from dataclasses import replace
 
-    real = flows.send_record_message
+    real = sending.send_record_message
 
     def send_record_message(req: Any, job: Any, **kw: Any) -> Any:
         if sys._getframe(1).f_code.co_name != "submit_flow":
@@ -1058,7 +1076,7 @@ def takeover_sends_first_stage() -> Iterator[None]:
         first = str(log[0]["stage"]) if log else job.stage
         return real(req, replace(job, stage=first), **kw)
 
-    with _patch(flows, "send_record_message", send_record_message):
+    with _patch((sending, sweeping), "send_record_message", send_record_message):
         yield
 
 
@@ -1256,7 +1274,8 @@ def sweep_blind_to_dead() -> Iterator[None]:
     to take the send, is refused, answers "moved" and counts it against its limit.
     Once ``limit`` dead entries are the oldest, no stranded job is ever sent (I10)."""
     from sqs_lease._core.calls import Err, call
-    from sqs_lease._core.flows import Stranded, send_record_message
+    from sqs_lease._core.sending import send_record_message
+    from sqs_lease._core.sweeping import Stranded
 
     def sweep_one(
         req: Any,
@@ -1285,8 +1304,8 @@ def sweep_blind_to_dead() -> Iterator[None]:
             return Stranded(job.job_id, job.job_class, age, "failed", new_id), 1
         return Stranded(job.job_id, job.job_class, age, "resent", new_id), 1
 
-    _require(flows, "_sweep_one", "sweep_blind_to_dead")
-    with _patch(flows, "_sweep_one", sweep_one):
+    _require(sweeping, "_sweep_one", "sweep_blind_to_dead")
+    with _patch(sweeping, "_sweep_one", sweep_one):
         yield
 
 

@@ -55,12 +55,9 @@ from ._core.attempt import (
 )
 from ._core.calls import Flow
 from ._core.deploy import SHUTDOWN_RELEASE_MARGIN
-from ._core.flows import (
-    Delivery,
-    Poison,
-)
 from ._core.intents import EffectResult, EffectSpec
 from ._core.leasebook import Held
+from ._core.messages import Delivery, Poison
 from ._core.timing import tolerated_loop_lag
 from ._jobs import App, AsyncJobContext, JobContext, is_async_callable
 from ._journal import Journal

@@ -30,8 +30,9 @@ from ._cli_out import (
     settings_of,
     table,
 )
-from ._core.flows import UNSENT_GRACE_SECONDS, CancelVerdict
+from ._core.cancelling import CancelVerdict
 from ._core.liveness import Liveness
+from ._core.messages import UNSENT_GRACE_SECONDS
 from ._core.stages import stage_rows
 from ._core.texts import visible
 from ._core.timeline import IntentFacts

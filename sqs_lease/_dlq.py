@@ -26,7 +26,7 @@ from ._aws import SyncDriver, make_client
 from ._config import Settings
 from ._core.deadletter import REASON_ATTRIBUTE, SQS_REDRIVE_REASON, DlqReport, reconcile_dlq_flow
 from ._core.fifo import copy_deduplication_id, fifo_params
-from ._core.flows import Delivery, parse_message
+from ._core.messages import Delivery, parse_message
 from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
 from ._resources import _call, check_table, queue_url, redrive
 from ._schema import JobTable

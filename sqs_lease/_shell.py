@@ -34,9 +34,9 @@ from ._core.attempt import (
 from ._core.calls import Flow
 from ._core.deletes import DeleteBatch
 from ._core.fifo import is_fifo
-from ._core.flows import SQS_BATCH, Delivery, Poison
 from ._core.inputs import loads as _loads
 from ._core.leasebook import LeaseBook, Signal
+from ._core.messages import SQS_BATCH, Delivery, Poison
 from ._core.priority import receive_prioritized_flow
 from ._core.stages import stage_results
 from ._core.timing import Pace, pace_budget

@@ -37,12 +37,9 @@ from ._core.attempt import (
 )
 from ._core.calls import Flow
 from ._core.deploy import SHUTDOWN_RELEASE_MARGIN
-from ._core.flows import (
-    Delivery,
-    Poison,
-)
 from ._core.inputs import loads as _loads
 from ._core.intents import EffectResult, EffectSpec
+from ._core.messages import Delivery, Poison
 from ._errors import ConfigError
 from ._interrupt import stop_on_interrupt
 from ._jobs import App, JobContext

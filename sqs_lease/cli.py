@@ -46,8 +46,9 @@ from ._cli_out import (
 from ._cli_receiver import receiver
 from ._config import Settings
 from ._console import HumanConsole
-from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
+from ._core.claiming import UNKNOWN_CLASS_RECEIVES
 from ._core.inputs import loads as _loads
+from ._core.messages import UNSENT_GRACE_SECONDS
 from ._core.priority import Priority
 from ._errors import (
     AwsCallFailed,

@@ -38,8 +38,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ._config import ENV_VARIABLES, Settings, layered
 from ._core.calls import Call, Err, ErrorKind, Outcome
+from ._core.claiming import UNKNOWN_CLASS_RECEIVES
 from ._core.deploy import ECS_EXIT_MARGIN_SECONDS, ecs_exit_after
-from ._core.flows import UNKNOWN_CLASS_RECEIVES, UNSENT_GRACE_SECONDS
+from ._core.messages import UNSENT_GRACE_SECONDS
 from ._errors import (
     AwsCallFailed,
     AwsUnavailable,

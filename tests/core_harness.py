@@ -26,8 +26,8 @@ from sqs_lease._core.calls import (
     Outcome,
     Sleep,
 )
-from sqs_lease._core.flows import Delivery
 from sqs_lease._core.lease import Drop, LeaseEvent, LeaseStatus, LocalLease
+from sqs_lease._core.messages import Delivery
 from sqs_lease._core.records import JobState, JobView
 from sqs_lease._schema import JobRecord, JobTable
 

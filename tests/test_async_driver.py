@@ -10,16 +10,12 @@ from conftest import AwsTestEnv
 
 from sqs_lease import Settings, create_queue, create_tables
 from sqs_lease._aio import AsyncDriver
-from sqs_lease._core.flows import (
-    Claimed,
-    Delivery,
-    claim_flow,
-    commit_flow,
-    heartbeat_flow,
-    receive_flow,
-    submit_flow,
-)
+from sqs_lease._core.claiming import Claimed, claim_flow
+from sqs_lease._core.endwrites import commit_flow
+from sqs_lease._core.heartbeats import heartbeat_flow
 from sqs_lease._core.lease import LocalLease
+from sqs_lease._core.messages import Delivery, receive_flow
+from sqs_lease._core.sending import submit_flow
 from sqs_lease._schema import JobTable
 
 pytestmark = pytest.mark.integration

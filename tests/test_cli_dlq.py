@@ -11,7 +11,7 @@ from conftest import AwsTestEnv
 
 from sqs_lease import _dlq, _resources
 from sqs_lease._config import Settings
-from sqs_lease._core.flows import message_body
+from sqs_lease._core.messages import message_body
 from sqs_lease._errors import AwsCallFailed, AwsUnavailable
 from sqs_lease._resources import create_queue, create_tables
 from sqs_lease.cli import cli

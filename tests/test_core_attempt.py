@@ -47,18 +47,14 @@ from sqs_lease._core.attempt import (
     shutdown_flow,
 )
 from sqs_lease._core.calls import Call, Err, ErrorKind, Flow, Invoke, Outcome
+from sqs_lease._core.claiming import Claimed
 from sqs_lease._core.deletes import DeleteBatch
 from sqs_lease._core.endings import EndKind, ending_for
-from sqs_lease._core.flows import (
-    Claimed,
-    Delivery,
-    Finish,
-    FinishOutcome,
-    Poison,
-)
+from sqs_lease._core.fencing import Finish, FinishOutcome
 from sqs_lease._core.intents import EffectSpec, Unprotected, repeat_unprotected
 from sqs_lease._core.lease import Drop, LeaseStatus, Stop
 from sqs_lease._core.leasebook import Flag, LeaseBook
+from sqs_lease._core.messages import Delivery, Poison
 from sqs_lease._core.records import JobState, JobView
 from sqs_lease._core.timing import backoff_delay
 from sqs_lease._errors import (

@@ -27,7 +27,7 @@ from sqs_lease._core.deadletter import (
     judge,
     reconcile_dlq_flow,
 )
-from sqs_lease._core.flows import Delivery, message_body
+from sqs_lease._core.messages import Delivery, message_body
 from sqs_lease._core.records import DEAD_LETTERED_CODE, JobState
 from sqs_lease._errors import AwsCallFailed
 

@@ -25,9 +25,9 @@ from sqs_lease._core.duplicates import (
     owner_alive,
     owner_window,
 )
-from sqs_lease._core.flows import Delivery
 from sqs_lease._core.lease import LeaseEvent
 from sqs_lease._core.liveness import HeldJob, Liveness
+from sqs_lease._core.messages import Delivery
 from sqs_lease._core.records import JobState
 
 H = 10.0  # test_core_attempt.Rules: L = 60, H = 10

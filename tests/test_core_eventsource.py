@@ -14,7 +14,7 @@ from sqs_lease._core.eventsource import (
     settled_flow,
     take_record_flow,
 )
-from sqs_lease._core.flows import Delivery, Poison
+from sqs_lease._core.messages import Delivery, Poison
 
 
 def record(body: str, count: str = "3") -> dict[str, Any]:

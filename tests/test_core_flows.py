@@ -40,36 +40,29 @@ from core_harness import (
 )
 
 from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Ok, Outcome, sqs_code_is
-from sqs_lease._core.fifo import copy_deduplication_id, deduplication_id
-from sqs_lease._core.flows import (
-    Beat,
-    BeatStatus,
-    Claimed,
-    Delivery,
-    Finish,
-    FinishOutcome,
-    HeartbeatReport,
-    NotClaimed,
-    Poison,
-    SubmitResult,
-    apply_beats,
-    cancel_flow,
-    cancel_job_flow,
-    claim_flow,
+from sqs_lease._core.cancelling import cancel_flow, cancel_job_flow
+from sqs_lease._core.claiming import Claimed, NotClaimed, claim_flow
+from sqs_lease._core.endwrites import (
     commit_flow,
     fail_flow,
-    heartbeat_flow,
-    message_body,
     park_flow,
-    parse_message,
     poison_flow,
-    receive_flow,
     release_flow,
     retry_flow,
-    submit_flow,
+)
+from sqs_lease._core.fencing import Finish, FinishOutcome
+from sqs_lease._core.fifo import copy_deduplication_id, deduplication_id
+from sqs_lease._core.heartbeats import (
+    Beat,
+    BeatStatus,
+    HeartbeatReport,
+    apply_beats,
+    heartbeat_flow,
 )
 from sqs_lease._core.lease import LeaseStatus, LocalLease
+from sqs_lease._core.messages import Delivery, Poison, message_body, parse_message, receive_flow
 from sqs_lease._core.records import JobState, JobView
+from sqs_lease._core.sending import SubmitResult, submit_flow
 from sqs_lease._core.stages import NextStage, continue_flow
 from sqs_lease._errors import (
     AwsCallFailed,

@@ -30,19 +30,17 @@ from core_harness import (
 from sqs_lease import LimitExceeded, RecordUnreadable
 from sqs_lease._aws import classify
 from sqs_lease._core.calls import Err, ErrorKind, Outcome
-from sqs_lease._core.flows import (
+from sqs_lease._core.claiming import NotClaimed, admit_flow
+from sqs_lease._core.endwrites import commit_flow, retry_flow
+from sqs_lease._core.heartbeats import (
     Beat,
     BeatStatus,
     HeartbeatReport,
     LossSource,
-    NotClaimed,
-    admit_flow,
     apply_beats,
-    commit_flow,
     gave_back,
     heartbeat_flow,
     lose,
-    retry_flow,
 )
 from sqs_lease._core.lease import Drop, LeaseStatus
 from sqs_lease._core.limits import ITEM_LIMIT, PARTITION_KEY_LIMIT, check_key, check_payload
@@ -461,7 +459,7 @@ def test_a_handler_dropped_by_the_watchdog_hears_the_watchdog_after_the_job_went
 
 
 def test_a_rejected_release_at_shutdown_journals_the_loss() -> None:
-    from sqs_lease._core.flows import release_flow
+    from sqs_lease._core.endwrites import release_flow
 
     job = job_view("job-1", token=2)
     now = job_item("job-1", owner="w-9", token=3)

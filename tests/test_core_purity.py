@@ -81,7 +81,15 @@ import sys, types
 pkg = types.ModuleType("sqs_lease")
 pkg.__path__ = [{str(ROOT / "sqs_lease")!r}]
 sys.modules["sqs_lease"] = pkg
-import sqs_lease._core.flows, sqs_lease._core.intents, sqs_lease._core.timing
+import sqs_lease._core.messages
+import sqs_lease._core.sending
+import sqs_lease._core.sweeping
+import sqs_lease._core.claiming
+import sqs_lease._core.heartbeats
+import sqs_lease._core.fencing
+import sqs_lease._core.endwrites
+import sqs_lease._core.cancelling
+import sqs_lease._core.intents, sqs_lease._core.timing
 sdk = ("boto3", "botocore", "aiobotocore", "pynamodb")
 bad = sorted(m for m in sys.modules if m.split(".")[0] in sdk)
 print(",".join(bad))

@@ -34,9 +34,10 @@ from core_harness import (
 
 from sqs_lease._core.attempt import AttemptEnv, Now, heartbeat_round_flow
 from sqs_lease._core.calls import Call, Outcome
-from sqs_lease._core.flows import Claimed, Delivery
+from sqs_lease._core.claiming import Claimed
 from sqs_lease._core.lease import Drop, LeaseStatus
 from sqs_lease._core.leasebook import Flag, Held, LeaseBook
+from sqs_lease._core.messages import Delivery
 from sqs_lease._core.timing import may_join, plan_heartbeat, shared_round
 from sqs_lease._schema import IntentTable
 

@@ -21,8 +21,8 @@ from sqs_lease._core.attempt import (
 )
 from sqs_lease._core.calls import Call, Outcome
 from sqs_lease._core.deadletter import reconcile_dlq_flow
-from sqs_lease._core.flows import message_body
 from sqs_lease._core.leasebook import Flag, LeaseBook
+from sqs_lease._core.messages import message_body
 from sqs_lease._core.records import JobState
 from sqs_lease._schema import IntentTable
 

@@ -19,7 +19,7 @@ from core_harness import Script, delivery, job_view, unreachable
 from test_core_attempt import Shell
 
 from sqs_lease._core.attempt import COMMIT_COUNTS, NOT_CLAIMED_COUNTS, attempt_flow
-from sqs_lease._core.flows import NotClaimedOutcome
+from sqs_lease._core.claiming import NotClaimedOutcome
 from sqs_lease._core.records import CANCELLED_CODE, JobState, is_cancelled
 from sqs_lease._shell import STAT_NAMES
 
@@ -81,7 +81,8 @@ def test_is_cancelled_is_a_failed_record_with_the_cancel_code() -> None:
 
 def test_verdicts_are_enums_whose_values_are_the_words_printed_before() -> None:
     # StrEnum: `--json` output and journal fields keep the same strings.
-    from sqs_lease._core.flows import CancelVerdict, SendVerdict
+    from sqs_lease._core.cancelling import CancelVerdict
+    from sqs_lease._core.sending import SendVerdict
     from sqs_lease._dlq import RedriveVerdict
 
     assert {v.value for v in CancelVerdict} == {"cancelled", "already_final"}

@@ -18,7 +18,8 @@ from worker_helpers import HANG_GUARD, collect_journal, read_view, running, wait
 
 from sqs_lease import App, AsyncWorker, Producer, Settings, Worker
 from sqs_lease._aws import SyncDriver
-from sqs_lease._core.flows import Claimed, Delivery, claim_flow, receive_flow
+from sqs_lease._core.claiming import Claimed, claim_flow
+from sqs_lease._core.messages import Delivery, receive_flow
 from sqs_lease._core.records import DEAD_LETTERED_CODE, JobState
 from sqs_lease._journal import LOGGER_NAME, Journal
 from sqs_lease._resources import create_queue, create_tables

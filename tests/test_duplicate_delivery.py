@@ -25,7 +25,7 @@ from dup_worker import HEARTBEAT, LEASE
 from worker_helpers import HANG_GUARD, WorkerProcess
 
 from sqs_lease import Producer, Settings, create_queue
-from sqs_lease._core.flows import message_body
+from sqs_lease._core.messages import message_body
 from sqs_lease._resources import create_tables
 from sqs_lease._schema import view_of
 

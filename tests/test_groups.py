@@ -18,8 +18,8 @@ from worker_helpers import HANG_GUARD, WorkerProcess
 
 from sqs_lease import GroupCancelled, Producer, Settings, SubmitConflict, create_queue
 from sqs_lease._core.calls import Err, ErrorKind, Ok
-from sqs_lease._core.flows import submit_flow
 from sqs_lease._core.groups import cancel_group_flow
+from sqs_lease._core.sending import submit_flow
 from sqs_lease._errors import ConfigError
 from sqs_lease._resources import create_tables
 from sqs_lease._schema import GROUP_INDEX, GroupTable, JobTable, view_of

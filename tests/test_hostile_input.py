@@ -28,8 +28,8 @@ from worker_helpers import FAST, SHELLS, collect_journal, drain, prepare, queue_
 from sqs_lease import App, ConfigError, JobContext, LimitExceeded, Producer, RecordUnreadable
 from sqs_lease._core import inputs
 from sqs_lease._core.eventsource import parse_event_record
-from sqs_lease._core.flows import Delivery, Poison, message_body, parse_message
 from sqs_lease._core.liveness import liveness_of
+from sqs_lease._core.messages import Delivery, Poison, message_body, parse_message
 from sqs_lease._core.records import JobState, JobView
 from sqs_lease._core.stages import stage_log
 from sqs_lease._core.timeline import decode

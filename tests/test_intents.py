@@ -56,8 +56,9 @@ from sqs_lease import (
 )
 from sqs_lease._aws import SyncDriver
 from sqs_lease._core.calls import Err, ErrorKind, Flow, Ok, call
-from sqs_lease._core.flows import Claimed, Delivery, claim_flow, receive_flow
+from sqs_lease._core.claiming import Claimed, claim_flow
 from sqs_lease._core.intents import EffectSpec, Resolution, effect_flow
+from sqs_lease._core.messages import Delivery, receive_flow
 from sqs_lease._jobs import canonical_json, payload_hash
 from sqs_lease._journal import LOGGER_NAME
 from sqs_lease._schema import (

@@ -14,7 +14,7 @@ from core_harness import QUEUE, TABLE, WORKER, Script, local_lease, ok
 from sqs_lease import Settings, create_tables
 from sqs_lease._aws import classify
 from sqs_lease._core.calls import Err, ErrorKind
-from sqs_lease._core.flows import heartbeat_flow
+from sqs_lease._core.heartbeats import heartbeat_flow
 from sqs_lease._journal import LOGGER_NAME, Journal
 from sqs_lease._schema import JobTable
 
@@ -94,7 +94,7 @@ def test_a_rejected_result_is_reachable_from_jobs_show(aws: AwsTestEnv) -> None:
     from test_cli import run as run_cli
 
     from sqs_lease._aws import SyncDriver
-    from sqs_lease._core.flows import commit_flow
+    from sqs_lease._core.endwrites import commit_flow
 
     settings = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix)
     create_tables(settings)

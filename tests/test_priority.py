@@ -191,7 +191,7 @@ INTERACTIVE = "https://sqs.test/123/work-interactive"
 def test_the_sweep_sends_an_interactive_job_back_to_the_interactive_queue() -> None:
     from core_harness import QUEUE, table
 
-    from sqs_lease._core.flows import sweep_flow
+    from sqs_lease._core.sweeping import sweep_flow
 
     stranded = _interactive_item(unsent_since=1.0)
     s = Script(

@@ -46,7 +46,7 @@ from sqs_lease import (
 )
 from sqs_lease._aws import SyncDriver
 from sqs_lease._core.calls import Call, Err, ErrorKind, Outcome
-from sqs_lease._core.flows import HeartbeatReport, apply_beats, heartbeat_flow
+from sqs_lease._core.heartbeats import HeartbeatReport, apply_beats, heartbeat_flow
 from sqs_lease._core.limits import progress_text
 from sqs_lease._core.records import JobState
 from sqs_lease._schema import JobTable

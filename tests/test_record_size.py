@@ -23,7 +23,7 @@ from sqs_lease import App, JobContext, NextStage, Producer, Worker
 from sqs_lease._core import limits
 from sqs_lease._core.calls import Call
 from sqs_lease._core.endings import Ending, EndKind
-from sqs_lease._core.flows import commit_flow
+from sqs_lease._core.endwrites import commit_flow
 from sqs_lease._core.inputs import NAME_LIMIT, SEND_ID_LIMIT
 from sqs_lease._core.limits import (
     CODE_LIMIT,

@@ -28,7 +28,6 @@ from core_harness import (
 )
 
 from sqs_lease._core.calls import Err, ErrorKind
-from sqs_lease._core.flows import SweepReport, sweep_flow
 from sqs_lease._core.intents import (
     IntentState,
     Resolution,
@@ -38,6 +37,7 @@ from sqs_lease._core.intents import (
     resume_flow,
 )
 from sqs_lease._core.records import JobState
+from sqs_lease._core.sweeping import SweepReport, sweep_flow
 from sqs_lease._errors import (
     AwsCallFailed,
     IntentError,

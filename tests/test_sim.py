@@ -1422,7 +1422,7 @@ def test_widened_world_seed_holds_every_invariant(
 
 
 def test_the_simulated_sweep_uses_the_real_workers_defaults() -> None:
-    from sqs_lease._core.flows import UNSENT_GRACE_SECONDS
+    from sqs_lease._core.messages import UNSENT_GRACE_SECONDS
     from sqs_lease._options import WorkerOptions
     from sqs_lease.testing._sim.plan import SweepPlan
 
@@ -1602,8 +1602,8 @@ def _drive_sim(db: SimDynamo, flow: Any) -> Any:
 
 
 def test_the_simulated_dynamodb_runs_a_group_submit_and_cancel_through_its_index() -> None:
-    from sqs_lease._core.flows import submit_flow
     from sqs_lease._core.groups import cancel_group_flow
+    from sqs_lease._core.sending import submit_flow
     from sqs_lease._errors import GroupCancelled
     from sqs_lease._schema import GroupTable
     from sqs_lease.testing._sim.world import GROUPS, _jobs_table_spec

@@ -15,8 +15,8 @@ from simtools import run_seed
 from simtools.catch import SEED_LIMIT, first_catch, search_seeds, world
 from simtools.cli import replay_command
 from simtools.mutations import CLOCK_MUTATIONS, VARIANTS, WORLDS, applied
-from sqs_lease._core import flows, intents
-from sqs_lease._core.flows import SWEEP_PAGES
+from sqs_lease._core import intents, sweeping
+from sqs_lease._core.sweeping import SWEEP_PAGES
 from sqs_lease.testing._sim.chaos import Chaos
 from sqs_lease.testing._sim.clocks import CLOCK_FEATURES, DEAD_PREFIX, I25, MAX_BACKLOG, Skew
 from sqs_lease.testing._sim.invariants import I2, I10
@@ -227,7 +227,7 @@ def test_clock_mutations_are_undone_on_exit() -> None:
 
     def state() -> tuple[object, ...]:
         return (
-            flows.__dict__["_sweep_one"],
+            sweeping.__dict__["_sweep_one"],
             attempt.__dict__["cap_budget"],
             attempt.__dict__["_resend"],
             attempt.__dict__["CappedRules"],

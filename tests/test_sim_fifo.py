@@ -152,12 +152,12 @@ def test_every_fifo_mutation_is_registered_in_the_fifo_world() -> None:
 
 def test_fifo_mutations_are_undone_on_exit() -> None:
     from sqs_lease import _schema
-    from sqs_lease._core import flows, stages
+    from sqs_lease._core import sending, stages, sweeping
 
     def state() -> tuple[object, ...]:
         return (
-            flows.__dict__["deduplication_id"],
-            flows.send_record_message,
+            sending.__dict__["deduplication_id"],
+            (sending.send_record_message, sweeping.__dict__["send_record_message"]),
             stages.__dict__["_send"],
             list(_schema.__dict__["_NEW_STAGE"]),
         )

@@ -16,8 +16,8 @@ from simtools.catch import world
 from simtools.cli import replay_command
 from simtools.mutations import LAMBDA_MUTATIONS
 from sqs_lease._core.eventsource import parse_event_record
-from sqs_lease._core.flows import Delivery
 from sqs_lease._core.invocation import unfit_problem
+from sqs_lease._core.messages import Delivery
 from sqs_lease.testing._sim.chaos import Chaos
 from sqs_lease.testing._sim.invariants import I4, I20
 from sqs_lease.testing._sim.lambdas import I23
@@ -152,7 +152,7 @@ def test_the_lambda_parser_keeps_sqs_timestamps() -> None:
 def test_submit_refuses_a_reserved_job_id_in_the_core() -> None:
     # Issue 26 defect 12: the refusal was the producer's only; every shell that submits
     # (the simulator's producer, a custom one over the core) stored the record.
-    from sqs_lease._core.flows import submit_flow
+    from sqs_lease._core.sending import submit_flow
     from sqs_lease._errors import ConfigError
     from sqs_lease._schema import JobTable
 

@@ -228,7 +228,16 @@ def test_mutation_is_caught_within_its_search_and_the_protocol_passes_the_same_s
 def test_mutations_are_undone_on_exit() -> None:
     from simtools.mutations import applied
     from sqs_lease import _schema
-    from sqs_lease._core import attempt, duplicates, flows, groups, intents, limits, priority
+    from sqs_lease._core import (
+        attempt,
+        duplicates,
+        endwrites,
+        groups,
+        heartbeats,
+        intents,
+        limits,
+        priority,
+    )
     from sqs_lease._core.leasebook import LeaseBook
     from sqs_lease._schema import JobTable
     from sqs_lease.testing._sim import receiver
@@ -236,7 +245,7 @@ def test_mutations_are_undone_on_exit() -> None:
     def state() -> tuple[object, ...]:
         return (
             JobTable.commit,
-            flows._verdict,
+            heartbeats._verdict,
             intents._reconcile,
             LeaseBook.mark,
             LeaseBook.forget,
@@ -250,8 +259,8 @@ def test_mutations_are_undone_on_exit() -> None:
             JobTable.__dict__["claim"],
             JobTable.__dict__["parse"],
             _schema._unpark,
-            flows.__dict__["result_problem"],
-            flows._fenced_write,
+            endwrites.__dict__["result_problem"],
+            endwrites.__dict__["fenced_write"],
             intents.__dict__["_lease_check"],
             intents.__dict__["_lease_confirmed"],
             receiver.Receivers.__dict__["_fence"],

@@ -27,7 +27,8 @@ from worker_helpers import WorkerRunner, prepare, read_view, running, wait_until
 from sqs_lease import App, Producer, Settings, Worker
 from sqs_lease._aws import SyncDriver
 from sqs_lease._core.calls import Call, Outcome
-from sqs_lease._core.flows import Claimed, Delivery, NotClaimed, claim_flow, receive_flow
+from sqs_lease._core.claiming import Claimed, NotClaimed, claim_flow
+from sqs_lease._core.messages import Delivery, receive_flow
 from sqs_lease._core.records import JobState, awaits_send
 from sqs_lease._errors import SqsLeaseError, ToolOutcomeUnknown
 from sqs_lease._jobs import EffectCall

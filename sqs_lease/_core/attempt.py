@@ -34,7 +34,7 @@ The instruction contract (what a shell must perform):
     lease clock and the wall clock, read together; the core reads no clock).
   - ``"random"``: ``env.random`` -> a float in [0, 1) (backoff, deferral jitter).
   - ``"write_id"``: ``env.write_id`` -> a fresh nonce (str): an attempt's, carried by
-    its end writes so that it recognises its own write exactly (``flows.end_write_id``);
+    its end writes so that it recognises its own write exactly (``fencing.end_write_id``);
     a release made on an attempt's behalf draws its own. Unguessable in a real shell
     (``secrets``): whoever could predict it could forge the attempt's write.
   - ``"validate"``: the job class's payload validation (may raise ``PayloadError``).
@@ -68,41 +68,20 @@ from typing import Any, Protocol
 
 from .._errors import JobCancelled, LeaseLost, PayloadError, RecordUnreadable
 from .calls import Call, Emit, Err, Flow, Invoke, Ok, call
+from .claiming import Claimed, ClaimResult, NotClaimed, NotClaimedOutcome, admit_flow
 from .deadletter import DlqReport, DlqVerdict, reconcile_dlq_flow
 from .deletes import DeleteBatch
 from .deploy import redrive_too_tight
 from .duplicates import duplicate_defer, owner_alive_flow, owner_window
 from .endings import Ending, EndKind, ending_for, stopped_ending
-from .flows import (
-    DDB_BATCH_GET,
-    SQS_BATCH,
-    Claimed,
-    ClaimResult,
-    Delivery,
-    Finish,
-    FinishOutcome,
-    HeartbeatReport,
-    LossSource,
-    NotClaimed,
-    NotClaimedOutcome,
-    Poison,
-    SweepReport,
-    admit_flow,
-    commit_flow,
-    fail_flow,
-    heartbeat_flow,
-    on_queue,
-    park_flow,
-    poison_flow,
-    release_flow,
-    retry_flow,
-    set_visibility,
-    sweep_flow,
-)
+from .endwrites import commit_flow, fail_flow, park_flow, poison_flow, release_flow, retry_flow
+from .fencing import Finish, FinishOutcome, set_visibility
+from .heartbeats import HeartbeatReport, LossSource, heartbeat_flow
 from .intents import EffectResult, EffectSpec, IntentRequests, OwnStarts, effect_flow
 from .lease import Drop, LocalLease, Stop
 from .leasebook import HAND_BACK_STALE, Held, LeaseBook, LeaseRules, Signal, is_open
 from .liveness import HeldJob, liveness_parts
+from .messages import DDB_BATCH_GET, SQS_BATCH, Delivery, Poison, on_queue
 from .records import JobRequests
 from .slots import (
     HeldSlot,
@@ -126,6 +105,7 @@ from .stages import (
     resend_flow,
     stage_input_json,
 )
+from .sweeping import SweepReport, sweep_flow
 from .texts import outside_text
 from .timing import LATE_HANDBACK_LIMIT, backoff_delay, beat_due, late_charged
 

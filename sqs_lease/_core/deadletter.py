@@ -13,7 +13,7 @@ one's job record, and decides by :func:`judge`:
   only while that is still so (a job re-sent since, or claimed through another
   message, is left alone), with a reason naming the DLQ and the receive count, and
   the token moved on (the move ended any lease the message carried, as
-  :func:`flows._undeliverable`'s park does);
+  :func:`claiming._undeliverable`'s park does);
 - the record names another send: the job was re-sent since (the stranded sweep,
   ``jobs resume``): **superseded**, left alone (the message is a stray);
 - the job is finished: **finished**, reported (deleted when asked);
@@ -33,12 +33,12 @@ from typing import Any, Literal
 
 from .._errors import RecordUnreadable
 from .calls import Call, Err, ErrorKind, Flow, Ok, call, emit
-from .flows import SQS_BATCH, Delivery, Poison, _fail_call, parse_message
 from .limits import REASON_LIMIT, bounded
+from .messages import SQS_BATCH, Delivery, Poison, fail_call, parse_message
 from .records import JobRequests, JobState, JobView
 
 REASON_ATTRIBUTE = "sqs_lease_reason"
-"""The message attribute a worker's own DLQ copy carries (``flows.poison_flow``)."""
+"""The message attribute a worker's own DLQ copy carries (``endwrites.poison_flow``)."""
 
 SQS_REDRIVE_REASON = "moved by the queue's redrive policy (its receives ran out before a claim)"
 """Why a message without our attribute is there: SQS moved it itself."""
@@ -229,7 +229,7 @@ def reconcile_dlq_flow(
             out = yield from _receive(dlq_url, limit + 1 - looked, hold, wait_seconds)
             last_back = out.received_at
             if isinstance(out, Err):
-                raise _fail_call(f"receive from the DLQ {queue_name(dlq_url)}", out)
+                raise fail_call(f"receive from the DLQ {queue_name(dlq_url)}", out)
             fresh: list[tuple[Mapping[str, Any], Delivery | Poison]] = []
             for raw in out.response.get("Messages", []):
                 item = parse_message(raw, out.sent_at, hold)
@@ -292,7 +292,7 @@ def _reconcile_one(
         return DlqFinding(m, DlqVerdict.UNREADABLE, detail=str(exc))
     if isinstance(read, Err):
         if read.kind is ErrorKind.NOT_FOUND:
-            raise _fail_call(f"read job {item.job_id}", read)
+            raise fail_call(f"read job {item.job_id}", read)
         return DlqFinding(m, DlqVerdict.FAILED, detail=_said(read))
     job = read if isinstance(read, JobView) else None
     verdict = judge(item, job)

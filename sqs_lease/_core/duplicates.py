@@ -4,7 +4,7 @@ SQS delivers at least once: a copy of a message (or the same message in two
 concurrent Lambda invocations) can reach a second worker while the first runs the
 job and its heartbeat lands. Taking it over is safe (the token fences the owner
 out) but throws the owner's work away. So a claim only takes a ``queued`` record;
-one that finds the record ``running`` under another token (:func:`flows.claim_flow`
+one that finds the record ``running`` under another token (:func:`claiming.claim_flow`
 answers ``running``) asks whether that owner still beats:
 
 - the owner is this worker: its own book knows (:meth:`LeaseBook.owns`): an

@@ -7,7 +7,7 @@ answer (``batchItemFailures``). The rules for that live here, pure:
 
 - :func:`parse_event_record`: an event record (``messageId``, ``receiptHandle``,
   ``body``, ``attributes.ApproximateReceiveCount``) read by the workers' own
-  :func:`~sqs_lease._core.flows.parse_message`.
+  :func:`~sqs_lease._core.messages.parse_message`.
 - :func:`take_record_flow`: one ChangeMessageVisibility to the class's lease, so
   the local lease counts from a moment this process measured (the mapping's
   receive time is not known to it).
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .calls import Call, Emit, Err, Flow, Ok, Outcome, call, sqs_code_is
-from .flows import Delivery, Poison, parse_message
+from .messages import Delivery, Poison, parse_message
 
 END_MARGIN_SECONDS = 3.0
 """Time kept after a record's stage budget for its end write, the release of the

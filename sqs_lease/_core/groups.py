@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .calls import Err, Flow, Sleep, call, emit
-from .flows import _fail_call, cancel_one
+from .cancelling import cancel_one
+from .messages import fail_call
 from .records import (
     CANCELLED_CODE,
     GroupRequests,
@@ -93,7 +94,7 @@ def cancelled_group_flow(groups: GroupRequests | None, job: JobView) -> Flow[Gro
         raise ValueError(f"job {job.job_id!r} is in group {job.group!r}: pass its GroupRequests")
     got = yield from call(groups.get(job.group))
     if isinstance(got, Err):
-        raise _fail_call(f"read group {job.group!r} of job {job.job_id!r}", got)
+        raise fail_call(f"read group {job.group!r} of job {job.job_id!r}", got)
     item = got.response.get("Item")
     marker = groups.parse(item) if item else None
     return marker if marker is not None and marker.cancelled_at is not None else None
@@ -112,7 +113,7 @@ def cancel_group_flow(
     """Cancel the group, then every job of it not yet terminal (see the module)."""
     marked = yield from call(groups.cancel(group, reason, wall_now))
     if isinstance(marked, Err):
-        raise _fail_call(f"cancel group {group}", marked)
+        raise fail_call(f"cancel group {group}", marked)
     marker = groups.parse(marked.response.get("Attributes", {}))
     why = marker.reason or reason
     seen: set[str] = set()
@@ -123,7 +124,7 @@ def cancel_group_flow(
         while True:
             page = yield from call(req.group_query(group, start))
             if isinstance(page, Err):
-                raise _fail_call(f"cancel group {group}: read its jobs", page)
+                raise fail_call(f"cancel group {group}: read its jobs", page)
             for item in page.response.get("Items", []):
                 view = req.parse(item)
                 if view.job_id in seen:

@@ -37,15 +37,11 @@ from .._errors import (
     TransientError,
 )
 from .calls import Call, Err, ErrorKind, Flow, Invoke, Ok, Sleep, call, emit
-from .flows import (
-    UNSENT_GRACE_SECONDS,
-    SendOutcome,
-    _fail_call,
-    home_queue,
-    send_record_message,
-)
 from .inputs import loads as _loads
+from .messages import UNSENT_GRACE_SECONDS, fail_call
 from .records import JobRequests, JobState, JobView
+from .sending import SendOutcome, send_record_message
+from .sweeping import home_queue
 from .texts import message_of, outside_text
 
 MAX_REPEATS = 3
@@ -731,7 +727,7 @@ def _settled(existing: IntentView, spec: EffectSpec, token: int) -> Flow[EffectR
 
 def _unknown(out: Err, what: str, key: str) -> BaseException:
     if out.kind is ErrorKind.NOT_FOUND:
-        return _fail_call(f"{what} {key!r}", out)
+        return fail_call(f"{what} {key!r}", out)
     return OwnershipUnknown(f"{what} {key!r}: {out.code or out.kind}: {out.message}")
 
 
@@ -1681,7 +1677,7 @@ def _resume(
 def _raise_unsent(sent: SendOutcome, job_id: str, what: str) -> None:
     if sent.verdict == "failed":
         assert sent.error is not None
-        raise _fail_call(
+        raise fail_call(
             f"job {job_id!r} {what}, but its message was not sent: run `sqs-lease jobs resume "
             f"{job_id}` again, or a worker's stranded sweep sends it after "
             f"{UNSENT_GRACE_SECONDS:g} s; send",

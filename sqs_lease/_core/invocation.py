@@ -23,6 +23,7 @@ from .._errors import JobClassError
 from .attempt import AttemptEnv, _now, _value, attempt_flow, rules_for
 from .calls import Emit, Err, Flow
 from .deploy import LAMBDA_MAX_TIMEOUT, check_lambda_fit
+from .endwrites import release_flow
 from .eventsource import (
     GroupStop,
     can_start,
@@ -34,7 +35,7 @@ from .eventsource import (
     take_record_flow,
 )
 from .fifo import is_fifo
-from .flows import Delivery, on_queue, release_flow
+from .messages import Delivery, on_queue
 from .slots import unstarted_wait_flow, wait_delay, waits_of
 
 

@@ -299,7 +299,7 @@ class LocalLease:
 
     @property
     def given_back(self) -> bool:
-        """It handed its job back itself (``flows.gave_back``)."""
+        """It handed its job back itself (``heartbeats.gave_back``)."""
         return self._state is LeaseState.GIVEN_BACK
 
     @property

@@ -29,11 +29,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .calls import Emit
-from .flows import (
+from .claiming import Claimed
+from .fencing import Finish
+from .heartbeats import (
     BeatOutcome,
-    Claimed,
-    Delivery,
-    Finish,
     HeartbeatReport,
     LossSource,
     apply_beats,
@@ -43,6 +42,7 @@ from .flows import (
     rejected_loss,
 )
 from .lease import OPEN, Action, Drop, LeaseEvent, LeaseStatus, LocalLease, Stop
+from .messages import Delivery
 from .records import JobView
 from .stages import stage_log
 from .timing import BeatPlan, Pace, Stall, judge_stall, plan_heartbeat

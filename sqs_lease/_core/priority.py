@@ -22,7 +22,7 @@ message on any level is therefore received within one round of receives, however
 few wait; the other asks stay short polls.
 A claim does not care which queue a message came from (the record's send id
 decides). The record remembers an interactive job (``priority``), so a re-send (a
-sweep, a resume, a retry, a resolve: ``flows.home_queue``) goes back to its queue;
+sweep, a resume, a retry, a resolve: ``sweeping.home_queue``) goes back to its queue;
 a DLQ redrive moves messages to the batch queue, where they still run, at batch
 priority.
 """
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from .calls import Flow
-from .flows import Delivery, Poison, receive_flow
+from .messages import Delivery, Poison, receive_flow
 
 Priority = Literal["interactive", "batch"]
 PRIORITIES: tuple[Priority, ...] = ("interactive", "batch")

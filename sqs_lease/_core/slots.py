@@ -69,21 +69,12 @@ from typing import Any, Protocol
 
 from .._errors import RecordUnreadable
 from .calls import Call, Err, ErrorKind, Flow, Ok, call, emit
+from .fencing import FinishOutcome, delete_message, end_write_id, fenced_write, set_visibility
 from .fifo import is_fifo
-from .flows import (
-    Delivery,
-    FinishOutcome,
-    LossSource,
-    _delete,
-    _fenced_write,
-    end_write_id,
-    lost_event,
-    on_queue,
-    rejected_loss,
-    send_job_message,
-    set_visibility,
-)
+from .heartbeats import LossSource, lost_event, rejected_loss
+from .messages import Delivery, on_queue
 from .records import JobRequests, JobState, JobView, awaits_send
+from .sending import send_job_message
 
 CLASS_POOL = "class"
 TENANT_POOL = "tenant"
@@ -413,13 +404,13 @@ def wait_flow(
     """Rule 4: give the claim back and wait as a fresh message (``delay`` seconds on).
 
     ``job`` is the record as claimed (its token); ``nonce`` the attempt's, which its
-    release write carries (``flows.end_write_id``). Returns whether the claim was given
+    release write carries (``fencing.end_write_id``). Returns whether the claim was given
     back; a write refused or unanswered changes nothing more (the message is left to
     come back: a claim that moved on owns it, and an unknown write is either undone
     by the lease or followed by the sweep's send)."""
     send_id = wait_send_id(waits_of(delivery.send_id) + 1, job.token, job.job_id)
     write_id = end_write_id(nonce, "release")
-    fin = yield from _fenced_write(
+    fin = yield from fenced_write(
         req,
         req.release(
             job.job_id,
@@ -539,7 +530,7 @@ def _wait_as_fresh(
         # the job's group (the fresh one behind it) and then goes as a stray.
         yield from set_visibility(home, delivery.receipt_handle, delay)
     else:
-        yield from _delete(home, delivery.receipt_handle)
+        yield from delete_message(home, delivery.receipt_handle)
 
 
 def slot_wait_event(

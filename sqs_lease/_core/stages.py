@@ -43,24 +43,16 @@ from typing import Any, Literal
 
 from .._errors import RecordUnreadable
 from .calls import Err, ErrorKind, Flow, call, emit
+from .endwrites import end_attempt, fail_flow
+from .fencing import Finish, FinishOutcome, delete_message, end_write_id
 from .fifo import is_fifo
-from .flows import (
-    Delivery,
-    Finish,
-    FinishOutcome,
-    _delete,
-    _end_attempt,
-    _fail_call,
-    end_write_id,
-    fail_flow,
-    home_queue,
-    on_queue,
-    send_record_message,
-)
-from .flows import send_job_message as _send
 from .inputs import NAME_RULE, loads, valid_name
 from .limits import record_problem
+from .messages import Delivery, fail_call, on_queue
 from .records import GroupRequests, JobRequests, JobState, JobView
+from .sending import send_job_message as _send
+from .sending import send_record_message
+from .sweeping import home_queue
 from .timing import CAP_MARGIN, SQS_MAX_VISIBILITY
 
 MESSAGE_CAP_SECONDS = SQS_MAX_VISIBILITY - CAP_MARGIN
@@ -333,7 +325,7 @@ def continue_flow(
             else failed
         )
     send_id = continuation_send_id(job.token, nxt.name)
-    fin = yield from _end_attempt(
+    fin = yield from end_attempt(
         req,
         queue_url=queue_url,
         job=job,
@@ -389,7 +381,7 @@ def continue_flow(
     # the unsent index (the sweep sends it); this message would only be a stray.
     if defer_delete and not is_fifo(home):
         return Continued(replace(fin, delete_pending=True), sent.verdict != "failed")
-    yield from _delete(home, delivery.receipt_handle)
+    yield from delete_message(home, delivery.receipt_handle)
     return Continued(fin, sent.verdict != "failed")
 
 
@@ -419,7 +411,7 @@ def resend_flow(
     message's delete (should it come back first, it is a stray)."""
     send_id = cap_send_id(job.token)
     write_id = end_write_id(nonce, "resend")
-    fin = yield from _end_attempt(
+    fin = yield from end_attempt(
         req,
         queue_url=queue_url,
         job=job,
@@ -465,7 +457,7 @@ def resend_flow(
     )
     if defer_delete and not is_fifo(home):
         return replace(fin, delete_pending=True)
-    yield from _delete(home, delivery.receipt_handle)
+    yield from delete_message(home, delivery.receipt_handle)
     return fin
 
 
@@ -519,7 +511,7 @@ def retry_flow(
 
     got = yield from call(req.get(job_id))
     if isinstance(got, Err):
-        raise _fail_call(f"retry job {job_id!r}: read its record", got)
+        raise fail_call(f"retry job {job_id!r}: read its record", got)
     item = got.response.get("Item")
     if not item:
         raise JobNotFound(f"no job {job_id!r}")
@@ -585,7 +577,7 @@ def retry_flow(
     )
     if isinstance(out, Err):
         if out.kind is not ErrorKind.CONDITION_FAILED:
-            raise _fail_call(f"retry job {job_id!r}", out)
+            raise fail_call(f"retry job {job_id!r}", out)
         now = req.parse(out.item) if out.item is not None else job
         return Retried(
             job_id,
@@ -605,7 +597,7 @@ def retry_flow(
     )
     if sent.verdict == "failed":
         assert sent.error is not None
-        raise _fail_call(
+        raise fail_call(
             f"job {job_id!r} is queued again at {where}, but its message was not sent: run "
             f"`sqs-lease jobs resume {job_id}`, or a worker's stranded sweep sends it; send",
             sent.error,

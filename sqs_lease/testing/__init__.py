@@ -288,7 +288,7 @@ class LeaseEnv:
 
     def deliver_twice(self, job_id: str) -> None:
         """Send the job's current message once more (SQS delivers at least once)."""
-        from .._core.flows import message_body
+        from .._core.messages import message_body
 
         view = self.record(job_id)
         body = message_body(view.job_id, view.job_class, view.stage, view.send_id)

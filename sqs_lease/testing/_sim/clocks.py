@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from ..._core.flows import SWEEP_PAGES
+from ..._core.sweeping import SWEEP_PAGES
 from ..._jobs import canonical_json, payload_hash
 
 if TYPE_CHECKING:

@@ -39,8 +39,8 @@ from ..._core import attempt as core
 from ..._core import invocation
 from ..._core.calls import Call, Flow, Ok, Outcome, call
 from ..._core.eventsource import END_MARGIN_SECONDS, GroupStop, parse_event_record
-from ..._core.flows import Delivery
 from ..._core.invocation import RecordEnd
+from ..._core.messages import Delivery
 from ..._core.timing import EFFECT_MARGIN
 from .invariants import Origin
 from .plan import SweepPlan
@@ -576,7 +576,7 @@ class LambdaRun:
 def _submit_reserved(world: World, job_id: str) -> None:
     """A producer submits a job under a worker's reserved id (defect 12): refused at
     submit; had it been stored, it is a job like any other and must end as one."""
-    from ..._core.flows import submit_flow
+    from ..._core.sending import submit_flow
     from ..._jobs import canonical_json, payload_hash
     from .world import _drive_plain
 

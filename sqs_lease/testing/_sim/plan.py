@@ -6,8 +6,8 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..._core.flows import UNSENT_GRACE_SECONDS
 from ..._core.limits import ITEM_LIMIT
+from ..._core.messages import UNSENT_GRACE_SECONDS
 from . import clocks as _clocks
 from . import fifo as fifo_world
 from .chaos import Chaos

@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 from ..._core import attempt as core
 from ..._core.attempt import ActFor, AttemptEnv, HandlerRun, Now, Parallel
 from ..._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
+from ..._core.claiming import UNKNOWN_CLASS_RECEIVES, Claimed
 from ..._core.deletes import DeleteBatch
-from ..._core.flows import UNKNOWN_CLASS_RECEIVES, Claimed, Delivery, Poison, receive_flow
 from ..._core.intents import EffectResult, EffectSpec, default_key
 from ..._core.lease import OPEN, LocalLease, Stop
 from ..._core.leasebook import Flag, Held, LeaseBook, is_open
 from ..._core.limits import ITEM_LIMIT
+from ..._core.messages import Delivery, Poison, receive_flow
 from ..._core.stages import NextStage
 from ..._core.timing import EFFECT_MARGIN, Pace, pace_budget
 from ..._errors import (

@@ -22,9 +22,11 @@ from pydantic import BaseModel
 
 from ..._core import intents as core_intents
 from ..._core.calls import Call, Err, ErrorKind, Ok, Outcome
-from ..._core.flows import cancel_flow, message_body, submit_flow
+from ..._core.cancelling import cancel_flow
 from ..._core.intents import IntentState, Resolution, ToolResult
 from ..._core.lease import LeaseStatus
+from ..._core.messages import message_body
+from ..._core.sending import submit_flow
 from ..._errors import IntentError, LeaseLost, ToolNotApplied, ToolOutcomeUnknown
 from ..._jobs import JobClass, canonical_json, payload_hash
 from ..._schema import (

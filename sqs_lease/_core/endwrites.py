@@ -1,0 +1,563 @@
+"""How an attempt ends, one flow per ending: commit, fail, retry, park, release,
+poison; each a fenced write of the record, then the message's fate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+
+from .calls import Call, Flow, Ok, Outcome, call, emit
+from .fencing import (
+    Finish,
+    FinishOutcome,
+    delete_message,
+    end_write_id,
+    fenced_write,
+    limit_hint,
+    set_visibility,
+)
+from .fifo import (
+    copy_deduplication_id,
+    fifo_params,
+)
+from .heartbeats import LossSource, lost_event, rejected_loss
+from .limits import REASON_LIMIT, bounded, result_problem
+from .messages import Delivery, Poison, by_queue, on_queue
+from .records import (
+    JobRequests,
+    JobState,
+    JobView,
+)
+
+
+def end_attempt(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job: JobView,
+    delivery: Delivery,
+    worker_id: str,
+    write: Call,
+    write_id: str,
+    applied: JobState,
+    stage: str,
+    wall_now: float,
+    nonce: str,
+    delete: bool = True,
+    defer_delete: bool = False,
+) -> Flow[Finish]:
+    """A fenced write that ends this attempt; then delete the message (if asked;
+    ``defer_delete``: the caller batches it, told by ``Finish.delete_pending``).
+    ``write`` carries ``write_id`` (``end_write_id(nonce, ...)``).
+
+    A rejected write is journaled ``result_rejected`` (never reported as done), an
+    unanswered one ``ownership_unknown``; both leave the message alone.
+    """
+    fin = yield from fenced_write(
+        req, write, job=job, worker_id=worker_id, applied=applied, write_id=write_id
+    )
+    if fin.outcome is FinishOutcome.INVALID:
+        # DynamoDB refused the write as it can never apply (a size limit, a malformed
+        # value, an attribute the record lacks): retrying cannot help, and it is not a
+        # question of ownership. End the job failed with the refusal as the reason.
+        reason = bounded(
+            f"DynamoDB refused the {stage} write: {fin.reason}{limit_hint(fin.reason)}"
+        )
+        yield from emit(
+            "job_write_refused",
+            job_id=job.job_id,
+            token=job.token,
+            stage=stage,
+            reason=reason,
+        )
+        if stage == "fail":
+            return fin  # nothing smaller to write; the message comes back, attempts count
+        failed = yield from fail_flow(
+            req,
+            queue_url=queue_url,
+            job=job,
+            delivery=delivery,
+            worker_id=worker_id,
+            wall_now=wall_now,
+            reason=reason,
+            error_code="dynamodb_validation",
+            defer_delete=defer_delete,
+            nonce=nonce,
+        )
+        return (
+            Finish(FinishOutcome.FAILED, reason, delete_pending=failed.delete_pending)
+            if failed.outcome is FinishOutcome.DONE
+            else failed
+        )
+    if fin.outcome is FinishOutcome.DONE:
+        if delete and defer_delete:
+            fin = replace(fin, delete_pending=True)
+        elif delete:
+            deleted = yield from delete_message(
+                on_queue(delivery, queue_url), delivery.receipt_handle
+            )
+            fin = replace(fin, answered_at=deleted.received_at)
+    elif fin.outcome is FinishOutcome.REJECTED:
+        cur = fin.current
+        yield from emit(
+            "result_rejected",
+            job_id=job.job_id,
+            job_class=job.job_class,
+            token=job.token,
+            attempt=job.attempt,
+            stage=stage,
+            reason=fin.reason,
+            current_token=cur.token if cur else None,
+            current_state=cur.state.value if cur else None,
+            write_seconds=fin.seconds,
+        )
+    else:
+        yield from emit(
+            "ownership_unknown",
+            job_id=job.job_id,
+            token=job.token,
+            stage=stage,
+            reason=fin.reason,
+            request_id=fin.request_id or None,
+        )
+    return fin
+
+
+def commit_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job: JobView,
+    delivery: Delivery,
+    worker_id: str,
+    result_json: str,
+    wall_now: float,
+    duration: float,
+    nonce: str,
+    keep_rejected_content: bool = False,
+    defer_delete: bool = False,
+) -> Flow[Finish]:
+    """Write the result on condition of the token; then delete the message.
+
+    A rejected result (the token moved on) is never shown as the job's result, but
+    kept for inspection on the record (``jobs show``): its hash and size, and with
+    ``keep_rejected_content`` (the class's ``keep_rejected_results``) its bounded
+    content.
+
+    A result that would make the record break DynamoDB's item limit (the whole
+    record: payload, a staged job's checkpoints and last input, and the result) is
+    never sent: the job fails ``result_too_large`` with a reason naming the limit.
+    """
+    problem = result_problem(
+        job.job_id,
+        job.payload_json,
+        result_json,
+        stage_log=job.stage_log,
+        stage_input=job.stage_input,
+    )
+    if problem is not None:
+        failed = yield from fail_flow(
+            req,
+            queue_url=queue_url,
+            job=job,
+            delivery=delivery,
+            worker_id=worker_id,
+            wall_now=wall_now,
+            reason=problem,
+            error_code="result_too_large",
+            defer_delete=defer_delete,
+            nonce=nonce,
+        )
+        return (
+            Finish(FinishOutcome.FAILED, problem, delete_pending=failed.delete_pending)
+            if failed.outcome is FinishOutcome.DONE
+            else failed
+        )
+    fin = yield from end_attempt(
+        req,
+        queue_url=queue_url,
+        job=job,
+        delivery=delivery,
+        worker_id=worker_id,
+        write=req.commit(
+            job.job_id,
+            job.token,
+            worker_id,
+            result_json,
+            wall_now,
+            write_id=end_write_id(nonce, "commit"),
+        ),
+        write_id=end_write_id(nonce, "commit"),
+        applied=JobState.SUCCEEDED,
+        stage="commit",
+        wall_now=wall_now,
+        nonce=nonce,
+        defer_delete=defer_delete,
+    )
+    if fin.outcome is FinishOutcome.DONE:
+        yield from emit(
+            "result_committed",
+            job_id=job.job_id,
+            job_class=job.job_class,
+            token=job.token,
+            attempt=job.attempt,
+            payload_hash=job.payload_hash,
+            duration=round(duration, 3),
+            commit_seconds=fin.seconds,
+        )
+    elif fin.outcome is FinishOutcome.REJECTED and fin.current is not None:
+        kept = yield from call(
+            req.keep_rejected(
+                job.job_id,
+                job.token,
+                worker_id,
+                result_json,
+                wall_now,
+                keep_content=keep_rejected_content,
+            )
+        )
+        yield from emit(
+            "rejected_result_kept",
+            job_id=job.job_id,
+            token=job.token,
+            size=len(result_json.encode("utf-8")),
+            content=keep_rejected_content,
+            stored=isinstance(kept, Ok),
+        )
+    return fin
+
+
+def fail_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job: JobView,
+    delivery: Delivery,
+    worker_id: str,
+    wall_now: float,
+    reason: str,
+    error_code: str,
+    nonce: str,
+    defer_delete: bool = False,
+) -> Flow[Finish]:
+    """End the job ``failed`` with a reason (fenced), then delete its message."""
+    write_id = end_write_id(nonce, "fail")
+    fin = yield from end_attempt(
+        req,
+        queue_url=queue_url,
+        job=job,
+        delivery=delivery,
+        worker_id=worker_id,
+        write=req.finish_failed(
+            job.job_id,
+            job.token,
+            worker_id,
+            bounded(reason, REASON_LIMIT),
+            error_code,
+            wall_now,
+            write_id=write_id,
+        ),
+        write_id=write_id,
+        applied=JobState.FAILED,
+        stage="fail",
+        wall_now=wall_now,
+        nonce=nonce,
+        defer_delete=defer_delete,
+    )
+    if fin.outcome is FinishOutcome.DONE:
+        yield from emit(
+            "job_failed",
+            job_id=job.job_id,
+            job_class=job.job_class,
+            token=job.token,
+            attempt=job.attempt,
+            error_code=error_code,
+            reason=reason,
+        )
+    return fin
+
+
+def retry_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job: JobView,
+    delivery: Delivery,
+    worker_id: str,
+    wall_now: float,
+    reason: str,
+    error_code: str,
+    delay: int,
+    max_attempts: int,
+    nonce: str,
+    defer_delete: bool = False,
+    handle_ours: bool = True,
+) -> Flow[Finish]:
+    """Give the job back for a later attempt: record -> queued (fenced), visibility -> delay.
+
+    When the attempts are spent the job fails instead, with that reason. With
+    ``handle_ours`` False (the local lease lapsed: ``LocalLease.handle_ours``) no
+    visibility change is sent: the message comes back when its lease runs out,
+    without the backoff, rather than risk moving another receive's visibility.
+    """
+    if job.attempt >= max_attempts + job.granted_attempts:
+        granted = f" + {job.granted_attempts} granted" if job.granted_attempts else ""
+        return (
+            yield from fail_flow(
+                req,
+                queue_url=queue_url,
+                job=job,
+                delivery=delivery,
+                worker_id=worker_id,
+                wall_now=wall_now,
+                reason=(
+                    f"attempts exhausted ({job.attempt} of {max_attempts}{granted}); "
+                    f"last error: {reason}"
+                ),
+                error_code="attempts_exhausted",
+                defer_delete=defer_delete,
+                nonce=nonce,
+            )
+        )
+    write_id = end_write_id(nonce, "retry")
+    fin = yield from end_attempt(
+        req,
+        queue_url=queue_url,
+        job=job,
+        delivery=delivery,
+        worker_id=worker_id,
+        write=req.requeue(
+            job.job_id,
+            job.token,
+            worker_id,
+            bounded(reason, REASON_LIMIT),
+            error_code,
+            wall_now,
+            write_id=write_id,
+        ),
+        write_id=write_id,
+        applied=JobState.QUEUED,
+        stage="retry",
+        wall_now=wall_now,
+        nonce=nonce,
+        delete=False,
+    )
+    if fin.outcome != "done":
+        return fin
+    cmv: Outcome | None = None
+    if handle_ours:
+        cmv = yield from set_visibility(
+            on_queue(delivery, queue_url), delivery.receipt_handle, delay
+        )
+    yield from emit(
+        "job_retry_scheduled",
+        job_id=job.job_id,
+        job_class=job.job_class,
+        token=job.token,
+        attempt=job.attempt,
+        delay=delay,
+        error_code=error_code,
+        reason=reason,
+        visibility_set=isinstance(cmv, Ok),
+        lease_lapsed=not handle_ours,
+    )
+    return fin
+
+
+def park_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    job: JobView,
+    delivery: Delivery,
+    worker_id: str,
+    wall_now: float,
+    reason: str,
+    nonce: str,
+    defer_delete: bool = False,
+) -> Flow[Finish]:
+    """Park the job for an operator (fenced), then delete its message."""
+    write_id = end_write_id(nonce, "park")
+    fin = yield from end_attempt(
+        req,
+        queue_url=queue_url,
+        job=job,
+        delivery=delivery,
+        worker_id=worker_id,
+        write=req.park(
+            job.job_id,
+            job.token,
+            worker_id,
+            bounded(reason, REASON_LIMIT),
+            wall_now,
+            write_id=write_id,
+        ),
+        write_id=write_id,
+        applied=JobState.PARKED,
+        stage="park",
+        wall_now=wall_now,
+        nonce=nonce,
+        defer_delete=defer_delete,
+    )
+    if fin.outcome is FinishOutcome.DONE:
+        yield from emit("job_parked", job_id=job.job_id, token=job.token, reason=reason)
+    return fin
+
+
+def release_flow(
+    req: JobRequests,
+    *,
+    queue_url: str,
+    held: Sequence[tuple[JobView | None, Delivery]],
+    worker_id: str,
+    wall_now: float,
+    reason: str,
+    nonce: str,
+    visibility: int = 0,
+    lapsed: Collection[str] = (),
+    late: bool = False,
+    charged: bool = False,
+) -> Flow[int]:
+    """Hand messages back (shutdown: at once): claimed records -> queued, visibility ->
+    ``visibility`` (0). (A job waiting for a slot waits as a fresh message instead:
+    ``slots.wait_flow``.)
+
+    ``nonce``: the attempt's own when it releases its job itself; a fresh one when
+    another flow (shutdown, a late hand-back) releases on its behalf, so the
+    attempt never takes that release for its own write.
+
+    The worker, not the job, ended these attempts, so each claimed record gets
+    back the attempt its claim counted. ``lapsed``: receipt handles whose local
+    lease has run out (``LocalLease.handle_ours``): their records are handed back,
+    but no visibility change is sent with them, since the message may already be
+    another receive's. ``late``/``charged``: a late hand-back, counted on the
+    record, and whether its attempt is kept (``timing.late_charged``). Returns how
+    many messages are back: SQS confirmed the change, or the lease had already lapsed.
+    """
+    handback: list[Delivery] = []
+    gone_back = 0  # lapsed leases handed back by their record alone
+    for job, d in held:
+        if job is None:
+            handback.append(d)
+            continue
+        if not nonce:
+            raise ValueError("release_flow: releasing a claimed record needs a nonce")
+        write_id = end_write_id(nonce, "release")
+        fin = yield from fenced_write(
+            req,
+            req.release(
+                job.job_id,
+                job.token,
+                worker_id,
+                reason,
+                wall_now,
+                write_id=write_id,
+                late=late,
+                charged=charged,
+            ),
+            job=job,
+            worker_id=worker_id,
+            applied=JobState.QUEUED,
+            write_id=write_id,
+        )
+        if fin.outcome is FinishOutcome.DONE:
+            if d.receipt_handle in lapsed:
+                gone_back += 1
+            else:
+                handback.append(d)
+        else:
+            # Not ours any more (or unknown): its visibility belongs to the new owner.
+            yield from emit(
+                "job_release_skipped", job_id=job.job_id, token=job.token, reason=fin.reason
+            )
+            loss = rejected_loss(fin)
+            if loss is not None:
+                # The shell stopped the attempt for shutdown before this write, so no
+                # other path has journaled this loss.
+                ev = lost_event(job.job_id, job.token, LossSource.RELEASE, *loss)
+                yield from emit(ev.event, **ev.fields)
+    released = 0
+    for queue, chunk in by_queue(handback, queue_url, lambda d: d.queue_url):
+        out = yield from call(
+            Call(
+                "sqs",
+                "ChangeMessageVisibilityBatch",
+                {
+                    "QueueUrl": queue,
+                    "Entries": [
+                        {
+                            "Id": str(i),
+                            "ReceiptHandle": d.receipt_handle,
+                            "VisibilityTimeout": visibility,
+                        }
+                        for i, d in enumerate(chunk)
+                    ],
+                },
+            )
+        )
+        if isinstance(out, Ok):
+            released += len(out.response.get("Successful", []))
+    released += gone_back
+    yield from emit("messages_released", count=released, reason=reason, lapsed=gone_back)
+    return released
+
+
+def poison_flow(
+    req: JobRequests | None,
+    *,
+    queue_url: str,
+    poison: Poison,
+    dlq_url: str | None,
+    body: str,
+) -> Flow[None]:
+    """Move a message nobody can process out of the way, with the reason journaled.
+
+    With a DLQ it is copied there first (so the bytes survive for forensics), then
+    deleted; without one it is deleted. It never stops the worker. A FIFO DLQ gets
+    the job's id (else the message's) as the group and the message id as the
+    deduplication id: a copy repeated because the delete failed stays one copy.
+    """
+    moved = False
+    if dlq_url:
+        out = yield from call(
+            Call(
+                "sqs",
+                "SendMessage",
+                {
+                    "QueueUrl": dlq_url,
+                    "MessageBody": body or "<empty>",
+                    "MessageAttributes": {
+                        "sqs_lease_reason": {
+                            "DataType": "String",
+                            "StringValue": poison.reason[:256],
+                        },
+                    },
+                    **fifo_params(
+                        dlq_url,
+                        group_id=poison.job_id or poison.message_id,
+                        dedup_id=copy_deduplication_id("poison", poison.message_id),
+                    ),
+                },
+            )
+        )
+        moved = isinstance(out, Ok)
+        if not moved:
+            # Keep the only copy: SQS's own redrive moves it once receives run out.
+            yield from emit(
+                "message_poisoned",
+                message_id=poison.message_id,
+                job_id=poison.job_id,
+                reason=poison.reason,
+                moved_to_dlq=False,
+                kept=True,
+            )
+            return
+    yield from delete_message(on_queue(poison, queue_url), poison.receipt_handle)
+    yield from emit(
+        "message_poisoned",
+        message_id=poison.message_id,
+        job_id=poison.job_id,
+        reason=poison.reason,
+        moved_to_dlq=moved,
+    )
