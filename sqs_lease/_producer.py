@@ -21,7 +21,7 @@ from ._core.messages import UNSENT_GRACE_SECONDS
 from ._core.priority import PRIORITIES, Priority
 from ._core.records import JobView
 from ._core.sending import SubmitResult, submit_flow
-from ._core.stages import Retried, retry_flow
+from ._core.stages import Retried, retry_failed_flow
 from ._core.sweeping import SweepReport, sweep_flow
 from ._errors import ConfigError, ResourceMissing
 from ._jobs import App, canonical_json, payload_hash
@@ -222,10 +222,10 @@ class Producer:
 
     def retry(self, job_id: str, stage: str | None = None) -> Retried:
         """Run a failed (or parked) job again from where it ended: a staged job at its
-        failed stage, its committed stages kept (see :func:`retry_flow`). Conditional
+        failed stage, its committed stages kept (see :func:`retry_failed_flow`). Conditional
         on the record's state and token: a second retry of one failure does nothing."""
         return self.driver.run(
-            retry_flow(
+            retry_failed_flow(
                 self.table,
                 queue_url=self.queue_url,
                 job_id=job_id,

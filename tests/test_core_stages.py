@@ -38,7 +38,7 @@ from sqs_lease._core.stages import (
     NextStage,
     cap_budget,
     continuation_send_id,
-    retry_flow,
+    retry_failed_flow,
     stage_results,
 )
 from sqs_lease._core.timeline import TimelineKind, decode
@@ -532,7 +532,9 @@ def test_a_retry_requeues_the_failed_stage_on_condition_of_its_state_and_token()
     s = Script(
         [ok({"Item": _failed_render()}), ok({"Attributes": {}}), ok({"MessageId": "m"}), ok()]
     )
-    done = s.run(retry_flow(T, queue_url=QUEUE, job_id="job-1", wall_now=WALL, send_id="r-1"))
+    done = s.run(
+        retry_failed_flow(T, queue_url=QUEUE, job_id="job-1", wall_now=WALL, send_id="r-1")
+    )
     assert [c.op for c in s.calls] == ["GetItem", "UpdateItem", "SendMessage", "UpdateItem"]
     write = s.calls[1].params
     assert condition_equalities(write) == {"state": "failed", "token": 6}
@@ -549,7 +551,9 @@ def test_a_second_retry_of_the_same_failure_is_refused_by_the_condition_and_send
     # Read failed at token 6; meanwhile another operator's retry ran and a worker claimed it.
     moved = job_item(state=JobState.RUNNING, token=7, stage="render")
     s = Script([ok({"Item": _failed_render()}), condition_failed(moved)])
-    done = s.run(retry_flow(T, queue_url=QUEUE, job_id="job-1", wall_now=WALL, send_id="r-2"))
+    done = s.run(
+        retry_failed_flow(T, queue_url=QUEUE, job_id="job-1", wall_now=WALL, send_id="r-2")
+    )
     assert [c.op for c in s.calls] == ["GetItem", "UpdateItem"]
     assert (done.verdict, done.state) == ("nothing_to_do", JobState.RUNNING)
 
@@ -562,7 +566,9 @@ def test_a_retry_naming_another_stage_than_the_failed_one_is_refused(stage: str,
     s = Script([ok({"Item": _failed_render()})])
     with pytest.raises(RetryRefused, match=says):
         s.run(
-            retry_flow(T, queue_url=QUEUE, job_id="job-1", wall_now=WALL, send_id="r", stage=stage)
+            retry_failed_flow(
+                T, queue_url=QUEUE, job_id="job-1", wall_now=WALL, send_id="r", stage=stage
+            )
         )
     assert [c.op for c in s.calls] == ["GetItem"]
 
@@ -571,4 +577,4 @@ def test_a_cancelled_job_is_not_retried() -> None:
     item = job_item(state=JobState.FAILED, error_code="cancelled", reason="operator")
     s = Script([ok({"Item": item})])
     with pytest.raises(RetryRefused, match="cancelled"):
-        s.run(retry_flow(T, queue_url=QUEUE, job_id="job-1", wall_now=WALL, send_id="r"))
+        s.run(retry_failed_flow(T, queue_url=QUEUE, job_id="job-1", wall_now=WALL, send_id="r"))

@@ -480,7 +480,7 @@ class Retried:
     kept: tuple[str, ...] = ()  # the committed stages, kept as they are
 
 
-def retry_flow(
+def retry_failed_flow(
     req: JobRequests,
     *,
     queue_url: str,
@@ -657,7 +657,7 @@ __all__ = [
     "continue_flow",
     "refused_next",
     "resend_flow",
-    "retry_flow",
+    "retry_failed_flow",
     "stage_input_json",
     "stage_log",
     "stage_results",

@@ -555,13 +555,13 @@ class LambdaRun:
         self.world.at(self.world.now + delay, lambda: self._retry(job_id, n + 1))
 
     def _retry(self, job_id: str, n: int) -> None:
-        from ..._core.stages import retry_flow
+        from ..._core.stages import retry_failed_flow
 
         world = self.world
         world.record("operator", "operator_retries", {"job_id": job_id})
 
         def command(sid: str) -> Any:
-            return retry_flow(
+            return retry_failed_flow(
                 world.jobs_req,
                 queue_url=QUEUE,
                 job_id=job_id,
