@@ -883,7 +883,7 @@ def duplicate_takes_over() -> Iterator[None]:
     def take_over(
         env: Any, item: Any, found: Any, rules: Any, nonce: str
     ) -> Flow[claiming.ClaimResult | None]:
-        now = yield from attempt._now(env)
+        now = yield from attempt.now_of(env)
         claim = yield from attempt._admit(
             env, item, rules, now.wall, nonce, take_from=found.job.token
         )

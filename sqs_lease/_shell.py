@@ -76,6 +76,8 @@ class WorkerStats:
     released_late: int = 0  # leases its own late heartbeat let go, handed back uncharged
     waited_for_slot: int = 0  # claims given back: the job's limit had no slot free
     unanswered: int = 0  # claims with no answer (ownership unknown): the message comes back
+    commit_unknown: int = 0  # commits with no answer: the next claim (or the record) tells
+    commit_invalid: int = 0  # commits DynamoDB can never apply as sent (the job ends failed)
 
 
 def default_worker_id() -> str:

@@ -20,6 +20,7 @@ from test_core_attempt import Shell
 
 from sqs_lease._core.attempt import COMMIT_COUNTS, NOT_CLAIMED_COUNTS, attempt_flow
 from sqs_lease._core.claiming import NotClaimedOutcome
+from sqs_lease._core.fencing import FinishOutcome
 from sqs_lease._core.records import CANCELLED_CODE, JobState, is_cancelled
 from sqs_lease._shell import STAT_NAMES
 
@@ -29,6 +30,12 @@ def test_every_not_claimed_outcome_counts_in_a_worker_stat() -> None:
     assert outcomes - set(NOT_CLAIMED_COUNTS) == set()  # none left uncounted
     assert set(NOT_CLAIMED_COUNTS.values()) - STAT_NAMES == set()  # each a stat that exists
     assert set(COMMIT_COUNTS.values()) - STAT_NAMES == set()
+
+
+def test_every_commit_outcome_counts_in_a_worker_stat() -> None:
+    # A commit with no answer was counted under a name no stat had: silently dropped.
+    assert set(COMMIT_COUNTS) == set(FinishOutcome)
+    assert set(COMMIT_COUNTS.values()) <= STAT_NAMES
 
 
 def test_an_unanswered_claim_counts_unanswered() -> None:

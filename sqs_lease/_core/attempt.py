@@ -67,7 +67,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from .._errors import JobCancelled, LeaseLost, PayloadError, RecordUnreadable
-from .calls import Call, Emit, Err, Flow, Invoke, Ok, call
+from .calls import Call, Emit, Err, Flow, Invoke, Ok, ask, call
 from .claiming import Claimed, ClaimResult, NotClaimed, NotClaimedOutcome, admit_flow
 from .deadletter import DlqReport, DlqVerdict, reconcile_dlq_flow
 from .deletes import DeleteBatch
@@ -272,27 +272,20 @@ COMMIT_COUNTS: dict[FinishOutcome, str] = {
     FinishOutcome.DONE: "committed",
     FinishOutcome.REJECTED: "rejected",
     FinishOutcome.FAILED: "failed",
+    FinishOutcome.UNKNOWN: "commit_unknown",
+    FinishOutcome.INVALID: "commit_invalid",
 }
 
 
-def _value(what: str, fn: Callable[[], Any]) -> Flow[Any]:
-    out = yield Invoke(what, fn)
-    if isinstance(out, Err):
-        if out.exc is not None:
-            raise out.exc
-        raise RuntimeError(f"{what} failed: {out.message}")  # pragma: no cover
-    assert isinstance(out, Ok)
-    return out.response["value"]
-
-
-def _now(env: AttemptEnv) -> Flow[Now]:
-    now: Now = yield from _value("now", env.now)
+def now_of(env: AttemptEnv) -> Flow[Now]:
+    """The shell's clocks, read now (both stamps of one moment)."""
+    now: Now = yield from ask("now", env.now)
     return now
 
 
 def _nonce(env: AttemptEnv) -> Flow[str]:
     """A fresh nonce from the shell: an attempt's, or a release's made on its behalf."""
-    nonce: str = yield from _value("write_id", env.write_id)
+    nonce: str = yield from ask("write_id", env.write_id)
     return nonce
 
 
@@ -322,17 +315,17 @@ def attempt_flow(
         )
         return None
     rules = rules_for(env, item.job_class, item.stage)
-    now = yield from _now(env)
+    now = yield from now_of(env)
     late, behind = env.book.before_claim(item.job_id, now.mono)
     if late is not None:
         # Our own lapsed attempt of this job goes back (its attempt given back) first.
         yield from _handed_back_late(env, late, now.mono)
-        now = yield from _now(env)
+        now = yield from now_of(env)
     elif behind is not None:
         yield from _defer_behind_hand_back(env, item, behind)
         return None
     # Drawn only when needed: the random stream stays the retries' own.
-    rand = 0.5 if rules is not None else (yield from _value("random", env.random))
+    rand = 0.5 if rules is not None else (yield from ask("random", env.random))
     nonce = yield from _nonce(env)
     try:
         return (yield from _claim_and_run(env, item, rules, now, nonce, rand, tag))
@@ -386,7 +379,7 @@ def _claim_and_run(
     if slots is not None and not slots.granted:
         yield from _wait_for_slot(env, claim, slots)
         return None
-    now = yield from _now(env)
+    now = yield from now_of(env)
     held_rules: LeaseRules = rules
     budget = cap_budget(item, rules.stage_budget_seconds, now.wall)
     if budget < rules.lease_seconds:
@@ -454,7 +447,7 @@ def _owner_running(
     running = found.job
     assert running is not None
     own = rules_for(env, running.job_class, running.stage) or rules
-    now = yield from _now(env)
+    now = yield from now_of(env)
     if running.owner == env.worker_id:
         # One worker id, two attempts (a copy reached another of its threads): its
         # own book says whether the first still owns the job: holds a lease it
@@ -477,7 +470,7 @@ def _owner_running(
             window=window,
         )
     if not alive:
-        now = yield from _now(env)
+        now = yield from now_of(env)
         claim = yield from _admit(env, item, rules, now.wall, nonce, take_from=running.token)
         if not (isinstance(claim, NotClaimed) and claim.outcome == "running"):
             return claim
@@ -578,7 +571,7 @@ def _take_slots(env: AttemptEnv, claim: Claimed) -> Flow[SlotGrant | None]:
     )
     if not pools:
         return None
-    now = yield from _now(env)
+    now = yield from now_of(env)
     grant: SlotGrant = yield from take_slots_flow(
         env.slots.requests,
         env.table,
@@ -594,12 +587,12 @@ def _take_slots(env: AttemptEnv, claim: Claimed) -> Flow[SlotGrant | None]:
 def _wait_for_slot(env: AttemptEnv, claim: Claimed, grant: SlotGrant) -> Flow[None]:
     """No slot: the claim does not count and the job waits as a fresh message, so the
     wait is no receive its redrive counts (``_core/slots.py``, rules 4 and 6)."""
-    rand: float = yield from _value("random", env.random)
+    rand: float = yield from ask("random", env.random)
     d = claim.delivery
     interactive = env.interactive_url is not None and d.queue_url == env.interactive_url
     delay = wait_delay(waits_of(d.send_id), rand, interactive=interactive)
     yield from slot_wait_event(claim.job.job_id, claim.token, grant, delay, waits_of(d.send_id))
-    now = yield from _now(env)
+    now = yield from now_of(env)
     pool = grant.waiting_for
     yield from wait_flow(
         env.table,
@@ -617,7 +610,7 @@ def _wait_for_slot(env: AttemptEnv, claim: Claimed, grant: SlotGrant) -> Flow[No
 
 def _give_back(env: AttemptEnv, held: tuple[HeldSlot, ...]) -> Flow[None]:
     assert env.slots is not None
-    now = yield from _now(env)
+    now = yield from now_of(env)
     yield from give_back_flow(env.slots.requests, held, wall_now=now.wall)
 
 
@@ -639,7 +632,7 @@ def _queue_delete(env: AttemptEnv, claim: Claimed, fin: Finish | None) -> Flow[b
     batch; True when this one filled the batch."""
     if fin is None or not fin.delete_pending or env.deletes is None:
         return False
-    now = yield from _now(env)
+    now = yield from now_of(env)
     d = claim.delivery
     return env.deletes.add(d.receipt_handle, claim.job.job_id, claim.token, now.mono, d.queue_url)
 
@@ -660,7 +653,7 @@ def flush_deletes_flow(env: AttemptEnv, *, force: bool = False) -> Flow[int]:
     if env.deletes is None:
         return 0
     deleted = 0
-    now = yield from _now(env)
+    now = yield from now_of(env)
     while batch := env.deletes.take(now.mono, force=force):
         entries = [{"Id": str(i), "ReceiptHandle": p.receipt_handle} for i, p in enumerate(batch)]
         out = yield Call(
@@ -771,7 +764,7 @@ def _run(at: _At, held: Held, payload: Any, start: float) -> Flow[Finish | None]
         env.observer.handler_ended(held, stop)
     # A handler told to stop may return a partial result: never committed.
     end = stopped_ending(ending_for(error, claim.job.payload_json), stop)
-    now = yield from _now(env)
+    now = yield from now_of(env)
     if end.kind is EndKind.RELEASE:
         released = yield from release_flow(
             env.table,
@@ -837,7 +830,7 @@ def _commit(at: _At, result: Any, now: Now, duration: float) -> Flow[Finish]:
         duration=duration,
         keep_rejected_content=at.rules.keep_rejected_results,
     )
-    env.tally(COMMIT_COUNTS.get(fin.outcome, "commit_unknown"), 1)
+    env.tally(COMMIT_COUNTS[fin.outcome], 1)
     yield from at.rejected(fin, LossSource.COMMIT)
     return fin
 
@@ -869,7 +862,7 @@ def _continue(at: _At, nxt: NextStage, now: Now, duration: float) -> Flow[Finish
         input_json=text,
         duration=duration,
     )
-    env.tally(COMMIT_COUNTS.get(done.fin.outcome, "commit_unknown"), 1)
+    env.tally(COMMIT_COUNTS[done.fin.outcome], 1)
     yield from at.rejected(done.fin, LossSource.COMMIT)
     return done.fin
 
@@ -877,12 +870,12 @@ def _continue(at: _At, nxt: NextStage, now: Now, duration: float) -> Flow[Finish
 def _retry(at: _At, end: Ending, now: Now | None = None) -> Flow[Finish]:
     """A counted retry after a backoff drawn now (or, past the attempts, a failure)."""
     env, claim, rules = at.env, at.claim, at.rules
-    rand: float = yield from _value("random", env.random)
+    rand: float = yield from ask("random", env.random)
     delay = backoff_delay(
         claim.attempt, rules.backoff_base_seconds, rules.backoff_max_seconds, rand
     )
     if now is None:
-        now = yield from _now(env)
+        now = yield from now_of(env)
     fin = yield from retry_flow(
         env.table,
         **at.end_args(now),
@@ -915,7 +908,7 @@ def _fail(at: _At, end: Ending, now: Now | None = None, *, poisoned: bool = Fals
             },
         )
     if now is None:
-        now = yield from _now(env)
+        now = yield from now_of(env)
     fin = yield from fail_flow(
         env.table, **at.end_args(now), reason=end.reason, error_code=end.code
     )
@@ -972,7 +965,7 @@ so a round of thousands takes about as long as its slowest part, not their sum."
 def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
     """One heartbeat round over the book (the shell decides only when to run it)."""
     book = env.book
-    clock = yield from _now(env)
+    clock = yield from now_of(env)
     now = clock.mono
     plan, dropped = book.plan_round(now)
     yield from watchdog_drops_flow(env, dropped, now)
@@ -984,7 +977,7 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
     if env.observer is not None:
         env.observer.round_planned(extend)
     due = min(beat_due(lease) for lease in extend)
-    wall = (yield from _now(env)).wall
+    wall = (yield from now_of(env)).wall
     parts = [
         heartbeat_flow(
             env.table,
@@ -1000,7 +993,7 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
         for part in parts:
             reports.append((yield from part))
     else:
-        reports = yield from _value("parallel", Parallel(tuple(parts), env.run_parallel))
+        reports = yield from ask("parallel", Parallel(tuple(parts), env.run_parallel))
     report = HeartbeatReport(
         {job_id: beat for r in reports for job_id, beat in r.beats.items()},
         sum(r.calls for r in reports),
@@ -1016,7 +1009,7 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
         yield from watchdog_drops_flow(env, held_capped, now)
     if env.observer is not None:
         env.observer.round_applied(changed.extended)
-    end = yield from _now(env)
+    end = yield from now_of(env)
     pressure = None
     if book.pace is not None:
         pressure = book.paced(extend, due=due, started=now, ended=end.mono)
@@ -1138,7 +1131,7 @@ def watchdog_drops_flow(
         yield Invoke("act_for", ActFor("heartbeat", {lease.job_id: lease.token}))
         if why is Drop.MESSAGE_CAP:
             # Not the job's fault: a new message, the attempt given back.
-            t = yield from _now(env)
+            t = yield from now_of(env)
             fin = yield from _resend(_At(env, claim, rules, held), t, "SQS's 12-hour cap reached")
             yield from _settle(env, claim, fin)
             yield Invoke("act_for", ActFor("heartbeat"))
@@ -1200,7 +1193,7 @@ def _handed_back_late(env: AttemptEnv, held: Held, now: float) -> Flow[None]:
     )
     yield Invoke("act_for", ActFor("release", {lease.job_id: lease.token}))
     try:
-        t = yield from _now(env)
+        t = yield from now_of(env)
         nonce = yield from _nonce(env)  # the hand-back's own, not the lapsed attempt's
         released = yield from release_flow(
             env.table,
@@ -1366,7 +1359,7 @@ def release_unstarted_flow(env: AttemptEnv, item: Delivery | Poison) -> Flow[Non
     """A message received while the worker stops: handed back unclaimed at once."""
     if not isinstance(item, Delivery):
         return
-    now = yield from _now(env)
+    now = yield from now_of(env)
     released = yield from release_flow(
         env.table,
         queue_url=env.queue_url,
@@ -1386,7 +1379,7 @@ def shutdown_flow(env: AttemptEnv) -> Flow[None]:
     if not left:
         return
     yield Invoke("act_for", ActFor("release", {h.job.job_id: h.lease.token for h in left}))
-    now = yield from _now(env)
+    now = yield from now_of(env)
     nonce = yield from _nonce(env)  # the shutdown's own: no attempt takes it for its write
     released = yield from release_flow(
         env.table,
@@ -1496,7 +1489,7 @@ def sweep_pages_flow(
     start: Mapping[str, Any] | None = None
     try:
         for page in range(1 if until is None else SWEEP_MAX_PAGES):
-            now = yield from _now(env)
+            now = yield from now_of(env)
             if until is not None and page > 0 and now.mono + 2 * SWEEP_PAGE_SECONDS > until:
                 break  # out of time: more stays as the last page said
             report: SweepReport = yield from sweep_flow(
@@ -1545,7 +1538,7 @@ def _reconcile_dlq_once(
     env: AttemptEnv, dlq_url: str, receives: int, receive_until: float | None = None
 ) -> Flow[DlqReport | None]:
     try:
-        now = yield from _now(env)
+        now = yield from now_of(env)
         dlq: DlqReport = yield from reconcile_dlq_flow(
             env.table,
             dlq_url=dlq_url,
@@ -1620,6 +1613,7 @@ __all__ = [
     "heartbeat_round_flow",
     "heartbeat_tick_flow",
     "held_effect_flow",
+    "now_of",
     "receive_size",
     "redrive_rules",
     "release_unstarted_flow",

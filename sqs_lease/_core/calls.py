@@ -142,3 +142,15 @@ def call(instruction: Call | Sleep | Invoke) -> Generator[Instruction, Outcome |
 def emit(event: str, **fields: Any) -> Generator[Instruction, Outcome | None, None]:
     """Yield one journal event (``yield from emit(...)``)."""
     yield Emit(event, fields)
+
+
+def ask(what: str, fn: Callable[[], Any]) -> Generator[Instruction, Outcome | None, Any]:
+    """A value from the shell (its clock, a nonce, the time left): ``fn`` run by the
+    driver as an :class:`Invoke`; what ``fn`` raised is raised here."""
+    out = yield Invoke(what, fn)
+    if isinstance(out, Err):
+        if out.exc is not None:
+            raise out.exc
+        raise RuntimeError(f"{what} failed: {out.message}")  # pragma: no cover
+    assert isinstance(out, Ok)
+    return out.response["value"]

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import JobClassError
-from .attempt import AttemptEnv, _now, _value, attempt_flow, rules_for
-from .calls import Emit, Err, Flow
+from .attempt import AttemptEnv, attempt_flow, now_of, rules_for
+from .calls import Emit, Err, Flow, ask
 from .deploy import LAMBDA_MAX_TIMEOUT, check_lambda_fit
 from .endwrites import release_flow
 from .eventsource import (
@@ -88,13 +88,13 @@ def record_flow(
         return None
     mid = str(record.get("messageId", ""))
     group = message_group(record)
-    now = yield from _now(env)
+    now = yield from now_of(env)
     item = parse_event_record(record, now.mono, 0)
     # A staged job's record starts only when its own stage's budget fits.
     rules = rules_for(env, item.job_class, item.stage) if isinstance(item, Delivery) else None
     budget = rules.stage_budget_seconds if rules is not None else 0.0
     blocked = groups.blocked(group)
-    left: int = yield from _value("remaining", remaining_ms)
+    left: int = yield from ask("remaining", remaining_ms)
     if blocked or not can_start(left, budget):
         yield Emit(
             "lambda_record_not_started",
@@ -159,9 +159,9 @@ def release_unstarted_records_flow(
         home = on_queue(d, env.queue_url)
         # As a slot waiter waits for a free slot (rule 6: the delay falls with the
         # job's waits, so the record skipped most often comes back most often).
-        rand: float = yield from _value("random", env.random)
+        rand: float = yield from ask("random", env.random)
         delay = wait_delay(waits_of(d.send_id), rand, interactive=home == env.interactive_url)
-        now = yield from _now(env)
+        now = yield from now_of(env)
         waits = yield from unstarted_wait_flow(
             env.table, queue_url=env.queue_url, delivery=d, wall_now=now.wall, delay=delay
         )
@@ -174,7 +174,7 @@ def release_unstarted_records_flow(
         )
         released += 1
     if kept:
-        left: int = yield from _value("remaining", remaining_ms)
+        left: int = yield from ask("remaining", remaining_ms)
         released += yield from _release(env, kept, not_started_visibility(left))
     return released
 
@@ -183,7 +183,7 @@ def _release(env: AttemptEnv, deliveries: Sequence[Delivery], visibility: int) -
     """Hand these unclaimed deliveries back, visible again in ``visibility`` seconds."""
     if not deliveries:
         return 0
-    now = yield from _now(env)
+    now = yield from now_of(env)
     released: int = yield from release_flow(
         env.table,
         queue_url=env.queue_url,

@@ -49,7 +49,7 @@ from .fifo import is_fifo
 from .inputs import NAME_RULE, loads, valid_name
 from .limits import record_problem
 from .messages import Delivery, fail_call, on_queue
-from .records import GroupRequests, JobRequests, JobState, JobView
+from .records import GroupRequests, JobRequests, JobState, JobView, is_cancelled
 from .sending import send_job_message as _send
 from .sending import send_record_message
 from .sweeping import home_queue
@@ -532,7 +532,7 @@ def retry_failed_flow(
                 else f"job {job_id!r} has no stages; leave --stage out"
             )
         raise RetryRefused(why)
-    if job.state is JobState.FAILED and job.error_code == "cancelled":
+    if is_cancelled(job):
         raise RetryRefused(
             f"job {job_id!r} was cancelled ({job.reason}); a cancelled job is not retried: "
             "submit it again under a new id"

@@ -106,7 +106,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..._core.records import UNDELIVERED_CODE, JobState, JobView
+from ..._core.records import CANCELLED_CODE, UNDELIVERED_CODE, JobState, JobView
 from ..._schema import view_of
 from .clocks import I25, I25_TEXT
 from .receiver import Applied
@@ -601,7 +601,7 @@ class Checker:
                 continue
             if v.state is JobState.FAILED and "item limit" in (v.reason or ""):
                 continue
-            if v.state is JobState.FAILED and v.error_code in ("cancelled", "class_mismatch"):
+            if v.state is JobState.FAILED and v.error_code in (CANCELLED_CODE, "class_mismatch"):
                 continue
             self.fail(
                 I14,

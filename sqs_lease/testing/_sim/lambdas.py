@@ -41,6 +41,7 @@ from ..._core.calls import Call, Flow, Ok, Outcome, call
 from ..._core.eventsource import END_MARGIN_SECONDS, GroupStop, parse_event_record
 from ..._core.invocation import RecordEnd
 from ..._core.messages import Delivery
+from ..._core.records import CANCELLED_CODE
 from ..._core.timing import EFFECT_MARGIN
 from .invariants import Origin
 from .plan import SweepPlan
@@ -548,7 +549,7 @@ class LambdaRun:
         n = self.retried.get(job_id, 0)
         if job_id not in self.world.job_plans or n >= 2:
             return
-        if new.get("error_code", {}).get("S") == "cancelled":
+        if new.get("error_code", {}).get("S") == CANCELLED_CODE:
             return  # refused by the command (a cancelled job is submitted again)
         self.retried[job_id] = n + 1
         delay = self.rng.uniform(0.5, 30.0)
