@@ -1533,11 +1533,25 @@ def own_claim_unseen() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def handler_starts_lapsed() -> Iterator[None]:
+    """As before soak seed 1105530: an attempt starts its handler whatever its lease,
+    though the lease ran out between the receive and the start (a claim made after the
+    receive's visibility lapsed, its visibility change refused): a planned tool under a
+    limit runs beside the slot's next holder. Expected: P1."""
+    from sqs_lease._core import leasebook
+
+    _require(leasebook.LeaseBook, "lapsed_before_start", "soak seed 1105530")
+    with _patch(leasebook.LeaseBook, "lapsed_before_start", lambda self, held, now: False):
+        yield
+
+
 PLANS_MUTATIONS: dict[str, Callable[[], Any]] = {
     "limit_per_step": limit_per_step,
     "async_per_class": async_per_class,
     "lease_rules_top_level": lease_rules_top_level,
     "own_claim_unseen": own_claim_unseen,
+    "handler_starts_lapsed": handler_starts_lapsed,
 }
 """The plans world's mutations (each caught in the ``plans`` world, one of
 ``plan.PASSING_FEATURES``); ``pace_counts_fenced_out`` (defect 11) is caught there too

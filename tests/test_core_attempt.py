@@ -23,6 +23,7 @@ from core_harness import (
     Script,
     condition_failed,
     delivery,
+    err,
     job_item,
     ok,
     put,
@@ -943,3 +944,25 @@ def test_a_handler_s_lease_lost_after_the_heartbeat_told_it_is_not_told_twice() 
     s = _run(shell, _answers())
     assert [e.event for e in s.events].count("heartbeat_lost") == 0  # the first went to the test
     assert s.event("job_abandoned")["error_code"] == "LeaseLost"
+
+
+def test_a_handler_whose_lease_ran_out_before_it_started_never_starts() -> None:
+    # Soak seed 1105530: a message received 40 s before (a 30 s visibility) is claimed
+    # only now; the visibility change that would bring the lease to L finds the message
+    # no longer in flight, so the lease the attempt holds has already run out. Its
+    # handler (a planned tool under a limit of 1) started anyway, beside the slot's
+    # next holder. An attempt whose lease ran out before its handler starts hands the
+    # job back, uncharged, as its heartbeat would have (the worker was late, not the job).
+    started: list[HandlerRun] = []
+    shell = Shell(started.append)
+    lapsed = delivery(received_at=MONO - 40.0, visibility=30)
+    refused = err(ErrorKind.INVALID, "AWS.SimpleQueueService.MessageNotInflight")
+    s = _run(shell, [_claimed(), refused, RELEASED], lapsed)
+    assert started == []
+    assert "invoke:handler" not in s.kinds
+    late = s.event("lease_dropped_late")
+    assert (late["token"], late["charged"]) == (5, False)
+    # The claim, its refused visibility change, the fenced release (no visibility
+    # change with a handle that may be another receive's).
+    assert _ops(s) == ["UpdateItem", "ChangeMessageVisibility", "UpdateItem"], _ops(s)
+    assert shell.counts["released_late"] == 1 and shell.counts["committed"] == 0

@@ -411,6 +411,7 @@ def test_a_hand_back_that_never_said_it_ended_holds_a_claim_back_only_so_long() 
     run, calls, _events, _ = _drive(shell, again, [ok()])
     assert run is None and [c.op for c in calls] == ["ChangeMessageVisibility"]
     shell.mono += 2
+    again = delivery(receipt_handle="rh-3", received_at=shell.mono)  # received once more
     run, calls, _events, _flow2 = _drive(shell, again, [_claim_answer(5, 1)])
     assert run is not None and [c.op for c in calls] == ["UpdateItem"]
 
@@ -440,6 +441,6 @@ def test_a_slow_hand_back_spends_few_of_the_jobs_receives() -> None:
     assert shell.mono - dropped_at <= HAND_BACK_STALE + 1
     # Past the bound the delivery is claimed.
     run, calls, _events, _flow2 = _drive(
-        shell, delivery(receipt_handle="rh-x"), [_claim_answer(5, 1)]
+        shell, delivery(receipt_handle="rh-x", received_at=shell.mono), [_claim_answer(5, 1)]
     )
     assert run is not None and [c.op for c in calls] == ["UpdateItem"]

@@ -53,6 +53,10 @@ CAUGHT_BY_SOAK: dict[str, tuple[int, tuple[str, ...]]] = {
     # in the first 200 seeds of the plans world (it needs a copy to land in that
     # window on the same worker): pinned at the soak's seed, not searched.
     "own_claim_unseen": (1040258, (I24,)),
+    # soak seed 1105530 (fresh range 1,100,000): a claim landed after its receive's
+    # visibility lapsed and the attempt started its planned tool anyway, beside the
+    # slot's next holder.
+    "handler_starts_lapsed": (1105530, (P1,)),
 }
 P3_AT = 139
 """A seed where ``lease_rules_top_level`` breaks P3 first (a stall tolerated past a
@@ -222,6 +226,7 @@ def test_plans_mutations_are_undone_on_exit() -> None:
             _jobs.App.__dict__["async_callables"],
             _jobs.App.__dict__["lease_rules"],
             LeaseBook.__dict__["owns"],
+            LeaseBook.__dict__["lapsed_before_start"],
         )
 
     before = state()
@@ -284,3 +289,19 @@ def test_soak_a_copy_reaching_its_own_worker_before_the_first_attempt_holds_is_d
     assert result.ok, result.violations[:1]
     mutated = run_seed(seed, mutation="own_claim_unseen")
     assert mutated.violations and mutated.violations[0].name == I24
+
+
+def test_soak_a_handler_whose_lease_ran_out_before_it_started_never_starts() -> None:
+    """Soak seed 1105530 (the protocol's error): job-000's message, received at t=340.6
+    with a 10 s visibility, was claimed at 351.4; the visibility change that brings a
+    lease to L found it no longer in flight, so the attempt held a lease already run
+    out. It took its slot of the tool ``mail`` (limit 1), a copy of its message took the
+    job over (and failed it: attempts spent), job-001 then took the slot from the
+    failed job, and job-000's stale attempt started its tool at 354.7 beside job-001
+    (P1). An attempt whose lease ran out before its handler starts hands the job back
+    uncharged and starts nothing (``LeaseBook.lapsed_before_start``);
+    ``handler_starts_lapsed`` puts the old start back and is caught here. Replay:
+    python -m simtools replay --seed 1105530"""
+    assert run_seed(1105530).ok
+    mutated = run_seed(1105530, mutation="handler_starts_lapsed")
+    assert mutated.violations and mutated.violations[0].name == P1

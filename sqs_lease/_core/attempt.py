@@ -743,6 +743,10 @@ def _run(at: _At, held: Held, payload: Any, start: float) -> Flow[Finish | None]
     env, claim = at.env, at.claim
     error: Exception | None = None
     result: Any = None
+    t = yield from now_of(env)
+    if env.book.lapsed_before_start(held, t.mono):
+        yield from _handed_back_late(env, held, t.mono)
+        return None
     if env.book.told(held) is None:  # claimed while the worker stops: do not start
         run = HandlerRun(held, claim, at.rules, payload, env.run_handler)
         out = yield Invoke("handler", run)

@@ -389,15 +389,28 @@ class LeaseBook:
             # A hand-back that never said it ended (its flow raised) holds nothing.
             self._handing_back.pop(job_id, None)
             h = self._held.get(job_id)
-            # Confirmed, then run out: the verdict plan_heartbeat gives WORKER_LATE.
-            if h is None or h.lease.status is not LeaseStatus.OK:
+            if h is None or not self._drop_late(h, now):
                 return None, None
-            if now < h.lease.conservative_deadline:
-                return None, None
-            h.lease.drop(Drop.WORKER_LATE)
-            h.cancelled.set()
-            self._handing_back[job_id] = (h.lease, now)
         return h, 0.0
+
+    def lapsed_before_start(self, held: Held, now: float) -> bool:
+        """The attempt's handler is about to start: whether its lease already ran out
+        (the claim, the first lease's extension or the slots took longer than the
+        receive's visibility left; a paused process). Then no handler may start (a
+        tool under a limit would run beside the slot's next holder, and its effects
+        would be fenced out anyway): the lease is dropped ``WORKER_LATE`` and the
+        caller hands the job back, uncharged, as the heartbeat would have."""
+        with self.lock:
+            return self._held.get(held.job.job_id) is held and self._drop_late(held, now)
+
+    def _drop_late(self, h: Held, now: float) -> bool:
+        # Confirmed, then run out: the verdict plan_heartbeat gives WORKER_LATE.
+        if h.lease.status is not LeaseStatus.OK or now < h.lease.conservative_deadline:
+            return False
+        h.lease.drop(Drop.WORKER_LATE)
+        h.cancelled.set()
+        self._handing_back[h.lease.job_id] = (h.lease, now)
+        return True
 
     def holds_open(self, job_id: str, token: int, now: float) -> bool:
         """This worker holds ``job_id`` at ``token`` with a lease it may still extend
