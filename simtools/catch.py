@@ -25,6 +25,7 @@ SEED_LIMIT = 200
 FIRST_SEED = {
     "shared_request_tokens": 400,
     "wall_clock_fence": 300,
+    "resume_under_count": 1113879,  # found by the fresh-range soak (acb3cec)
     "unconfirmed_lease_given_up": 777600,
     "retention_across_clocks": 500,
     "retention_on_wall": 1041500,

@@ -431,8 +431,9 @@ def resume_keeps_attempts() -> Iterator[None]:
 
     def unpark(send_id: str, wall_now: float) -> Any:
         condition, actions = original(send_id, wall_now)
-        grant = str(_schema.R.granted_attempts.add(1))
-        return condition, [a for a in actions if str(a) != grant]
+        R = _schema.R
+        grants = {str(R.granted_attempts.add(1)), str(R.resumed_at_attempt.set(R.attempt | 0))}
+        return condition, [a for a in actions if str(a) not in grants]
 
     with _patch(_schema, "_unpark", unpark):
         yield
@@ -910,6 +911,22 @@ def defers_forever() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def resume_under_count() -> Iterator[None]:
+    """As before soak seed 1113879: a resume grants one attempt on top of the grants
+    only (``max_attempts + granted_attempts``), so a count already past them (claims
+    that landed unanswered) fails the job at the resume's first claim. Expected: I12."""
+    from sqs_lease._core import attempt, claiming, endwrites, records
+
+    _require(records, "attempts_allowed", "soak seed 1113879")
+
+    def allowed(job: Any, max_attempts: int) -> int:
+        return int(max_attempts + job.granted_attempts)
+
+    with _patch((claiming, endwrites, attempt), "attempts_allowed", allowed):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], Any]] = {
     "no_commit_token": no_commit_token,
     "no_ownership_check": no_ownership_check,
@@ -942,6 +959,7 @@ MUTATIONS: dict[str, Callable[[], Any]] = {
     # issue 26, duplicates (dup-defer)
     "duplicate_takes_over": duplicate_takes_over,
     "defers_forever": defers_forever,
+    "resume_under_count": resume_under_count,
 }
 WORLDS: dict[str, frozenset[str]] = {
     "resolve_in_two_writes": frozenset({"operator_races"}),

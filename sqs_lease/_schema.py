@@ -200,6 +200,8 @@ class JobRecord(Model):
     unsent_since = NumberAttribute(null=True)
     # Attempts an operator granted beyond the class's max_attempts (resume, resolve).
     granted_attempts = NumberAttribute(null=True)
+    # The attempt count at an operator's last resume: the attempt it starts is allowed.
+    resumed_at_attempt = NumberAttribute(null=True)
     stage = UnicodeAttribute(null=True)  # a staged job's current stage
     stage_input = UnicodeAttribute(null=True)  # JSON: the current stage's input (NextStage)
     stages = UnicodeAttribute(null=True)  # JSON list: checkpoints of the committed stages
@@ -402,6 +404,7 @@ def _unpark(send_id: str, wall_now: float) -> tuple[Condition, list[Action]]:
             R.reason.set("resumed after an operator's decision"),
             R.error_code.remove(),
             R.granted_attempts.add(1),
+            R.resumed_at_attempt.set(R.attempt | 0),
             R.send_id.set(send_id),
             *_awaits_send(wall_now),
             R.updated_at.set(wall_now),
@@ -724,6 +727,7 @@ class JobTable:
                 *_NEW_STAGE,
                 R.attempt.set(0),
                 R.granted_attempts.remove(),
+                R.resumed_at_attempt.remove(),
                 R.send_id.set(send_id),
                 *_awaits_send(wall_now),
                 R.updated_at.set(wall_now),
@@ -1082,6 +1086,7 @@ class JobTable:
             R.finished_at.remove(),
             R.attempt.set(0),
             R.granted_attempts.remove(),
+            R.resumed_at_attempt.remove(),
             R.late_handbacks.remove(),
             R.send_id.set(send_id),
             *_awaits_send(wall_now),
@@ -1352,6 +1357,7 @@ def view_of(item: Mapping[str, Any]) -> JobView:
             send_id=s("send_id"),
             unsent_since=f("unsent_since"),
             granted_attempts=n("granted_attempts"),
+            resumed_at_attempt=n("resumed_at_attempt") if "resumed_at_attempt" in item else None,
             group=s("group_id"),
             timeline_length=len((item.get("timeline") or {}).get("L") or ()),
             progress_json=s("progress"),

@@ -184,6 +184,7 @@ def job_item(
     send_id: str | None = "send-1",
     unsent_since: float | None = None,
     granted_attempts: int | None = None,
+    resumed_at_attempt: int | None = None,
     write_id: str | None = None,
 ) -> dict[str, Any]:
     """A low-level DynamoDB item for one job, serialised by the real pynamodb model.
@@ -207,6 +208,7 @@ def job_item(
         updated_at=1_700_000_000,
         send_id=send_id,
         granted_attempts=granted_attempts,
+        resumed_at_attempt=resumed_at_attempt,
         write_id=write_id,
     )
     if unsent_since is not None:

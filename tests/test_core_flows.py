@@ -865,6 +865,19 @@ def test_attempts_an_operator_granted_extend_the_claim_limit() -> None:
     assert res.reason == "attempts exhausted (2 of 1 + 1 granted)"
 
 
+def test_the_attempt_a_resume_starts_is_allowed_past_attempts_no_handler_ran() -> None:
+    # Soak seed 1113879: two claims landed unanswered (each counted an attempt, none
+    # ran), the job went to the DLQ and was parked at attempt 3 with 1 + 1 allowed;
+    # the resume's grant (+1) left 1 + 2 = 3, and its first claim failed the job.
+    s = Script([_old(attempt=3, token=5, granted_attempts=2, resumed_at_attempt=3), ok()])
+    res = _claim(s, max_attempts=1)
+    assert isinstance(res, Claimed) and res.attempt == 4
+    # One attempt, not a new budget: the next claim after it is past the allowance.
+    s = Script([_old(attempt=4, token=6, granted_attempts=2, resumed_at_attempt=3), ok(), ok()])
+    res = _claim(s, max_attempts=1)
+    assert isinstance(res, NotClaimed) and res.outcome == "exhausted"
+
+
 def test_claim_beyond_max_attempts_fails_and_deletes() -> None:
     s = Script([_old(attempt=3, token=6), ok(), ok()])
     res = _claim(s, max_attempts=3)

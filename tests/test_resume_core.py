@@ -146,6 +146,8 @@ def test_resume_unparks_granting_an_attempt_then_sends_under_a_new_send_id() -> 
     assert "ADD #" in unpark["UpdateExpression"]  # granted_attempts + 1
     names = unpark["ExpressionAttributeNames"]
     assert "granted_attempts" in names.values()
+    # ... and the count it resumed at: the attempt the resume starts is always allowed.
+    assert "resumed_at_attempt" in names.values() and "if_not_exists" in unpark["UpdateExpression"]
     assert json.loads(s.calls[1].params["MessageBody"])["send_id"] == "send-new"
     assert condition_text(s.calls[2].params) == "send_id = 'send-new'"
     assert (got.verdict, got.state, got.message_id) == ("resumed", JobState.PARKED, "mid-1")

@@ -10,19 +10,7 @@ import pytest
 
 from simtools import run_seed
 
-FOUND: dict[int, tuple[str, str]] = {
-    1113879: (
-        "I12_resume_exhausted",
-        "fresh-range soak on acb3cec (and e91124d): job-009 (max_attempts 1) ran under an "
-        "operator's first grant, then two claims of w2 landed unanswered (each counted an "
-        "attempt, neither ran); its message went to the DLQ and the sweep parked it "
-        "dead_lettered at attempt 3 with 1 + 1 allowed. The operator's resume grants one "
-        "attempt (granted_attempts + 1 = 2): still under the count, so the first claim "
-        "after the resume fails it (attempts exhausted, 3 of 1 + 2). A grant must give "
-        "the next claim its attempt whatever the count (e.g. the resume records the "
-        "count it resumed at, and the one allowance rule reads it): to fix",
-    ),
-}
+FOUND: dict[int, tuple[str, str]] = {}
 
 
 @pytest.mark.parametrize(

@@ -139,6 +139,7 @@ CAUGHT_AT: dict[str, int] = {
     "unknown_class_claims": 16,  # I9_unknown_class (10 before the lambda world drew 10)
     "unreadable_aborts_round": 2,  # E_unhandled_exception
     "validation_as_unknown": 0,  # I14_oversize_result
+    "resume_under_count": 1113879,  # I12 (fresh-range soak, acb3cec)
 }
 
 # The invariant each mutation is expected to break first.
@@ -176,6 +177,8 @@ EXPECTED: dict[str, str | tuple[str, ...]] = {
     # that never finds an owner dead leaves a crashed owner's job unfinished
     "duplicate_takes_over": I24,
     "defers_forever": I4,
+    # soak seed 1113879: a resume's grant counted on top of the grants only
+    "resume_under_count": I12,
 }
 
 
@@ -259,6 +262,8 @@ def test_mutations_are_undone_on_exit() -> None:
             JobTable.__dict__["claim"],
             JobTable.__dict__["parse"],
             _schema._unpark,
+            attempt.__dict__["attempts_allowed"],
+            endwrites.__dict__["attempts_allowed"],
             endwrites.__dict__["result_problem"],
             endwrites.__dict__["fenced_write"],
             intents.__dict__["_lease_check"],

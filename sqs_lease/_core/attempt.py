@@ -82,7 +82,7 @@ from .lease import Drop, LocalLease, Stop
 from .leasebook import HAND_BACK_STALE, Held, LeaseBook, LeaseRules, Signal, is_open
 from .liveness import HeldJob, liveness_parts
 from .messages import DDB_BATCH_GET, SQS_BATCH, Delivery, Poison, on_queue
-from .records import JobRequests
+from .records import JobRequests, attempts_allowed
 from .slots import (
     HeldSlot,
     SlotGrant,
@@ -890,7 +890,7 @@ def _retry(at: _At, end: Ending, now: Now | None = None) -> Flow[Finish]:
         handle_ours=at.handle_ours(now),
     )
     if fin.outcome is FinishOutcome.DONE:
-        spent = claim.attempt >= rules.max_attempts + claim.job.granted_attempts
+        spent = claim.attempt >= attempts_allowed(claim.job, rules.max_attempts)
         env.tally("failed" if spent else "retried", 1)
     elif fin.outcome is FinishOutcome.FAILED:
         env.tally("failed", 1)

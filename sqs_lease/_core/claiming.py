@@ -20,6 +20,7 @@ from .records import (
     JobRequests,
     JobState,
     JobView,
+    attempts_allowed,
 )
 from .timeline import trim_count
 
@@ -149,6 +150,7 @@ def claim_flow(
         payload_json=old.payload_json,
         send_id=old.send_id,
         granted_attempts=old.granted_attempts,
+        resumed_at_attempt=old.resumed_at_attempt,
         progress_json=old.progress_json,
         group=old.group,
         tenant=old.tenant,
@@ -157,7 +159,7 @@ def claim_flow(
         late_handbacks=old.late_handbacks,  # timing.late_charged reads it
     )
     reclaimed = old.state is JobState.RUNNING
-    allowed = max_attempts + old.granted_attempts
+    allowed = attempts_allowed(old, max_attempts)
     if attempt > allowed:
         granted = f" + {old.granted_attempts} granted" if old.granted_attempts else ""
         reason = f"attempts exhausted ({attempt - 1} of {max_attempts}{granted})"

@@ -28,6 +28,7 @@ from .records import (
     JobRequests,
     JobState,
     JobView,
+    attempts_allowed,
 )
 
 
@@ -301,7 +302,7 @@ def retry_flow(
     visibility change is sent: the message comes back when its lease runs out,
     without the backoff, rather than risk moving another receive's visibility.
     """
-    if job.attempt >= max_attempts + job.granted_attempts:
+    if job.attempt >= attempts_allowed(job, max_attempts):
         granted = f" + {job.granted_attempts} granted" if job.granted_attempts else ""
         return (
             yield from fail_flow(

@@ -56,6 +56,9 @@ class JobView:
     send_id: str | None = None  # the job's current message (None: an older record)
     unsent_since: float | None = None  # wall time; set while no message is known sent
     granted_attempts: int = 0  # attempts an operator granted beyond max_attempts
+    # The attempt count when an operator last resumed the job (None: never resumed):
+    # the attempt a resume starts is always allowed (:func:`attempts_allowed`).
+    resumed_at_attempt: int | None = None
     group: str | None = None  # the agent session (or run) the producer put it in
     timeline_length: int = 0  # events on the record's timeline (where the item was read)
     progress_json: str | None = None  # the last owner's saved progress details (JSON)
@@ -74,6 +77,18 @@ class JobView:
 CANCELLED_CODE = "cancelled"
 """``error_code`` of a job a cancel ended ``failed`` (an operator's, or its session's);
 :func:`is_cancelled` is the one test of it."""
+
+
+def attempts_allowed(job: JobView, max_attempts: int) -> int:
+    """The attempts a job may start: its class's ``max_attempts`` and the attempts an
+    operator granted. A resume grants the attempt it starts whatever the count: claims
+    that landed unanswered counted attempts that never ran, so the count at the resume
+    may already be past the grants, and the first claim after it must not fail the job
+    (soak seed 1113879). The one rule for the claim, the retry and the tally."""
+    allowed = max_attempts + job.granted_attempts
+    if job.resumed_at_attempt is not None:
+        allowed = max(allowed, job.resumed_at_attempt + 1)
+    return allowed
 
 
 def is_cancelled(job: JobView) -> bool:
