@@ -35,8 +35,6 @@ from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
-
 from ._aio import AsyncDriver
 from ._aws import Timeouts
 from ._config import Settings
@@ -339,7 +337,7 @@ class AsyncWorker(ShellBase):
                 result = await self._blocking(lambda: reg.handler(ctx, run.payload))
         finally:
             self._judge_now()  # a handler that blocked the loop, then ended at once
-        return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
+        return result  # a model becomes data in the core (stages.plain_data)
 
     async def _blocking(self, fn: Callable[[], T]) -> T:
         """Run blocking code in the worker's bounded thread pool."""

@@ -19,8 +19,6 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel
-
 from ._aws import SyncDriver, Timeouts
 from ._config import Settings
 from ._core.attempt import (
@@ -260,8 +258,7 @@ class Worker(ShellBase):
         ctx: JobContext[Any] = JobContext(
             run_effect=lambda spec: self._run_effect(spec, run), **self._context_fields(run)
         )
-        result = reg.handler(ctx, run.payload)
-        return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
+        return reg.handler(ctx, run.payload)  # a model becomes data in the core
 
     def _run_effect(self, spec: EffectSpec, run: HandlerRun) -> EffectResult:
         return self.driver.run(

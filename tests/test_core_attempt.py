@@ -966,3 +966,19 @@ def test_a_handler_whose_lease_ran_out_before_it_started_never_starts() -> None:
     # change with a handle that may be another receive's).
     assert _ops(s) == ["UpdateItem", "ChangeMessageVisibility", "UpdateItem"], _ops(s)
     assert shell.counts["released_late"] == 1 and shell.counts["committed"] == 0
+
+
+def test_a_model_a_handler_returns_is_committed_as_its_json_data_whatever_the_shell() -> None:
+    # One place turns a returned model into data (stages.plain_data, in the core): the
+    # thread, async and simulated shells each did it themselves before.
+    from pydantic import BaseModel
+
+    class Out(BaseModel):
+        text: str
+        pages: int
+
+    shell = Shell(lambda run: Out(text="ok", pages=2))
+    s = _run(shell, _answers(ok(), ok()))
+    assert s.result == Finish(FinishOutcome.DONE)  # type: ignore[attr-defined]
+    values = s.calls[1].params["ExpressionAttributeValues"].values()
+    assert {"S": '{"pages":2,"text":"ok"}'} in values

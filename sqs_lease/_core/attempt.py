@@ -101,6 +101,7 @@ from .stages import (
     NextStage,
     cap_budget,
     continue_flow,
+    plain_data,
     refused_next,
     resend_flow,
     stage_input_json,
@@ -756,7 +757,7 @@ def _run(at: _At, held: Held, payload: Any, start: float) -> Flow[Finish | None]
                 raise exc if exc is not None else RuntimeError(out.message)
             error = exc
         elif out is not None:
-            result = out.response["value"]
+            result = plain_data(out.response["value"])
     if isinstance(error, LeaseLost) and not isinstance(error, JobCancelled):
         # The handler's own fenced call was refused (a 412 on ``ctx.fence_headers``):
         # the same proof of another owner as a refused intent start, told once.

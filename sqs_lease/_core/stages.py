@@ -73,9 +73,10 @@ def valid_stage_name(name: object) -> bool:
     return valid_name(name)
 
 
-def _plain(value: Any) -> Any:
-    # A pydantic model (or anything with its ``model_dump``) becomes JSON data; the
-    # core does not import pydantic.
+def plain_data(value: Any) -> Any:
+    """A handler's value as JSON data: a pydantic model (or anything with its
+    ``model_dump``) dumped in JSON mode, anything else as it is. The one place a
+    result becomes data, for every shell (the core does not import pydantic)."""
     dump = getattr(value, "model_dump", None)
     return dump(mode="json") if callable(dump) else value
 
@@ -98,8 +99,8 @@ class NextStage:
     result: Any = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "payload", _plain(self.payload))
-        object.__setattr__(self, "result", _plain(self.result))
+        object.__setattr__(self, "payload", plain_data(self.payload))
+        object.__setattr__(self, "result", plain_data(self.result))
 
     @property
     def checkpoint(self) -> Any:
@@ -655,6 +656,7 @@ __all__ = [
     "cap_send_id",
     "continuation_send_id",
     "continue_flow",
+    "plain_data",
     "refused_next",
     "resend_flow",
     "retry_failed_flow",

@@ -216,8 +216,7 @@ def run_user_handler(worker: SimWorker, run: HandlerRun, user: UserJobs) -> SimG
         bridge.close()
     if request.error is not None:
         raise request.error
-    value = request.value
-    return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+    return request.value  # a model becomes data in the core (stages.plain_data)
 
 
 def _perform(worker: SimWorker, run: HandlerRun, request: Any, user: UserJobs) -> SimGen[Any]:
