@@ -31,8 +31,10 @@ from sqs_lease._core import (
     fencing,
     heartbeats,
     intents,
+    rounds,
     sending,
     sweeping,
+    sweeps,
 )
 from sqs_lease._core.calls import Call, Flow
 from sqs_lease._core.fencing import Finish, FinishOutcome
@@ -353,13 +355,13 @@ def no_stranded_sweep() -> Iterator[None]:
     """Issue 7 item 8, as before the fix: the workers' periodic sweep of records left
     without a sent message finds nothing (the core sweep's ``sweep_flow`` makes no call).
     Expected: I10 (producer_death)."""
-    _require(attempt, "sweep_flow", "item 8 (the stranded-record sweep)")
+    _require(sweeps, "sweep_flow", "item 8 (the stranded-record sweep)")
 
     def finds_nothing(req: Any, **kw: Any) -> Flow[sweeping.SweepReport]:
         return sweeping.SweepReport((), False)
         yield  # a generator, as the real flow
 
-    with _patch(attempt, "sweep_flow", finds_nothing):
+    with _patch(sweeps, "sweep_flow", finds_nothing):
         yield
 
 
@@ -1347,10 +1349,15 @@ def cap_from_send() -> Iterator[None]:
 
     def resend(at: Any, now: Any, why: str) -> Flow[Finish]:
         code = Drop.STAGE_BUDGET.value
-        return (yield from attempt._retry(at, Ending(EndKind.RETRY, f"watchdog: {code}", code)))
+        return (
+            yield from attempt.retry_attempt(at, Ending(EndKind.RETRY, f"watchdog: {code}", code))
+        )
 
-    _require(attempt, "_resend", "cap_from_send")
-    with _patch(attempt, "cap_budget", cap_budget), _patch(attempt, "_resend", resend):
+    _require(attempt, "resend_attempt", "cap_from_send")
+    with (
+        _patch(attempt, "cap_budget", cap_budget),
+        _patch((attempt, rounds), "resend_attempt", resend),
+    ):
         yield
 
 
@@ -1381,13 +1388,15 @@ def budget_across_clocks() -> Iterator[None]:
 
     def resend(at: Any, now: Any, why: str) -> Flow[Finish]:
         code = Drop.STAGE_BUDGET.value
-        return (yield from attempt._retry(at, Ending(EndKind.RETRY, f"watchdog: {code}", code)))
+        return (
+            yield from attempt.retry_attempt(at, Ending(EndKind.RETRY, f"watchdog: {code}", code))
+        )
 
-    _require(attempt, "_resend", "budget_across_clocks")
+    _require(attempt, "resend_attempt", "budget_across_clocks")
     with (
         _patch(attempt, "cap_budget", cap_budget),
         _patch(attempt, "CappedRules", Charged),
-        _patch(attempt, "_resend", resend),
+        _patch((attempt, rounds), "resend_attempt", resend),
     ):
         yield
 

@@ -16,7 +16,7 @@ from typing import Any
 from core_harness import OTHER, WORKER, condition_text, delivery, job_item, ok, table, unreachable
 from test_core_attempt import MONO, Shell, _answers, _up_to_handler
 
-from sqs_lease._core.attempt import HandlerRun, attempt_flow, liveness_flow
+from sqs_lease._core.attempt import HandlerRun, attempt_flow
 from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Invoke, Ok, Outcome, Sleep
 from sqs_lease._core.duplicates import (
     DUPLICATE_DEFER_CAP,
@@ -29,6 +29,7 @@ from sqs_lease._core.lease import LeaseEvent
 from sqs_lease._core.liveness import HeldJob, Liveness
 from sqs_lease._core.messages import Delivery
 from sqs_lease._core.records import JobState
+from sqs_lease._core.rounds import liveness_flow
 
 H = 10.0  # test_core_attempt.Rules: L = 60, H = 10
 L = 60

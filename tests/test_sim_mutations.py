@@ -240,6 +240,7 @@ def test_mutations_are_undone_on_exit() -> None:
         intents,
         limits,
         priority,
+        sweeps,
     )
     from sqs_lease._core.leasebook import LeaseBook
     from sqs_lease._schema import JobTable
@@ -257,7 +258,7 @@ def test_mutations_are_undone_on_exit() -> None:
             intents.start_id_for,
             attempt.__dict__["stopped_ending"],
             attempt.__dict__["admit_flow"],
-            attempt.__dict__["sweep_flow"],
+            sweeps.__dict__["sweep_flow"],
             receiver.Receivers.__dict__["apply"],
             JobTable.__dict__["claim"],
             JobTable.__dict__["parse"],

@@ -42,6 +42,8 @@ from ..._core.eventsource import END_MARGIN_SECONDS, GroupStop, parse_event_reco
 from ..._core.invocation import RecordEnd
 from ..._core.messages import Delivery
 from ..._core.records import CANCELLED_CODE
+from ..._core.rounds import heartbeat_tick_flow
+from ..._core.sweeps import SCHEDULED_DLQ_RECEIVES, SCHEDULED_SWEEP_PAGE, sweep_pages_flow
 from ..._core.timing import EFFECT_MARGIN
 from .invariants import Origin
 from .plan import SweepPlan
@@ -295,7 +297,7 @@ def _new_env(world: World, deployment: Deployment) -> Any:
             for _ in range(_LOOP_LIMIT):
                 if not self.invoking:
                     return
-                yield from self.drive(core.heartbeat_tick_flow(self.env, stopping=False), origin)
+                yield from self.drive(heartbeat_tick_flow(self.env, stopping=False), origin)
                 yield SleepOp(self._next_wake(), wakeable=True)
 
     deployment.seq += 1
@@ -461,12 +463,12 @@ class Sweeper(Actor):
             yield from _drive(
                 self.world,
                 self,
-                core.sweep_pages_flow(
+                sweep_pages_flow(
                     env,
                     older_than=sweep.grace,
-                    limit=core.SCHEDULED_SWEEP_PAGE,
+                    limit=SCHEDULED_SWEEP_PAGE,
                     send_id_prefix=f"sweeper-{self.runs}",
-                    dlq_receives=core.SCHEDULED_DLQ_RECEIVES,
+                    dlq_receives=SCHEDULED_DLQ_RECEIVES,
                     until=self.mono() + min(self.lp.fitted_timeout, 300) - END_MARGIN_SECONDS,
                 ),
                 Origin(self.id, f"sweep{self.runs}", "sweep"),
