@@ -29,6 +29,7 @@ from sqs_lease._core import (
     claiming,
     endwrites,
     fencing,
+    handback,
     heartbeats,
     intents,
     rounds,
@@ -37,6 +38,7 @@ from sqs_lease._core import (
     sweeps,
 )
 from sqs_lease._core.calls import Call, Flow
+from sqs_lease._core.env import now_of
 from sqs_lease._core.fencing import Finish, FinishOutcome
 from sqs_lease._core.heartbeats import Beat, BeatStatus
 from sqs_lease._core.lease import LocalLease
@@ -833,8 +835,8 @@ def late_never_charged() -> Iterator[None]:
     """Issue 26 (read and settle), as before the fix: every late hand-back gives the
     attempt back, so a handler that holds the GIL (its worker late on every attempt)
     is walked into the DLQ uncharged, its class's max_attempts never reached."""
-    _require(attempt, "late_charged", "issue 26 settle (a handler holding the GIL)")
-    with _patch(attempt, "late_charged", lambda late_handbacks: False):
+    _require(handback, "late_charged", "issue 26 settle (a handler holding the GIL)")
+    with _patch(handback, "late_charged", lambda late_handbacks: False):
         yield
 
 
@@ -886,7 +888,7 @@ def duplicate_takes_over() -> Iterator[None]:
     def take_over(
         env: Any, item: Any, found: Any, rules: Any, nonce: str
     ) -> Flow[claiming.ClaimResult | None]:
-        now = yield from attempt.now_of(env)
+        now = yield from now_of(env)
         claim = yield from attempt._admit(
             env, item, rules, now.wall, nonce, take_from=found.job.token
         )

@@ -40,9 +40,10 @@ from pydantic import BaseModel
 from ._aio import AsyncDriver
 from ._aws import Timeouts
 from ._config import Settings
-from ._core.attempt import HandlerRun, attempt_flow, flush_deletes_flow, held_effect_flow
+from ._core.attempt import attempt_flow, flush_deletes_flow, held_effect_flow
 from ._core.calls import Flow
 from ._core.deploy import SHUTDOWN_RELEASE_MARGIN
+from ._core.env import HandlerRun
 from ._core.intents import EffectResult, EffectSpec
 from ._core.leasebook import Held
 from ._core.messages import Delivery, Poison

@@ -23,9 +23,9 @@ from typing import Any
 from ._aws import CallObserver, Timeouts
 from ._clock import lease_clock
 from ._config import Settings
-from ._core.attempt import AttemptEnv, HandlerRun, Now, SlotEnv
 from ._core.calls import Flow
 from ._core.deletes import DeleteBatch
+from ._core.env import AttemptEnv, HandlerRun, Now, SlotEnv
 from ._core.fifo import is_fifo
 from ._core.inputs import loads as _loads
 from ._core.leasebook import LeaseBook, Signal

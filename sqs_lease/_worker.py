@@ -23,9 +23,10 @@ from pydantic import BaseModel
 
 from ._aws import SyncDriver, Timeouts
 from ._config import Settings
-from ._core.attempt import HandlerRun, attempt_flow, flush_deletes_flow, held_effect_flow
+from ._core.attempt import attempt_flow, flush_deletes_flow, held_effect_flow
 from ._core.calls import Flow
 from ._core.deploy import SHUTDOWN_RELEASE_MARGIN
+from ._core.env import HandlerRun
 from ._core.inputs import loads as _loads
 from ._core.intents import EffectResult, EffectSpec
 from ._core.messages import Delivery, Poison

@@ -31,10 +31,6 @@ from core_harness import (
 )
 
 from sqs_lease._core.attempt import (
-    ActFor,
-    AttemptEnv,
-    HandlerRun,
-    Now,
     attempt_flow,
     first_beat_reserve,
     flush_deletes_flow,
@@ -45,6 +41,7 @@ from sqs_lease._core.calls import Call, Err, ErrorKind, Flow, Invoke, Outcome
 from sqs_lease._core.claiming import Claimed
 from sqs_lease._core.deletes import DeleteBatch
 from sqs_lease._core.endings import EndKind, ending_for
+from sqs_lease._core.env import ActFor, AttemptEnv, HandlerRun, Now
 from sqs_lease._core.fencing import Finish, FinishOutcome
 from sqs_lease._core.intents import EffectSpec, Unprotected, repeat_unprotected
 from sqs_lease._core.lease import Drop, LeaseStatus, Stop

@@ -32,9 +32,9 @@ from core_harness import (
     table,
 )
 
-from sqs_lease._core.attempt import AttemptEnv, Now
 from sqs_lease._core.calls import Call, Outcome
 from sqs_lease._core.claiming import Claimed
+from sqs_lease._core.env import AttemptEnv, Now
 from sqs_lease._core.lease import Drop, LeaseStatus
 from sqs_lease._core.leasebook import Flag, Held, LeaseBook
 from sqs_lease._core.messages import Delivery

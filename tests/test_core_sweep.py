@@ -11,9 +11,9 @@ from typing import Any
 
 from core_harness import DLQ, QUEUE, WORKER, Script, condition_failed, job_item, ok, table
 
-from sqs_lease._core.attempt import AttemptEnv, Now
 from sqs_lease._core.calls import Call, Outcome
 from sqs_lease._core.deadletter import reconcile_dlq_flow
+from sqs_lease._core.env import AttemptEnv, Now
 from sqs_lease._core.leasebook import Flag, LeaseBook
 from sqs_lease._core.messages import message_body
 from sqs_lease._core.records import JobState

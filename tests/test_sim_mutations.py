@@ -236,6 +236,7 @@ def test_mutations_are_undone_on_exit() -> None:
         duplicates,
         endwrites,
         groups,
+        handback,
         heartbeats,
         intents,
         limits,
@@ -279,7 +280,7 @@ def test_mutations_are_undone_on_exit() -> None:
             limits.__dict__["RECORD_ROOM"],
             groups.__dict__["cancelled_group_flow"],
             priority.__dict__["LOWER_POLL_SECONDS"],
-            attempt.__dict__["late_charged"],
+            handback.__dict__["late_charged"],
             attempt.__dict__["_owner_running"],
             duplicates.__dict__["owner_alive"],
         )

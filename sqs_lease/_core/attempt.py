@@ -13,7 +13,8 @@ a task or a simulated task per attempt; a heartbeat loop; a sweep loop) and
     with backoff / park / fail / release / abandon -> forget the lease.
 The worker's other rounds run under the same contract, each in its module:
 the heartbeat loop's (:mod:`~sqs_lease._core.rounds`), the stopping worker's
-hand-backs (:mod:`~sqs_lease._core.shutdown`), the sweeps
+hand-backs (:mod:`~sqs_lease._core.shutdown`) and a late worker's
+(:mod:`~sqs_lease._core.handback`), the sweeps
 (:mod:`~sqs_lease._core.sweeps`); the receive loop's pacing is
 :mod:`~sqs_lease._core.receiving`.
 
@@ -48,39 +49,46 @@ The instruction contract (what a shell must perform):
     the shutdown release). A no-op for every shell but one that attributes calls
     (the simulator's checker).
 
-What a shell supplies is an :class:`AttemptEnv` (the worker's identity, requests,
-book, clocks, counter). Counters are the shell's (``env.tally``): the flows name
-what to count. Optional :class:`Observer` hooks let the simulator's checker see
-the truth at the moments it needs (a handler ended, a result about to be
-committed, a round planned and applied); real shells pass none.
+What a shell supplies is an :class:`~sqs_lease._core.env.AttemptEnv` (the worker's
+identity, requests, book, clocks, counter). Counters are the shell's
+(``env.tally``): the flows name what to count. Optional :class:`Observer` hooks let
+the simulator's checker see the truth at the moments it needs (a handler ended, a
+result about to be committed, a round planned and applied); real shells pass none.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
 from .._errors import JobCancelled, LeaseLost, PayloadError, RecordUnreadable
 from .calls import Call, Emit, Err, Flow, Invoke, Ok, ask
 from .claiming import Claimed, ClaimResult, NotClaimed, NotClaimedOutcome, admit_flow
-from .deletes import DeleteBatch
 from .duplicates import duplicate_defer, owner_alive_flow, owner_window
 from .endings import Ending, EndKind, ending_for, stopped_ending
 from .endwrites import commit_flow, fail_flow, park_flow, poison_flow, release_flow, retry_flow
+from .env import (
+    AttemptEnv,
+    ClassRules,
+    HandlerRun,
+    Now,
+    nonce_of,
+    now_of,
+    rules_for,
+)
 from .fencing import Finish, FinishOutcome, set_visibility
+from .handback import hand_back_defer, hand_back_late_flow
 from .heartbeats import LossSource
-from .intents import EffectResult, EffectSpec, IntentRequests, OwnStarts, effect_flow
-from .lease import LocalLease, Stop
-from .leasebook import HAND_BACK_STALE, Held, LeaseBook, LeaseRules, Signal
+from .intents import EffectResult, EffectSpec, effect_flow
+from .leasebook import Held, LeaseRules
 from .messages import Delivery, Poison, on_queue
-from .records import JobRequests, attempts_allowed
+from .records import attempts_allowed
 from .slots import (
     HeldSlot,
     SlotGrant,
-    SlotRequests,
     give_back_flow,
     own_pool,
     pools_for,
@@ -99,148 +107,9 @@ from .stages import (
     resend_flow,
     stage_input_json,
 )
-from .timing import LATE_HANDBACK_LIMIT, backoff_delay, beat_due, late_charged
+from .timing import backoff_delay
 
 UNKNOWN_CLASS_MAX_ATTEMPTS = 1_000_000  # an unknown class is never claimed: no bound applies
-
-
-class ClassRules(LeaseRules, Protocol):
-    """A job class as the attempt flow sees it (``JobClass`` satisfies it)."""
-
-    @property
-    def keep_rejected_results(self) -> bool: ...
-
-    def validate_payload(self, payload_json: str) -> Any: ...
-
-
-@dataclass(frozen=True)
-class Now:
-    """The shell's two clocks, read together: ``mono`` (the lease clock) and ``wall``."""
-
-    mono: float
-    wall: float
-
-
-@dataclass(frozen=True)
-class HandlerRun:
-    """``Invoke("handler").fn``: the attempt whose handler to run, and the shell's runner.
-
-    Calling it runs ``runner(self)`` (a sync shell's way); an async shell or the
-    simulator reads the fields and runs the handler its own way.
-    """
-
-    held: Held
-    claim: Claimed
-    rules: ClassRules
-    payload: Any
-    runner: Callable[[HandlerRun], Any]
-
-    def __call__(self) -> Any:
-        return self.runner(self)
-
-
-@dataclass(frozen=True)
-class ActFor:
-    """``Invoke("act_for").fn``: the following calls act for these attempts' tokens
-    (``kind`` names the task; ``tokens`` None: back to the flow's own)."""
-
-    kind: str
-    tokens: Mapping[str, int] | None = None
-
-    def __call__(self) -> None:
-        return None
-
-
-@dataclass(frozen=True)
-class Parallel:
-    """``Invoke("parallel").fn``: independent flows to run at once (a heartbeat round's
-    parts); the answer is their results, in order.
-
-    Calling it runs ``runner(flows)``: the shell's way to run flows together (the
-    thread worker's small pool, the async worker's ``gather``); the simulator runs
-    them one after another in simulated time.
-    """
-
-    flows: tuple[Flow[Any], ...]
-    runner: Callable[[Sequence[Flow[Any]]], Any]
-
-    def __call__(self) -> Any:
-        return self.runner(self.flows)
-
-
-class Observer(Protocol):
-    """Moments a checker may watch (the simulator's); shells that do not watch pass None."""
-
-    def handler_ended(self, held: Held, stop: Stop | None) -> None: ...
-
-    def committing(self, claim: Claimed, result_json: str) -> None: ...
-
-    def round_planned(self, leases: list[LocalLease]) -> None: ...
-
-    def round_applied(self, extended: tuple[LocalLease, ...]) -> None: ...
-
-    def round_failed(self, exc: Exception) -> None: ...
-
-
-@dataclass(frozen=True)
-class SlotEnv:
-    """The fleet-wide concurrency limits a shell's app declares (``_core/slots.py``):
-    where the slots are, and the limit of a job class and of a tenant (None: none)."""
-
-    requests: SlotRequests
-    class_limit: Callable[[str], int | None]
-    tenant_limit: Callable[[str], int | None]
-    # A staged job's stage -> what its own limit belongs to and the limit (None: no
-    # limit; no callable: the shell runs no staged jobs). The app decides the unit (a
-    # stage, or a planned job's tool); the pool is ``own_pool(CLASS, unit)``.
-    stage_limit: Callable[[str, str], tuple[str, int] | None] | None = None
-
-
-@dataclass
-class AttemptEnv:
-    """What a shell gives the flows: who it is, where, its book, clocks and counters."""
-
-    table: JobRequests
-    intents: IntentRequests
-    queue_url: str
-    dlq_url: str | None
-    worker_id: str
-    book: LeaseBook
-    rules_of: Callable[[str], ClassRules | None]
-    receive_visibility: int
-    unknown_class_receives: int
-    now: Callable[[], Now]
-    random: Callable[[], float]
-    write_id: Callable[[], str]
-    tally: Callable[[str, int], None]
-    new_signal: Callable[[], Signal]
-    run_handler: Callable[[HandlerRun], Any]
-    observer: Observer | None = None
-    # How the shell runs a round's parts at once (``Invoke("parallel")``); None: one
-    # after another in this flow.
-    run_parallel: Callable[[Sequence[Flow[Any]]], Any] | None = None
-    slots: SlotEnv | None = None  # None: no limits declared, no slot is ever taken
-    # A staged job's stage -> its rules (None: the shell runs no staged jobs).
-    stage_rules_of: Callable[[str, str], ClassRules | None] | None = None
-    # A staged job's first stage (None: not staged): names it on a record submitted
-    # without the app (a producer that cannot know the stages).
-    first_stage_of: Callable[[str], str | None] | None = None
-    # Deletes of ended jobs' messages, batched (None: each deleted right after its
-    # end write, as the Lambda adapter needs to see it).
-    deletes: DeleteBatch | None = None
-    # Priorities: the interactive queue (None: none), where the sweep re-sends an
-    # interactive job's message.
-    interactive_url: str | None = None
-    # This process's first starts of intents on its lease clock: the only age a
-    # repeat inside a target's key retention may go ahead on (``repeat_unprotected``).
-    own_starts: OwnStarts = field(default_factory=OwnStarts)
-
-
-def rules_for(env: AttemptEnv, job_class: str, stage: str | None) -> ClassRules | None:
-    """The rules of a job class, or of one stage of a staged job (each stage has its own)."""
-    if stage is not None and env.stage_rules_of is not None:
-        return env.stage_rules_of(job_class, stage)
-    return env.rules_of(job_class)
 
 
 # What a delivery that was not claimed counts as, by its outcome.
@@ -267,18 +136,6 @@ COMMIT_COUNTS: dict[FinishOutcome, str] = {
     FinishOutcome.UNKNOWN: "commit_unknown",
     FinishOutcome.INVALID: "commit_invalid",
 }
-
-
-def now_of(env: AttemptEnv) -> Flow[Now]:
-    """The shell's clocks, read now (both stamps of one moment)."""
-    now: Now = yield from ask("now", env.now)
-    return now
-
-
-def nonce_of(env: AttemptEnv) -> Flow[str]:
-    """A fresh nonce from the shell: an attempt's, or a release's made on its behalf."""
-    nonce: str = yield from ask("write_id", env.write_id)
-    return nonce
 
 
 def result_json(result: Any) -> str | None:
@@ -972,96 +829,6 @@ def resend_attempt(at: AttemptAt, now: Now, why: str) -> Flow[Finish]:
     return fin
 
 
-def hand_back_late_flow(env: AttemptEnv, held: Held, now: float) -> Flow[None]:
-    """The worker's own heartbeat let a confirmed lease run out (it was overloaded,
-    paused, or its loop was held): the job did nothing wrong, so the attempt is not
-    charged. The fenced release puts the record back to ``queued`` and gives back
-    the attempt its claim counted (only while the token is still this attempt's:
-    a claim that already took the job over keeps its own count), and makes the
-    message visible at once. The record counts its late hand-backs: one that
-    :func:`~sqs_lease._core.timing.late_charged` charges keeps the attempt and is
-    told as ``worker_late_charged``, naming the job's class and stage."""
-    lease, job = held.lease, held.job
-    late_by = round(now - beat_due(lease), 3)
-    charged = late_charged(job.late_handbacks)
-    yield Emit(
-        "lease_dropped_late",
-        {
-            "job_id": lease.job_id,
-            "token": lease.token,
-            "late_by": late_by,
-            "lease_left": round(lease.deadline - now, 3),
-            "late_handbacks": job.late_handbacks + 1,
-            "charged": charged,
-        },
-    )
-    if charged:
-        yield Emit(
-            "worker_late_charged",
-            {
-                "job_id": lease.job_id,
-                "job_class": job.job_class,
-                "stage": job.stage,
-                "token": lease.token,
-                "late_handbacks": job.late_handbacks + 1,
-                "limit": LATE_HANDBACK_LIMIT,
-                "late_by": late_by,
-                "fix": "this job's worker was late every time it ran it: a handler that "
-                "holds the GIL (a long C call) or the event loop stops the heartbeat; "
-                "release it (run the work in a subprocess or a thread that releases "
-                "the GIL) or raise the class's lease_seconds",
-            },
-        )
-    reason = (
-        f"worker late {job.late_handbacks + 1} times running this job at this stage: "
-        "attempt charged (its handler may hold the GIL or the loop past its lease)"
-        if charged
-        else "worker late: its heartbeat fell behind; attempt not charged"
-    )
-    yield Invoke("act_for", ActFor("release", {lease.job_id: lease.token}))
-    try:
-        t = yield from now_of(env)
-        nonce = yield from nonce_of(env)  # the hand-back's own, not the lapsed attempt's
-        released = yield from release_flow(
-            env.table,
-            queue_url=env.queue_url,
-            held=[(held.job, held.delivery)],
-            worker_id=env.worker_id,
-            wall_now=t.wall,
-            reason=reason,
-            nonce=nonce,
-            lapsed=() if lease.handle_ours(t.mono) else (held.delivery.receipt_handle,),
-            late=True,
-            charged=charged,
-        )
-    finally:
-        # However the release ended (even a driver failure), the hand-back is over:
-        # a claim of the job waits for it (LeaseBook.before_claim), never forever.
-        env.book.gave_back([held], "worker late")
-    yield Invoke("act_for", ActFor("heartbeat"))
-    env.tally("released_late", released)
-
-
-HAND_BACK_DEFER = 1
-"""The shortest wait, in seconds, of a delivery (its visibility) while this worker's
-hand-back of the same job's lapsed attempt is under way (:meth:`LeaseBook.before_claim`)."""
-
-
-def hand_back_defer(age: float) -> int:
-    """Seconds a delivery waits behind a hand-back under way for ``age`` seconds.
-
-    Each wait is a receive, and SQS counts every receive toward the queue's
-    ``maxReceiveCount``: a fixed short wait behind a slow hand-back (calls timing
-    out on an overloaded or partitioned worker) would spend the job's receives and
-    let SQS move a healthy job to the DLQ. Waiting as long as the hand-back has
-    already taken (at least :data:`HAND_BACK_DEFER`, at most until
-    :data:`HAND_BACK_STALE`) bounds the receives one hand-back costs to about
-    log2(HAND_BACK_STALE) + 2 (8), whatever it takes.
-    """
-    left = HAND_BACK_STALE - age
-    return max(HAND_BACK_DEFER, math.ceil(min(age, left)))
-
-
 def _defer_behind_hand_back(env: AttemptEnv, item: Delivery, age: float) -> Flow[None]:
     """The job's lapsed attempt is being handed back by another flow of this worker:
     a claim now could land before that release and charge the job an attempt for the
@@ -1070,26 +837,13 @@ def _defer_behind_hand_back(env: AttemptEnv, item: Delivery, age: float) -> Flow
 
 
 __all__ = [
-    "ActFor",
     "AttemptAt",
-    "AttemptEnv",
-    "ClassRules",
-    "HandlerRun",
-    "Now",
-    "Observer",
-    "Parallel",
-    "SlotEnv",
     "attempt_flow",
     "first_beat_reserve",
     "flush_deletes_flow",
-    "hand_back_defer",
-    "hand_back_late_flow",
     "held_effect_flow",
-    "nonce_of",
-    "now_of",
     "resend_attempt",
     "result_json",
     "retry_attempt",
-    "rules_for",
     "settle_attempt",
 ]

@@ -13,24 +13,13 @@ flow's (:mod:`sqs_lease._core.attempt`).
 
 from __future__ import annotations
 
-from .attempt import (
-    ActFor,
-    AttemptAt,
-    AttemptEnv,
-    Now,
-    Parallel,
-    hand_back_late_flow,
-    nonce_of,
-    now_of,
-    resend_attempt,
-    retry_attempt,
-    rules_for,
-    settle_attempt,
-)
+from .attempt import AttemptAt, resend_attempt, retry_attempt, settle_attempt
 from .calls import Emit, Err, Flow, Invoke, ask, call
 from .claiming import Claimed
 from .endings import Ending, EndKind
+from .env import ActFor, AttemptEnv, Now, Parallel, nonce_of, now_of, rules_for
 from .fencing import FinishOutcome
+from .handback import hand_back_late_flow
 from .heartbeats import HeartbeatReport, heartbeat_flow
 from .lease import Drop
 from .leasebook import Held, is_open

@@ -6,9 +6,9 @@ over (``shutdown_flow``). The instruction contract is the attempt flow's
 
 from __future__ import annotations
 
-from .attempt import ActFor, AttemptEnv, nonce_of, now_of
 from .calls import Flow, Invoke
 from .endwrites import release_flow
+from .env import ActFor, AttemptEnv, nonce_of, now_of
 from .messages import Delivery, Poison
 
 # ----------------------------------------------------------------------------- shutdown

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .attempt import AttemptEnv, now_of
 from .calls import Emit, Flow
 from .deadletter import DlqReport, DlqVerdict, reconcile_dlq_flow
 from .deploy import redrive_too_tight
+from .env import AttemptEnv, now_of
 from .messages import SQS_BATCH
 from .sweeping import SweepReport, sweep_flow
 from .texts import outside_text

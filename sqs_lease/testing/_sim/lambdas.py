@@ -35,9 +35,9 @@ from collections.abc import Mapping as MappingT
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..._core import attempt as core
 from ..._core import invocation
 from ..._core.calls import Call, Flow, Ok, Outcome, call
+from ..._core.env import AttemptEnv, Now
 from ..._core.eventsource import END_MARGIN_SECONDS, GroupStop, parse_event_record
 from ..._core.invocation import RecordEnd
 from ..._core.messages import Delivery
@@ -475,12 +475,12 @@ class Sweeper(Actor):
             )
 
 
-def _sweep_env(actor: Actor) -> core.AttemptEnv:
+def _sweep_env(actor: Actor) -> AttemptEnv:
     from ..._core.leasebook import Flag, LeaseBook
 
     world = actor.world
     ids = iter(range(1, 1_000_000))
-    return core.AttemptEnv(
+    return AttemptEnv(
         table=world.jobs_req,
         intents=world.intents_req,
         queue_url=QUEUE,
@@ -492,7 +492,7 @@ def _sweep_env(actor: Actor) -> core.AttemptEnv:
         ),
         receive_visibility=world.job_class.lease_seconds,
         unknown_class_receives=0,
-        now=lambda: core.Now(actor.mono(), actor.wall()),
+        now=lambda: Now(actor.mono(), actor.wall()),
         random=lambda: world.chaos.random(),
         write_id=lambda: f"{actor.id}.{next(ids)}",
         tally=_no_tally,

@@ -11,7 +11,7 @@ real worker's path.
 The handler is a scripted list of steps (:class:`~sqs_lease.testing._sim.plan.JobPlan`):
 work for some seconds, and side effects through the real ``held_effect_flow``
 whose tool and check are simulated remote calls to a fenced target. The
-checker watches through the flows' :class:`~sqs_lease._core.attempt.Observer`
+checker watches through the flows' :class:`~sqs_lease._core.env.Observer`
 hooks (this worker implements them).
 """
 
@@ -22,10 +22,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from ..._core import attempt as core
-from ..._core.attempt import ActFor, AttemptEnv, HandlerRun, Now, Parallel
 from ..._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
 from ..._core.claiming import UNKNOWN_CLASS_RECEIVES, Claimed
 from ..._core.deletes import DeleteBatch
+from ..._core.env import ActFor, AttemptEnv, HandlerRun, Now, Parallel
 from ..._core.intents import EffectResult, EffectSpec, default_key
 from ..._core.lease import OPEN, LocalLease, Stop
 from ..._core.leasebook import Flag, Held, LeaseBook, is_open
