@@ -29,12 +29,16 @@ from sqs_lease._core import (
     claiming,
     endwrites,
     fencing,
+    handback,
     heartbeats,
     intents,
+    rounds,
     sending,
     sweeping,
+    sweeps,
 )
 from sqs_lease._core.calls import Call, Flow
+from sqs_lease._core.env import now_of
 from sqs_lease._core.fencing import Finish, FinishOutcome
 from sqs_lease._core.heartbeats import Beat, BeatStatus
 from sqs_lease._core.lease import LocalLease
@@ -353,13 +357,13 @@ def no_stranded_sweep() -> Iterator[None]:
     """Issue 7 item 8, as before the fix: the workers' periodic sweep of records left
     without a sent message finds nothing (the core sweep's ``sweep_flow`` makes no call).
     Expected: I10 (producer_death)."""
-    _require(attempt, "sweep_flow", "item 8 (the stranded-record sweep)")
+    _require(sweeps, "sweep_flow", "item 8 (the stranded-record sweep)")
 
     def finds_nothing(req: Any, **kw: Any) -> Flow[sweeping.SweepReport]:
         return sweeping.SweepReport((), False)
         yield  # a generator, as the real flow
 
-    with _patch(attempt, "sweep_flow", finds_nothing):
+    with _patch(sweeps, "sweep_flow", finds_nothing):
         yield
 
 
@@ -831,8 +835,8 @@ def late_never_charged() -> Iterator[None]:
     """Issue 26 (read and settle), as before the fix: every late hand-back gives the
     attempt back, so a handler that holds the GIL (its worker late on every attempt)
     is walked into the DLQ uncharged, its class's max_attempts never reached."""
-    _require(attempt, "late_charged", "issue 26 settle (a handler holding the GIL)")
-    with _patch(attempt, "late_charged", lambda late_handbacks: False):
+    _require(handback, "late_charged", "issue 26 settle (a handler holding the GIL)")
+    with _patch(handback, "late_charged", lambda late_handbacks: False):
         yield
 
 
@@ -884,7 +888,7 @@ def duplicate_takes_over() -> Iterator[None]:
     def take_over(
         env: Any, item: Any, found: Any, rules: Any, nonce: str
     ) -> Flow[claiming.ClaimResult | None]:
-        now = yield from attempt.now_of(env)
+        now = yield from now_of(env)
         claim = yield from attempt._admit(
             env, item, rules, now.wall, nonce, take_from=found.job.token
         )
@@ -1347,10 +1351,15 @@ def cap_from_send() -> Iterator[None]:
 
     def resend(at: Any, now: Any, why: str) -> Flow[Finish]:
         code = Drop.STAGE_BUDGET.value
-        return (yield from attempt._retry(at, Ending(EndKind.RETRY, f"watchdog: {code}", code)))
+        return (
+            yield from attempt.retry_attempt(at, Ending(EndKind.RETRY, f"watchdog: {code}", code))
+        )
 
-    _require(attempt, "_resend", "cap_from_send")
-    with _patch(attempt, "cap_budget", cap_budget), _patch(attempt, "_resend", resend):
+    _require(attempt, "resend_attempt", "cap_from_send")
+    with (
+        _patch(attempt, "cap_budget", cap_budget),
+        _patch((attempt, rounds), "resend_attempt", resend),
+    ):
         yield
 
 
@@ -1381,13 +1390,15 @@ def budget_across_clocks() -> Iterator[None]:
 
     def resend(at: Any, now: Any, why: str) -> Flow[Finish]:
         code = Drop.STAGE_BUDGET.value
-        return (yield from attempt._retry(at, Ending(EndKind.RETRY, f"watchdog: {code}", code)))
+        return (
+            yield from attempt.retry_attempt(at, Ending(EndKind.RETRY, f"watchdog: {code}", code))
+        )
 
-    _require(attempt, "_resend", "budget_across_clocks")
+    _require(attempt, "resend_attempt", "budget_across_clocks")
     with (
         _patch(attempt, "cap_budget", cap_budget),
         _patch(attempt, "CappedRules", Charged),
-        _patch(attempt, "_resend", resend),
+        _patch((attempt, rounds), "resend_attempt", resend),
     ):
         yield
 

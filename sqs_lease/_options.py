@@ -26,10 +26,11 @@ from pydantic import (
 )
 
 from ._aws import Timeouts
-from ._core.attempt import RECEIVE_WINDOW_MAX, SCHEDULED_SWEEP_PAGE
 from ._core.claiming import UNKNOWN_CLASS_RECEIVES
 from ._core.deploy import SHUTDOWN_GRACE_SECONDS
 from ._core.messages import UNSENT_GRACE_SECONDS
+from ._core.receiving import RECEIVE_WINDOW_MAX
+from ._core.sweeps import SCHEDULED_SWEEP_PAGE
 from ._errors import OptionError
 
 __all__ = ["SHELL_DEFAULT_CONCURRENCY", "THREAD_CONCURRENCY_MAX", "Shell", "WorkerOptions"]

@@ -23,22 +23,17 @@ from typing import Any
 from ._aws import CallObserver, Timeouts
 from ._clock import lease_clock
 from ._config import Settings
-from ._core.attempt import (
-    AttemptEnv,
-    HandlerRun,
-    Now,
-    ReceivePacer,
-    SlotEnv,
-    redrive_rules,
-)
 from ._core.calls import Flow
 from ._core.deletes import DeleteBatch
+from ._core.env import AttemptEnv, HandlerRun, Now, SlotEnv
 from ._core.fifo import is_fifo
 from ._core.inputs import loads as _loads
 from ._core.leasebook import LeaseBook, Signal
 from ._core.messages import SQS_BATCH, Delivery, Poison
 from ._core.priority import receive_prioritized_flow
+from ._core.receiving import ReceivePacer
 from ._core.stages import stage_results
+from ._core.sweeps import redrive_rules
 from ._core.timing import Pace, pace_budget
 from ._errors import ConfigError
 from ._jobs import App, JobClass, Target

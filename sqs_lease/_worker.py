@@ -21,23 +21,16 @@ from typing import Any
 
 from ._aws import SyncDriver, Timeouts
 from ._config import Settings
-from ._core.attempt import (
-    DLQ_SWEEP_RECEIVES,
-    HandlerRun,
-    attempt_flow,
-    first_sweep_wait,
-    flush_deletes_flow,
-    heartbeat_tick_flow,
-    held_effect_flow,
-    release_unstarted_flow,
-    shutdown_flow,
-    sweep_once_flow,
-)
+from ._core.attempt import attempt_flow, flush_deletes_flow, held_effect_flow
 from ._core.calls import Flow
 from ._core.deploy import SHUTDOWN_RELEASE_MARGIN
+from ._core.env import HandlerRun
 from ._core.inputs import loads as _loads
 from ._core.intents import EffectResult, EffectSpec
 from ._core.messages import Delivery, Poison
+from ._core.rounds import heartbeat_tick_flow
+from ._core.shutdown import release_unstarted_flow, shutdown_flow
+from ._core.sweeps import DLQ_SWEEP_RECEIVES, first_sweep_wait, sweep_once_flow
 from ._errors import ConfigError
 from ._interrupt import stop_on_interrupt
 from ._jobs import App, JobContext

@@ -51,7 +51,7 @@ that has none: a record a producer wrote and died before sending, a failed send,
 an unsent continuation, a job whose message SQS moved to the DLQ. A scheduled
 function finds them: ``sweeper(app)`` (or the handler ``sqs_lease.aws_lambda.
 sweep_entry`` with ``SQS_LEASE_APP``) answers an EventBridge scheduled event by
-running the workers' sweep (``_core.attempt.sweep_pages_flow``) to the end of the
+running the workers' sweep (``_core.sweeps.sweep_pages_flow``) to the end of the
 ``unsent`` index and through the DLQ, within the invocation's remaining time. The
 consumer does not sweep: its time belongs to its batch (the budget rule), and many
 concurrent consumers would race for the same oldest records; the schedule is the
@@ -79,7 +79,6 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._config import Settings
-from ._core.attempt import SCHEDULED_DLQ_RECEIVES, sweep_pages_flow
 from ._core.deploy import lambda_visibility_floor
 from ._core.eventsource import GroupStop, message_group, never_fit
 from ._core.invocation import (
@@ -88,6 +87,7 @@ from ._core.invocation import (
     release_unstarted_records_flow,
     unfit_problem,
 )
+from ._core.sweeps import SCHEDULED_DLQ_RECEIVES, sweep_pages_flow
 from ._errors import ConfigError, JobClassError
 from ._jobs import App
 from ._journal import Journal, configure_for_lambda

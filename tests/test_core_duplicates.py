@@ -16,7 +16,7 @@ from typing import Any
 from core_harness import OTHER, WORKER, condition_text, delivery, job_item, ok, table, unreachable
 from test_core_attempt import MONO, Shell, _answers, _up_to_handler
 
-from sqs_lease._core.attempt import HandlerRun, attempt_flow, liveness_flow
+from sqs_lease._core.attempt import attempt_flow
 from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Invoke, Ok, Outcome, Sleep
 from sqs_lease._core.duplicates import (
     DUPLICATE_DEFER_CAP,
@@ -25,10 +25,12 @@ from sqs_lease._core.duplicates import (
     owner_alive,
     owner_window,
 )
+from sqs_lease._core.env import HandlerRun
 from sqs_lease._core.lease import LeaseEvent
 from sqs_lease._core.liveness import HeldJob, Liveness
 from sqs_lease._core.messages import Delivery
 from sqs_lease._core.records import JobState
+from sqs_lease._core.rounds import liveness_flow
 
 H = 10.0  # test_core_attempt.Rules: L = 60, H = 10
 L = 60
@@ -345,7 +347,7 @@ def test_each_liveness_write_counts_up_and_a_round_a_little_early_still_writes()
     written: list[Call] = []
 
     def write(at: float) -> None:
-        from sqs_lease._core.attempt import Now
+        from sqs_lease._core.env import Now
 
         flow = liveness_flow(shell.env, Now(at, 1_700_000_000.0 + at), round_seconds=0.1)
         try:
@@ -371,7 +373,7 @@ def test_the_liveness_record_lists_a_claim_not_yet_held_at_its_token() -> None:
     shell.book.claiming("n-other", "job-2")
     shell.book.claimed("n-other", 8, MONO + 50)
     shell.book.claiming("n-flight", "job-3")  # under way: no token to list yet
-    from sqs_lease._core.attempt import Now
+    from sqs_lease._core.env import Now
     from sqs_lease._core.liveness import liveness_of
 
     flow = liveness_flow(shell.env, Now(MONO, 1_700_000_000.0), round_seconds=0.1)

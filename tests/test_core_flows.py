@@ -1219,7 +1219,7 @@ def test_heartbeat_dynamodb_unreachable_on_retry_keeps_what_was_read() -> None:
 
 def test_heartbeat_round_writes_nothing_per_job() -> None:
     # Lease left and heartbeat age come from the worker's liveness record (one write
-    # per round, attempt.liveness_flow): the round itself makes no per-job write.
+    # per round, rounds.liveness_flow): the round itself makes no per-job write.
     leases = [local_lease(f"job-{i}", token=2) for i in range(12)]
     s = Script(FakeAws({lease.job_id: _running(lease.job_id) for lease in leases}))
     report = _beat(s, leases)

@@ -17,12 +17,14 @@ import pytest
 from core_harness import OTHER, TABLE, WORKER, Script, delivery, job_item, ok, put
 from test_core_attempt import MONO, Shell, _up_to_handler
 
-from sqs_lease._core.attempt import HandlerRun, Parallel, attempt_flow, heartbeat_round_flow
+from sqs_lease._core.attempt import attempt_flow
 from sqs_lease._core.calls import Call, Emit, Flow, Invoke, Outcome
+from sqs_lease._core.env import HandlerRun, Parallel
 from sqs_lease._core.lease import Drop, LeaseStatus
 from sqs_lease._core.leasebook import HAND_BACK_STALE, LeaseBook
 from sqs_lease._core.messages import Delivery
 from sqs_lease._core.records import JobState
+from sqs_lease._core.rounds import heartbeat_round_flow
 from sqs_lease._core.timing import LATE_HANDBACK_LIMIT, Pace, pace_budget
 
 # ----------------------------------------------------------------------------- backpressure

@@ -32,12 +32,13 @@ from core_harness import (
     table,
 )
 
-from sqs_lease._core.attempt import AttemptEnv, Now, heartbeat_round_flow
 from sqs_lease._core.calls import Call, Outcome
 from sqs_lease._core.claiming import Claimed
+from sqs_lease._core.env import AttemptEnv, Now
 from sqs_lease._core.lease import Drop, LeaseStatus
 from sqs_lease._core.leasebook import Flag, Held, LeaseBook
 from sqs_lease._core.messages import Delivery
+from sqs_lease._core.rounds import heartbeat_round_flow
 from sqs_lease._core.timing import may_join, plan_heartbeat, shared_round
 from sqs_lease._schema import IntentTable
 

@@ -25,14 +25,16 @@ from core_harness import (
 )
 from test_core_attempt import MONO, WALL, Rules, Shell
 
-from sqs_lease._core.attempt import HandlerRun, attempt_flow, heartbeat_round_flow
+from sqs_lease._core.attempt import attempt_flow
 from sqs_lease._core.calls import Call, Err, ErrorKind, Invoke, Outcome
 from sqs_lease._core.deletes import DeleteBatch
+from sqs_lease._core.env import HandlerRun
 from sqs_lease._core.fencing import FinishOutcome
 from sqs_lease._core.fifo import deduplication_id, message_group_id
 from sqs_lease._core.lease import Drop
 from sqs_lease._core.messages import Delivery, message_body, parse_message
 from sqs_lease._core.records import JobState
+from sqs_lease._core.rounds import heartbeat_round_flow
 from sqs_lease._core.stages import (
     MESSAGE_CAP_SECONDS,
     NextStage,

@@ -11,19 +11,13 @@ from typing import Any
 
 from core_harness import DLQ, QUEUE, WORKER, Script, condition_failed, job_item, ok, table
 
-from sqs_lease._core.attempt import (
-    SWEEP_PAGE_SECONDS,
-    AttemptEnv,
-    Now,
-    SweepRun,
-    sweep_once_flow,
-    sweep_pages_flow,
-)
 from sqs_lease._core.calls import Call, Outcome
 from sqs_lease._core.deadletter import reconcile_dlq_flow
+from sqs_lease._core.env import AttemptEnv, Now
 from sqs_lease._core.leasebook import Flag, LeaseBook
 from sqs_lease._core.messages import message_body
 from sqs_lease._core.records import JobState
+from sqs_lease._core.sweeps import SWEEP_PAGE_SECONDS, SweepRun, sweep_once_flow, sweep_pages_flow
 from sqs_lease._schema import IntentTable
 
 MONO = 1000.0

@@ -30,8 +30,8 @@ from core_harness import (
     update_sets,
 )
 
-from sqs_lease._core.attempt import AttemptEnv, Now
 from sqs_lease._core.calls import Call, ErrorKind, Outcome
+from sqs_lease._core.env import AttemptEnv, Now
 from sqs_lease._core.eventsource import GroupStop
 from sqs_lease._core.invocation import RecordEnd, record_flow, release_unstarted_records_flow
 from sqs_lease._core.leasebook import Flag, LeaseBook

@@ -14,7 +14,7 @@ from typing import Any
 from core_harness import TABLE, WORKER, Script, delivery, job_item, ok, unreachable
 from test_core_attempt import MONO, WALL, Shell, _up_to_handler
 
-from sqs_lease._core.attempt import attempt_flow, heartbeat_round_flow
+from sqs_lease._core.attempt import attempt_flow
 from sqs_lease._core.calls import Call, Invoke, Outcome
 from sqs_lease._core.lease import LeaseStatus
 from sqs_lease._core.liveness import (
@@ -25,6 +25,7 @@ from sqs_lease._core.liveness import (
     liveness_parts,
 )
 from sqs_lease._core.records import JobState
+from sqs_lease._core.rounds import heartbeat_round_flow
 from sqs_lease._schema import JobTable
 
 

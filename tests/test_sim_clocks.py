@@ -223,13 +223,14 @@ def test_mutation_is_caught_at_its_pinned_seed_and_the_protocol_passes_it(name: 
 
 
 def test_clock_mutations_are_undone_on_exit() -> None:
-    from sqs_lease._core import attempt
+    from sqs_lease._core import attempt, rounds
 
     def state() -> tuple[object, ...]:
         return (
             sweeping.__dict__["_sweep_one"],
             attempt.__dict__["cap_budget"],
-            attempt.__dict__["_resend"],
+            attempt.__dict__["resend_attempt"],
+            rounds.__dict__["resend_attempt"],
             attempt.__dict__["CappedRules"],
             intents.__dict__["repeat_unprotected"],
             intents.__dict__["_unprotected"],

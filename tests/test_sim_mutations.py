@@ -236,10 +236,12 @@ def test_mutations_are_undone_on_exit() -> None:
         duplicates,
         endwrites,
         groups,
+        handback,
         heartbeats,
         intents,
         limits,
         priority,
+        sweeps,
     )
     from sqs_lease._core.leasebook import LeaseBook
     from sqs_lease._schema import JobTable
@@ -257,7 +259,7 @@ def test_mutations_are_undone_on_exit() -> None:
             intents.start_id_for,
             attempt.__dict__["stopped_ending"],
             attempt.__dict__["admit_flow"],
-            attempt.__dict__["sweep_flow"],
+            sweeps.__dict__["sweep_flow"],
             receiver.Receivers.__dict__["apply"],
             JobTable.__dict__["claim"],
             JobTable.__dict__["parse"],
@@ -278,7 +280,7 @@ def test_mutations_are_undone_on_exit() -> None:
             limits.__dict__["RECORD_ROOM"],
             groups.__dict__["cancelled_group_flow"],
             priority.__dict__["LOWER_POLL_SECONDS"],
-            attempt.__dict__["late_charged"],
+            handback.__dict__["late_charged"],
             attempt.__dict__["_owner_running"],
             duplicates.__dict__["owner_alive"],
         )

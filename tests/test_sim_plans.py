@@ -20,7 +20,7 @@ import pytest
 from simtools import run_seed
 from simtools.catch import world
 from simtools.mutations import ISSUE26_WORLDS, PLANS_MUTATIONS, VARIANTS, WORLDS, applied
-from sqs_lease._core.attempt import HandlerRun
+from sqs_lease._core.env import HandlerRun
 from sqs_lease.testing._sim import planned
 from sqs_lease.testing._sim.chaos import Chaos
 from sqs_lease.testing._sim.invariants import I21, I24, Origin

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from test_core_attempt import MONO, Shell, _answers, _run
 
 from sqs_lease import App, ConfigError, JobClassError
-from sqs_lease._core.attempt import SlotEnv
+from sqs_lease._core.env import SlotEnv
 from sqs_lease._core.fifo import deduplication_id
 from sqs_lease._core.records import JobState
 from sqs_lease._core.slots import (

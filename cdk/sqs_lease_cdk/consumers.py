@@ -20,8 +20,8 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from sqs_lease import ConfigError
-from sqs_lease._core.attempt import SWEEP_PAGE_SECONDS
 from sqs_lease._core.eventsource import batch_size_for
+from sqs_lease._core.sweeps import SWEEP_PAGE_SECONDS
 from sqs_lease.deploy import (
     LAMBDA_MAX_CONCURRENCY,
     SHUTDOWN_GRACE_SECONDS,

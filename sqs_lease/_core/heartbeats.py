@@ -266,7 +266,7 @@ class BeatOutcome:
     cancel: tuple[LocalLease, ...]
     events: tuple[Emit, ...] = ()
     # Dropped as Drop.MESSAGE_CAP (SQS refused the extension, the job still ours): the
-    # round gives each its new message (``attempt.watchdog_drops_flow``).
+    # round gives each its new message (``rounds.watchdog_drops_flow``).
     capped: tuple[LocalLease, ...] = ()
 
 

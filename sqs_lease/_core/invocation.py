@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import JobClassError
-from .attempt import AttemptEnv, attempt_flow, now_of, rules_for
+from .attempt import attempt_flow
 from .calls import Emit, Err, Flow, ask
 from .deploy import LAMBDA_MAX_TIMEOUT, check_lambda_fit
 from .endwrites import release_flow
+from .env import AttemptEnv, now_of, rules_for
 from .eventsource import (
     GroupStop,
     can_start,

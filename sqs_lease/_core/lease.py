@@ -79,7 +79,7 @@ class Drop(StrEnum):
     STAGE_BUDGET = "stage_budget_exceeded"
     # The message's share of SQS's 12-hour visibility cap ran out (or SQS refused an
     # extension for it) before the class's own budget: not the job's fault; the job
-    # goes on under a new message, uncharged (``attempt.watchdog_drops_flow``).
+    # goes on under a new message, uncharged (``rounds.watchdog_drops_flow``).
     MESSAGE_CAP = "message_cap"
     SHUTDOWN = "shutdown"  # the handler overran the worker's shutdown grace
     LOOP_BLOCKED = "loop_blocked"  # its handler held the event loop past the tolerated lag

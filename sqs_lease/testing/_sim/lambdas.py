@@ -35,13 +35,15 @@ from collections.abc import Mapping as MappingT
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..._core import attempt as core
 from ..._core import invocation
 from ..._core.calls import Call, Flow, Ok, Outcome, call
+from ..._core.env import AttemptEnv, Now
 from ..._core.eventsource import END_MARGIN_SECONDS, GroupStop, parse_event_record
 from ..._core.invocation import RecordEnd
 from ..._core.messages import Delivery
 from ..._core.records import CANCELLED_CODE
+from ..._core.rounds import heartbeat_tick_flow
+from ..._core.sweeps import SCHEDULED_DLQ_RECEIVES, SCHEDULED_SWEEP_PAGE, sweep_pages_flow
 from ..._core.timing import EFFECT_MARGIN
 from .invariants import Origin
 from .plan import SweepPlan
@@ -295,7 +297,7 @@ def _new_env(world: World, deployment: Deployment) -> Any:
             for _ in range(_LOOP_LIMIT):
                 if not self.invoking:
                     return
-                yield from self.drive(core.heartbeat_tick_flow(self.env, stopping=False), origin)
+                yield from self.drive(heartbeat_tick_flow(self.env, stopping=False), origin)
                 yield SleepOp(self._next_wake(), wakeable=True)
 
     deployment.seq += 1
@@ -461,24 +463,24 @@ class Sweeper(Actor):
             yield from _drive(
                 self.world,
                 self,
-                core.sweep_pages_flow(
+                sweep_pages_flow(
                     env,
                     older_than=sweep.grace,
-                    limit=core.SCHEDULED_SWEEP_PAGE,
+                    limit=SCHEDULED_SWEEP_PAGE,
                     send_id_prefix=f"sweeper-{self.runs}",
-                    dlq_receives=core.SCHEDULED_DLQ_RECEIVES,
+                    dlq_receives=SCHEDULED_DLQ_RECEIVES,
                     until=self.mono() + min(self.lp.fitted_timeout, 300) - END_MARGIN_SECONDS,
                 ),
                 Origin(self.id, f"sweep{self.runs}", "sweep"),
             )
 
 
-def _sweep_env(actor: Actor) -> core.AttemptEnv:
+def _sweep_env(actor: Actor) -> AttemptEnv:
     from ..._core.leasebook import Flag, LeaseBook
 
     world = actor.world
     ids = iter(range(1, 1_000_000))
-    return core.AttemptEnv(
+    return AttemptEnv(
         table=world.jobs_req,
         intents=world.intents_req,
         queue_url=QUEUE,
@@ -490,7 +492,7 @@ def _sweep_env(actor: Actor) -> core.AttemptEnv:
         ),
         receive_visibility=world.job_class.lease_seconds,
         unknown_class_receives=0,
-        now=lambda: core.Now(actor.mono(), actor.wall()),
+        now=lambda: Now(actor.mono(), actor.wall()),
         random=lambda: world.chaos.random(),
         write_id=lambda: f"{actor.id}.{next(ids)}",
         tally=_no_tally,

@@ -47,8 +47,9 @@ import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ..._core.attempt import HandlerRun, SlotEnv, watchdog_drops_flow
+from ..._core.env import HandlerRun, SlotEnv
 from ..._core.leasebook import is_open
+from ..._core.rounds import watchdog_drops_flow
 from ..._core.timing import DEFAULT_LOOP_LAG, Pace, pace_budget, tolerated_loop_lag
 from ..._errors import ConfigError
 from ..._jobs import App, JobClass

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from ..._core import attempt as core
-from ..._core.attempt import HandlerRun
+from ..._core.env import HandlerRun
 from ..._core.intents import EffectResult, EffectSpec
 from ..._jobs import App, JobContext
 from ..._journal import Journal

@@ -11,7 +11,7 @@ real worker's path.
 The handler is a scripted list of steps (:class:`~sqs_lease.testing._sim.plan.JobPlan`):
 work for some seconds, and side effects through the real ``held_effect_flow``
 whose tool and check are simulated remote calls to a fenced target. The
-checker watches through the flows' :class:`~sqs_lease._core.attempt.Observer`
+checker watches through the flows' :class:`~sqs_lease._core.env.Observer`
 hooks (this worker implements them).
 """
 
@@ -22,16 +22,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from ..._core import attempt as core
-from ..._core.attempt import ActFor, AttemptEnv, HandlerRun, Now, Parallel
 from ..._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
 from ..._core.claiming import UNKNOWN_CLASS_RECEIVES, Claimed
 from ..._core.deletes import DeleteBatch
+from ..._core.env import ActFor, AttemptEnv, HandlerRun, Now, Parallel
 from ..._core.intents import EffectResult, EffectSpec, default_key
 from ..._core.lease import OPEN, LocalLease, Stop
 from ..._core.leasebook import Flag, Held, LeaseBook, is_open
 from ..._core.limits import ITEM_LIMIT
 from ..._core.messages import Delivery, Poison, receive_flow
+from ..._core.receiving import ReceivePacer
+from ..._core.rounds import heartbeat_tick_flow
+from ..._core.shutdown import release_unstarted_flow, shutdown_flow
 from ..._core.stages import NextStage
+from ..._core.sweeps import first_sweep_wait, redrive_rules, sweep_once_flow
 from ..._core.timing import EFFECT_MARGIN, Pace, pace_budget
 from ..._errors import (
     LeaseLost,
@@ -193,7 +197,7 @@ class SimWorker(Actor):
         self.shell = "thread"  # plans: the shell it runs as, and an async one's loop lag
         self.loop_lag = 0.0
         most = max(c.max_attempts for c in self.classes.values())
-        unknown_bound, _ = core.redrive_rules(p.max_receive, most, UNKNOWN_CLASS_RECEIVES)
+        unknown_bound, _ = redrive_rules(p.max_receive, most, UNKNOWN_CLASS_RECEIVES)
         # A heartbeat that sleeps until the next due moment is woken by a new lease.
         self.book = LeaseBook(
             on_hold=lambda: self.world.interrupt(self.heartbeat_task),
@@ -207,7 +211,7 @@ class SimWorker(Actor):
         # Ended jobs' messages, deleted 10 per call; the flusher sleeps until one is due.
         self.deletes = DeleteBatch(on_add=lambda: self.world.interrupt(self.delete_task))
         self.delete_task: Task | None = None
-        self._pacer = core.ReceivePacer(self.concurrency)
+        self._pacer = ReceivePacer(self.concurrency)
         self._write_ids = itertools.count(1)
         self.env = AttemptEnv(
             table=self.table,
@@ -332,7 +336,7 @@ class SimWorker(Actor):
                 self.bump("received")
                 if self.stopping:
                     yield from self.drive(
-                        core.release_unstarted_flow(self.env, item),
+                        release_unstarted_flow(self.env, item),
                         Origin(self.id, "release", "release"),
                     )
                     continue
@@ -363,7 +367,7 @@ class SimWorker(Actor):
             if not self._alive_jobs() or self.mono() >= deadline:
                 break
             yield SleepOp(max(0.01, deadline - self.mono()), wakeable=True)
-        yield from self.drive(core.shutdown_flow(self.env), Origin(self.id, "release", "release"))
+        yield from self.drive(shutdown_flow(self.env), Origin(self.id, "release", "release"))
         yield from self.drive(
             core.flush_deletes_flow(self.env, force=True), Origin(self.id, "deletes", "deletes")
         )
@@ -609,9 +613,7 @@ class SimWorker(Actor):
         for _ in range(_LOOP_LIMIT):
             if self.stopping and not len(self.book) and not self._alive_jobs():
                 return
-            yield from self.drive(
-                core.heartbeat_tick_flow(self.env, stopping=self.stopping), origin
-            )
+            yield from self.drive(heartbeat_tick_flow(self.env, stopping=self.stopping), origin)
             yield SleepOp(self._next_wake(), wakeable=True)
 
     def _next_wake(self) -> float:
@@ -641,7 +643,7 @@ class SimWorker(Actor):
         worker stops."""
         sweep = self.world.plan.sweep
         assert sweep is not None
-        wait = core.first_sweep_wait(sweep.interval, self.world.chaos.random())
+        wait = first_sweep_wait(sweep.interval, self.world.chaos.random())
         for _ in range(_LOOP_LIMIT):
             yield SleepOp(wait)
             if self.stopping:
@@ -656,7 +658,7 @@ class SimWorker(Actor):
         self._sweeps += 1
         return (
             yield from self.drive(
-                core.sweep_once_flow(
+                sweep_once_flow(
                     self.env,
                     older_than=sweep.grace,
                     limit=sweep.limit,
