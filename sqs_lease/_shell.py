@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 import uuid
+from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import FrameType
@@ -280,14 +281,16 @@ class ShellBase:
             window=options.receive_window,
         )
 
-    def _run_handler(self, run: HandlerRun) -> Any:  # pragma: no cover - every shell has one
-        raise NotImplementedError
+    @abstractmethod
+    def _run_handler(self, run: HandlerRun) -> Any:
+        """``Invoke("handler")``: build the job's context and call its handler (each
+        shell's own: a thread, the event loop's pool)."""
 
+    @abstractmethod
     def run(
         self, *, max_messages: int | None = None, idle_exit: float | None = None
-    ) -> WorkerStats:  # pragma: no cover - every shell has one
+    ) -> WorkerStats:
         """Receive and run until stopped; then shut down cleanly (each shell's own)."""
-        raise NotImplementedError
 
     # ----------------------------------------------------------------- the receive loop
 
