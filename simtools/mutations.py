@@ -1234,8 +1234,26 @@ def unstarted_not_waited() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def timeout_first_read() -> Iterator[None]:
+    """Soak seed 1309403, as before the fix: an environment keeps its first
+    invocation's time left as the function's timeout for its whole life. Frozen before
+    that first read, it reads short of a timeout that fits, and refuses every later
+    invocation. Expected: I23 (its records dead-lettered with no attempt started)."""
+    from sqs_lease._core.invocation import FunctionTimeout
+
+    def read(self: FunctionTimeout, remaining_ms: int) -> int:
+        if self.seconds is None:
+            self.seconds = -(-max(0, remaining_ms) // 1000)
+        return self.seconds
+
+    with _patch(FunctionTimeout, "read", read):
+        yield
+
+
 LAMBDA_MUTATIONS: dict[str, Callable[[], Any]] = {
     "lambda_unfit_looped": lambda_unfit_looped,
+    "timeout_first_read": timeout_first_read,
     "reserved_id_accepted": reserved_id_accepted,
     "unstarted_not_waited": unstarted_not_waited,
 }

@@ -63,14 +63,13 @@ can never fit the function's timeout (``_core.deploy.check_lambda_fit``, the rul
 CDK construct checks at synth; journal ``lambda_budget_never_fits``, then every
 invocation raises ``JobClassError``). At cold start it warns
 (``lambda_visibility_too_short``) when the queue's visibility timeout is below
-AWS's guidance of 6 x the function timeout (the function timeout is read as the
-first invocation's remaining time; the mapping's batching window is not visible
-from inside the function and is counted as 0).
+AWS's guidance of 6 x the function timeout (the function timeout is the largest
+time left an invocation of this environment started with, ``FunctionTimeout``; the
+mapping's batching window is not visible from inside the function and is counted as 0).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import uuid
@@ -82,6 +81,7 @@ from ._config import Settings
 from ._core.deploy import lambda_visibility_floor
 from ._core.eventsource import GroupStop, message_group, never_fit
 from ._core.invocation import (
+    FunctionTimeout,
     RecordEnd,
     record_flow,
     release_unstarted_records_flow,
@@ -134,16 +134,15 @@ class LambdaShell(Worker):
         # must delete at once, where settled_flow sees it (no batching across records).
         self.env.deletes = None
         self._warned = False
-        self._refused = False
-        self._timeout: int | None = None
+        self._refused: int | None = None  # the timeout last journaled as unfit
+        self._timeout = FunctionTimeout()
         self._rules = {n: (c.stage_budget_seconds, c.lease_seconds) for n, c in app.lease_rules()}
 
     def function_timeout(self, context: LambdaContext) -> int:
-        """The function's timeout: the first invocation's time left, in whole seconds
-        (Lambda tells a function its timeout no other way)."""
-        if self._timeout is None:
-            self._timeout = math.ceil(context.get_remaining_time_in_millis() / 1000)
-        return self._timeout
+        """The function's timeout, in whole seconds: the largest time left any
+        invocation of this environment started with (``FunctionTimeout``: Lambda tells
+        a function its timeout no other way, and a late reading falls short)."""
+        return self._timeout.read(context.get_remaining_time_in_millis())
 
     def refuse_unfit(self, context: LambdaContext) -> None:
         """A consumer whose app has a class (or stage) no invocation of this function can
@@ -154,8 +153,8 @@ class LambdaShell(Worker):
         problem = unfit_problem(self._rules, timeout)
         if problem is None:
             return
-        if not self._refused:
-            self._refused = True
+        if self._refused != timeout:  # once per reading (a later one may be larger)
+            self._refused = timeout
             self.journal(
                 "lambda_budget_never_fits",
                 job_classes=never_fit({n: b for n, (b, _) in self._rules.items()}, timeout),

@@ -35,6 +35,7 @@ from sqs_lease import (
     aws_lambda,
 )
 from sqs_lease._core.eventsource import END_MARGIN_SECONDS, GroupStop, can_start, message_group
+from sqs_lease._core.invocation import FunctionTimeout
 from sqs_lease._core.records import JobState
 from sqs_lease._core.slots import waits_of
 from sqs_lease.aws_lambda import LambdaHandler, handler
@@ -358,6 +359,31 @@ def test_a_function_whose_timeout_no_class_budget_fits_refuses_every_invocation_
     assert not journal.events("lambda_record_not_started")  # refused, not looped
     for r in b.event["Records"]:
         assert read_view(ddb_client, b.settings, job_of(r)).attempt == 0  # never started
+
+
+def test_a_late_first_reading_of_the_time_left_refuses_only_until_a_full_one(
+    aws: AwsTestEnv, sqs_client: SQSClient, ddb_client: DynamoDBClient
+) -> None:
+    # Soak seed 1309403: an environment frozen before its first invocation's handler
+    # read the time left saw 41 s of a 60 s function; kept as the function's timeout,
+    # it refused every later invocation, however much they had, and its records went
+    # to the DLQ unstarted. The largest reading stands (``FunctionTimeout``).
+    b = batch(aws, sqs_client, lambda p: {"n": p.n}, 1)
+    with collect_journal() as journal:
+        with pytest.raises(JobClassError):
+            b.run(b.event, Standing(5.0))  # read late: 5 s of the function's 60 s
+        answer = b.run(b.event, Standing(60.0))  # the next one reads the whole timeout
+    assert failed_ids(answer) == []
+    (never,) = journal.events("lambda_budget_never_fits")
+    assert never["function_timeout"] == 5
+    for r in b.event["Records"]:
+        assert read_view(ddb_client, b.settings, job_of(r)).state is JobState.SUCCEEDED
+
+
+def test_the_function_timeout_is_the_largest_time_left_an_invocation_started_with() -> None:
+    seen = FunctionTimeout()
+    assert [seen.read(ms) for ms in (41_000, 59_990, 12_000, 60_000, -5)] == [41, 60, 60, 60, 60]
+    assert FunctionTimeout().read(0) == 0
 
 
 def test_the_budget_rule_counts_the_whole_stage_budget_and_the_margin() -> None:

@@ -10,19 +10,7 @@ import pytest
 
 from simtools import run_seed
 
-FOUND: dict[int, tuple[str, str]] = {
-    1309403: (
-        "I23_dead_lettered_unstarted",
-        "fresh-range soak on the final commit (100ce65): the lambda world's first "
-        "deployment is unfit (a 46 s function for a 56 s stage budget) until its fix at "
-        "t=112; every invocation before is refused by name (lambda_refused), and each "
-        "refusal is a receive of its batch, so job-003 reaches the DLQ unstarted. To "
-        "judge: a refused invocation's records could wait as fresh messages (as an "
-        "unstarted record does) while a deployment is fixed, against issue 27's rule "
-        "that a function that never fits is refused, not looped; or the checker could "
-        "count a misdeployment's dead letters as the operator's to redrive",
-    ),
-}
+FOUND: dict[int, tuple[str, str]] = {}
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,9 @@ CAUGHT_AT: dict[str, tuple[int, str]] = {
     # soak seed 1045968: records behind a long one, their visibility lapsed before their
     # turn, handed back at every batch until the DLQ
     "unstarted_not_waited": (1045968, I23),
+    # soak seed 1309403: an environment frozen before its first read of the time left
+    # refused every invocation of a function that fit, its records to the DLQ
+    "timeout_first_read": (1309403, I23),
 }
 
 # Seeds of the lambda world, each of its shapes: functions alone and beside workers,
@@ -168,3 +171,18 @@ def test_submit_refuses_a_reserved_job_id_in_the_core() -> None:
     )
     with pytest.raises(ConfigError, match="job_id='worker#w1'"):
         next(flow)
+
+
+def test_soak_seed_1309403_a_late_first_reading_refuses_only_until_a_full_one() -> None:
+    """Soak seed 1309403 (the protocol's error, fresh range 1,300,000 on 100ce65): the
+    deployment is fixed at t=113 (a 60 s function); environment fn3 starts at 118.8
+    and is paused 20 s before its first invocation reads the time left: 41 s. Kept as
+    the function's timeout for the environment's life, every later invocation was
+    refused, and job-003's receives ran out in the DLQ unstarted (I23). The largest
+    reading stands (``invocation.FunctionTimeout``).
+    python -m simtools replay --seed 1309403"""
+    result = run_seed(1309403)
+    assert result.ok, result.violations
+    assert any(e[1] == "fn3" and e[2] == "lambda_refused" for e in result.log)
+    mutated = run_seed(1309403, mutation="timeout_first_read")
+    assert not mutated.ok and mutated.violations[0].name == I23, mutated.violations

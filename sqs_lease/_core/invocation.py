@@ -15,6 +15,7 @@ fresh message where it can, so that no skip counts toward the DLQ:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,13 +51,34 @@ def unfit_problem(rules: Mapping[str, tuple[float, int]], function_timeout: floa
     invocation fails, loudly, until the app or the function is fixed (the function's
     ``Errors`` alarm), and no record is lost meanwhile.
 
-    ``function_timeout`` is the function's own (a shell reads it from its first
-    invocation's remaining time), never above Lambda's :data:`LAMBDA_MAX_TIMEOUT`."""
+    ``function_timeout`` is the function's own as its environment knows it
+    (:class:`FunctionTimeout`), never above Lambda's :data:`LAMBDA_MAX_TIMEOUT`."""
     try:
         check_lambda_fit(rules, min(float(function_timeout), float(LAMBDA_MAX_TIMEOUT)))
     except JobClassError as unfit:
         return str(unfit)
     return None
+
+
+@dataclass
+class FunctionTimeout:
+    """The function's timeout as one execution environment knows it. Lambda tells a
+    function its timeout only as the time left when an invocation starts, and that
+    reading can only fall short: an environment frozen or starved of CPU before its
+    handler reads the clock sees less. So the largest reading so far stands, never the
+    first: a late first reading kept for the environment's life would make a function
+    that fits refuse every invocation until Lambda recycled it (soak seed 1309403),
+    its records dead-lettered unstarted meanwhile. A function that really is too short
+    reads too short every time, and is refused every time."""
+
+    seconds: int | None = None
+
+    def read(self, remaining_ms: int) -> int:
+        """Take this invocation's time left at its start; the timeout as now known."""
+        seen = math.ceil(max(0, remaining_ms) / 1000)
+        if self.seconds is None or seen > self.seconds:
+            self.seconds = seen
+        return self.seconds
 
 
 @dataclass(frozen=True)
@@ -198,4 +220,10 @@ def _release(env: AttemptEnv, deliveries: Sequence[Delivery], visibility: int) -
     return released
 
 
-__all__ = ["RecordEnd", "record_flow", "release_unstarted_records_flow", "unfit_problem"]
+__all__ = [
+    "FunctionTimeout",
+    "RecordEnd",
+    "record_flow",
+    "release_unstarted_records_flow",
+    "unfit_problem",
+]

@@ -194,7 +194,7 @@ def _new_env(world: World, deployment: Deployment) -> Any:
             self.rules = {
                 n: (c.stage_budget_seconds, c.lease_seconds) for n, c in self.classes.items()
             }
-            self.timeout_read: int | None = None  # the first invocation's remaining time
+            self.timeout = invocation.FunctionTimeout()  # as the adapter reads it
             self.invoking = False
             self.busy = False
             self.invocations = 0
@@ -248,11 +248,10 @@ def _new_env(world: World, deployment: Deployment) -> Any:
             """One invocation, as ``LambdaShell.handle``: refuse an app that can never
             fit, then each record in order under a heartbeat; the failures answered."""
             self.invocations += 1
-            if self.timeout_read is None:
-                self.timeout_read = math.ceil(deadline - self.mono())
-            problem = invocation.unfit_problem(self.rules, self.timeout_read)
+            timeout = self.timeout.read(int((deadline - self.mono()) * 1000))
+            problem = invocation.unfit_problem(self.rules, timeout)
             if problem is not None:
-                world.record(self.id, "lambda_refused", {"function_timeout": self.timeout_read})
+                world.record(self.id, "lambda_refused", {"function_timeout": timeout})
                 answer.append(REFUSED)  # the invocation failed: the mapping deletes nothing
                 return
             self.invoking = True
