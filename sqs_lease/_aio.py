@@ -12,19 +12,17 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
-import botocore.config
-
-from ._aws import CallObserver, Timeouts, classify, client_kwargs, endpoint_of
+from ._aws import CallObserver, DriverBase, Timeouts, client_config, client_kwargs
 from ._clock import lease_clock
 from ._config import Settings
-from ._core.calls import Call, Emit, Flow, Invoke, Ok, Outcome, Sleep, raised
+from ._core.calls import Call, Flow, Invoke, Ok, Outcome, Sleep, raised
 from ._errors import ConfigError
 from ._journal import Journal
 
 T = TypeVar("T")
 
 
-class AsyncDriver:
+class AsyncDriver(DriverBase):
     """Runs flows with aiobotocore clients. Use as ``async with AsyncDriver(...) as d``."""
 
     def __init__(
@@ -55,12 +53,7 @@ class AsyncDriver:
                 "the async driver needs aiobotocore: pip install 'sqs-lease[async]'"
             ) from exc
         session = get_session()
-        config = botocore.config.Config(
-            connect_timeout=self.timeouts.connect,
-            read_timeout=self.timeouts.read,
-            retries={"total_max_attempts": self.timeouts.attempts, "mode": "standard"},
-            max_pool_connections=100,
-        )
+        config = client_config(self.timeouts, pool=100)
         for service in ("sqs", "dynamodb"):
             self.clients[service] = await self._stack.enter_async_context(
                 session.create_client(
@@ -81,13 +74,11 @@ class AsyncDriver:
         try:
             outcome = Ok(await method(**c.params), sent, self.clock())
         except Exception as exc:
-            outcome = classify(exc, sent, self.clock(), where=endpoint_of(self.clients[c.service]))
+            outcome = self._failed(c, exc, sent)
         finally:
             self.calls += 1
-        for observe in self.observers:
-            pause = observe(c, outcome)
-            if pause:
-                await asyncio.sleep(pause)
+        for pause in self._pauses(c, outcome):
+            await asyncio.sleep(pause)
         return outcome
 
     async def invoke(self, inv: Invoke) -> Outcome:
@@ -103,19 +94,18 @@ class AsyncDriver:
     async def run(self, flow: Flow[T]) -> T:
         """Drive a flow to its end and return its result."""
         try:
-            instruction = next(flow)
+            instruction = self._past_emits(flow, next(flow))
             while True:
-                if isinstance(instruction, Emit):
-                    self.journal.write(instruction.event, instruction.fields)
-                    instruction = flow.send(None)
-                elif isinstance(instruction, Invoke):
-                    instruction = flow.send(await self.invoke(instruction))
+                outcome: Outcome
+                if isinstance(instruction, Invoke):
+                    outcome = await self.invoke(instruction)
                 elif isinstance(instruction, Sleep):
                     start = self.clock()
                     await asyncio.sleep(instruction.seconds)
-                    instruction = flow.send(Ok({}, start, self.clock()))
+                    outcome = Ok({}, start, self.clock())
                 else:
-                    instruction = flow.send(await self.execute(instruction))
+                    outcome = await self.execute(instruction)
+                instruction = self._past_emits(flow, flow.send(outcome))
         except StopIteration as stop:
             result: T = stop.value
             return result

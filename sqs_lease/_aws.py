@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,6 +26,7 @@ from ._core.calls import (
     Err,
     ErrorKind,
     Flow,
+    Instruction,
     Invoke,
     Ok,
     Outcome,
@@ -176,13 +177,19 @@ def _shared_session() -> Any:
     return _SESSIONS[pid]
 
 
-def make_client(settings: Settings, service: str, timeouts: Timeouts = Timeouts()) -> Any:
-    config = botocore.config.Config(
+def client_config(timeouts: Timeouts, *, pool: int) -> botocore.config.Config:
+    """What every client of either driver is made with: the timeouts, botocore's
+    standard retries within ``timeouts.attempts``, and ``pool`` connections."""
+    return botocore.config.Config(
         connect_timeout=timeouts.connect,
         read_timeout=timeouts.read,
         retries={"total_max_attempts": timeouts.attempts, "mode": "standard"},
-        max_pool_connections=50,
+        max_pool_connections=pool,
     )
+
+
+def make_client(settings: Settings, service: str, timeouts: Timeouts = Timeouts()) -> Any:
+    config = client_config(timeouts, pool=50)
     kwargs = client_kwargs(settings, service)
     with _SESSION_LOCK:
         client = _shared_session().client(service, config=config, **kwargs)
@@ -196,7 +203,37 @@ def make_client(settings: Settings, service: str, timeouts: Timeouts = Timeouts(
     return client
 
 
-class SyncDriver:
+class DriverBase:
+    """What the sync and async drivers share; each keeps only its own way to wait
+    (a call, a sleep, caller code)."""
+
+    clients: dict[str, Any]
+    clock: Callable[[], float]
+    journal: Journal
+    observers: list[CallObserver]
+
+    def _failed(self, c: Call, exc: Exception, sent: float) -> Err:
+        """A call's exception as its outcome (:func:`classify`)."""
+        return classify(exc, sent, self.clock(), where=endpoint_of(self.clients[c.service]))
+
+    def _pauses(self, c: Call, outcome: Outcome) -> Iterator[float]:
+        """Show the call's outcome to each observer in turn; yield each pause one asks
+        for (the driver waits it out before the next observer sees the outcome)."""
+        for observe in self.observers:
+            pause = observe(c, outcome)
+            if pause:
+                yield pause
+
+    def _past_emits(self, flow: Flow[Any], instruction: Instruction) -> Call | Sleep | Invoke:
+        """Journal each Emit the flow yields from ``instruction`` on; return the first
+        instruction the driver must wait on (the flow's StopIteration passes through)."""
+        while isinstance(instruction, Emit):
+            self.journal.write(instruction.event, instruction.fields)
+            instruction = flow.send(None)
+        return instruction
+
+
+class SyncDriver(DriverBase):
     """Runs flows with boto3 clients; one per thread is not needed (clients are thread-safe)."""
 
     def __init__(
@@ -228,13 +265,11 @@ class SyncDriver:
         try:
             outcome = Ok(method(**c.params), sent, self.clock())
         except Exception as exc:
-            outcome = classify(exc, sent, self.clock(), where=endpoint_of(self.clients[c.service]))
+            outcome = self._failed(c, exc, sent)
         finally:
             self.calls += 1
-        for observe in self.observers:
-            pause = observe(c, outcome)
-            if pause:
-                self.sleep(pause)
+        for pause in self._pauses(c, outcome):
+            self.sleep(pause)
         return outcome
 
     def invoke(self, inv: Invoke) -> Outcome:
@@ -249,19 +284,18 @@ class SyncDriver:
     def run(self, flow: Flow[T]) -> T:
         """Drive a flow to its end and return its result."""
         try:
-            instruction = next(flow)
+            instruction = self._past_emits(flow, next(flow))
             while True:
-                if isinstance(instruction, Emit):
-                    self.journal.write(instruction.event, instruction.fields)
-                    instruction = flow.send(None)
-                elif isinstance(instruction, Invoke):
-                    instruction = flow.send(self.invoke(instruction))
+                outcome: Outcome
+                if isinstance(instruction, Invoke):
+                    outcome = self.invoke(instruction)
                 elif isinstance(instruction, Sleep):
                     start = self.clock()
                     self.sleep(instruction.seconds)
-                    instruction = flow.send(Ok({}, start, self.clock()))
+                    outcome = Ok({}, start, self.clock())
                 else:
-                    instruction = flow.send(self.execute(instruction))
+                    outcome = self.execute(instruction)
+                instruction = self._past_emits(flow, flow.send(outcome))
         except StopIteration as stop:
             result: T = stop.value
             return result

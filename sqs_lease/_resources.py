@@ -19,12 +19,19 @@ DEFAULT_MAX_RECEIVES = REDRIVE_BACKSTOP
 """Redrive backstop (``_core.deploy``): set well above any job class's ``max_attempts``."""
 
 
-def _call(client: Any, op: str, **params: Any) -> Any:
+def _call(client: Any, op: str, *, missing: tuple[str, str] | None = None, **params: Any) -> Any:
+    """Call ``op`` on ``client``; a failure becomes the package's typed error.
+
+    ``missing``: what the call names and the command that creates it; a resource the
+    call finds absent then raises ResourceMissing saying so, not AwsCallFailed."""
     try:
         return getattr(client, op)(**params)
     except Exception as exc:
         where = endpoint_of(client)
         err = classify(exc, 0.0, 0.0, where=where)
+        if missing is not None and err.kind is ErrorKind.NOT_FOUND:
+            what, fix = missing
+            raise ResourceMissing(f"{what} does not exist on {where}: run `{fix}`") from None
         if err.kind is ErrorKind.UNREACHABLE:
             raise AwsUnavailable(f"{op}: {where} did not answer ({err.code})") from None
         raise AwsCallFailed(f"{op} on {where}: {err.code}: {err.message}", err.code) from None
@@ -92,13 +99,10 @@ def _same_projection(have: dict[str, Any], want: dict[str, Any]) -> bool:
 def _update_indexes(
     ddb: Any, name: str, defs: list[dict[str, str]], update: dict[str, Any]
 ) -> None:
+    with_defs: dict[str, Any] = {"AttributeDefinitions": defs} if defs else {}
     try:
         _call(
-            ddb,
-            "update_table",
-            TableName=name,
-            **({"AttributeDefinitions": defs} if defs else {}),
-            GlobalSecondaryIndexUpdates=[update],
+            ddb, "update_table", TableName=name, **with_defs, GlobalSecondaryIndexUpdates=[update]
         )
     except AwsCallFailed as exc:
         # Another `tables create` is changing it (one index change at a time).
@@ -191,22 +195,10 @@ def interactive_queue_url(settings: Settings) -> str | None:
 
 def queue_url(settings: Settings, name: str | None = None) -> str:
     """The job queue's URL, or ResourceMissing saying how to create it."""
-    sqs = make_client(settings, "sqs")
     qname = name or settings.queue
-    try:
-        return str(sqs.get_queue_url(QueueName=qname)["QueueUrl"])
-    except Exception as exc:
-        where = endpoint_of(sqs)
-        err = classify(exc, 0.0, 0.0, where=where)
-        if err.kind is ErrorKind.NOT_FOUND:
-            raise ResourceMissing(
-                f"queue {qname!r} does not exist on {where}: run `sqs-lease queue create`"
-            ) from None
-        if err.kind is ErrorKind.UNREACHABLE:
-            raise AwsUnavailable(f"{where} did not answer ({err.code})") from None
-        raise AwsCallFailed(
-            f"GetQueueUrl on {where}: {err.code}: {err.message}", err.code
-        ) from None
+    missing = (f"queue {qname!r}", "sqs-lease queue create")
+    found = _call(make_client(settings, "sqs"), "get_queue_url", missing=missing, QueueName=qname)
+    return str(found["QueueUrl"])
 
 
 def redrive(settings: Settings, url: str) -> tuple[str | None, int | None]:
@@ -235,17 +227,9 @@ def check_slots_table(settings: Settings) -> None:
 
 
 def _check_one(ddb: Any, table: str) -> None:
-    try:
-        ddb.describe_table(TableName=table)
-    except Exception as exc:
-        where = endpoint_of(ddb)
-        err = classify(exc, 0.0, 0.0, where=where)
-        if err.kind is ErrorKind.NOT_FOUND:
-            raise ResourceMissing(
-                f"table {table!r} does not exist on {where}: run `sqs-lease tables create`"
-            ) from None
-        if err.kind is ErrorKind.UNREACHABLE:
-            raise AwsUnavailable(f"{where} did not answer ({err.code})") from None
-        raise AwsCallFailed(
-            f"DescribeTable on {where}: {err.code}: {err.message}", err.code
-        ) from None
+    _call(
+        ddb,
+        "describe_table",
+        missing=(f"table {table!r}", "sqs-lease tables create"),
+        TableName=table,
+    )
