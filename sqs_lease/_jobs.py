@@ -7,6 +7,7 @@ import hashlib
 import inspect
 import json
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -545,7 +546,7 @@ class App:
         return text, payload_hash(text)
 
 
-class _ContextBase(Generic[P]):
+class _ContextBase(ABC, Generic[P]):
     """What both job contexts share: ids, token, payload, lease reads, the journal,
     and the building of an effect's intent (the sync and async contexts differ
     only in how they wait and run the effect)."""
@@ -663,14 +664,14 @@ class _ContextBase(Generic[P]):
         action: str,
         target: str,
         payload: BaseModel | Mapping[str, Any],
-        timed: Callable[[EffectCall], Callable[[], Any]],
+        call: Callable[[EffectCall], Any],
         *,
         key: str | None,
         version: str | None,
         timeout: float | None,
     ) -> EffectSpec:
-        """Validate one effect and describe it for ``effect_flow``; ``timed(ec)`` is the
-        tool as the flow runs it (watched by the watchdog while it runs)."""
+        """Validate one effect and describe it for ``effect_flow``, its tool ``call``
+        as this context runs it (:meth:`_timed`)."""
         tgt = self._targets.get(target)
         if tgt is None:
             known = ", ".join(sorted(self._targets)) or "none"
@@ -707,15 +708,19 @@ class _ContextBase(Generic[P]):
             target=target,
             payload_json=text,
             payload_hash=digest,
-            tool=timed(ec),
+            tool=self._timed(call, ec),
             check=tgt.check,
             lease_check=self._check_now,
             may_record=self._may_record,
             log_bodies=tgt.log_bodies,
             key_retention_seconds=tgt.key_retention_seconds,
             success=tgt.success,
-            rekey=lambda new_key: timed(replace(ec, key=new_key)),
+            rekey=lambda new_key: self._timed(call, replace(ec, key=new_key)),
         )
+
+    @abstractmethod
+    def _timed(self, call: Callable[[EffectCall], Any], ec: EffectCall) -> Callable[[], Any]:
+        """The tool as the effect flow runs it, watched by the watchdog while it runs."""
 
     def note(self, event: str, **fields: Any) -> None:
         """Journal a handler's own event, tagged with job id and token (no payloads)."""
@@ -856,13 +861,7 @@ class JobContext(_ContextBase[P]):
                 code="async_tool_in_plain_handler",
             )
         spec = self._effect_spec(
-            action,
-            target,
-            payload,
-            lambda ec: self._timed(call, ec),
-            key=key,
-            version=version,
-            timeout=timeout,
+            action, target, payload, call, key=key, version=version, timeout=timeout
         )
         return self._run_effect(spec)
 
@@ -956,13 +955,7 @@ class AsyncJobContext(_ContextBase[P]):
         timeout: float | None = None,
     ) -> EffectResult:
         spec = self._effect_spec(
-            action,
-            target,
-            payload,
-            lambda ec: self._timed(call, ec),
-            key=key,
-            version=version,
-            timeout=timeout,
+            action, target, payload, call, key=key, version=version, timeout=timeout
         )
         return await self._run_effect(spec)
 
