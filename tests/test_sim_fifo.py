@@ -43,8 +43,8 @@ def _send(sqs: SimSQS, body: str, group: str, dedup: str, now: float, **more: An
     return sqs.handle("SendMessage", params, now)
 
 
-def _receive(sqs: SimSQS, now: float) -> list[str]:
-    out = sqs.handle("ReceiveMessage", {"QueueUrl": Q, "MaxNumberOfMessages": 10}, now)
+def _receive(sqs: SimSQS, now: float, want: int = 10) -> list[str]:
+    out = sqs.handle("ReceiveMessage", {"QueueUrl": Q, "MaxNumberOfMessages": want}, now)
     assert isinstance(out, Ok)
     return [m["Body"] for m in out.response.get("Messages", [])]
 
@@ -86,12 +86,22 @@ def test_a_group_is_received_in_order_and_held_while_one_of_it_is_in_flight() ->
     sqs = _sqs()
     for i, (body, group) in enumerate([("a1", "a"), ("b1", "b"), ("a2", "a"), ("a3", "a")]):
         assert isinstance(_send(sqs, body, group, f"d{i}", 0.0), Ok)
-    assert sorted(_receive(sqs, 1.0)) == ["a1", "b1"]  # each group's head, no copies
-    assert _receive(sqs, 2.0) == []  # both groups in flight: nothing, though a2 waits
+    # One message a call (the workers'): a group's head, never a later message.
+    assert _receive(sqs, 1.0, want=1) in (["a1"], ["b1"])
+    sqs = _sqs()
+    for i, (body, group) in enumerate([("a1", "a"), ("b1", "b"), ("a2", "a"), ("a3", "a")]):
+        assert isinstance(_send(sqs, body, group, f"d{i}", 0.0), Ok)
+    # A batch (a Lambda mapping's): each group's messages in order behind its head.
+    got = _receive(sqs, 1.0)
+    assert sorted(got) == ["a1", "a2", "a3", "b1"]
+    assert [b for b in got if b.startswith("a")] == ["a1", "a2", "a3"]
+    assert _receive(sqs, 2.0) == []  # every group in flight: nothing, no copies
     _delete(sqs, "a1", 3.0)
-    assert _receive(sqs, 4.0) == ["a2"]
-    # a2 and b1 lapsed (30 s): each comes back, ahead of its group's later messages
-    assert sorted(_receive(sqs, 40.0)) == ["a2", "b1"]
+    assert _receive(sqs, 4.0) == []  # a2 and a3 still in flight hold group a
+    # each lapsed (30 s): back in the order sent, group by group
+    again = _receive(sqs, 40.0)
+    assert sorted(again) == ["a2", "a3", "b1"]
+    assert [b for b in again if b.startswith("a")] == ["a2", "a3"]
 
 
 # --------------------------------------------------------------------------- the plan
@@ -186,3 +196,18 @@ def test_fifo_mutation_is_caught_at_its_pinned_seed_and_the_protocol_passes_it(
     assert run_seed(seed, features=features).ok, (
         f"the unmutated protocol fails seed {seed}: {replay_command(seed, None, features=features)}"
     )
+
+
+def test_a_fifo_message_names_its_group_as_aws_does() -> None:
+    # The Lambda mapping hands a FIFO record over with its group: the core's
+    # ``message_group`` reads it for the batch's group stop.
+    sqs = _sqs()
+    assert isinstance(_send(sqs, "a1", "session-7", "d0", 0.0), Ok)
+    out = sqs.handle(
+        "ReceiveMessage",
+        {"QueueUrl": Q, "MaxNumberOfMessages": 10, "MessageSystemAttributeNames": ["All"]},
+        1.0,
+    )
+    assert isinstance(out, Ok)
+    [m] = out.response["Messages"]
+    assert m["Attributes"]["MessageGroupId"] == "session-7"

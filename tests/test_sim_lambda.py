@@ -19,6 +19,7 @@ from sqs_lease._core.eventsource import parse_event_record
 from sqs_lease._core.invocation import unfit_problem
 from sqs_lease._core.messages import Delivery
 from sqs_lease.testing._sim.chaos import Chaos
+from sqs_lease.testing._sim.fifo import I22
 from sqs_lease.testing._sim.invariants import I4, I20
 from sqs_lease.testing._sim.lambdas import I23
 from sqs_lease.testing._sim.plan import draw_plan
@@ -36,6 +37,9 @@ CAUGHT_AT: dict[str, tuple[int, str]] = {
     # soak seed 1045968: records behind a long one, their visibility lapsed before their
     # turn, handed back at every batch until the DLQ
     "unstarted_not_waited": (1045968, I23),
+    # a FIFO queue's Lambda batch: a session's later record started though its group's
+    # earlier one in the batch failed or did not start
+    "lambda_group_not_stopped": (51, I22),
     # soak seed 1309403: an environment frozen before its first read of the time left
     # refused every invocation of a function that fit, its records to the DLQ
     "timeout_first_read": (1309403, I23),

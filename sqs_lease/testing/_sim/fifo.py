@@ -171,6 +171,19 @@ class FifoQueue:
                 heads[g] = m
         return list(heads.values())
 
+    def batch(self, q: Queue, heads: list[Message], want: int, now: float) -> list[Message]:
+        """Up to ``want`` messages for one receive: each group's visible messages in the
+        order sent, behind its head, the groups in the order of ``heads`` (as SQS fills
+        a batch of several messages from a FIFO queue)."""
+        live = sorted((m for m in q.messages.values() if m.visible_at <= now), key=lambda m: m.seq)
+        out: list[Message] = []
+        for head in heads:
+            g = self.group_of(head)
+            out.extend(m for m in live if self.group_of(m) == g and m.seq >= head.seq)
+            if len(out) >= want:
+                break
+        return out[:want]
+
 
 def send(sqs: SimSQS, q: Queue, fifo: FifoQueue, params: Mapping[str, Any]) -> Outcome:
     """SendMessage to a FIFO queue, as AWS answers it."""

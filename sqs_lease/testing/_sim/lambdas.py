@@ -11,7 +11,9 @@ the scheduled sweep function's period; and, sometimes, a producer that submits a
 job under a worker's reserved id (``worker#<id>``, issue 26 defect 12).
 
 The mapping (:class:`Mapping`, AWS's, never faulty) long-polls the queue for a
-batch, invokes an idle environment with it and a deadline (the function timeout),
+batch (on the fifo world's FIFO queue, each group's messages in order behind its
+head, several groups a batch, the records naming their group, as AWS hands them
+over), invokes an idle environment with it and a deadline (the function timeout),
 deletes the records the invocation reported done and leaves the others to their
 visibility. An invocation that outlives its timeout is killed with its environment
 (its records come back when their visibility lapses); the faults of the world
@@ -47,7 +49,7 @@ from ..._core.sweeps import SCHEDULED_DLQ_RECEIVES, SCHEDULED_SWEEP_PAGE, sweep_
 from ..._core.timing import EFFECT_MARGIN
 from .invariants import Origin
 from .plan import SweepPlan
-from .world import DLQ, JOB_CLASS, JOB_CLASS_V2, QUEUE, Actor, SimGen, SleepOp, Task
+from .world import JOB_CLASS, JOB_CLASS_V2, QUEUE, Actor, SimGen, SleepOp, Task
 
 if TYPE_CHECKING:
     from .chaos import Chaos
@@ -107,11 +109,6 @@ def draw(c: Chaos, plan: RunPlan, allowed: frozenset[str]) -> None:
     if plan.plans is not None:
         # Not drawn with planned jobs yet: their shells (thread, async, loop stalls) are
         # the workers'; a function's would need its own.
-        return
-    if plan.fifo is not None:
-        # Not drawn yet: the simulated mapping polls a standard queue (its batches of
-        # several groups, each group's order kept, are the next step). A FIFO run keeps
-        # its workers.
         return
     if "mixed_versions" in plan.wide.features:
         mode = "both"  # its old and new workers stay (the functions run the new app)
@@ -338,13 +335,15 @@ class EventSourceMapping(Actor):
         env: Any = None
         poller = holder[0]
         for _ in range(_LOOP_LIMIT):
-            out = yield from _drive(world, self, _receive(self.lp.batch_size), origin)
+            out = yield from _drive(
+                world, self, _receive(world.queue_url, self.lp.batch_size), origin
+            )
             messages = out.response.get("Messages", []) if isinstance(out, Ok) else []
             if not messages:
                 if not isinstance(out, Ok):
                     yield SleepOp(1.0)
                 continue
-            records = [_event_record(m) for m in messages]
+            records = [_event_record(m, world.queue_url) for m in messages]
             if env is None or not env.alive or env.stopping:
                 env = _new_env(world, self.deployment)
                 yield SleepOp(self.lp.cold_start)  # init: before the invocation's clock
@@ -368,7 +367,7 @@ class EventSourceMapping(Actor):
                 continue  # failed (refused, timed out, crashed): all back at visibility
             done = [r for r in records if r["messageId"] not in set(failures)]
             if done:
-                yield from _drive(world, self, _delete(done), origin)
+                yield from _drive(world, self, _delete(world.queue_url, done), origin)
 
     def _time_out(self, env: Any, task: Task, poller: Task) -> None:
         if not task.done and env.alive:
@@ -401,13 +400,13 @@ def _drive(world: World, actor: Actor, flow: Flow[Any], origin: Origin) -> SimGe
     return (yield from drive(world, actor, flow, origin))
 
 
-def _receive(batch_size: int) -> Flow[Outcome]:
+def _receive(queue_url: str, batch_size: int) -> Flow[Outcome]:
     out: Outcome = yield from call(
         Call(
             "sqs",
             "ReceiveMessage",
             {
-                "QueueUrl": QUEUE,
+                "QueueUrl": queue_url,
                 "MaxNumberOfMessages": batch_size,
                 "WaitTimeSeconds": 20,
                 "MessageSystemAttributeNames": ["All"],
@@ -417,13 +416,14 @@ def _receive(batch_size: int) -> Flow[Outcome]:
     return out
 
 
-def _delete(records: list[dict[str, Any]]) -> Flow[None]:
+def _delete(queue_url: str, records: list[dict[str, Any]]) -> Flow[None]:
     entries = [{"Id": str(i), "ReceiptHandle": r["receiptHandle"]} for i, r in enumerate(records)]
-    yield from call(Call("sqs", "DeleteMessageBatch", {"QueueUrl": QUEUE, "Entries": entries}))
+    yield from call(Call("sqs", "DeleteMessageBatch", {"QueueUrl": queue_url, "Entries": entries}))
 
 
-def _event_record(m: Mapping[str, Any]) -> dict[str, Any]:
-    """A received message in the event's own spelling (as the mapping hands it over)."""
+def _event_record(m: Mapping[str, Any], queue_url: str) -> dict[str, Any]:
+    """A received message in the event's own spelling (as the mapping hands it over;
+    a FIFO queue's ARN ends ``.fifo``, its records name their group)."""
     return {
         "messageId": m.get("MessageId", ""),
         "receiptHandle": m.get("ReceiptHandle", ""),
@@ -431,7 +431,7 @@ def _event_record(m: Mapping[str, Any]) -> dict[str, Any]:
         "attributes": dict(m.get("Attributes") or {}),
         "messageAttributes": dict(m.get("MessageAttributes") or {}),
         "eventSource": "aws:sqs",
-        "eventSourceARN": QUEUE_ARN,
+        "eventSourceARN": QUEUE_ARN + queue_url[len(QUEUE) :],
     }
 
 
@@ -482,8 +482,8 @@ def _sweep_env(actor: Actor) -> AttemptEnv:
     return AttemptEnv(
         table=world.jobs_req,
         intents=world.intents_req,
-        queue_url=QUEUE,
-        dlq_url=DLQ,
+        queue_url=world.queue_url,
+        dlq_url=world.dlq_url,
         worker_id=actor.id,
         book=LeaseBook(),
         rules_of=lambda name: {JOB_CLASS: world.job_class, JOB_CLASS_V2: world.job_class_v2}.get(
@@ -565,7 +565,7 @@ class LambdaRun:
         def command(sid: str) -> Any:
             return retry_failed_flow(
                 world.jobs_req,
-                queue_url=QUEUE,
+                queue_url=world.queue_url,
                 job_id=job_id,
                 wall_now=world.operator.wall(),
                 send_id=sid,
@@ -589,7 +589,7 @@ def _submit_reserved(world: World, job_id: str) -> None:
 
     flow = submit_flow(
         world.jobs_req,
-        queue_url=QUEUE,
+        queue_url=world.queue_url,
         job_id=job_id,
         job_class=JOB_CLASS,
         payload_json=text,

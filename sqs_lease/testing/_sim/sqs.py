@@ -250,7 +250,12 @@ class SimSQS:
         if q.fifo is not None:  # groups in order, none while one is in flight; no copies
             visible, dups = q.fifo.receivable(q, visible, now), []
         self.chaos.shuffle(visible)
-        chosen = visible[:want]
+        if q.fifo is not None and want > 1:
+            # A batch holds each group's messages in order behind its head (a Lambda
+            # mapping's batch: several groups, each in its order).
+            chosen = q.fifo.batch(q, visible, want, now)
+        else:
+            chosen = visible[:want]
         for m in chosen:
             # At-least-once: this receive may leave a copy behind that a later receive
             # returns while the message is still in flight here (once per receive).
@@ -290,6 +295,9 @@ class SimSQS:
                     EPOCH_MS + int((m.first_received_at or 0.0) * 1000)
                 ),
             }
+            if q.fifo is not None:  # as AWS names a FIFO message's own attributes
+                attrs["MessageGroupId"] = q.fifo.group_of(m)
+                attrs["SequenceNumber"] = str(m.seq)
             if "All" not in names:
                 attrs = {k: v for k, v in attrs.items() if k in names}
             if attrs:
