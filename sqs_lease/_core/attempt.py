@@ -115,18 +115,18 @@ UNKNOWN_CLASS_MAX_ATTEMPTS = 1_000_000  # an unknown class is never claimed: no 
 
 # What a delivery that was not claimed counts as, by its outcome.
 NOT_CLAIMED_COUNTS: dict[NotClaimedOutcome, str] = {
-    "done": "already_done",
-    "parked": "already_done",
-    "stray": "stray",
-    "missing": "poisoned",
-    "class_mismatch": "poisoned",
-    "unknown_class": "poisoned",
-    "unreadable": "poisoned",
-    "invalid": "poisoned",
-    "exhausted": "failed",
-    "deferred": "deferred",
-    "running": "deferred",
-    "unknown": "unanswered",
+    NotClaimedOutcome.DONE: "already_done",
+    NotClaimedOutcome.PARKED: "already_done",
+    NotClaimedOutcome.STRAY: "stray",
+    NotClaimedOutcome.MISSING: "poisoned",
+    NotClaimedOutcome.CLASS_MISMATCH: "poisoned",
+    NotClaimedOutcome.UNKNOWN_CLASS: "poisoned",
+    NotClaimedOutcome.UNREADABLE: "poisoned",
+    NotClaimedOutcome.INVALID: "poisoned",
+    NotClaimedOutcome.EXHAUSTED: "failed",
+    NotClaimedOutcome.DEFERRED: "deferred",
+    NotClaimedOutcome.RUNNING: "deferred",
+    NotClaimedOutcome.UNKNOWN: "unanswered",
 }
 
 # What an end write counts as, by its outcome (a commit's; the others count apart).
@@ -195,15 +195,17 @@ def _claim_and_run(
     tag: Any,
 ) -> Flow[Finish | None]:
     claim = yield from _admit(env, item, rules, now.wall, nonce, rand=rand)
-    if isinstance(claim, NotClaimed) and claim.outcome == "running" and rules is not None:
+    if (
+        isinstance(claim, NotClaimed)
+        and claim.outcome is NotClaimedOutcome.RUNNING
+        and rules is not None
+    ):
         taken = yield from _owner_running(env, item, claim, rules, nonce)
         if taken is None:
             return None
         claim = taken
     if not isinstance(claim, Claimed):
-        counter = NOT_CLAIMED_COUNTS.get(claim.outcome)
-        if counter is not None:
-            env.tally(counter, 1)
+        env.tally(NOT_CLAIMED_COUNTS[claim.outcome], 1)
         return None
     env.tally("claimed", 1)
     env.tally("reclaimed", int(claim.reclaimed))
@@ -322,7 +324,7 @@ def _owner_running(
     if not alive:
         now = yield from now_of(env)
         claim = yield from _admit(env, item, rules, now.wall, nonce, take_from=running.token)
-        if not (isinstance(claim, NotClaimed) and claim.outcome == "running"):
+        if not (isinstance(claim, NotClaimed) and claim.outcome is NotClaimedOutcome.RUNNING):
             return claim
         # Claimed by another worker while this one watched: that owner is alive.
         running = claim.job if claim.job is not None else running

@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 from .._errors import RecordUnreadable
 from .calls import Err, ErrorKind, Flow, call, emit
@@ -50,8 +51,8 @@ from .inputs import NAME_RULE, loads, valid_name
 from .limits import record_problem
 from .messages import Delivery, fail_call, on_queue
 from .records import GroupRequests, JobRequests, JobState, JobView, is_cancelled
+from .sending import SendVerdict, send_record_message
 from .sending import send_job_message as _send
-from .sending import send_record_message
 from .sweeping import home_queue
 from .timing import CAP_MARGIN, SQS_MAX_VISIBILITY
 
@@ -381,9 +382,9 @@ def continue_flow(
     # Sent or not, this message's work is done: a failed send leaves the record in
     # the unsent index (the sweep sends it); this message would only be a stray.
     if defer_delete and not is_fifo(home):
-        return Continued(replace(fin, delete_pending=True), sent.verdict != "failed")
+        return Continued(replace(fin, delete_pending=True), sent.verdict is not SendVerdict.FAILED)
     yield from delete_message(home, delivery.receipt_handle)
-    return Continued(fin, sent.verdict != "failed")
+    return Continued(fin, sent.verdict is not SendVerdict.FAILED)
 
 
 def cap_send_id(token: int) -> str:
@@ -453,7 +454,7 @@ def resend_flow(
         token=job.token,
         stage=job.stage,
         send_id=send_id,
-        sent=sent.verdict != "failed",
+        sent=sent.verdict is not SendVerdict.FAILED,
         reason="message_cap",
     )
     if defer_delete and not is_fifo(home):
@@ -462,7 +463,13 @@ def resend_flow(
     return fin
 
 
-RetryVerdict = Literal["retried", "resumed", "resent", "nothing_to_do"]
+class RetryVerdict(StrEnum):
+    """What an operator's retry did (``sqs-lease jobs retry --json`` prints the value)."""
+
+    RETRIED = "retried"  # failed -> queued at its stage, message sent
+    RESUMED = "resumed"  # it was parked: resumed (as ``jobs resume``)
+    RESENT = "resent"  # it was queued without a sent message: sent now
+    NOTHING_TO_DO = "nothing_to_do"  # running, queued and sent, or succeeded
 
 
 @dataclass(frozen=True)
@@ -479,6 +486,9 @@ class Retried:
     send_id: str | None = None
     message_id: str | None = None
     kept: tuple[str, ...] = ()  # the committed stages, kept as they are
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "verdict", RetryVerdict(self.verdict))
 
 
 def retry_failed_flow(
@@ -555,8 +565,10 @@ def retry_failed_flow(
             send_id=send_id,
             interactive_url=interactive_url,
         )
-        verdict: RetryVerdict = (
-            "nothing_to_do" if resumed.verdict == "not_parked" else (resumed.verdict)
+        verdict = (
+            RetryVerdict.NOTHING_TO_DO
+            if resumed.verdict == "not_parked"
+            else RetryVerdict(resumed.verdict)
         )
         return Retried(
             job_id,
@@ -570,7 +582,11 @@ def retry_failed_flow(
         )
     if job.state is not JobState.FAILED:
         return Retried(
-            job_id, "nothing_to_do", job.state, job.stage, f"job is {job.state.value}, not failed"
+            job_id,
+            RetryVerdict.NOTHING_TO_DO,
+            job.state,
+            job.stage,
+            f"job is {job.state.value}, not failed",
         )
     where = f"stage {job.stage}" if job.stage is not None else "the job"
     out = yield from call(
@@ -582,7 +598,7 @@ def retry_failed_flow(
         now = req.parse(out.item) if out.item is not None else job
         return Retried(
             job_id,
-            "nothing_to_do",
+            RetryVerdict.NOTHING_TO_DO,
             now.state,
             now.stage,
             f"job is {now.state.value} at token {now.token}: another retry (or a worker) "
@@ -596,7 +612,7 @@ def retry_failed_flow(
         send_id=send_id,
         wall_now=wall_now,
     )
-    if sent.verdict == "failed":
+    if sent.verdict is SendVerdict.FAILED:
         assert sent.error is not None
         raise fail_call(
             f"job {job_id!r} is queued again at {where}, but its message was not sent: run "
@@ -606,7 +622,7 @@ def retry_failed_flow(
     kept = f"; committed stages kept: {', '.join(done)}" if done else ""
     return Retried(
         job_id,
-        "retried",
+        RetryVerdict.RETRIED,
         JobState.QUEUED,
         job.stage,
         f"queued again at {where} with its full attempts{kept}",
@@ -651,6 +667,7 @@ __all__ = [
     "Continued",
     "NextStage",
     "Retried",
+    "RetryVerdict",
     "StageEntry",
     "cap_budget",
     "cap_send_id",
