@@ -335,17 +335,15 @@ def unknown_class_claims() -> Iterator[None]:
         if not isinstance(claim, claiming.Claimed):
             return claim
         reason = f"unknown job class {claim.job.job_class!r}"
-        yield from endwrites.fail_flow(
-            req,
+        end = endwrites.EndRequest(
             queue_url=kw["queue_url"],
             job=claim.job,
             delivery=claim.delivery,
             worker_id=kw["worker_id"],
             wall_now=kw["wall_now"],
-            reason=reason,
-            error_code="unknown_job_class",
             nonce=kw["nonce"],
         )
+        yield from endwrites.fail_flow(req, end, reason=reason, error_code="unknown_job_class")
         return claiming.NotClaimed(
             claim.delivery, claiming.NotClaimedOutcome.UNKNOWN_CLASS, reason, claim.job
         )

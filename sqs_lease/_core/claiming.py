@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from .._errors import (
     RecordUnreadable,
 )
 from .calls import Err, ErrorKind, Flow, Ok, Outcome, call, emit
-from .endwrites import fail_flow, poison_flow
+from .endwrites import EndRequest, fail_flow, poison_flow
 from .fencing import delete_message, limit_hint, set_visibility
 from .limits import REASON_LIMIT, bounded
 from .messages import Delivery, Poison, message_body, on_queue
@@ -170,17 +171,8 @@ def claim_flow(
     if attempt > allowed:
         granted = f" + {old.granted_attempts} granted" if old.granted_attempts else ""
         reason = f"attempts exhausted ({attempt - 1} of {max_attempts}{granted})"
-        yield from fail_flow(
-            req,
-            queue_url=queue_url,
-            job=job,
-            delivery=d,
-            worker_id=worker_id,
-            wall_now=wall_now,
-            reason=reason,
-            error_code="attempts_exhausted",
-            nonce=nonce,
-        )
+        end = EndRequest(queue_url, job, d, worker_id, wall_now, nonce)
+        yield from fail_flow(req, end, reason=reason, error_code="attempts_exhausted")
         return NotClaimed(d, NotClaimedOutcome.EXHAUSTED, reason, job)
     # The receive granted d.visibility from d.received_at: the first lease. Only when
     # too little of it is left does a CMV move it to L from now (the heartbeat brings
@@ -346,14 +338,8 @@ def admit_flow(
                 return given_up
         delay = defer_delay(d.receive_count, rand)
         cmv = yield from set_visibility(on_queue(d, queue_url), d.receipt_handle, delay)
-        yield from emit(
-            "job_class_unknown",
-            job_id=d.job_id,
-            job_class=d.job_class,
-            receive_count=d.receive_count,
-            bound=unknown_class_receives,
-            delay=delay,
-            visibility_set=isinstance(cmv, Ok),
+        yield from _class_unknown(
+            d, unknown_class_receives, delay=delay, visibility_set=isinstance(cmv, Ok)
         )
         return NotClaimed(
             d, NotClaimedOutcome.DEFERRED, f"job class {d.job_class!r} unknown to this worker"
@@ -453,27 +439,26 @@ def _undeliverable(
         else:
             dlq_reason = f"{why}; redrive it once workers that know the class run"
     else:
-        yield from emit(
-            "job_class_unknown",
-            job_id=d.job_id,
-            job_class=d.job_class,
-            receive_count=d.receive_count,
-            bound=bound,
-            moved_to_dlq=False,
-            park_error=out.code or out.kind.value,
+        yield from _class_unknown(
+            d, bound, moved_to_dlq=False, park_error=out.code or out.kind.value
         )
         return None
+    yield from _class_unknown(d, bound, moved_to_dlq=True, record_parked=isinstance(out, Ok))
+    yield from _poison_delivery(queue_url, dlq_url, d, dlq_reason)
+    return NotClaimed(d, NotClaimedOutcome.UNKNOWN_CLASS, dlq_reason, parked)
+
+
+def _class_unknown(d: Delivery, bound: int, **fields: Any) -> Flow[None]:
+    """Journal a message of a job class this worker does not know (``job_class_unknown``:
+    its receives against the bound, then what was done with it)."""
     yield from emit(
         "job_class_unknown",
         job_id=d.job_id,
         job_class=d.job_class,
         receive_count=d.receive_count,
         bound=bound,
-        moved_to_dlq=True,
-        record_parked=isinstance(out, Ok),
+        **fields,
     )
-    yield from _poison_delivery(queue_url, dlq_url, d, dlq_reason)
-    return NotClaimed(d, NotClaimedOutcome.UNKNOWN_CLASS, dlq_reason, parked)
 
 
 def _poison_delivery(queue_url: str, dlq_url: str | None, d: Delivery, reason: str) -> Flow[None]:
