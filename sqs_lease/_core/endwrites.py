@@ -211,12 +211,11 @@ def commit_flow(
 
 
 def _error_write(
-    req: JobRequests, end: EndRequest, applied: JobState, reason: str, error_code: str
+    req: JobRequests, end: EndRequest, reason: str, error_code: str, *, retry: bool
 ) -> Flow[Finish]:
     """The fenced write of an attempt that ended in an error, with its reason and code:
-    ``failed`` for good (its message then deleted), or back to ``queued`` for a retry
-    (its message kept: the retry's backoff is its visibility)."""
-    retry = applied is JobState.QUEUED
+    ``failed`` for good (its message then deleted), or with ``retry`` back to
+    ``queued`` (its message kept: the retry's backoff is its visibility)."""
     stage = "retry" if retry else "fail"
     build = req.requeue if retry else req.finish_failed
     job, write_id = end.job, end.write_id(stage)
@@ -235,7 +234,7 @@ def _error_write(
                 write_id=write_id,
             ),
             write_id=write_id,
-            applied=applied,
+            applied=JobState.QUEUED if retry else JobState.FAILED,
             stage=stage,
             delete=not retry,
         )
@@ -244,7 +243,7 @@ def _error_write(
 
 def fail_flow(req: JobRequests, end: EndRequest, *, reason: str, error_code: str) -> Flow[Finish]:
     """End the job ``failed`` with a reason (fenced), then delete its message."""
-    fin = yield from _error_write(req, end, JobState.FAILED, reason, error_code)
+    fin = yield from _error_write(req, end, reason, error_code, retry=False)
     if fin.outcome is FinishOutcome.DONE:
         job = end.job
         yield from emit(
@@ -290,7 +289,7 @@ def retry_flow(
                 error_code="attempts_exhausted",
             )
         )
-    fin = yield from _error_write(req, end, JobState.QUEUED, reason, error_code)
+    fin = yield from _error_write(req, end, reason, error_code, retry=True)
     if fin.outcome is not FinishOutcome.DONE:
         return fin
     cmv: Outcome | None = None

@@ -300,7 +300,7 @@ def continue_flow(
     )
     if problem is not None:
         problem += ": return references to stored data in NextStage, not the data"
-        failing = replace(end, defer_delete=False)
+        failing = replace(end, defer_delete=False)  # a stage's fail deletes at once
         return Continued((yield from fail_instead(req, failing, problem, "stage_too_large")))
     send_id = continuation_send_id(job.token, nxt.name)
     write_id = end.write_id("stage")
