@@ -335,18 +335,18 @@ def unknown_class_claims() -> Iterator[None]:
         if not isinstance(claim, claiming.Claimed):
             return claim
         reason = f"unknown job class {claim.job.job_class!r}"
-        yield from endwrites.fail_flow(
-            req,
+        end = endwrites.EndRequest(
             queue_url=kw["queue_url"],
             job=claim.job,
             delivery=claim.delivery,
             worker_id=kw["worker_id"],
             wall_now=kw["wall_now"],
-            reason=reason,
-            error_code="unknown_job_class",
             nonce=kw["nonce"],
         )
-        return claiming.NotClaimed(claim.delivery, "unknown_class", reason, claim.job)
+        yield from endwrites.fail_flow(req, end, reason=reason, error_code="unknown_job_class")
+        return claiming.NotClaimed(
+            claim.delivery, claiming.NotClaimedOutcome.UNKNOWN_CLASS, reason, claim.job
+        )
 
     with _patch(attempt, "admit_flow", claims_unknown):
         yield
@@ -893,7 +893,10 @@ def duplicate_takes_over() -> Iterator[None]:
             env, item, rules, now.wall, nonce, take_from=found.job.token
         )
         return (
-            None if isinstance(claim, claiming.NotClaimed) and claim.outcome == "running" else claim
+            None
+            if isinstance(claim, claiming.NotClaimed)
+            and claim.outcome is claiming.NotClaimedOutcome.RUNNING
+            else claim
         )
 
     with _patch(attempt, "_owner_running", take_over):
@@ -1332,8 +1335,8 @@ def sweep_blind_to_dead() -> Iterator[None]:
     to take the send, is refused, answers "moved" and counts it against its limit.
     Once ``limit`` dead entries are the oldest, no stranded job is ever sent (I10)."""
     from sqs_lease._core.calls import Err, call
-    from sqs_lease._core.sending import send_record_message
-    from sqs_lease._core.sweeping import Stranded
+    from sqs_lease._core.sending import SendVerdict, send_record_message
+    from sqs_lease._core.sweeping import Stranded, StrandedVerdict
 
     def sweep_one(
         req: Any,
@@ -1353,14 +1356,16 @@ def sweep_blind_to_dead() -> Iterator[None]:
             )
         )
         if isinstance(took, Err):
-            return Stranded(seen.job_id, seen.job_class, age, "moved", seen.send_id), 1
+            return Stranded(
+                seen.job_id, seen.job_class, age, StrandedVerdict.MOVED, seen.send_id
+            ), 1
         job = req.parse(took.response.get("Attributes", {}))
         sent = yield from send_record_message(
             req, job, queue_url=queue_url, send_id=new_id, wall_now=wall_now
         )
-        if sent.verdict == "failed":
-            return Stranded(job.job_id, job.job_class, age, "failed", new_id), 1
-        return Stranded(job.job_id, job.job_class, age, "resent", new_id), 1
+        if sent.verdict is SendVerdict.FAILED:
+            return Stranded(job.job_id, job.job_class, age, StrandedVerdict.FAILED, new_id), 1
+        return Stranded(job.job_id, job.job_class, age, StrandedVerdict.RESENT, new_id), 1
 
     _require(sweeping, "_sweep_one", "sweep_blind_to_dead")
     with _patch(sweeping, "_sweep_one", sweep_one):

@@ -11,7 +11,7 @@ from conftest import AwsTestEnv
 from sqs_lease import Settings, create_queue, create_tables
 from sqs_lease._aio import AsyncDriver
 from sqs_lease._core.claiming import Claimed, claim_flow
-from sqs_lease._core.endwrites import commit_flow
+from sqs_lease._core.endwrites import EndRequest, commit_flow
 from sqs_lease._core.heartbeats import heartbeat_flow
 from sqs_lease._core.lease import LocalLease
 from sqs_lease._core.messages import Delivery, receive_flow
@@ -90,27 +90,31 @@ async def _scenario(settings: Settings, queue_url: str) -> tuple[str, str, str, 
         stale = await d.run(
             commit_flow(
                 table,
-                queue_url=queue_url,
-                job=first.job,
-                delivery=first.delivery,
-                worker_id="w1",
+                EndRequest(
+                    queue_url=queue_url,
+                    job=first.job,
+                    delivery=first.delivery,
+                    worker_id="w1",
+                    wall_now=time.time(),
+                    nonce="n-1",
+                ),
                 result_json="{}",
-                wall_now=time.time(),
                 duration=0.0,
-                nonce="n-1",
             )
         )
         fresh = await d.run(
             commit_flow(
                 table,
-                queue_url=queue_url,
-                job=second.job,
-                delivery=second.delivery,
-                worker_id="w2",
+                EndRequest(
+                    queue_url=queue_url,
+                    job=second.job,
+                    delivery=second.delivery,
+                    worker_id="w2",
+                    wall_now=time.time(),
+                    nonce="n-1",
+                ),
                 result_json="{}",
-                wall_now=time.time(),
                 duration=0.0,
-                nonce="n-1",
             )
         )
         return beat.beats["a1"].status, stale.outcome, fresh.outcome, second.token

@@ -43,6 +43,7 @@ from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Ok, Outcome, sqs_c
 from sqs_lease._core.cancelling import cancel_flow, cancel_job_flow
 from sqs_lease._core.claiming import Claimed, NotClaimed, claim_flow
 from sqs_lease._core.endwrites import (
+    EndRequest,
     commit_flow,
     fail_flow,
     park_flow,
@@ -1239,15 +1240,17 @@ def _commit(script: Script, job: JobView | None = None, *, keep: bool = False) -
     return script.run(
         commit_flow(
             table(),
-            queue_url=QUEUE,
-            job=job or job_view(token=2),
-            delivery=delivery(receipt_handle="rh-c"),
-            worker_id=WORKER,
+            EndRequest(
+                QUEUE,
+                job or job_view(token=2),
+                delivery(receipt_handle="rh-c"),
+                WORKER,
+                WALL,
+                "n-1",
+            ),
             result_json='{"text": "ok"}',
-            wall_now=WALL,
             duration=12.34567,
             keep_rejected_content=keep,
-            nonce="n-1",
         )
     )
 
@@ -1396,16 +1399,11 @@ def _retry(script: Script, job: JobView, max_attempts: int = 3, delay: int = 17)
     return script.run(
         retry_flow(
             table(),
-            queue_url=QUEUE,
-            job=job,
-            delivery=delivery(receipt_handle="rh-r"),
-            worker_id=WORKER,
-            wall_now=WALL,
+            EndRequest(QUEUE, job, delivery(receipt_handle="rh-r"), WORKER, WALL, "n-1"),
             reason="boom",
             error_code="TransientError",
             delay=delay,
             max_attempts=max_attempts,
-            nonce="n-1",
         )
     )
 
@@ -1501,14 +1499,11 @@ def _fail(script: Script) -> Finish:
     return script.run(
         fail_flow(
             table(),
-            queue_url=QUEUE,
-            job=job_view(token=2),
-            delivery=delivery(receipt_handle="rh-f"),
-            worker_id=WORKER,
-            wall_now=WALL,
+            EndRequest(
+                QUEUE, job_view(token=2), delivery(receipt_handle="rh-f"), WORKER, WALL, "n-1"
+            ),
             reason="bad input",
             error_code="PermanentError",
-            nonce="n-1",
         )
     )
 
@@ -1551,13 +1546,10 @@ def _park(script: Script) -> Finish:
     return script.run(
         park_flow(
             table(),
-            queue_url=QUEUE,
-            job=job_view(token=2),
-            delivery=delivery(receipt_handle="rh-p"),
-            worker_id=WORKER,
-            wall_now=WALL,
+            EndRequest(
+                QUEUE, job_view(token=2), delivery(receipt_handle="rh-p"), WORKER, WALL, "n-1"
+            ),
             reason="intent ambiguous",
-            nonce="n-1",
         )
     )
 
@@ -1894,28 +1886,21 @@ def test_apply_beats_moves_each_lease_by_its_verdict() -> None:
 def _end_write(kind: str, script: Script) -> Finish:
     """Run the end write ``kind`` of an attempt with nonce n-1 (job token 2, attempt 1)."""
     job = job_view(token=2, attempt=1)
-    args: dict[str, Any] = {
-        "queue_url": QUEUE,
-        "job": job,
-        "delivery": delivery(receipt_handle="rh-e"),
-        "worker_id": WORKER,
-        "wall_now": WALL,
-        "nonce": NONCE,
-    }
+    end = EndRequest(QUEUE, job, delivery(receipt_handle="rh-e"), WORKER, WALL, NONCE)
     if kind == "commit":
-        return script.run(commit_flow(table(), **args, result_json='{"text": "ok"}', duration=1.0))
+        return script.run(commit_flow(table(), end, result_json='{"text": "ok"}', duration=1.0))
     if kind == "fail":
-        return script.run(fail_flow(table(), **args, reason="bad", error_code="E"))
+        return script.run(fail_flow(table(), end, reason="bad", error_code="E"))
     if kind == "retry":
         return script.run(
-            retry_flow(table(), **args, reason="flaky", error_code="E", delay=5, max_attempts=3)
+            retry_flow(table(), end, reason="flaky", error_code="E", delay=5, max_attempts=3)
         )
     if kind == "park":
-        return script.run(park_flow(table(), **args, reason="ambiguous"))
+        return script.run(park_flow(table(), end, reason="ambiguous"))
     if kind == "stage":
         nxt = NextStage("two", {"page": 2}, result={"done": 1})
         done = script.run(
-            continue_flow(table(), **args, nxt=nxt, input_json='{"page":2}', duration=1.0)
+            continue_flow(table(), end, nxt=nxt, input_json='{"page":2}', duration=1.0)
         )
         return done.fin
     raise AssertionError(kind)

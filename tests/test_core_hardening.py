@@ -31,7 +31,7 @@ from sqs_lease import LimitExceeded, RecordUnreadable
 from sqs_lease._aws import classify
 from sqs_lease._core.calls import Err, ErrorKind, Outcome
 from sqs_lease._core.claiming import NotClaimed, admit_flow
-from sqs_lease._core.endwrites import commit_flow, retry_flow
+from sqs_lease._core.endwrites import EndRequest, commit_flow, retry_flow
 from sqs_lease._core.heartbeats import (
     Beat,
     BeatStatus,
@@ -142,14 +142,16 @@ def test_a_fenced_write_that_meets_an_unreadable_record_is_rejected_not_a_crash(
     fin = s.run(
         commit_flow(
             table(),
-            queue_url=QUEUE,
-            job=job,
-            delivery=delivery("job-1"),
-            worker_id=WORKER,
+            EndRequest(
+                queue_url=QUEUE,
+                job=job,
+                delivery=delivery("job-1"),
+                worker_id=WORKER,
+                wall_now=WALL,
+                nonce="n-1",
+            ),
             result_json="{}",
-            wall_now=WALL,
             duration=1.0,
-            nonce="n-1",
         )
     )
     assert (fin.outcome, fin.reason) == ("rejected", "job record unreadable")
@@ -194,14 +196,16 @@ def test_a_commit_dynamodb_refuses_as_invalid_ends_the_job_failed_naming_the_lim
     fin = s.run(
         commit_flow(
             table(),
-            queue_url=QUEUE,
-            job=job,
-            delivery=delivery("job-1"),
-            worker_id=WORKER,
+            EndRequest(
+                queue_url=QUEUE,
+                job=job,
+                delivery=delivery("job-1"),
+                worker_id=WORKER,
+                wall_now=WALL,
+                nonce="n-1",
+            ),
             result_json='{"x": 1}',
-            wall_now=WALL,
             duration=1.0,
-            nonce="n-1",
         )
     )
     assert fin.outcome == "failed"
@@ -220,16 +224,18 @@ def test_a_requeue_dynamodb_refuses_as_invalid_fails_the_job_instead_of_retrying
     fin = s.run(
         retry_flow(
             table(),
-            queue_url=QUEUE,
-            job=job,
-            delivery=delivery("job-1"),
-            worker_id=WORKER,
-            wall_now=WALL,
+            EndRequest(
+                queue_url=QUEUE,
+                job=job,
+                delivery=delivery("job-1"),
+                worker_id=WORKER,
+                wall_now=WALL,
+                nonce="n-1",
+            ),
             reason="ValueError: x",
             error_code="ValueError",
             delay=3,
             max_attempts=5,
-            nonce="n-1",
         )
     )
     assert fin.outcome == "failed"
@@ -243,14 +249,16 @@ def test_a_throttled_commit_is_retried_and_stays_ownership_unknown() -> None:
     fin = s.run(
         commit_flow(
             table(),
-            queue_url=QUEUE,
-            job=job_view("job-1"),
-            delivery=delivery("job-1"),
-            worker_id=WORKER,
+            EndRequest(
+                queue_url=QUEUE,
+                job=job_view("job-1"),
+                delivery=delivery("job-1"),
+                worker_id=WORKER,
+                wall_now=WALL,
+                nonce="n-1",
+            ),
             result_json="{}",
-            wall_now=WALL,
             duration=1.0,
-            nonce="n-1",
         )
     )
     assert fin.outcome == "unknown"
@@ -266,14 +274,16 @@ def test_a_result_that_with_the_payload_breaks_the_item_limit_is_never_sent() ->
     fin = s.run(
         commit_flow(
             table(),
-            queue_url=QUEUE,
-            job=job,
-            delivery=delivery("job-1"),
-            worker_id=WORKER,
+            EndRequest(
+                queue_url=QUEUE,
+                job=job,
+                delivery=delivery("job-1"),
+                worker_id=WORKER,
+                wall_now=WALL,
+                nonce="n-1",
+            ),
             result_json=result,
-            wall_now=WALL,
             duration=1.0,
-            nonce="n-1",
         )
     )
     assert fin.outcome == "failed"

@@ -94,7 +94,7 @@ def test_a_rejected_result_is_reachable_from_jobs_show(aws: AwsTestEnv) -> None:
     from test_cli import run as run_cli
 
     from sqs_lease._aws import SyncDriver
-    from sqs_lease._core.endwrites import commit_flow
+    from sqs_lease._core.endwrites import EndRequest, commit_flow
 
     settings = Settings(endpoint_url=aws.endpoint_url, prefix=aws.prefix)
     create_tables(settings)
@@ -116,15 +116,17 @@ def test_a_rejected_result_is_reachable_from_jobs_show(aws: AwsTestEnv) -> None:
     fin = SyncDriver(settings).run(
         commit_flow(
             jt,
-            queue_url="http://unused",
-            job=job_view(jid, token=2),
-            delivery=delivery(jid),
-            worker_id="w-late",
+            EndRequest(
+                queue_url="http://unused",
+                job=job_view(jid, token=2),
+                delivery=delivery(jid),
+                worker_id="w-late",
+                wall_now=2.0,
+                nonce="n-1",
+            ),
             result_json=late,
-            wall_now=2.0,
             duration=1.0,
             keep_rejected_content=True,
-            nonce="n-1",
         )
     )
     assert fin.outcome == "rejected"

@@ -23,7 +23,7 @@ from sqs_lease import App, JobContext, NextStage, Producer, Worker
 from sqs_lease._core import limits
 from sqs_lease._core.calls import Call
 from sqs_lease._core.endings import Ending, EndKind
-from sqs_lease._core.endwrites import commit_flow
+from sqs_lease._core.endwrites import EndRequest, commit_flow
 from sqs_lease._core.inputs import NAME_LIMIT, SEND_ID_LIMIT
 from sqs_lease._core.limits import (
     CODE_LIMIT,
@@ -193,14 +193,16 @@ def test_a_final_stage_result_that_breaks_the_item_with_the_stage_log_and_input_
     fin = s.run(
         commit_flow(
             JT,
-            queue_url=QUEUE,
-            job=job,
-            delivery=delivery("job-1"),
-            worker_id=WORKER,
+            EndRequest(
+                queue_url=QUEUE,
+                job=job,
+                delivery=delivery("job-1"),
+                worker_id=WORKER,
+                wall_now=1.0e9,
+                nonce="n-1",
+            ),
             result_json=json.dumps({"text": "r" * 100_000}),
-            wall_now=1.0e9,
             duration=1.0,
-            nonce="n-1",
         )
     )
     assert fin.outcome == "failed"

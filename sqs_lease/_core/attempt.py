@@ -69,7 +69,15 @@ from .calls import Call, Emit, Err, Flow, Invoke, Ok, ask
 from .claiming import Claimed, ClaimResult, NotClaimed, NotClaimedOutcome, admit_flow
 from .duplicates import duplicate_defer, owner_alive_flow, owner_window
 from .endings import Ending, EndKind, ending_for, stopped_ending
-from .endwrites import commit_flow, fail_flow, park_flow, poison_flow, release_flow, retry_flow
+from .endwrites import (
+    EndRequest,
+    commit_flow,
+    fail_flow,
+    park_flow,
+    poison_flow,
+    release_flow,
+    retry_flow,
+)
 from .env import (
     AttemptEnv,
     ClassRules,
@@ -115,18 +123,18 @@ UNKNOWN_CLASS_MAX_ATTEMPTS = 1_000_000  # an unknown class is never claimed: no 
 
 # What a delivery that was not claimed counts as, by its outcome.
 NOT_CLAIMED_COUNTS: dict[NotClaimedOutcome, str] = {
-    "done": "already_done",
-    "parked": "already_done",
-    "stray": "stray",
-    "missing": "poisoned",
-    "class_mismatch": "poisoned",
-    "unknown_class": "poisoned",
-    "unreadable": "poisoned",
-    "invalid": "poisoned",
-    "exhausted": "failed",
-    "deferred": "deferred",
-    "running": "deferred",
-    "unknown": "unanswered",
+    NotClaimedOutcome.DONE: "already_done",
+    NotClaimedOutcome.PARKED: "already_done",
+    NotClaimedOutcome.STRAY: "stray",
+    NotClaimedOutcome.MISSING: "poisoned",
+    NotClaimedOutcome.CLASS_MISMATCH: "poisoned",
+    NotClaimedOutcome.UNKNOWN_CLASS: "poisoned",
+    NotClaimedOutcome.UNREADABLE: "poisoned",
+    NotClaimedOutcome.INVALID: "poisoned",
+    NotClaimedOutcome.EXHAUSTED: "failed",
+    NotClaimedOutcome.DEFERRED: "deferred",
+    NotClaimedOutcome.RUNNING: "deferred",
+    NotClaimedOutcome.UNKNOWN: "unanswered",
 }
 
 # What an end write counts as, by its outcome (a commit's; the others count apart).
@@ -195,15 +203,17 @@ def _claim_and_run(
     tag: Any,
 ) -> Flow[Finish | None]:
     claim = yield from _admit(env, item, rules, now.wall, nonce, rand=rand)
-    if isinstance(claim, NotClaimed) and claim.outcome == "running" and rules is not None:
+    if (
+        isinstance(claim, NotClaimed)
+        and claim.outcome is NotClaimedOutcome.RUNNING
+        and rules is not None
+    ):
         taken = yield from _owner_running(env, item, claim, rules, nonce)
         if taken is None:
             return None
         claim = taken
     if not isinstance(claim, Claimed):
-        counter = NOT_CLAIMED_COUNTS.get(claim.outcome)
-        if counter is not None:
-            env.tally(counter, 1)
+        env.tally(NOT_CLAIMED_COUNTS[claim.outcome], 1)
         return None
     env.tally("claimed", 1)
     env.tally("reclaimed", int(claim.reclaimed))
@@ -322,7 +332,7 @@ def _owner_running(
     if not alive:
         now = yield from now_of(env)
         claim = yield from _admit(env, item, rules, now.wall, nonce, take_from=running.token)
-        if not (isinstance(claim, NotClaimed) and claim.outcome == "running"):
+        if not (isinstance(claim, NotClaimed) and claim.outcome is NotClaimedOutcome.RUNNING):
             return claim
         # Claimed by another worker while this one watched: that owner is alive.
         running = claim.job if claim.job is not None else running
@@ -446,14 +456,9 @@ def _wait_for_slot(env: AttemptEnv, claim: Claimed, grant: SlotGrant) -> Flow[No
     pool = grant.waiting_for
     yield from wait_flow(
         env.table,
-        queue_url=env.queue_url,
-        job=claim.job,
-        delivery=d,
-        worker_id=env.worker_id,
-        wall_now=now.wall,
+        end_request(env, claim, now),
         delay=delay,
         reason=f"waiting for a slot of {pool.name if pool else '?'}",
-        nonce=claim.nonce,
     )
     env.tally("waited_for_slot", 1)
 
@@ -534,6 +539,20 @@ def flush_deletes_flow(env: AttemptEnv, *, force: bool = False) -> Flow[int]:
     return deleted
 
 
+def end_request(env: AttemptEnv, claim: Claimed, now: Now) -> EndRequest:
+    """The end writes' request of a claimed attempt at ``now`` (its deletes batched
+    when the shell keeps a delete batch)."""
+    return EndRequest(
+        queue_url=env.queue_url,
+        job=claim.job,
+        delivery=claim.delivery,
+        worker_id=env.worker_id,
+        wall_now=now.wall,
+        nonce=claim.nonce,
+        defer_delete=env.deletes is not None,
+    )
+
+
 @dataclass(frozen=True)
 class AttemptAt:
     """One attempt as its ending steps see it: the shell's env, the claim, the class,
@@ -553,17 +572,9 @@ class AttemptAt:
         """This attempt's receipt handle when a release must not change its visibility."""
         return () if self.handle_ours(now) else (self.claim.delivery.receipt_handle,)
 
-    def end_args(self, now: Now) -> dict[str, Any]:
-        """The arguments every end write of an attempt shares."""
-        return {
-            "queue_url": self.env.queue_url,
-            "job": self.claim.job,
-            "delivery": self.claim.delivery,
-            "worker_id": self.env.worker_id,
-            "wall_now": now.wall,
-            "defer_delete": self.env.deletes is not None,
-            "nonce": self.claim.nonce,
-        }
+    def end(self, now: Now) -> EndRequest:
+        """What every end write of this attempt shares, written at ``now``."""
+        return end_request(self.env, self.claim, now)
 
     def rejected(self, fin: Finish, source: LossSource) -> Flow[None]:
         """A rejected end write: the loss, journaled once."""
@@ -656,7 +667,7 @@ def _run(at: AttemptAt, held: Held, payload: Any, start: float) -> Flow[Finish |
         # Nobody can tell whether the effect applied: stop automatic retries of
         # this job and keep everything for an operator (sqs-lease intents ...).
         env.tally("parked", 1)
-        fin = yield from park_flow(env.table, **at.end_args(now), reason=end.reason)
+        fin = yield from park_flow(env.table, at.end(now), reason=end.reason)
         yield from at.rejected(fin, LossSource.PARK)
         return fin
     return (yield from retry_attempt(at, end, now))
@@ -679,7 +690,7 @@ def _commit(at: AttemptAt, result: Any, now: Now, duration: float) -> Flow[Finis
     # needs (result_rejected).
     fin = yield from commit_flow(
         env.table,
-        **at.end_args(now),
+        at.end(now),
         result_json=text,
         duration=duration,
         keep_rejected_content=at.rules.keep_rejected_results,
@@ -710,11 +721,7 @@ def _continue(at: AttemptAt, nxt: NextStage, now: Now, duration: float) -> Flow[
         bad = Ending(EndKind.FAIL, why or "", "bad_next_stage")
         return (yield from _fail(at, bad, now))
     done = yield from continue_flow(
-        env.table,
-        **at.end_args(now),
-        nxt=nxt,
-        input_json=text,
-        duration=duration,
+        env.table, at.end(now), nxt=nxt, input_json=text, duration=duration
     )
     env.tally(COMMIT_COUNTS[done.fin.outcome], 1)
     yield from at.rejected(done.fin, LossSource.COMMIT)
@@ -732,7 +739,7 @@ def retry_attempt(at: AttemptAt, end: Ending, now: Now | None = None) -> Flow[Fi
         now = yield from now_of(env)
     fin = yield from retry_flow(
         env.table,
-        **at.end_args(now),
+        at.end(now),
         reason=end.reason,
         error_code=end.code,
         delay=delay,
@@ -765,9 +772,7 @@ def _fail(
         )
     if now is None:
         now = yield from now_of(env)
-    fin = yield from fail_flow(
-        env.table, **at.end_args(now), reason=end.reason, error_code=end.code
-    )
+    fin = yield from fail_flow(env.table, at.end(now), reason=end.reason, error_code=end.code)
     if fin.outcome is FinishOutcome.DONE and not poisoned:
         env.tally("failed", 1)
     yield from at.rejected(fin, LossSource.FAIL)
@@ -813,18 +818,8 @@ def resend_attempt(at: AttemptAt, now: Now, why: str) -> Flow[Finish]:
     """The job goes on under a new message (``stages.resend_flow``), uncharged: its
     message reached SQS's 12-hour cap. A refused write is this attempt's loss."""
     env = at.env
-    args = at.end_args(now)
-    fin = yield from resend_flow(
-        env.table,
-        queue_url=args["queue_url"],
-        job=at.claim.job,
-        delivery=at.claim.delivery,
-        worker_id=env.worker_id,
-        wall_now=now.wall,
-        reason=f"message cap: {why}; attempt not charged",
-        defer_delete=args["defer_delete"],
-        nonce=args["nonce"],
-    )
+    reason = f"message cap: {why}; attempt not charged"
+    fin = yield from resend_flow(env.table, at.end(now), reason=reason)
     env.tally("resent", int(fin.outcome is FinishOutcome.DONE))
     yield from at.rejected(fin, LossSource.RETRY)
     return fin

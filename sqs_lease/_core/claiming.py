@@ -5,13 +5,14 @@ unknown class, and what becomes of an undeliverable one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from enum import StrEnum
+from typing import Any
 
 from .._errors import (
     RecordUnreadable,
 )
 from .calls import Err, ErrorKind, Flow, Ok, Outcome, call, emit
-from .endwrites import fail_flow, poison_flow
+from .endwrites import EndRequest, fail_flow, poison_flow
 from .fencing import delete_message, limit_hint, set_visibility
 from .limits import REASON_LIMIT, bounded
 from .messages import Delivery, Poison, message_body, on_queue
@@ -41,23 +42,25 @@ class Claimed:
     nonce: str = ""
 
 
-NotClaimedOutcome = Literal[
-    "done",
-    "parked",
-    "missing",
-    "exhausted",
-    "unknown",
-    "class_mismatch",
-    "stray",
+class NotClaimedOutcome(StrEnum):
+    """Why a delivery was not claimed (``NotClaimed.outcome``; the worker's stat for each
+    is ``attempt.NOT_CLAIMED_COUNTS``)."""
+
+    DONE = "done"
+    PARKED = "parked"
+    MISSING = "missing"
+    EXHAUSTED = "exhausted"
+    UNKNOWN = "unknown"
+    CLASS_MISMATCH = "class_mismatch"
+    STRAY = "stray"
     # running under another token, this message its current one (left to the
     # duplicate rule, ``_core/duplicates.py``: defer, or take over with take_from):
-    "running",
+    RUNNING = "running"
     # from admit_flow:
-    "deferred",
-    "unknown_class",
-    "unreadable",
-    "invalid",
-]
+    DEFERRED = "deferred"
+    UNKNOWN_CLASS = "unknown_class"
+    UNREADABLE = "unreadable"
+    INVALID = "invalid"
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,9 @@ class NotClaimed:
     outcome: NotClaimedOutcome
     reason: str
     job: JobView | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outcome", NotClaimedOutcome(self.outcome))
 
 
 ClaimResult = Claimed | NotClaimed
@@ -126,7 +132,7 @@ def claim_flow(
         if out.kind is ErrorKind.VALIDATION:
             # The claim can never apply (a record lacking an attribute the claim
             # updates, a malformed value): permanent for this job, not "unknown".
-            return NotClaimed(d, "invalid", _refusal("claim", out))
+            return NotClaimed(d, NotClaimedOutcome.INVALID, _refusal("claim", out))
         yield from emit(
             "ownership_unknown",
             job_id=d.job_id,
@@ -134,7 +140,9 @@ def claim_flow(
             error_code=out.code or out.kind,
             request_id=out.request_id or None,
         )
-        return NotClaimed(d, "unknown", f"claim not answered: {out.code or out.kind}")
+        return NotClaimed(
+            d, NotClaimedOutcome.UNKNOWN, f"claim not answered: {out.code or out.kind}"
+        )
     old = req.parse(out.response.get("Attributes", {}))
     token, attempt = old.token + 1, old.attempt + 1
     job = JobView(
@@ -163,18 +171,9 @@ def claim_flow(
     if attempt > allowed:
         granted = f" + {old.granted_attempts} granted" if old.granted_attempts else ""
         reason = f"attempts exhausted ({attempt - 1} of {max_attempts}{granted})"
-        yield from fail_flow(
-            req,
-            queue_url=queue_url,
-            job=job,
-            delivery=d,
-            worker_id=worker_id,
-            wall_now=wall_now,
-            reason=reason,
-            error_code="attempts_exhausted",
-            nonce=nonce,
-        )
-        return NotClaimed(d, "exhausted", reason, job)
+        end = EndRequest(queue_url, job, d, worker_id, wall_now, nonce)
+        yield from fail_flow(req, end, reason=reason, error_code="attempts_exhausted")
+        return NotClaimed(d, NotClaimedOutcome.EXHAUSTED, reason, job)
     # The receive granted d.visibility from d.received_at: the first lease. Only when
     # too little of it is left does a CMV move it to L from now (the heartbeat brings
     # a kept receive lease to L at the class's first beat).
@@ -226,7 +225,7 @@ def _refused_claim(
         yield from delete_message(on_queue(d, queue_url), d.receipt_handle)
         reason = "no job record for the message"
         yield from emit("message_poisoned", job_id=d.job_id, message_id=d.message_id, reason=reason)
-        return NotClaimed(d, "missing", reason)
+        return NotClaimed(d, NotClaimedOutcome.MISSING, reason)
     current = req.parse(out.item)
     if current.job_class != d.job_class:
         reason = f"message names job class {d.job_class!r}, record says {current.job_class!r}"
@@ -234,12 +233,14 @@ def _refused_claim(
         yield from poison_flow(
             req, queue_url=queue_url, poison=poison, dlq_url=dlq_url, body=d.body
         )
-        return NotClaimed(d, "class_mismatch", reason, current)
+        return NotClaimed(d, NotClaimedOutcome.CLASS_MISMATCH, reason, current)
     if current.state.terminal or current.state is JobState.PARKED:
-        outcome: NotClaimedOutcome = "parked" if current.state is JobState.PARKED else "done"
+        outcome = (
+            NotClaimedOutcome.PARKED if current.state is JobState.PARKED else NotClaimedOutcome.DONE
+        )
         yield from delete_message(on_queue(d, queue_url), d.receipt_handle)
         yield from emit(
-            "job_already_done" if outcome == "done" else "job_parked_skip",
+            "job_already_done" if outcome is NotClaimedOutcome.DONE else "job_parked_skip",
             job_id=d.job_id,
             state=current.state.value,
             token=current.token,
@@ -248,7 +249,9 @@ def _refused_claim(
     if current.state is JobState.RUNNING and _is_current(d, current):
         # The job's current message, delivered again while the job runs (SQS's
         # at-least-once copy, or its owner's lease lapsed): the duplicate rule decides.
-        return NotClaimed(d, "running", f"job runs under token {current.token}", current)
+        return NotClaimed(
+            d, NotClaimedOutcome.RUNNING, f"job runs under token {current.token}", current
+        )
     # Queued or running under the same class: the message is not the job's current
     # one (a losing sender's, or one a re-send retired). Its owner keeps the job.
     yield from delete_message(on_queue(d, queue_url), d.receipt_handle)
@@ -266,7 +269,7 @@ def _refused_claim(
         state=current.state.value,
         token=current.token,
     )
-    return NotClaimed(d, "stray", reason, current)
+    return NotClaimed(d, NotClaimedOutcome.STRAY, reason, current)
 
 
 def _is_current(d: Delivery, current: JobView) -> bool:
@@ -335,16 +338,12 @@ def admit_flow(
                 return given_up
         delay = defer_delay(d.receive_count, rand)
         cmv = yield from set_visibility(on_queue(d, queue_url), d.receipt_handle, delay)
-        yield from emit(
-            "job_class_unknown",
-            job_id=d.job_id,
-            job_class=d.job_class,
-            receive_count=d.receive_count,
-            bound=unknown_class_receives,
-            delay=delay,
-            visibility_set=isinstance(cmv, Ok),
+        yield from _class_unknown(
+            d, unknown_class_receives, delay=delay, visibility_set=isinstance(cmv, Ok)
         )
-        return NotClaimed(d, "deferred", f"job class {d.job_class!r} unknown to this worker")
+        return NotClaimed(
+            d, NotClaimedOutcome.DEFERRED, f"job class {d.job_class!r} unknown to this worker"
+        )
     try:
         result = yield from claim_flow(
             req,
@@ -369,8 +368,8 @@ def admit_flow(
             reason=reason,
         )
         yield from _poison_delivery(queue_url, dlq_url, d, reason)
-        return NotClaimed(d, "unreadable", reason)
-    if isinstance(result, NotClaimed) and result.outcome == "invalid":
+        return NotClaimed(d, NotClaimedOutcome.UNREADABLE, reason)
+    if isinstance(result, NotClaimed) and result.outcome is NotClaimedOutcome.INVALID:
         yield from _poison_delivery(queue_url, dlq_url, d, result.reason)
     return result
 
@@ -440,27 +439,26 @@ def _undeliverable(
         else:
             dlq_reason = f"{why}; redrive it once workers that know the class run"
     else:
-        yield from emit(
-            "job_class_unknown",
-            job_id=d.job_id,
-            job_class=d.job_class,
-            receive_count=d.receive_count,
-            bound=bound,
-            moved_to_dlq=False,
-            park_error=out.code or out.kind.value,
+        yield from _class_unknown(
+            d, bound, moved_to_dlq=False, park_error=out.code or out.kind.value
         )
         return None
+    yield from _class_unknown(d, bound, moved_to_dlq=True, record_parked=isinstance(out, Ok))
+    yield from _poison_delivery(queue_url, dlq_url, d, dlq_reason)
+    return NotClaimed(d, NotClaimedOutcome.UNKNOWN_CLASS, dlq_reason, parked)
+
+
+def _class_unknown(d: Delivery, bound: int, **fields: Any) -> Flow[None]:
+    """Journal a message of a job class this worker does not know (``job_class_unknown``:
+    its receives against the bound, then what was done with it)."""
     yield from emit(
         "job_class_unknown",
         job_id=d.job_id,
         job_class=d.job_class,
         receive_count=d.receive_count,
         bound=bound,
-        moved_to_dlq=True,
-        record_parked=isinstance(out, Ok),
+        **fields,
     )
-    yield from _poison_delivery(queue_url, dlq_url, d, dlq_reason)
-    return NotClaimed(d, "unknown_class", dlq_reason, parked)
 
 
 def _poison_delivery(queue_url: str, dlq_url: str | None, d: Delivery, reason: str) -> Flow[None]:

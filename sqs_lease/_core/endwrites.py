@@ -5,7 +5,7 @@ poison; each a fenced write of the record, then the message's fate.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from .calls import Call, Flow, Ok, Outcome, call, emit
 from .fencing import (
@@ -32,32 +32,50 @@ from .records import (
 )
 
 
+@dataclass(frozen=True)
+class EndRequest:
+    """What every end write of one attempt shares: the record as claimed (its token),
+    the message it came on, who writes, when, and the attempt's nonce (its writes'
+    ids, :func:`end_write_id`). ``defer_delete``: the caller batches the message's
+    delete (``Finish.delete_pending``) instead of the write deleting it at once."""
+
+    queue_url: str
+    job: JobView
+    delivery: Delivery
+    worker_id: str
+    wall_now: float
+    nonce: str
+    defer_delete: bool = False
+
+    @property
+    def home(self) -> str:
+        """The queue the message came from (priorities: the interactive queue's)."""
+        return on_queue(self.delivery, self.queue_url)
+
+    def write_id(self, what: str) -> str:
+        """The id of this attempt's ``what`` write (commit, fail, retry, ...)."""
+        return end_write_id(self.nonce, what)
+
+
 def end_attempt(
     req: JobRequests,
-    *,
-    queue_url: str,
-    job: JobView,
-    delivery: Delivery,
-    worker_id: str,
+    end: EndRequest,
     write: Call,
+    *,
     write_id: str,
     applied: JobState,
     stage: str,
-    wall_now: float,
-    nonce: str,
     delete: bool = True,
-    defer_delete: bool = False,
 ) -> Flow[Finish]:
     """A fenced write that ends this attempt; then delete the message (if asked;
-    ``defer_delete``: the caller batches it, told by ``Finish.delete_pending``).
-    ``write`` carries ``write_id`` (``end_write_id(nonce, ...)``).
+    ``end.defer_delete``: the caller batches it, told by ``Finish.delete_pending``).
+    ``write`` carries ``write_id`` (``end.write_id(stage)``).
 
     A rejected write is journaled ``result_rejected`` (never reported as done), an
     unanswered one ``ownership_unknown``; both leave the message alone.
     """
-    fin = yield from fenced_write(
-        req, write, job=job, worker_id=worker_id, applied=applied, write_id=write_id
-    )
+    job = end.job
+    fin = yield from fenced_write(req, write, job=job, applied=applied, write_id=write_id)
     if fin.outcome is FinishOutcome.INVALID:
         # DynamoDB refused the write as it can never apply (a size limit, a malformed
         # value, an attribute the record lacks): retrying cannot help, and it is not a
@@ -74,30 +92,14 @@ def end_attempt(
         )
         if stage == "fail":
             return fin  # nothing smaller to write; the message comes back, attempts count
-        failed = yield from fail_flow(
-            req,
-            queue_url=queue_url,
-            job=job,
-            delivery=delivery,
-            worker_id=worker_id,
-            wall_now=wall_now,
-            reason=reason,
-            error_code="dynamodb_validation",
-            defer_delete=defer_delete,
-            nonce=nonce,
-        )
-        return (
-            Finish(FinishOutcome.FAILED, reason, delete_pending=failed.delete_pending)
-            if failed.outcome is FinishOutcome.DONE
-            else failed
-        )
+        # A write that keeps its message (a retry, a stage, a resend) batches no delete.
+        failing = end if delete else replace(end, defer_delete=False)
+        return (yield from fail_instead(req, failing, reason, "dynamodb_validation"))
     if fin.outcome is FinishOutcome.DONE:
-        if delete and defer_delete:
+        if delete and end.defer_delete:
             fin = replace(fin, delete_pending=True)
         elif delete:
-            deleted = yield from delete_message(
-                on_queue(delivery, queue_url), delivery.receipt_handle
-            )
+            deleted = yield from delete_message(end.home, end.delivery.receipt_handle)
             fin = replace(fin, answered_at=deleted.received_at)
     elif fin.outcome is FinishOutcome.REJECTED:
         cur = fin.current
@@ -125,19 +127,23 @@ def end_attempt(
     return fin
 
 
+def fail_instead(req: JobRequests, end: EndRequest, reason: str, error_code: str) -> Flow[Finish]:
+    """An ending that cannot be written as asked (a result or a stage too large, a
+    write DynamoDB refuses): the job fails with ``reason`` instead, reported
+    ``failed`` once that write is done (else the fail write's own outcome)."""
+    failed = yield from fail_flow(req, end, reason=reason, error_code=error_code)
+    if failed.outcome is not FinishOutcome.DONE:
+        return failed
+    return Finish(FinishOutcome.FAILED, reason, delete_pending=failed.delete_pending)
+
+
 def commit_flow(
     req: JobRequests,
+    end: EndRequest,
     *,
-    queue_url: str,
-    job: JobView,
-    delivery: Delivery,
-    worker_id: str,
     result_json: str,
-    wall_now: float,
     duration: float,
-    nonce: str,
     keep_rejected_content: bool = False,
-    defer_delete: bool = False,
 ) -> Flow[Finish]:
     """Write the result on condition of the token; then delete the message.
 
@@ -150,6 +156,7 @@ def commit_flow(
     record: payload, a staged job's checkpoints and last input, and the result) is
     never sent: the job fails ``result_too_large`` with a reason naming the limit.
     """
+    job = end.job
     problem = result_problem(
         job.job_id,
         job.payload_json,
@@ -158,43 +165,17 @@ def commit_flow(
         stage_input=job.stage_input,
     )
     if problem is not None:
-        failed = yield from fail_flow(
-            req,
-            queue_url=queue_url,
-            job=job,
-            delivery=delivery,
-            worker_id=worker_id,
-            wall_now=wall_now,
-            reason=problem,
-            error_code="result_too_large",
-            defer_delete=defer_delete,
-            nonce=nonce,
-        )
-        return (
-            Finish(FinishOutcome.FAILED, problem, delete_pending=failed.delete_pending)
-            if failed.outcome is FinishOutcome.DONE
-            else failed
-        )
+        return (yield from fail_instead(req, end, problem, "result_too_large"))
+    write_id = end.write_id("commit")
     fin = yield from end_attempt(
         req,
-        queue_url=queue_url,
-        job=job,
-        delivery=delivery,
-        worker_id=worker_id,
-        write=req.commit(
-            job.job_id,
-            job.token,
-            worker_id,
-            result_json,
-            wall_now,
-            write_id=end_write_id(nonce, "commit"),
+        end,
+        req.commit(
+            job.job_id, job.token, end.worker_id, result_json, end.wall_now, write_id=write_id
         ),
-        write_id=end_write_id(nonce, "commit"),
+        write_id=write_id,
         applied=JobState.SUCCEEDED,
         stage="commit",
-        wall_now=wall_now,
-        nonce=nonce,
-        defer_delete=defer_delete,
     )
     if fin.outcome is FinishOutcome.DONE:
         yield from emit(
@@ -212,9 +193,9 @@ def commit_flow(
             req.keep_rejected(
                 job.job_id,
                 job.token,
-                worker_id,
+                end.worker_id,
                 result_json,
-                wall_now,
+                end.wall_now,
                 keep_content=keep_rejected_content,
             )
         )
@@ -229,44 +210,42 @@ def commit_flow(
     return fin
 
 
-def fail_flow(
-    req: JobRequests,
-    *,
-    queue_url: str,
-    job: JobView,
-    delivery: Delivery,
-    worker_id: str,
-    wall_now: float,
-    reason: str,
-    error_code: str,
-    nonce: str,
-    defer_delete: bool = False,
+def _error_write(
+    req: JobRequests, end: EndRequest, reason: str, error_code: str, *, retry: bool
 ) -> Flow[Finish]:
-    """End the job ``failed`` with a reason (fenced), then delete its message."""
-    write_id = end_write_id(nonce, "fail")
-    fin = yield from end_attempt(
-        req,
-        queue_url=queue_url,
-        job=job,
-        delivery=delivery,
-        worker_id=worker_id,
-        write=req.finish_failed(
-            job.job_id,
-            job.token,
-            worker_id,
-            bounded(reason, REASON_LIMIT),
-            error_code,
-            wall_now,
+    """The fenced write of an attempt that ended in an error, with its reason and code:
+    ``failed`` for good (its message then deleted), or with ``retry`` back to
+    ``queued`` (its message kept: the retry's backoff is its visibility)."""
+    stage = "retry" if retry else "fail"
+    build = req.requeue if retry else req.finish_failed
+    job, write_id = end.job, end.write_id(stage)
+    why = bounded(reason, REASON_LIMIT)
+    return (
+        yield from end_attempt(
+            req,
+            end,
+            build(
+                job.job_id,
+                job.token,
+                end.worker_id,
+                why,
+                error_code,
+                end.wall_now,
+                write_id=write_id,
+            ),
             write_id=write_id,
-        ),
-        write_id=write_id,
-        applied=JobState.FAILED,
-        stage="fail",
-        wall_now=wall_now,
-        nonce=nonce,
-        defer_delete=defer_delete,
+            applied=JobState.QUEUED if retry else JobState.FAILED,
+            stage=stage,
+            delete=not retry,
+        )
     )
+
+
+def fail_flow(req: JobRequests, end: EndRequest, *, reason: str, error_code: str) -> Flow[Finish]:
+    """End the job ``failed`` with a reason (fenced), then delete its message."""
+    fin = yield from _error_write(req, end, reason, error_code, retry=False)
     if fin.outcome is FinishOutcome.DONE:
+        job = end.job
         yield from emit(
             "job_failed",
             job_id=job.job_id,
@@ -281,18 +260,12 @@ def fail_flow(
 
 def retry_flow(
     req: JobRequests,
+    end: EndRequest,
     *,
-    queue_url: str,
-    job: JobView,
-    delivery: Delivery,
-    worker_id: str,
-    wall_now: float,
     reason: str,
     error_code: str,
     delay: int,
     max_attempts: int,
-    nonce: str,
-    defer_delete: bool = False,
     handle_ours: bool = True,
 ) -> Flow[Finish]:
     """Give the job back for a later attempt: record -> queued (fenced), visibility -> delay.
@@ -302,55 +275,26 @@ def retry_flow(
     visibility change is sent: the message comes back when its lease runs out,
     without the backoff, rather than risk moving another receive's visibility.
     """
+    job = end.job
     if job.attempt >= attempts_allowed(job, max_attempts):
         granted = f" + {job.granted_attempts} granted" if job.granted_attempts else ""
         return (
             yield from fail_flow(
                 req,
-                queue_url=queue_url,
-                job=job,
-                delivery=delivery,
-                worker_id=worker_id,
-                wall_now=wall_now,
+                end,
                 reason=(
                     f"attempts exhausted ({job.attempt} of {max_attempts}{granted}); "
                     f"last error: {reason}"
                 ),
                 error_code="attempts_exhausted",
-                defer_delete=defer_delete,
-                nonce=nonce,
             )
         )
-    write_id = end_write_id(nonce, "retry")
-    fin = yield from end_attempt(
-        req,
-        queue_url=queue_url,
-        job=job,
-        delivery=delivery,
-        worker_id=worker_id,
-        write=req.requeue(
-            job.job_id,
-            job.token,
-            worker_id,
-            bounded(reason, REASON_LIMIT),
-            error_code,
-            wall_now,
-            write_id=write_id,
-        ),
-        write_id=write_id,
-        applied=JobState.QUEUED,
-        stage="retry",
-        wall_now=wall_now,
-        nonce=nonce,
-        delete=False,
-    )
-    if fin.outcome != "done":
+    fin = yield from _error_write(req, end, reason, error_code, retry=True)
+    if fin.outcome is not FinishOutcome.DONE:
         return fin
     cmv: Outcome | None = None
     if handle_ours:
-        cmv = yield from set_visibility(
-            on_queue(delivery, queue_url), delivery.receipt_handle, delay
-        )
+        cmv = yield from set_visibility(end.home, end.delivery.receipt_handle, delay)
     yield from emit(
         "job_retry_scheduled",
         job_id=job.job_id,
@@ -366,43 +310,38 @@ def retry_flow(
     return fin
 
 
-def park_flow(
-    req: JobRequests,
-    *,
-    queue_url: str,
-    job: JobView,
-    delivery: Delivery,
-    worker_id: str,
-    wall_now: float,
-    reason: str,
-    nonce: str,
-    defer_delete: bool = False,
-) -> Flow[Finish]:
+def park_flow(req: JobRequests, end: EndRequest, *, reason: str) -> Flow[Finish]:
     """Park the job for an operator (fenced), then delete its message."""
-    write_id = end_write_id(nonce, "park")
+    job, write_id = end.job, end.write_id("park")
+    why = bounded(reason, REASON_LIMIT)
     fin = yield from end_attempt(
         req,
-        queue_url=queue_url,
-        job=job,
-        delivery=delivery,
-        worker_id=worker_id,
-        write=req.park(
-            job.job_id,
-            job.token,
-            worker_id,
-            bounded(reason, REASON_LIMIT),
-            wall_now,
-            write_id=write_id,
-        ),
+        end,
+        req.park(job.job_id, job.token, end.worker_id, why, end.wall_now, write_id=write_id),
         write_id=write_id,
         applied=JobState.PARKED,
         stage="park",
-        wall_now=wall_now,
-        nonce=nonce,
-        defer_delete=defer_delete,
     )
     if fin.outcome is FinishOutcome.DONE:
         yield from emit("job_parked", job_id=job.job_id, token=job.token, reason=reason)
+    return fin
+
+
+def release_write(req: JobRequests, job: JobView, write: Call, write_id: str) -> Flow[Finish]:
+    """The fenced write that hands a claimed record back (``req.release``: queued, the
+    claim's attempt given back, since the worker, not the job, ended the attempt).
+    One that does not apply is journaled ``job_release_skipped`` (its message is the
+    new owner's), and a refusal that proves the lease lost, the loss: whoever
+    releases on the attempt's behalf stopped it first, so no other path journals it."""
+    fin = yield from fenced_write(req, write, job=job, applied=JobState.QUEUED, write_id=write_id)
+    if fin.outcome is not FinishOutcome.DONE:
+        yield from emit(
+            "job_release_skipped", job_id=job.job_id, token=job.token, reason=fin.reason
+        )
+        loss = rejected_loss(fin)
+        if loss is not None:
+            ev = lost_event(job.job_id, job.token, LossSource.RELEASE, *loss)
+            yield from emit(ev.event, **ev.fields)
     return fin
 
 
@@ -445,8 +384,9 @@ def release_flow(
         if not nonce:
             raise ValueError("release_flow: releasing a claimed record needs a nonce")
         write_id = end_write_id(nonce, "release")
-        fin = yield from fenced_write(
+        fin = yield from release_write(
             req,
+            job,
             req.release(
                 job.job_id,
                 job.token,
@@ -457,27 +397,15 @@ def release_flow(
                 late=late,
                 charged=charged,
             ),
-            job=job,
-            worker_id=worker_id,
-            applied=JobState.QUEUED,
-            write_id=write_id,
+            write_id,
         )
+        # A write that did not apply leaves the message alone: its visibility is the
+        # new owner's (or, unknown, the lease's).
         if fin.outcome is FinishOutcome.DONE:
             if d.receipt_handle in lapsed:
                 gone_back += 1
             else:
                 handback.append(d)
-        else:
-            # Not ours any more (or unknown): its visibility belongs to the new owner.
-            yield from emit(
-                "job_release_skipped", job_id=job.job_id, token=job.token, reason=fin.reason
-            )
-            loss = rejected_loss(fin)
-            if loss is not None:
-                # The shell stopped the attempt for shutdown before this write, so no
-                # other path has journaled this loss.
-                ev = lost_event(job.job_id, job.token, LossSource.RELEASE, *loss)
-                yield from emit(ev.event, **ev.fields)
     released = 0
     for queue, chunk in by_queue(handback, queue_url, lambda d: d.queue_url):
         out = yield from call(

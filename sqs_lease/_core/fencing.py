@@ -104,18 +104,10 @@ def delete_message(queue_url: str, receipt_handle: str) -> Flow[Outcome]:
 
 
 def fenced_write(
-    req: JobRequests,
-    build: Call,
-    *,
-    job: JobView,
-    worker_id: str,
-    applied: JobState,
-    write_id: str,
+    req: JobRequests, build: Call, *, job: JobView, applied: JobState, write_id: str
 ) -> Flow[Finish]:
     """:func:`_fenced_tries`, its Finish stamped with when it was sent and answered."""
-    flow = _fenced_tries(
-        req, build, job=job, worker_id=worker_id, applied=applied, write_id=write_id
-    )
+    flow = _fenced_tries(req, build, job, applied, write_id)
     sent: float | None = None
     answered: float | None = None
     try:
@@ -132,13 +124,7 @@ def fenced_write(
 
 
 def _fenced_tries(
-    req: JobRequests,
-    build: Call,
-    *,
-    job: JobView,
-    worker_id: str,
-    applied: JobState,
-    write_id: str,
+    req: JobRequests, build: Call, job: JobView, applied: JobState, write_id: str
 ) -> Flow[Finish]:
     """Send a write conditioned on the token (``build`` carries ``write_id``); retry
     an unanswered one.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict
 
 from .._errors import (
     ConfigError,
@@ -165,6 +165,21 @@ def send_record_message(
     )
 
 
+class _NewRecord(TypedDict):
+    """The job record a submission writes: alone (``put_new``), or in one transaction
+    with its group's marker (``put_new_item``)."""
+
+    job_id: str
+    job_class: str
+    payload_json: str
+    payload_hash: str
+    wall_now: float
+    send_id: str
+    tenant: str | None
+    stage: str | None
+    priority: str | None
+
+
 def submit_flow(
     req: JobRequests,
     *,
@@ -220,39 +235,24 @@ def submit_flow(
     )
     if order is not None:
         raise ConfigError(order)
+    record = _NewRecord(
+        job_id=job_id,
+        job_class=job_class,
+        payload_json=payload_json,
+        payload_hash=payload_hash,
+        wall_now=wall_now,
+        send_id=send_id,
+        tenant=tenant,
+        stage=stage,
+        priority=priority,
+    )
     out: Outcome
     if group is None:
-        out = yield from call(
-            req.put_new(
-                job_id=job_id,
-                job_class=job_class,
-                payload_json=payload_json,
-                payload_hash=payload_hash,
-                wall_now=wall_now,
-                send_id=send_id,
-                tenant=tenant,
-                stage=stage,
-                priority=priority,
-            )
-        )
+        out = yield from call(req.put_new(**record))
     else:
         if groups is None:  # pragma: no cover - the producer always passes both
             raise ValueError("submit_flow: a group needs its GroupRequests")
-        entries = [
-            groups.count_job(group, wall_now),
-            req.put_new_item(
-                job_id=job_id,
-                job_class=job_class,
-                payload_json=payload_json,
-                payload_hash=payload_hash,
-                wall_now=wall_now,
-                send_id=send_id,
-                group=group,
-                tenant=tenant,
-                stage=stage,
-                priority=priority,
-            ),
-        ]
+        entries = [groups.count_job(group, wall_now), req.put_new_item(**record, group=group)]
         txn = yield from call(Call("dynamodb", "TransactWriteItems", {"TransactItems": entries}))
         for pause in GROUP_SUBMIT_PAUSES:
             # Submits to one session meet on its marker: a conflicting transaction

@@ -69,12 +69,12 @@ from typing import Any, Protocol
 
 from .._errors import RecordUnreadable
 from .calls import Call, Err, ErrorKind, Flow, Ok, call, emit
-from .fencing import FinishOutcome, delete_message, end_write_id, fenced_write, set_visibility
+from .endwrites import EndRequest, release_write
+from .fencing import FinishOutcome, delete_message, set_visibility
 from .fifo import is_fifo
-from .heartbeats import LossSource, lost_event, rejected_loss
 from .messages import Delivery, on_queue
 from .records import JobRequests, JobState, JobView, awaits_send
-from .sending import send_job_message
+from .sending import send_record_message
 
 CLASS_POOL = "class"
 TENANT_POOL = "tenant"
@@ -389,61 +389,32 @@ def give_back_flow(req: SlotRequests, held: Sequence[HeldSlot], *, wall_now: flo
     return given
 
 
-def wait_flow(
-    req: JobRequests,
-    *,
-    queue_url: str,
-    job: JobView,
-    delivery: Delivery,
-    worker_id: str,
-    wall_now: float,
-    delay: int,
-    reason: str,
-    nonce: str,
-) -> Flow[bool]:
+def wait_flow(req: JobRequests, end: EndRequest, *, delay: int, reason: str) -> Flow[bool]:
     """Rule 4: give the claim back and wait as a fresh message (``delay`` seconds on).
 
-    ``job`` is the record as claimed (its token); ``nonce`` the attempt's, which its
-    release write carries (``fencing.end_write_id``). Returns whether the claim was given
-    back; a write refused or unanswered changes nothing more (the message is left to
-    come back: a claim that moved on owns it, and an unknown write is either undone
-    by the lease or followed by the sweep's send)."""
+    ``end.job`` is the record as claimed (its token); ``end.nonce`` the attempt's, which
+    its release write carries (``fencing.end_write_id``). Returns whether the claim was
+    given back; a write refused or unanswered changes nothing more (the message is
+    left to come back: a claim that moved on owns it, and an unknown write is either
+    undone by the lease or followed by the sweep's send; no lease was held yet, so
+    the release's own journal is the only one of a loss)."""
+    job, delivery = end.job, end.delivery
     send_id = wait_send_id(waits_of(delivery.send_id) + 1, job.token, job.job_id)
-    write_id = end_write_id(nonce, "release")
-    fin = yield from fenced_write(
-        req,
-        req.release(
-            job.job_id,
-            job.token,
-            worker_id,
-            reason,
-            wall_now,
-            write_id=write_id,
-            resend_id=send_id,
-        ),
-        job=job,
-        worker_id=worker_id,
-        applied=JobState.QUEUED,
+    write_id = end.write_id("release")
+    # The release names the fresh message's send id: it retires the received message.
+    retire = req.release(
+        job.job_id,
+        job.token,
+        end.worker_id,
+        reason,
+        end.wall_now,
         write_id=write_id,
+        resend_id=send_id,
     )
+    fin = yield from release_write(req, job, retire, write_id)
     if fin.outcome is not FinishOutcome.DONE:
-        yield from emit(
-            "job_release_skipped", job_id=job.job_id, token=job.token, reason=fin.reason
-        )
-        loss = rejected_loss(fin)
-        if loss is not None:  # no lease was held yet: no other path journals this loss
-            ev = lost_event(job.job_id, job.token, LossSource.RELEASE, *loss)
-            yield from emit(ev.event, **ev.fields)
         return False
-    yield from _wait_as_fresh(
-        req,
-        queue_url=queue_url,
-        job=job,
-        delivery=delivery,
-        send_id=send_id,
-        wall_now=wall_now,
-        delay=delay,
-    )
+    yield from _wait_as_fresh(req, end.home, job, delivery, send_id, end.wall_now, delay)
     return True
 
 
@@ -485,22 +456,14 @@ def unstarted_wait_flow(
         return False
     if job is None or job.send_id != send_id or not awaits_send(job):
         return False
-    yield from _wait_as_fresh(
-        req,
-        queue_url=queue_url,
-        job=job,
-        delivery=delivery,
-        send_id=send_id,
-        wall_now=wall_now,
-        delay=delay,
-    )
+    home = on_queue(delivery, queue_url)
+    yield from _wait_as_fresh(req, home, job, delivery, send_id, wall_now, delay)
     return True
 
 
 def _wait_as_fresh(
     req: JobRequests,
-    *,
-    queue_url: str,
+    home: str,
     job: JobView,
     delivery: Delivery,
     send_id: str,
@@ -508,20 +471,16 @@ def _wait_as_fresh(
     delay: int,
 ) -> Flow[None]:
     """Rule 4's wait, once the record names ``send_id``: send its message, retire the
-    received one."""
-    # The queue it was received from: an interactive job stays interactive.
-    home = on_queue(delivery, queue_url)
+    received one. ``home``: the queue it was received from (an interactive job stays
+    interactive)."""
     fifo = is_fifo(home)
-    yield from send_job_message(
+    yield from send_record_message(
         req,
+        job,
         queue_url=home,
-        job_id=job.job_id,
-        job_class=job.job_class,
         send_id=send_id,
         wall_now=wall_now,
-        stage=job.stage,
         delay_seconds=0 if fifo else delay,
-        group=job.group,
     )
     # Sent or not, the received message is retired (a failed send leaves the record
     # in the unsent index: the sweep sends it).

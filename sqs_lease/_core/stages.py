@@ -39,19 +39,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 from .._errors import RecordUnreadable
 from .calls import Err, ErrorKind, Flow, call, emit
-from .endwrites import end_attempt, fail_flow
-from .fencing import Finish, FinishOutcome, delete_message, end_write_id
+from .endwrites import EndRequest, end_attempt, fail_instead
+from .fencing import Finish, FinishOutcome, delete_message
 from .fifo import is_fifo
 from .inputs import NAME_RULE, loads, valid_name
 from .limits import record_problem
-from .messages import Delivery, fail_call, on_queue
+from .messages import Delivery, fail_call
 from .records import GroupRequests, JobRequests, JobState, JobView, is_cancelled
+from .sending import SendVerdict, send_record_message
 from .sending import send_job_message as _send
-from .sending import send_record_message
 from .sweeping import home_queue
 from .timing import CAP_MARGIN, SQS_MAX_VISIBILITY
 
@@ -268,22 +269,11 @@ class Continued:
 
 
 def continue_flow(
-    req: JobRequests,
-    *,
-    queue_url: str,
-    job: JobView,
-    delivery: Delivery,
-    worker_id: str,
-    wall_now: float,
-    nxt: NextStage,
-    input_json: str,
-    duration: float,
-    nonce: str,
-    defer_delete: bool = False,
+    req: JobRequests, end: EndRequest, *, nxt: NextStage, input_json: str, duration: float
 ) -> Flow[Continued]:
     """End the current stage and start ``nxt`` (checkpoint, next message, delete).
 
-    With ``defer_delete`` the stage's message joins the worker's delete batch
+    With ``end.defer_delete`` the stage's message joins the worker's delete batch
     (``Finish.delete_pending``), as a commit's does: should it come back first, it
     names a retired send id, claims nothing and is deleted then. Not on a FIFO
     queue: there it holds the job's group until it goes, and the next stage's
@@ -293,14 +283,15 @@ def continue_flow(
     caller against the next stage's payload model. A checkpoint refused by the
     fence (the token moved on) is ``result_rejected`` and nothing is sent.
     """
+    job = end.job
     entry = StageEntry(
         stage=job.stage or "main",
         result=nxt.checkpoint,
         token=job.token,
         attempt=job.attempt,
         duration=round(duration, 3),
-        finished_at=wall_now,
-        worker=worker_id,
+        finished_at=end.wall_now,
+        worker=end.worker_id,
     )
     log = [e.as_json() for e in stage_log(job)] + [entry.as_json()]
     log_json = json.dumps(log, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -309,46 +300,28 @@ def continue_flow(
     )
     if problem is not None:
         problem += ": return references to stored data in NextStage, not the data"
-        failed = yield from fail_flow(
-            req,
-            queue_url=queue_url,
-            job=job,
-            delivery=delivery,
-            worker_id=worker_id,
-            wall_now=wall_now,
-            reason=problem,
-            error_code="stage_too_large",
-            nonce=nonce,
-        )
-        return Continued(
-            Finish(FinishOutcome.FAILED, problem)
-            if failed.outcome is FinishOutcome.DONE
-            else failed
-        )
+        failing = replace(end, defer_delete=False)  # a stage's fail deletes at once
+        return Continued((yield from fail_instead(req, failing, problem, "stage_too_large")))
     send_id = continuation_send_id(job.token, nxt.name)
+    write_id = end.write_id("stage")
     fin = yield from end_attempt(
         req,
-        queue_url=queue_url,
-        job=job,
-        delivery=delivery,
-        worker_id=worker_id,
-        write=req.advance_stage(
+        end,
+        req.advance_stage(
             job.job_id,
             job.token,
-            worker_id,
+            end.worker_id,
             stage=entry.stage,
             next_stage=nxt.name,
             stage_input=input_json,
             stage_log=log_json,
             send_id=send_id,
-            wall_now=wall_now,
-            write_id=end_write_id(nonce, "stage"),
+            wall_now=end.wall_now,
+            write_id=write_id,
         ),
-        write_id=end_write_id(nonce, "stage"),
+        write_id=write_id,
         applied=JobState.QUEUED,
         stage="stage",
-        wall_now=wall_now,
-        nonce=nonce,
         delete=False,
     )
     if fin.outcome is not FinishOutcome.DONE:
@@ -365,14 +338,13 @@ def continue_flow(
     )
     # The queue this message came from (priorities): the next stage keeps the job's
     # priority. A continuation the sweep has to send goes to the default queue.
-    home = on_queue(delivery, queue_url)
     sent = yield from _send(
         req,
-        queue_url=home,
+        queue_url=end.home,
         job_id=job.job_id,
         job_class=job.job_class,
         send_id=send_id,
-        wall_now=wall_now,
+        wall_now=end.wall_now,
         stage=nxt.name,
         # FIFO: the job's group (else its id), so the next stage keeps its place in
         # its session's order; it is received once this message is deleted below.
@@ -380,10 +352,18 @@ def continue_flow(
     )
     # Sent or not, this message's work is done: a failed send leaves the record in
     # the unsent index (the sweep sends it); this message would only be a stray.
-    if defer_delete and not is_fifo(home):
-        return Continued(replace(fin, delete_pending=True), sent.verdict != "failed")
-    yield from delete_message(home, delivery.receipt_handle)
-    return Continued(fin, sent.verdict != "failed")
+    fin = yield from _retire(end, fin)
+    return Continued(fin, sent.verdict is not SendVerdict.FAILED)
+
+
+def _retire(end: EndRequest, fin: Finish) -> Flow[Finish]:
+    """The received message, retired by the write that named the job's new one: deleted
+    at once, or in the worker's batch (``end.defer_delete``) but never on a FIFO
+    queue, where it holds the job's group until it goes."""
+    if end.defer_delete and not is_fifo(end.home):
+        return replace(fin, delete_pending=True)
+    yield from delete_message(end.home, end.delivery.receipt_handle)
+    return fin
 
 
 def cap_send_id(token: int) -> str:
@@ -392,60 +372,37 @@ def cap_send_id(token: int) -> str:
     return f"cap.{token}"
 
 
-def resend_flow(
-    req: JobRequests,
-    *,
-    queue_url: str,
-    job: JobView,
-    delivery: Delivery,
-    worker_id: str,
-    wall_now: float,
-    reason: str,
-    nonce: str,
-    defer_delete: bool = False,
-) -> Flow[Finish]:
+def resend_flow(req: JobRequests, end: EndRequest, *, reason: str) -> Flow[Finish]:
     """The job goes on under a new message: its message used up SQS's 12-hour cap (the
     budget left was none, or SQS refused an extension). Fenced on the attempt's token
     like a release: back to queued at its stage, the attempt given back (the cap is
     the message's age, not the job's failure), a new send id; then the new message
     (a failed send leaves the record in the unsent index for the sweep) and the old
     message's delete (should it come back first, it is a stray)."""
+    job = end.job
     send_id = cap_send_id(job.token)
-    write_id = end_write_id(nonce, "resend")
+    write_id = end.write_id("resend")
     fin = yield from end_attempt(
         req,
-        queue_url=queue_url,
-        job=job,
-        delivery=delivery,
-        worker_id=worker_id,
-        write=req.resend(
+        end,
+        req.resend(
             job.job_id,
             job.token,
-            worker_id,
+            end.worker_id,
             send_id=send_id,
             reason=reason,
-            wall_now=wall_now,
+            wall_now=end.wall_now,
             write_id=write_id,
         ),
         write_id=write_id,
-        nonce=nonce,
         applied=JobState.QUEUED,
         stage="resend",
-        wall_now=wall_now,
         delete=False,
     )
     if fin.outcome is not FinishOutcome.DONE:
         return fin
-    home = on_queue(delivery, queue_url)
-    sent = yield from _send(
-        req,
-        queue_url=home,
-        job_id=job.job_id,
-        job_class=job.job_class,
-        send_id=send_id,
-        wall_now=wall_now,
-        stage=job.stage,
-        group=job.group,
+    sent = yield from send_record_message(
+        req, job, queue_url=end.home, send_id=send_id, wall_now=end.wall_now
     )
     yield from emit(
         "job_resent",
@@ -453,16 +410,19 @@ def resend_flow(
         token=job.token,
         stage=job.stage,
         send_id=send_id,
-        sent=sent.verdict != "failed",
+        sent=sent.verdict is not SendVerdict.FAILED,
         reason="message_cap",
     )
-    if defer_delete and not is_fifo(home):
-        return replace(fin, delete_pending=True)
-    yield from delete_message(home, delivery.receipt_handle)
-    return fin
+    return (yield from _retire(end, fin))
 
 
-RetryVerdict = Literal["retried", "resumed", "resent", "nothing_to_do"]
+class RetryVerdict(StrEnum):
+    """What an operator's retry did (``sqs-lease jobs retry --json`` prints the value)."""
+
+    RETRIED = "retried"  # failed -> queued at its stage, message sent
+    RESUMED = "resumed"  # it was parked: resumed (as ``jobs resume``)
+    RESENT = "resent"  # it was queued without a sent message: sent now
+    NOTHING_TO_DO = "nothing_to_do"  # running, queued and sent, or succeeded
 
 
 @dataclass(frozen=True)
@@ -479,6 +439,9 @@ class Retried:
     send_id: str | None = None
     message_id: str | None = None
     kept: tuple[str, ...] = ()  # the committed stages, kept as they are
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "verdict", RetryVerdict(self.verdict))
 
 
 def retry_failed_flow(
@@ -555,8 +518,10 @@ def retry_failed_flow(
             send_id=send_id,
             interactive_url=interactive_url,
         )
-        verdict: RetryVerdict = (
-            "nothing_to_do" if resumed.verdict == "not_parked" else (resumed.verdict)
+        verdict = (
+            RetryVerdict.NOTHING_TO_DO
+            if resumed.verdict == "not_parked"
+            else RetryVerdict(resumed.verdict)
         )
         return Retried(
             job_id,
@@ -570,7 +535,11 @@ def retry_failed_flow(
         )
     if job.state is not JobState.FAILED:
         return Retried(
-            job_id, "nothing_to_do", job.state, job.stage, f"job is {job.state.value}, not failed"
+            job_id,
+            RetryVerdict.NOTHING_TO_DO,
+            job.state,
+            job.stage,
+            f"job is {job.state.value}, not failed",
         )
     where = f"stage {job.stage}" if job.stage is not None else "the job"
     out = yield from call(
@@ -582,7 +551,7 @@ def retry_failed_flow(
         now = req.parse(out.item) if out.item is not None else job
         return Retried(
             job_id,
-            "nothing_to_do",
+            RetryVerdict.NOTHING_TO_DO,
             now.state,
             now.stage,
             f"job is {now.state.value} at token {now.token}: another retry (or a worker) "
@@ -596,7 +565,7 @@ def retry_failed_flow(
         send_id=send_id,
         wall_now=wall_now,
     )
-    if sent.verdict == "failed":
+    if sent.verdict is SendVerdict.FAILED:
         assert sent.error is not None
         raise fail_call(
             f"job {job_id!r} is queued again at {where}, but its message was not sent: run "
@@ -606,7 +575,7 @@ def retry_failed_flow(
     kept = f"; committed stages kept: {', '.join(done)}" if done else ""
     return Retried(
         job_id,
-        "retried",
+        RetryVerdict.RETRIED,
         JobState.QUEUED,
         job.stage,
         f"queued again at {where} with its full attempts{kept}",
@@ -651,6 +620,7 @@ __all__ = [
     "Continued",
     "NextStage",
     "Retried",
+    "RetryVerdict",
     "StageEntry",
     "cap_budget",
     "cap_send_id",

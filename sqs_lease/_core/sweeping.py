@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 from .._errors import (
     RecordUnreadable,
@@ -23,7 +24,16 @@ from .sending import SendVerdict, send_record_message
 
 # --------------------------------------------------------------------------- stranded
 
-StrandedVerdict = Literal["resent", "would_resend", "moved", "cleared", "failed"]
+
+class StrandedVerdict(StrEnum):
+    """What the sweep did with one record found without a sent message (``jobs sweep``
+    prints the value)."""
+
+    RESENT = "resent"  # its send taken over and its message sent
+    WOULD_RESEND = "would_resend"  # a dry run: it would be sent
+    MOVED = "moved"  # sent, claimed or taken over by another sender since the index saw it
+    CLEARED = "cleared"  # it no longer waits for a message: taken out of the index
+    FAILED = "failed"  # not sent (or not cleared): the next sweep tries again
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,9 @@ class Stranded:
     verdict: StrandedVerdict
     send_id: str | None = None  # the new send (resent) or the one found (otherwise)
     detail: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "verdict", StrandedVerdict(self.verdict))
 
 
 @dataclass(frozen=True)
@@ -148,8 +161,13 @@ def sweep_flow(
     next_key = _index_key(last) if more and last is not None else (start if more else None)
     report = SweepReport(tuple(found), more=more, next_key=next_key)
     if found:
-        verdicts = ("resent", "moved", "cleared", "failed")
-        counts = {v: sum(1 for j in found if j.verdict == v) for v in verdicts}
+        tallied = (
+            StrandedVerdict.RESENT,
+            StrandedVerdict.MOVED,
+            StrandedVerdict.CLEARED,
+            StrandedVerdict.FAILED,
+        )
+        counts = {v.value: sum(1 for j in found if j.verdict is v) for v in tallied}
         yield from emit(
             "stranded_swept",
             found=len(found),
@@ -192,7 +210,9 @@ def _sweep_one(
             return None, 0  # it had left the index already
         seen = cleared  # it waits after all (the index's copy was behind): send it
     if dry_run:
-        return Stranded(seen.job_id, seen.job_class, age, "would_resend", seen.send_id), 1
+        return Stranded(
+            seen.job_id, seen.job_class, age, StrandedVerdict.WOULD_RESEND, seen.send_id
+        ), 1
     took = yield from call(
         req.take_send(seen.job_id, seen_send_id=seen.send_id, new_send_id=new_id, wall_now=wall_now)
     )
@@ -204,9 +224,13 @@ def _sweep_one(
                 cleared = yield from _clear_entry(req, now, age, wall_now)
                 if isinstance(cleared, Stranded):
                     return cleared, 0
-            return Stranded(seen.job_id, seen.job_class, age, "moved", seen.send_id), 1
+            return Stranded(
+                seen.job_id, seen.job_class, age, StrandedVerdict.MOVED, seen.send_id
+            ), 1
         why = f"{took.code or took.kind}: {took.message}"
-        return Stranded(seen.job_id, seen.job_class, age, "failed", seen.send_id, why), 1
+        return Stranded(
+            seen.job_id, seen.job_class, age, StrandedVerdict.FAILED, seen.send_id, why
+        ), 1
     try:
         job = req.parse(took.response.get("Attributes", {}))
     except RecordUnreadable as exc:  # turned unreadable since the index saw it
@@ -229,8 +253,8 @@ def _sweep_one(
     if sent.verdict is SendVerdict.FAILED:
         err = sent.error
         why = f"{err.code or err.kind}: {err.message}" if err else "send failed"
-        return Stranded(job.job_id, job.job_class, age, "failed", new_id, why), 1
-    return Stranded(job.job_id, job.job_class, age, "resent", new_id), 1
+        return Stranded(job.job_id, job.job_class, age, StrandedVerdict.FAILED, new_id, why), 1
+    return Stranded(job.job_id, job.job_class, age, StrandedVerdict.RESENT, new_id), 1
 
 
 def _parsed_or_none(req: JobRequests, item: Mapping[str, Any] | None) -> JobView | None:
@@ -253,10 +277,10 @@ def _clear_entry(
     out = yield from call(req.leave_unsent(job.job_id, wall_now))
     if isinstance(out, Ok):
         yield from emit("unsent_entry_cleared", job_id=job.job_id, state=job.state.value)
-        return Stranded(job.job_id, job.job_class, age, "cleared", job.send_id)
+        return Stranded(job.job_id, job.job_class, age, StrandedVerdict.CLEARED, job.send_id)
     if out.kind is not ErrorKind.CONDITION_FAILED:
         why = f"taking the entry out of the unsent index: {out.code or out.kind}: {out.message}"
-        return Stranded(job.job_id, job.job_class, age, "failed", job.send_id, why)
+        return Stranded(job.job_id, job.job_class, age, StrandedVerdict.FAILED, job.send_id, why)
     now = _parsed_or_none(req, out.item)
     return now if now is not None and awaits_send(now) else None
 
@@ -267,4 +291,4 @@ def _unreadable_stranded(exc: RecordUnreadable) -> Flow[Stranded]:
     heartbeat does with such a record in its round."""
     job_id = exc.job_id or "?"
     yield from emit("job_record_unreadable", job_id=job_id, stage="sweep", reason=str(exc))
-    return Stranded(job_id, "?", 0.0, "failed", None, str(exc)[:300])
+    return Stranded(job_id, "?", 0.0, StrandedVerdict.FAILED, None, str(exc)[:300])

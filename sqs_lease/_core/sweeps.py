@@ -16,7 +16,7 @@ from .deadletter import DlqReport, DlqVerdict, reconcile_dlq_flow
 from .deploy import redrive_too_tight
 from .env import AttemptEnv, now_of
 from .messages import SQS_BATCH
-from .sweeping import SweepReport, sweep_flow
+from .sweeping import StrandedVerdict, SweepReport, sweep_flow
 from .texts import outside_text
 
 
@@ -131,7 +131,7 @@ def sweep_pages_flow(
             )
             pages += 1
             found += len(report.jobs)
-            sent = sum(1 for j in report.jobs if j.verdict == "resent")
+            sent = sum(1 for j in report.jobs if j.verdict is StrandedVerdict.RESENT)
             resent += sent
             env.tally("stranded_resent", sent)
             more, start = report.more, report.next_key
