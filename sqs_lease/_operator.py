@@ -23,7 +23,9 @@ from ._core.timeline import IntentAttemptFacts, IntentFacts
 from ._journal import Journal
 from ._producer import new_send_id
 from ._resources import interactive_queue_url, queue_url
-from ._schema import (
+from ._schema.intent_requests import IntentTable
+from ._schema.job_requests import JobTable
+from ._schema.models import (
     AMBIGUOUS_INDEX,
     ATTENTION_INDEX,
     ATTENTION_STATES,
@@ -32,11 +34,9 @@ from ._schema import (
     WORKERS_INDEX,
     AttemptRecord,
     IntentRecord,
-    IntentTable,
     JobRecord,
-    JobTable,
-    record_of,
 )
+from ._schema.views import record_of
 
 __all__ = [
     "INDEXED_JOB_STATES",

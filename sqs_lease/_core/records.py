@@ -100,8 +100,8 @@ def awaits_send(job: JobView) -> bool:
     """Whether the record waits for its message: queued, its current message not
     known sent. Such a record, and only such a record, is in the ``unsent`` index
     (the stranded sweep's): every write that sends, claims or ends a record takes it
-    out, every write that gives it a new unsent message puts it in (``_schema.py``
-    spells both once)."""
+    out, every write that gives it a new unsent message puts it in
+    (``_schema/job_requests.py`` spells both once)."""
     return job.state is JobState.QUEUED and not job.message_sent
 
 
