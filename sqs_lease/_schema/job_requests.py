@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from pynamodb.expressions.condition import Condition
 from pynamodb.expressions.update import Action
@@ -23,6 +23,8 @@ from .._core.records import (
     UNDELIVERED_CODE,
     JobState,
     JobView,
+    NewJob,
+    UnheldPark,
 )
 from .._core.timeline import TimelineKind as TK
 from .._core.timeline import event
@@ -102,6 +104,32 @@ def _waiting() -> Condition:
     return cond
 
 
+def _why(reason: str, error_code: str) -> list[Action]:
+    return [R.reason.set(reason), R.error_code.set(error_code)]
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """The attempt an end write is for (fenced on its token)."""
+
+    job_id: str
+    token: int
+    worker_id: str
+    wall_now: float
+    write_id: str
+
+
+def _current(send_id: str | None) -> Condition:
+    # The message is the job's current one. A message without a send id (an older
+    # producer) is current only on a record no current sender ever touched.
+    cond: Condition = (
+        (R.send_id.does_not_exist() & R.unsent.does_not_exist())
+        if send_id is None
+        else R.send_id == send_id
+    )
+    return cond
+
+
 def _unpark(send_id: str, wall_now: float) -> tuple[Condition, list[Action]]:
     # An operator's decision grants the attempt it starts (granted_attempts + 1), so
     # a job parked on its last attempt runs again instead of failing at its claim.
@@ -144,93 +172,68 @@ class JobTable:
         params.update(serialize(condition, actions))
         return Call("dynamodb", "UpdateItem", params)
 
-    def put_new(
+    def _end(
         self,
+        attempt: _Attempt,
         *,
-        job_id: str,
-        job_class: str,
-        payload_json: str,
-        payload_hash: str,
-        wall_now: float,
-        send_id: str,
+        state: JobState,
+        changes: Sequence[Action],
+        kind: TK,
+        detail: str | None = None,
         stage: str | None = None,
-        tenant: str | None = None,
-        priority: str | None = None,
+        finished: bool = False,
+        clear_reason: bool = False,
+        then: Sequence[Action] = (),
     ) -> Call:
-        params = self._put_new_params(
-            job_id,
-            job_class,
-            payload_json,
-            payload_hash,
-            wall_now,
-            send_id,
-            stage,
-            None,
-            tenant,
-            priority,
+        # An attempt's end write, one update: fenced on its token, the id a retried
+        # write recognises its own by, the lease's end and the timeline's event.
+        wall_now, token, worker_id = attempt.wall_now, attempt.token, attempt.worker_id
+        return self._update(
+            attempt.job_id,
+            _mine(token, worker_id),
+            [
+                R.state.set(state.value),
+                R.write_id.set(attempt.write_id),
+                *changes,
+                R.updated_at.set(wall_now),
+                *([R.finished_at.set(wall_now)] if finished else []),
+                R.lease_deadline.remove(),
+                *([R.reason.remove(), R.error_code.remove()] if clear_reason else []),
+                _log(
+                    event(kind, wall_now, owner=worker_id, token=token, detail=detail, stage=stage)
+                ),
+                *then,
+            ],
         )
-        return Call("dynamodb", "PutItem", params)
 
-    def put_new_item(
-        self,
-        *,
-        job_id: str,
-        job_class: str,
-        payload_json: str,
-        payload_hash: str,
-        wall_now: float,
-        send_id: str,
-        group: str,
-        stage: str | None = None,
-        tenant: str | None = None,
-        priority: str | None = None,
-    ) -> dict[str, Any]:
+    def put_new(self, **job: Unpack[NewJob]) -> Call:
+        return Call("dynamodb", "PutItem", self._new_record(job, group=None))
+
+    def put_new_item(self, *, group: str, **job: Unpack[NewJob]) -> dict[str, Any]:
         """The same new record, in a group, as a TransactWriteItems entry."""
-        params = self._put_new_params(
-            job_id,
-            job_class,
-            payload_json,
-            payload_hash,
-            wall_now,
-            send_id,
-            stage,
-            group,
-            tenant,
-            priority,
-        )
-        return {"Put": params}
+        return {"Put": self._new_record(job, group=group)}
 
-    def _put_new_params(
-        self,
-        job_id: str,
-        job_class: str,
-        payload_json: str,
-        payload_hash: str,
-        wall_now: float,
-        send_id: str,
-        stage: str | None,
-        group: str | None,
-        tenant: str | None = None,
-        priority: str | None = None,
-    ) -> dict[str, Any]:
+    def _new_record(self, job: NewJob, *, group: str | None) -> dict[str, Any]:
+        wall_now = job["wall_now"]
+        priority = job.get("priority")
         record = JobRecord(
-            job_id=job_id,
-            job_class=job_class,
+            job_id=job["job_id"],
+            job_class=job["job_class"],
             state=JobState.QUEUED.value,
             token=0,
             attempt=0,
-            payload=payload_json,
-            payload_hash=payload_hash,
+            payload=job["payload_json"],
+            payload_hash=job["payload_hash"],
             message_sent=False,
-            send_id=send_id,
+            send_id=job["send_id"],
             unsent=UNSENT_BUCKET,
             unsent_since=wall_now,
-            stage=stage,
+            stage=job.get("stage"),
             created_at=wall_now,
             updated_at=wall_now,
             group_id=group,
             timeline=[event(TK.SUBMITTED, wall_now)],
-            tenant=tenant,
+            tenant=job.get("tenant"),
             priority=priority if priority != "batch" else None,
         )
         params: dict[str, Any] = {
@@ -330,11 +333,6 @@ class JobTable:
         # record's numbers (put_new writes both 0) in a smaller expression. No
         # last_heartbeat: it would equal updated_at, and heartbeat age comes from the
         # worker's liveness record.
-        current: Condition = (
-            (R.send_id.does_not_exist() & R.unsent.does_not_exist())
-            if send_id is None
-            else R.send_id == send_id
-        )
         claimable: Condition = (
             R.state == JobState.QUEUED.value
             if take_from is None
@@ -343,7 +341,7 @@ class JobTable:
         )
         return self._update(
             job_id,
-            claimable & (R.job_class == job_class) & current,
+            claimable & (R.job_class == job_class) & _current(send_id),
             [
                 R.state.set(_RUNNING),
                 R.owner.set(worker_id),
@@ -391,20 +389,13 @@ class JobTable:
         *,
         write_id: str,
     ) -> Call:
-        return self._update(
-            job_id,
-            _mine(token, worker_id),
-            [
-                R.state.set(JobState.SUCCEEDED.value),
-                R.write_id.set(write_id),
-                R.result.set(result_json),
-                R.updated_at.set(wall_now),
-                R.finished_at.set(wall_now),
-                R.lease_deadline.remove(),
-                R.reason.remove(),
-                R.error_code.remove(),
-                _log(event(TK.COMMITTED, wall_now, owner=worker_id, token=token)),
-            ],
+        return self._end(
+            _Attempt(job_id, token, worker_id, wall_now, write_id),
+            state=JobState.SUCCEEDED,
+            changes=[R.result.set(result_json)],
+            kind=TK.COMMITTED,
+            finished=True,
+            clear_reason=True,
         )
 
     def advance_stage(
@@ -425,12 +416,10 @@ class JobTable:
         # the current token writes it, and it read the log with its claim (ALL_OLD).
         # The owner stays (the worker that ended the stage), for people; a retried
         # write whose first try applied is recognised as its own by ``write_id``.
-        return self._update(
-            job_id,
-            _mine(token, worker_id),
-            [
-                R.state.set(JobState.QUEUED.value),
-                R.write_id.set(write_id),
+        return self._end(
+            _Attempt(job_id, token, worker_id, wall_now, write_id),
+            state=JobState.QUEUED,
+            changes=[
                 R.stage.set(next_stage),
                 R.stage_input.set(stage_input),
                 R.stages.set(stage_log),
@@ -440,21 +429,11 @@ class JobTable:
                 R.resumed_at_attempt.remove(),
                 R.send_id.set(send_id),
                 *_awaits_send(wall_now),
-                R.updated_at.set(wall_now),
-                R.lease_deadline.remove(),
-                R.reason.remove(),
-                R.error_code.remove(),
-                _log(
-                    event(
-                        TK.STAGE_DONE,
-                        wall_now,
-                        owner=worker_id,
-                        token=token,
-                        stage=stage,
-                        detail=f"next: {next_stage}",
-                    )
-                ),
             ],
+            kind=TK.STAGE_DONE,
+            stage=stage,
+            detail=f"next: {next_stage}",
+            clear_reason=True,
         )
 
     def finish_failed(
@@ -468,20 +447,13 @@ class JobTable:
         *,
         write_id: str,
     ) -> Call:
-        return self._update(
-            job_id,
-            _mine(token, worker_id),
-            [
-                R.state.set(JobState.FAILED.value),
-                R.write_id.set(write_id),
-                R.attention.set(JobState.FAILED.value),
-                R.reason.set(reason),
-                R.error_code.set(error_code),
-                R.updated_at.set(wall_now),
-                R.finished_at.set(wall_now),
-                R.lease_deadline.remove(),
-                _log(event(TK.FAILED, wall_now, owner=worker_id, token=token, detail=error_code)),
-            ],
+        return self._end(
+            _Attempt(job_id, token, worker_id, wall_now, write_id),
+            state=JobState.FAILED,
+            changes=[R.attention.set(JobState.FAILED.value), *_why(reason, error_code)],
+            kind=TK.FAILED,
+            detail=error_code,
+            finished=True,
         )
 
     def requeue(
@@ -497,18 +469,12 @@ class JobTable:
     ) -> Call:
         # The owner stays recorded, for people; a retried requeue recognises its own
         # write by ``write_id``.
-        return self._update(
-            job_id,
-            _mine(token, worker_id),
-            [
-                R.state.set(JobState.QUEUED.value),
-                R.write_id.set(write_id),
-                R.reason.set(reason),
-                R.error_code.set(error_code),
-                R.updated_at.set(wall_now),
-                R.lease_deadline.remove(),
-                _log(event(TK.RETRY, wall_now, owner=worker_id, token=token, detail=error_code)),
-            ],
+        return self._end(
+            _Attempt(job_id, token, worker_id, wall_now, write_id),
+            state=JobState.QUEUED,
+            changes=_why(reason, error_code),
+            kind=TK.RETRY,
+            detail=error_code,
         )
 
     def release(
@@ -532,20 +498,18 @@ class JobTable:
         # retired in the same write, as a stage's checkpoint retires its message: the
         # record names the fresh message's send id and is unsent (the sweep's to
         # send, should its sender die) until that message is out.
-        actions: list[Action] = [
-            R.state.set(JobState.QUEUED.value),
-            R.write_id.set(write_id),
-            *([] if charged else [R.attempt.set(R.attempt - 1)]),
-            *([R.late_handbacks.add(1)] if late else []),
-            R.reason.set(reason),
-            R.error_code.set("released"),
-            R.updated_at.set(wall_now),
-            R.lease_deadline.remove(),
-            _log(event(TK.RELEASED, wall_now, owner=worker_id, token=token, detail=reason)),
-        ]
-        if resend_id is not None:
-            actions += [R.send_id.set(resend_id), *_awaits_send(wall_now)]
-        return self._update(job_id, _mine(token, worker_id), actions)
+        return self._end(
+            _Attempt(job_id, token, worker_id, wall_now, write_id),
+            state=JobState.QUEUED,
+            changes=[
+                *([] if charged else [R.attempt.set(R.attempt - 1)]),
+                *([R.late_handbacks.add(1)] if late else []),
+                *_why(reason, "released"),
+            ],
+            kind=TK.RELEASED,
+            detail=reason,
+            then=[] if resend_id is None else [R.send_id.set(resend_id), *_awaits_send(wall_now)],
+        )
 
     def resend(
         self,
@@ -561,21 +525,17 @@ class JobTable:
         # A release that also retires the message: the old one reached SQS's cap, so
         # the job's next attempt needs a message of its own (a stray, should the old
         # one come back). The owner stays so a retried write recognises its own.
-        return self._update(
-            job_id,
-            _mine(token, worker_id),
-            [
-                R.state.set(JobState.QUEUED.value),
-                R.write_id.set(write_id),
+        return self._end(
+            _Attempt(job_id, token, worker_id, wall_now, write_id),
+            state=JobState.QUEUED,
+            changes=[
                 R.attempt.set(R.attempt - 1),
-                R.reason.set(reason),
-                R.error_code.set("message_cap"),
+                *_why(reason, "message_cap"),
                 R.send_id.set(send_id),
                 *_awaits_send(wall_now),
-                R.updated_at.set(wall_now),
-                R.lease_deadline.remove(),
-                _log(event(TK.RELEASED, wall_now, owner=worker_id, token=token, detail=reason)),
             ],
+            kind=TK.RELEASED,
+            detail=reason,
         )
 
     def park(
@@ -588,19 +548,12 @@ class JobTable:
         *,
         write_id: str,
     ) -> Call:
-        return self._update(
-            job_id,
-            _mine(token, worker_id),
-            [
-                R.state.set(JobState.PARKED.value),
-                R.write_id.set(write_id),
-                R.attention.set(JobState.PARKED.value),
-                R.reason.set(reason),
-                R.error_code.set("parked"),
-                R.updated_at.set(wall_now),
-                R.lease_deadline.remove(),
-                _log(event(TK.PARKED, wall_now, owner=worker_id, token=token, detail=reason)),
-            ],
+        return self._end(
+            _Attempt(job_id, token, worker_id, wall_now, write_id),
+            state=JobState.PARKED,
+            changes=[R.attention.set(JobState.PARKED.value), *_why(reason, "parked")],
+            kind=TK.PARKED,
+            detail=reason,
         )
 
     def keep_rejected(
@@ -633,15 +586,7 @@ class JobTable:
             actions.append(R.rejected_result.remove())
         return self._update(job_id, R.job_id.exists(), actions)
 
-    def park_undelivered(
-        self,
-        job_id: str,
-        *,
-        job_class: str,
-        send_id: str | None,
-        reason: str,
-        wall_now: float,
-    ) -> Call:
+    def park_undelivered(self, job_id: str, **park: Unpack[UnheldPark]) -> Call:
         # Not an owner's write: a worker that cannot run the class parks the job
         # whose current message it is about to move to the DLQ. Only that message
         # (its send id) and the record's own class may do it, and only while the
@@ -649,73 +594,34 @@ class JobTable:
         # carried, and the park says so instead of leaving `running` behind. The
         # token moves on (as a cancel's does), so a lapsed owner that comes back
         # reads "lost", never "finished by my own write".
-        return self._park_unheld(
-            job_id,
-            job_class=job_class,
-            send_id=send_id,
-            reason=reason,
-            wall_now=wall_now,
-            error_code=UNDELIVERED_CODE,
-            kind=TK.UNDELIVERABLE,
-            sent=_NOT_WAITING,
-        )
+        return self._park_unheld(job_id, park, UNDELIVERED_CODE, TK.UNDELIVERABLE, _NOT_WAITING)
 
-    def park_dead_lettered(
-        self,
-        job_id: str,
-        *,
-        job_class: str,
-        send_id: str | None,
-        reason: str,
-        wall_now: float,
-    ) -> Call:
+    def park_dead_lettered(self, job_id: str, **park: Unpack[UnheldPark]) -> Call:
         # The same park for a message SQS moved to the DLQ itself (its receives ran
         # out): a DLQ reconciliation found it there. That message was sent, so the
         # record leaves the unsent index too.
-        return self._park_unheld(
-            job_id,
-            job_class=job_class,
-            send_id=send_id,
-            reason=reason,
-            wall_now=wall_now,
-            error_code=DEAD_LETTERED_CODE,
-            kind=TK.DEAD_LETTERED,
-            sent=_SENT,
-        )
+        return self._park_unheld(job_id, park, DEAD_LETTERED_CODE, TK.DEAD_LETTERED, _SENT)
 
     def _park_unheld(
-        self,
-        job_id: str,
-        *,
-        job_class: str,
-        send_id: str | None,
-        reason: str,
-        wall_now: float,
-        error_code: str,
-        kind: TK,
-        sent: list[Action],
+        self, job_id: str, park: UnheldPark, error_code: str, kind: TK, sent: list[Action]
     ) -> Call:
-        current: Condition = (
-            (R.send_id.does_not_exist() & R.unsent.does_not_exist())
-            if send_id is None
-            else R.send_id == send_id
-        )
+        wall_now = park["wall_now"]
         return self._update(
             job_id,
             R.job_id.exists()
             & R.state.is_in(JobState.QUEUED.value, _RUNNING)
-            & (R.job_class == job_class)
-            & current,
+            & (R.job_class == park["job_class"])
+            & _current(park["send_id"]),
             [
                 R.state.set(JobState.PARKED.value),
                 R.attention.set(JobState.PARKED.value),
                 R.token.set(R.token + 1),
-                R.reason.set(reason),
+                R.reason.set(park["reason"]),
                 R.error_code.set(error_code),
                 R.updated_at.set(wall_now),
                 R.lease_deadline.remove(),
                 *sent,
-                _log(event(kind, wall_now, detail=reason)),
+                _log(event(kind, wall_now, detail=park["reason"])),
             ],
             returns="ALL_OLD",
         )
