@@ -25,3 +25,17 @@ def serialize(
     if values:
         out["ExpressionAttributeValues"] = values
     return out
+
+
+def item_request(
+    table: str,
+    key: dict[str, Any],
+    condition: Condition | None = None,
+    update: Sequence[Action] | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """The parameters of a request on one item (UpdateItem, a transaction's Update or
+    ConditionCheck): its table and key, ``options`` (ReturnValues...), the expressions."""
+    params: dict[str, Any] = {"TableName": table, "Key": key, **options}
+    params.update(serialize(condition, update))
+    return params

@@ -10,10 +10,15 @@ from .._core.calls import Call
 from .._core.records import (
     GroupView,
 )
-from .expressions import serialize
+from .expressions import item_request
 from .models import GroupRecord
+from .views import group_view_of
 
 G = GroupRecord
+
+
+def _key(group: str) -> dict[str, Any]:
+    return {"group_id": {"S": group}}
 
 
 @dataclass(frozen=True)
@@ -23,41 +28,29 @@ class GroupTable:
     table: str
 
     def count_job(self, group: str, wall_now: float) -> dict[str, Any]:
-        params: dict[str, Any] = {
-            "TableName": self.table,
-            "Key": {"group_id": {"S": group}},
-            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-        }
-        params.update(
-            serialize(
-                G.cancelled_at.does_not_exist(),
-                [
-                    G.jobs.add(1),
-                    G.created_at.set(G.created_at | wall_now),
-                    G.updated_at.set(wall_now),
-                ],
-            )
+        params = item_request(
+            self.table,
+            _key(group),
+            G.cancelled_at.does_not_exist(),
+            [G.jobs.add(1), G.created_at.set(G.created_at | wall_now), G.updated_at.set(wall_now)],
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
         )
         return {"Update": params}
 
     def cancel(self, group: str, reason: str, wall_now: float) -> Call:
         # The first cancel's time and reason stay: a repeated cancel (to finish one
         # that stopped half-way) changes nothing but its own report.
-        params: dict[str, Any] = {
-            "TableName": self.table,
-            "Key": {"group_id": {"S": group}},
-            "ReturnValues": "ALL_NEW",
-        }
-        params.update(
-            serialize(
-                None,
-                [
-                    G.cancelled_at.set(G.cancelled_at | wall_now),
-                    G.reason.set(G.reason | reason),
-                    G.created_at.set(G.created_at | wall_now),
-                    G.updated_at.set(wall_now),
-                ],
-            )
+        params = item_request(
+            self.table,
+            _key(group),
+            None,
+            [
+                G.cancelled_at.set(G.cancelled_at | wall_now),
+                G.reason.set(G.reason | reason),
+                G.created_at.set(G.created_at | wall_now),
+                G.updated_at.set(wall_now),
+            ],
+            ReturnValues="ALL_NEW",
         )
         return Call("dynamodb", "UpdateItem", params)
 
@@ -65,18 +58,8 @@ class GroupTable:
         return Call(
             "dynamodb",
             "GetItem",
-            {"TableName": self.table, "Key": {"group_id": {"S": group}}, "ConsistentRead": True},
+            {"TableName": self.table, "Key": _key(group), "ConsistentRead": True},
         )
 
     def parse(self, item: Mapping[str, Any]) -> GroupView:
-        def n(name: str) -> float | None:
-            v = item.get(name)
-            return None if v is None or "NULL" in v else float(v["N"])
-
-        reason = item.get("reason")
-        return GroupView(
-            group=str(item.get("group_id", {}).get("S", "")),
-            jobs=int(n("jobs") or 0),
-            cancelled_at=n("cancelled_at"),
-            reason=None if reason is None or "NULL" in reason else str(reason["S"]),
-        )
+        return group_view_of(item)

@@ -4,11 +4,10 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict, Unpack
 
-from pynamodb.expressions.condition import Condition
 from pynamodb.expressions.update import Action
 
 from .._core.calls import Call
@@ -23,7 +22,7 @@ from .._core.intents import (
 from .._core.records import (
     JobRequests,
 )
-from .expressions import serialize
+from .expressions import item_request, serialize
 from .models import AttemptRecord, IntentRecord
 from .views import intent_view_of
 
@@ -39,19 +38,23 @@ def _akey(key: str, attempt: int) -> dict[str, Any]:
     return {"intent_key": {"S": key}, "attempt": {"N": str(attempt)}}
 
 
+class _Decision(TypedDict):
+    """An operator's decision on an ambiguous intent (``resolve``)."""
+
+    resolution: Resolution
+    external_id: str | None
+    who: str
+    why: str
+    wall_now: float
+    attempt: NotRequired[int | None]  # the attempt whose ambiguity it decides
+
+
 @dataclass(frozen=True)
 class IntentTable:
     """Implements the core's ``IntentRequests``/``ResolveRequests``."""
 
     table: str
     attempts_table: str
-
-    def _update_item(
-        self, table: str, key: dict[str, Any], condition: Condition, actions: Sequence[Action]
-    ) -> dict[str, Any]:
-        params: dict[str, Any] = {"TableName": table, "Key": key}
-        params.update(serialize(condition, actions))
-        return params
 
     def prepare(self, spec: EffectSpec, wall_now: float) -> Call:
         record = IntentRecord(
@@ -102,7 +105,7 @@ class IntentTable:
         ]
         if start_id:
             actions.append(IR.start_id.set(start_id))
-        intent = self._update_item(
+        intent = item_request(
             self.table,
             _ikey(spec.key),
             # Only the job that holds the key starts it: another job sharing the key
@@ -135,7 +138,7 @@ class IntentTable:
             # attempt with that verdict (its owner never saw its end).
             items.append(
                 {
-                    "Update": self._update_item(
+                    "Update": item_request(
                         self.attempts_table,
                         _akey(spec.key, attempts),
                         AR.intent_key.exists(),
@@ -200,7 +203,7 @@ class IntentTable:
             attempt_actions.append(AR.response.set(log_response))
         items = [
             {
-                "Update": self._update_item(
+                "Update": item_request(
                     self.table,
                     _ikey(key),
                     (IR.state == IntentState.IN_PROGRESS.value) & (IR.attempts == attempt),
@@ -211,7 +214,7 @@ class IntentTable:
         if attempt > 0:
             items.append(
                 {
-                    "Update": self._update_item(
+                    "Update": item_request(
                         self.attempts_table,
                         _akey(key, attempt),
                         AR.intent_key.exists(),
@@ -238,7 +241,7 @@ class IntentTable:
         # A prepared intent (never started, or reopened after a provable "not
         # applied") whose holder job has ended for good changes hands. Exactly that
         # holder, that state and that attempt count: anything else moved meanwhile.
-        params = self._update_item(
+        params = item_request(
             self.table,
             _ikey(key),
             (IR.job_id == holder)
@@ -255,7 +258,7 @@ class IntentTable:
     ) -> Call:
         items: list[dict[str, Any]] = [
             {
-                "Update": self._update_item(
+                "Update": item_request(
                     self.attempts_table,
                     _akey(key, attempt),
                     AR.intent_key.exists(),
@@ -266,7 +269,7 @@ class IntentTable:
         if reopen:
             items.append(
                 {
-                    "Update": self._update_item(
+                    "Update": item_request(
                         self.table,
                         _ikey(key),
                         (IR.state == IntentState.IN_PROGRESS.value) & (IR.attempts == attempt),
@@ -277,7 +280,7 @@ class IntentTable:
         return Call("dynamodb", "TransactWriteItems", {"TransactItems": items})
 
     def mark_ambiguous(self, key: str, *, attempts: int, reason: str, wall_now: float) -> Call:
-        params = self._update_item(
+        params = item_request(
             self.table,
             _ikey(key),
             (IR.state == IntentState.IN_PROGRESS.value) & (IR.attempts == attempts),
@@ -291,17 +294,13 @@ class IntentTable:
         params["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
         return Call("dynamodb", "UpdateItem", params)
 
-    def _resolution(
-        self,
-        key: str,
-        *,
-        resolution: Resolution,
-        external_id: str | None,
-        who: str,
-        why: str,
-        wall_now: float,
-        attempt: int | None,
-    ) -> dict[str, Any]:
+    def _resolution(self, key: str, decision: _Decision) -> dict[str, Any]:
+        resolution, external_id, who = (
+            decision["resolution"],
+            decision["external_id"],
+            decision["who"],
+        )
+        why, wall_now, attempt = decision["why"], decision["wall_now"], decision.get("attempt")
         actions: list[Action] = [
             IR.attention.remove(),  # decided: out of the ambiguous index
             IR.resolution.set(resolution.value),
@@ -337,30 +336,12 @@ class IntentTable:
         if attempt is not None:
             # The decision is about this attempt's ambiguity, never a later one's.
             condition = condition & (IR.attempts == attempt)
-        params = self._update_item(self.table, _ikey(key), condition, actions)
+        params = item_request(self.table, _ikey(key), condition, actions)
         params["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
         return params
 
-    def resolve(
-        self,
-        key: str,
-        *,
-        resolution: Resolution,
-        external_id: str | None,
-        who: str,
-        why: str,
-        wall_now: float,
-        attempt: int | None = None,
-    ) -> Call:
-        params = self._resolution(
-            key,
-            resolution=resolution,
-            external_id=external_id,
-            who=who,
-            why=why,
-            wall_now=wall_now,
-            attempt=attempt,
-        )
+    def resolve(self, key: str, **decision: Unpack[_Decision]) -> Call:
+        params = self._resolution(key, decision)
         params["ReturnValues"] = "ALL_NEW"
         return Call("dynamodb", "UpdateItem", params)
 
@@ -368,33 +349,20 @@ class IntentTable:
         self,
         key: str,
         *,
-        resolution: Resolution,
-        external_id: str | None,
-        who: str,
-        why: str,
-        wall_now: float,
         jobs: JobRequests,
         job_id: str,
         send_id: str,
-        attempt: int | None = None,
+        **decision: Unpack[_Decision],
     ) -> Call:
         # One decision: the intent is settled and its parked job unparked, or neither.
-        intent = self._resolution(
-            key,
-            resolution=resolution,
-            external_id=external_id,
-            who=who,
-            why=why,
-            wall_now=wall_now,
-            attempt=attempt,
-        )
+        intent = self._resolution(key, decision)
         return Call(
             "dynamodb",
             "TransactWriteItems",
             {
                 "TransactItems": [
                     {"Update": intent},
-                    dict(jobs.unpark_item(job_id, send_id, wall_now)),
+                    dict(jobs.unpark_item(job_id, send_id, decision["wall_now"])),
                 ],
                 "ClientRequestToken": _request_token("resolve", key, job_id, send_id),
             },

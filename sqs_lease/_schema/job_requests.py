@@ -28,7 +28,7 @@ from .._core.records import (
 )
 from .._core.timeline import TimelineKind as TK
 from .._core.timeline import event
-from .expressions import serialize
+from .expressions import item_request, serialize
 from .models import GC_TTL, GROUP_INDEX, UNSENT_BUCKET, UNSENT_INDEX, JobRecord
 from .views import view_of
 
@@ -163,13 +163,14 @@ class JobTable:
         actions: Sequence[Action],
         returns: str = "NONE",
     ) -> Call:
-        params: dict[str, Any] = {
-            "TableName": self.table,
-            "Key": _key(job_id),
-            "ReturnValues": returns,
-            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-        }
-        params.update(serialize(condition, actions))
+        params = item_request(
+            self.table,
+            _key(job_id),
+            condition,
+            actions,
+            ReturnValues=returns,
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        )
         return Call("dynamodb", "UpdateItem", params)
 
     def _end(
@@ -715,20 +716,19 @@ class JobTable:
         """The same unpark as a TransactWriteItems entry (an operator's resolution)."""
         condition, actions = _unpark(send_id, wall_now)
         actions.append(_log(event(TK.RESOLVED, wall_now)))
-        params: dict[str, Any] = {
-            "TableName": self.table,
-            "Key": _key(job_id),
-            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-        }
-        params.update(serialize(condition, actions))
+        params = item_request(
+            self.table,
+            _key(job_id),
+            condition,
+            actions,
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        )
         return {"Update": params}
 
     def fence_check(self, job_id: str, token: int) -> dict[str, Any]:
         """A TransactWriteItems entry: the job is running under exactly this token."""
-        params: dict[str, Any] = {"TableName": self.table, "Key": _key(job_id)}
         cond: Condition = (R.token == token) & (R.state == _RUNNING)
-        params.update(serialize(cond))
-        return {"ConditionCheck": params}
+        return {"ConditionCheck": item_request(self.table, _key(job_id), cond)}
 
     def get(self, job_id: str) -> Call:
         return Call(

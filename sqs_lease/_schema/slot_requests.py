@@ -11,8 +11,9 @@ from pynamodb.expressions.update import Action
 
 from .._core.calls import Call
 from .._core.slots import SlotView
-from .expressions import serialize
+from .expressions import item_request
 from .models import SlotRecord
+from .views import slot_view_of
 
 S = SlotRecord
 
@@ -41,26 +42,14 @@ class SlotTable:
         return list((response.get("Responses") or {}).get(self.table, []))
 
     def parse(self, item: Mapping[str, Any]) -> SlotView:
-        def n(name: str) -> int | None:
-            v = item.get(name)
-            return None if v is None or "NULL" in v else int(v["N"])
-
-        def s(name: str) -> str | None:
-            v = item.get(name)
-            return None if v is None or "NULL" in v else str(v["S"])
-
-        return SlotView(
-            key=s("slot") or "",
-            version=n("version") or 0,
-            job_id=s("job_id"),
-            token=n("token"),
-            owner=s("owner"),
-        )
+        return slot_view_of(item)
 
     def _update(self, key: str, condition: Condition, update: list[Action]) -> Call:
-        params: dict[str, Any] = {"TableName": self.table, "Key": {"slot": {"S": key}}}
-        params.update(serialize(condition, update))
-        return Call("dynamodb", "UpdateItem", params)
+        return Call(
+            "dynamodb",
+            "UpdateItem",
+            item_request(self.table, {"slot": {"S": key}}, condition, update),
+        )
 
     def take(
         self,

@@ -1,22 +1,42 @@
-"""Stored items read into the core's views (``JobView``, ``IntentView``) and records."""
+"""Stored items read into the core's views (jobs, intents, groups, slots) and records."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from .._core.intents import (
-    IntentState,
-    IntentView,
-    first_started_by,
-    success_meaning,
-)
-from .._core.records import (
-    JobState,
-    JobView,
-)
+from .._core.intents import IntentState, IntentView, first_started_by, success_meaning
+from .._core.records import GroupView, JobState, JobView
+from .._core.slots import SlotView
 from .._errors import RecordUnreadable
 from .models import JobRecord
+
+
+@dataclass(frozen=True)
+class _Attrs:
+    """A low-level item's attributes by type; an absent or NULL attribute reads None."""
+
+    item: Mapping[str, Any]
+
+    def _raw(self, name: str, kind: str) -> Any:
+        v = self.item.get(name)
+        return None if v is None or "NULL" in v else v[kind]
+
+    def text(self, name: str) -> str | None:
+        v = self._raw(name, "S")
+        return None if v is None else str(v)
+
+    def whole(self, name: str) -> int | None:
+        v = self._raw(name, "N")
+        return None if v is None else int(v)
+
+    def count(self, name: str) -> int:
+        return self.whole(name) or 0
+
+    def number(self, name: str) -> float | None:
+        v = self._raw(name, "N")
+        return None if v is None else float(v)
 
 
 def view_of(item: Mapping[str, Any]) -> JobView:
@@ -25,49 +45,40 @@ def view_of(item: Mapping[str, Any]) -> JobView:
     Raises :class:`RecordUnreadable` (naming the job where its id can be read) for a
     record this version cannot read: an unknown state, a value of the wrong type.
     """
-
-    def s(name: str) -> str | None:
-        v = item.get(name)
-        return None if v is None or "NULL" in v else str(v["S"])
-
-    def n(name: str) -> int:
-        v = item.get(name)
-        return 0 if v is None or "NULL" in v else int(v["N"])
-
-    def f(name: str) -> float | None:
-        v = item.get(name)
-        return None if v is None or "NULL" in v else float(v["N"])
+    a = _Attrs(item)
 
     job_id = ""
     try:
-        job_id = s("job_id") or ""
+        job_id = a.text("job_id") or ""
         sent = item.get("message_sent")
         return JobView(
             job_id=job_id,
-            job_class=s("job_class") or "",
-            state=JobState(s("state") or JobState.QUEUED.value),
-            token=n("token"),
-            attempt=n("attempt"),
-            owner=s("owner"),
-            payload_hash=s("payload_hash") or "",
+            job_class=a.text("job_class") or "",
+            state=JobState(a.text("state") or JobState.QUEUED.value),
+            token=a.count("token"),
+            attempt=a.count("attempt"),
+            owner=a.text("owner"),
+            payload_hash=a.text("payload_hash") or "",
             message_sent=True if sent is None else bool(sent.get("BOOL", False)),
-            reason=s("reason"),
-            error_code=s("error_code"),
-            stage=s("stage"),
-            payload_json=s("payload"),
-            send_id=s("send_id"),
-            unsent_since=f("unsent_since"),
-            granted_attempts=n("granted_attempts"),
-            resumed_at_attempt=n("resumed_at_attempt") if "resumed_at_attempt" in item else None,
-            group=s("group_id"),
+            reason=a.text("reason"),
+            error_code=a.text("error_code"),
+            stage=a.text("stage"),
+            payload_json=a.text("payload"),
+            send_id=a.text("send_id"),
+            unsent_since=a.number("unsent_since"),
+            granted_attempts=a.count("granted_attempts"),
+            resumed_at_attempt=a.count("resumed_at_attempt")
+            if "resumed_at_attempt" in item
+            else None,
+            group=a.text("group_id"),
             timeline_length=len((item.get("timeline") or {}).get("L") or ()),
-            progress_json=s("progress"),
-            tenant=s("tenant"),
-            priority=s("priority"),
-            stage_input=s("stage_input"),
-            stage_log=s("stages"),
-            write_id=s("write_id"),
-            late_handbacks=n("late_handbacks"),
+            progress_json=a.text("progress"),
+            tenant=a.text("tenant"),
+            priority=a.text("priority"),
+            stage_input=a.text("stage_input"),
+            stage_log=a.text("stages"),
+            write_id=a.text("write_id"),
+            late_handbacks=a.count("late_handbacks"),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         detail = f"{type(exc).__name__}: {exc}"[:300]
@@ -85,37 +96,50 @@ def record_of(item: Mapping[str, Any]) -> JobRecord:
 
 
 def intent_view_of(item: Mapping[str, Any]) -> IntentView:
-    def s(name: str) -> str | None:
-        v = item.get(name)
-        return None if v is None or "NULL" in v else str(v["S"])
-
-    def n(name: str) -> int:
-        v = item.get(name)
-        return 0 if v is None or "NULL" in v else int(v["N"])
-
-    def f(name: str) -> float | None:
-        v = item.get(name)
-        return None if v is None or "NULL" in v else float(v["N"])
-
+    """Read an intent item into the core's view."""
+    a = _Attrs(item)
     return IntentView(
-        key=s("intent_key") or "",
-        job_id=s("job_id") or "",
-        action=s("action") or "",
-        target=s("target") or "",
-        state=IntentState(s("state") or IntentState.PREPARED.value),
-        payload_hash=s("payload_hash") or "",
-        attempts=n("attempts"),
-        payload_json=s("payload"),
-        response_json=s("response"),
-        external_id=s("external_id"),
-        last_token=n("last_token"),
-        reason=s("reason"),
-        start_id=s("start_id"),
-        first_started_at=f("first_started_at"),
-        first_started_by=first_started_by(s("first_start"), f("first_started_at")),
-        resolution=s("resolution"),
-        resolved_by=s("resolved_by"),
-        success=success_meaning(s("success")),
-        successor=s("successor"),
-        predecessor=s("predecessor"),
+        key=a.text("intent_key") or "",
+        job_id=a.text("job_id") or "",
+        action=a.text("action") or "",
+        target=a.text("target") or "",
+        state=IntentState(a.text("state") or IntentState.PREPARED.value),
+        payload_hash=a.text("payload_hash") or "",
+        attempts=a.count("attempts"),
+        payload_json=a.text("payload"),
+        response_json=a.text("response"),
+        external_id=a.text("external_id"),
+        last_token=a.count("last_token"),
+        reason=a.text("reason"),
+        start_id=a.text("start_id"),
+        first_started_at=a.number("first_started_at"),
+        first_started_by=first_started_by(a.text("first_start"), a.number("first_started_at")),
+        resolution=a.text("resolution"),
+        resolved_by=a.text("resolved_by"),
+        success=success_meaning(a.text("success")),
+        successor=a.text("successor"),
+        predecessor=a.text("predecessor"),
+    )
+
+
+def group_view_of(item: Mapping[str, Any]) -> GroupView:
+    """Read a group's marker item into the core's view."""
+    a = _Attrs(item)
+    return GroupView(
+        group=a.text("group_id") or "",
+        jobs=int(a.number("jobs") or 0),
+        cancelled_at=a.number("cancelled_at"),
+        reason=a.text("reason"),
+    )
+
+
+def slot_view_of(item: Mapping[str, Any]) -> SlotView:
+    """Read a slot item into the core's view."""
+    a = _Attrs(item)
+    return SlotView(
+        key=a.text("slot") or "",
+        version=a.count("version"),
+        job_id=a.text("job_id"),
+        token=a.whole("token"),
+        owner=a.text("owner"),
     )
