@@ -39,3 +39,25 @@ def item_request(
     params: dict[str, Any] = {"TableName": table, "Key": key, **options}
     params.update(serialize(condition, update))
     return params
+
+
+def key_query(
+    table: str,
+    attribute: str,
+    value: str,
+    *,
+    index: str | None = None,
+    forward: bool = True,
+    **options: Any,
+) -> dict[str, Any]:
+    """A Query's parameters for the items whose hash key ``attribute`` (of the table,
+    or of ``index``) is ``value``; ``forward``: the range key ascending."""
+    return {
+        "TableName": table,
+        **({} if index is None else {"IndexName": index}),
+        "KeyConditionExpression": "#k = :k",
+        "ExpressionAttributeNames": {"#k": attribute},
+        "ExpressionAttributeValues": {":k": {"S": value}},
+        "ScanIndexForward": forward,
+        **options,
+    }

@@ -28,7 +28,7 @@ from .._core.records import (
 )
 from .._core.timeline import TimelineKind as TK
 from .._core.timeline import event
-from .expressions import item_request, serialize
+from .expressions import item_request, key_query, serialize
 from .models import GC_TTL, GROUP_INDEX, UNSENT_BUCKET, UNSENT_INDEX, JobRecord
 from .views import view_of
 
@@ -247,14 +247,7 @@ class JobTable:
 
     def group_query(self, group: str, start: Mapping[str, Any] | None) -> Call:
         """One page of the group's jobs from the ``group`` index, oldest first."""
-        params: dict[str, Any] = {
-            "TableName": self.table,
-            "IndexName": GROUP_INDEX,
-            "KeyConditionExpression": "#g = :g",
-            "ExpressionAttributeNames": {"#g": "group_id"},
-            "ExpressionAttributeValues": {":g": {"S": group}},
-            "ScanIndexForward": True,
-        }
+        params = key_query(self.table, "group_id", group, index=GROUP_INDEX)
         if start:
             params["ExclusiveStartKey"] = dict(start)
         return Call("dynamodb", "Query", params)
