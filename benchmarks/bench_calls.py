@@ -45,7 +45,7 @@ from benchmarks.bench_common import (
 )
 from sqs_lease import App, Producer, Timeouts, Worker
 from sqs_lease._jobs import JobContext
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 
 NAME = "calls"
 TITLE = "1. API calls and DynamoDB capacity per job vs the protocol's floor"

@@ -34,7 +34,7 @@ from sqs_lease._core.messages import message_body
 from sqs_lease._jobs import canonical_json, payload_hash
 from sqs_lease._journal import Journal
 from sqs_lease._local import local_credentials_env, spawn_local_server, stop_local_server
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 
 ROOT = Path(__file__).resolve().parent.parent
 _LOOPBACK = ("127.0.0.1", "localhost")

@@ -43,7 +43,7 @@ from sqs_lease._clock import lease_clock
 from sqs_lease._core.calls import Call, Ok
 from sqs_lease._core.heartbeats import HeartbeatReport, heartbeat_flow
 from sqs_lease._core.lease import LocalLease
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 
 NAME = "heartbeat"
 TITLE = "3. One heartbeat round with M jobs in flight: batched vs naive, sync vs async"

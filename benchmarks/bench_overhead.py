@@ -63,7 +63,7 @@ from sqs_lease import App, AsyncWorker, Journal, Settings, Worker
 from sqs_lease._aio import AsyncDriver
 from sqs_lease._core.calls import Call, Outcome
 from sqs_lease._jobs import JobContext
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 
 NAME = "overhead"
 TITLE = "2. Overhead vs a bare boto3 loop (and Powertools idempotency), same run"

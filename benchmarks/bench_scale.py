@@ -123,7 +123,7 @@ def _one(shell: str, n: int, heartbeat: float, periods: int) -> dict[str, Any]:
         # Seeding thousands on a busy machine: a slow answer is not a failure here.
         patient = Timeouts(read=120.0, attempts=5)
         sqs, ddb = make_client(settings, "sqs", patient), make_client(settings, "dynamodb", patient)
-        from sqs_lease._schema import JobTable
+        from sqs_lease._schema.job_requests import JobTable
 
         jobs = JobTable(settings.jobs_table)
         ids = [f"s{i:05d}" for i in range(n)]
@@ -311,7 +311,7 @@ def child(args: argparse.Namespace) -> None:
     if args.backend == "standin":
         from benchmarks.standin import StandIn
         from sqs_lease._resources import create_queue
-        from sqs_lease._schema import JobTable
+        from sqs_lease._schema.job_requests import JobTable
 
         standin = StandIn(lease_clock, ddb=os.environ.get("BENCH_STANDIN_DDB", "sim"))
         standin.start()

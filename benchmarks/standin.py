@@ -111,7 +111,7 @@ class StandIn:
         session per process, and a session made before moto was imported never
         sees ``mock_aws`` (its requests would go to the real endpoint).
         """
-        from sqs_lease._schema import create_table_params
+        from sqs_lease._schema.create_table import create_table_params
         from sqs_lease.deploy import TABLE_MODELS, table_names
 
         names = table_names(settings)

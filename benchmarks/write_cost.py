@@ -38,7 +38,7 @@ from benchmarks.bench_common import (
     put_items,
     raw_clients,
 )
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 
 JOB_CLASS = "bench.write"
 

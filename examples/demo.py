@@ -41,7 +41,7 @@ from sqs_lease import (  # noqa: E402
 )
 from sqs_lease._core.stages import stage_rows  # noqa: E402
 from sqs_lease._local import spawn_local_server, stop_local_server  # noqa: E402
-from sqs_lease._schema import view_of  # noqa: E402
+from sqs_lease._schema.views import view_of  # noqa: E402
 from sqs_lease.receiver import create_receiver_tables  # noqa: E402
 from sqs_lease.testing import read_journal  # noqa: E402
 

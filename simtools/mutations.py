@@ -44,7 +44,7 @@ from sqs_lease._core.heartbeats import Beat, BeatStatus
 from sqs_lease._core.lease import LocalLease
 from sqs_lease._core.leasebook import Held, LeaseBook
 from sqs_lease._core.records import JobState
-from sqs_lease._schema import JobTable, R
+from sqs_lease._schema.job_requests import JobTable, R
 from sqs_lease.testing._sim import receiver
 
 
@@ -229,7 +229,7 @@ def shared_key_as_own() -> Iterator[None]:
     _require(intents, "start_id_for", "item 1 (shared keys)")
     import dataclasses
 
-    from sqs_lease._schema import IntentTable
+    from sqs_lease._schema.intent_requests import IntentTable
 
     parse = IntentTable.parse
 
@@ -374,7 +374,7 @@ def no_stranded_sweep() -> Iterator[None]:
 def stray_claims() -> Iterator[None]:
     """Issue 14 item 2: the claim's condition forgets the job's current send, so a
     message of a losing (or retired) send claims the job, from its live owner too."""
-    from sqs_lease import _schema
+    from sqs_lease._schema import job_requests as _schema
 
     _require(JobTable, "claim", "issue 14 item 2 (send ids)")
     original = JobTable.claim
@@ -428,7 +428,7 @@ def stray_claims() -> Iterator[None]:
 def resume_keeps_attempts() -> Iterator[None]:
     """Issue 14 item 1: an operator's unpark (resume, resolve) grants no attempt, so a
     job parked on its last attempt fails "attempts exhausted" at its next claim."""
-    from sqs_lease import _schema
+    from sqs_lease._schema import job_requests as _schema
 
     _require(_schema, "_unpark", "issue 14 item 1 (granted attempts)")
     original = _schema._unpark
@@ -449,7 +449,7 @@ def unreadable_aborts_round() -> Iterator[None]:
     the parse (as before ``RecordUnreadable``), so it aborts the whole heartbeat round
     (and the claim) instead of affecting only its own job."""
     from sqs_lease._errors import RecordUnreadable
-    from sqs_lease._schema import view_of
+    from sqs_lease._schema.views import view_of
 
     _require(JobTable, "parse", "issue 14 item 4 (unreadable records)")
 
@@ -637,7 +637,7 @@ def shared_request_tokens() -> Iterator[None]:
     token: on AWS the later one is refused ``IdempotentParameterMismatch`` (or, were
     the requests identical, silently not applied). Patches ``_schema._request_token``.
     Expected: I17 (runs whose simulated table honours tokens, as AWS)."""
-    from sqs_lease import _schema
+    from sqs_lease._schema import intent_requests as _schema
 
     _require(_schema, "_request_token", "issue 14 item 7 (tokens per owner)")
     original = _schema._request_token
@@ -662,7 +662,7 @@ def unfenced_checkpoint() -> Iterator[None]:
     takes it), so a stale owner of a stage, taken over, still ends that stage: its
     checkpoint lands beside (or instead of) the new owner's. Expected: I18 (the
     checkpoint appended under a token that no longer held the stage)."""
-    from sqs_lease import _schema
+    from sqs_lease._schema import job_requests as _schema
 
     real = JobTable.advance_stage
 
@@ -700,7 +700,7 @@ def continuation_not_unsent() -> Iterator[None]:
     record out of the sparse ``unsent`` index, so a worker that dies between the two
     (or a send that fails) strands the job: no sweep finds it. Expected: I10 (the
     ``staged`` world's deaths after a checkpoint)."""
-    from sqs_lease import _schema
+    from sqs_lease._schema import job_requests as _schema
 
     def advance_stage(
         self: JobTable,
@@ -763,7 +763,7 @@ def checkpoint_keeps_hint() -> Iterator[None]:
     hint the ending stage saved, so the next stage starts with another stage's
     ``ctx.last_progress`` (and may skip its own work). Drawn once the simulated
     stages save hints and check, at each stage's start, that a hint is its own."""
-    from sqs_lease import _schema
+    from sqs_lease._schema import job_requests as _schema
 
     with _patch(_schema, "_NEW_STAGE", []):
         yield

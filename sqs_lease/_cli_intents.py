@@ -35,7 +35,7 @@ from ._errors import IntentNotAmbiguous
 from ._journal import configure_stderr
 from ._operator import attempts_of, intent_filter_indexed, list_intents, read_intent, resolve_intent
 from ._resources import check_table
-from ._schema import INTENT_LIST_FIELDS, AttemptRecord, IntentRecord
+from ._schema.models import INTENT_LIST_FIELDS, AttemptRecord, IntentRecord
 
 __all__ = ["intents"]
 

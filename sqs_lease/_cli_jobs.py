@@ -47,7 +47,8 @@ from ._operator import (
 )
 from ._producer import Producer
 from ._resources import check_table
-from ._schema import JOB_LIST_FIELDS, JobRecord, record_of, view_of
+from ._schema.models import JOB_LIST_FIELDS, JobRecord
+from ._schema.views import record_of, view_of
 from ._timeline_view import render_html, render_text, timeline_of
 
 __all__ = ["jobs"]

@@ -29,7 +29,7 @@ from ._core.fifo import copy_deduplication_id, fifo_params
 from ._core.messages import Delivery, parse_message
 from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
 from ._resources import _call, check_table, queue_url, redrive
-from ._schema import JobTable
+from ._schema.job_requests import JobTable
 
 _BATCH = 10  # SQS's largest receive and batch
 _HOLD = 60  # seconds a looked-at message stays hidden while the look goes on

@@ -12,7 +12,7 @@ are eventually consistent; one job or intent is read consistently.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ._aws import SyncDriver, make_client
@@ -23,7 +23,10 @@ from ._core.timeline import IntentAttemptFacts, IntentFacts
 from ._journal import Journal
 from ._producer import new_send_id
 from ._resources import interactive_queue_url, queue_url
-from ._schema import (
+from ._schema.expressions import key_query
+from ._schema.intent_requests import IntentTable
+from ._schema.job_requests import JobTable
+from ._schema.models import (
     AMBIGUOUS_INDEX,
     ATTENTION_INDEX,
     ATTENTION_STATES,
@@ -32,11 +35,9 @@ from ._schema import (
     WORKERS_INDEX,
     AttemptRecord,
     IntentRecord,
-    IntentTable,
     JobRecord,
-    JobTable,
-    record_of,
 )
+from ._schema.views import record_of
 
 __all__ = [
     "INDEXED_JOB_STATES",
@@ -142,18 +143,10 @@ def list_jobs(settings: Settings, state: str | None, limit: int) -> tuple[list[J
     names = {f"#f{i}": name for i, name in enumerate(JOB_LIST_FIELDS)}
     projection = {"ProjectionExpression": ", ".join(names), "ExpressionAttributeNames": names}
     if state in ATTENTION_STATES:
-        items, more = _query_items(
-            ddb,
-            {
-                "TableName": settings.jobs_table,
-                "IndexName": ATTENTION_INDEX,
-                "KeyConditionExpression": "#a = :a",
-                "ExpressionAttributeNames": {"#a": "attention"},
-                "ExpressionAttributeValues": {":a": {"S": state}},
-                "ScanIndexForward": False,  # newest first
-            },
-            limit,
+        newest_first = key_query(
+            settings.jobs_table, "attention", state, index=ATTENTION_INDEX, forward=False
         )
+        items, more = _bounded(ddb.query, newest_first, limit)
         found = [record_of(item) for item in items]
     elif state == "running":
         found, more = _running_jobs(settings, ddb, projection, limit)
@@ -173,20 +166,37 @@ def list_jobs(settings: Settings, state: str | None, limit: int) -> tuple[list[J
     return found, more
 
 
-def _query_items(ddb: Any, params: dict[str, Any], limit: int) -> tuple[list[dict[str, Any]], bool]:
-    """Up to ``limit`` items of a Query, following its pages (one item past the
-    limit is read to know whether more exist): reads only what it returns."""
+def _bounded(
+    read: Callable[..., Any], params: dict[str, Any], limit: int, *, page_floor: int = 1
+) -> tuple[list[dict[str, Any]], bool]:
+    """Up to ``limit`` items of a Query or Scan (``read``), following its pages, and
+    whether more exist (one item past the limit is read to know it for sure). A page
+    asks for what is still missing, at least ``page_floor`` (a filtered Scan's Limit
+    counts the items read before the filter)."""
     params = dict(params)
     found: list[dict[str, Any]] = []
     want = limit + 1
     while len(found) < want:
-        page = ddb.query(**params, Limit=want - len(found))
+        page = read(**params, Limit=max(want - len(found), page_floor))
         found.extend(page.get("Items", []))
         start = page.get("LastEvaluatedKey")
         if not start:
             break
         params["ExclusiveStartKey"] = start
     return found[:limit], len(found) > limit
+
+
+def _pages(read: Callable[..., Any], params: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every page of a Query (``read``): bounded by what it reads, each page moves
+    the start key on."""
+    params = dict(params)
+    while True:
+        page: dict[str, Any] = read(**params)
+        yield page
+        start = page.get("LastEvaluatedKey")
+        if not start:
+            return
+        params["ExclusiveStartKey"] = start
 
 
 def _running_jobs(
@@ -196,22 +206,12 @@ def _running_jobs(
     the keys-only ``workers`` index), each read from its record (eventually
     consistent) and kept only if it still says running."""
     workers: list[str] = []
-    params: dict[str, Any] = {
-        "TableName": settings.jobs_table,
-        "IndexName": WORKERS_INDEX,
-        "KeyConditionExpression": "#k = :k",
-        "ExpressionAttributeNames": {"#k": "kind"},
-        "ExpressionAttributeValues": {":k": {"S": "liveness"}},
-    }
-    while True:
-        page = ddb.query(**params)
+    liveness = key_query(settings.jobs_table, "kind", "liveness", index=WORKERS_INDEX)
+    for page in _pages(ddb.query, liveness):
         for item in page.get("Items", []):
             key = item["job_id"]["S"].removeprefix(LIVENESS_PREFIX)
             if "#" not in key:  # part 0 names the worker; workers_liveness reads the rest
                 workers.append(key)
-        if not page.get("LastEvaluatedKey"):
-            break
-        params["ExclusiveStartKey"] = page["LastEvaluatedKey"]
     live = workers_liveness(settings, workers) if workers else {}
     held = sorted({h.job_id for parts in live.values() for p in parts for h in p.held})
     table = settings.jobs_table
@@ -229,21 +229,9 @@ def _running_jobs(
 
 
 def _scan_items(ddb: Any, params: dict[str, Any], limit: int) -> tuple[list[dict[str, Any]], bool]:
-    """Up to ``limit`` items of a (maybe filtered) Scan, following its pages, and
-    whether more exist (one item past the limit is read to know it for sure)."""
-    filtered = "FilterExpression" in params
-    params = dict(params)
-    found: list[dict[str, Any]] = []
-    want = limit + 1
-    while len(found) < want:
-        # Limit counts items read before the filter; read wider pages when filtering.
-        page = ddb.scan(**params, Limit=max(want - len(found), 100 if filtered else 1))
-        found.extend(page.get("Items", []))
-        start = page.get("LastEvaluatedKey")
-        if not start:
-            break
-        params["ExclusiveStartKey"] = start
-    return found[:limit], len(found) > limit
+    """Up to ``limit`` items of a (maybe filtered) Scan and whether more exist: a
+    filtered one reads wider pages."""
+    return _bounded(ddb.scan, params, limit, page_floor=100 if "FilterExpression" in params else 1)
 
 
 def intent_filter_indexed(state: str | None, job_id: str | None) -> bool:
@@ -261,19 +249,14 @@ def list_intents(
     whole table (see :func:`intent_filter_indexed`)."""
     ddb = _ddb(settings)
     if state == IntentState.AMBIGUOUS.value:
-        params_q: dict[str, Any] = {
-            "TableName": settings.intents_table,
-            "IndexName": AMBIGUOUS_INDEX,
-            "KeyConditionExpression": "#a = :a",
-            "ExpressionAttributeNames": {"#a": "attention"},
-            "ExpressionAttributeValues": {":a": {"S": state}},
-            "ScanIndexForward": False,
-        }
+        params_q = key_query(
+            settings.intents_table, "attention", state, index=AMBIGUOUS_INDEX, forward=False
+        )
         if job_id:
             params_q["FilterExpression"] = "#job = :job"
             params_q["ExpressionAttributeNames"]["#job"] = "job_id"
             params_q["ExpressionAttributeValues"][":job"] = {"S": job_id}
-        items, more = _query_items(ddb, params_q, limit)
+        items, more = _bounded(ddb.query, params_q, limit)
         found = [_intent_of(item) for item in items]
         found.sort(key=lambda r: (r.created_at or 0, r.intent_key))
         return found, more
@@ -306,23 +289,12 @@ def list_intents(
 
 def attempts_of(settings: Settings, key: str) -> list[AttemptRecord]:
     """Every attempt of one intent, in order (a consistent Query of its log)."""
-    ddb = _ddb(settings)
-    params: dict[str, Any] = {
-        "TableName": settings.attempts_table,
-        "KeyConditionExpression": "#k = :k",
-        "ExpressionAttributeNames": {"#k": "intent_key"},
-        "ExpressionAttributeValues": {":k": {"S": key}},
-        "ScanIndexForward": True,
-        "ConsistentRead": True,
-    }
-    found: list[AttemptRecord] = []
-    while True:  # bounded by the log's length: each page moves the start key on
-        page = ddb.query(**params)
-        found.extend(_attempt_of(item) for item in page.get("Items", []))
-        start = page.get("LastEvaluatedKey")
-        if not start:
-            return found
-        params["ExclusiveStartKey"] = start
+    log = key_query(settings.attempts_table, "intent_key", key, ConsistentRead=True)
+    return [
+        _attempt_of(item)
+        for page in _pages(_ddb(settings).query, log)
+        for item in page.get("Items", [])
+    ]
 
 
 def intent_facts(settings: Settings, job_id: str) -> tuple[list[IntentFacts], bool]:

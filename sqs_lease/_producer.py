@@ -26,7 +26,8 @@ from ._core.sweeping import SweepReport, sweep_flow
 from ._errors import ConfigError, ResourceMissing
 from ._jobs import App, canonical_json, payload_hash
 from ._resources import queue_url
-from ._schema import GroupTable, JobTable
+from ._schema.group_requests import GroupTable
+from ._schema.job_requests import JobTable
 
 GROUP_ID = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,256}$")
 

@@ -12,7 +12,7 @@ from ._core.calls import ErrorKind
 from ._core.deploy import REDRIVE_BACKSTOP
 from ._core.inputs import loads as _loads
 from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
-from ._schema import create_table_params
+from ._schema.create_table import create_table_params
 from .deploy import TABLE_MODELS, table_names
 
 DEFAULT_MAX_RECEIVES = REDRIVE_BACKSTOP

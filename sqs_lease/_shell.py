@@ -47,7 +47,9 @@ from ._resources import (
     queue_url,
     redrive,
 )
-from ._schema import IntentTable, JobTable, SlotTable
+from ._schema.intent_requests import IntentTable
+from ._schema.job_requests import JobTable
+from ._schema.slot_requests import SlotTable
 
 
 @dataclass

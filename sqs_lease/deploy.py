@@ -38,17 +38,11 @@ from ._core.deploy import (
     queue_visibility_for,
     redrive_too_tight,
 )
-from ._schema import UNSENT_INDEX as UNSENT_INDEX  # the index the stranded sweep queries
-from ._schema import (
-    AttemptRecord,
-    GroupRecord,
-    GroupTable,
-    IntentRecord,
-    JobRecord,
-    JobTable,
-    SlotRecord,
-    create_table_params,
-)
+from ._schema.create_table import create_table_params
+from ._schema.group_requests import GroupTable
+from ._schema.job_requests import JobTable
+from ._schema.models import UNSENT_INDEX as UNSENT_INDEX  # the index the stranded sweep queries
+from ._schema.models import AttemptRecord, GroupRecord, IntentRecord, JobRecord, SlotRecord
 
 GC_TTL_ATTRIBUTE = "gc_expires_at"
 """The attribute a table's TTL may be set on, as garbage collection only: no model

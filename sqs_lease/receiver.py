@@ -109,7 +109,9 @@ from ._fence import (
     refuse_hidden,
 )
 from ._journal import Journal
-from ._schema import GC_TTL, _params, create_table_params
+from ._schema.create_table import create_table_params
+from ._schema.expressions import serialize as _params
+from ._schema.models import GC_TTL
 
 __all__ = [
     "DEFAULT_MARK_RETENTION",

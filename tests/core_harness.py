@@ -29,7 +29,8 @@ from sqs_lease._core.calls import (
 from sqs_lease._core.lease import Drop, LeaseEvent, LeaseStatus, LocalLease
 from sqs_lease._core.messages import Delivery
 from sqs_lease._core.records import JobState, JobView
-from sqs_lease._schema import JobRecord, JobTable
+from sqs_lease._schema.job_requests import JobTable
+from sqs_lease._schema.models import JobRecord
 
 T = TypeVar("T")
 Responder = Callable[[Call], Outcome]

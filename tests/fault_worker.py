@@ -44,7 +44,7 @@ def _mutate(names: str) -> None:
 
 
 def _no_checkpoint_token() -> None:
-    from sqs_lease import _schema
+    from sqs_lease._schema import job_requests as _schema
 
     original = _schema.JobTable.advance_stage
 
@@ -60,7 +60,7 @@ def _no_checkpoint_token() -> None:
 
 
 def _no_commit_token() -> None:
-    from sqs_lease import _schema
+    from sqs_lease._schema import job_requests as _schema
 
     original = _schema.JobTable.commit
 

@@ -16,7 +16,7 @@ from sqs_lease._core.heartbeats import heartbeat_flow
 from sqs_lease._core.lease import LocalLease
 from sqs_lease._core.messages import Delivery, receive_flow
 from sqs_lease._core.sending import submit_flow
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from worker_helpers import HANG_GUARD, collect_journal, prepare, read_record, re
 from sqs_lease import App, ConfigError, JobContext, Producer, Settings, aws_lambda
 from sqs_lease._core.records import DEAD_LETTERED_CODE, JobState
 from sqs_lease._resources import create_queue, create_tables
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 from sqs_lease.aws_lambda import sweeper
 
 if TYPE_CHECKING:

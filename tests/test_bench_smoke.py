@@ -220,7 +220,7 @@ def test_write_cost_measures_every_shape_against_its_moto_server() -> None:
 
 def test_call_labels_tell_the_protocols_writes_apart() -> None:
     from benchmarks.bench_common import call_label
-    from sqs_lease._schema import JobTable
+    from sqs_lease._schema.job_requests import JobTable
 
     t = JobTable("jobs")
     claim = t.claim("j", "w", 1.0, 30, job_class="c", send_id="s")

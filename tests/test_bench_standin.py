@@ -16,7 +16,7 @@ from benchmarks.bench_common import bench_send_id, job_bodies, job_item
 from benchmarks.standin import StandIn
 from sqs_lease import Settings
 from sqs_lease._core.calls import Call, Err, Ok
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 
 
 @pytest.fixture(params=["sim", "moto"])

@@ -1179,7 +1179,7 @@ def test_the_sweep_runs_on_resources_made_from_the_template_within_its_roles_gra
     from botocore.client import BaseClient
 
     from sqs_lease import Producer
-    from sqs_lease._schema import JobTable
+    from sqs_lease._schema.job_requests import JobTable
     from sqs_lease.aws_lambda import sweeper
 
     ddb = boto3.client("dynamodb", endpoint_url=deployed.endpoint_url, region_name="us-east-1")

@@ -17,7 +17,7 @@ from conftest import AwsTestEnv
 from worker_helpers import prepare
 
 from sqs_lease._core.calls import Call
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 from sqs_lease.testing._sim.chaos import Chaos
 from sqs_lease.testing._sim.ddb import DdbFaults, SimDynamo, TableSpec
 

@@ -17,7 +17,7 @@ from conftest import AwsTestEnv
 
 from sqs_lease._config import Settings
 from sqs_lease._journal import LOGGER_NAME
-from sqs_lease._schema import AttemptRecord, IntentRecord, JobRecord
+from sqs_lease._schema.models import AttemptRecord, IntentRecord, JobRecord
 from sqs_lease.cli import cli
 
 pytestmark = pytest.mark.integration

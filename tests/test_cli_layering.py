@@ -2,7 +2,7 @@
 
 ``sqs_lease/cli.py`` and its command groups (``_cli_*.py``) parse arguments, call the
 library and print. A raw DynamoDB or SQS call there would bypass the table schema
-(``_schema.py``) and the operator modules that own each read and write; this test
+(``_schema/``) and the operator modules that own each read and write; this test
 reads their syntax trees and names any such call.
 """
 

@@ -21,7 +21,7 @@ from conftest import AwsTestEnv
 from sqs_lease import Producer, Settings
 from sqs_lease._cli_out import table
 from sqs_lease._resources import create_queue, create_tables
-from sqs_lease._schema import IntentRecord
+from sqs_lease._schema.models import IntentRecord
 from sqs_lease.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,8 @@ from test_cli import ready, run
 import sqs_lease._operator as operator_module
 from sqs_lease import Settings
 from sqs_lease._core.liveness import HeldJob, Liveness
-from sqs_lease._schema import JobRecord, JobTable
+from sqs_lease._schema.job_requests import JobTable
+from sqs_lease._schema.models import JobRecord
 
 
 @pytest.fixture

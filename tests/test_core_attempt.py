@@ -62,7 +62,7 @@ from sqs_lease._errors import (
     ToolOutcomeUnknown,
     TransientError,
 )
-from sqs_lease._schema import IntentTable
+from sqs_lease._schema.intent_requests import IntentTable
 
 MONO = 1000.0
 WALL = 1_700_000_100.0

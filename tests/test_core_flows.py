@@ -71,7 +71,7 @@ from sqs_lease._errors import (
     ResourceMissing,
     SubmitConflict,
 )
-from sqs_lease._schema import view_of
+from sqs_lease._schema.views import view_of
 
 WALL = 1_700_000_500.0
 

@@ -46,7 +46,7 @@ from sqs_lease._core.lease import Drop, LeaseStatus
 from sqs_lease._core.limits import ITEM_LIMIT, PARTITION_KEY_LIMIT, check_key, check_payload
 from sqs_lease._core.records import JobState
 from sqs_lease._errors import AttemptTimedOut, LeaseLost
-from sqs_lease._schema import view_of
+from sqs_lease._schema.views import view_of
 
 WALL = 1_700_000_500.0
 

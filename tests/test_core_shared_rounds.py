@@ -40,7 +40,7 @@ from sqs_lease._core.leasebook import Flag, Held, LeaseBook
 from sqs_lease._core.messages import Delivery
 from sqs_lease._core.rounds import heartbeat_round_flow
 from sqs_lease._core.timing import may_join, plan_heartbeat, shared_round
-from sqs_lease._schema import IntentTable
+from sqs_lease._schema.intent_requests import IntentTable
 
 T0 = 1000.0
 WALL = 1_700_000_000.0

@@ -45,7 +45,8 @@ from sqs_lease._core.stages import (
 )
 from sqs_lease._core.timeline import TimelineKind, decode
 from sqs_lease._errors import PayloadError, RetryRefused
-from sqs_lease._schema import JobTable, view_of
+from sqs_lease._schema.job_requests import JobTable
+from sqs_lease._schema.views import view_of
 
 T = JobTable("jobs")
 QUEUE = "https://sqs.test/123/work"

@@ -18,7 +18,7 @@ from sqs_lease._core.leasebook import Flag, LeaseBook
 from sqs_lease._core.messages import message_body
 from sqs_lease._core.records import JobState
 from sqs_lease._core.sweeps import SWEEP_PAGE_SECONDS, SweepRun, sweep_once_flow, sweep_pages_flow
-from sqs_lease._schema import IntentTable
+from sqs_lease._schema.intent_requests import IntentTable
 
 MONO = 1000.0
 WALL = 1_700_000_100.0

@@ -37,7 +37,7 @@ from sqs_lease._core.invocation import RecordEnd, record_flow, release_unstarted
 from sqs_lease._core.leasebook import Flag, LeaseBook
 from sqs_lease._core.records import JobState
 from sqs_lease._core.slots import wait_send_id, waits_of
-from sqs_lease._schema import IntentTable
+from sqs_lease._schema.intent_requests import IntentTable
 
 WALL = 1_700_000_100.0
 FIFO = "https://sqs.test/123/work.fifo"

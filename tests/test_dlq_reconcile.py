@@ -23,7 +23,7 @@ from sqs_lease._core.messages import Delivery, receive_flow
 from sqs_lease._core.records import DEAD_LETTERED_CODE, JobState
 from sqs_lease._journal import LOGGER_NAME, Journal
 from sqs_lease._resources import create_queue, create_tables
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 from sqs_lease.cli import cli
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from worker_helpers import HANG_GUARD, WorkerProcess
 from sqs_lease import Producer, Settings, create_queue
 from sqs_lease._core.messages import message_body
 from sqs_lease._resources import create_tables
-from sqs_lease._schema import view_of
+from sqs_lease._schema.views import view_of
 
 HERE = Path(__file__).resolve().parent
 

@@ -45,7 +45,7 @@ from sqs_lease._core.fifo import (
 from sqs_lease._core.records import JobState
 from sqs_lease._core.sending import send_job_message, submit_flow
 from sqs_lease._dlq import redrive_dlq
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 from sqs_lease.aws_lambda import handler
 
 if TYPE_CHECKING:

@@ -22,7 +22,10 @@ from sqs_lease._core.groups import cancel_group_flow
 from sqs_lease._core.sending import submit_flow
 from sqs_lease._errors import ConfigError
 from sqs_lease._resources import create_tables
-from sqs_lease._schema import GROUP_INDEX, GroupTable, JobTable, view_of
+from sqs_lease._schema.group_requests import GroupTable
+from sqs_lease._schema.job_requests import JobTable
+from sqs_lease._schema.models import GROUP_INDEX
+from sqs_lease._schema.views import view_of
 
 HERE = Path(__file__).resolve().parent
 JOBS = JobTable("jobs-test")

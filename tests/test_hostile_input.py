@@ -34,7 +34,7 @@ from sqs_lease._core.records import JobState, JobView
 from sqs_lease._core.stages import stage_log
 from sqs_lease._core.timeline import decode
 from sqs_lease._journal import read_journal
-from sqs_lease._schema import view_of
+from sqs_lease._schema.views import view_of
 from sqs_lease.aws_lambda import handler
 from sqs_lease.cli import cli
 

@@ -61,14 +61,10 @@ from sqs_lease._core.intents import EffectSpec, Resolution, effect_flow
 from sqs_lease._core.messages import Delivery, receive_flow
 from sqs_lease._jobs import canonical_json, payload_hash
 from sqs_lease._journal import LOGGER_NAME
-from sqs_lease._schema import (
-    AttemptRecord,
-    IntentRecord,
-    IntentTable,
-    JobTable,
-    intent_view_of,
-    view_of,
-)
+from sqs_lease._schema.intent_requests import IntentTable
+from sqs_lease._schema.job_requests import JobTable
+from sqs_lease._schema.models import AttemptRecord, IntentRecord
+from sqs_lease._schema.views import intent_view_of, view_of
 from sqs_lease.cli import cli
 from sqs_lease.effects import http_json
 from sqs_lease.receiver import FencedReceiver, create_receiver_tables

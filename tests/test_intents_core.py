@@ -68,7 +68,9 @@ from sqs_lease._errors import (
     ToolOutcomeUnknown,
     TransientError,
 )
-from sqs_lease._schema import IntentRecord, IntentTable, intent_view_of
+from sqs_lease._schema.intent_requests import IntentTable
+from sqs_lease._schema.models import IntentRecord
+from sqs_lease._schema.views import intent_view_of
 
 T = TypeVar("T")
 

@@ -369,7 +369,8 @@ def test_the_unpacked_asset_runs_a_job_of_each_example_class_to_succeeded(
 ) -> None:
     import boto3
 
-    from sqs_lease._schema import JobTable, view_of
+    from sqs_lease._schema.job_requests import JobTable
+    from sqs_lease._schema.views import view_of
 
     jobs: App = EXAMPLE.load_jobs()
     payloads: dict[str, Json] = {

@@ -22,7 +22,7 @@ from worker_helpers import WorkerProcess
 
 from sqs_lease import Producer, Settings, create_queue
 from sqs_lease._resources import create_tables
-from sqs_lease._schema import view_of
+from sqs_lease._schema.views import view_of
 
 HERE = Path(__file__).resolve().parent
 CLASS_LIMIT = 2  # tests/limit_worker.py's browse class

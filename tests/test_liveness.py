@@ -26,7 +26,7 @@ from sqs_lease._core.liveness import (
 )
 from sqs_lease._core.records import JobState
 from sqs_lease._core.rounds import heartbeat_round_flow
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 
 
 def _hold(shell: Shell, job_id: str) -> Any:

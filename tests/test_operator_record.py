@@ -16,7 +16,7 @@ from sqs_lease._aws import classify
 from sqs_lease._core.calls import Err, ErrorKind
 from sqs_lease._core.heartbeats import heartbeat_flow
 from sqs_lease._journal import LOGGER_NAME, Journal
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 
 
 class _Lines(logging.Handler):

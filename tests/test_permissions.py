@@ -28,7 +28,7 @@ from sqs_lease import App, CheckAnswer, JobContext, NextStage, Producer, Setting
 from sqs_lease._core.liveness import LIVENESS_PREFIX
 from sqs_lease._errors import ToolOutcomeUnknown
 from sqs_lease._jobs import EffectCall
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 from sqs_lease.aws_lambda import handler, sweeper
 from sqs_lease.deploy import PERMISSIONS, permissions_table, table_names
 

@@ -49,7 +49,7 @@ from sqs_lease._core.calls import Call, Err, ErrorKind, Outcome
 from sqs_lease._core.heartbeats import HeartbeatReport, apply_beats, heartbeat_flow
 from sqs_lease._core.limits import progress_text
 from sqs_lease._core.records import JobState
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 
 if TYPE_CHECKING:
     from types_boto3_dynamodb import DynamoDBClient

@@ -29,7 +29,7 @@ import pytest
 from examples.receiver_service import create_ledger_table, serve
 from infra.proxy import FaultProxy
 from sqs_lease import Producer, Settings, create_queue, create_tables
-from sqs_lease._schema import view_of
+from sqs_lease._schema.views import view_of
 from sqs_lease.receiver import create_receiver_tables
 from sqs_lease.testing import read_journal
 

@@ -36,7 +36,7 @@ from sqs_lease._core.limits import (
 )
 from sqs_lease._core.timeline import EVENT_BYTES, TIMELINE_LIMIT, event
 from sqs_lease._core.timeline import TimelineKind as TK
-from sqs_lease._schema import JobTable
+from sqs_lease._schema.job_requests import JobTable
 from sqs_lease.testing._sim.expr import request_expressions
 
 if TYPE_CHECKING:

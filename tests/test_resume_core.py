@@ -47,7 +47,8 @@ from sqs_lease._errors import (
     OwnershipUnknown,
     ResourceMissing,
 )
-from sqs_lease._schema import IntentRecord, IntentTable
+from sqs_lease._schema.intent_requests import IntentTable
+from sqs_lease._schema.models import IntentRecord
 
 WALL = 1_700_000_500.0
 JOB = "job-1"

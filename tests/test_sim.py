@@ -27,7 +27,8 @@ from sqs_lease import Settings, create_tables
 from sqs_lease._core.calls import Call, Err, ErrorKind, Ok, Outcome
 from sqs_lease._core.intents import EffectSpec, IntentState, Resolution, Verdict
 from sqs_lease._core.liveness import HeldJob, Liveness
-from sqs_lease._schema import IntentTable, JobTable
+from sqs_lease._schema.intent_requests import IntentTable
+from sqs_lease._schema.job_requests import JobTable
 from sqs_lease.testing._sim.chaos import Chaos
 from sqs_lease.testing._sim.clocks import CLOCK_FEATURES
 from sqs_lease.testing._sim.ddb import DdbFaults, IndexSpec, SimDynamo, TableSpec
@@ -1605,7 +1606,7 @@ def test_the_simulated_dynamodb_runs_a_group_submit_and_cancel_through_its_index
     from sqs_lease._core.groups import cancel_group_flow
     from sqs_lease._core.sending import submit_flow
     from sqs_lease._errors import GroupCancelled
-    from sqs_lease._schema import GroupTable
+    from sqs_lease._schema.group_requests import GroupTable
     from sqs_lease.testing._sim.world import GROUPS, _jobs_table_spec
 
     db = SimDynamo([_jobs_table_spec(JOBS), TableSpec(GROUPS, "group_id")], Chaos(0))

@@ -161,8 +161,8 @@ def test_every_fifo_mutation_is_registered_in_the_fifo_world() -> None:
 
 
 def test_fifo_mutations_are_undone_on_exit() -> None:
-    from sqs_lease import _schema
     from sqs_lease._core import sending, stages, sweeping
+    from sqs_lease._schema import job_requests as _schema
 
     def state() -> tuple[object, ...]:
         return (

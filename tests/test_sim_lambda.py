@@ -161,7 +161,7 @@ def test_submit_refuses_a_reserved_job_id_in_the_core() -> None:
     # (the simulator's producer, a custom one over the core) stored the record.
     from sqs_lease._core.sending import submit_flow
     from sqs_lease._errors import ConfigError
-    from sqs_lease._schema import JobTable
+    from sqs_lease._schema.job_requests import JobTable
 
     flow = submit_flow(
         JobTable("jobs"),

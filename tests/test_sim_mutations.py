@@ -230,7 +230,6 @@ def test_mutation_is_caught_within_its_search_and_the_protocol_passes_the_same_s
 
 def test_mutations_are_undone_on_exit() -> None:
     from simtools.mutations import applied
-    from sqs_lease import _schema
     from sqs_lease._core import (
         attempt,
         duplicates,
@@ -244,7 +243,8 @@ def test_mutations_are_undone_on_exit() -> None:
         sweeps,
     )
     from sqs_lease._core.leasebook import LeaseBook
-    from sqs_lease._schema import JobTable
+    from sqs_lease._schema import intent_requests, job_requests
+    from sqs_lease._schema.job_requests import JobTable
     from sqs_lease.testing._sim import receiver
 
     def state() -> tuple[object, ...]:
@@ -263,7 +263,7 @@ def test_mutations_are_undone_on_exit() -> None:
             receiver.Receivers.__dict__["apply"],
             JobTable.__dict__["claim"],
             JobTable.__dict__["parse"],
-            _schema._unpark,
+            job_requests._unpark,
             attempt.__dict__["attempts_allowed"],
             endwrites.__dict__["attempts_allowed"],
             endwrites.__dict__["result_problem"],
@@ -273,9 +273,9 @@ def test_mutations_are_undone_on_exit() -> None:
             receiver.Receivers.__dict__["_fence"],
             intents.__dict__["resolve_flow"],
             intents.__dict__["_record_stopped"],
-            _schema.__dict__["_request_token"],
+            intent_requests.__dict__["_request_token"],
             JobTable.__dict__["advance_stage"],
-            list(_schema.__dict__["_NEW_STAGE"]),
+            list(job_requests.__dict__["_NEW_STAGE"]),
             LeaseBook.__dict__["room"],
             limits.__dict__["RECORD_ROOM"],
             groups.__dict__["cancelled_group_flow"],

@@ -20,7 +20,7 @@ import pytest
 from simtools import run_seed
 from sqs_lease._core.stages import MESSAGE_CAP_SECONDS
 from sqs_lease._core.timing import SQS_MAX_VISIBILITY
-from sqs_lease._schema import view_of
+from sqs_lease._schema.views import view_of
 from sqs_lease.testing._sim import plan as plans
 from sqs_lease.testing._sim.chaos import Chaos
 from sqs_lease.testing._sim.ddb import DdbFaults

@@ -42,7 +42,7 @@ from sqs_lease._core.slots import (
     wait_send_id,
     waits_of,
 )
-from sqs_lease._schema import SlotTable
+from sqs_lease._schema.slot_requests import SlotTable
 
 SLOTS = SlotTable("slots-test")
 FAST_QUEUE = "https://sqs.test/123/work-interactive"

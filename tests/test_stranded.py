@@ -34,7 +34,9 @@ from sqs_lease._errors import SqsLeaseError, ToolOutcomeUnknown
 from sqs_lease._jobs import EffectCall
 from sqs_lease._journal import LOGGER_NAME, Journal
 from sqs_lease._resources import create_tables
-from sqs_lease._schema import IntentRecord, JobRecord, JobTable, create_table_params
+from sqs_lease._schema.create_table import create_table_params
+from sqs_lease._schema.job_requests import JobTable
+from sqs_lease._schema.models import IntentRecord, JobRecord
 from sqs_lease.cli import cli
 
 if TYPE_CHECKING:

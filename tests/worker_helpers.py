@@ -25,7 +25,8 @@ import pytest
 from sqs_lease import AsyncWorker, Settings, Worker
 from sqs_lease._core.records import JobView
 from sqs_lease._journal import LOGGER_NAME
-from sqs_lease._schema import JobRecord, record_of, view_of
+from sqs_lease._schema.models import JobRecord
+from sqs_lease._schema.views import record_of, view_of
 from sqs_lease.testing import HANG_GUARD as HANG_GUARD
 from sqs_lease.testing import SHELLS as SHELLS  # the tests import these from here
 from sqs_lease.testing import SHORT_LEASE, job_item, make_env, read_journal, wait_for

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict, Unpack
 
 from .calls import Call
 from .liveness import Liveness
@@ -100,42 +100,43 @@ def awaits_send(job: JobView) -> bool:
     """Whether the record waits for its message: queued, its current message not
     known sent. Such a record, and only such a record, is in the ``unsent`` index
     (the stranded sweep's): every write that sends, claims or ends a record takes it
-    out, every write that gives it a new unsent message puts it in (``_schema.py``
-    spells both once)."""
+    out, every write that gives it a new unsent message puts it in
+    (``_schema/job_requests.py`` spells both once)."""
     return job.state is JobState.QUEUED and not job.message_sent
+
+
+class NewJob(TypedDict):
+    """A new job record (``put_new``, ``put_new_item``): queued, its message unsent."""
+
+    job_id: str
+    job_class: str
+    payload_json: str
+    payload_hash: str
+    wall_now: float
+    send_id: str
+    stage: NotRequired[str | None]
+    tenant: NotRequired[str | None]
+    priority: NotRequired[str | None]
+
+
+class UnheldPark(TypedDict):
+    """A park of a job no owner holds (``park_undelivered``, ``park_dead_lettered``):
+    only while the record is queued or running with this class and current message."""
+
+    job_class: str
+    send_id: str | None
+    reason: str
+    wall_now: float
 
 
 class JobRequests(Protocol):
     """Builds DynamoDB calls for the job table and parses its items."""
 
-    def put_new(
-        self,
-        *,
-        job_id: str,
-        job_class: str,
-        payload_json: str,
-        payload_hash: str,
-        wall_now: float,
-        send_id: str,
-        stage: str | None = None,
-        tenant: str | None = None,
-        priority: str | None = None,
-    ) -> Call: ...
+    def put_new(self, **job: Unpack[NewJob]) -> Call: ...
 
-    def put_new_item(
-        self,
-        *,
-        job_id: str,
-        job_class: str,
-        payload_json: str,
-        payload_hash: str,
-        wall_now: float,
-        send_id: str,
-        group: str,
-        tenant: str | None = None,
-        stage: str | None = None,
-        priority: str | None = None,
-    ) -> Mapping[str, Any]: ...
+    def put_new_item(self, *, group: str, **job: Unpack[NewJob]) -> Mapping[str, Any]:
+        """The same new record, in ``group``, as a TransactWriteItems entry."""
+        ...
 
     def group_query(self, group: str, start: Mapping[str, Any] | None) -> Call: ...
 
@@ -305,25 +306,9 @@ class JobRequests(Protocol):
         """Record a result whose commit was rejected (for people; no decision reads it)."""
         ...
 
-    def park_undelivered(
-        self,
-        job_id: str,
-        *,
-        job_class: str,
-        send_id: str | None,
-        reason: str,
-        wall_now: float,
-    ) -> Call: ...
+    def park_undelivered(self, job_id: str, **park: Unpack[UnheldPark]) -> Call: ...
 
-    def park_dead_lettered(
-        self,
-        job_id: str,
-        *,
-        job_class: str,
-        send_id: str | None,
-        reason: str,
-        wall_now: float,
-    ) -> Call:
+    def park_dead_lettered(self, job_id: str, **park: Unpack[UnheldPark]) -> Call:
         """Park a job whose current message (``send_id``) is in the DLQ: only while it is
         queued or running with that send and class; the token moves on (ALL_OLD back)."""
         ...

@@ -279,7 +279,7 @@ class LeaseEnv:
 
     def record(self, job_id: str) -> JobView:
         """The job's record as the toolkit reads it (a consistent read)."""
-        from .._schema import view_of
+        from .._schema.views import view_of
 
         item = job_item(self._ddb(), self.settings, job_id)
         if item is None:

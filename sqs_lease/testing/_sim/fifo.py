@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, create_model
 
 from ..._core.calls import Ok, Outcome
-from ..._schema import GroupTable
+from ..._schema.group_requests import GroupTable
 from .invariants import I4, I18, INVARIANTS
 
 if TYPE_CHECKING:

@@ -107,7 +107,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._core.records import CANCELLED_CODE, UNDELIVERED_CODE, JobState, JobView
-from ..._schema import view_of
+from ..._schema.views import view_of
 from .clocks import I25, I25_TEXT
 from .receiver import Applied
 

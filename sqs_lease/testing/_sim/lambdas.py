@@ -629,7 +629,7 @@ def finish(world: World, records: MappingT[str, MappingT[str, Any] | None]) -> N
     """At the end of a lambda run: I23, and every job stored under a reserved id is a
     job record that ended like any other (I4: a liveness item must never replace one)."""
     from ..._core.records import DEAD_LETTERED_CODE, JobState
-    from ..._schema import view_of
+    from ..._schema.views import view_of
     from .invariants import I4
     from .world import JOBS
 

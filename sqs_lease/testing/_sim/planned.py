@@ -53,7 +53,7 @@ from ..._core.rounds import watchdog_drops_flow
 from ..._core.timing import DEFAULT_LOOP_LAG, Pace, pace_budget, tolerated_loop_lag
 from ..._errors import ConfigError
 from ..._jobs import App, JobClass
-from ..._schema import SlotTable
+from ..._schema.slot_requests import SlotTable
 from ..._shell import async_handlers
 from .ddb import TableSpec
 from .invariants import Origin

@@ -29,14 +29,9 @@ from ..._core.messages import message_body
 from ..._core.sending import submit_flow
 from ..._errors import IntentError, LeaseLost, ToolNotApplied, ToolOutcomeUnknown
 from ..._jobs import JobClass, canonical_json, payload_hash
-from ..._schema import (
-    GROUP_INDEX,
-    UNSENT_INDEX,
-    GroupIndex,
-    IntentTable,
-    JobTable,
-    UnsentIndex,
-)
+from ..._schema.intent_requests import IntentTable
+from ..._schema.job_requests import JobTable
+from ..._schema.models import GROUP_INDEX, UNSENT_INDEX, GroupIndex, UnsentIndex
 from . import fifo as fifo_world
 from . import plan as plans
 from .chaos import Chaos
