@@ -44,7 +44,7 @@ from ._core.leasebook import Held, Signal
 from ._core.messages import Delivery, Poison
 from ._core.rounds import heartbeat_tick_flow, watchdog_drops_flow
 from ._core.shutdown import Drive, WaitAttempts, received_flow, shutdown_order
-from ._core.sweeps import DLQ_SWEEP_RECEIVES, first_sweep_wait, sweep_once_flow
+from ._core.sweeps import first_sweep_wait
 from ._core.timing import tolerated_loop_lag
 from ._jobs import App, AsyncJobContext, JobContext, is_async_callable
 from ._options import Shell, WorkerOptions
@@ -456,12 +456,4 @@ class AsyncWorker(WorkerShell):
 
     async def sweep_once(self) -> int:
         """One bounded sweep of stranded records; returns how many were sent again."""
-        return await self._run(
-            sweep_once_flow(
-                self.env,
-                older_than=self.sweep_grace,
-                limit=self.sweep_limit,
-                send_id_prefix=uuid.uuid4().hex,
-                dlq_receives=DLQ_SWEEP_RECEIVES,
-            )
-        )
+        return await self._run(self._sweep_once_flow())

@@ -39,7 +39,7 @@ from ._core.messages import SQS_BATCH, Delivery, Poison
 from ._core.priority import receive_prioritized_flow
 from ._core.receiving import ReceivePacer
 from ._core.stages import stage_results
-from ._core.sweeps import redrive_rules
+from ._core.sweeps import DLQ_SWEEP_RECEIVES, redrive_rules, sweep_once_flow
 from ._core.timing import Pace, pace_budget
 from ._errors import ConfigError
 from ._jobs import App, JobClass, JobContext, Target
@@ -387,6 +387,16 @@ class WorkerShell(ShellBase):
         self, *, max_messages: int | None = None, idle_exit: float | None = None
     ) -> WorkerStats:
         """Receive and run until stopped; then shut down cleanly (each shell's own)."""
+
+    def _sweep_once_flow(self) -> Flow[int]:
+        """One bounded sweep of stranded records and the DLQ (the sweep loop's)."""
+        return sweep_once_flow(
+            self.env,
+            older_than=self.sweep_grace,
+            limit=self.sweep_limit,
+            send_id_prefix=uuid.uuid4().hex,
+            dlq_receives=DLQ_SWEEP_RECEIVES,
+        )
 
     # ----------------------------------------------------------------- the receive loop
 

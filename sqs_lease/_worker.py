@@ -14,7 +14,6 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -26,7 +25,7 @@ from ._core.inputs import loads as _loads
 from ._core.messages import Delivery, Poison
 from ._core.rounds import heartbeat_tick_flow
 from ._core.shutdown import Drive, WaitAttempts, received_flow, shutdown_order
-from ._core.sweeps import DLQ_SWEEP_RECEIVES, first_sweep_wait, sweep_once_flow
+from ._core.sweeps import first_sweep_wait
 from ._errors import ConfigError
 from ._interrupt import stop_on_interrupt
 from ._jobs import App
@@ -254,15 +253,7 @@ class Worker(WorkerShell):
         Never raises: a failed sweep is journaled (``stranded_sweep_failed``, with
         the fix when the index is missing) and the next one tries again.
         """
-        return self.driver.run(
-            sweep_once_flow(
-                self.env,
-                older_than=self.sweep_grace,
-                limit=self.sweep_limit,
-                send_id_prefix=uuid.uuid4().hex,
-                dlq_receives=DLQ_SWEEP_RECEIVES,
-            )
-        )
+        return self.driver.run(self._sweep_once_flow())
 
 
 def load_app(spec: str) -> App:

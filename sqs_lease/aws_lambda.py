@@ -284,24 +284,7 @@ def handler(
     receive options, which are refused.
     """
     options = _lambda_options(options, tick=tick)
-    shells: list[LambdaShell] = []
-    journal = journal or Journal()
-    if metrics is not None:
-        journal.add_sink(metrics)
-
-    def lambda_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
-        try:
-            if not shells:
-                # At the first invocation: the runtime's (and Powertools') logging is set.
-                configure_for_lambda(journal, os.environ)
-                shell = LambdaShell(app, settings or Settings.from_env(), options, journal=journal)
-                shells.append(shell)
-            return shells[0].handle(event, context)
-        finally:
-            if metrics is not None:
-                metrics.flush()
-
-    return lambda_handler
+    return _served(app, settings, options, journal, metrics, LambdaShell.handle)
 
 
 def sweeper(
@@ -323,23 +306,38 @@ def sweeper(
     ``older_than`` is the options' ``sweep_grace`` (default 60 s); both are checked
     here, with the bounds every shell has."""
     options = _lambda_options(options, sweep_grace=older_than)
+    return _served(app, settings, options, journal, metrics, LambdaShell.sweep)
+
+
+def _served(
+    app: App,
+    settings: Settings | None,
+    options: WorkerOptions,
+    journal: Journal | None,
+    metrics: EmfMetrics | None,
+    serve: Callable[[LambdaShell, Mapping[str, Any], LambdaContext], dict[str, Any]],
+) -> LambdaHandler:
+    """A function handler answering each invocation with ``serve`` on the environment's
+    one shell, made at the first invocation (cold start); the metrics flushed at the
+    end of every invocation."""
     shells: list[LambdaShell] = []
     journal = journal or Journal()
     if metrics is not None:
         journal.add_sink(metrics)
 
-    def sweep_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+    def lambda_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         try:
             if not shells:
+                # At the first invocation: the runtime's (and Powertools') logging is set.
                 configure_for_lambda(journal, os.environ)
                 shell = LambdaShell(app, settings or Settings.from_env(), options, journal=journal)
                 shells.append(shell)
-            return shells[0].sweep(event, context)
+            return serve(shells[0], event, context)
         finally:
             if metrics is not None:
                 metrics.flush()
 
-    return sweep_handler
+    return lambda_handler
 
 
 def _lambda_options(options: WorkerOptions | None, **given: Any) -> WorkerOptions:
