@@ -39,8 +39,8 @@ from sqs_lease._core.attempt import (
 )
 from sqs_lease._core.calls import Call, Err, ErrorKind, Flow, Invoke, Outcome
 from sqs_lease._core.claiming import Claimed
-from sqs_lease._core.deploy import SHUTDOWN_RELEASE_MARGIN
 from sqs_lease._core.deletes import DeleteBatch
+from sqs_lease._core.deploy import SHUTDOWN_RELEASE_MARGIN
 from sqs_lease._core.endings import EndKind, ending_for
 from sqs_lease._core.env import ActFor, AttemptEnv, HandlerRun, Now
 from sqs_lease._core.fencing import Finish, FinishOutcome
