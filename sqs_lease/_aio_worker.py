@@ -26,33 +26,29 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import random
 import threading
 import time
 import types
 import uuid
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from ._aio import AsyncDriver
 from ._aws import Timeouts
-from ._config import Settings
 from ._core.attempt import attempt_flow, flush_deletes_flow, held_effect_flow
 from ._core.calls import Flow
-from ._core.deploy import SHUTDOWN_RELEASE_MARGIN
 from ._core.env import HandlerRun
 from ._core.intents import EffectResult, EffectSpec
-from ._core.leasebook import Held
+from ._core.leasebook import Held, Signal
 from ._core.messages import Delivery, Poison
 from ._core.rounds import heartbeat_tick_flow, watchdog_drops_flow
-from ._core.shutdown import release_unstarted_flow, shutdown_flow
-from ._core.sweeps import DLQ_SWEEP_RECEIVES, first_sweep_wait, sweep_once_flow
+from ._core.shutdown import Drive, WaitAttempts, received_flow, shutdown_order
+from ._core.sweeps import first_sweep_wait
 from ._core.timing import tolerated_loop_lag
 from ._jobs import App, AsyncJobContext, JobContext, is_async_callable
-from ._journal import Journal
 from ._options import Shell, WorkerOptions
-from ._shell import ShellBase, WorkerStats
+from ._shell import WorkerShell, WorkerStats
 
 T = TypeVar("T")
 
@@ -84,7 +80,7 @@ class _Step:
     judged: bool = False  # the stall was judged (at the step's end, or at a check within it)
 
 
-class AsyncWorker(ShellBase):
+class AsyncWorker(WorkerShell):
     """Consume one queue on one event loop: thousands of jobs per process.
 
     The same protocol, options, journal events, counters and stop behaviour as
@@ -105,21 +101,9 @@ class AsyncWorker(ShellBase):
     handler.
     """
 
-    shell: Shell = "async"
+    shell: ClassVar[Shell] = "async"
 
-    def __init__(
-        self,
-        app: App,
-        settings: Settings,
-        options: WorkerOptions | None = None,
-        *,
-        journal: Journal | None = None,
-        rng: random.Random | None = None,
-        **option_keywords: Any,
-    ) -> None:
-        """``options`` (:class:`~sqs_lease.WorkerOptions`), or its fields as keywords
-        (``concurrency=5000``; on top of ``options`` when both are given)."""
-        options = WorkerOptions.of(options, **option_keywords).for_shell(self.shell)
+    def _own_options(self, app: App, options: WorkerOptions) -> None:
         self.max_loop_lag = tolerated_loop_lag(
             options.max_loop_lag,
             [
@@ -128,7 +112,12 @@ class AsyncWorker(ShellBase):
             ],
         )
         self.threads = options.threads
-        super().__init__(app, settings, options, journal=journal, rng=rng, new_signal=_Stop)
+
+    def _new_signal(self) -> Signal:
+        return _Stop()
+
+    def _built(self) -> None:
+        super()._built()
         self._tasks: set[asyncio.Task[None]] = set()
         self._jobs = 0  # attempt tasks started and not yet through their attempt
         self._slot_freed: asyncio.Event | None = None  # made on the loop, by serve()
@@ -200,8 +189,6 @@ class AsyncWorker(ShellBase):
                 # and cancelling it would leave those messages undeleted at the stop.
                 deletes_done.set()
                 await asyncio.gather(deleter, return_exceptions=True)
-                # Every finished job's message is deleted before the worker stops.
-                await self._run(flush_deletes_flow(self.env, force=True))
                 with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                     await asyncio.wait_for(beat, 5.0)
                 if sweep is not None:
@@ -233,9 +220,7 @@ class AsyncWorker(ShellBase):
             if self._idle_over(bool(batch or len(self.book) or self._tasks), idle_exit):
                 break
             for item in batch:
-                self._count("received")
-                if self._stopping.is_set():
-                    await self._run(release_unstarted_flow(self.env, item))
+                if not await self._run(received_flow(self.env, item)):
                     continue
                 self._jobs += 1
                 self._spawn(self._observed(getattr(item, "job_id", None), self._attempt(item)))
@@ -257,17 +242,21 @@ class AsyncWorker(ShellBase):
         return await self._driver.run(flow)
 
     async def _shutdown(self) -> None:
-        if self._stopping.is_set():
-            # Asked to stop (not just done: max_messages or idle_exit let handlers finish).
-            self.book.request_stop()
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=self.shutdown_grace)
-        await self._run(shutdown_flow(self.env))
-        # Attempts whose handler ended within the grace finish their own end write
-        # (a release, a commit) before serve() returns: counted, never cancelled.
-        ending = self._clock() + SHUTDOWN_RELEASE_MARGIN / 2
-        while not self._ending_over(ending):
-            await asyncio.sleep(self.tick / 4)
+        """The core's shutdown order (``shutdown_order``), each step awaited here; then
+        the tasks of handlers that overran the grace (their leases were let go) are
+        cancelled. Every finished job's message is deleted before serve() returns."""
+        steps = shutdown_order(self.env, asked=self._stopping.is_set(), grace=self.shutdown_grace)
+        for step in steps:
+            if isinstance(step, Drive):
+                await self._run(step.flow)
+                continue
+            if isinstance(step, WaitAttempts):
+                if self._tasks:
+                    await asyncio.wait(set(self._tasks), timeout=step.seconds)
+                continue
+            deadline = self._clock() + step.seconds
+            while step.writing() and self._clock() < deadline:
+                await asyncio.sleep(self.tick / 4)
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -467,12 +456,4 @@ class AsyncWorker(ShellBase):
 
     async def sweep_once(self) -> int:
         """One bounded sweep of stranded records; returns how many were sent again."""
-        return await self._run(
-            sweep_once_flow(
-                self.env,
-                older_than=self.sweep_grace,
-                limit=self.sweep_limit,
-                send_id_prefix=uuid.uuid4().hex,
-                dlq_receives=DLQ_SWEEP_RECEIVES,
-            )
-        )
+        return await self._run(self._sweep_once_flow())

@@ -1,8 +1,11 @@
-"""What every worker shell sets up the same way: its options, its queue, its counters.
+"""What every shell sets up the same way: its options, its queue, its counters.
 
-The thread worker (``_worker.py``) and the async worker (``_aio_worker.py``)
-differ in how they schedule; their options (one ``WorkerOptions``, checked in
-``_options.py``), the queue and redrive they find and their counters live here once.
+The thread worker (``_worker.py``), the async worker (``_aio_worker.py``) and the
+Lambda shell (``aws_lambda.py``) differ in how they schedule; their options (one
+``WorkerOptions``, checked in ``_options.py``), the queue and redrive they find,
+their counters and the attempt env live here once (``ShellBase``); the two workers
+that receive share their receive loop's pacing, ``stop`` and signals
+(``WorkerShell``).
 """
 
 from __future__ import annotations
@@ -19,27 +22,29 @@ from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, ClassVar
 
 from ._aws import CallObserver, Timeouts
 from ._clock import lease_clock
 from ._config import Settings
+from ._core.attempt import held_effect_flow
 from ._core.calls import Flow
 from ._core.deletes import DeleteBatch
 from ._core.env import AttemptEnv, HandlerRun, Now, SlotEnv
 from ._core.fifo import is_fifo
 from ._core.inputs import loads as _loads
+from ._core.intents import EffectResult, EffectSpec
 from ._core.leasebook import LeaseBook, Signal
 from ._core.messages import SQS_BATCH, Delivery, Poison
 from ._core.priority import receive_prioritized_flow
 from ._core.receiving import ReceivePacer
 from ._core.stages import stage_results
-from ._core.sweeps import redrive_rules
+from ._core.sweeps import DLQ_SWEEP_RECEIVES, redrive_rules, sweep_once_flow
 from ._core.timing import Pace, pace_budget
 from ._errors import ConfigError
-from ._jobs import App, JobClass, Target
+from ._jobs import App, JobClass, JobContext, Target
 from ._journal import Journal
-from ._options import WorkerOptions
+from ._options import Shell, WorkerOptions
 from ._resources import (
     check_slots_table,
     check_table,
@@ -183,33 +188,50 @@ def new_write_id() -> str:
 
 
 class ShellBase:
-    """What both worker shells hold and do alike; each adds how it schedules.
+    """What every shell (thread, async, Lambda) holds and does alike; each adds how it
+    schedules.
 
-    Options (a :class:`WorkerOptions` the shell checked with ``for_shell``), the
-    journal, the lease clock, the tables and queue, the counters, the core's
+    Options (a :class:`WorkerOptions` checked once, with ``for_shell``, before any
+    AWS call), the refusal of ``async def`` callables by a shell that cannot await,
+    the journal, the lease clock, the tables and queue, the counters, the core's
     :class:`LeaseBook` (guarded by ``_lock``, which handlers' contexts share) and the
-    :class:`AttemptEnv` the flows run with; ``stop``, the signal handlers and what a
-    handler's context is built from. A shell passes its stop ``Signal`` type and
-    supplies ``_run_handler`` (how ``Invoke("handler")`` is performed).
+    :class:`AttemptEnv` the flows run with, and what a handler's context is built
+    from. A shell names itself (``shell``), may check its own options
+    (``_own_options``) and add its own parts (``_built``), and supplies
+    ``_run_handler`` (how ``Invoke("handler")`` is performed) and its stop
+    ``Signal`` (``_new_signal``).
     """
+
+    shell: ClassVar[Shell]
+    cannot_await: ClassVar[str | None] = None
+    """The end of the refusal of an app with an ``async def`` handler, stage or tool
+    (None: this shell awaits them)."""
 
     def __init__(
         self,
         app: App,
         settings: Settings,
-        options: WorkerOptions,
+        options: WorkerOptions | None = None,
         *,
-        journal: Journal | None,
-        rng: random.Random | None,
-        new_signal: Callable[[], Signal],
+        journal: Journal | None = None,
+        rng: random.Random | None = None,
+        **option_keywords: Any,
     ) -> None:
+        """``options`` (:class:`~sqs_lease.WorkerOptions`), or its fields as keywords
+        (``concurrency=8``; on top of ``options`` when both are given)."""
+        options = WorkerOptions.of(options, **option_keywords).for_shell(self.shell)
+        refused = async_handlers(app) if self.cannot_await is not None else []
+        if refused:
+            # Refused at start: a coroutine called here would never be awaited.
+            raise ConfigError(f"{'; '.join(refused)}: async def, which {self.cannot_await}")
         check_app(app)
+        self._own_options(app, options)  # still before any AWS call
         assert options.concurrency is not None  # WorkerOptions.for_shell set the shell's
         self.options = options
         self.app = app
         self.settings = settings
         self.worker_id = options.worker_id or default_worker_id()
-        self.concurrency = concurrency = options.concurrency
+        self.concurrency = options.concurrency
         self.receive_wait = options.receive_wait
         shortest = min(c.lease_seconds for c in app.job_classes())
         self.receive_visibility = options.receive_visibility or shortest
@@ -232,9 +254,6 @@ class ShellBase:
         self.intents = IntentTable(settings.intents_table, settings.attempts_table)
         setup = find_queue(app, settings, self.journal, options.unknown_class_receives)
         self.queue_url = setup.queue_url
-        # Highest priority first (_core/priority.py); one queue when there are no levels.
-        self.queue_urls = [u for u in (setup.interactive_url, setup.queue_url) if u]
-        self._receive_turn = 0
         self.dlq_url = setup.dlq_url
         self.unknown_class_receives = setup.unknown_class_receives
         self.stats = WorkerStats()
@@ -262,7 +281,7 @@ class ShellBase:
             random=self.rng.random,
             write_id=new_write_id,
             tally=self._count,
-            new_signal=new_signal,
+            new_signal=self._new_signal,
             run_handler=self._run_handler,
             slots=slot_env(app, settings),
             stage_rules_of=self._stage_rules_of,
@@ -270,100 +289,39 @@ class ShellBase:
             first_stage_of=self._first_stage_of,
             deletes=self.deletes,
         )
-        self._stopping = threading.Event()
-        # Watchers of the receive loop's calls (the container entry point's lost-AWS
-        # monitor): each shell hands this list to the driver its receives run on.
-        self.receive_observers: list[CallObserver] = []
-        self._saved_signals: dict[int, Any] = {}
-        self._idle_since = 0.0  # set as the receive loop starts
-        # A FIFO queue gives one message per receive: a free slot is a full batch.
-        self._pacer = ReceivePacer(
-            concurrency,
-            batch=1 if is_fifo(self.queue_url) else SQS_BATCH,
-            window=options.receive_window,
-        )
+        self._built()
+
+    def _own_options(self, app: App, options: WorkerOptions) -> None:
+        """A shell's own options, checked and kept before any AWS call (none here)."""
+
+    def _built(self) -> None:
+        """A shell's own parts, once the common ones stand (none here)."""
+
+    def _new_signal(self) -> Signal:
+        """An attempt's stop signal (``AttemptEnv.new_signal``): an event a thread waits on."""
+        return threading.Event()
 
     @abstractmethod
     def _run_handler(self, run: HandlerRun) -> Any:
         """``Invoke("handler")``: build the job's context and call its handler (each
         shell's own: a thread, the event loop's pool)."""
 
-    @abstractmethod
-    def run(
-        self, *, max_messages: int | None = None, idle_exit: float | None = None
-    ) -> WorkerStats:
-        """Receive and run until stopped; then shut down cleanly (each shell's own)."""
+    def _handler_here(self, run: HandlerRun, drive: Callable[[Flow[Any]], Any]) -> Any:
+        """``Invoke("handler")`` in the calling thread (the thread worker's job thread,
+        the Lambda invocation's): a :class:`JobContext`, whose ``ctx.effect`` drives
+        ``held_effect_flow`` with ``drive``, and the handler called."""
+        reg = self.app.get(run.claim.job.job_class, run.claim.job.stage)
+        assert reg is not None  # attempt_flow runs a handler only for a known class
 
-    # ----------------------------------------------------------------- the receive loop
+        def effect(spec: EffectSpec) -> EffectResult:
+            flow = held_effect_flow(
+                self.env, run.held, spec, wall_clock=time.time, flow_id=uuid.uuid4().hex
+            )
+            result: EffectResult = drive(flow)
+            return result
 
-    def _receive_more(self, free: int, max_messages: int | None) -> int | None:
-        """How many messages the receive loop asks for now (``free``: open slots):
-        None once it must end (stopping, or ``max_messages`` received), 0 while it
-        waits (the core's :class:`ReceivePacer`: enough free slots, the batching window)."""
-        if self._stopping.is_set():
-            return None
-        if max_messages is not None and self.stats.received >= max_messages:
-            return None
-        # Backpressure: no more than the heartbeat keeps on time (the core's pace).
-        left = None if max_messages is None else max_messages - self.stats.received
-        return self._pacer.want(self._clock(), self.book.room(free), left)
-
-    def _received(self, asked: int, got: int) -> None:
-        """A receive came back: the pacer opens its batching window if it was short."""
-        self._pacer.received(self._clock(), asked, got)
-
-    def _receive_call(self, want: int) -> Flow[list[Delivery | Poison]]:
-        self._receive_turn += 1
-        return receive_prioritized_flow(
-            queue_urls=self.queue_urls,
-            turn=self._receive_turn - 1,
-            max_messages=want,
-            wait_seconds=self.receive_wait,
-            visibility=self.receive_visibility,
-        )
-
-    def _ending_over(self, deadline: float) -> bool:
-        """At shutdown, after the hand-back: True once no attempt is still writing its
-        own end (a handler that ended within the grace finishes its release or
-        commit before ``run()`` returns and counts), or at ``deadline``."""
-        return not self.book.ending() or self._clock() >= deadline
-
-    def _idle_over(self, busy: bool, idle_exit: float | None) -> bool:
-        """After a receive: True once the worker has been idle ``idle_exit`` seconds.
-        Idle counts from when the last job finished, not from the last receive: a
-        retry a job just scheduled comes back within its backoff."""
-        now = self._clock()
-        if busy:
-            self._idle_since = now
-            return False
-        return idle_exit is not None and now - self._idle_since >= idle_exit
-
-    def stop(self) -> None:
-        """Stop receiving and tell every running attempt to stop.
-
-        Their ``ctx.wait()``/``ctx.check()`` raise ``WorkerShuttingDown``; each job
-        goes back to the queue (attempt not spent) as its handler ends. Handlers
-        get ``shutdown_grace`` seconds for that; the rest are released anyway.
-        Safe from any thread and from a signal handler: it only sets flags (the
-        heartbeat passes the request on within a tick).
-        """
-        self._stopping.set()
-        self.book.stopping = True
-
-    def install_signal_handlers(self) -> None:
-        """Stop gracefully on SIGTERM/SIGINT; the previous handlers return when run() ends."""
-
-        def handle(signum: int, frame: FrameType | None) -> None:
-            self.journal("worker_stopping", signal=signal.Signals(signum).name)
-            self.stop()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._saved_signals[sig] = signal.signal(sig, handle)
-
-    def _restore_signal_handlers(self) -> None:
-        for sig, previous in self._saved_signals.items():
-            signal.signal(sig, previous)
-        self._saved_signals.clear()
+        ctx: JobContext[Any] = JobContext(run_effect=effect, **self._context_fields(run))
+        return reg.handler(ctx, run.payload)  # a model becomes data in the core
 
     def _count(self, name: str, n: int | bool = 1) -> None:
         """``env.tally``: count what a flow names (names these stats lack are skipped)."""
@@ -402,3 +360,107 @@ class ShellBase:
             journal=self.journal,
             targets=self.app.targets,
         )
+
+
+class WorkerShell(ShellBase):
+    """A worker that receives (the thread and async workers; not the Lambda shell, to
+    which the event source hands its batch): the receive loop's pacing and priorities,
+    idleness, ``stop`` and the signal handlers; ``run`` is each worker's own."""
+
+    def _built(self) -> None:
+        # Highest priority first (_core/priority.py); one queue when there are no levels.
+        self.queue_urls = [u for u in (self.env.interactive_url, self.queue_url) if u]
+        self._receive_turn = 0
+        self._stopping = threading.Event()
+        # Watchers of the receive loop's calls (the container entry point's lost-AWS
+        # monitor): each shell hands this list to the driver its receives run on.
+        self.receive_observers: list[CallObserver] = []
+        self._saved_signals: dict[int, Any] = {}
+        self._idle_since = 0.0  # set as the receive loop starts
+        # A FIFO queue gives one message per receive: a free slot is a full batch.
+        self._pacer = ReceivePacer(
+            self.concurrency,
+            batch=1 if is_fifo(self.queue_url) else SQS_BATCH,
+            window=self.options.receive_window,
+        )
+
+    @abstractmethod
+    def run(
+        self, *, max_messages: int | None = None, idle_exit: float | None = None
+    ) -> WorkerStats:
+        """Receive and run until stopped; then shut down cleanly (each shell's own)."""
+
+    def _sweep_once_flow(self) -> Flow[int]:
+        """One bounded sweep of stranded records and the DLQ (the sweep loop's)."""
+        return sweep_once_flow(
+            self.env,
+            older_than=self.sweep_grace,
+            limit=self.sweep_limit,
+            send_id_prefix=uuid.uuid4().hex,
+            dlq_receives=DLQ_SWEEP_RECEIVES,
+        )
+
+    # ----------------------------------------------------------------- the receive loop
+
+    def _receive_more(self, free: int, max_messages: int | None) -> int | None:
+        """How many messages the receive loop asks for now (``free``: open slots):
+        None once it must end (stopping, or ``max_messages`` received), 0 while it
+        waits (the core's :class:`ReceivePacer`: enough free slots, the batching window)."""
+        if self._stopping.is_set():
+            return None
+        if max_messages is not None and self.stats.received >= max_messages:
+            return None
+        # Backpressure: no more than the heartbeat keeps on time (the core's pace).
+        left = None if max_messages is None else max_messages - self.stats.received
+        return self._pacer.want(self._clock(), self.book.room(free), left)
+
+    def _received(self, asked: int, got: int) -> None:
+        """A receive came back: the pacer opens its batching window if it was short."""
+        self._pacer.received(self._clock(), asked, got)
+
+    def _receive_call(self, want: int) -> Flow[list[Delivery | Poison]]:
+        self._receive_turn += 1
+        return receive_prioritized_flow(
+            queue_urls=self.queue_urls,
+            turn=self._receive_turn - 1,
+            max_messages=want,
+            wait_seconds=self.receive_wait,
+            visibility=self.receive_visibility,
+        )
+
+    def _idle_over(self, busy: bool, idle_exit: float | None) -> bool:
+        """After a receive: True once the worker has been idle ``idle_exit`` seconds.
+        Idle counts from when the last job finished, not from the last receive: a
+        retry a job just scheduled comes back within its backoff."""
+        now = self._clock()
+        if busy:
+            self._idle_since = now
+            return False
+        return idle_exit is not None and now - self._idle_since >= idle_exit
+
+    def stop(self) -> None:
+        """Stop receiving and tell every running attempt to stop.
+
+        Their ``ctx.wait()``/``ctx.check()`` raise ``WorkerShuttingDown``; each job
+        goes back to the queue (attempt not spent) as its handler ends. Handlers
+        get ``shutdown_grace`` seconds for that; the rest are released anyway.
+        Safe from any thread and from a signal handler: it only sets flags (the
+        heartbeat passes the request on within a tick).
+        """
+        self._stopping.set()
+        self.book.stopping = True
+
+    def install_signal_handlers(self) -> None:
+        """Stop gracefully on SIGTERM/SIGINT; the previous handlers return when run() ends."""
+
+        def handle(signum: int, frame: FrameType | None) -> None:
+            self.journal("worker_stopping", signal=signal.Signals(signum).name)
+            self.stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._saved_signals[sig] = signal.signal(sig, handle)
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, previous in self._saved_signals.items():
+            signal.signal(sig, previous)
+        self._saved_signals.clear()

@@ -12,37 +12,31 @@ by a flow or a pure function of ``sqs_lease._core``.
 from __future__ import annotations
 
 import concurrent.futures
-import random
 import threading
 import time
-import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from ._aws import SyncDriver, Timeouts
-from ._config import Settings
-from ._core.attempt import attempt_flow, flush_deletes_flow, held_effect_flow
+from ._core.attempt import attempt_flow, flush_deletes_flow
 from ._core.calls import Flow
-from ._core.deploy import SHUTDOWN_RELEASE_MARGIN
 from ._core.env import HandlerRun
 from ._core.inputs import loads as _loads
-from ._core.intents import EffectResult, EffectSpec
 from ._core.messages import Delivery, Poison
 from ._core.rounds import heartbeat_tick_flow
-from ._core.shutdown import release_unstarted_flow, shutdown_flow
-from ._core.sweeps import DLQ_SWEEP_RECEIVES, first_sweep_wait, sweep_once_flow
+from ._core.shutdown import Drive, WaitAttempts, received_flow, shutdown_order
+from ._core.sweeps import first_sweep_wait
 from ._errors import ConfigError
 from ._interrupt import stop_on_interrupt
-from ._jobs import App, JobContext
-from ._journal import Journal
-from ._options import Shell, WorkerOptions
-from ._shell import ShellBase, WorkerStats, async_handlers
+from ._jobs import App
+from ._options import Shell
+from ._shell import WorkerShell, WorkerStats
 
 ROUND_THREADS = 4
 """Threads that run a heartbeat round's parts at once (each part: 100 leases)."""
 
 
-class Worker(ShellBase):
+class Worker(WorkerShell):
     """Consume one queue, run handlers under heartbeat-extended leases, commit fenced.
 
     ``receive_visibility`` is the lease a message gets at receive, by default the
@@ -73,36 +67,16 @@ class Worker(ShellBase):
         "the thread worker cannot await: run the app with AsyncWorker (sqs-lease worker "
         "picks it, or give --async), or make them plain functions"
     )
-    """The end of the refusal of an app with an ``async def`` handler, stage or tool."""
 
-    shell: Shell = "thread"
+    shell: ClassVar[Shell] = "thread"
 
-    def __init__(
-        self,
-        app: App,
-        settings: Settings,
-        options: WorkerOptions | None = None,
-        *,
-        journal: Journal | None = None,
-        rng: random.Random | None = None,
-        **option_keywords: Any,
-    ) -> None:
-        """``options`` (:class:`~sqs_lease.WorkerOptions`), or its fields as keywords
-        (``concurrency=8``; on top of ``options`` when both are given)."""
-        options = WorkerOptions.of(options, **option_keywords).for_shell(self.shell)
-        if async_handlers(app):
-            # Refused at start: a coroutine called here would never be awaited.
-            raise ConfigError(
-                f"{'; '.join(async_handlers(app))}: async def, which {self.cannot_await}"
-            )
-        super().__init__(
-            app, settings, options, journal=journal, rng=rng, new_signal=threading.Event
-        )
-        self.driver = SyncDriver(settings, self.journal, self.timeouts, clock=self._clock)
+    def _built(self) -> None:
+        super()._built()
+        self.driver = SyncDriver(self.settings, self.journal, self.timeouts, clock=self._clock)
         self.poll_driver = SyncDriver(
-            settings,
+            self.settings,
             self.journal,
-            Timeouts(read=options.receive_wait + 5.0, attempts=1),
+            Timeouts(read=self.receive_wait + 5.0, attempts=1),
             clock=self._clock,
         )
         self.poll_driver.observers = self.receive_observers
@@ -162,11 +136,8 @@ class Worker(ShellBase):
                 if self._idle_over(bool(batch or len(self.book) or self._alive()), idle_exit):
                     break
                 for item in batch:
-                    self._count("received")
-                    if self._stopping.is_set():
-                        self._release_unstarted(item)
-                        continue
-                    self._start(item)
+                    if self.driver.run(received_flow(self.env, item)):
+                        self._start(item)
         finally:
             self._shutdown()
             self._stopping.set()
@@ -204,26 +175,20 @@ class Worker(ShellBase):
             self._running += 1
         t.start()
 
-    def _release_unstarted(self, item: Delivery | Poison) -> None:
-        self.driver.run(release_unstarted_flow(self.env, item))
-
     def _shutdown(self) -> None:
-        if self._stopping.is_set():
-            # Asked to stop (not just done: max_messages or idle_exit let handlers finish).
-            self.book.request_stop()
-        deadline = self._clock() + self.shutdown_grace
-        for t in list(self._threads):
-            t.join(timeout=max(0.0, deadline - self._clock()))
-        self.driver.run(shutdown_flow(self.env))
-        # Attempts whose handler ended within the grace finish their own end write
-        # (a release, a commit) before run() returns: counted, not cut off.
-        ending = self._clock() + SHUTDOWN_RELEASE_MARGIN / 2
-        while not self._ending_over(ending):
-            time.sleep(self.tick / 4)
-        # Every finished job's message is deleted before the worker stops (a worker
-        # killed first leaves them to their redelivery, deleted at the claim); after
-        # the ending attempts, whose deletes are queued as their end writes land.
-        self.driver.run(flush_deletes_flow(self.env, force=True))
+        """The core's shutdown order (``shutdown_order``), each step performed here."""
+        steps = shutdown_order(self.env, asked=self._stopping.is_set(), grace=self.shutdown_grace)
+        for step in steps:
+            if isinstance(step, Drive):
+                self.driver.run(step.flow)
+                continue
+            deadline = self._clock() + step.seconds
+            if isinstance(step, WaitAttempts):
+                for t in list(self._threads):
+                    t.join(timeout=max(0.0, deadline - self._clock()))
+                continue
+            while step.writing() and self._clock() < deadline:
+                time.sleep(self.tick / 4)
 
     # ----------------------------------------------------------------- one job
 
@@ -245,20 +210,8 @@ class Worker(ShellBase):
                 self.journal("message_delete_failed", error_code=type(exc).__name__)
 
     def _run_handler(self, run: HandlerRun) -> Any:
-        """``Invoke("handler")``, in the job's thread: build its context, call the handler."""
-        reg = self.app.get(run.claim.job.job_class, run.claim.job.stage)
-        assert reg is not None  # attempt_flow runs a handler only for a known class
-        ctx: JobContext[Any] = JobContext(
-            run_effect=lambda spec: self._run_effect(spec, run), **self._context_fields(run)
-        )
-        return reg.handler(ctx, run.payload)  # a model becomes data in the core
-
-    def _run_effect(self, spec: EffectSpec, run: HandlerRun) -> EffectResult:
-        return self.driver.run(
-            held_effect_flow(
-                self.env, run.held, spec, wall_clock=time.time, flow_id=uuid.uuid4().hex
-            )
-        )
+        """``Invoke("handler")``, in the job's thread."""
+        return self._handler_here(run, self.driver.run)
 
     # ----------------------------------------------------------------- heartbeat
 
@@ -300,15 +253,7 @@ class Worker(ShellBase):
         Never raises: a failed sweep is journaled (``stranded_sweep_failed``, with
         the fix when the index is missing) and the next one tries again.
         """
-        return self.driver.run(
-            sweep_once_flow(
-                self.env,
-                older_than=self.sweep_grace,
-                limit=self.sweep_limit,
-                send_id_prefix=uuid.uuid4().hex,
-                dlq_receives=DLQ_SWEEP_RECEIVES,
-            )
-        )
+        return self.driver.run(self._sweep_once_flow())
 
 
 def load_app(spec: str) -> App:

@@ -17,7 +17,8 @@ Or, with no module of your own, set the function's handler to
 CDK's ``LambdaConsumer`` sets them.
 
 It is a shell of :func:`sqs_lease._core.attempt.attempt_flow` like the workers
-(it reuses the thread worker's handler and effect running): for each record in
+(sharing with them only ``_shell.ShellBase``: options, tables, the book, the attempt
+env, a handler run in the calling thread): for each record in
 order it drives ``_core.invocation.record_flow`` (the simulator's Lambda drives the
 same), which reads the record (``_core.eventsource.parse_event_record``), checks the
 budget (``can_start``: the class's whole ``stage_budget_seconds`` plus a margin
@@ -75,24 +76,28 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from ._aws import SyncDriver
 from ._config import Settings
 from ._core.deploy import lambda_visibility_floor
-from ._core.eventsource import GroupStop, message_group, never_fit
+from ._core.env import HandlerRun
+from ._core.eventsource import never_fit
 from ._core.invocation import (
+    BatchEnds,
     FunctionTimeout,
-    RecordEnd,
     record_flow,
     release_unstarted_records_flow,
     unfit_problem,
 )
+from ._core.rounds import heartbeat_tick_flow
 from ._core.sweeps import SCHEDULED_DLQ_RECEIVES, sweep_pages_flow
 from ._errors import ConfigError, JobClassError
 from ._jobs import App
 from ._journal import Journal, configure_for_lambda
 from ._options import Shell, WorkerOptions
-from ._worker import Worker, load_app
+from ._shell import ShellBase
+from ._worker import load_app
 
 if TYPE_CHECKING:
     from .metrics import EmfMetrics
@@ -107,36 +112,38 @@ class LambdaContext(Protocol):
 LambdaHandler = Callable[[Mapping[str, Any], LambdaContext], dict[str, Any]]
 
 
-class LambdaShell(Worker):
-    """The adapter's state across invocations of one execution environment."""
+class LambdaShell(ShellBase):
+    """The adapter's state across invocations of one execution environment: a shell of
+    its own over the core (``_core.invocation``), with what every shell shares
+    (:class:`~sqs_lease._shell.ShellBase`). It receives nothing (the event source hands
+    it a batch), runs one record at a time in the invocation's thread, and a heartbeat
+    thread while an invocation runs."""
 
     cannot_await = (
         "the Lambda shell cannot await: make them plain functions, or run the app on "
         "the async worker (sqs-lease worker)"
     )
 
-    shell: Shell = "lambda"
+    # One record at a time, no receive, no sweep thread (the consumer sweeps nothing,
+    # the module's doc; a scheduled function calls sweep()): the Lambda shell's own
+    # values (``WorkerOptions.for_shell``), refused when given otherwise.
+    shell: ClassVar[Shell] = "lambda"
 
-    def __init__(
-        self,
-        app: App,
-        settings: Settings,
-        options: WorkerOptions | None = None,
-        *,
-        journal: Journal | None = None,
-        **option_keywords: Any,
-    ) -> None:
-        # One record at a time, no receive, no sweep thread (the consumer sweeps
-        # nothing, the module's doc; a scheduled function calls sweep()): the Lambda
-        # shell's own values (``WorkerOptions.for_shell``), refused when given otherwise.
-        super().__init__(app, settings, options, journal=journal, **option_keywords)
+    def _built(self) -> None:
+        self.driver = SyncDriver(self.settings, self.journal, self.timeouts, clock=self._clock)
         # Lambda deletes a record's message by not reporting it failed: the attempt
         # must delete at once, where settled_flow sees it (no batching across records).
         self.env.deletes = None
         self._warned = False
         self._refused: int | None = None  # the timeout last journaled as unfit
         self._timeout = FunctionTimeout()
-        self._rules = {n: (c.stage_budget_seconds, c.lease_seconds) for n, c in app.lease_rules()}
+        self._rules = {
+            n: (c.stage_budget_seconds, c.lease_seconds) for n, c in self.app.lease_rules()
+        }
+
+    def _run_handler(self, run: HandlerRun) -> Any:
+        """``Invoke("handler")``, in the invocation's thread."""
+        return self._handler_here(run, self.driver.run)
 
     def function_timeout(self, context: LambdaContext) -> int:
         """The function's timeout, in whole seconds: the largest time left any
@@ -191,9 +198,7 @@ class LambdaShell(Worker):
         records = event.get("Records")
         if not isinstance(records, list):
             raise ConfigError("event has no Records list: is this an SQS event source's event?")
-        failures: list[str] = []
-        groups = GroupStop()
-        unstarted: list[RecordEnd] = []  # handed back at the end (release_unstarted_records_flow)
+        batch = BatchEnds()
         done = threading.Event()
         beat = threading.Thread(target=self._beat_until, args=(done,), daemon=True)
         beat.start()
@@ -201,30 +206,25 @@ class LambdaShell(Worker):
             for record in records:
                 try:
                     end = self.driver.run(
-                        record_flow(self.env, record, groups, context.get_remaining_time_in_millis)
+                        record_flow(
+                            self.env, record, batch.groups, context.get_remaining_time_in_millis
+                        )
                     )
                 except Exception as exc:  # an AWS failure the flow could not handle
                     self.journal("lambda_record_failed", error_code=type(exc).__name__)
-                    if isinstance(record, Mapping):
-                        groups.failed(message_group(record))
-                        failures.append(str(record.get("messageId", "")))
+                    batch.broke(record)
                     continue
-                if end is None:
-                    continue
-                if not end.done:
-                    failures.append(end.message_id)
-                if end.unstarted is not None:
-                    unstarted.append(end)
+                batch.ended(end)
         finally:
             done.set()
             beat.join(timeout=5)
-            if unstarted:
+            if batch.unstarted:
                 self.driver.run(
                     release_unstarted_records_flow(
-                        self.env, unstarted, context.get_remaining_time_in_millis
+                        self.env, batch.unstarted, context.get_remaining_time_in_millis
                     )
                 )
-        return {"batchItemFailures": [{"itemIdentifier": m} for m in failures]}
+        return {"batchItemFailures": [{"itemIdentifier": m} for m in batch.failures]}
 
     def sweep(self, event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         """One scheduled sweep: stranded records to the end of the ``unsent`` index,
@@ -252,9 +252,10 @@ class LambdaShell(Worker):
         return {**asdict(run), "failed": list(run.failed)}
 
     def _beat_until(self, done: threading.Event) -> None:
+        """The invocation's heartbeat (its records' leases), every tick until ``done``."""
         while not done.wait(self.tick):
             try:
-                self._beat_once()
+                self.driver.run(heartbeat_tick_flow(self.env, stopping=False))
             except Exception as exc:  # the heartbeat thread survives anything
                 self.journal("heartbeat_error", error_code=type(exc).__name__)
 
@@ -283,24 +284,7 @@ def handler(
     receive options, which are refused.
     """
     options = _lambda_options(options, tick=tick)
-    shells: list[LambdaShell] = []
-    journal = journal or Journal()
-    if metrics is not None:
-        journal.add_sink(metrics)
-
-    def lambda_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
-        try:
-            if not shells:
-                # At the first invocation: the runtime's (and Powertools') logging is set.
-                configure_for_lambda(journal, os.environ)
-                shell = LambdaShell(app, settings or Settings.from_env(), options, journal=journal)
-                shells.append(shell)
-            return shells[0].handle(event, context)
-        finally:
-            if metrics is not None:
-                metrics.flush()
-
-    return lambda_handler
+    return _served(app, settings, options, journal, metrics, LambdaShell.handle)
 
 
 def sweeper(
@@ -322,23 +306,38 @@ def sweeper(
     ``older_than`` is the options' ``sweep_grace`` (default 60 s); both are checked
     here, with the bounds every shell has."""
     options = _lambda_options(options, sweep_grace=older_than)
+    return _served(app, settings, options, journal, metrics, LambdaShell.sweep)
+
+
+def _served(
+    app: App,
+    settings: Settings | None,
+    options: WorkerOptions,
+    journal: Journal | None,
+    metrics: EmfMetrics | None,
+    serve: Callable[[LambdaShell, Mapping[str, Any], LambdaContext], dict[str, Any]],
+) -> LambdaHandler:
+    """A function handler answering each invocation with ``serve`` on the environment's
+    one shell, made at the first invocation (cold start); the metrics flushed at the
+    end of every invocation."""
     shells: list[LambdaShell] = []
     journal = journal or Journal()
     if metrics is not None:
         journal.add_sink(metrics)
 
-    def sweep_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+    def lambda_handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
         try:
             if not shells:
+                # At the first invocation: the runtime's (and Powertools') logging is set.
                 configure_for_lambda(journal, os.environ)
                 shell = LambdaShell(app, settings or Settings.from_env(), options, journal=journal)
                 shells.append(shell)
-            return shells[0].sweep(event, context)
+            return serve(shells[0], event, context)
         finally:
             if metrics is not None:
                 metrics.flush()
 
-    return sweep_handler
+    return lambda_handler
 
 
 def _lambda_options(options: WorkerOptions | None, **given: Any) -> WorkerOptions:

@@ -40,6 +40,7 @@ from sqs_lease._core.attempt import (
 from sqs_lease._core.calls import Call, Err, ErrorKind, Flow, Invoke, Outcome
 from sqs_lease._core.claiming import Claimed
 from sqs_lease._core.deletes import DeleteBatch
+from sqs_lease._core.deploy import SHUTDOWN_RELEASE_MARGIN
 from sqs_lease._core.endings import EndKind, ending_for
 from sqs_lease._core.env import ActFor, AttemptEnv, HandlerRun, Now
 from sqs_lease._core.fencing import Finish, FinishOutcome
@@ -50,7 +51,14 @@ from sqs_lease._core.messages import Delivery, Poison
 from sqs_lease._core.receiving import RECEIVE_FILL_WAIT, ReceivePacer, receive_size
 from sqs_lease._core.records import JobState, JobView
 from sqs_lease._core.rounds import heartbeat_round_flow
-from sqs_lease._core.shutdown import shutdown_flow
+from sqs_lease._core.shutdown import (
+    Drive,
+    WaitAttempts,
+    WaitEndWrites,
+    received_flow,
+    shutdown_flow,
+    shutdown_order,
+)
 from sqs_lease._core.sweeps import redrive_rules
 from sqs_lease._core.timing import backoff_delay
 from sqs_lease._errors import (
@@ -471,6 +479,51 @@ def test_shutdown_lets_go_of_every_open_lease_and_releases_them() -> None:
     assert held.lease.reason == "given back: shutdown"  # a late write reports no loss
     assert s.invoked[0].fn == ActFor("release", {"job-1": 5})
     assert "UpdateItem" in _ops(s)  # the record goes back to queued
+
+
+def test_a_message_received_while_stopping_is_released_unclaimed_not_started() -> None:
+    # One rule for every shell (thread, async, simulated): received_flow decides.
+    shell = Shell()
+    s = Script([])
+    assert s.run(received_flow(shell.env, delivery())) is True  # started by the shell
+    assert s.calls == [] and shell.counts["received"] == 1
+    shell.book.request_stop()
+    s = Script([RELEASED])
+    assert s.run(received_flow(shell.env, delivery())) is False
+    assert _ops(s) == ["ChangeMessageVisibilityBatch"]  # back at once, nothing claimed
+    assert s.calls[0].params["Entries"][0]["VisibilityTimeout"] == 0
+    assert shell.counts["received"] == 2 and shell.counts["released"] == 1
+    poison = Poison("m-1", "rh-1", "not JSON", None, "garbage")
+    s = Script([])
+    assert s.run(received_flow(shell.env, poison)) is False  # left to its redelivery
+    assert s.calls == []
+
+
+@pytest.mark.parametrize("asked", [True, False])
+def test_shutdown_order_tells_waits_hands_back_waits_for_end_writes_then_deletes(
+    asked: bool,
+) -> None:
+    # One order for every shell: each only performs the steps it is given.
+    shell = _Batched()
+    _run(shell, _answers(ok()), delivery("job-a", receipt_handle="rh-a"))  # ended: a delete
+    run, _flow = _up_to_handler(shell)
+    held = run.held
+    steps = shutdown_order(shell.env, asked=asked, grace=20.0)
+    assert next(steps) == WaitAttempts(20.0)
+    # Told before the grace is waited when asked; otherwise the handlers finish.
+    assert held.cancelled.is_set() is asked
+    release = next(steps)
+    assert isinstance(release, Drive) and release.kind == "release"
+    Script(lambda call: ok()).run(release.flow)
+    assert held.lease.dropped is Drop.SHUTDOWN  # still held after the grace: handed back
+    writes = next(steps)
+    assert isinstance(writes, WaitEndWrites)
+    assert writes.seconds == SHUTDOWN_RELEASE_MARGIN / 2 and writes.writing() == 0
+    deletes = next(steps)
+    assert isinstance(deletes, Drive) and deletes.kind == "deletes"
+    s = Script([ok({"Successful": [{"Id": "0"}]})])
+    assert s.run(deletes.flow) == 1  # forced: not due yet, sent at the stop
+    assert next(steps, None) is None
 
 
 # ----------------------------------------------------------------------------- rules

@@ -7,9 +7,9 @@ time left (:func:`can_start`) and no earlier record of its FIFO group failed
 (:class:`GroupStop`), set its visibility to its class's lease
 (:func:`take_record_flow`), run the attempt and tell whether the attempt deleted its
 message (:func:`settled_flow`). A shell loops over the records in order, asks the
-time left from its own context, reports the records not done in
-``batchItemFailures`` and hands back the records it did not start (each waits as a
-fresh message where it can, so that no skip counts toward the DLQ:
+time left from its own context, gathers their ends (:class:`BatchEnds`), reports
+the records not done in ``batchItemFailures`` and hands back the records it did not
+start (each waits as a fresh message where it can, so that no skip counts toward the DLQ:
 :func:`release_unstarted_records_flow`).
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import JobClassError
@@ -93,6 +93,34 @@ class RecordEnd:
     done: bool
     unstarted: Delivery | None = None
     blocked: bool = False
+
+
+@dataclass
+class BatchEnds:
+    """One invocation's batch as its records end, in order: the FIFO groups stopped
+    (``groups``, what :func:`record_flow` reads), the records reported failed
+    (``failures``, the ``batchItemFailures``) and those handed back at the end
+    (``unstarted``, :func:`release_unstarted_records_flow`)."""
+
+    groups: GroupStop = field(default_factory=GroupStop)
+    failures: list[str] = field(default_factory=list)
+    unstarted: list[RecordEnd] = field(default_factory=list)
+
+    def ended(self, end: RecordEnd | None) -> None:
+        """A record's flow ended (None: no SQS record, nothing to report it by)."""
+        if end is None:
+            return
+        if not end.done:
+            self.failures.append(end.message_id)
+        if end.unstarted is not None:
+            self.unstarted.append(end)
+
+    def broke(self, record: Any) -> None:
+        """A record's flow raised (an AWS failure it could not handle): reported
+        failed, and its FIFO group's later records wait."""
+        if isinstance(record, Mapping):
+            self.groups.failed(message_group(record))
+            self.failures.append(str(record.get("messageId", "")))
 
 
 def record_flow(
@@ -221,6 +249,7 @@ def _release(env: AttemptEnv, deliveries: Sequence[Delivery], visibility: int) -
 
 
 __all__ = [
+    "BatchEnds",
     "FunctionTimeout",
     "RecordEnd",
     "record_flow",

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..._core import invocation
 from ..._core.calls import Call, Flow, Ok, Outcome, call
 from ..._core.env import AttemptEnv, Now
-from ..._core.eventsource import END_MARGIN_SECONDS, GroupStop, parse_event_record
+from ..._core.eventsource import END_MARGIN_SECONDS, parse_event_record
 from ..._core.invocation import RecordEnd
 from ..._core.messages import Delivery
 from ..._core.records import CANCELLED_CODE
@@ -253,9 +253,7 @@ def _new_env(world: World, deployment: Deployment) -> Any:
                 return
             self.invoking = True
             self.heartbeat_task = self.spawn("heartbeat", self._beat())
-            groups = GroupStop()
-            failures: list[str] = []
-            unstarted: list[RecordEnd] = []
+            batch = invocation.BatchEnds()
 
             def remaining() -> int:
                 return int((deadline - self.mono()) * 1000)
@@ -269,24 +267,23 @@ def _new_env(world: World, deployment: Deployment) -> Any:
                     if isinstance(seen, Delivery):
                         origin.send_id = seen.send_id
                     end: RecordEnd | None = yield from self.drive(
-                        invocation.record_flow(self.env, record, groups, remaining, tag=origin),
+                        invocation.record_flow(
+                            self.env, record, batch.groups, remaining, tag=origin
+                        ),
                         origin,
                     )
-                    if end is None:
-                        continue
-                    if not end.done:
-                        failures.append(end.message_id)
-                    if end.unstarted is not None:
-                        unstarted.append(end)
-                if unstarted:
+                    batch.ended(end)
+                if batch.unstarted:
                     yield from self.drive(
-                        invocation.release_unstarted_records_flow(self.env, unstarted, remaining),
+                        invocation.release_unstarted_records_flow(
+                            self.env, batch.unstarted, remaining
+                        ),
                         Origin(self.id, "release", "release"),
                     )
             finally:
                 self.invoking = False
                 world.interrupt(self.heartbeat_task)
-            answer.append(failures)
+            answer.append(batch.failures)
 
         def _beat(self) -> SimGen[None]:
             origin = Origin(self.id, "heartbeat", "heartbeat")

@@ -2,7 +2,8 @@
 
 One receive loop, one heartbeat loop, one task per received message. The attempt
 (claim, hold, handler, ending, release) is the core's ``attempt_flow``, the
-heartbeat round ``heartbeat_round_flow``, the shutdown hand-back ``shutdown_flow``,
+heartbeat round ``heartbeat_round_flow``, a receive while stopping ``received_flow``,
+the shutdown's steps ``shutdown_order``,
 over the core's ``LeaseBook``: the very code the thread worker runs. This module
 only schedules (tasks in simulated time instead of threads) and performs the
 instructions (:func:`drive`), so a mutation of the core is caught through the
@@ -33,7 +34,7 @@ from ..._core.limits import ITEM_LIMIT
 from ..._core.messages import Delivery, Poison, receive_flow
 from ..._core.receiving import ReceivePacer
 from ..._core.rounds import heartbeat_tick_flow
-from ..._core.shutdown import release_unstarted_flow, shutdown_flow
+from ..._core.shutdown import Drive, WaitAttempts, received_flow, shutdown_order
 from ..._core.stages import NextStage
 from ..._core.sweeps import first_sweep_wait, redrive_rules, sweep_once_flow
 from ..._core.timing import EFFECT_MARGIN, Pace, pace_budget
@@ -333,14 +334,11 @@ class SimWorker(Actor):
             )
             self._pacer.received(self.mono(), want, len(batch))
             for item in batch:
-                self.bump("received")
-                if self.stopping:
-                    yield from self.drive(
-                        release_unstarted_flow(self.env, item),
-                        Origin(self.id, "release", "release"),
-                    )
-                    continue
-                self._start(item)
+                start = yield from self.drive(
+                    received_flow(self.env, item), Origin(self.id, "release", "release")
+                )
+                if start:
+                    self._start(item)
         yield from self._shutdown()
         delay = self.world.chaos.uniform(1.0, 30.0)
         self.world.at(self.world.now, lambda: self.world.worker_exited(self, restart_after=delay))
@@ -360,17 +358,23 @@ class SimWorker(Actor):
         self.world.interrupt(self.heartbeat_task)
 
     def _shutdown(self) -> SimGen[None]:
-        if self.stopping:
-            self.book.request_stop()
-        deadline = self.mono() + self.shutdown_grace
-        for _ in range(_LOOP_LIMIT):
-            if not self._alive_jobs() or self.mono() >= deadline:
-                break
-            yield SleepOp(max(0.01, deadline - self.mono()), wakeable=True)
-        yield from self.drive(shutdown_flow(self.env), Origin(self.id, "release", "release"))
-        yield from self.drive(
-            core.flush_deletes_flow(self.env, force=True), Origin(self.id, "deletes", "deletes")
-        )
+        """The core's shutdown order, each step performed in simulated time (the job
+        tasks wake this one as they end)."""
+        for step in shutdown_order(self.env, asked=self.stopping, grace=self.shutdown_grace):
+            if isinstance(step, Drive):
+                yield from self.drive(step.flow, Origin(self.id, step.kind, step.kind))
+                continue
+            deadline = self.mono() + step.seconds
+            for _ in range(_LOOP_LIMIT):
+                if isinstance(step, WaitAttempts):
+                    if not self._alive_jobs() or self.mono() >= deadline:
+                        break
+                    yield SleepOp(max(0.01, deadline - self.mono()), wakeable=True)
+                else:
+                    if not step.writing() or self.mono() >= deadline:
+                        break
+                    # as the real shells poll it (an attempt's task ends right after)
+                    yield SleepOp(min(self.tick, max(0.01, deadline - self.mono())), wakeable=True)
 
     def _delete_loop(self) -> SimGen[None]:
         """As the real workers' flusher: send the deletes that waited their window
