@@ -45,7 +45,8 @@ def stray(world: World) -> None:
     world.sqs.send(world.sqs.queues[world.queue_url], message_body(job_id, other))
 
 
-def cancel(world: World) -> None:
+def _cancel(world: World) -> None:
+    """An operator cancels a job (``cancel_flow``), whatever state it is in."""
     job_id = world.chaos.choice(sorted(world.job_plans))
     flow = cancel_flow(
         world.jobs_req,
@@ -57,7 +58,8 @@ def cancel(world: World) -> None:
     world.operator.spawn(f"cancel-{job_id}", drive_plain(world, world.operator, flow, origin))
 
 
-def poison(world: World) -> None:
+def _poison(world: World) -> None:
+    """A message no worker can read, or one naming a job nobody submitted."""
     q = world.sqs.queues[world.queue_url]
     world.sqs.now = world.now
     if world.chaos.chance(0.5):
@@ -67,6 +69,7 @@ def poison(world: World) -> None:
 
 
 def fault(world: World) -> None:
+    """One drawn fault event (its kind by the plan's weights), on a live worker."""
     kinds = list(FAULT_KINDS)
     weights = [world.plan.fault_weights.get(k, 0.0) for k in kinds]
     kind = world.chaos.rng.choices(kinds, weights)[0]
@@ -77,12 +80,12 @@ def fault(world: World) -> None:
     if kind == "cancel":
         world.chaos.count(kind)
         world.record("faults", kind, {})
-        cancel(world)
+        _cancel(world)
         return
     if kind == "poison_message":
         world.chaos.count(kind)
         world.record("faults", kind, {})
-        poison(world)
+        _poison(world)
         return
     if not live:
         return
@@ -125,7 +128,7 @@ def fault(world: World) -> None:
 # ------------------------------------------------------------------ the run
 
 
-def make_unreadable(world: World, seconds: float) -> None:
+def _make_unreadable(world: World, seconds: float) -> None:
     """unreadable_records: an outside writer (a hand edit, a newer version) gives a
     running job's record a state this version does not know, and puts it back
     ``seconds`` later. Written around the API: no worker request is involved."""
@@ -158,4 +161,4 @@ def make_unreadable(world: World, seconds: float) -> None:
 def schedule_unreadable(world: World) -> None:
     """unreadable_records: when the outside writer edits a running job's record."""
     for when, seconds in world.plan.wide.unreadable:
-        world.at(when, lambda d=seconds: make_unreadable(world, d))  # type: ignore[misc]
+        world.at(when, lambda d=seconds: _make_unreadable(world, d))  # type: ignore[misc]

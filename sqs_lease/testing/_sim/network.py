@@ -46,6 +46,7 @@ def _timeout_for(world: World, actor: Actor, c: Call) -> float:
 
 
 def call(world: World, task: Task, op: CallOp) -> None:
+    """Send an AWS call for ``task``; the task resumes with its outcome (or a timeout)."""
     actor = task.actor
     c = op.call
     world.checker.now = world.now
@@ -228,6 +229,7 @@ def _answer(
 
 
 def remote(world: World, task: Task, r: Remote) -> None:
+    """Send a tool call or a check to its target; the task resumes with its outcome."""
     actor = task.actor
     p = Pending(task, actor.mono())
     t0 = world.now

@@ -41,7 +41,7 @@ def submit(world: World, job_id: str, tries: int = 1, producer: str = "") -> Non
         tenant=world.planned.tenant(job_id) if world.planned is not None else None,  # plans
     )
     if jp.producer_dies:
-        flow = dies_before_send(world, flow, job_id)
+        flow = _dies_before_send(world, flow, job_id)
     name = f"submit-{job_id}" + (f"-{producer}" if producer else "")
     origin = Origin("producer", name, "producer")
 
@@ -60,7 +60,7 @@ def resend_after(world: World) -> float:
     return sweep.grace if sweep is not None else 0.0
 
 
-def dies_before_send(world: World, flow: Any, job_id: str) -> Any:
+def _dies_before_send(world: World, flow: Any, job_id: str) -> Any:
     """producer_death: the submission stops where the message would be sent (the
     record is written; the process that wrote it is gone, nobody resubmits)."""
     instr = next(flow)
