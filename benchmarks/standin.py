@@ -120,11 +120,11 @@ class StandIn:
         if self.backend == "sim":
             from sqs_lease.testing._sim.chaos import Chaos
             from sqs_lease.testing._sim.ddb import SimDynamo, TableSpec
-            from sqs_lease.testing._sim.world import _jobs_table_spec
+            from sqs_lease.testing._sim.resources import jobs_table_spec
 
             self.dynamo = SimDynamo(
                 [
-                    _jobs_table_spec(names["jobs"]),
+                    jobs_table_spec(names["jobs"]),
                     TableSpec(names["intents"], "intent_key"),
                     TableSpec(names["attempts"], "intent_key", "attempt"),
                     TableSpec(names["groups"], "group_id"),

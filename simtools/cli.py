@@ -268,7 +268,7 @@ def _replay(
     jobs: int | None,
     features: frozenset[str] | None = None,
 ) -> int:
-    from sqs_lease.testing._sim.world import render_entry
+    from sqs_lease.testing._sim.render import render_entry
 
     from . import run_seed
 

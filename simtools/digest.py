@@ -19,7 +19,8 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from sqs_lease.testing._sim.world import World, render_entry
+from sqs_lease.testing._sim.render import render_entry
+from sqs_lease.testing._sim.world import World
 
 from .mutations import applied
 
@@ -52,7 +53,7 @@ def world_state(world: World) -> dict[str, Any]:
     chaos = world.chaos
     return {
         "now": world.now,
-        "seq": world._seq,
+        "seq": world.seq,
         "events": world.events,
         "rng": [
             hashlib.sha256(repr(r.getstate()).encode()).hexdigest()

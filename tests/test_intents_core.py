@@ -1954,8 +1954,9 @@ def test_the_new_intent_errors_end_the_attempt_as_documented(exc: Exception, kin
 
 
 def test_the_simulator_answers_the_wall_clock_with_its_virtual_time() -> None:
-    from sqs_lease.testing._sim.world import ATTEMPTS as SIM_ATTEMPTS
-    from sqs_lease.testing._sim.world import EPOCH_S, World
+    from sqs_lease.testing._sim.resources import ATTEMPTS as SIM_ATTEMPTS
+    from sqs_lease.testing._sim.resources import EPOCH_S
+    from sqs_lease.testing._sim.world import World
 
     world = World(11)
     world.run()

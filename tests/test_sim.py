@@ -1607,9 +1607,9 @@ def test_the_simulated_dynamodb_runs_a_group_submit_and_cancel_through_its_index
     from sqs_lease._core.sending import submit_flow
     from sqs_lease._errors import GroupCancelled
     from sqs_lease._schema.group_requests import GroupTable
-    from sqs_lease.testing._sim.world import GROUPS, _jobs_table_spec
+    from sqs_lease.testing._sim.resources import GROUPS, jobs_table_spec
 
-    db = SimDynamo([_jobs_table_spec(JOBS), TableSpec(GROUPS, "group_id")], Chaos(0))
+    db = SimDynamo([jobs_table_spec(JOBS), TableSpec(GROUPS, "group_id")], Chaos(0))
     db.chaos.cutoff = 0.0
     jt, gt = JobTable(JOBS), GroupTable(GROUPS)
 

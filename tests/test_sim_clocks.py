@@ -22,8 +22,9 @@ from sqs_lease.testing._sim.clocks import CLOCK_FEATURES, DEAD_PREFIX, I25, MAX_
 from sqs_lease.testing._sim.invariants import I2, I10
 from sqs_lease.testing._sim.plan import PASSING_FEATURES, SWEEP_LIMIT, WIDE_FEATURES, draw_plan
 from sqs_lease.testing._sim.receiver import Receivers
+from sqs_lease.testing._sim.resources import JOBS, QUEUE
 from sqs_lease.testing._sim.sqs import EPOCH_MS
-from sqs_lease.testing._sim.world import JOBS, QUEUE, World
+from sqs_lease.testing._sim.world import World
 
 # The first seed of each mutation's search that catches it (``first_catch``), with the
 # invariant it breaks there.

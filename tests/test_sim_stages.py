@@ -35,8 +35,9 @@ from sqs_lease.testing._sim.plan import (
     draw_plan,
 )
 from sqs_lease.testing._sim.receiver import TargetFaults
+from sqs_lease.testing._sim.resources import JOBS
 from sqs_lease.testing._sim.sqs import SqsBehaviour
-from sqs_lease.testing._sim.world import JOBS, World
+from sqs_lease.testing._sim.world import World
 
 HOUR = 3600.0
 # fetch 5 h, transform 10 h (close to the cap), then three of 5 h: 30 h in all

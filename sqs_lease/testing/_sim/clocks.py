@@ -37,7 +37,8 @@ from ..._jobs import canonical_json, payload_hash
 
 if TYPE_CHECKING:
     from .plan import RunPlan
-    from .world import Actor, World
+    from .tasks import Actor
+    from .world import World
 
 CLOCK_FEATURES = ("clocks", "backlog", "dead_entries")
 
@@ -290,7 +291,7 @@ class Clocks:
         n = self.plan.dead
         if not n:
             return
-        from .world import EPOCH_S, JOBS
+        from .resources import EPOCH_S, JOBS
 
         w = self.world
         ddb, req = w.ddb, w.jobs_req

@@ -29,7 +29,7 @@ from typing import Any
 from ..._core.calls import Err, ErrorKind, Ok, Outcome
 from ..._core.limits import ITEM_LIMIT  # DynamoDB's item limit: the one constant
 from .chaos import Chaos
-from .expr import ExpressionError, Item, request_expressions, stored
+from .expr import ExpressionError, Expressions, Item, request_expressions, stored
 
 Key = tuple[tuple[str, str, str], ...]
 WriteHook = Callable[[str, Key, "Item | None", "Item | None", Any], None]
@@ -248,11 +248,15 @@ class SimDynamo:
         self._write(table, k, item, origin)
         return Ok(self._returns(params, old, item))
 
-    def _op_UpdateItem(self, params: Mapping[str, Any], origin: Any) -> Outcome:
+    def _addressed(self, params: Mapping[str, Any]) -> tuple[str, Key, Expressions, Item | None]:
+        """A keyed write's table, key and expressions, and the item the key holds now."""
         table = params["TableName"]
         k = self.key_of(table, params["Key"])
         ex = request_expressions(params)
-        old = self.items[table].get(k)
+        return table, k, ex, self.items[table].get(k)
+
+    def _op_UpdateItem(self, params: Mapping[str, Any], origin: Any) -> Outcome:
+        table, k, ex, old = self._addressed(params)
         if not ex.check(old):
             return self._cond_failed(params, old)
         new = ex.apply(old, self.key_dict(table, k))
@@ -262,10 +266,7 @@ class SimDynamo:
         return Ok(self._returns(params, old, new))
 
     def _op_DeleteItem(self, params: Mapping[str, Any], origin: Any) -> Outcome:
-        table = params["TableName"]
-        k = self.key_of(table, params["Key"])
-        ex = request_expressions(params)
-        old = self.items[table].get(k)
+        table, k, ex, old = self._addressed(params)
         if not ex.check(old):
             return self._cond_failed(params, old)
         if old is not None:

@@ -16,6 +16,7 @@ Parsed expressions are cached by their text.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -600,49 +601,32 @@ class _ProjectionParser(_Parser):
 
 # --------------------------------------------------------------------------- public API
 
-_COND_CACHE: dict[str, ParsedCondition] = {}
-_UPD_CACHE: dict[str, ParsedUpdate] = {}
-_PROJ_CACHE: dict[str, ParsedProjection] = {}
+# A run parses the same few texts tens of thousands of times: each parse is kept.
 _CACHE_LIMIT = 4096
 
 
+@functools.lru_cache(maxsize=_CACHE_LIMIT)
 def parse_condition(text: str) -> ParsedCondition:
-    hit = _COND_CACHE.get(text)
-    if hit is not None:
-        return hit
     p = _ConditionParser(text)
     ast = p.condition()
     p.done()
-    parsed = ParsedCondition(ast, frozenset(p.names), frozenset(p.values))
-    if len(_COND_CACHE) < _CACHE_LIMIT:
-        _COND_CACHE[text] = parsed
-    return parsed
+    return ParsedCondition(ast, frozenset(p.names), frozenset(p.values))
 
 
+@functools.lru_cache(maxsize=_CACHE_LIMIT)
 def parse_update(text: str) -> ParsedUpdate:
-    hit = _UPD_CACHE.get(text)
-    if hit is not None:
-        return hit
     p = _UpdateParser(text)
     actions = p.update()
     p.done()
-    parsed = ParsedUpdate(actions, frozenset(p.names), frozenset(p.values))
-    if len(_UPD_CACHE) < _CACHE_LIMIT:
-        _UPD_CACHE[text] = parsed
-    return parsed
+    return ParsedUpdate(actions, frozenset(p.names), frozenset(p.values))
 
 
+@functools.lru_cache(maxsize=_CACHE_LIMIT)
 def parse_projection(text: str) -> ParsedProjection:
-    hit = _PROJ_CACHE.get(text)
-    if hit is not None:
-        return hit
     p = _ProjectionParser(text)
     paths = p.projection()
     p.done()
-    parsed = ParsedProjection(paths, frozenset(p.names))
-    if len(_PROJ_CACHE) < _CACHE_LIMIT:
-        _PROJ_CACHE[text] = parsed
-    return parsed
+    return ParsedProjection(paths, frozenset(p.names))
 
 
 @dataclass(frozen=True)

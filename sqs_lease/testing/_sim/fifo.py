@@ -56,6 +56,7 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from ..._core.calls import Ok, Outcome
 from ..._schema.group_requests import GroupTable
+from . import producers
 from .invariants import I4, I18, INVARIANTS
 
 if TYPE_CHECKING:
@@ -277,7 +278,7 @@ class FifoWorld:
                 def again(j: str = job_id, who: str = f"r{k}") -> None:
                     if w.chaos.active:
                         w.chaos.count("fifo_resubmit")
-                    w._submit(j, producer=who)
+                    producers.submit(w, j, producer=who)
 
                 w.at(when, again)
 
@@ -396,6 +397,6 @@ def _body(text: str) -> dict[str, Any]:
 
 
 def _groups_table() -> str:
-    from .world import GROUPS
+    from .resources import GROUPS
 
     return GROUPS

@@ -49,7 +49,8 @@ from ..._core.sweeps import SCHEDULED_DLQ_RECEIVES, SCHEDULED_SWEEP_PAGE, sweep_
 from ..._core.timing import EFFECT_MARGIN
 from .invariants import Origin
 from .plan import SweepPlan
-from .world import JOB_CLASS, JOB_CLASS_V2, QUEUE, Actor, SimGen, SleepOp, Task
+from .resources import JOB_CLASS, JOB_CLASS_V2, QUEUE
+from .tasks import Actor, SimGen, SleepOp, Task
 
 if TYPE_CHECKING:
     from .chaos import Chaos
@@ -208,7 +209,7 @@ def _new_env(world: World, deployment: Deployment) -> Any:
         def _starving(self, flow: Flow[T], chance: float) -> Flow[T]:
             """Pass the flow's instructions on; at an intent start, maybe starve."""
             from .invariants import _intent_write
-            from .world import INTENTS
+            from .resources import INTENTS
 
             rng = world.lambda_run.rng if world.lambda_run is not None else None
             try:
@@ -577,7 +578,7 @@ def _submit_reserved(world: World, job_id: str) -> None:
     submit; had it been stored, it is a job like any other and must end as one."""
     from ..._core.sending import submit_flow
     from ..._jobs import canonical_json, payload_hash
-    from .world import _drive_plain
+    from .tasks import drive_plain as _drive_plain
 
     text = canonical_json({"n": 0})
 
@@ -628,7 +629,7 @@ def finish(world: World, records: MappingT[str, MappingT[str, Any] | None]) -> N
     from ..._core.records import DEAD_LETTERED_CODE, JobState
     from ..._schema.views import view_of
     from .invariants import I4
-    from .world import JOBS
+    from .resources import JOBS
 
     if world.plan.lambdas is None:
         return

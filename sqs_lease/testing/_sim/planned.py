@@ -61,8 +61,9 @@ from .plan import JobPlan, RunPlan
 
 if TYPE_CHECKING:
     from .sqs import Message
+    from .tasks import SimGen
     from .worker import SimWorker
-    from .world import SimGen, World
+    from .world import World
 
 FEATURE = "plans"
 SLOTS = "sim-slots"
@@ -216,7 +217,7 @@ def _tool_fn(name: str, is_async: bool) -> Any:
 
 def build_app(world: World, d: PlansDraw) -> App:
     """The real app the draw describes: the job ``sim`` planned, its tools on it."""
-    from .world import JOB_CLASS, SimPayload
+    from .resources import JOB_CLASS, SimPayload
 
     c = world.job_class
     policy = {
@@ -413,7 +414,7 @@ class Planned:
         """An async tool's step holds the event loop ``seconds``: the whole worker (its
         heartbeat, its answers) waits, then the shell judges the stall as the real
         async worker does (``LeaseBook.loop_stalled``, ``loop_blocked``, the drops)."""
-        from .world import SleepOp
+        from .tasks import SleepOp
 
         job_id = run.claim.job.job_id
         began = w.mono()

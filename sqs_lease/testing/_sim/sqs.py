@@ -381,7 +381,11 @@ class SimSQS:
             )
         return None
 
-    def _op_ChangeMessageVisibilityBatch(self, q: Queue, params: Mapping[str, Any]) -> Outcome:
+    def _batch(
+        self, params: Mapping[str, Any], one: Callable[[Mapping[str, Any]], Err | None]
+    ) -> Outcome:
+        """A batch request: ``one`` applies each entry in turn; the answer lists each
+        entry's success or failure (an invalid batch applies none)."""
         entries = list(params.get("Entries") or [])
         bad = self._batch_check(entries)
         if bad is not None:
@@ -389,7 +393,7 @@ class SimSQS:
         ok: list[dict[str, str]] = []
         failed: list[dict[str, Any]] = []
         for e in entries:
-            err = self._change(q, str(e.get("ReceiptHandle", "")), e.get("VisibilityTimeout"))
+            err = one(e)
             if err is None:
                 ok.append({"Id": str(e["Id"])})
             else:
@@ -402,6 +406,12 @@ class SimSQS:
                     }
                 )
         return Ok({"Successful": ok, "Failed": failed})
+
+    def _op_ChangeMessageVisibilityBatch(self, q: Queue, params: Mapping[str, Any]) -> Outcome:
+        return self._batch(
+            params,
+            lambda e: self._change(q, str(e.get("ReceiptHandle", "")), e.get("VisibilityTimeout")),
+        )
 
     def _delete(self, q: Queue, handle: str) -> Err | None:
         m = self._lookup(q, handle)
@@ -424,26 +434,7 @@ class SimSQS:
         return err if err is not None else Ok({})
 
     def _op_DeleteMessageBatch(self, q: Queue, params: Mapping[str, Any]) -> Outcome:
-        entries = list(params.get("Entries") or [])
-        bad = self._batch_check(entries)
-        if bad is not None:
-            return bad
-        ok: list[dict[str, str]] = []
-        failed: list[dict[str, Any]] = []
-        for e in entries:
-            err = self._delete(q, str(e.get("ReceiptHandle", "")))
-            if err is None:
-                ok.append({"Id": str(e["Id"])})
-            else:
-                failed.append(
-                    {
-                        "Id": str(e["Id"]),
-                        "SenderFault": True,
-                        "Code": err.code,
-                        "Message": err.message,
-                    }
-                )
-        return Ok({"Successful": ok, "Failed": failed})
+        return self._batch(params, lambda e: self._delete(q, str(e.get("ReceiptHandle", ""))))
 
     # ---------------------------------------------------------------- inspection
 

@@ -31,7 +31,7 @@ from ..._core.intents import EffectResult, EffectSpec
 from ..._jobs import App, JobContext
 from ..._journal import Journal
 from ..._shell import context_fields
-from .world import SimCheck, SimGen, SimTool, SleepOp
+from .tasks import SimCheck, SimGen, SimTool, SleepOp
 
 if TYPE_CHECKING:
     from .worker import SimWorker

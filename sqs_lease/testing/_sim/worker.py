@@ -48,7 +48,7 @@ from ..._errors import (
 from ..._jobs import JobClass, canonical_json, payload_hash
 from .invariants import Origin
 from .plan import STAGE_NAMES, Step
-from .world import (
+from .tasks import (
     Actor,
     CallOp,
     RemoteCall,
