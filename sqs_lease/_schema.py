@@ -25,16 +25,7 @@ from pynamodb.indexes import GlobalSecondaryIndex, IncludeProjection, KeysOnlyPr
 from pynamodb.models import Model
 
 from ._core.calls import Call
-from ._core.intents import (
-    EffectSpec,
-    IntentState,
-    IntentView,
-    Resolution,
-    first_start_stamp,
-    first_started_by,
-    success_meaning,
-    successor_key,
-)
+from ._core.intents import EffectSpec, IntentState, IntentView, success_meaning
 from ._core.limits import REJECTED_CONTENT_LIMIT
 from ._core.liveness import LIVENESS_KEEP_SECONDS, Liveness, held_json, liveness_key
 from ._core.records import (
@@ -46,6 +37,8 @@ from ._core.records import (
     JobState,
     JobView,
 )
+from ._core.resolving import Resolution, successor_key
+from ._core.retention import first_start_stamp, first_started_by
 from ._core.slots import SlotView
 from ._core.timeline import TimelineKind as TK
 from ._core.timeline import event

@@ -508,7 +508,7 @@ def retry_failed_flow(
     """
     from .._errors import JobNotFound, RetryRefused
     from .groups import cancelled_group_flow
-    from .intents import resume_flow
+    from .resuming import ResumeVerdict, resume_flow
 
     got = yield from call(req.get(job_id))
     if isinstance(got, Err):
@@ -556,7 +556,9 @@ def retry_failed_flow(
             interactive_url=interactive_url,
         )
         verdict: RetryVerdict = (
-            "nothing_to_do" if resumed.verdict == "not_parked" else (resumed.verdict)
+            "nothing_to_do"
+            if resumed.verdict is ResumeVerdict.NOT_PARKED
+            else ("resumed" if resumed.verdict is ResumeVerdict.RESUMED else "resent")
         )
         return Retried(
             job_id,

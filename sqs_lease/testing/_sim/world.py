@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pydantic import BaseModel
 
-from ..._core import intents as core_intents
+from ..._core import resolving as core_resolving
+from ..._core import resuming as core_resuming
 from ..._core.calls import Call, Err, ErrorKind, Ok, Outcome
 from ..._core.cancelling import cancel_flow
-from ..._core.intents import IntentState, Resolution, ToolResult
+from ..._core.intents import IntentState, ToolResult
 from ..._core.lease import LeaseStatus
 from ..._core.messages import message_body
+from ..._core.resolving import Resolution
 from ..._core.sending import submit_flow
 from ..._errors import IntentError, LeaseLost, ToolNotApplied, ToolOutcomeUnknown
 from ..._jobs import JobClass, canonical_json, payload_hash
@@ -1337,7 +1339,7 @@ class World:
 
             def command(sid: str) -> Any:
                 # Looked up at each run: a mutation patches the core's flow.
-                return core_intents.resolve_flow(
+                return core_resolving.resolve_flow(
                     self.intents_req,
                     self.jobs_req,
                     queue_url=self.queue_url,
@@ -1356,7 +1358,7 @@ class World:
             self.record("operator", "operator_resumes", {"job_id": job_id})
 
             def command(sid: str) -> Any:
-                return core_intents.resume_flow(
+                return core_resuming.resume_flow(
                     self.jobs_req,
                     queue_url=self.queue_url,
                     job_id=job_id,
