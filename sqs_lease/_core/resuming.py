@@ -77,23 +77,18 @@ def unpark_or_resend(
 ) -> Flow[Resumed]:
     """:func:`resume_flow` without its ``job_resume_skipped`` event (an operator's
     resolve that finds its job half done says it itself)."""
+
+    def sent_as(job: JobView, verdict: ResumeVerdict) -> Flow[Resumed]:
+        was, what, done = _SENT_AS[verdict]
+        queue = home_queue(job, queue_url, interactive_url)
+        sent = yield from _send(jreq, job, queue, send_id=send_id, wall_now=wall_now, what=what)
+        return Resumed(job_id, verdict, was, sent_note(sent, done), send_id, sent.message_id)
+
     out = yield from call(jreq.unpark(job_id, send_id, wall_now))
     if isinstance(out, Ok):
         job = jreq.parse(out.response.get("Attributes", {}))
         yield from emit("job_resumed", job_id=job_id, send_id=send_id, by="resume")
-        sent = yield from _send(
-            jreq,
-            job,
-            queue_url=queue_url,
-            interactive_url=interactive_url,
-            send_id=send_id,
-            wall_now=wall_now,
-            what="resumed (one attempt granted)",
-        )
-        note = sent_note(sent, "re-enqueued (one attempt granted)")
-        return Resumed(
-            job_id, ResumeVerdict.RESUMED, JobState.PARKED, note, send_id, sent.message_id
-        )
+        return (yield from sent_as(job, ResumeVerdict.RESUMED))
     if out.kind is not ErrorKind.CONDITION_FAILED:
         raise outcome_error(out, "resume job", job_id)
     if out.item is None:
@@ -121,19 +116,7 @@ def unpark_or_resend(
                 ),
                 by="resume",
             )
-            sent = yield from _send(
-                jreq,
-                job,
-                queue_url=queue_url,
-                interactive_url=interactive_url,
-                send_id=send_id,
-                wall_now=wall_now,
-                what="queued",
-            )
-            note = sent_note(sent, "it was queued without a message: message sent")
-            return Resumed(
-                job_id, ResumeVerdict.RESENT, JobState.QUEUED, note, send_id, sent.message_id
-            )
+            return (yield from sent_as(job, ResumeVerdict.RESENT))
         if took.kind is not ErrorKind.CONDITION_FAILED:
             raise outcome_error(took, "resume job (take over the send)", job_id)
         if took.item is not None:
@@ -164,37 +147,33 @@ def send_resumed(
             f"{UNSENT_GRACE_SECONDS:g} s"
         )
     job = jreq.parse(got.response["Item"])
-    return (
-        yield from _send(
-            jreq,
-            job,
-            queue_url=queue_url,
-            interactive_url=interactive_url,
-            send_id=send_id,
-            wall_now=wall_now,
-            what=what,
-        )
-    )
+    queue = home_queue(job, queue_url, interactive_url)
+    return (yield from _send(jreq, job, queue, send_id=send_id, wall_now=wall_now, what=what))
+
+
+_SENT_AS: dict[ResumeVerdict, tuple[JobState, str, str]] = {
+    # The job's state before, what happened to it (for a failed send's error), and
+    # what the operator is told.
+    ResumeVerdict.RESUMED: (
+        JobState.PARKED,
+        "resumed (one attempt granted)",
+        "re-enqueued (one attempt granted)",
+    ),
+    ResumeVerdict.RESENT: (
+        JobState.QUEUED,
+        "queued",
+        "it was queued without a message: message sent",
+    ),
+}
 
 
 def _send(
-    jreq: JobRequests,
-    job: JobView,
-    *,
-    queue_url: str,
-    interactive_url: str | None,
-    send_id: str,
-    wall_now: float,
-    what: str,
+    jreq: JobRequests, job: JobView, queue_url: str, *, send_id: str, wall_now: float, what: str
 ) -> Flow[SendOutcome]:
-    """Send the job's message to its home queue; an unsent one raises, naming the way
-    on (``what``: what happened to the job before the send)."""
+    """Send the job's message; an unsent one raises, naming the way on (``what``: what
+    happened to the job before the send)."""
     sent = yield from send_record_message(
-        jreq,
-        job,
-        queue_url=home_queue(job, queue_url, interactive_url),
-        send_id=send_id,
-        wall_now=wall_now,
+        jreq, job, queue_url=queue_url, send_id=send_id, wall_now=wall_now
     )
     _raise_unsent(sent, job.job_id, what)
     return sent
