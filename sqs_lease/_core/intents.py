@@ -247,6 +247,7 @@ def replay_or_refuse(
 
 
 def read_intent(ireq: IntentRequests, key: str) -> Flow[IntentView | None]:
+    """The intent as stored now (None: absent, or the read got no answer)."""
     out = yield from call(ireq.get(key))
     if isinstance(out, Err):
         return None
@@ -255,6 +256,8 @@ def read_intent(ireq: IntentRequests, key: str) -> Flow[IntentView | None]:
 
 
 def outcome_error(out: Err, what: str, key: str) -> BaseException:
+    """What an intent's or job's write (or read) that failed without a verdict raises:
+    a missing table is a failed call; anything else leaves ownership unknown."""
     if out.kind is ErrorKind.NOT_FOUND:
         return fail_call(f"{what} {key!r}", out)
     return OwnershipUnknown(f"{what} {key!r}: {out.code or out.kind}: {out.message}")

@@ -43,6 +43,8 @@ def successor_key(key: str) -> str:
 
 
 class ResolveRequests(Protocol):
+    """The intent store's requests an operator's decision needs (``_schema.IntentTable``)."""
+
     def resolve(
         self,
         key: str,
@@ -77,6 +79,8 @@ class ResolveRequests(Protocol):
 
 @dataclass(frozen=True)
 class Resolved:
+    """What a resolve did: the intent as settled, and what happened to its job."""
+
     intent: IntentView
     job_requeued: bool
     job_state: JobState | None  # the job's state before the resolution touched it
