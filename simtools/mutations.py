@@ -27,11 +27,17 @@ from typing import Any
 from sqs_lease._core import (
     attempt,
     claiming,
+    effectflow,
     endwrites,
     fencing,
     handback,
     heartbeats,
     intents,
+    intentwrites,
+    reconciling,
+    resolving,
+    resuming,
+    retention,
     rounds,
     sending,
     sweeping,
@@ -136,7 +142,7 @@ def blind_retry() -> Iterator[None]:
         return None
         yield  # a generator, like the real one
 
-    with _patch(intents, "_reconcile", reconcile):
+    with _patch(effectflow, "reconcile", reconcile):
         yield
 
 
@@ -226,7 +232,7 @@ def shared_key_as_own() -> Iterator[None]:
     key takes it for its own (the holder is not looked at), and recognises a refused
     start as its own by token and attempt (which repeat across jobs). The second job
     then calls the target too. Expected: I2 (shared_keys, unkeyed targets)."""
-    _require(intents, "start_id_for", "item 1 (shared keys)")
+    _require(intentwrites, "start_id_for", "item 1 (shared keys)")
     import dataclasses
 
     from sqs_lease._schema.intent_requests import IntentTable
@@ -242,7 +248,7 @@ def shared_key_as_own() -> Iterator[None]:
 
     with ExitStack() as stack:
         stack.enter_context(_patch(IntentTable, "parse", parse_as_own))
-        stack.enter_context(_patch(intents, "start_id_for", start_id))
+        stack.enter_context(_patch(intentwrites, "start_id_for", start_id))
         yield
 
 
@@ -252,7 +258,7 @@ def plain_error_not_applied() -> Iterator[None]:
     ToolOutcomeUnknown reads as "certainly not applied" (the old rule): a response
     cut after the target applied reopens the intent and a later attempt repeats it.
     Expected: I2 (cut_responses, unkeyed targets)."""
-    _require(intents, "ToolNotApplied", "item 2 (errors after the request left)")
+    _require(effectflow, "ToolNotApplied", "item 2 (errors after the request left)")
     from sqs_lease import _errors
 
     not_applied: Any = getattr(_errors, "ToolNotApplied")  # noqa: B009 - absent before the fix
@@ -267,7 +273,7 @@ def plain_error_not_applied() -> Iterator[None]:
     # isinstance() says yes to every plain exception, as the old rule did.
     plain_not_applied = _OldRule("PlainNotApplied", (not_applied,), {})
 
-    with _patch(intents, "ToolNotApplied", plain_not_applied):
+    with _patch(effectflow, "ToolNotApplied", plain_not_applied):
         yield
 
 
@@ -276,8 +282,8 @@ def transient_cancel_as_refusal() -> Iterator[None]:
     """Issue 7 item 5: a transaction cancelled for ThrottlingError/TransactionConflict
     reads as a failed condition (another owner, a lost lease). Expected: I8
     (txn_transient)."""
-    _require(intents, "_transient_cancel", "item 5 (transient cancellations)")
-    with _patch(intents, "_transient_cancel", lambda err: False):
+    _require(intentwrites, "transient_cancel", "item 5 (transient cancellations)")
+    with _patch((intentwrites, resolving), "transient_cancel", lambda err: False):
         yield
 
 
@@ -489,15 +495,15 @@ def validation_as_unknown() -> Iterator[None]:
 def intent_write_unchecked() -> Iterator[None]:
     """Issue 7 item 13, as before the fix: intent writes go out without checking the
     local lease first, so a worker thawed after its lease lapsed still prepares or
-    starts an intent under its old token. Patches the core's ``intents._lease_check``.
+    starts an intent under its old token. Patches the core's ``intentwrites._lease_check``.
     Expected: I15."""
-    _require(intents, "_lease_check", "issue 7 item 13 (lease-first intent writes)")
+    _require(intentwrites, "_lease_check", "issue 7 item 13 (lease-first intent writes)")
 
     def unchecked(spec: Any) -> Flow[None]:
         return None
         yield  # a generator, as the real one
 
-    with _patch(intents, "_lease_check", unchecked):
+    with _patch(intentwrites, "_lease_check", unchecked):
         yield
 
 
@@ -507,14 +513,16 @@ def unconfirmed_lease_given_up() -> Iterator[None]:
     attempt (prepare, take-over, start, the failed call's record, the ambiguous mark)
     gives the attempt up as soon as the lease is unconfirmed (one heartbeat got no
     answer), instead of waiting for the next verdict while the lease has reserve.
-    Patches the core's ``intents._lease_confirmed``. Expected: I8 (a transient cancel
+    Patches the core's ``intentwrites.lease_confirmed``. Expected: I8 (a transient cancel
     just before, with the lease running)."""
-    _require(intents, "_lease_confirmed", "soak seed 401269 (an unconfirmed lease is waited for)")
+    _require(
+        intentwrites, "lease_confirmed", "soak seed 401269 (an unconfirmed lease is waited for)"
+    )
 
     def at_once(ctx: Any) -> Flow[None]:
-        return (yield from intents._lease_check(ctx.spec))
+        return (yield from intentwrites._lease_check(ctx.spec))
 
-    with _patch(intents, "_lease_confirmed", at_once):
+    with _patch((intentwrites, effectflow, reconciling), "lease_confirmed", at_once):
         yield
 
 
@@ -551,12 +559,12 @@ def resolve_in_two_writes() -> Iterator[None]:
     """Issue 14 item 6, as before the fix: ``intents resolve`` settles the intent, then
     unparks the job in a second write, and a resolve of an intent already settled says
     there is nothing to resolve. An operator that dies between the two leaves the job
-    parked for good. Patches the core's ``intents.resolve_flow``. Expected: I16
+    parked for good. Patches the core's ``resolving.resolve_flow``. Expected: I16
     (operator_races, whose operator may die half way and runs the command again)."""
     from sqs_lease._core.calls import Err, call
     from sqs_lease._errors import IntentError, IntentNotFound, OwnershipUnknown
 
-    _require(intents, "resolve_flow", "issue 14 item 6 (one decision)")
+    _require(resolving, "resolve_flow", "issue 14 item 6 (one decision)")
 
     def resolve_flow(
         ireq: Any,
@@ -596,7 +604,7 @@ def resolve_in_two_writes() -> Iterator[None]:
         unparked = yield from call(jreq.unpark(intent.job_id, send_id, wall_now))
         if isinstance(unparked, Err):
             raise IntentError(f"unpark {intent.job_id}: {unparked.code}")
-        yield from intents._send_resumed(
+        yield from resuming.send_resumed(
             jreq,
             queue_url=queue_url,
             job_id=intent.job_id,
@@ -606,7 +614,7 @@ def resolve_in_two_writes() -> Iterator[None]:
         )
         return None
 
-    with _patch(intents, "resolve_flow", resolve_flow):
+    with _patch(resolving, "resolve_flow", resolve_flow):
         yield
 
 
@@ -617,15 +625,15 @@ def stale_resolution() -> Iterator[None]:
     died) settles whatever ambiguity the intent shows then: after the job was resumed,
     ran again and went ambiguous again, a "not applied" judgement of the earlier
     attempt becomes a retry of an effect the later attempt applied. Patches the core's
-    ``intents.resolve_flow`` to drop its ``attempt``. Expected: I2 (operator_races)."""
-    _require(intents, "resolve_flow", "soak seed 57932 (a decision names its attempt)")
-    original = intents.resolve_flow
+    ``resolving.resolve_flow`` to drop its ``attempt``. Expected: I2 (operator_races)."""
+    _require(resolving, "resolve_flow", "soak seed 57932 (a decision names its attempt)")
+    original = resolving.resolve_flow
 
     def unbound(*args: Any, **kw: Any) -> Any:
         kw["attempt"] = None
         return original(*args, **kw)
 
-    with _patch(intents, "resolve_flow", unbound):
+    with _patch(resolving, "resolve_flow", unbound):
         yield
 
 
@@ -747,13 +755,12 @@ def refusal_as_unknown() -> Iterator[None]:
     (``LeaseLost``) records its failed call as any failed call, after waiting for
     the lease; once the lease lapsed meanwhile that record's lease check raises
     ``OwnershipUnknown`` over the proof of another owner."""
-    from sqs_lease._core import intents
 
     def record_stopped(ctx: Any, attempt: int, *, error: str) -> Any:
-        return intents._record_failed(ctx, attempt, not_applied=False, error=error)
+        return intentwrites.record_failed(ctx, attempt, not_applied=False, error=error)
 
-    _require(intents, "_record_stopped", "refusal_as_unknown")
-    with _patch(intents, "_record_stopped", record_stopped):
+    _require(effectflow, "record_stopped", "refusal_as_unknown")
+    with _patch(effectflow, "record_stopped", record_stopped):
         yield
 
 
@@ -1452,7 +1459,7 @@ def retention_across_clocks() -> Iterator[None]:
     forgot protected, its check (a lookup by key) says "not applied", and the effect
     is repeated (I2)."""
 
-    real = intents.repeat_unprotected
+    real = retention.repeat_unprotected
 
     def repeat_unprotected(
         retention: float | None,
@@ -1464,7 +1471,7 @@ def retention_across_clocks() -> Iterator[None]:
         wall_age = now - first_started if first_started is not None else None
         return real(retention, first_started, now, own_age=wall_age)
 
-    with _patch(intents, "repeat_unprotected", repeat_unprotected):
+    with _patch(reconciling, "repeat_unprotected", repeat_unprotected):
         yield
 
 
@@ -1477,7 +1484,7 @@ def retention_on_wall() -> Iterator[None]:
     forgot protected, and the effect is repeated (I2). The fix reads the age on the
     lease clock of the process that made the first start."""
 
-    real = intents._unprotected
+    real = reconciling._unprotected
 
     def _unprotected(
         spec: Any,
@@ -1492,8 +1499,8 @@ def retention_on_wall() -> Iterator[None]:
         wall_age = now - first_started if same and first_started is not None else None
         return real(spec, first_started, now, age=wall_age, by=by, me=me)
 
-    _require(intents, "_unprotected", "retention_on_wall")
-    with _patch(intents, "_unprotected", _unprotected):
+    _require(reconciling, "_unprotected", "retention_on_wall")
+    with _patch(reconciling, "_unprotected", _unprotected):
         yield
 
 

@@ -30,7 +30,9 @@ from ._cli_out import (
     table,
 )
 from ._config import Settings
-from ._core.intents import IntentState, Resolution, Unprotected, repeat_unprotected
+from ._core.intents import IntentState
+from ._core.resolving import Resolution
+from ._core.retention import Unprotected, repeat_unprotected
 from ._errors import IntentNotAmbiguous
 from ._journal import configure_stderr
 from ._operator import attempts_of, intent_filter_indexed, list_intents, read_intent, resolve_intent

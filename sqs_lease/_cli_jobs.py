@@ -33,6 +33,7 @@ from ._cli_out import (
 from ._core.cancelling import CancelVerdict
 from ._core.liveness import Liveness
 from ._core.messages import UNSENT_GRACE_SECONDS
+from ._core.resuming import ResumeVerdict
 from ._core.stages import stage_rows
 from ._core.texts import visible
 from ._core.timeline import IntentFacts
@@ -393,13 +394,13 @@ def jobs_resume(ctx: click.Context, job_id: str, as_json: bool) -> None:
     resumed = Producer(settings_of(ctx)).resume(job_id)
     data = {
         "job_id": job_id,
-        "verdict": resumed.verdict,
+        "verdict": resumed.verdict.value,
         "state": resumed.state.value,
         "note": resumed.note,
         "send_id": resumed.send_id,
         "message_id": resumed.message_id,
     }
-    if resumed.verdict == "not_parked":
+    if resumed.verdict is ResumeVerdict.NOT_PARKED:
         noop(
             f"job {job_id!r} is {resumed.state.value}, not parked, and its message is sent: "
             "nothing to resume",

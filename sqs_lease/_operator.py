@@ -17,8 +17,9 @@ from typing import Any
 
 from ._aws import SyncDriver, make_client
 from ._config import Settings
-from ._core.intents import IntentState, Resolution, Resolved, resolve_flow
+from ._core.intents import IntentState
 from ._core.liveness import LIVENESS_PREFIX, Liveness, liveness_key, liveness_of
+from ._core.resolving import Resolution, Resolved, resolve_flow
 from ._core.timeline import IntentAttemptFacts, IntentFacts
 from ._journal import Journal
 from ._producer import new_send_id

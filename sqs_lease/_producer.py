@@ -15,11 +15,11 @@ from ._aws import SyncDriver
 from ._config import Settings
 from ._core.cancelling import Cancelled, cancel_job_flow
 from ._core.groups import GroupReport, cancel_group_flow
-from ._core.intents import Resumed, resume_flow
 from ._core.limits import check_payload
 from ._core.messages import UNSENT_GRACE_SECONDS
 from ._core.priority import PRIORITIES, Priority
 from ._core.records import JobView
+from ._core.resuming import Resumed, resume_flow
 from ._core.sending import SubmitResult, submit_flow
 from ._core.stages import Retried, retry_failed_flow
 from ._core.sweeping import SweepReport, sweep_flow

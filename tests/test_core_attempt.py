@@ -44,12 +44,13 @@ from sqs_lease._core.deploy import SHUTDOWN_RELEASE_MARGIN
 from sqs_lease._core.endings import EndKind, ending_for
 from sqs_lease._core.env import ActFor, AttemptEnv, HandlerRun, Now
 from sqs_lease._core.fencing import Finish, FinishOutcome
-from sqs_lease._core.intents import EffectSpec, Unprotected, repeat_unprotected
+from sqs_lease._core.intents import EffectSpec
 from sqs_lease._core.lease import Drop, LeaseStatus, Stop
 from sqs_lease._core.leasebook import Flag, LeaseBook
 from sqs_lease._core.messages import Delivery, Poison
 from sqs_lease._core.receiving import RECEIVE_FILL_WAIT, ReceivePacer, receive_size
 from sqs_lease._core.records import JobState, JobView
+from sqs_lease._core.retention import Unprotected, repeat_unprotected
 from sqs_lease._core.rounds import heartbeat_round_flow
 from sqs_lease._core.shutdown import (
     Drive,

@@ -57,8 +57,10 @@ from sqs_lease import (
 from sqs_lease._aws import SyncDriver
 from sqs_lease._core.calls import Err, ErrorKind, Flow, Ok, call
 from sqs_lease._core.claiming import Claimed, claim_flow
-from sqs_lease._core.intents import EffectSpec, Resolution, effect_flow
+from sqs_lease._core.effectflow import effect_flow
+from sqs_lease._core.intents import EffectSpec
 from sqs_lease._core.messages import Delivery, receive_flow
+from sqs_lease._core.resolving import Resolution
 from sqs_lease._jobs import canonical_json, payload_hash
 from sqs_lease._journal import LOGGER_NAME
 from sqs_lease._schema.intent_requests import IntentTable

@@ -33,29 +33,24 @@ from core_harness import (
 )
 
 from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Flow, Invoke, Ok, Outcome, Sleep
+from sqs_lease._core.effectflow import HELD_WAITS, MAX_REPEATS, effect_flow
 from sqs_lease._core.endings import EndKind, ending_for
 from sqs_lease._core.intents import (
-    HELD_WAITS,
     LOG_LIMIT,
-    MAX_REPEATS,
-    RETRY_WAITS,
-    TRANSIENT_TRIES,
     CheckAnswer,
     EffectResult,
     EffectSpec,
     IntentState,
     IntentView,
-    OwnStarts,
-    Resolution,
     ToolResult,
     Verdict,
     default_key,
-    effect_flow,
-    first_start_stamp,
-    first_started_by,
     start_id_for,
 )
+from sqs_lease._core.intentwrites import RETRY_WAITS, TRANSIENT_TRIES
 from sqs_lease._core.records import JobState
+from sqs_lease._core.resolving import Resolution
+from sqs_lease._core.retention import OwnStarts, first_start_stamp, first_started_by
 from sqs_lease._errors import (
     FenceRefused,
     IntentAmbiguous,
@@ -1990,7 +1985,7 @@ def test_the_targets_success_meaning_is_stored_on_intent_and_attempt_and_given_t
 
 
 def test_successor_keys_are_derived_and_count_up() -> None:
-    from sqs_lease._core.intents import successor_key
+    from sqs_lease._core.resolving import successor_key
 
     assert successor_key("inv-7:capture") == "inv-7:capture~op2"
     assert successor_key("inv-7:capture~op2") == "inv-7:capture~op3"
@@ -2000,7 +1995,7 @@ def test_successor_keys_are_derived_and_count_up() -> None:
 def test_a_superseded_intent_is_followed_to_its_successor_and_called_under_the_new_key() -> None:
     from dataclasses import replace
 
-    from sqs_lease._core.intents import successor_key
+    from sqs_lease._core.resolving import successor_key
 
     old = intent_item(IntentState.SUPERSEDED, attempts=2, reason="new capture approved")
     old["successor"] = {"S": successor_key(KEY)}

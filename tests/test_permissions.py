@@ -285,7 +285,7 @@ def test_every_call_of_every_path_is_in_the_list_and_the_list_has_nothing_unused
 RACES_ONLY = {("worker", "intents", "dynamodb:GetItem")}
 """Listed, and reached only in a race this run does not draw: an intent's start or
 confirm refused while the job is still ours (another job's start on a shared key, a
-retried write whose first try applied): ``_core/intents.py`` ``_read_intent`` tells
+retried write whose first try applied): ``_core/intents.py`` ``read_intent`` tells
 its own write from another's (test_intents_core drives those flows)."""
 
 

@@ -215,7 +215,7 @@ def test_the_sweep_sends_an_interactive_job_back_to_the_interactive_queue() -> N
 def test_a_resumed_interactive_job_goes_back_to_the_interactive_queue() -> None:
     from core_harness import QUEUE, table
 
-    from sqs_lease._core.intents import resume_flow
+    from sqs_lease._core.resuming import resume_flow
 
     resumed = _interactive_item()
     s = Script([ok({"Attributes": resumed}), ok({"MessageId": "m"}), ok()])

@@ -96,8 +96,8 @@ MOVED = {
     "SubmitResult": "sqs_lease._core.sending",
     "SweepReport": "sqs_lease._core.sweeping",
     "GroupReport": "sqs_lease._core.groups",
-    "Resolution": "sqs_lease._core.intents",
-    "Resumed": "sqs_lease._core.intents",
+    "Resolution": "sqs_lease._core.resolving",
+    "Resumed": "sqs_lease._core.resuming",
     "StagedJob": "sqs_lease._jobs",
 }
 

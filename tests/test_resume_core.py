@@ -28,15 +28,10 @@ from core_harness import (
 )
 
 from sqs_lease._core.calls import Err, ErrorKind
-from sqs_lease._core.intents import (
-    IntentState,
-    Resolution,
-    Resolved,
-    Resumed,
-    resolve_flow,
-    resume_flow,
-)
+from sqs_lease._core.intents import IntentState
 from sqs_lease._core.records import JobState
+from sqs_lease._core.resolving import Resolution, Resolved, resolve_flow
+from sqs_lease._core.resuming import Resumed, resume_flow
 from sqs_lease._core.sweeping import SweepReport, sweep_flow
 from sqs_lease._errors import (
     AwsCallFailed,

@@ -25,8 +25,9 @@ from simtools import run_seed
 from simtools.cli import Summary, main, replay_command, run_seeds
 from sqs_lease import Settings, create_tables
 from sqs_lease._core.calls import Call, Err, ErrorKind, Ok, Outcome
-from sqs_lease._core.intents import EffectSpec, IntentState, Resolution, Verdict
+from sqs_lease._core.intents import EffectSpec, IntentState, Verdict
 from sqs_lease._core.liveness import HeldJob, Liveness
+from sqs_lease._core.resolving import Resolution
 from sqs_lease._schema.intent_requests import IntentTable
 from sqs_lease._schema.job_requests import JobTable
 from sqs_lease.testing._sim.chaos import Chaos

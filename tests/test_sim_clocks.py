@@ -15,7 +15,7 @@ from simtools import run_seed
 from simtools.catch import SEED_LIMIT, first_catch, search_seeds, world
 from simtools.cli import replay_command
 from simtools.mutations import CLOCK_MUTATIONS, VARIANTS, WORLDS, applied
-from sqs_lease._core import intents, sweeping
+from sqs_lease._core import reconciling, sweeping
 from sqs_lease._core.sweeping import SWEEP_PAGES
 from sqs_lease.testing._sim.chaos import Chaos
 from sqs_lease.testing._sim.clocks import CLOCK_FEATURES, DEAD_PREFIX, I25, MAX_BACKLOG, Skew
@@ -197,7 +197,7 @@ def test_soak_seed_1041578_a_stepped_wall_clock_repeats_no_effect() -> None:
     same-worker exception read that wall clock twice, judged the forgotten key kept,
     and repeated the effect (I2). Verdict: a real defect of the one-clock rule (issue
     26 defect 4); the age is now read on the lease clock of the process that made the
-    first start (``intents.OwnStarts``), and the job parks with the reason."""
+    first start (``retention.OwnStarts``), and the job parks with the reason."""
     result = run_seed(1041578, trace=True)
     assert result.ok, result.violations[0].message
     parked = [
@@ -233,8 +233,8 @@ def test_clock_mutations_are_undone_on_exit() -> None:
             attempt.__dict__["resend_attempt"],
             rounds.__dict__["resend_attempt"],
             attempt.__dict__["CappedRules"],
-            intents.__dict__["repeat_unprotected"],
-            intents.__dict__["_unprotected"],
+            reconciling.__dict__["repeat_unprotected"],
+            reconciling.__dict__["_unprotected"],
         )
 
     before = state()

@@ -68,6 +68,7 @@ from .._errors import JobCancelled, LeaseLost, PayloadError, RecordUnreadable
 from .calls import Call, Emit, Err, Flow, Invoke, Ok, ask
 from .claiming import Claimed, ClaimResult, NotClaimed, NotClaimedOutcome, admit_flow
 from .duplicates import duplicate_defer, owner_alive_flow, owner_window
+from .effectflow import effect_flow
 from .endings import Ending, EndKind, ending_for, stopped_ending
 from .endwrites import (
     EndRequest,
@@ -90,7 +91,7 @@ from .env import (
 from .fencing import Finish, FinishOutcome, set_visibility
 from .handback import hand_back_defer, hand_back_late_flow
 from .heartbeats import LossSource
-from .intents import EffectResult, EffectSpec, effect_flow
+from .intents import EffectResult, EffectSpec
 from .leasebook import Held, LeaseRules
 from .messages import Delivery, Poison, on_queue
 from .records import attempts_allowed

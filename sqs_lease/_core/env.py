@@ -12,10 +12,11 @@ from typing import Any, Protocol
 from .calls import Flow, ask
 from .claiming import Claimed
 from .deletes import DeleteBatch
-from .intents import IntentRequests, OwnStarts
+from .intents import IntentRequests
 from .lease import LocalLease, Stop
 from .leasebook import Held, LeaseBook, LeaseRules, Signal
 from .records import JobRequests
+from .retention import OwnStarts
 from .slots import SlotRequests
 
 

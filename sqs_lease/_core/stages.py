@@ -471,7 +471,7 @@ def retry_failed_flow(
     """
     from .._errors import JobNotFound, RetryRefused
     from .groups import cancelled_group_flow
-    from .intents import resume_flow
+    from .resuming import ResumeVerdict, resume_flow
 
     got = yield from call(req.get(job_id))
     if isinstance(got, Err):
@@ -520,8 +520,8 @@ def retry_failed_flow(
         )
         verdict = (
             RetryVerdict.NOTHING_TO_DO
-            if resumed.verdict == "not_parked"
-            else RetryVerdict(resumed.verdict)
+            if resumed.verdict is ResumeVerdict.NOT_PARKED
+            else RetryVerdict(resumed.verdict.value)
         )
         return Retried(
             job_id,

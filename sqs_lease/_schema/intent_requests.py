@@ -11,17 +11,12 @@ from typing import Any, NotRequired, TypedDict, Unpack
 from pynamodb.expressions.update import Action
 
 from .._core.calls import Call
-from .._core.intents import (
-    EffectSpec,
-    IntentState,
-    IntentView,
-    Resolution,
-    first_start_stamp,
-    successor_key,
-)
+from .._core.intents import EffectSpec, IntentState, IntentView
 from .._core.records import (
     JobRequests,
 )
+from .._core.resolving import Resolution, successor_key
+from .._core.retention import first_start_stamp
 from .expressions import item_request, serialize
 from .models import AttemptRecord, IntentRecord
 from .views import intent_view_of

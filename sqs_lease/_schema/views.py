@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._core.intents import IntentState, IntentView, first_started_by, success_meaning
+from .._core.intents import IntentState, IntentView, success_meaning
 from .._core.records import GroupView, JobState, JobView
+from .._core.retention import first_started_by
 from .._core.slots import SlotView
 from .._errors import RecordUnreadable
 from .models import JobRecord

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..._core import intents as core_intents
+from ..._core import resolving as core_resolving
+from ..._core import resuming as core_resuming
 from ..._core.calls import Call
-from ..._core.intents import IntentState, Resolution
+from ..._core.intents import IntentState
+from ..._core.resolving import Resolution
 from ..._errors import IntentError
 from .invariants import Origin
 from .resources import INTENTS, JOBS
@@ -143,7 +145,7 @@ class Runbook:
 
             def command(sid: str) -> Any:
                 # Looked up at each run: a mutation patches the core's flow.
-                return core_intents.resolve_flow(
+                return core_resolving.resolve_flow(
                     self.world.intents_req,
                     self.world.jobs_req,
                     queue_url=self.world.queue_url,
@@ -162,7 +164,7 @@ class Runbook:
             self.world.record("operator", "operator_resumes", {"job_id": job_id})
 
             def command(sid: str) -> Any:
-                return core_intents.resume_flow(
+                return core_resuming.resume_flow(
                     self.world.jobs_req,
                     queue_url=self.world.queue_url,
                     job_id=job_id,
