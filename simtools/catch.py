@@ -29,6 +29,7 @@ FIRST_SEED = {
     "unconfirmed_lease_given_up": 777600,
     "retention_across_clocks": 500,
     "retention_on_wall": 1041500,
+    "sweep_blind_ahead": 1469800,  # found by the fresh-range soak (7640942)
 }
 """Where a mutation's search starts (else 0). Two owners writing one attempt of a job
 on a table that honours request tokens is a rare schedule: since the claim sends no

@@ -1272,7 +1272,21 @@ def lambda_group_not_stopped() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def fifo_batch_unwatched() -> Iterator[None]:
+    """Soak seed 1117530, as before its fix: a FIFO queue's event source hands over
+    batches of several records and nothing says so; a record behind its group's failed,
+    retried or unfitting head is received and handed back at every batch, each receive
+    counted, until SQS dead-letters it unstarted. Expected: I23 in the lambda world on
+    a FIFO queue (no warning, so the operator never sets the batch size to one)."""
+    from sqs_lease._core.invocation import FifoBatchWatch
+
+    with _patch(FifoBatchWatch, "seen", lambda self, records, queue_url: None):
+        yield
+
+
 LAMBDA_MUTATIONS: dict[str, Callable[[], Any]] = {
+    "fifo_batch_unwatched": fifo_batch_unwatched,
     "lambda_unfit_looped": lambda_unfit_looped,
     "timeout_first_read": timeout_first_read,
     "lambda_group_not_stopped": lambda_group_not_stopped,
@@ -1311,6 +1325,7 @@ WORLDS.update({name: frozenset({"lambda"}) for name in [*LAMBDA_MUTATIONS, *LAMB
 # A FIFO queue's batches: the lambda world on the fifo world's queue (and WITHOUT
 # below keeps the fifo world for them).
 WORLDS["lambda_group_not_stopped"] = frozenset({"lambda", "fifo"})
+WORLDS["fifo_batch_unwatched"] = frozenset({"lambda", "fifo"})
 WORLDS["unstarted_released_at_once"] = frozenset({"lambda", "fifo"})
 # --- end lambda
 
@@ -1504,8 +1519,26 @@ def retention_on_wall() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def sweep_blind_ahead() -> Iterator[None]:
+    """Soak seed 1469822, as before its fix: the stranded sweep asks the ``unsent``
+    index only for entries older than the grace on its own wall clock, so an entry a
+    clock hours ahead stamped stays hidden until the sweepers' clocks pass the stamp
+    (the sweep looks no further and stamps nothing again). Expected: I10 in the
+    clocks world (the job waits for its message past the drain)."""
+
+    def none_ahead(*args: Any, **kwargs: Any) -> Flow[list[Any]]:
+        return []
+        yield  # a flow that makes no call
+
+    _require(sweeping, "_restamp_ahead", "sweep_blind_ahead")
+    with _patch(sweeping, "_restamp_ahead", none_ahead):
+        yield
+
+
 CLOCK_MUTATIONS: dict[str, Callable[[], Any]] = {
     "sweep_blind_to_dead": sweep_blind_to_dead,  # defect 2, in the dead_entries world
+    "sweep_blind_ahead": sweep_blind_ahead,  # soak seed 1469822, in the clocks world
     "cap_from_send": cap_from_send,  # defect 3, in the backlog world
     "budget_across_clocks": budget_across_clocks,  # defect 4 (the budget), the backlog world
     "retention_across_clocks": retention_across_clocks,  # defect 4, in the clocks world
@@ -1515,6 +1548,9 @@ CLOCK_MUTATIONS: dict[str, Callable[[], Any]] = {
 Kept apart from MUTATIONS (whose table tests/test_sim_mutations.py pins) until merged."""
 CLOCK_WORLDS: dict[str, frozenset[str]] = {
     "sweep_blind_to_dead": frozenset({"dead_entries"}),
+    # The seed's slot wait is a plans job's: the clocks world alone draws a stamp hours
+    # ahead of every sweeper, left by a writer that died before its send, too seldom.
+    "sweep_blind_ahead": frozenset({"clocks", "plans"}),
     "cap_from_send": frozenset({"backlog"}),
     "budget_across_clocks": frozenset({"backlog"}),  # I25 reads the backlog world
     "retention_across_clocks": frozenset({"clocks"}),
@@ -1659,8 +1695,9 @@ for _mutations, _own in (
     _others = frozenset().union(*(f for w, f in ISSUE26_WORLDS.items() if w != _own))
     for _name in _mutations:
         WITHOUT[_name] = WITHOUT.get(_name, frozenset()) | _others
-for _name in ("lambda_group_not_stopped", "unstarted_released_at_once"):
+for _name in ("lambda_group_not_stopped", "unstarted_released_at_once", "fifo_batch_unwatched"):
     WITHOUT[_name] = WITHOUT[_name] - {"fifo"}  # a Lambda batch of a FIFO queue
+WITHOUT["sweep_blind_ahead"] = WITHOUT["sweep_blind_ahead"] - {"plans"}  # a slot wait's stamp
 __all__ += ["ISSUE26_WORLDS"]
 # ``no_commit_token`` (a commit fenced without its token) needs a superseded owner that
 # commits after a takeover; since the duplicate rule a takeover waits for the owner's

@@ -497,6 +497,9 @@ def jobs_repair(
             "would_resend": "would send again",
             "moved": "skipped: sent, claimed or taken over meanwhile",
             "cleared": "taken out of the unsent index: it no longer waits for a message",
+            "restamped": "stamped ahead of this clock (a writer's clock ahead?): stamped "
+            "again here, sent by a sweep after the grace",
+            "would_restamp": "stamped ahead of this clock: would be stamped again here",
             "failed": f"failed: {job.detail}",
         }[job.verdict]
         row(job.job_id, job.job_class, f"unsent for {seconds(job.unsent_for)}", what)

@@ -31,11 +31,10 @@ from ._core.attempt import held_effect_flow
 from ._core.calls import Flow
 from ._core.deletes import DeleteBatch
 from ._core.env import AttemptEnv, HandlerRun, Now, SlotEnv
-from ._core.fifo import is_fifo
 from ._core.inputs import loads as _loads
 from ._core.intents import EffectResult, EffectSpec
 from ._core.leasebook import LeaseBook, Signal
-from ._core.messages import SQS_BATCH, Delivery, Poison
+from ._core.messages import Delivery, Poison
 from ._core.priority import receive_prioritized_flow
 from ._core.receiving import ReceivePacer
 from ._core.stages import stage_results
@@ -377,11 +376,8 @@ class WorkerShell(ShellBase):
         self.receive_observers: list[CallObserver] = []
         self._saved_signals: dict[int, Any] = {}
         self._idle_since = 0.0  # set as the receive loop starts
-        # A FIFO queue gives one message per receive: a free slot is a full batch.
-        self._pacer = ReceivePacer(
-            self.concurrency,
-            batch=1 if is_fifo(self.queue_url) else SQS_BATCH,
-            window=self.options.receive_window,
+        self._pacer = ReceivePacer.for_queue(
+            self.concurrency, self.queue_url, window=self.options.receive_window
         )
 
     @abstractmethod

@@ -85,6 +85,7 @@ from ._core.env import HandlerRun
 from ._core.eventsource import never_fit
 from ._core.invocation import (
     BatchEnds,
+    FifoBatchWatch,
     FunctionTimeout,
     record_flow,
     release_unstarted_records_flow,
@@ -137,6 +138,7 @@ class LambdaShell(ShellBase):
         self._warned = False
         self._refused: int | None = None  # the timeout last journaled as unfit
         self._timeout = FunctionTimeout()
+        self._fifo_batches = FifoBatchWatch()
         self._rules = {
             n: (c.stage_budget_seconds, c.lease_seconds) for n, c in self.app.lease_rules()
         }
@@ -198,6 +200,9 @@ class LambdaShell(ShellBase):
         records = event.get("Records")
         if not isinstance(records, list):
             raise ConfigError("event has no Records list: is this an SQS event source's event?")
+        told = self._fifo_batches.seen(len(records), self.queue_url)
+        if told is not None:
+            self.journal(told.event, **told.fields)
         batch = BatchEnds()
         done = threading.Event()
         beat = threading.Thread(target=self._beat_until, args=(done,), daemon=True)

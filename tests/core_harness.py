@@ -59,6 +59,11 @@ class Script:
         self.invoked: list[Invoke] = []
         self.trace: list[Instruction] = []
 
+    def then(self, *answers: Outcome) -> Script:
+        """Script more outcomes, after those already scripted."""
+        self._queue.extend(answers)
+        return self
+
     def _answer(self, instruction: Call) -> Outcome:
         if self._responder is not None:
             return self._responder(instruction)

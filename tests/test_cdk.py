@@ -938,6 +938,30 @@ def test_a_batching_window_on_a_fifo_queue_is_refused() -> None:
         )
 
 
+def test_a_fifo_queues_event_source_takes_one_record_a_batch_and_refuses_more(
+    fifo_tpl: Json,
+) -> None:
+    # Soak seed 1117530: a batch of five from a FIFO queue; the records behind a head
+    # that kept failing were received and handed back 20 times, and dead-lettered
+    # without ever starting. The construct's default is one record; more is refused.
+    (mapping,) = _of_type(fifo_tpl, "AWS::Lambda::EventSourceMapping").values()
+    assert mapping["Properties"]["BatchSize"] == 1
+    scope = _scratch()
+    queue = LeasedQueue(
+        scope,
+        "Q",
+        job_classes=[_class(stage_budget_seconds=50.0, effect_timeout_seconds=30.0)],
+        fifo=True,
+        lambda_timeout=cdk.Duration.seconds(900),
+    )
+    tables = LeaseTables(scope, "T")
+    code = lambda_.Code.from_asset(str(CDK_DIR / "handlers"))
+    with pytest.raises(ConfigError, match="batch_size=2: a FIFO queue's event source"):
+        LambdaConsumer(
+            scope, "L", queue=queue, tables=tables, code=code, app_ref="m:app", batch_size=2
+        )
+
+
 # ------------------------------------------------------------------ props
 
 

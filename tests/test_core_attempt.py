@@ -47,7 +47,7 @@ from sqs_lease._core.fencing import Finish, FinishOutcome
 from sqs_lease._core.intents import EffectSpec
 from sqs_lease._core.lease import Drop, LeaseStatus, Stop
 from sqs_lease._core.leasebook import Flag, LeaseBook
-from sqs_lease._core.messages import Delivery, Poison
+from sqs_lease._core.messages import SQS_BATCH, Delivery, Poison, receive_batch
 from sqs_lease._core.receiving import RECEIVE_FILL_WAIT, ReceivePacer, receive_size
 from sqs_lease._core.records import JobState, JobView
 from sqs_lease._core.retention import Unprotected, repeat_unprotected
@@ -728,6 +728,16 @@ def test_the_pacer_waits_for_a_full_receive_at_most_the_fill_wait() -> None:
     assert pacer.want(200.0, 2) == 0
     assert pacer.want(200.0, 10) == 10
     assert pacer.pause(300.0, 0) == 1.0  # no slot free: woken by a freed slot
+
+
+def test_a_fifo_queues_pacer_asks_for_one_at_a_free_slot_in_every_shell() -> None:
+    # Issue 28: the simulator's pacer waited for ten free slots on a FIFO queue whose
+    # receives the shells held to one: one rule (messages.receive_batch) serves both.
+    fifo = "https://sqs.test/123/work.fifo"
+    assert receive_batch(fifo) == 1 and receive_batch(QUEUE) == SQS_BATCH
+    pacer = ReceivePacer.for_queue(10, fifo)
+    assert pacer.want(100.0, 1) == 1  # no fill wait: one is a full receive there
+    assert ReceivePacer.for_queue(10, QUEUE).want(100.0, 1) == 0
 
 
 def test_a_short_receive_opens_the_batching_window() -> None:

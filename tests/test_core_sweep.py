@@ -95,9 +95,17 @@ class Index:
 
     def __call__(self, c: Call) -> Outcome:
         if c.op == "Query":
+            # The key condition's bound on unsent_since: at most (the age query) or
+            # after (the query for entries stamped ahead of the sweeper's clock).
+            bound = c.params["ExpressionAttributeValues"].get(":t")
+            items = [
+                i
+                for i in self.items
+                if bound is None or float(i["unsent_since"]["N"]) > float(bound["N"])
+            ]
             start = c.params.get("ExclusiveStartKey")
-            at = 0 if start is None else [key_of(i) for i in self.items].index(start) + 1
-            page = self.items[at : at + c.params["Limit"]]
+            at = 0 if start is None else [key_of(i) for i in items].index(start) + 1
+            page = items[at : at + c.params["Limit"]]
             out: dict[str, Any] = {"Items": page}
             if len(page) == c.params["Limit"]:
                 out["LastEvaluatedKey"] = key_of(page[-1])
@@ -120,6 +128,10 @@ def _index(n_stuck: int, n_ok: int) -> Index:
     return Index(stuck + fine, {str(i["job_id"]["S"]) for i in stuck})
 
 
+def _age_queries(s: Script) -> list[Call]:
+    return [q for q in s.calls_to("Query") if "#t >" not in q.params["KeyConditionExpression"]]
+
+
 def _sent_jobs(index: Index) -> list[str]:
     return [str(json.loads(body)["job_id"]) for body in index.sent]
 
@@ -135,7 +147,7 @@ def test_a_timed_sweep_pages_past_records_it_cannot_send_to_the_end_of_the_index
     )
     assert sorted(_sent_jobs(index)) == ["ok-0", "ok-1", "ok-2"]
     assert (run.resent, run.found, run.pages, run.more, run.failed) == (3, 7, 4, False, ())
-    queries = s.calls_to("Query")
+    queries = _age_queries(s)
     assert [q.params.get("ExclusiveStartKey") for q in queries] == [
         None,
         key_of(index.items[1]),
@@ -178,7 +190,8 @@ def test_a_workers_sweep_is_one_page_and_one_dlq_receive_as_before() -> None:
     s = Script(answer)
     resent = s.run(sweep_once_flow(e, older_than=60, limit=2, send_id_prefix="sw", dlq_receives=1))
     assert resent == 2
-    assert [c.op for c in s.calls].count("Query") == 1
+    assert len(_age_queries(s)) == 1  # and the one for entries stamped ahead
+    assert [c.op for c in s.calls].count("Query") == 2
     assert [c.op for c in s.calls].count("ReceiveMessage") == 1
     assert "ExclusiveStartKey" not in s.calls_to("Query")[0].params
 

@@ -503,7 +503,8 @@ def test_the_sweep_queries_the_sparse_index_oldest_first_and_never_scans() -> No
     q = s.calls[0]
     assert (q.op, q.params["IndexName"], q.params["Limit"]) == ("Query", "unsent", 3)
     assert q.params["ScanIndexForward"] is True
-    assert q.params["ExpressionAttributeValues"][":t"] == {"N": repr(WALL - 60.0)}
+    # No cut on the stamp: the sweep judges each entry's age itself (soak seed 1469822).
+    assert q.params["KeyConditionExpression"] == "#u = :u"
     assert s.events == []
 
 
@@ -671,6 +672,167 @@ def test_a_dry_run_lists_no_dead_entry_and_writes_nothing() -> None:
     report = _sweep(s, dry_run=True)
     assert s.ops == ["dynamodb.Query"]
     assert [(j.job_id, j.verdict) for j in report.jobs] == [("live", "would_resend")]
+
+
+# Soak seed 1469822 (I10): a writer whose wall clock ran 3.9 h ahead stamped a slot
+# wait's unsent_since on it and died before its send. The age query (stamp <= now -
+# grace) returned the entry only once the sweepers' clocks passed the stamp: the job
+# waited hours for its message. The sweep compares no two machines' clocks now: an
+# entry stamped beyond its own clock is stamped again on it.
+AHEAD = 3.9 * 3600
+
+
+def _sweep_run(s: Script, *, dry_run: bool = False, start_key: Any = None) -> SweepReport:
+    return s.run(
+        sweep_flow(
+            table(),
+            queue_url=QUEUE,
+            wall_now=WALL,
+            older_than=60.0,
+            limit=3,
+            send_id_prefix="sweep-a",
+            dry_run=dry_run,
+            start_key=start_key,
+        )
+    )
+
+
+def test_an_entry_stamped_ahead_of_the_sweepers_clock_is_stamped_again_on_it() -> None:
+    young = _unsent("young", WALL - 30)  # inside the grace: its sender may be at work
+    s = Script([ok({"Items": [young, _unsent("ahead", WALL + AHEAD)]}), ok()])
+    report = _sweep_run(s)
+    assert s.ops == ["dynamodb.Query", "dynamodb.UpdateItem"]  # the page reached the end
+    stamp = s.calls[1].params
+    assert stamp["Key"] == {"job_id": {"S": "ahead"}}
+    cond = condition_text(stamp)
+    assert "send_id = 'send-1'" in cond and f"unsent_since = {WALL + AHEAD!r}" in cond
+    assert "state = 'queued'" in cond and "message_sent = False" in cond
+    assert update_sets(stamp) == {"unsent_since": repr(WALL)}
+    assert [(j.job_id, j.verdict, j.unsent_for) for j in report.jobs] == [
+        ("ahead", "restamped", -AHEAD)
+    ]
+    assert (report.more, report.next_key) == (False, None)
+    ev = s.event("unsent_restamped")
+    assert (ev["job_id"], ev["send_id"], ev["ahead_by"]) == ("ahead", "send-1", AHEAD)
+    assert s.event("stranded_swept")["restamped"] == 1
+
+
+def test_once_stamped_again_it_is_due_after_the_grace_on_that_clock_and_is_sent() -> None:
+    restamped = _unsent("ahead", WALL - 61)  # the record as the restamp left it, a grace on
+    s = Script(
+        [
+            ok({"Items": [restamped]}),
+            ok({"Attributes": job_item("ahead", state=JobState.QUEUED, send_id="sweep-a.0")}),
+            ok({"MessageId": "m-a"}),
+            ok(),
+        ]
+    )
+    report = _sweep_run(s)
+    assert [(j.job_id, j.verdict) for j in report.jobs] == [("ahead", "resent")]
+
+
+def test_a_first_page_that_does_not_reach_the_index_end_queries_the_entries_ahead() -> None:
+    young = [_unsent(f"young-{i}", WALL - 30 + i) for i in range(3)]
+    full = {"Items": young, "LastEvaluatedKey": {"job_id": {"S": "young-2"}}}
+    s = Script([ok(full), ok({"Items": [_unsent("ahead", WALL + AHEAD)]}), ok()])
+    report = _sweep_run(s)
+    assert s.ops == ["dynamodb.Query", "dynamodb.Query", "dynamodb.UpdateItem"]
+    ahead_query = s.calls[1].params
+    assert ahead_query["KeyConditionExpression"] == "#u = :u AND #t > :t"
+    assert ahead_query["ExpressionAttributeValues"][":t"] == {"N": repr(WALL + 60.0)}
+    assert [(j.job_id, j.verdict) for j in report.jobs] == [("ahead", "restamped")]
+    assert report.more is False  # nothing after a young entry is due
+
+
+def test_entries_ahead_after_the_limit_are_still_stamped_again() -> None:
+    due = [_unsent(f"j-{i}", WALL - 300 + i) for i in range(2)]
+    taken = [
+        ok({"Attributes": job_item(f"j-{i}", state=JobState.QUEUED, send_id=f"sweep-a.{i}")})
+        for i in range(2)
+    ]
+    s = Script(
+        [
+            ok({"Items": [*due, _unsent("ahead", WALL + AHEAD)]}),
+            taken[0],
+            ok({"MessageId": "m-0"}),
+            ok(),
+            ok(),
+        ]
+    )
+    report = s.run(
+        sweep_flow(
+            table(),
+            queue_url=QUEUE,
+            wall_now=WALL,
+            older_than=60.0,
+            limit=1,
+            send_id_prefix="sweep-a",
+        )
+    )
+    assert [(j.job_id, j.verdict) for j in report.jobs] == [
+        ("j-0", "resent"),
+        ("ahead", "restamped"),
+    ]
+    assert report.more is True and report.next_key == {
+        "job_id": {"S": "j-0"},
+        "unsent": {"S": "unsent"},
+        "unsent_since": {"N": repr(WALL - 300)},
+    }
+
+
+def test_an_entry_that_moved_on_before_its_restamp_is_left_to_its_sender() -> None:
+    s = Script(
+        [
+            ok({"Items": [_unsent("ahead", WALL + AHEAD)]}),
+            condition_failed(job_item("ahead", state=JobState.RUNNING)),
+        ]
+    )
+    report = _sweep_run(s)
+    assert report.jobs == ()
+    assert "unsent_restamped" not in s.event_names()
+
+
+def test_a_dry_run_lists_an_entry_stamped_ahead_and_writes_nothing() -> None:
+    s = Script([ok({"Items": [_unsent("ahead", WALL + AHEAD)]})])
+    report = _sweep_run(s, dry_run=True)
+    assert s.ops == ["dynamodb.Query"]
+    assert [(j.job_id, j.verdict) for j in report.jobs] == [("ahead", "would_restamp")]
+
+
+def test_a_dead_entry_stamped_ahead_is_taken_out_so_it_takes_no_place_in_that_page() -> None:
+    s = Script([ok({"Items": [_dead("dead", WALL + AHEAD)]}), ok()])
+    report = _sweep_run(s)
+    assert [(j.job_id, j.verdict) for j in report.jobs] == [("dead", "cleared")]
+    assert {"unsent", "unsent_since"} <= set(update_removes(s.calls[1].params))
+
+
+def test_a_failed_query_for_entries_ahead_is_journaled_and_the_sweep_reports_the_rest() -> None:
+    page = {
+        "Items": [_unsent("j-a", WALL - 300), _unsent("young", WALL - 1)],
+        "LastEvaluatedKey": {"job_id": {"S": "young"}},
+    }
+    s = Script(
+        [
+            ok(page),
+            ok({"Attributes": job_item("j-a", state=JobState.QUEUED, send_id="sweep-a.0")}),
+            ok({"MessageId": "m-a"}),
+            ok(),
+            err(ErrorKind.THROTTLED, "ProvisionedThroughputExceededException"),
+        ]
+    )
+    report = _sweep_run(s)
+    assert [(j.job_id, j.verdict) for j in report.jobs] == [("j-a", "resent")]
+    assert (
+        s.event("unsent_restamp_failed")["error_code"] == "ProvisionedThroughputExceededException"
+    )
+
+
+def test_a_page_after_the_first_does_not_query_ahead_again() -> None:
+    start = {"job_id": {"S": "x"}, "unsent": {"S": "unsent"}, "unsent_since": {"N": "1"}}
+    full = {"Items": [_unsent("young", WALL - 1)], "LastEvaluatedKey": {"job_id": {"S": "y"}}}
+    s = Script([ok(full)])
+    _sweep_run(s, start_key=start)
+    assert s.ops == ["dynamodb.Query"]
 
 
 @pytest.mark.parametrize(

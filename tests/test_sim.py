@@ -1149,12 +1149,17 @@ def test_seed_57932_a_resolve_run_again_never_settles_a_later_ambiguity() -> Non
     a second time (I2). A decision now names the attempt it judged and is refused
     ("changed meanwhile") once the intent moved on; tests/test_resume_core.py has the
     core rule, mutation ``stale_resolution`` the check. Found by the soak on 0c406bc.
-    Replay: python -m simtools replay --seed 57932"""
-    r = run_seed(57932)
+    The sweep's look at entries stamped ahead (soak seed 1469822) moved the schedules;
+    seed 58579 draws the case since: an operator dies after a decision, and a decision
+    run again later is refused as changed meanwhile.
+    Replay: python -m simtools replay --seed 58579"""
+    assert run_seed(57932).ok
+    r = run_seed(58579, trace=True)
     assert r.ok, r.violations
-    assert r.injected.get("operator_died") and r.injected.get("tool_cut_response"), (
-        "the seed no longer draws its case"
-    )
+    decided = [d["error"] for _, _, k, d in r.log if k == "flow_failed" and "decide-" in d["task"]]
+    assert any("OperatorDied" in e for e in decided), "the seed no longer draws its case"
+    assert any("changed meanwhile" in e for e in decided), "the seed no longer draws its case"
+    assert r.injected.get("tool_cut_response")
 
 
 def test_seed_64626_a_slow_hand_back_does_not_spend_the_jobs_receives() -> None:
@@ -1197,13 +1202,14 @@ def test_the_simulated_dynamodb_queries_the_sparse_unsent_index_for_the_sweep() 
         )
         assert isinstance(_send(db, put), Ok)
     assert isinstance(_send(db, T.mark_sent("old", "old.1", 2.0)), Ok)  # leaves the index
-    got = _send(db, T.unsent_query(older_than=60.0, limit=10))
+    got = _send(db, T.unsent_query(limit=10))
     assert isinstance(got, Ok)
-    assert [i["job_id"]["S"] for i in got.response["Items"]] == ["older"]
+    assert [i["job_id"]["S"] for i in got.response["Items"]] == ["older", "young"]
+    ahead = _send(db, T.unsent_ahead_query(newer_than=60.0, limit=10))
+    assert isinstance(ahead, Ok)
+    assert [i["job_id"]["S"] for i in ahead.response["Items"]] == ["young"]
     assert "payload" not in got.response["Items"][0]  # only what the index projects
-    missing = db.handle(
-        "Query", {**T.unsent_query(older_than=1, limit=1).params, "IndexName": "x"}, 0.0
-    )
+    missing = db.handle("Query", {**T.unsent_query(limit=1).params, "IndexName": "x"}, 0.0)
     assert isinstance(missing, Err) and "specified index" in missing.message
 
 

@@ -43,6 +43,9 @@ CAUGHT_AT: dict[str, tuple[int, str]] = {
     # soak seed 1309403: an environment frozen before its first read of the time left
     # refused every invocation of a function that fit, its records to the DLQ
     "timeout_first_read": (1309403, I23),
+    # soak seed 1117530: a FIFO queue's batches of five, the records behind a head that
+    # kept failing received and handed back until the DLQ, and nothing said so
+    "fifo_batch_unwatched": (1117530, I23),
 }
 
 # Seeds of the lambda world, each of its shapes: functions alone and beside workers,
@@ -175,6 +178,26 @@ def test_submit_refuses_a_reserved_job_id_in_the_core() -> None:
     )
     with pytest.raises(ConfigError, match="job_id='worker#w1'"):
         next(flow)
+
+
+def test_soak_seed_1117530_a_fifo_batch_is_told_and_set_to_one_before_the_dlq() -> None:
+    """Soak seed 1117530 (the protocol's error; found by a mutation search on the first
+    code that drew Lambda on FIFO queues): the event source hands a FIFO queue's records
+    over five at a time. job-005, its session's head, keeps failing its stage budget and
+    is retried; each batch that holds it also holds job-008, behind it in the session,
+    which must not start (the order) and cannot go back uncounted: received and handed
+    back 20 times, it was dead-lettered without ever starting (I23). On a FIFO queue the
+    event source's batch size is one (the construct's default; more is refused at
+    synth), and an environment handed more says so once (``lambda_fifo_batch_too_large``),
+    which the simulated operator answers by setting the batch size to one.
+    python -m simtools replay --seed 1117530"""
+    result = run_seed(1117530, trace=True)
+    assert result.ok, result.violations
+    told = [e for e in result.log if e[2] == "lambda_fifo_batch_too_large"]
+    assert told and told[0][3]["records"] > 1, "the seed no longer draws its case"
+    assert any(e[2] == "lambda_batch_size_set" for e in result.log)
+    envs = [e[1] for e in told]
+    assert len(envs) == len(set(envs))  # once per environment
 
 
 def test_soak_seed_1309403_a_late_first_reading_refuses_only_until_a_full_one() -> None:

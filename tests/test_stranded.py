@@ -415,6 +415,51 @@ def test_the_worker_sweep_sends_a_stranded_job_behind_more_dead_entries_than_its
         )
 
 
+def test_a_record_stamped_by_a_clock_hours_ahead_is_stamped_again_then_sent_by_jobs_repair(
+    env: tuple[Settings, str, str],
+) -> None:
+    # Soak seed 1469822: a writer whose clock ran 3.9 h ahead died before its send;
+    # the age query hid its record until the sweepers' clocks passed the stamp.
+    settings, url, _ = env
+    sqs, ddb = _sqs(settings), _ddb(settings)
+    _strand(settings, "ahead", age=-14_000)
+    first = _cli(settings, "jobs", "repair")
+    assert first.exit_code == 0, (first.output, first.exception)
+    line = first.stdout.splitlines()[0]
+    assert line.startswith("ahead\tocr\t") and "stamped again here" in line
+    assert _depth(sqs, url) == 0  # its age cannot be told: not sent on sight
+    stamp = read_view(ddb, settings, "ahead").unsent_since
+    assert stamp is not None and abs(stamp - time.time()) < HANG  # on this clock now
+    again = _cli(settings, "jobs", "repair", "--older-than", "0")
+    assert again.stdout.splitlines()[-1] == "1 stranded, 1 sent again", again.output
+    (d,) = _receive(settings, url)
+    assert d.job_id == "ahead"
+
+
+def test_the_worker_sweep_sends_a_job_stranded_by_a_clock_hours_ahead(
+    env: tuple[Settings, str, str],
+) -> None:
+    settings, _, _ = env
+    ddb = _ddb(settings)
+    _strand(settings, "ahead", age=-14_000)
+    app = App()
+    app.job("ocr", payload=Doc)(lambda ctx, p: {"doc": p.doc})
+    worker = Worker(
+        app,
+        settings,
+        receive_wait=1,
+        sweep_interval=0.2,
+        sweep_grace=1,
+        journal=Journal(worker_id="sweeper"),
+    )
+    with running(worker):
+        wait_until(
+            lambda: read_view(ddb, settings, "ahead").state is JobState.SUCCEEDED,
+            HANG,
+            "the job stamped 3.9 h ahead to be sent again and to succeed",
+        )
+
+
 @pytest.mark.parametrize("ending", ["cancel", "park_undelivered", "claim", "mark_sent"])
 def test_a_record_is_in_the_unsent_index_exactly_while_it_waits_for_its_message(
     env: tuple[Settings, str, str], ending: str

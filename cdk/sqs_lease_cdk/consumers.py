@@ -20,7 +20,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from sqs_lease import ConfigError
-from sqs_lease._core.eventsource import batch_size_for
+from sqs_lease._core.eventsource import batch_size_for, fifo_batch_problem
 from sqs_lease._core.sweeps import SWEEP_PAGE_SECONDS
 from sqs_lease.deploy import (
     LAMBDA_MAX_CONCURRENCY,
@@ -106,7 +106,9 @@ class LambdaConsumer(Construct):
     (default ``sqs_lease.deploy.LAMBDA_MAX_CONCURRENCY``; ``reserved_concurrency``,
     optional, must not be below it); ``batch_size`` defaults to the records that can
     start one after another at their whole stage budgets within the timeout
-    (``batch_size_for``). ``tracing=True``: X-Ray active tracing on both functions.
+    (``batch_size_for``), and is 1 on a FIFO queue, where a larger one is refused
+    (``fifo_batch_problem``: records behind a failed one of their group would be
+    received until the DLQ). ``tracing=True``: X-Ray active tracing on both functions.
 
     The code: ``handlers=`` (a directory holding the job module) builds the asset at
     synth, no Docker: sqs-lease and its dependencies for the function's ``runtime``
@@ -223,8 +225,11 @@ class LambdaConsumer(Construct):
             # As many records as start one after another at their whole budgets: a
             # larger batch's tail is received and released, each receive counted.
             batch_size = batch_size_for(
-                timeout, (budget for budget, _ in queue.lease_budgets.values())
+                timeout, (budget for budget, _ in queue.lease_budgets.values()), fifo=queue.fifo
             )
+        problem = fifo_batch_problem(batch_size) if queue.fifo else None
+        if problem is not None:
+            raise ConfigError(f"batch_size={batch_size}: {problem}")
         limit = 10 if queue.fifo else 10_000
         if not 1 <= batch_size <= limit:
             raise ConfigError(

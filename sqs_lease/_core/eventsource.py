@@ -81,12 +81,40 @@ def not_started_visibility(remaining_ms: int) -> int:
     return max(1, math.ceil(remaining_ms / 1000.0))
 
 
-def batch_size_for(function_timeout: float, stage_budgets: Iterable[float]) -> int:
+FIFO_BATCH_SIZE = 1
+"""The event source's batch size on a FIFO queue (the worker's receive takes one
+message from a FIFO queue for the same reason, ``messages.receive_batch``)."""
+
+
+def fifo_batch_problem(batch_size: int) -> str | None:
+    """Why an event source on a FIFO queue must not hand a function ``batch_size``
+    records (None: it may). A batch holds each group's messages in order behind its
+    head; a record behind one that failed, was retried or did not fit the time left
+    must not start (the group's order), and SQS cannot take it back uncounted: a
+    fresh message would go behind the group's later jobs. So it is received and
+    handed back, each receive counted toward the redrive bound, as often as the
+    records before it fail (soak seed 1117530: a job received 20 times behind a
+    retried head and dead-lettered without ever starting)."""
+    if batch_size <= FIFO_BATCH_SIZE:
+        return None
+    return (
+        f"a FIFO queue's event source handing over {batch_size} records a batch: a record "
+        "behind a failed or retried one of its group is received and handed back, each "
+        "receive counted, until SQS dead-letters it unstarted; set the event source's "
+        f"batch size to {FIFO_BATCH_SIZE}"
+    )
+
+
+def batch_size_for(
+    function_timeout: float, stage_budgets: Iterable[float], *, fifo: bool = False
+) -> int:
     """The event source's batch size for a function of this timeout: as many records
     as can start one after the other when each uses its whole stage budget (at
-    least 1, at most 10). A larger batch's later records are received, not started
-    and released (each receive counted against the redrive bound) whenever the
-    earlier ones run long."""
+    least 1, at most 10); on a FIFO queue one (:func:`fifo_batch_problem`). A larger
+    batch's later records are received, not started and released (each receive
+    counted against the redrive bound) whenever the earlier ones run long."""
+    if fifo:
+        return FIFO_BATCH_SIZE
     longest = max(stage_budgets, default=0.0)
     if longest <= 0:
         return 10
@@ -174,9 +202,11 @@ def settled_flow(flow: Flow[Any], receipt_handle: str) -> Flow[bool]:
 
 __all__ = [
     "END_MARGIN_SECONDS",
+    "FIFO_BATCH_SIZE",
     "GroupStop",
     "batch_size_for",
     "can_start",
+    "fifo_batch_problem",
     "lapsed",
     "message_group",
     "never_fit",

@@ -29,6 +29,7 @@ from .env import AttemptEnv, now_of, rules_for
 from .eventsource import (
     GroupStop,
     can_start,
+    fifo_batch_problem,
     lapsed,
     message_group,
     not_started_visibility,
@@ -79,6 +80,24 @@ class FunctionTimeout:
         if self.seconds is None or seen > self.seconds:
             self.seconds = seen
         return self.seconds
+
+
+@dataclass
+class FifoBatchWatch:
+    """One environment's watch on its batches' size: a FIFO queue's event source that
+    hands over more than one record at a time (``eventsource.fifo_batch_problem``) is
+    told once per environment, with the fix. The batch still runs in its groups'
+    order; only its later records' receives are spent."""
+
+    told: bool = False
+
+    def seen(self, records: int, queue_url: str) -> Emit | None:
+        """A batch of ``records`` arrived from ``queue_url``: the warning, the first time."""
+        problem = fifo_batch_problem(records) if is_fifo(queue_url) else None
+        if problem is None or self.told:
+            return None
+        self.told = True
+        return Emit("lambda_fifo_batch_too_large", {"records": records, "fix": problem})
 
 
 @dataclass(frozen=True)
@@ -250,6 +269,7 @@ def _release(env: AttemptEnv, deliveries: Sequence[Delivery], visibility: int) -
 
 __all__ = [
     "BatchEnds",
+    "FifoBatchWatch",
     "FunctionTimeout",
     "RecordEnd",
     "record_flow",

@@ -32,7 +32,15 @@ resubmission, a worker's stranded sweep) takes the right to send over. Taking ov
 is always safe (the new send id turns any older message into a stray); the grace
 only spares a duplicate send while the first sender is still at work. It compares
 the record's ``unsent_since`` (the first sender's wall clock) with the taker's:
-clock skew shifts only when a take-over happens, never what is correct."""
+clock skew shifts only when a take-over happens, never what is correct, and the
+sweep bounds the shift: a stamp more than the grace ahead of its clock is stamped
+again on it (``sweeping.sweep_flow``)."""
+
+
+def receive_batch(queue_url: str) -> int:
+    """The most messages one receive asks for: 10 (SQS's bound), 1 from a FIFO queue
+    (:func:`receive_flow` says why). The receive and every shell's pacing read it."""
+    return 1 if is_fifo(queue_url) else SQS_BATCH
 
 
 def chunks(seq: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
@@ -232,7 +240,7 @@ def receive_flow(
     by one, the next of a group comes only once the one before it is gone (SQS holds
     a group while one of its messages is in flight), and no message is received
     and handed back to wait (each receive would count towards the redrive)."""
-    most = 1 if is_fifo(queue_url) else max(1, min(SQS_BATCH, max_messages))
+    most = max(1, min(receive_batch(queue_url), max_messages))
     out = yield from call(
         Call(
             "sqs",

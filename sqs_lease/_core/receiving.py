@@ -5,7 +5,7 @@ the simulator. Pure arithmetic on the caller's clock readings: no instruction is
 
 from __future__ import annotations
 
-from .messages import SQS_BATCH
+from .messages import SQS_BATCH, receive_batch
 
 RECEIVE_FILL_WAIT = 0.5
 """Seconds a worker with some free slots, but fewer than a full receive, waits for
@@ -61,6 +61,12 @@ class ReceivePacer:
         self.window = window
         self._short_since: float | None = None  # a slot free, but not a full receive's
         self._resume_at: float | None = None  # the batching window's end
+
+    @classmethod
+    def for_queue(cls, concurrency: int, queue_url: str, *, window: float = 0.0) -> ReceivePacer:
+        """The pacer of a worker receiving from ``queue_url``: a FIFO queue's receive
+        holds one message, so a free slot is a full receive (no fill wait)."""
+        return cls(concurrency, batch=receive_batch(queue_url), window=window)
 
     def want(self, now: float, free: int, left: int | None = None) -> int:
         """How many messages to ask for now (0: wait; see :meth:`pause`). ``free``:

@@ -177,11 +177,21 @@ class JobRequests(Protocol):
         under that token (a take-over from an owner judged dead)."""
         ...
 
-    def unsent_query(
-        self, *, older_than: float, limit: int, start: Mapping[str, Any] | None = None
+    def unsent_query(self, *, limit: int, start: Mapping[str, Any] | None = None) -> Call:
+        """One page of the ``unsent`` index, oldest stamp first, from ``start`` (a
+        page's ``LastEvaluatedKey``)."""
+        ...
+
+    def unsent_ahead_query(self, *, newer_than: float, limit: int) -> Call:
+        """The ``unsent`` index's entries stamped after ``newer_than`` (wall), oldest
+        first: what a clock ahead of the caller's wrote."""
+        ...
+
+    def restamp_unsent(
+        self, job_id: str, *, seen_send_id: str | None, seen_since: float, wall_now: float
     ) -> Call:
-        """One page of the ``unsent`` index, oldest first, from ``start`` (a page's
-        ``LastEvaluatedKey``)."""
+        """Stamp a waiting record's ``unsent_since`` with ``wall_now`` if its send id and
+        stamp are still the ones seen (:func:`~sqs_lease._core.sweeping.sweep_flow`)."""
         ...
 
     def leave_unsent(self, job_id: str, wall_now: float) -> Call:

@@ -33,6 +33,10 @@ class StrandedVerdict(StrEnum):
     WOULD_RESEND = "would_resend"  # a dry run: it would be sent
     MOVED = "moved"  # sent, claimed or taken over by another sender since the index saw it
     CLEARED = "cleared"  # it no longer waits for a message: taken out of the index
+    # Stamped further ahead of this sweeper's clock than the grace (a writer's clock
+    # ahead): stamped again on this clock, so a sweep sends it once the grace passes.
+    RESTAMPED = "restamped"
+    WOULD_RESTAMP = "would_restamp"  # a dry run: it would be stamped again
     FAILED = "failed"  # not sent (or not cleared): the next sweep tries again
 
 
@@ -114,6 +118,15 @@ def sweep_flow(
     version's cancel or park) is taken out of the index, and neither it nor a
     record this version cannot read counts against ``limit``: the sweep reads the
     next page instead (at most :data:`SWEEP_PAGES`).
+
+    No decision compares two machines' clocks for long: an entry stamped more than
+    ``older_than`` ahead of this sweeper's wall clock was written by a clock ahead
+    of it, and would look young until this clock passed the stamp (hours, for a
+    clock hours ahead). Its age cannot be told, so it is stamped again on this
+    clock (a conditional write on the stamp seen) and a sweep sends it once the
+    grace has passed on one clock. Such entries sort last: the pages read past the
+    young ones to the index's end, or, when a run's first page does not reach it,
+    one query of the entries ahead (:func:`_restamp_ahead`).
     """
     found: list[Stranded] = []
     acted = 0  # entries that count against the limit
@@ -121,10 +134,11 @@ def sweep_flow(
     start: Mapping[str, Any] | None = start_key
     more = False
     last: Mapping[str, Any] | None = None  # the last entry read: where a stop resumes
+    due_before = wall_now - older_than
+    ahead: list[Mapping[str, Any]] = []  # entries stamped past wall_now + older_than
+    past_due = False  # a young entry was read: no entry after it is due
     for _page in range(SWEEP_PAGES):
-        out = yield from call(
-            req.unsent_query(older_than=wall_now - older_than, limit=limit, start=start)
-        )
+        out = yield from call(req.unsent_query(limit=limit, start=start))
         if isinstance(out, Err):
             if out.kind is ErrorKind.INVALID and "index" in out.message.lower():
                 raise ResourceMissing(
@@ -134,9 +148,15 @@ def sweep_flow(
             raise fail_call("stranded sweep: query the unsent index", out)
         start = out.response.get("LastEvaluatedKey") or None
         for item in out.response.get("Items", []):
+            since = _stamp(item)
+            if since is not None and since > due_before:
+                past_due = True  # (the index is in stamp order: all after are young too)
+                if since > wall_now + older_than:
+                    ahead.append(item)
+                continue
             if acted >= limit:
                 more = True
-                break
+                continue  # not acted on: the page is read on only for entries ahead
             n, seq = seq, seq + 1
             last = item
             entry, counted = yield from _sweep_one(
@@ -154,17 +174,30 @@ def sweep_flow(
         if acted >= limit:
             more = True  # (as a full page did: more may wait, a next run looks)
             break
-        if start is None:
+        if past_due or start is None:
             break
     else:
         more = start is not None
     next_key = _index_key(last) if more and last is not None else (start if more else None)
+    if start_key is None or ahead:
+        # The entries ahead this run read, and, when it did not read to the index's
+        # end, those it could not reach (one query, on a run's first page only).
+        found += yield from _restamp_ahead(
+            req,
+            ahead,
+            wall_now=wall_now,
+            older_than=older_than,
+            limit=limit,
+            dry_run=dry_run,
+            query=start_key is None and start is not None,
+        )
     report = SweepReport(tuple(found), more=more, next_key=next_key)
     if found:
         tallied = (
             StrandedVerdict.RESENT,
             StrandedVerdict.MOVED,
             StrandedVerdict.CLEARED,
+            StrandedVerdict.RESTAMPED,
             StrandedVerdict.FAILED,
         )
         counts = {v.value: sum(1 for j in found if j.verdict is v) for v in tallied}
@@ -176,6 +209,82 @@ def sweep_flow(
             **counts,
         )
     return report
+
+
+def _stamp(item: Mapping[str, Any]) -> float | None:
+    """An index entry's ``unsent_since`` (its sort key), None if it has none readable."""
+    try:
+        return float(item["unsent_since"]["N"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _restamp_ahead(
+    req: JobRequests,
+    seen_ahead: list[Mapping[str, Any]],
+    *,
+    wall_now: float,
+    older_than: float,
+    limit: int,
+    dry_run: bool,
+    query: bool,
+) -> Flow[list[Stranded]]:
+    """Entries stamped more than ``older_than`` ahead of ``wall_now`` (those read, and
+    with ``query`` those a query of the index's far end finds), stamped again on this
+    clock, at most ``limit``. Never raises: a failed query is journaled and the next
+    sweep looks again; a refused restamp means the entry moved on."""
+    items = list(seen_ahead)
+    if query:
+        out = yield from call(req.unsent_ahead_query(newer_than=wall_now + older_than, limit=limit))
+        if isinstance(out, Err):
+            yield from emit(
+                "unsent_restamp_failed", error_code=out.code or out.kind.value, reason=out.message
+            )
+        else:
+            known = {_index_key(i).get("job_id", {}).get("S") for i in items}
+            items += [i for i in out.response.get("Items", []) if i["job_id"]["S"] not in known]
+    done: list[Stranded] = []
+    for item in items[:limit]:
+        try:
+            seen = req.parse(item)
+        except RecordUnreadable as exc:
+            done.append((yield from _unreadable_stranded(exc)))
+            continue
+        if not awaits_send(seen):
+            # A dead entry would take a place in every such page: out of the index.
+            cleared = None if dry_run else (yield from _clear_entry(req, seen, 0.0, wall_now))
+            if isinstance(cleared, Stranded):
+                done.append(cleared)
+            if not isinstance(cleared, JobView):
+                continue
+            seen = cleared  # it waits after all (the index's copy was behind)
+        if seen.unsent_since is None or seen.unsent_since <= wall_now + older_than:
+            continue  # stamped again since: a sweep finds it when it is due
+        ahead = round(seen.unsent_since - wall_now, 3)
+        verdict = StrandedVerdict.WOULD_RESTAMP if dry_run else StrandedVerdict.RESTAMPED
+        if not dry_run:
+            stamped = yield from call(
+                req.restamp_unsent(
+                    seen.job_id,
+                    seen_send_id=seen.send_id,
+                    seen_since=seen.unsent_since,
+                    wall_now=wall_now,
+                )
+            )
+            if isinstance(stamped, Err):
+                if stamped.kind is ErrorKind.CONDITION_FAILED:
+                    continue  # sent, claimed or taken over since the index saw it
+                verdict = StrandedVerdict.FAILED
+                why = f"stamping it again: {stamped.code or stamped.kind}: {stamped.message}"
+                done.append(
+                    Stranded(seen.job_id, seen.job_class, -ahead, verdict, seen.send_id, why)
+                )
+                continue
+            yield from emit(
+                "unsent_restamped", job_id=seen.job_id, send_id=seen.send_id, ahead_by=ahead
+            )
+        done.append(Stranded(seen.job_id, seen.job_class, -ahead, verdict, seen.send_id))
+    return done
 
 
 def _sweep_one(

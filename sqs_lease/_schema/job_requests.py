@@ -352,26 +352,50 @@ class JobTable:
             returns="ALL_OLD",
         )
 
-    def unsent_query(
-        self, *, older_than: float, limit: int, start: Mapping[str, Any] | None = None
-    ) -> Call:
-        """Records without a sent message since ``older_than`` (wall), oldest first;
-        ``start``: the page after the one that returned it (``LastEvaluatedKey``)."""
+    def unsent_query(self, *, limit: int, start: Mapping[str, Any] | None = None) -> Call:
+        """Records without a sent message, oldest stamp first; ``start``: the page after
+        the one that returned it (``LastEvaluatedKey``). No cut on the stamp: the
+        caller judges each entry's age on its own clock, entries ahead of it too."""
         params: dict[str, Any] = {
             "TableName": self.table,
             "IndexName": UNSENT_INDEX,
-            "KeyConditionExpression": "#u = :u AND #t <= :t",
-            "ExpressionAttributeNames": {"#u": "unsent", "#t": "unsent_since"},
-            "ExpressionAttributeValues": {
-                ":u": {"S": UNSENT_BUCKET},
-                ":t": {"N": repr(float(older_than))},
-            },
+            "KeyConditionExpression": "#u = :u",
+            "ExpressionAttributeNames": {"#u": "unsent"},
+            "ExpressionAttributeValues": {":u": {"S": UNSENT_BUCKET}},
             "ScanIndexForward": True,
             "Limit": limit,
         }
         if start:
             params["ExclusiveStartKey"] = dict(start)
         return Call("dynamodb", "Query", params)
+
+    def unsent_ahead_query(self, *, newer_than: float, limit: int) -> Call:
+        """Records without a sent message stamped after ``newer_than`` (wall): entries a
+        clock ahead of the caller's wrote, which ``unsent_query`` does not return yet."""
+        params: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": UNSENT_INDEX,
+            "KeyConditionExpression": "#u = :u AND #t > :t",
+            "ExpressionAttributeNames": {"#u": "unsent", "#t": "unsent_since"},
+            "ExpressionAttributeValues": {
+                ":u": {"S": UNSENT_BUCKET},
+                ":t": {"N": repr(float(newer_than))},
+            },
+            "ScanIndexForward": True,
+            "Limit": limit,
+        }
+        return Call("dynamodb", "Query", params)
+
+    def restamp_unsent(
+        self, job_id: str, *, seen_send_id: str | None, seen_since: float, wall_now: float
+    ) -> Call:
+        # Only the entry as the caller saw it (the same send id and stamp, still
+        # waiting): a sender that moved on since wins, and the restamp is refused.
+        seen: Condition = (
+            R.send_id.does_not_exist() if seen_send_id is None else R.send_id == seen_send_id
+        )
+        cond: Condition = _waiting() & seen & (R.unsent_since == seen_since)
+        return self._update(job_id, cond, [R.unsent_since.set(wall_now)])
 
     def commit(
         self,

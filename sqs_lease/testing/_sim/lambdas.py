@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..._core import invocation
 from ..._core.calls import Call, Flow, Ok, Outcome, call
 from ..._core.env import AttemptEnv, Now
-from ..._core.eventsource import END_MARGIN_SECONDS, parse_event_record
+from ..._core.eventsource import END_MARGIN_SECONDS, FIFO_BATCH_SIZE, parse_event_record
 from ..._core.invocation import RecordEnd
 from ..._core.messages import Delivery
 from ..._core.records import CANCELLED_CODE
@@ -193,6 +193,7 @@ def _new_env(world: World, deployment: Deployment) -> Any:
                 n: (c.stage_budget_seconds, c.lease_seconds) for n, c in self.classes.items()
             }
             self.timeout = invocation.FunctionTimeout()  # as the adapter reads it
+            self.fifo_batches = invocation.FifoBatchWatch()  # as the adapter watches
             self.invoking = False
             self.busy = False
             self.invocations = 0
@@ -252,6 +253,10 @@ def _new_env(world: World, deployment: Deployment) -> Any:
                 world.record(self.id, "lambda_refused", {"function_timeout": timeout})
                 answer.append(REFUSED)  # the invocation failed: the mapping deletes nothing
                 return
+            told = self.fifo_batches.seen(len(records), world.queue_url)
+            if told is not None:
+                world.record(self.id, told.event, dict(told.fields))
+                deployment.batch_alarm = True  # the operator's alarm on the event
             self.invoking = True
             self.heartbeat_task = self.spawn("heartbeat", self._beat())
             batch = invocation.BatchEnds()
@@ -306,11 +311,15 @@ def _new_env(world: World, deployment: Deployment) -> Any:
 
 @dataclass
 class Deployment:
-    """The function as deployed now (the operator may fix a refused timeout)."""
+    """The function as deployed now (the operator may fix a refused timeout, and a
+    FIFO queue's event source that hands over batches: ``batch_size``)."""
 
     timeout: int
+    batch_size: int
     seq: int = 0
     fixed: bool = False
+    batch_alarm: bool = False  # an environment warned of a FIFO batch
+    batch_fixing: bool = False
 
 
 class EventSourceMapping(Actor):
@@ -319,7 +328,7 @@ class EventSourceMapping(Actor):
     def __init__(self, world: World, lp: LambdaPlan) -> None:
         super().__init__(world, "esm")
         self.lp = lp
-        self.deployment = Deployment(lp.timeout)
+        self.deployment = Deployment(lp.timeout, lp.batch_size)
 
     def start(self) -> None:
         for k in range(self.lp.pollers):
@@ -334,7 +343,7 @@ class EventSourceMapping(Actor):
         poller = holder[0]
         for _ in range(_LOOP_LIMIT):
             out = yield from _drive(
-                world, self, _receive(world.queue_url, self.lp.batch_size), origin
+                world, self, _receive(world.queue_url, self.deployment.batch_size), origin
             )
             messages = out.response.get("Messages", []) if isinstance(out, Ok) else []
             if not messages:
@@ -361,6 +370,8 @@ class EventSourceMapping(Actor):
             failures = answer[0] if answer else None
             if failures == REFUSED:
                 self._refused()
+            if self.deployment.batch_alarm:
+                self._batch_warned()
             if not isinstance(failures, list):
                 continue  # failed (refused, timed out, crashed): all back at visibility
             done = [r for r in records if r["messageId"] not in set(failures)]
@@ -388,6 +399,20 @@ class EventSourceMapping(Actor):
             for w in list(self.world.workers.values()):
                 if isinstance(w, SimLambda):
                     w.begin_shutdown()  # type: ignore[attr-defined]
+
+        self.world.at(self.world.now + self.lp.fix_after, fix)
+
+    def _batch_warned(self) -> None:
+        """A FIFO batch's warning reaches the operator as the refusal does: a while
+        later the event source's batch size is set to the one the warning names."""
+        d = self.deployment
+        if d.batch_fixing:
+            return
+        d.batch_fixing = True
+
+        def fix() -> None:
+            d.batch_size = FIFO_BATCH_SIZE
+            self.world.record("operator", "lambda_batch_size_set", {"batch_size": d.batch_size})
 
         self.world.at(self.world.now + self.lp.fix_after, fix)
 

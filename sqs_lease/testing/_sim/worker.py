@@ -212,7 +212,7 @@ class SimWorker(Actor):
         # Ended jobs' messages, deleted 10 per call; the flusher sleeps until one is due.
         self.deletes = DeleteBatch(on_add=lambda: self.world.interrupt(self.delete_task))
         self.delete_task: Task | None = None
-        self._pacer = ReceivePacer(self.concurrency)
+        self._pacer = ReceivePacer.for_queue(self.concurrency, self.queue_url)
         self._write_ids = itertools.count(1)
         self.env = AttemptEnv(
             table=self.table,
