@@ -297,6 +297,24 @@ def test_the_cold_start_warns_once_when_the_queue_visibility_is_under_six_timeou
     assert warned[0]["visibility"] == 30 and warned[0]["floor"] == 360
 
 
+def test_the_visibility_warning_reads_the_timeout_as_known_not_the_first_reading(
+    aws: AwsTestEnv, sqs_client: SQSClient
+) -> None:
+    # An environment frozen before its first read sees 10 s of a 60 s function: the
+    # queue's 100 s passes 6 x 10 s. The next invocation reads the whole 60 s, and
+    # 100 s is short of 6 x 60 s: the warning must not rest on the first reading
+    # (``FunctionTimeout``: the largest reading stands, docs/operations.md).
+    b = batch(aws, sqs_client, lambda p: {"n": p.n}, 0)
+    sqs_client.set_queue_attributes(QueueUrl=b.url, Attributes={"VisibilityTimeout": "100"})
+    with collect_journal() as journal:
+        b.run({"Records": []}, Standing(10))
+        b.run({"Records": []}, Standing(60))
+        b.run({"Records": []}, Standing(60))
+    warned = journal.events("lambda_visibility_too_short")
+    assert len(warned) == 1
+    assert warned[0]["function_timeout"] == 60 and warned[0]["floor"] == 360
+
+
 def test_an_app_whose_class_can_never_fit_a_lambda_is_refused_at_its_first_invocation(
     aws: AwsTestEnv,
 ) -> None:
