@@ -35,7 +35,7 @@ from sqs_lease import (
     aws_lambda,
 )
 from sqs_lease._core.eventsource import END_MARGIN_SECONDS, GroupStop, can_start, message_group
-from sqs_lease._core.invocation import FunctionTimeout
+from sqs_lease._core.invocation import BatchEnds, FunctionTimeout, RecordEnd
 from sqs_lease._core.records import JobState
 from sqs_lease._core.slots import waits_of
 from sqs_lease.aws_lambda import LambdaHandler, handler
@@ -396,6 +396,23 @@ def test_a_late_first_reading_of_the_time_left_refuses_only_until_a_full_one(
     assert never["function_timeout"] == 5
     for r in b.event["Records"]:
         assert read_view(ddb_client, b.settings, job_of(r)).state is JobState.SUCCEEDED
+
+
+def test_a_record_whose_flow_raised_is_reported_and_stops_its_fifo_group() -> None:
+    # ``LambdaShell.handle``: a record flow that raised (an AWS failure it could not
+    # handle) left its message as it was, so its group's later records must wait
+    # behind it (AWS: a FIFO batch's later records of a failed one's group are
+    # reported failed too); another group, and a record that is no mapping, go on.
+    batch = BatchEnds()
+    batch.broke({"messageId": "m1", "attributes": {"MessageGroupId": "session-1"}})
+    batch.broke("not a record")
+    batch.ended(RecordEnd("m2", True))
+    batch.ended(RecordEnd("m3", False))
+    batch.ended(None)
+    assert batch.failures == ["m1", "m3"]
+    assert batch.groups.blocked("session-1")
+    assert not batch.groups.blocked("session-2")
+    assert batch.unstarted == []
 
 
 def test_the_function_timeout_is_the_largest_time_left_an_invocation_started_with() -> None:
