@@ -62,11 +62,12 @@ all the same: each re-send is won by one conditional write.
 At its first invocation it refuses an app with a class (or stage) whose stage budget
 can never fit the function's timeout (``_core.deploy.check_lambda_fit``, the rule the
 CDK construct checks at synth; journal ``lambda_budget_never_fits``, then every
-invocation raises ``JobClassError``). At cold start it warns
-(``lambda_visibility_too_short``) when the queue's visibility timeout is below
+invocation raises ``JobClassError``). At cold start it warns, once
+(``lambda_visibility_too_short``), when the queue's visibility timeout is below
 AWS's guidance of 6 x the function timeout (the function timeout is the largest
-time left an invocation of this environment started with, ``FunctionTimeout``; the
-mapping's batching window is not visible from inside the function and is counted as 0).
+time left an invocation of this environment started with, ``FunctionTimeout``, so
+the check is made again when a later invocation reads more; the mapping's batching
+window is not visible from inside the function and is counted as 0).
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ class LambdaShell(ShellBase):
         # must delete at once, where settled_flow sees it (no batching across records).
         self.env.deletes = None
         self._warned = False
+        self._checked: int | None = None  # the timeout the visibility was last checked at
         self._refused: int | None = None  # the timeout last journaled as unfit
         self._timeout = FunctionTimeout()
         self._fifo_batches = FifoBatchWatch()
@@ -173,17 +175,20 @@ class LambdaShell(ShellBase):
         raise JobClassError(problem)
 
     def warn_timing(self, context: LambdaContext) -> None:
-        """Once per cold start: the queue's visibility against 6 x the function timeout."""
-        if self._warned:
-            return
-        self._warned = True
+        """Once per environment: the queue's visibility against 6 x the function timeout,
+        checked again whenever the timeout known grows (``FunctionTimeout``: a first
+        reading of an environment frozen before it may fall short)."""
         timeout = self.function_timeout(context)
+        if self._warned or (self._checked is not None and timeout <= self._checked):
+            return
+        self._checked = timeout
         attrs = self.driver.clients["sqs"].get_queue_attributes(
             QueueUrl=self.queue_url, AttributeNames=["VisibilityTimeout"]
         )["Attributes"]
         visibility = int(attrs.get("VisibilityTimeout", "30"))
         floor = lambda_visibility_floor(timeout, 0)
         if visibility < floor:
+            self._warned = True
             self.journal(
                 "lambda_visibility_too_short",
                 visibility=visibility,

@@ -35,7 +35,7 @@ from sqs_lease import (
     aws_lambda,
 )
 from sqs_lease._core.eventsource import END_MARGIN_SECONDS, GroupStop, can_start, message_group
-from sqs_lease._core.invocation import FunctionTimeout
+from sqs_lease._core.invocation import BatchEnds, FunctionTimeout, RecordEnd
 from sqs_lease._core.records import JobState
 from sqs_lease._core.slots import waits_of
 from sqs_lease.aws_lambda import LambdaHandler, handler
@@ -297,6 +297,24 @@ def test_the_cold_start_warns_once_when_the_queue_visibility_is_under_six_timeou
     assert warned[0]["visibility"] == 30 and warned[0]["floor"] == 360
 
 
+def test_the_visibility_warning_reads_the_timeout_as_known_not_the_first_reading(
+    aws: AwsTestEnv, sqs_client: SQSClient
+) -> None:
+    # An environment frozen before its first read sees 10 s of a 60 s function: the
+    # queue's 100 s passes 6 x 10 s. The next invocation reads the whole 60 s, and
+    # 100 s is short of 6 x 60 s: the warning must not rest on the first reading
+    # (``FunctionTimeout``: the largest reading stands, docs/operations.md).
+    b = batch(aws, sqs_client, lambda p: {"n": p.n}, 0)
+    sqs_client.set_queue_attributes(QueueUrl=b.url, Attributes={"VisibilityTimeout": "100"})
+    with collect_journal() as journal:
+        b.run({"Records": []}, Standing(10))
+        b.run({"Records": []}, Standing(60))
+        b.run({"Records": []}, Standing(60))
+    warned = journal.events("lambda_visibility_too_short")
+    assert len(warned) == 1
+    assert warned[0]["function_timeout"] == 60 and warned[0]["floor"] == 360
+
+
 def test_an_app_whose_class_can_never_fit_a_lambda_is_refused_at_its_first_invocation(
     aws: AwsTestEnv,
 ) -> None:
@@ -378,6 +396,23 @@ def test_a_late_first_reading_of_the_time_left_refuses_only_until_a_full_one(
     assert never["function_timeout"] == 5
     for r in b.event["Records"]:
         assert read_view(ddb_client, b.settings, job_of(r)).state is JobState.SUCCEEDED
+
+
+def test_a_record_whose_flow_raised_is_reported_and_stops_its_fifo_group() -> None:
+    # ``LambdaShell.handle``: a record flow that raised (an AWS failure it could not
+    # handle) left its message as it was, so its group's later records must wait
+    # behind it (AWS: a FIFO batch's later records of a failed one's group are
+    # reported failed too); another group, and a record that is no mapping, go on.
+    batch = BatchEnds()
+    batch.broke({"messageId": "m1", "attributes": {"MessageGroupId": "session-1"}})
+    batch.broke("not a record")
+    batch.ended(RecordEnd("m2", True))
+    batch.ended(RecordEnd("m3", False))
+    batch.ended(None)
+    assert batch.failures == ["m1", "m3"]
+    assert batch.groups.blocked("session-1")
+    assert not batch.groups.blocked("session-2")
+    assert batch.unstarted == []
 
 
 def test_the_function_timeout_is_the_largest_time_left_an_invocation_started_with() -> None:

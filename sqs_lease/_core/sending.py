@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypedDict
+from typing import Any
 
 from .._errors import (
     ConfigError,
@@ -31,6 +31,7 @@ from .records import (
     JobRequests,
     JobState,
     JobView,
+    NewJob,
 )
 
 # --------------------------------------------------------------------------- submit
@@ -165,21 +166,6 @@ def send_record_message(
     )
 
 
-class _NewRecord(TypedDict):
-    """The job record a submission writes: alone (``put_new``), or in one transaction
-    with its group's marker (``put_new_item``)."""
-
-    job_id: str
-    job_class: str
-    payload_json: str
-    payload_hash: str
-    wall_now: float
-    send_id: str
-    tenant: str | None
-    stage: str | None
-    priority: str | None
-
-
 def submit_flow(
     req: JobRequests,
     *,
@@ -235,7 +221,7 @@ def submit_flow(
     )
     if order is not None:
         raise ConfigError(order)
-    record = _NewRecord(
+    record = NewJob(
         job_id=job_id,
         job_class=job_class,
         payload_json=payload_json,
