@@ -211,3 +211,26 @@ def test_a_fifo_message_names_its_group_as_aws_does() -> None:
     assert isinstance(out, Ok)
     [m] = out.response["Messages"]
     assert m["Attributes"]["MessageGroupId"] == "session-7"
+
+
+def test_soak_seed_1510739_a_leftover_copy_of_an_ended_job_does_not_hold_its_session() -> None:
+    """Soak seed 1510739 (fresh range 1,500,000 on f9432d7; the checker's error): a
+    Lambda batch of four from the FIFO queue (before the operator set its size to one)
+    held job-000 and job-004 of session-0 behind a record that ran 51 s; their
+    visibility lapsed and another poller received both again. The first environment ran
+    job-000 to its commit and deleted its message under the handle SQS had replaced,
+    which SQS answers with success and does not apply; then it claimed job-004. I22
+    called that out of order because job-000's leftover copy was still on the queue,
+    though job-000 had ended: the copy is deleted by its claim and runs nothing. The
+    order a session promises is its jobs' (docs/operations.md), so the checker now
+    counts an earlier message only while it can still run its job (``FifoWorld._runs``:
+    the record not ended or parked, and that message its current send)."""
+    result = run_seed(1510739, trace=True)
+    assert result.ok, result.violations
+    stale = [e for e in result.log if e[2] == "lambda_fifo_batch_too_large" and e[3]["records"] > 1]
+    assert stale, "the seed no longer draws its case"
+    committed = [
+        e[0] for e in result.log if e[2] == "result_committed" and e[3]["job_id"] == "job-000"
+    ]
+    claimed = [e[0] for e in result.log if e[2] == "job_claimed" and e[3]["job_id"] == "job-004"]
+    assert committed and claimed and min(committed) < min(claimed)  # the jobs' order held

@@ -372,6 +372,7 @@ class FifoWorld:
                 and k != job_id
                 and "send_id" in other  # the protocol's sends (not the world's strays)
                 and self.plan.sessions.get(str(k)) == session
+                and self._runs(str(k), str(other["send_id"]))
             ):
                 where = "in flight" if self.world.sqs.in_flight(x) else "waiting"
                 self._fail(
@@ -381,6 +382,24 @@ class FifoWorld:
                     f"{where}: a session's messages run one at a time, in the order sent",
                 )
                 return
+
+    def _runs(self, job_id: str, send_id: str) -> bool:
+        """Whether a message of ``job_id`` sent as ``send_id`` can still run its job: the
+        record waits for it or runs it (not ended, not parked, its current send). A
+        leftover copy (soak seed 1510739: a delete under a receipt handle SQS had
+        replaced by another receive, which SQS answers with success and does not apply)
+        is deleted by its claim and runs nothing, so a later job of the session may go:
+        the order the session promises is its jobs', not its leftovers'."""
+        from .resources import JOBS
+
+        item = self.world.ddb.get(JOBS, {"job_id": {"S": job_id}})
+        if item is None or "state" not in item:
+            return True  # not written yet: its producer is at work
+        state = item["state"].get("S")
+        if state in ("succeeded", "failed", "parked"):
+            return False
+        current = item.get("send_id", {}).get("S")
+        return current is None or current == send_id  # (no send id: cannot tell, so it may)
 
     def _fail(self, name: str, message: str) -> None:
         c = self.world.checker
