@@ -43,7 +43,7 @@ def successor_key(key: str) -> str:
 
 
 class ResolveRequests(Protocol):
-    """The intent store's requests an operator's decision needs (``_schema.IntentTable``)."""
+    """The intent store's requests an operator's decision needs (``_schema.intent_requests.IntentTable``)."""
 
     def resolve(
         self,
