@@ -215,14 +215,13 @@ def _error_write(
     ``failed`` for good (its message then deleted), or with ``retry`` back to
     ``queued`` (its message kept: the retry's backoff is its visibility)."""
     stage = "retry" if retry else "fail"
-    build = req.requeue if retry else req.finish_failed
     job = end.job
     why = bounded(reason, REASON_LIMIT)
     return (
         yield from end_attempt(
             req,
             end,
-            lambda write_id: build(
+            lambda write_id: req.end_in_error(
                 job.job_id,
                 job.token,
                 end.worker_id,
@@ -230,6 +229,7 @@ def _error_write(
                 error_code,
                 end.wall_now,
                 write_id=write_id,
+                retry=retry,
             ),
             applied=JobState.QUEUED if retry else JobState.FAILED,
             stage=stage,
