@@ -246,11 +246,11 @@ def _pretty(body: str) -> str:
 
 
 _SAID = {
-    "moved": "moved to the job queue",
-    "would_move": "would move to the job queue",
-    "copied_not_deleted": "copied to the job queue; DLQ copy kept",
-    "failed": "failed",
-    "skipped": "skipped",
+    RedriveVerdict.MOVED: "moved to the job queue",
+    RedriveVerdict.WOULD_MOVE: "would move to the job queue",
+    RedriveVerdict.COPIED_NOT_DELETED: "copied to the job queue; DLQ copy kept",
+    RedriveVerdict.FAILED: "failed",
+    RedriveVerdict.SKIPPED: "skipped",
 }
 
 

@@ -33,8 +33,10 @@ from ._cli_out import (
 from ._core.cancelling import CancelVerdict
 from ._core.liveness import Liveness
 from ._core.messages import UNSENT_GRACE_SECONDS
+from ._core.records import JobState
 from ._core.resuming import ResumeVerdict
-from ._core.stages import stage_rows
+from ._core.stages import RetryVerdict, stage_rows
+from ._core.sweeping import StrandedVerdict
 from ._core.texts import visible
 from ._core.timeline import IntentFacts
 from ._journal import read_journal
@@ -162,7 +164,7 @@ def jobs_list(ctx: click.Context, state: str | None, limit: int, scan: bool, as_
             EXIT_ERROR,
         )
     records, more = list_jobs(settings, state, limit)
-    owners = {r.owner for r in records if r.state == "running" and r.owner}
+    owners = {r.owner for r in records if r.state == JobState.RUNNING and r.owner}
     live = workers_liveness(settings, owners) if owners else {}
     now = time.time()
     if more:
@@ -273,7 +275,11 @@ def jobs_show(
     hidden = ("payload", "result", "timeline", "stages", "stage_input")
     names = [n for n in JobRecord.get_attributes() if n not in hidden]
     names.sort(key=lambda n: (n != "job_id", n))
-    live = workers_liveness(settings, [rec.owner]) if rec.state == "running" and rec.owner else {}
+    live = (
+        workers_liveness(settings, [rec.owner])
+        if rec.state == JobState.RUNNING and rec.owner
+        else {}
+    )
     data = _fields(rec, now, names, live)
     data["timeline_events"] = len(rec.timeline or ())  # drawn by `jobs timeline`
     rows = stage_rows(view_of(item))
@@ -434,7 +440,7 @@ def jobs_retry(ctx: click.Context, job_id: str, stage: str | None, as_json: bool
     retried = Producer(settings_of(ctx)).retry(job_id, stage)
     data = {
         "job_id": job_id,
-        "verdict": retried.verdict,
+        "verdict": retried.verdict.value,
         "state": retried.state.value,
         "stage": retried.stage,
         "committed_stages": list(retried.kept),
@@ -442,12 +448,24 @@ def jobs_retry(ctx: click.Context, job_id: str, stage: str | None, as_json: bool
         "send_id": retried.send_id,
         "message_id": retried.message_id,
     }
-    if retried.verdict == "nothing_to_do":
+    if retried.verdict is RetryVerdict.NOTHING_TO_DO:
         noop(f"job {job_id!r}: {retried.note}", as_json=as_json, data=data)
     if as_json:
         emit_json(data)
         return
     row(job_id, "queued", retried.note)
+
+
+_STRANDED_SAID = {
+    StrandedVerdict.RESENT: "sent again",
+    StrandedVerdict.WOULD_RESEND: "would send again",
+    StrandedVerdict.MOVED: "skipped: sent, claimed or taken over meanwhile",
+    StrandedVerdict.CLEARED: "taken out of the unsent index: it no longer waits for a message",
+    StrandedVerdict.RESTAMPED: "stamped ahead of this clock (a writer's clock ahead?): "
+    "stamped again here, sent by a sweep after the grace",
+    StrandedVerdict.WOULD_RESTAMP: "stamped ahead of this clock: would be stamped again here",
+    StrandedVerdict.FAILED: "failed",  # and the detail
+}
 
 
 @jobs.command("repair")
@@ -470,7 +488,8 @@ def jobs_repair(
     settings = settings_of(ctx)
     check_table(settings)
     report = Producer(settings).repair(older_than=older_than, limit=limit, dry_run=dry_run)
-    counts = {v: sum(1 for j in report.jobs if j.verdict == v) for v in ("resent", "failed")}
+    resent = sum(1 for j in report.jobs if j.verdict is StrandedVerdict.RESENT)
+    failed = sum(1 for j in report.jobs if j.verdict is StrandedVerdict.FAILED)
     if as_json:
         emit_json(
             {
@@ -481,35 +500,28 @@ def jobs_repair(
                         "job_id": j.job_id,
                         "job_class": j.job_class,
                         "unsent_for": round(j.unsent_for, 3),
-                        "verdict": j.verdict,
+                        "verdict": j.verdict.value,
                         "detail": j.detail,
                     }
                     for j in report.jobs
                 ],
             }
         )
-        if counts["failed"]:
+        if failed:
             raise click.exceptions.Exit(EXIT_NOT_FOUND)
         return
     for job in report.jobs:
-        what = {
-            "resent": "sent again",
-            "would_resend": "would send again",
-            "moved": "skipped: sent, claimed or taken over meanwhile",
-            "cleared": "taken out of the unsent index: it no longer waits for a message",
-            "restamped": "stamped ahead of this clock (a writer's clock ahead?): stamped "
-            "again here, sent by a sweep after the grace",
-            "would_restamp": "stamped ahead of this clock: would be stamped again here",
-            "failed": f"failed: {job.detail}",
-        }[job.verdict]
+        what = _STRANDED_SAID[job.verdict]
+        if job.verdict is StrandedVerdict.FAILED:
+            what += f": {job.detail}"
         row(job.job_id, job.job_class, f"unsent for {seconds(job.unsent_for)}", what)
     if dry_run:
         summary = f"{len(report.jobs)} stranded (dry run: nothing sent)"
     else:
-        summary = f"{len(report.jobs)} stranded, {counts['resent']} sent again"
-        summary += f", {counts['failed']} failed" if counts["failed"] else ""
+        summary = f"{len(report.jobs)} stranded, {resent} sent again"
+        summary += f", {failed} failed" if failed else ""
     if report.more:
         summary += f"; --limit {limit} reached: run again for more"
     click.echo(summary)
-    if counts["failed"]:
+    if failed:
         raise click.exceptions.Exit(EXIT_NOT_FOUND)

@@ -20,7 +20,9 @@ DEFAULT_MAX_RECEIVES = REDRIVE_BACKSTOP
 
 
 def _call(client: Any, op: str, *, missing: tuple[str, str] | None = None, **params: Any) -> Any:
-    """Call ``op`` on ``client``; a failure becomes the package's typed error.
+    """Call ``op`` (boto3's method name) on ``client``; a failure becomes the package's
+    typed error, naming the API operation (``GetQueueUrl``, as AWS's docs and
+    CloudTrail name it).
 
     ``missing``: what the call names and the command that creates it; a resource the
     call finds absent then raises ResourceMissing saying so, not AwsCallFailed."""
@@ -32,9 +34,10 @@ def _call(client: Any, op: str, *, missing: tuple[str, str] | None = None, **par
         if missing is not None and err.kind is ErrorKind.NOT_FOUND:
             what, fix = missing
             raise ResourceMissing(f"{what} does not exist on {where}: run `{fix}`") from None
+        api = client.meta.method_to_api_mapping.get(op, op)
         if err.kind is ErrorKind.UNREACHABLE:
-            raise AwsUnavailable(f"{op}: {where} did not answer ({err.code})") from None
-        raise AwsCallFailed(f"{op} on {where}: {err.code}: {err.message}", err.code) from None
+            raise AwsUnavailable(f"{api}: {where} did not answer ({err.code})") from None
+        raise AwsCallFailed(f"{api} on {where}: {err.code}: {err.message}", err.code) from None
 
 
 def create_tables(settings: Settings) -> list[str]:

@@ -110,7 +110,7 @@ from ._fence import (
 )
 from ._journal import Journal
 from ._schema.create_table import create_table_params
-from ._schema.expressions import serialize as _params
+from ._schema.expressions import serialize
 from ._schema.models import GC_TTL
 
 __all__ = [
@@ -297,7 +297,7 @@ def create_receiver_tables(settings: Settings, *, prefix: str | None = None) -> 
 def put_entry(item: Model, table: str, condition: Condition | None = None) -> dict[str, Any]:
     """A ``TransactWriteItems`` Put entry for a model instance (for ``apply_with_write``)."""
     put: dict[str, Any] = {"TableName": table, "Item": item.serialize()}
-    put.update(_params(condition))
+    put.update(serialize(condition))
     return {"Put": put}
 
 
@@ -518,10 +518,10 @@ class FencedReceiver:
         key = {"scope": {"S": scope}}
         params: dict[str, Any] = {"TableName": self.fences_table, "Key": key}
         if to is None:
-            params.update(_params(_F.token == expect))
+            params.update(serialize(_F.token == expect))
             call = self.client.delete_item
         else:
-            params.update(_params(_F.token == expect, self._mark_actions(to, self._clock())))
+            params.update(serialize(_F.token == expect, self._mark_actions(to, self._clock())))
             call = self.client.update_item
         try:
             call(**params)
@@ -582,7 +582,7 @@ class FencedReceiver:
         """UpdateItem parameters: the scope's mark to ``token`` unless it is higher already."""
         update: dict[str, Any] = {"TableName": self.fences_table, "Key": {"scope": {"S": scope}}}
         update.update(
-            _params(
+            serialize(
                 _F.scope.does_not_exist() | (_F.token <= token),
                 self._mark_actions(token, now),
             )
@@ -611,7 +611,7 @@ class FencedReceiver:
         """Run the transaction; None when it committed for this call, else the answer."""
         scope, token = str(record.scope), int(record.token)
         put: dict[str, Any] = {"TableName": self.idempotency_table, "Item": record.serialize()}
-        put.update(_params(_I.idem_key.does_not_exist()))
+        put.update(serialize(_I.idem_key.does_not_exist()))
         items: list[Mapping[str, Any]] = [
             {"Update": self._mark_update(scope, token, record.updated_at)},
             {"Put": put},
@@ -676,7 +676,7 @@ class FencedReceiver:
             "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
         params.update(
-            _params(
+            serialize(
                 (_I.state == IN_FLIGHT) & (_I.request_id == request_id),
                 [
                     _I.state.set(DONE),
@@ -715,7 +715,7 @@ class FencedReceiver:
             "TableName": self.idempotency_table,
             "Key": {"idem_key": {"S": idem_key}},
         }
-        params.update(_params(cond))
+        params.update(serialize(cond))
         try:
             self.client.delete_item(**params)
             return True

@@ -303,3 +303,26 @@ def test_local_json_prints_one_object_once_ready_and_stops_on_ctrl_c() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_an_aws_failure_names_the_api_operation_not_the_boto_method() -> None:
+    # AWS's docs, IAM policies and CloudTrail say GetQueueUrl / DescribeTable: an
+    # operator searches for those, not for boto3's get_queue_url.
+    import boto3
+    from botocore.stub import Stubber
+
+    from sqs_lease._errors import AwsCallFailed
+    from sqs_lease._resources import _call
+
+    sqs = boto3.client(
+        "sqs",
+        region_name="us-east-1",
+        endpoint_url="http://127.0.0.1:9",
+        aws_access_key_id="x",
+        aws_secret_access_key="x",
+    )
+    with Stubber(sqs) as stub:
+        stub.add_client_error("get_queue_url", "AccessDenied", "no")
+        with pytest.raises(AwsCallFailed) as caught:
+            _call(sqs, "get_queue_url", missing=("queue 'q'", "make it"), QueueName="q")
+    assert str(caught.value).startswith("GetQueueUrl on SQS at http://127.0.0.1:9: AccessDenied")

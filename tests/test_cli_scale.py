@@ -137,7 +137,9 @@ def test_jobs_list_parked_and_failed_use_the_attention_index_never_a_scan(
         **jobs.park("p-1", 1, "w-1", "intent ambiguous", now, write_id="n-1:park").params
     )
     ddb.update_item(
-        **jobs.finish_failed("f-1", 1, "w-1", "boom", "error", now, write_id="n-1:fail").params
+        **jobs.end_in_error(
+            "f-1", 1, "w-1", "boom", "error", now, write_id="n-1:fail", retry=False
+        ).params
     )
     ddb.update_item(**jobs.commit("ok-1", 1, "w-1", "{}", now, write_id="n-1:commit").params)
     ops.clear()

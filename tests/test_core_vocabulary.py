@@ -135,3 +135,17 @@ def test_retry_stranded_and_claim_verdicts_keep_the_words_printed_before() -> No
     }
     assert json.dumps({"verdict": RetryVerdict.NOTHING_TO_DO}) == '{"verdict": "nothing_to_do"}'
     assert f"{StrandedVerdict.WOULD_RESEND}" == "would_resend"
+
+
+def test_the_cli_says_a_line_for_every_verdict() -> None:
+    # The CLI's tables are keyed by the enums: a new member without its line fails here,
+    # not as a KeyError in an operator's `jobs repair` or `dlq redrive`.
+    from sqs_lease._cli_dlq import _SAID, _VERDICT_SAID
+    from sqs_lease._cli_jobs import _STRANDED_SAID
+    from sqs_lease._core.deadletter import DlqVerdict
+    from sqs_lease._core.sweeping import StrandedVerdict
+    from sqs_lease._dlq import RedriveVerdict
+
+    assert set(_STRANDED_SAID) == set(StrandedVerdict)
+    assert set(_SAID) == set(RedriveVerdict)
+    assert set(_VERDICT_SAID) == set(DlqVerdict)

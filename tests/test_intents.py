@@ -1417,8 +1417,8 @@ def test_a_shared_key_prepared_by_a_job_that_ended_for_good_is_taken_over_by_the
     spec_a = spec_for(job_a, p)
     assert isinstance(env.driver.execute(env.intents.prepare(spec_a, time.time())), Ok)
     if holder_end == "failed":
-        ended = env.jobs.finish_failed(
-            job_a, 1, W1, "boom", "handler_error", time.time(), write_id="n-1:fail"
+        ended = env.jobs.end_in_error(
+            job_a, 1, W1, "boom", "handler_error", time.time(), write_id="n-1:fail", retry=False
         )
     else:
         ended = env.jobs.cancel(job_a, "operator", time.time())

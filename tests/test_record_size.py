@@ -158,11 +158,11 @@ def test_the_record_room_covers_an_ended_record_with_the_longest_reason(end: str
     code = Ending(EndKind.FAIL, reason, WIDE * 1000).code  # a handler's own, cut
     assert len(code) == CODE_LIMIT
     if end == "fail":
-        call = JT.finish_failed(JOB, token, NAME, reason, code, 1.0e9, write_id=SEND)
+        call = JT.end_in_error(JOB, token, NAME, reason, code, 1.0e9, write_id=SEND, retry=False)
     elif end == "park":
         call = JT.park(JOB, token, NAME, reason, 1.0e9, write_id=SEND)
     else:
-        call = JT.requeue(JOB, token, NAME, reason, code, 1.0e9, write_id=SEND)
+        call = JT.end_in_error(JOB, token, NAME, reason, code, 1.0e9, write_id=SEND, retry=True)
     ended = _apply(item, call)
     assert _item_size(ended) - _brought(ended) <= limits.RECORD_ROOM
 

@@ -461,7 +461,13 @@ def test_job_requests_requeue_park_fail_cancel() -> None:
     _put_job(db)
     _send(db, T.claim("j1", "w1", 1.0, 30, job_class="c", send_id="s1"))
     assert isinstance(
-        _send(db, T.requeue("j1", 1, "w1", "again", "transient", 2.0, write_id="n-1:retry")), Ok
+        _send(
+            db,
+            T.end_in_error(
+                "j1", 1, "w1", "again", "transient", 2.0, write_id="n-1:retry", retry=True
+            ),
+        ),
+        Ok,
     )
     assert _job(db)["state"] == {"S": "queued"}
     assert isinstance(
@@ -478,7 +484,13 @@ def test_job_requests_requeue_park_fail_cancel() -> None:
     _put_job(db, "j2")
     _send(db, T.claim("j2", "w1", 1.0, 30, job_class="c", send_id="s1"))
     assert isinstance(
-        _send(db, T.finish_failed("j2", 1, "w1", "bad", "permanent", 2.0, write_id="n-1:fail")), Ok
+        _send(
+            db,
+            T.end_in_error(
+                "j2", 1, "w1", "bad", "permanent", 2.0, write_id="n-1:fail", retry=False
+            ),
+        ),
+        Ok,
     )
     assert _job(db, "j2")["reason"] == {"S": "bad"}
 

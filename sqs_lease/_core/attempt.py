@@ -457,7 +457,7 @@ def _wait_for_slot(env: AttemptEnv, claim: Claimed, grant: SlotGrant) -> Flow[No
     pool = grant.waiting_for
     yield from wait_flow(
         env.table,
-        end_request(env, claim, now),
+        _end_request(env, claim, now),
         delay=delay,
         reason=f"waiting for a slot of {pool.name if pool else '?'}",
     )
@@ -540,7 +540,7 @@ def flush_deletes_flow(env: AttemptEnv, *, force: bool = False) -> Flow[int]:
     return deleted
 
 
-def end_request(env: AttemptEnv, claim: Claimed, now: Now) -> EndRequest:
+def _end_request(env: AttemptEnv, claim: Claimed, now: Now) -> EndRequest:
     """The end writes' request of a claimed attempt at ``now`` (its deletes batched
     when the shell keeps a delete batch)."""
     return EndRequest(
@@ -575,7 +575,7 @@ class AttemptAt:
 
     def end(self, now: Now) -> EndRequest:
         """What every end write of this attempt shares, written at ``now``."""
-        return end_request(self.env, self.claim, now)
+        return _end_request(self.env, self.claim, now)
 
     def rejected(self, fin: Finish, source: LossSource) -> Flow[None]:
         """A rejected end write: the loss, journaled once."""

@@ -4,7 +4,7 @@ poison; each a fenced write of the record, then the message's fate.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 from .calls import Call, Flow, Ok, Outcome, call, emit
@@ -60,22 +60,22 @@ class EndRequest:
 def end_attempt(
     req: JobRequests,
     end: EndRequest,
-    write: Call,
+    write: Callable[[str], Call],
     *,
-    write_id: str,
     applied: JobState,
     stage: str,
     delete: bool = True,
 ) -> Flow[Finish]:
     """A fenced write that ends this attempt; then delete the message (if asked;
     ``end.defer_delete``: the caller batches it, told by ``Finish.delete_pending``).
-    ``write`` carries ``write_id`` (``end.write_id(stage)``).
+    ``write`` builds the write given its id: the attempt's ``stage`` write
+    (``end.write_id(stage)``), decided here alone.
 
     A rejected write is journaled ``result_rejected`` (never reported as done), an
     unanswered one ``ownership_unknown``; both leave the message alone.
     """
-    job = end.job
-    fin = yield from fenced_write(req, write, job=job, applied=applied, write_id=write_id)
+    job, write_id = end.job, end.write_id(stage)
+    fin = yield from fenced_write(req, write(write_id), job=job, applied=applied, write_id=write_id)
     if fin.outcome is FinishOutcome.INVALID:
         # DynamoDB refused the write as it can never apply (a size limit, a malformed
         # value, an attribute the record lacks): retrying cannot help, and it is not a
@@ -166,14 +166,12 @@ def commit_flow(
     )
     if problem is not None:
         return (yield from fail_instead(req, end, problem, "result_too_large"))
-    write_id = end.write_id("commit")
     fin = yield from end_attempt(
         req,
         end,
-        req.commit(
+        lambda write_id: req.commit(
             job.job_id, job.token, end.worker_id, result_json, end.wall_now, write_id=write_id
         ),
-        write_id=write_id,
         applied=JobState.SUCCEEDED,
         stage="commit",
     )
@@ -217,14 +215,13 @@ def _error_write(
     ``failed`` for good (its message then deleted), or with ``retry`` back to
     ``queued`` (its message kept: the retry's backoff is its visibility)."""
     stage = "retry" if retry else "fail"
-    build = req.requeue if retry else req.finish_failed
-    job, write_id = end.job, end.write_id(stage)
+    job = end.job
     why = bounded(reason, REASON_LIMIT)
     return (
         yield from end_attempt(
             req,
             end,
-            build(
+            lambda write_id: req.end_in_error(
                 job.job_id,
                 job.token,
                 end.worker_id,
@@ -232,8 +229,8 @@ def _error_write(
                 error_code,
                 end.wall_now,
                 write_id=write_id,
+                retry=retry,
             ),
-            write_id=write_id,
             applied=JobState.QUEUED if retry else JobState.FAILED,
             stage=stage,
             delete=not retry,
@@ -312,13 +309,14 @@ def retry_flow(
 
 def park_flow(req: JobRequests, end: EndRequest, *, reason: str) -> Flow[Finish]:
     """Park the job for an operator (fenced), then delete its message."""
-    job, write_id = end.job, end.write_id("park")
+    job = end.job
     why = bounded(reason, REASON_LIMIT)
     fin = yield from end_attempt(
         req,
         end,
-        req.park(job.job_id, job.token, end.worker_id, why, end.wall_now, write_id=write_id),
-        write_id=write_id,
+        lambda write_id: req.park(
+            job.job_id, job.token, end.worker_id, why, end.wall_now, write_id=write_id
+        ),
         applied=JobState.PARKED,
         stage="park",
     )

@@ -75,16 +75,9 @@ def receive_prioritized_flow(
     lower level asked first on its turn is long-polled (:data:`LOWER_POLL_SECONDS`),
     the rest short-polled (see the module). Every message names the queue it came
     from (its visibility and delete go there)."""
-    if len(queue_urls) == 1:
-        return (
-            yield from receive_flow(
-                queue_url=queue_urls[0],
-                max_messages=max_messages,
-                wait_seconds=wait_seconds,
-                visibility=visibility,
-            )
-        )
-    order = receive_order(turn, weights[: len(queue_urls)])
+    levels = len(queue_urls)
+    # One queue (no priorities): only the long poll below, its messages untagged.
+    order = [] if levels == 1 else receive_order(turn, weights[:levels])
     for level in order:
         own_turn = level == order[0] and level > 0
         got = yield from receive_flow(
@@ -103,7 +96,7 @@ def receive_prioritized_flow(
             max_messages=max_messages,
             wait_seconds=wait_seconds,
             visibility=visibility,
-            tag_queue=True,
+            tag_queue=levels != 1,
         )
     )
 

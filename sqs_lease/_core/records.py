@@ -233,7 +233,7 @@ class JobRequests(Protocol):
         timeline gains a ``stage_done`` event in the same write."""
         ...
 
-    def finish_failed(
+    def end_in_error(
         self,
         job_id: str,
         token: int,
@@ -243,19 +243,11 @@ class JobRequests(Protocol):
         wall_now: float,
         *,
         write_id: str,
-    ) -> Call: ...
-
-    def requeue(
-        self,
-        job_id: str,
-        token: int,
-        worker_id: str,
-        reason: str,
-        error_code: str,
-        wall_now: float,
-        *,
-        write_id: str,
-    ) -> Call: ...
+        retry: bool,
+    ) -> Call:
+        """An attempt that ended in an error, with its reason and code, fenced like a
+        commit: ``failed`` for good, or with ``retry`` back to ``queued``."""
+        ...
 
     def release(
         self,

@@ -14,7 +14,7 @@ from .calls import Call, Err, ErrorKind, Flow, Ok, Sleep, call, emit
 from .intents import IntentState, IntentView, outcome_error
 from .intentwrites import RETRY_WAITS, cancel_codes, transient_cancel
 from .records import JobRequests, JobState, JobView
-from .resuming import ResumeVerdict, send_resumed, sent_note, unpark_or_resend
+from .resuming import ResumeVerdict, resume_flow, send_resumed, sent_note
 
 
 class Resolution(StrEnum):
@@ -43,7 +43,8 @@ def successor_key(key: str) -> str:
 
 
 class ResolveRequests(Protocol):
-    """The intent store's requests an operator's decision needs (``_schema.IntentTable``)."""
+    """The intent store's requests an operator's decision needs
+    (``_schema.intent_requests.IntentTable``)."""
 
     def resolve(
         self,
@@ -343,13 +344,14 @@ def _finish_earlier(
     interactive_url: str | None = None,
 ) -> Flow[Resolved | None]:
     """An intent an earlier resolution settled: resume its job if that half is missing."""
-    resumed = yield from unpark_or_resend(
+    resumed = yield from resume_flow(
         jreq,
         queue_url=queue_url,
         job_id=intent.job_id,
         wall_now=wall_now,
         send_id=send_id,
         interactive_url=interactive_url,
+        say_skipped=False,
     )
     if resumed.verdict is ResumeVerdict.NOT_PARKED:
         return None  # nothing half done: the caller says there is nothing to resolve

@@ -46,37 +46,16 @@ def resume_flow(
     wall_now: float,
     send_id: str,
     interactive_url: str | None = None,
+    say_skipped: bool = True,
 ) -> Flow[Resumed]:
     """Parked -> queued with one attempt granted, then send its message.
 
     Retryable: a record that is queued without a sent message (an earlier resume
     or submit whose send failed, a producer that died) is sent again now, under a
     new send id that retires any older message. ``send_id`` is unique to this call.
+    ``say_skipped=False``: no ``job_resume_skipped`` event when there is nothing to
+    do (an operator's resolve that finds its job half done says it itself).
     """
-    resumed = yield from unpark_or_resend(
-        jreq,
-        queue_url=queue_url,
-        job_id=job_id,
-        wall_now=wall_now,
-        send_id=send_id,
-        interactive_url=interactive_url,
-    )
-    if resumed.verdict is ResumeVerdict.NOT_PARKED:
-        yield from emit("job_resume_skipped", job_id=job_id, state=resumed.state.value)
-    return resumed
-
-
-def unpark_or_resend(
-    jreq: JobRequests,
-    *,
-    queue_url: str,
-    job_id: str,
-    wall_now: float,
-    send_id: str,
-    interactive_url: str | None = None,
-) -> Flow[Resumed]:
-    """:func:`resume_flow` without its ``job_resume_skipped`` event (an operator's
-    resolve that finds its job half done says it itself)."""
 
     def sent_as(job: JobView, verdict: ResumeVerdict) -> Flow[Resumed]:
         was, what, done = _SENT_AS[verdict]
@@ -121,6 +100,8 @@ def unpark_or_resend(
             raise outcome_error(took, "resume job (take over the send)", job_id)
         if took.item is not None:
             current = jreq.parse(took.item)
+    if say_skipped:
+        yield from emit("job_resume_skipped", job_id=job_id, state=current.state.value)
     return Resumed(
         job_id, ResumeVerdict.NOT_PARKED, current.state, f"job is {current.state.value}, not parked"
     )

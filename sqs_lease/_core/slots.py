@@ -150,7 +150,7 @@ class SlotGrant:
 
 
 class SlotRequests(Protocol):
-    """Builds DynamoDB calls for the slots table (implemented by ``_schema.SlotTable``)."""
+    """Builds DynamoDB calls for the slots table (``_schema.slot_requests.SlotTable``)."""
 
     def read(self, keys: Sequence[str]) -> Call:
         """A consistent BatchGetItem of these slot records."""

@@ -303,11 +303,10 @@ def continue_flow(
         failing = replace(end, defer_delete=False)  # a stage's fail deletes at once
         return Continued((yield from fail_instead(req, failing, problem, "stage_too_large")))
     send_id = continuation_send_id(job.token, nxt.name)
-    write_id = end.write_id("stage")
     fin = yield from end_attempt(
         req,
         end,
-        req.advance_stage(
+        lambda write_id: req.advance_stage(
             job.job_id,
             job.token,
             end.worker_id,
@@ -319,7 +318,6 @@ def continue_flow(
             wall_now=end.wall_now,
             write_id=write_id,
         ),
-        write_id=write_id,
         applied=JobState.QUEUED,
         stage="stage",
         delete=False,
@@ -381,11 +379,10 @@ def resend_flow(req: JobRequests, end: EndRequest, *, reason: str) -> Flow[Finis
     message's delete (should it come back first, it is a stray)."""
     job = end.job
     send_id = cap_send_id(job.token)
-    write_id = end.write_id("resend")
     fin = yield from end_attempt(
         req,
         end,
-        req.resend(
+        lambda write_id: req.resend(
             job.job_id,
             job.token,
             end.worker_id,
@@ -394,7 +391,6 @@ def resend_flow(req: JobRequests, end: EndRequest, *, reason: str) -> Flow[Finis
             wall_now=end.wall_now,
             write_id=write_id,
         ),
-        write_id=write_id,
         applied=JobState.QUEUED,
         stage="resend",
         delete=False,

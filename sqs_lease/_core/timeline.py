@@ -1,10 +1,10 @@
 """A job's timeline: the ownership events kept on its record, and how to read them back.
 
 Each event is appended to the job record's ``timeline`` list **in the same
-conditional write that makes the change** (``_schema.JobTable`` adds the append to
-the claim, commit, stage checkpoint, retry, park, fail, release, cancel, resume and
-resolve writes), so keeping it costs no request. Three kinds of event cannot ride
-on their own write:
+conditional write that makes the change** (``_schema.job_requests.JobTable`` adds
+the append to the claim, commit, stage checkpoint, retry, park, fail, release,
+cancel, resume and resolve writes), so keeping it costs no request. Three kinds of
+event cannot ride on their own write:
 
 - a *refused commit*: the refused write changed nothing, so it cannot append. The
   stale attempt already sends one unfenced write after the refusal (``keep_rejected``,

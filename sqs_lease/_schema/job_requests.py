@@ -454,7 +454,7 @@ class JobTable:
             clear_reason=True,
         )
 
-    def finish_failed(
+    def end_in_error(
         self,
         job_id: str,
         token: int,
@@ -464,35 +464,23 @@ class JobTable:
         wall_now: float,
         *,
         write_id: str,
+        retry: bool,
     ) -> Call:
+        # A retry keeps the owner recorded, for people; a retried write recognises its
+        # own by ``write_id``. A failure is finished and listed in the attention index.
+        attempt = _Attempt(job_id, token, worker_id, wall_now, write_id)
+        why = _why(reason, error_code)
+        if retry:
+            return self._end(
+                attempt, state=JobState.QUEUED, changes=why, kind=TK.RETRY, detail=error_code
+            )
         return self._end(
-            _Attempt(job_id, token, worker_id, wall_now, write_id),
+            attempt,
             state=JobState.FAILED,
-            changes=[R.attention.set(JobState.FAILED.value), *_why(reason, error_code)],
+            changes=[R.attention.set(JobState.FAILED.value), *why],
             kind=TK.FAILED,
             detail=error_code,
             finished=True,
-        )
-
-    def requeue(
-        self,
-        job_id: str,
-        token: int,
-        worker_id: str,
-        reason: str,
-        error_code: str,
-        wall_now: float,
-        *,
-        write_id: str,
-    ) -> Call:
-        # The owner stays recorded, for people; a retried requeue recognises its own
-        # write by ``write_id``.
-        return self._end(
-            _Attempt(job_id, token, worker_id, wall_now, write_id),
-            state=JobState.QUEUED,
-            changes=_why(reason, error_code),
-            kind=TK.RETRY,
-            detail=error_code,
         )
 
     def release(

@@ -22,7 +22,7 @@ reported to ``on_write`` (the invariant checker listens there).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +81,21 @@ class _Invalid(Exception):
 
 def _validation(msg: str) -> Err:
     return Err(ErrorKind.VALIDATION, "ValidationException", "", msg)
+
+
+def _cancelled(reasons: Iterable[dict[str, Any]]) -> Err:
+    """A cancelled transaction as DynamoDB answers it: one reason per item, in order,
+    their codes repeated in the message."""
+    every = tuple(reasons)
+    codes = ", ".join(r["Code"] for r in every)
+    return Err(
+        ErrorKind.TRANSACTION_CANCELLED,
+        "TransactionCanceledException",
+        "",
+        f"Transaction cancelled, please refer cancellation reasons for specific reasons [{codes}]",
+        None,
+        every,
+    )
 
 
 _TOO_LARGE = "Item size has exceeded the maximum allowed size"
@@ -408,19 +423,9 @@ class SimDynamo:
         n = len(list(params.get("TransactItems", [])))
         which = self.chaos.wide.randrange(max(1, n))
         code = self.chaos.wide.choice(TRANSIENT_REASONS)
-        reasons = tuple(
+        return _cancelled(
             {"Code": code, "Message": _TRANSIENT_MESSAGES[code]} if i == which else {"Code": "None"}
             for i in range(n)
-        )
-        codes = ", ".join(r["Code"] for r in reasons)
-        return Err(
-            ErrorKind.TRANSACTION_CANCELLED,
-            "TransactionCanceledException",
-            "",
-            f"Transaction cancelled, please refer cancellation reasons for specific "
-            f"reasons [{codes}]",
-            None,
-            reasons,
         )
 
     def _transact(self, params: Mapping[str, Any], origin: Any) -> Outcome:
@@ -465,16 +470,7 @@ class SimDynamo:
                     reason["Item"] = dict(old)
                 reasons.append(reason)
         if failed:
-            codes = ", ".join(r["Code"] for r in reasons)
-            return Err(
-                ErrorKind.TRANSACTION_CANCELLED,
-                "TransactionCanceledException",
-                "",
-                f"Transaction cancelled, please refer cancellation reasons for specific "
-                f"reasons [{codes}]",
-                None,
-                tuple(reasons),
-            )
+            return _cancelled(reasons)
         # All conditions hold: compute every new item first (an invalid update cancels
         # the whole transaction), then apply.
         writes: list[tuple[str, Key, Item | None]] = []

@@ -162,8 +162,9 @@ class FifoQueue:
 
     def receivable(self, q: Queue, visible: list[Message], now: float) -> list[Message]:
         """Of the visible messages, the head of each group none of whose messages is
-        in flight, in the order sent (one per group: the workers ask one message per
-        call from a FIFO queue anyway)."""
+        in flight, in the order sent. A receive of one message (a worker's: one per
+        call from a FIFO queue) takes one of these heads; a receive of several (a
+        Lambda mapping's) fills its batch behind them with :meth:`batch`."""
         blocked = {self.group_of(m) for m in q.messages.values() if m.visible_at > now}
         heads: dict[str, Message] = {}
         for m in sorted(visible, key=lambda m: m.seq):

@@ -47,6 +47,7 @@ from ..._core.records import CANCELLED_CODE
 from ..._core.rounds import heartbeat_tick_flow
 from ..._core.sweeps import SCHEDULED_DLQ_RECEIVES, SCHEDULED_SWEEP_PAGE, sweep_pages_flow
 from ..._core.timing import EFFECT_MARGIN
+from . import producers
 from .invariants import Origin
 from .plan import SweepPlan
 from .resources import JOB_CLASS, JOB_CLASS_V2, QUEUE
@@ -555,7 +556,7 @@ class LambdaRun:
     cancelled), a little after it failed, at most twice per job, while the functions and
     workers go on (a stale attempt's late writes, its message's redeliveries, the
     sweep). The operator's process may die half way and run the command again, as in
-    ``operator_races`` (``World._operator_runs``)."""
+    ``operator_races`` (``Runbook.run``)."""
 
     def __init__(self, world: World, lp: LambdaPlan) -> None:
         self.world = world
@@ -595,7 +596,7 @@ class LambdaRun:
             )
 
         origin = Origin("operator", f"retry-{job_id}-{n}", "operator")
-        world._operator_runs(origin, command, f"{job_id}.retry{n}")
+        world.runbook.run(origin, command, f"{job_id}.retry{n}")
 
 
 def _submit_reserved(world: World, job_id: str) -> None:
@@ -619,7 +620,7 @@ def _submit_reserved(world: World, job_id: str) -> None:
         payload_hash=payload_hash(text),
         wall_now=world.producer.wall(),
         send_id=f"reserved.{job_id}",
-        resend_after=world._resend_after(),
+        resend_after=producers.resend_after(world),
     )
     origin = Origin("producer", f"submit-{job_id}", "producer")
     world.producer.spawn(

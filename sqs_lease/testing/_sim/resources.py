@@ -52,8 +52,8 @@ def sim_job_class(name: str, p: RunPlan) -> JobClass:
 
 def jobs_table_spec(name: str = JOBS) -> TableSpec:
     """The jobs table with the sparse ``unsent`` index the stranded sweep queries
-    (as ``_schema.UnsentIndex``: keys ``unsent``/``unsent_since``, its projection)
-    and the sparse ``group`` index a group cancel queries (``_schema.GroupIndex``)."""
+    (as ``_schema.models.UnsentIndex``: keys ``unsent``/``unsent_since``, its projection)
+    and the sparse ``group`` index a group cancel queries (``_schema.models.GroupIndex``)."""
     projects = UnsentIndex.Meta.projection.non_key_attributes
     unsent = IndexSpec(UNSENT_INDEX, "unsent", "unsent_since", tuple(projects or ()))
     in_group = GroupIndex.Meta.projection.non_key_attributes

@@ -24,7 +24,7 @@ from .chaos import Chaos
 from .clocks import Clocks
 from .ddb import SimDynamo, TableSpec
 from .hooks import Hooks
-from .invariants import E_BUDGET, E_EXC, Checker, Origin, Violation
+from .invariants import E_BUDGET, E_EXC, Checker, Violation
 from .operators import Runbook
 from .plan import RunPlan
 from .receiver import Receivers
@@ -362,12 +362,3 @@ class World:
             counts=dict(self.counts),
             log=self.log,
         )
-
-    # lambdas.py's operator and producer (to call ``runbook.run`` and
-    # ``producers.resend_after`` themselves once that module is free to change)
-
-    def _operator_runs(self, origin: Origin, command: Callable[[str], Any], send_id: str) -> None:
-        self.runbook.run(origin, command, send_id)
-
-    def _resend_after(self) -> float:
-        return producers.resend_after(self)
