@@ -1285,7 +1285,29 @@ def fifo_batch_unwatched() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def lambda_done_by_end_write() -> Iterator[None]:
+    """Issue 28 item 1 broken: a Lambda record's success read from its attempt's end
+    write having applied, not from its message deleted (``AttemptEnd.deleted``): a
+    retried job's record (its requeue applied, its message kept for the backoff) is
+    reported done, and the event source deletes the message of a job still queued.
+    Expected: I10 (a job queued with no message at the end)."""
+    from sqs_lease._core import invocation
+    from sqs_lease._core.attempt import AttemptEnd
+
+    real = attempt.attempt_flow
+
+    def flow(env: Any, item: Any, *, tag: Any = None) -> Flow[AttemptEnd]:
+        end = yield from real(env, item, tag=tag)
+        applied = end.fin is not None and end.fin.outcome is FinishOutcome.DONE
+        return replace(end, deleted=end.deleted or applied)
+
+    with _patch(invocation, "attempt_flow", flow):
+        yield
+
+
 LAMBDA_MUTATIONS: dict[str, Callable[[], Any]] = {
+    "lambda_done_by_end_write": lambda_done_by_end_write,
     "fifo_batch_unwatched": fifo_batch_unwatched,
     "lambda_unfit_looped": lambda_unfit_looped,
     "timeout_first_read": timeout_first_read,

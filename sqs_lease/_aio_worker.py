@@ -31,7 +31,7 @@ import time
 import types
 import uuid
 from collections.abc import Callable, Coroutine, Generator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, ClassVar, TypeVar
 
 from ._aio import AsyncDriver
@@ -41,6 +41,7 @@ from ._core.calls import Flow
 from ._core.env import HandlerRun
 from ._core.intents import EffectResult, EffectSpec
 from ._core.leasebook import Held, Signal
+from ._core.loopwatch import LoopStep, loop_blocked_event, watch_period
 from ._core.messages import Delivery, Poison
 from ._core.rounds import heartbeat_tick_flow, watchdog_drops_flow
 from ._core.shutdown import Drive, WaitAttempts, received_flow, shutdown_order
@@ -70,14 +71,6 @@ class _Stop(threading.Event):
             self.aio.set()
         else:  # pragma: no cover - the book tells attempts on the loop
             self._loop.call_soon_threadsafe(self.aio.set)
-
-
-@dataclass
-class _Step:
-    job_id: str | None
-    began: float
-    reported: bool = False  # loop_blocked journaled (by the watch thread, or on the loop)
-    judged: bool = False  # the stall was judged (at the step's end, or at a check within it)
 
 
 class AsyncWorker(WorkerShell):
@@ -121,8 +114,8 @@ class AsyncWorker(WorkerShell):
         self._tasks: set[asyncio.Task[None]] = set()
         self._jobs = 0  # attempt tasks started and not yet through their attempt
         self._slot_freed: asyncio.Event | None = None  # made on the loop, by serve()
-        self._step: _Step | None = None  # the job step running on the loop now
-        self._step_lock = threading.Lock()
+        self._step: LoopStep | None = None  # the job step running on the loop now
+        self._step_lock = threading.Lock()  # the step is shared with the watch thread
         self._watch_stop = threading.Event()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._driver: AsyncDriver | None = None
@@ -350,7 +343,7 @@ class AsyncWorker(WorkerShell):
             value: Any = None
             error: BaseException | None = None
             while True:
-                step = _Step(job_id, self._clock())
+                step = LoopStep(job_id, self._clock(), self.max_loop_lag)
                 self._step = step
                 try:
                     yielded = coro.throw(error) if error is not None else coro.send(value)
@@ -359,7 +352,7 @@ class AsyncWorker(WorkerShell):
                 finally:
                     self._step = None
                     ended = self._clock()
-                    if ended - step.began > self.max_loop_lag and not step.judged:
+                    if step.overran(ended):
                         self._stalled(step, ended)
                 try:
                     value, error = (yield yielded), None
@@ -376,58 +369,46 @@ class AsyncWorker(WorkerShell):
         lag: a handler that blocked and then checks, or ends, within the same step
         must meet the verdict (its lease check, its ending), not slip past it."""
         step = self._step
-        if step is not None and not step.judged:
+        if step is not None:
             now = self._clock()
-            if now - step.began > self.max_loop_lag:
+            if step.overran(now):
                 self._stalled(step, now)
 
-    def _stalled(self, step: _Step, ended: float) -> None:
+    def _stalled(self, step: LoopStep, ended: float) -> None:
         """A job's step held the loop past the tolerated lag: the book applies the
-        core's verdict; the blocker's job goes back like any watchdog drop."""
-        step.judged = True
+        core's verdict, the events are the core's (``LoopStep.unblocked``); the
+        blocker's job goes back like any watchdog drop."""
         stall, dropped = self.book.loop_stalled(
             step.job_id, began=step.began, ended=ended, tolerated=self.max_loop_lag
         )
-        if stall.event is None:
-            return
         with self._step_lock:
-            reported, step.reported = step.reported, True
-        if not reported:  # too short for the watch thread to see it while it lasted
-            self.journal(
-                "loop_blocked",
-                job_id=step.job_id,
-                token=stall.event["token"],
-                blocked_for=stall.event["blocked_for"],
-                tolerated=self.max_loop_lag,
-                held=len(self.book),
-            )
-        self.journal.write("loop_unblocked", stall.event)
+            told = step.unblocked(stall, len(self.book))
+        for ev in told:
+            self.journal.write(ev.event, ev.fields)
         if dropped:
             self._spawn(self._run(watchdog_drops_flow(self.env, dropped, ended)))
 
     def _watch_loop(self) -> None:
         """Journal a stall while the loop is still held (the loop cannot say it)."""
-        period = max(0.05, self.max_loop_lag / 2)
+        period = watch_period(self.max_loop_lag)
         while not self._watch_stop.wait(period):
             step = self._step
             if step is None:
                 continue
-            held_for = self._clock() - step.began
-            if held_for <= self.max_loop_lag:
-                continue
+            now = self._clock()
             with self._step_lock:
-                if step.reported:
-                    continue
-                step.reported = True
+                held_for = step.watched(now)
+            if held_for is None:
+                continue
             h = self.book.get(step.job_id) if step.job_id is not None else None
-            self.journal(
-                "loop_blocked",
-                job_id=step.job_id,
-                token=h.lease.token if h is not None else None,
-                blocked_for=round(held_for, 3),
-                tolerated=self.max_loop_lag,
-                held=len(self.book),
+            ev = loop_blocked_event(
+                step.job_id,
+                h.lease.token if h is not None else None,
+                held_for,
+                self.max_loop_lag,
+                len(self.book),
             )
+            self.journal.write(ev.event, ev.fields)
 
     # ----------------------------------------------------------------- heartbeat
 

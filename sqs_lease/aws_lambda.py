@@ -134,7 +134,8 @@ class LambdaShell(ShellBase):
     def _built(self) -> None:
         self.driver = SyncDriver(self.settings, self.journal, self.timeouts, clock=self._clock)
         # Lambda deletes a record's message by not reporting it failed: the attempt
-        # must delete at once, where settled_flow sees it (no batching across records).
+        # must delete at once, and answer whether it did (``AttemptEnd.deleted``; no
+        # batching across records).
         self.env.deletes = None
         self._warned = False
         self._checked: int | None = None  # the timeout the visibility was last checked at

@@ -158,7 +158,8 @@ def _answers(*rest: Outcome) -> list[Outcome]:
 
 def _run(shell: Shell, answers: list[Outcome], item: Delivery | Poison | None = None) -> Script:
     s = Script(answers)
-    s.result = s.run(attempt_flow(shell.env, item or delivery()))  # type: ignore[attr-defined]
+    end = s.run(attempt_flow(shell.env, item or delivery()))
+    s.end, s.result = end, end.fin  # type: ignore[attr-defined]
     return s
 
 
@@ -180,7 +181,7 @@ def test_a_handler_that_returns_commits_its_result_fenced_and_forgets_the_lease(
     shell = Shell(handler)
     s = _run(shell, _answers(ok(), ok()))
     assert _ops(s) == ["UpdateItem", "UpdateItem", "DeleteMessage"]  # claim, commit, delete
-    assert s.result == Finish(FinishOutcome.DONE)  # type: ignore[attr-defined]
+    assert s.result == Finish(FinishOutcome.DONE, deleted=True)  # type: ignore[attr-defined]
     assert seen[0].payload == {"page": 1} and seen[0].claim.token == 5
     values = s.calls[1].params["ExpressionAttributeValues"].values()
     assert {"S": '{"text":"ok"}'} in values  # the canonical JSON of what it returned
@@ -1038,6 +1039,6 @@ def test_a_model_a_handler_returns_is_committed_as_its_json_data_whatever_the_sh
 
     shell = Shell(lambda run: Out(text="ok", pages=2))
     s = _run(shell, _answers(ok(), ok()))
-    assert s.result == Finish(FinishOutcome.DONE)  # type: ignore[attr-defined]
+    assert s.result == Finish(FinishOutcome.DONE, deleted=True)  # type: ignore[attr-defined]
     values = s.calls[1].params["ExpressionAttributeValues"].values()
     assert {"S": '{"pages":2,"text":"ok"}'} in values

@@ -7,11 +7,10 @@ from typing import Any
 
 from core_harness import QUEUE, Script
 
-from sqs_lease._core.calls import Call, Emit, Err, ErrorKind, Flow, Ok
+from sqs_lease._core.calls import Err, ErrorKind, Ok
 from sqs_lease._core.eventsource import (
     never_fit,
     parse_event_record,
-    settled_flow,
     take_record_flow,
 )
 from sqs_lease._core.messages import Delivery, Poison
@@ -66,17 +65,3 @@ def test_a_record_sqs_refuses_to_extend_is_not_taken_and_says_why() -> None:
     refused = script.run(take_record_flow(QUEUE, d, 45))
     assert isinstance(refused, Err) and refused.code == "ReceiptHandleIsInvalid"
     assert [e.event for e in script.events] == ["lambda_record_not_taken"]
-
-
-def _deletes(*handles: str) -> Flow[str]:
-    for h in handles:
-        yield Call("sqs", "DeleteMessage", {"QueueUrl": QUEUE, "ReceiptHandle": h})
-        yield Emit("x", {})
-    return "end"
-
-
-def test_a_record_is_settled_only_by_an_answered_delete_of_its_own_handle() -> None:
-    assert Script([Ok({})]).run(settled_flow(_deletes("rh-1"), "rh-1"))
-    assert not Script([Ok({})]).run(settled_flow(_deletes("rh-2"), "rh-1"))
-    failed = Err(ErrorKind.UNREACHABLE, "x")
-    assert not Script([failed]).run(settled_flow(_deletes("rh-1"), "rh-1"))

@@ -1271,7 +1271,7 @@ def test_commit_request_is_fenced_on_token_owner_and_state() -> None:
 def test_commit_ok_deletes_and_journals() -> None:
     s = Script([ok(), ok()])
     fin = _commit(s)
-    assert fin == Finish(FinishOutcome.DONE)
+    assert fin == Finish(FinishOutcome.DONE, deleted=True)  # SQS took the delete
     assert s.ops == ["dynamodb.UpdateItem", "sqs.DeleteMessage"]
     assert s.calls[1].params == {"QueueUrl": QUEUE, "ReceiptHandle": "rh-c"}
     ev = s.event("result_committed")

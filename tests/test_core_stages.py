@@ -86,7 +86,8 @@ def _staged_delivery(stage: str = "fetch", send_id: str = "send-1") -> Delivery:
 
 def _run(shell: Shell, answers: list[Outcome], item: Delivery) -> Script:
     s = Script(answers)
-    s.result = s.run(attempt_flow(shell.env, item))  # type: ignore[attr-defined]
+    end = s.run(attempt_flow(shell.env, item))
+    s.end, s.result = end, end.fin  # type: ignore[attr-defined]
     return s
 
 

@@ -20,7 +20,7 @@ from sqs_lease._core.invocation import unfit_problem
 from sqs_lease._core.messages import Delivery
 from sqs_lease.testing._sim.chaos import Chaos
 from sqs_lease.testing._sim.fifo import I22
-from sqs_lease.testing._sim.invariants import I4, I20
+from sqs_lease.testing._sim.invariants import I4, I10, I20
 from sqs_lease.testing._sim.lambdas import I23
 from sqs_lease.testing._sim.plan import draw_plan
 
@@ -46,6 +46,10 @@ CAUGHT_AT: dict[str, tuple[int, str]] = {
     # soak seed 1117530: a FIFO queue's batches of five, the records behind a head that
     # kept failing received and handed back until the DLQ, and nothing said so
     "fifo_batch_unwatched": (1117530, I23),
+    # issue 28: a record reported done because its end write applied, not because its
+    # attempt deleted its message: a retried job's message deleted by the event source,
+    # the job queued with none
+    "lambda_done_by_end_write": (2, I10),
 }
 
 # Seeds of the lambda world, each of its shapes: functions alone and beside workers,

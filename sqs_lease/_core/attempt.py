@@ -159,20 +159,38 @@ def result_json(result: Any) -> str | None:
 # ----------------------------------------------------------------------------- attempt
 
 
-def attempt_flow(
-    env: AttemptEnv, item: Delivery | Poison, *, tag: Any = None
-) -> Flow[Finish | None]:
+@dataclass(frozen=True)
+class AttemptEnd:
+    """What one attempt came to: its end write (``fin``; None when it wrote no end of
+    its own) and whether its own flows deleted its message, SQS taking the delete
+    (``deleted``): an ended job's (commit, fail, park, a stage handed on, a resend),
+    or one the claim found done, stray, poison or exhausted, or one retired for a
+    slot wait. A delete left to the worker's batch (``Finish.delete_pending``) is not
+    made yet: not deleted. A Lambda record is a success exactly when ``deleted``
+    (``invocation.record_flow``)."""
+
+    fin: Finish | None = None
+    deleted: bool = False
+
+    @classmethod
+    def wrote(cls, fin: Finish | None) -> AttemptEnd:
+        """The end of an attempt that came to the end write ``fin`` (None: none)."""
+        return cls(fin, fin is not None and fin.deleted)
+
+
+def attempt_flow(env: AttemptEnv, item: Delivery | Poison, *, tag: Any = None) -> Flow[AttemptEnd]:
     """One received message, to its decided end (see the module doc).
 
     ``tag`` is kept on the book's entry for the shell (the simulator's task origin).
-    Returns the end write, or None when the attempt wrote no end of its own.
+    Returns the end write, if the attempt wrote one, and whether it deleted its
+    message (:class:`AttemptEnd`).
     """
     if isinstance(item, Poison):
         env.tally("poisoned", 1)
-        yield from poison_flow(
+        deleted = yield from poison_flow(
             env.table, queue_url=env.queue_url, poison=item, dlq_url=env.dlq_url, body=item.body
         )
-        return None
+        return AttemptEnd(deleted=deleted)
     rules = rules_for(env, item.job_class, item.stage)
     now = yield from now_of(env)
     late, behind = env.book.before_claim(item.job_id, now.mono)
@@ -182,7 +200,7 @@ def attempt_flow(
         now = yield from now_of(env)
     elif behind is not None:
         yield from _defer_behind_hand_back(env, item, behind)
-        return None
+        return AttemptEnd()
     # Drawn only when needed: the random stream stays the retries' own.
     rand = 0.5 if rules is not None else (yield from ask("random", env.random))
     nonce = yield from nonce_of(env)
@@ -202,7 +220,7 @@ def _claim_and_run(
     nonce: str,
     rand: float,
     tag: Any,
-) -> Flow[Finish | None]:
+) -> Flow[AttemptEnd]:
     claim = yield from _admit(env, item, rules, now.wall, nonce, rand=rand)
     if (
         isinstance(claim, NotClaimed)
@@ -211,15 +229,15 @@ def _claim_and_run(
     ):
         taken = yield from _owner_running(env, item, claim, rules, nonce)
         if taken is None:
-            return None
+            return AttemptEnd()
         claim = taken
     if not isinstance(claim, Claimed):
         env.tally(NOT_CLAIMED_COUNTS[claim.outcome], 1)
-        return None
+        return AttemptEnd(deleted=claim.deleted)
     env.tally("claimed", 1)
     env.tally("reclaimed", int(claim.reclaimed))
     if rules is None:  # pragma: no cover - admit_flow never claims it
-        return None
+        return AttemptEnd()
     if claim.job.stage is None and env.first_stage_of is not None:
         first = env.first_stage_of(claim.job.job_class)
         if first is not None:
@@ -233,13 +251,13 @@ def _claim_and_run(
         invalid = Ending(EndKind.FAIL, str(checked.exc), "invalid_payload")
         failed = yield from _fail(AttemptAt(env, claim, rules), invalid, poisoned=True)
         yield from settle_attempt(env, claim, failed)
-        return failed
+        return AttemptEnd.wrote(failed)
     assert isinstance(checked, Ok)
     payload = checked.response["value"]
     slots = yield from _take_slots(env, claim)
     if slots is not None and not slots.granted:
-        yield from _wait_for_slot(env, claim, slots)
-        return None
+        retired = yield from _wait_for_slot(env, claim, slots)
+        return AttemptEnd(deleted=retired)
     now = yield from now_of(env)
     held_rules: LeaseRules = rules
     budget = cap_budget(item, rules.stage_budget_seconds, now.wall)
@@ -255,7 +273,7 @@ def _claim_and_run(
         if slots is not None and slots.held:
             yield from _give_back(env, slots.held)
         yield from settle_attempt(env, claim, resent)
-        return resent
+        return AttemptEnd.wrote(resent)
     if budget < rules.stage_budget_seconds:
         # Earlier receives of the message used part of SQS's 12-hour cap: this
         # attempt gets what is left, never a lease past the cap.
@@ -293,7 +311,7 @@ def _claim_and_run(
         yield from _give_back(env, slots.held)
     if full:
         yield from flush_deletes_flow(env)
-    return fin
+    return AttemptEnd.wrote(fin)
 
 
 # ----------------------------------------------------------------------------- duplicates
@@ -445,9 +463,10 @@ def _take_slots(env: AttemptEnv, claim: Claimed) -> Flow[SlotGrant | None]:
     return grant
 
 
-def _wait_for_slot(env: AttemptEnv, claim: Claimed, grant: SlotGrant) -> Flow[None]:
+def _wait_for_slot(env: AttemptEnv, claim: Claimed, grant: SlotGrant) -> Flow[bool]:
     """No slot: the claim does not count and the job waits as a fresh message, so the
-    wait is no receive its redrive counts (``_core/slots.py``, rules 4 and 6)."""
+    wait is no receive its redrive counts (``_core/slots.py``, rules 4 and 6).
+    Whether the received message was deleted (retired by the wait)."""
     rand: float = yield from ask("random", env.random)
     d = claim.delivery
     interactive = env.interactive_url is not None and d.queue_url == env.interactive_url
@@ -455,13 +474,14 @@ def _wait_for_slot(env: AttemptEnv, claim: Claimed, grant: SlotGrant) -> Flow[No
     yield from slot_wait_event(claim.job.job_id, claim.token, grant, delay, waits_of(d.send_id))
     now = yield from now_of(env)
     pool = grant.waiting_for
-    yield from wait_flow(
+    waited = yield from wait_flow(
         env.table,
         _end_request(env, claim, now),
         delay=delay,
         reason=f"waiting for a slot of {pool.name if pool else '?'}",
     )
     env.tally("waited_for_slot", 1)
+    return waited.deleted
 
 
 def _give_back(env: AttemptEnv, held: tuple[HeldSlot, ...]) -> Flow[None]:
@@ -835,6 +855,7 @@ def _defer_behind_hand_back(env: AttemptEnv, item: Delivery, age: float) -> Flow
 
 __all__ = [
     "AttemptAt",
+    "AttemptEnd",
     "attempt_flow",
     "first_beat_reserve",
     "flush_deletes_flow",

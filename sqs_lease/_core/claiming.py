@@ -4,7 +4,7 @@ unknown class, and what becomes of an undeliverable one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -69,6 +69,9 @@ class NotClaimed:
     outcome: NotClaimedOutcome
     reason: str
     job: JobView | None = None
+    # The message was deleted on the way (a stray, a finished job's copy, poison, an
+    # exhausted job failed), and SQS took the delete.
+    deleted: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outcome", NotClaimedOutcome(self.outcome))
@@ -172,8 +175,8 @@ def claim_flow(
         granted = f" + {old.granted_attempts} granted" if old.granted_attempts else ""
         reason = f"attempts exhausted ({attempt - 1} of {max_attempts}{granted})"
         end = EndRequest(queue_url, job, d, worker_id, wall_now, nonce)
-        yield from fail_flow(req, end, reason=reason, error_code="attempts_exhausted")
-        return NotClaimed(d, NotClaimedOutcome.EXHAUSTED, reason, job)
+        failed = yield from fail_flow(req, end, reason=reason, error_code="attempts_exhausted")
+        return NotClaimed(d, NotClaimedOutcome.EXHAUSTED, reason, job, failed.deleted)
     # The receive granted d.visibility from d.received_at: the first lease. Only when
     # too little of it is left does a CMV move it to L from now (the heartbeat brings
     # a kept receive lease to L at the class's first beat).
@@ -222,30 +225,30 @@ def _refused_claim(
 ) -> Flow[NotClaimed]:
     """The claim's condition failed: ALL_OLD says why, and nothing was claimed."""
     if out.item is None:
-        yield from delete_message(on_queue(d, queue_url), d.receipt_handle)
+        gone = yield from delete_message(on_queue(d, queue_url), d.receipt_handle)
         reason = "no job record for the message"
         yield from emit("message_poisoned", job_id=d.job_id, message_id=d.message_id, reason=reason)
-        return NotClaimed(d, NotClaimedOutcome.MISSING, reason)
+        return NotClaimed(d, NotClaimedOutcome.MISSING, reason, deleted=isinstance(gone, Ok))
     current = req.parse(out.item)
     if current.job_class != d.job_class:
         reason = f"message names job class {d.job_class!r}, record says {current.job_class!r}"
         poison = Poison(d.message_id, d.receipt_handle, reason, d.job_id, d.body, d.queue_url)
-        yield from poison_flow(
+        moved = yield from poison_flow(
             req, queue_url=queue_url, poison=poison, dlq_url=dlq_url, body=d.body
         )
-        return NotClaimed(d, NotClaimedOutcome.CLASS_MISMATCH, reason, current)
+        return NotClaimed(d, NotClaimedOutcome.CLASS_MISMATCH, reason, current, moved)
     if current.state.terminal or current.state is JobState.PARKED:
         outcome = (
             NotClaimedOutcome.PARKED if current.state is JobState.PARKED else NotClaimedOutcome.DONE
         )
-        yield from delete_message(on_queue(d, queue_url), d.receipt_handle)
+        gone = yield from delete_message(on_queue(d, queue_url), d.receipt_handle)
         yield from emit(
             "job_already_done" if outcome is NotClaimedOutcome.DONE else "job_parked_skip",
             job_id=d.job_id,
             state=current.state.value,
             token=current.token,
         )
-        return NotClaimed(d, outcome, f"job is {current.state}", current)
+        return NotClaimed(d, outcome, f"job is {current.state}", current, isinstance(gone, Ok))
     if current.state is JobState.RUNNING and _is_current(d, current):
         # The job's current message, delivered again while the job runs (SQS's
         # at-least-once copy, or its owner's lease lapsed): the duplicate rule decides.
@@ -254,7 +257,7 @@ def _refused_claim(
         )
     # Queued or running under the same class: the message is not the job's current
     # one (a losing sender's, or one a re-send retired). Its owner keeps the job.
-    yield from delete_message(on_queue(d, queue_url), d.receipt_handle)
+    gone = yield from delete_message(on_queue(d, queue_url), d.receipt_handle)
     reason = (
         f"message send id {d.send_id!r} is not the job's current {current.send_id!r}"
         if d.send_id is not None or current.send_id is not None
@@ -269,7 +272,7 @@ def _refused_claim(
         state=current.state.value,
         token=current.token,
     )
-    return NotClaimed(d, NotClaimedOutcome.STRAY, reason, current)
+    return NotClaimed(d, NotClaimedOutcome.STRAY, reason, current, isinstance(gone, Ok))
 
 
 def _is_current(d: Delivery, current: JobView) -> bool:
@@ -367,10 +370,11 @@ def admit_flow(
             message_id=d.message_id,
             reason=reason,
         )
-        yield from _poison_delivery(queue_url, dlq_url, d, reason)
-        return NotClaimed(d, NotClaimedOutcome.UNREADABLE, reason)
+        moved = yield from _poison_delivery(queue_url, dlq_url, d, reason)
+        return NotClaimed(d, NotClaimedOutcome.UNREADABLE, reason, deleted=moved)
     if isinstance(result, NotClaimed) and result.outcome is NotClaimedOutcome.INVALID:
-        yield from _poison_delivery(queue_url, dlq_url, d, result.reason)
+        moved = yield from _poison_delivery(queue_url, dlq_url, d, result.reason)
+        return replace(result, deleted=moved)
     return result
 
 
@@ -444,8 +448,8 @@ def _undeliverable(
         )
         return None
     yield from _class_unknown(d, bound, moved_to_dlq=True, record_parked=isinstance(out, Ok))
-    yield from _poison_delivery(queue_url, dlq_url, d, dlq_reason)
-    return NotClaimed(d, NotClaimedOutcome.UNKNOWN_CLASS, dlq_reason, parked)
+    moved = yield from _poison_delivery(queue_url, dlq_url, d, dlq_reason)
+    return NotClaimed(d, NotClaimedOutcome.UNKNOWN_CLASS, dlq_reason, parked, moved)
 
 
 def _class_unknown(d: Delivery, bound: int, **fields: Any) -> Flow[None]:
@@ -461,14 +465,19 @@ def _class_unknown(d: Delivery, bound: int, **fields: Any) -> Flow[None]:
     )
 
 
-def _poison_delivery(queue_url: str, dlq_url: str | None, d: Delivery, reason: str) -> Flow[None]:
+def _poison_delivery(queue_url: str, dlq_url: str | None, d: Delivery, reason: str) -> Flow[bool]:
+    """``poison_flow`` for a delivery; whether its message was deleted."""
     body = d.body or message_body(d.job_id, d.job_class)
-    yield from poison_flow(
-        None,
-        queue_url=queue_url,
-        poison=Poison(d.message_id, d.receipt_handle, bounded(reason), d.job_id, body, d.queue_url),
-        dlq_url=dlq_url,
-        body=body,
+    return (
+        yield from poison_flow(
+            None,
+            queue_url=queue_url,
+            poison=Poison(
+                d.message_id, d.receipt_handle, bounded(reason), d.job_id, body, d.queue_url
+            ),
+            dlq_url=dlq_url,
+            body=body,
+        )
     )
 
 

@@ -67,7 +67,8 @@ def end_attempt(
     delete: bool = True,
 ) -> Flow[Finish]:
     """A fenced write that ends this attempt; then delete the message (if asked;
-    ``end.defer_delete``: the caller batches it, told by ``Finish.delete_pending``).
+    ``end.defer_delete``: the caller batches it, told by ``Finish.delete_pending``;
+    deleted here, ``Finish.deleted`` says whether SQS took the delete).
     ``write`` builds the write given its id: the attempt's ``stage`` write
     (``end.write_id(stage)``), decided here alone.
 
@@ -99,8 +100,8 @@ def end_attempt(
         if delete and end.defer_delete:
             fin = replace(fin, delete_pending=True)
         elif delete:
-            deleted = yield from delete_message(end.home, end.delivery.receipt_handle)
-            fin = replace(fin, answered_at=deleted.received_at)
+            out = yield from delete_message(end.home, end.delivery.receipt_handle)
+            fin = replace(fin, answered_at=out.received_at, deleted=isinstance(out, Ok))
     elif fin.outcome is FinishOutcome.REJECTED:
         cur = fin.current
         yield from emit(
@@ -134,7 +135,12 @@ def fail_instead(req: JobRequests, end: EndRequest, reason: str, error_code: str
     failed = yield from fail_flow(req, end, reason=reason, error_code=error_code)
     if failed.outcome is not FinishOutcome.DONE:
         return failed
-    return Finish(FinishOutcome.FAILED, reason, delete_pending=failed.delete_pending)
+    return Finish(
+        FinishOutcome.FAILED,
+        reason,
+        delete_pending=failed.delete_pending,
+        deleted=failed.deleted,
+    )
 
 
 def commit_flow(
@@ -437,13 +443,14 @@ def poison_flow(
     poison: Poison,
     dlq_url: str | None,
     body: str,
-) -> Flow[None]:
+) -> Flow[bool]:
     """Move a message nobody can process out of the way, with the reason journaled.
 
     With a DLQ it is copied there first (so the bytes survive for forensics), then
     deleted; without one it is deleted. It never stops the worker. A FIFO DLQ gets
     the job's id (else the message's) as the group and the message id as the
     deduplication id: a copy repeated because the delete failed stays one copy.
+    Returns whether the message was deleted (SQS answered the delete).
     """
     moved = False
     if dlq_url:
@@ -479,8 +486,8 @@ def poison_flow(
                 moved_to_dlq=False,
                 kept=True,
             )
-            return
-    yield from delete_message(on_queue(poison, queue_url), poison.receipt_handle)
+            return False
+    out = yield from delete_message(on_queue(poison, queue_url), poison.receipt_handle)
     yield from emit(
         "message_poisoned",
         message_id=poison.message_id,
@@ -488,3 +495,4 @@ def poison_flow(
         reason=poison.reason,
         moved_to_dlq=moved,
     )
+    return isinstance(out, Ok)

@@ -15,8 +15,10 @@ answer (``batchItemFailures``). The rules for that live here, pure:
   stage budget, plus :data:`END_MARGIN_SECONDS`, fits in the invocation's time left.
 - :class:`GroupStop`: FIFO: after a failure in a message group, the rest of it
   is not started.
-- :func:`settled_flow`: runs an attempt and tells whether its message was deleted
-  by the attempt's own flows (only such a record is reported a success).
+
+Whether a record succeeded is the attempt's own answer
+(``attempt.AttemptEnd.deleted``: its flows deleted its message), read by
+``invocation.record_flow``.
 """
 
 from __future__ import annotations
@@ -180,26 +182,6 @@ def lapsed(refused: Err) -> bool:
     )
 
 
-def settled_flow(flow: Flow[Any], receipt_handle: str) -> Flow[bool]:
-    """Run ``flow`` and answer whether it deleted the message of ``receipt_handle``
-    (a DeleteMessage of that handle that SQS answered with success)."""
-    settled = False
-    try:
-        instruction = next(flow)
-        while True:
-            outcome = yield instruction
-            if (
-                isinstance(instruction, Call)
-                and instruction.op == "DeleteMessage"
-                and instruction.params.get("ReceiptHandle") == receipt_handle
-                and isinstance(outcome, Ok)
-            ):
-                settled = True
-            instruction = flow.send(outcome)
-    except StopIteration:
-        return settled
-
-
 __all__ = [
     "END_MARGIN_SECONDS",
     "FIFO_BATCH_SIZE",
@@ -212,6 +194,5 @@ __all__ = [
     "never_fit",
     "not_started_visibility",
     "parse_event_record",
-    "settled_flow",
     "take_record_flow",
 ]

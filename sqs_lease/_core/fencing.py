@@ -63,6 +63,10 @@ class Finish:
     # The write ended the job and its message is still to be deleted: the caller
     # asked to batch the delete (``defer_delete``) and queues the receipt handle.
     delete_pending: bool = False
+    # The write's own flow deleted the message, and SQS said so (a DeleteMessage of
+    # its receipt handle answered with success): what a Lambda record's success is
+    # (``invocation.record_flow``), never read from the calls made.
+    deleted: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outcome", FinishOutcome(self.outcome))

@@ -5,11 +5,12 @@ The rules it applies are :mod:`~sqs_lease._core.eventsource`'s: read the record
 (:func:`parse_event_record`), start it only when its own stage's budget fits in the
 time left (:func:`can_start`) and no earlier record of its FIFO group failed
 (:class:`GroupStop`), set its visibility to its class's lease
-(:func:`take_record_flow`), run the attempt and tell whether the attempt deleted its
-message (:func:`settled_flow`). A shell loops over the records in order, asks the
-time left from its own context, gathers their ends (:class:`BatchEnds`), reports
-the records not done in ``batchItemFailures`` and hands back the records it did not
-start (each waits as a fresh message where it can, so that no skip counts toward the DLQ:
+(:func:`take_record_flow`), run the attempt and read whether it deleted its
+message (``AttemptEnd.deleted``, the attempt's own answer, never inferred from the
+calls it made). A shell loops over the records in order, asks the time left from
+its own context, gathers their ends (:class:`BatchEnds`), reports the records not
+done in ``batchItemFailures`` and hands back the records it did not start (each
+waits as a fresh message where it can, so that no skip counts toward the DLQ:
 :func:`release_unstarted_records_flow`).
 """
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import JobClassError
-from .attempt import attempt_flow
+from .attempt import AttemptEnd, attempt_flow
 from .calls import Emit, Err, Flow, ask
 from .deploy import LAMBDA_MAX_TIMEOUT, check_lambda_fit
 from .endwrites import release_flow
@@ -34,7 +35,6 @@ from .eventsource import (
     message_group,
     not_started_visibility,
     parse_event_record,
-    settled_flow,
     take_record_flow,
 )
 from .fifo import is_fifo
@@ -103,10 +103,10 @@ class FifoBatchWatch:
 @dataclass(frozen=True)
 class RecordEnd:
     """What became of one record: ``done`` when the attempt's own flows deleted its
-    message (a success for the mapping); ``unstarted``, a delivery not started, to hand
-    back at the end of the batch: ``blocked`` when its FIFO group stopped (back at
-    once, behind its group), else for the budget or a take SQS refused (back after
-    this invocation)."""
+    message (``AttemptEnd.deleted``: a success for the mapping); ``unstarted``, a
+    delivery not started, to hand back at the end of the batch: ``blocked`` when its
+    FIFO group stopped (back at once, behind its group), else for the budget or a
+    take SQS refused (back after this invocation)."""
 
     message_id: str
     done: bool
@@ -190,10 +190,10 @@ def record_flow(
             wait = lapsed(taken) and waits_as_fresh(env, item)
             return RecordEnd(mid, False, item if wait else None)
         item = taken
-    done: bool = yield from settled_flow(attempt_flow(env, item, tag=tag), item.receipt_handle)
-    if not done:
+    end: AttemptEnd = yield from attempt_flow(env, item, tag=tag)
+    if not end.deleted:
         groups.failed(group)
-    return RecordEnd(mid, done)
+    return RecordEnd(mid, end.deleted)
 
 
 def waits_as_fresh(env: AttemptEnv, delivery: Delivery) -> bool:

@@ -64,13 +64,13 @@ keyed ``POOL#i``. The rules, each one a function below:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .._errors import RecordUnreadable
 from .calls import Call, Err, ErrorKind, Flow, Ok, call, emit
 from .endwrites import EndRequest, release_write
-from .fencing import FinishOutcome, delete_message, set_visibility
+from .fencing import Finish, FinishOutcome, delete_message, set_visibility
 from .fifo import is_fifo
 from .messages import Delivery, on_queue
 from .records import JobRequests, JobState, JobView, awaits_send
@@ -389,15 +389,16 @@ def give_back_flow(req: SlotRequests, held: Sequence[HeldSlot], *, wall_now: flo
     return given
 
 
-def wait_flow(req: JobRequests, end: EndRequest, *, delay: int, reason: str) -> Flow[bool]:
+def wait_flow(req: JobRequests, end: EndRequest, *, delay: int, reason: str) -> Flow[Finish]:
     """Rule 4: give the claim back and wait as a fresh message (``delay`` seconds on).
 
     ``end.job`` is the record as claimed (its token); ``end.nonce`` the attempt's, which
-    its release write carries (``fencing.end_write_id``). Returns whether the claim was
-    given back; a write refused or unanswered changes nothing more (the message is
-    left to come back: a claim that moved on owns it, and an unknown write is either
-    undone by the lease or followed by the sweep's send; no lease was held yet, so
-    the release's own journal is the only one of a loss)."""
+    its release write carries (``fencing.end_write_id``). Returns the release write:
+    ``DONE`` when the claim was given back (``deleted``: the received message is gone,
+    retired by its delete); a write refused or unanswered changes nothing more (the
+    message is left to come back: a claim that moved on owns it, and an unknown write
+    is either undone by the lease or followed by the sweep's send; no lease was held
+    yet, so the release's own journal is the only one of a loss)."""
     job, delivery = end.job, end.delivery
     send_id = wait_send_id(waits_of(delivery.send_id) + 1, job.token, job.job_id)
     write_id = end.write_id("release")
@@ -413,9 +414,9 @@ def wait_flow(req: JobRequests, end: EndRequest, *, delay: int, reason: str) -> 
     )
     fin = yield from release_write(req, job, retire, write_id)
     if fin.outcome is not FinishOutcome.DONE:
-        return False
-    yield from _wait_as_fresh(req, end.home, job, delivery, send_id, end.wall_now, delay)
-    return True
+        return fin
+    gone = yield from _wait_as_fresh(req, end.home, job, delivery, send_id, end.wall_now, delay)
+    return replace(fin, deleted=gone)
 
 
 def unstarted_wait_flow(
@@ -469,10 +470,10 @@ def _wait_as_fresh(
     send_id: str,
     wall_now: float,
     delay: int,
-) -> Flow[None]:
+) -> Flow[bool]:
     """Rule 4's wait, once the record names ``send_id``: send its message, retire the
     received one. ``home``: the queue it was received from (an interactive job stays
-    interactive)."""
+    interactive). Whether the received message was deleted (SQS took the delete)."""
     fifo = is_fifo(home)
     yield from send_record_message(
         req,
@@ -488,8 +489,9 @@ def _wait_as_fresh(
         # No per-message delay: the retired message, in flight for the wait, holds
         # the job's group (the fresh one behind it) and then goes as a stray.
         yield from set_visibility(home, delivery.receipt_handle, delay)
-    else:
-        yield from delete_message(home, delivery.receipt_handle)
+        return False
+    out = yield from delete_message(home, delivery.receipt_handle)
+    return isinstance(out, Ok)
 
 
 def slot_wait_event(

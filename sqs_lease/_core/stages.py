@@ -43,7 +43,7 @@ from enum import StrEnum
 from typing import Any
 
 from .._errors import RecordUnreadable
-from .calls import Err, ErrorKind, Flow, call, emit
+from .calls import Err, ErrorKind, Flow, Ok, call, emit
 from .endwrites import EndRequest, end_attempt, fail_instead
 from .fencing import Finish, FinishOutcome, delete_message
 from .fifo import is_fifo
@@ -356,12 +356,13 @@ def continue_flow(
 
 def _retire(end: EndRequest, fin: Finish) -> Flow[Finish]:
     """The received message, retired by the write that named the job's new one: deleted
-    at once, or in the worker's batch (``end.defer_delete``) but never on a FIFO
-    queue, where it holds the job's group until it goes."""
+    at once (``Finish.deleted``: SQS took the delete), or in the worker's batch
+    (``end.defer_delete``) but never on a FIFO queue, where it holds the job's group
+    until it goes."""
     if end.defer_delete and not is_fifo(end.home):
         return replace(fin, delete_pending=True)
-    yield from delete_message(end.home, end.delivery.receipt_handle)
-    return fin
+    out = yield from delete_message(end.home, end.delivery.receipt_handle)
+    return replace(fin, deleted=isinstance(out, Ok))
 
 
 def cap_send_id(token: int) -> str:

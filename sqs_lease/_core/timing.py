@@ -340,13 +340,17 @@ class Stall:
     ``drop`` is the blocker's lease when the worker must stop extending it (its
     handler held the loop past the tolerated lag: a loop it blocks cannot tell it
     from a hung handler); ``lapsed`` are the other leases whose reserve the stall
-    spent (the heartbeat lets them go, journaled); ``event`` the ``loop_blocked``
-    fields to journal, or None for a stall within tolerance.
+    spent (the heartbeat lets them go, journaled); ``event`` the ``loop_unblocked``
+    fields to journal, or None for a stall within tolerance (``loopwatch``); ``token``
+    the blocker's lease's token (None: no job's lease) and ``blocked_for`` the stall's
+    length, as the event says them.
     """
 
     drop: LocalLease | None
     lapsed: tuple[LocalLease, ...]
     event: dict[str, object] | None
+    token: int | None = None
+    blocked_for: float = 0.0
 
 
 def judge_stall(
@@ -375,15 +379,16 @@ def judge_stall(
         for lease in leases
         if lease is not blocker and lease.status in OPEN and ended >= lease.conservative_deadline
     )
+    token = blocker.token if blocker is not None else None
     event: dict[str, object] = {
         "job_id": blocker_job,
-        "token": blocker.token if blocker is not None else None,
+        "token": token,
         "blocked_for": round(blocked_for, 3),
         "tolerated": tolerated,
         "blocker_dropped": drop is not None,
         "lapsed": len(lapsed),
     }
-    return Stall(drop, lapsed, event)
+    return Stall(drop, lapsed, event, token, round(blocked_for, 3))
 
 
 # --------------------------------------------------------------------------- backpressure

@@ -23,7 +23,7 @@ The function (:class:`SimLambda`) is the simulated worker's shell (its handler,
 effects, lease book) driving what the adapter ``sqs_lease.aws_lambda`` drives:
 ``_core.invocation.unfit_problem`` at each invocation, then
 ``_core.invocation.record_flow`` for each record in order (the budget rule, FIFO
-group stop, ``take_record_flow``, the attempt, ``settled_flow``) under a heartbeat
+group stop, ``take_record_flow``, the attempt and its ``AttemptEnd``) under a heartbeat
 that runs while the invocation does, and ``release_unstarted_records_flow``. The
 sweep function runs ``sweep_pages_flow`` as ``sweeper(app)`` does.
 """
@@ -188,7 +188,7 @@ def _new_env(world: World, deployment: Deployment) -> Any:
             # The function deploys the current app: both classes.
             self.classes = {JOB_CLASS: world.job_class, JOB_CLASS_V2: world.job_class_v2}
             # Lambda deletes a record's message by not reporting it: the attempt deletes
-            # at once, where settled_flow sees it (as the adapter sets it).
+            # at once and answers whether it did (as the adapter sets it).
             self.env.deletes = None
             self.rules = {
                 n: (c.stage_budget_seconds, c.lease_seconds) for n, c in self.classes.items()
