@@ -10,15 +10,40 @@ import pytest
 
 from simtools import run_seed
 
-FOUND: dict[int, tuple[str, str]] = {}
-"""Seed: (the invariant it breaks, the diagnosis so far). Empty: every seed the soaks
-found is judged and fixed, and pinned by a regression test where its fix lives."""
+FOUND: dict[int, tuple[str, str]] = {
+    1582660: (
+        "I4_unfinished_job",
+        "fresh range 1500000 on f9432d7 (backlog, clocks, dead_entries, mixed_versions; not "
+        "judged yet): job-000 of the new class was received 16 times by an old worker "
+        "(job_class_unknown, bound 19), claimed by w3 with a 600 s lease, whose heartbeats "
+        "then stopped (late by 866 s); its message's receives ran out and SQS moved it to "
+        "the DLQ at 7606; w3's late hand-back (uncharged) wrote the record back to queued at "
+        "7983. The DLQ copy was never reconciled in the 60 h that followed (visible, 0 "
+        "receives): why the sweep's DLQ receive never parked it is the open question",
+    ),
+    1593876: (
+        "I2_double_effect",
+        "fresh range 1500000 on f9432d7 (lambda, clocks, backlog, staged; not judged yet): "
+        "environment fn4 applied the keyed intent job-000:fetch:act0:keyed twice under "
+        "token 1, at t=116.7 and t=237.9 (the clocks world's key retention is the first "
+        "suspect: a repeat judged safe inside the target's retention)",
+    ),
+}
+"""Seed: (the invariant it breaks, the diagnosis so far)."""
+
+SLOW = {1582660}  # a drain of 63 virtual hours: minutes of run time (make test-long)
 
 
 @pytest.mark.parametrize(
     "seed",
     [
-        pytest.param(seed, marks=pytest.mark.xfail(strict=True, reason=f"{violation}: {why}"))
+        pytest.param(
+            seed,
+            marks=[
+                pytest.mark.xfail(strict=True, reason=f"{violation}: {why}"),
+                *([pytest.mark.long, pytest.mark.timeout(3600)] if seed in SLOW else []),
+            ],
+        )
         for seed, (violation, why) in sorted(FOUND.items())
     ],
 )
