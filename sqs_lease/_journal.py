@@ -79,6 +79,9 @@ EVENT_LEVELS: Mapping[str, int] = {
     "lambda_record_not_taken": _W,
     "lambda_record_unreadable": _W,
     "lambda_visibility_too_short": _W,
+    "lambda_fifo_batch_too_large": _W,
+    "unsent_restamped": _W,  # a clock is off by about ahead_by
+    "unsent_restamp_failed": _W,
     "lease_dropped": _W,
     "lease_dropped_late": _W,
     "liveness_failed": _W,
