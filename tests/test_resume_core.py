@@ -467,7 +467,9 @@ def test_a_resolution_whose_send_failed_says_the_job_is_queued_and_how_it_is_sen
 # =========================================================================== sweep_flow
 
 
-def _sweep(s: Script, *, dry_run: bool = False, limit: int = 3) -> SweepReport:
+def _sweep(
+    s: Script, *, dry_run: bool = False, limit: int = 3, start_key: Any = None
+) -> SweepReport:
     return s.run(
         sweep_flow(
             table(),
@@ -477,6 +479,7 @@ def _sweep(s: Script, *, dry_run: bool = False, limit: int = 3) -> SweepReport:
             limit=limit,
             send_id_prefix="sweep-a",
             dry_run=dry_run,
+            start_key=start_key,
         )
     )
 
@@ -682,25 +685,10 @@ def test_a_dry_run_lists_no_dead_entry_and_writes_nothing() -> None:
 AHEAD = 3.9 * 3600
 
 
-def _sweep_run(s: Script, *, dry_run: bool = False, start_key: Any = None) -> SweepReport:
-    return s.run(
-        sweep_flow(
-            table(),
-            queue_url=QUEUE,
-            wall_now=WALL,
-            older_than=60.0,
-            limit=3,
-            send_id_prefix="sweep-a",
-            dry_run=dry_run,
-            start_key=start_key,
-        )
-    )
-
-
 def test_an_entry_stamped_ahead_of_the_sweepers_clock_is_stamped_again_on_it() -> None:
     young = _unsent("young", WALL - 30)  # inside the grace: its sender may be at work
     s = Script([ok({"Items": [young, _unsent("ahead", WALL + AHEAD)]}), ok()])
-    report = _sweep_run(s)
+    report = _sweep(s)
     assert s.ops == ["dynamodb.Query", "dynamodb.UpdateItem"]  # the page reached the end
     stamp = s.calls[1].params
     assert stamp["Key"] == {"job_id": {"S": "ahead"}}
@@ -727,7 +715,7 @@ def test_once_stamped_again_it_is_due_after_the_grace_on_that_clock_and_is_sent(
             ok(),
         ]
     )
-    report = _sweep_run(s)
+    report = _sweep(s)
     assert [(j.job_id, j.verdict) for j in report.jobs] == [("ahead", "resent")]
 
 
@@ -735,7 +723,7 @@ def test_a_first_page_that_does_not_reach_the_index_end_queries_the_entries_ahea
     young = [_unsent(f"young-{i}", WALL - 30 + i) for i in range(3)]
     full = {"Items": young, "LastEvaluatedKey": {"job_id": {"S": "young-2"}}}
     s = Script([ok(full), ok({"Items": [_unsent("ahead", WALL + AHEAD)]}), ok()])
-    report = _sweep_run(s)
+    report = _sweep(s)
     assert s.ops == ["dynamodb.Query", "dynamodb.Query", "dynamodb.UpdateItem"]
     ahead_query = s.calls[1].params
     assert ahead_query["KeyConditionExpression"] == "#u = :u AND #t > :t"
@@ -759,16 +747,7 @@ def test_entries_ahead_after_the_limit_are_still_stamped_again() -> None:
             ok(),
         ]
     )
-    report = s.run(
-        sweep_flow(
-            table(),
-            queue_url=QUEUE,
-            wall_now=WALL,
-            older_than=60.0,
-            limit=1,
-            send_id_prefix="sweep-a",
-        )
-    )
+    report = _sweep(s, limit=1)
     assert [(j.job_id, j.verdict) for j in report.jobs] == [
         ("j-0", "resent"),
         ("ahead", "restamped"),
@@ -787,21 +766,21 @@ def test_an_entry_that_moved_on_before_its_restamp_is_left_to_its_sender() -> No
             condition_failed(job_item("ahead", state=JobState.RUNNING)),
         ]
     )
-    report = _sweep_run(s)
+    report = _sweep(s)
     assert report.jobs == ()
     assert "unsent_restamped" not in s.event_names()
 
 
 def test_a_dry_run_lists_an_entry_stamped_ahead_and_writes_nothing() -> None:
     s = Script([ok({"Items": [_unsent("ahead", WALL + AHEAD)]})])
-    report = _sweep_run(s, dry_run=True)
+    report = _sweep(s, dry_run=True)
     assert s.ops == ["dynamodb.Query"]
     assert [(j.job_id, j.verdict) for j in report.jobs] == [("ahead", "would_restamp")]
 
 
 def test_a_dead_entry_stamped_ahead_is_taken_out_so_it_takes_no_place_in_that_page() -> None:
     s = Script([ok({"Items": [_dead("dead", WALL + AHEAD)]}), ok()])
-    report = _sweep_run(s)
+    report = _sweep(s)
     assert [(j.job_id, j.verdict) for j in report.jobs] == [("dead", "cleared")]
     assert {"unsent", "unsent_since"} <= set(update_removes(s.calls[1].params))
 
@@ -820,7 +799,7 @@ def test_a_failed_query_for_entries_ahead_is_journaled_and_the_sweep_reports_the
             err(ErrorKind.THROTTLED, "ProvisionedThroughputExceededException"),
         ]
     )
-    report = _sweep_run(s)
+    report = _sweep(s)
     assert [(j.job_id, j.verdict) for j in report.jobs] == [("j-a", "resent")]
     assert (
         s.event("unsent_restamp_failed")["error_code"] == "ProvisionedThroughputExceededException"
@@ -831,7 +810,7 @@ def test_a_page_after_the_first_does_not_query_ahead_again() -> None:
     start = {"job_id": {"S": "x"}, "unsent": {"S": "unsent"}, "unsent_since": {"N": "1"}}
     full = {"Items": [_unsent("young", WALL - 1)], "LastEvaluatedKey": {"job_id": {"S": "y"}}}
     s = Script([ok(full)])
-    _sweep_run(s, start_key=start)
+    _sweep(s, start_key=start)
     assert s.ops == ["dynamodb.Query"]
 
 

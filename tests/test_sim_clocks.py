@@ -10,6 +10,7 @@ import hashlib
 import math
 
 import pytest
+from sim_repin import REPIN, pinned
 
 from simtools import run_seed
 from simtools.catch import SEED_LIMIT, first_catch, search_seeds, world
@@ -25,12 +26,6 @@ from sqs_lease.testing._sim.receiver import Receivers
 from sqs_lease.testing._sim.resources import JOBS, QUEUE
 from sqs_lease.testing._sim.sqs import EPOCH_MS
 from sqs_lease.testing._sim.world import World
-
-# Tests whose soak-found seed is being re-pinned (strict xfails until then).
-REPIN = (
-    "its soak-found schedule moved with the sweep's look at entries stamped ahead "
-    "(soak seed 1469822); a wider search for its next catch is running"
-)
 
 # The first seed of each mutation's search that catches it (``first_catch``), with the
 # invariant it breaks there.
@@ -247,25 +242,7 @@ def test_soak_seed_1469822_a_stamp_hours_ahead_is_stamped_again_and_the_job_sent
     assert any(t > restamped[0][0] for t in taken), "the stranded job was never sent again"
 
 
-# Being re-pinned: caught only at a seed a soak found, whose schedule moved.
-REPINNING = {"retention_on_wall"}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=REPIN,
-            ),
-        )
-        if n in REPINNING
-        else n
-        for n in sorted(CLOCK_MUTATIONS)
-    ],
-)
+@pytest.mark.parametrize("name", pinned(CLOCK_MUTATIONS))
 def test_mutation_is_caught_at_its_pinned_seed_and_the_protocol_passes_it(name: str) -> None:
     seed, features = CAUGHT_AT[name], world(name)
     assert seed in search_seeds(name)

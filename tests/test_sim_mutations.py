@@ -83,6 +83,7 @@ defects are fixed), plus the features ``mutations.WORLDS`` names for a mutation.
 from __future__ import annotations
 
 import pytest
+from sim_repin import pinned
 
 from simtools import run_seed
 from simtools.catch import SEED_LIMIT, first_catch, search_seeds, world
@@ -191,29 +192,7 @@ def test_every_mutation_has_an_expectation_and_a_pinned_seed() -> None:
     assert set(EXPECTED) == set(MUTATIONS) == set(CAUGHT_AT)
 
 
-# Being re-pinned: caught only at a seed a soak found, whose schedule moved.
-REPIN = (
-    "its soak-found schedule moved with the sweep's look at entries stamped ahead "
-    "(soak seed 1469822); a wider search for its next catch is running"
-)
-REPINNING = {"resume_under_count"}
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            n,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=REPIN,
-            ),
-        )
-        if n in REPINNING
-        else n
-        for n in sorted(MUTATIONS)
-    ],
-)
+@pytest.mark.parametrize("name", pinned(MUTATIONS))
 def test_mutation_is_caught_at_its_pinned_seed_and_the_protocol_passes_it(name: str) -> None:
     seed, features = CAUGHT_AT[name], world(name)
     repin = "the schedules moved? search and re-pin: python -m simtools mutations"
