@@ -30,6 +30,7 @@ FIRST_SEED = {
     "retention_across_clocks": 500,
     "retention_on_wall": 1041500,
     "sweep_blind_ahead": 1469800,  # found by the fresh-range soak (7640942)
+    "repeat_judged_at_check": 1593800,  # found by the fresh-range soak (f9432d7)
 }
 """Where a mutation's search starts (else 0). Two owners writing one attempt of a job
 on a table that honours request tokens is a rare schedule: since the claim sends no

@@ -1558,6 +1558,23 @@ def sweep_blind_ahead() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def repeat_judged_at_check() -> Iterator[None]:
+    """Soak seed 1593876, as before its fix: a repeat's key age is judged only when the
+    check says "not applied", not again at its send. A Lambda environment starved of
+    CPU during the repeat's start write sends it long after the target forgot the key,
+    while the first request, late in the network, landed: the effect applies twice
+    (I2, the clocks world's retention with the lambda world's starvation)."""
+
+    def unchecked(*args: Any, **kwargs: Any) -> Flow[None]:
+        return None
+        yield  # a flow that makes no call
+
+    _require(effectflow, "repeat_still_protected", "repeat_judged_at_check")
+    with _patch(effectflow, "repeat_still_protected", unchecked):
+        yield
+
+
 CLOCK_MUTATIONS: dict[str, Callable[[], Any]] = {
     "sweep_blind_to_dead": sweep_blind_to_dead,  # defect 2, in the dead_entries world
     "sweep_blind_ahead": sweep_blind_ahead,  # soak seed 1469822, in the clocks world
@@ -1565,6 +1582,7 @@ CLOCK_MUTATIONS: dict[str, Callable[[], Any]] = {
     "budget_across_clocks": budget_across_clocks,  # defect 4 (the budget), the backlog world
     "retention_across_clocks": retention_across_clocks,  # defect 4, in the clocks world
     "retention_on_wall": retention_on_wall,  # defect 4's same-process repeat, clocks world
+    "repeat_judged_at_check": repeat_judged_at_check,  # soak seed 1593876, clocks + lambda
 }
 """Issue 26 defects 2, 3 and 4 (tests/test_sim_clocks.py pins where each is caught).
 Kept apart from MUTATIONS (whose table tests/test_sim_mutations.py pins) until merged."""
@@ -1577,6 +1595,8 @@ CLOCK_WORLDS: dict[str, frozenset[str]] = {
     "budget_across_clocks": frozenset({"backlog"}),  # I25 reads the backlog world
     "retention_across_clocks": frozenset({"clocks"}),
     "retention_on_wall": frozenset({"clocks"}),
+    # The key's retention is the clocks world's; the starved start write the lambda one's.
+    "repeat_judged_at_check": frozenset({"clocks", "lambda"}),
 }
 WORLDS.update(CLOCK_WORLDS)
 VARIANTS.update(CLOCK_MUTATIONS)
@@ -1720,6 +1740,7 @@ for _mutations, _own in (
 for _name in ("lambda_group_not_stopped", "unstarted_released_at_once", "fifo_batch_unwatched"):
     WITHOUT[_name] = WITHOUT[_name] - {"fifo"}  # a Lambda batch of a FIFO queue
 WITHOUT["sweep_blind_ahead"] = WITHOUT["sweep_blind_ahead"] - {"plans"}  # a slot wait's stamp
+WITHOUT["repeat_judged_at_check"] = WITHOUT["repeat_judged_at_check"] - {"lambda"}
 __all__ += ["ISSUE26_WORLDS"]
 # ``no_commit_token`` (a commit fenced without its token) needs a superseded owner that
 # commits after a takeover; since the duplicate rule a takeover waits for the owner's

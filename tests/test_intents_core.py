@@ -1864,6 +1864,48 @@ def test_a_repeat_inside_the_retention_goes_ahead_though_the_wall_clock_jumped()
     assert (tool.calls, res.external_id) == (2, "ch_2")
 
 
+@pytest.mark.parametrize(("write_lasts", "sent"), [(120.0, False), (20.0, True)])
+def test_a_repeat_is_judged_at_its_send_not_only_at_the_check(
+    write_lasts: float, sent: bool
+) -> None:
+    # Soak seed 1593876: the check said "not applied" 5 s after the first start, inside
+    # the 60 s retention; then the process starved during the repeat's start write (a
+    # Lambda's CPU share), and the request went out long after the target could have
+    # forgotten the key, while the first, late in the network, may still land. The
+    # repeat is judged again at its send: past the window, never sent, parked.
+    mono, wall = Mono(), Wall()
+    tool = _stepping_tool(mono, wall, lasts=5.0, wall_step=0.0)
+    check = Check(CheckAnswer(Verdict.NOT_APPLIED, detail="no such key"))
+    starts = 0
+
+    def answer(c: Call) -> Outcome:
+        nonlocal starts
+        if c.op == "TransactWriteItems" and any(
+            "ConditionCheck" in item for item in c.params["TransactItems"]
+        ):
+            starts += 1
+            if starts == 2:  # the repeat's start: the process is paused in it
+                mono.now += write_lasts
+                wall.now += write_lasts
+        return ok()
+
+    s = EffectScript(answer, mono=mono)
+    flow_spec = spec(tool, check=check, key_retention_seconds=60.0)
+    if sent:
+        res = run_effect(s, flow_spec, wall=wall)
+        assert (tool.calls, res.external_id) == (2, "ch_2")
+        return
+    with pytest.raises(IntentAmbiguous, match="started but not sent: its first attempt"):
+        run_effect(s, flow_spec, wall=wall)
+    assert (starts, tool.calls) == (2, 1)  # the repeat was started, never sent
+    parked = s.calls_to("UpdateItem")[-1].params
+    assert sets(parked)["state"] == "ambiguous"
+    # conditioned on the repeat's own attempt (2), the start that was never sent
+    assert "attempts" in parked["ExpressionAttributeNames"].values()
+    assert {"N": "2"} in parked["ExpressionAttributeValues"].values()
+    assert s.event("intent_ambiguous")["attempt"] == 2
+
+
 def test_a_later_flow_of_the_same_process_ages_its_first_start_on_the_lease_clock() -> None:
     # The first flow starts the intent and its call is cut off (the attempt ends with
     # the intent in progress); 120 s later on the lease clock a new attempt in the

@@ -16,7 +16,7 @@ from simtools import run_seed
 from simtools.catch import SEED_LIMIT, first_catch, search_seeds, world
 from simtools.cli import replay_command
 from simtools.mutations import CLOCK_MUTATIONS, VARIANTS, WORLDS, applied
-from sqs_lease._core import reconciling, sweeping
+from sqs_lease._core import effectflow, reconciling, sweeping
 from sqs_lease._core.sweeping import SWEEP_PAGES
 from sqs_lease.testing._sim.chaos import Chaos
 from sqs_lease.testing._sim.clocks import CLOCK_FEATURES, DEAD_PREFIX, I25, MAX_BACKLOG, Skew
@@ -36,6 +36,7 @@ CAUGHT_AT: dict[str, int] = {
     "retention_on_wall": 1041578,  # I2_double_effect (the merged worlds' soak seed)
     "sweep_blind_to_dead": 6,  # I10_stranded_record
     "sweep_blind_ahead": 1469822,  # I10_stranded_record (the fresh-range soak's seed)
+    "repeat_judged_at_check": 1593876,  # I2_double_effect (the fresh-range soak's seed)
 }
 EXPECTED: dict[str, str] = {
     "budget_across_clocks": I25,
@@ -44,6 +45,7 @@ EXPECTED: dict[str, str] = {
     "retention_on_wall": I2,
     "sweep_blind_to_dead": I10,
     "sweep_blind_ahead": I10,
+    "repeat_judged_at_check": I2,
 }
 
 
@@ -215,6 +217,33 @@ def test_soak_seed_1041578_a_stepped_wall_clock_repeats_no_effect() -> None:
     assert parked and "past the 28.2 s" in parked[0]
 
 
+def test_soak_seed_1593876_a_repeat_started_past_the_retention_is_never_sent() -> None:
+    """Found by the fresh-range soak on f9432d7 (tests/test_sim_found.py until fixed):
+    Lambda environment fn4's keyed call timed out; the check, 5 s after the first start,
+    said "not applied" (the request was still in the network: it landed 2 s later),
+    inside the 18.5 s key retention, so the repeat went ahead. Its start write then
+    starved 123 s of CPU, and the repeat went out long after the target forgot the key:
+    applied twice (I2). Verdict: the protocol's error (the age judged at the check, not
+    at the send). The age is read again once the start is written
+    (``reconciling.repeat_still_protected``); past the window the repeat is never sent,
+    and the job parks; mutation ``repeat_judged_at_check`` puts the old flow back."""
+    result = run_seed(1593876, trace=True)
+    assert result.ok, result.violations[0].message
+    key = "job-000:fetch:act0:keyed"
+    starved = [t for t, who, kind, _ in result.log if kind == "sim_starved" and who == "fn4"]
+    assert starved, "the seed no longer draws its case"
+    sent = [
+        d["attempt"]
+        for _, _, kind, d in result.log
+        if kind == "tool_request_started" and d["key"] == key
+    ]
+    assert sent == [1], sent  # the repeat started at 114.8 never went out
+    parked = [
+        d for _, _, kind, d in result.log if kind == "job_parked" and d["job_id"] == "job-000"
+    ]
+    assert parked and "past the 18.5 s" in parked[0]["reason"]
+
+
 def test_soak_seed_1469822_a_stamp_hours_ahead_is_stamped_again_and_the_job_sent() -> None:
     """Found by the fresh-range soak on 7640942 (tests/test_sim_found.py until fixed):
     worker w5, its wall clock 3.9 h ahead, wrote job-000's slot wait (unsent_since on
@@ -270,6 +299,7 @@ def test_clock_mutations_are_undone_on_exit() -> None:
             attempt.__dict__["CappedRules"],
             reconciling.__dict__["repeat_unprotected"],
             reconciling.__dict__["_unprotected"],
+            effectflow.__dict__["repeat_still_protected"],
         )
 
     before = state()

@@ -21,13 +21,6 @@ FOUND: dict[int, tuple[str, str]] = {
         "7983. The DLQ copy was never reconciled in the 60 h that followed (visible, 0 "
         "receives): why the sweep's DLQ receive never parked it is the open question",
     ),
-    1593876: (
-        "I2_double_effect",
-        "fresh range 1500000 on f9432d7 (lambda, clocks, backlog, staged; not judged yet): "
-        "environment fn4 applied the keyed intent job-000:fetch:act0:keyed twice under "
-        "token 1, at t=116.7 and t=237.9 (the clocks world's key retention is the first "
-        "suspect: a repeat judged safe inside the target's retention)",
-    ),
 }
 """Seed: (the invariant it breaks, the diagnosis so far)."""
 

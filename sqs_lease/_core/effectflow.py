@@ -43,7 +43,7 @@ from .intentwrites import (
     record_stopped,
     start_intent,
 )
-from .reconciling import reconcile
+from .reconciling import reconcile, repeat_still_protected
 from .records import JobRequests
 from .retention import OwnStarts
 from .texts import message_of
@@ -195,6 +195,7 @@ def effect_flow(
     stored = existing
     repeats = 0
     while True:
+        repeating = reconcile_first
         if reconcile_first:
             decision = yield from reconcile(
                 ctx, attempts, stored, first_started, first_by, own_start
@@ -216,6 +217,13 @@ def effect_flow(
             first_started, first_by, own_start = started.wall, ctx.worker_id, started.mono
             if ctx.own_starts is not None:
                 ctx.own_starts.remember(key, started.wall, started.mono)
+        elif repeating:
+            # The retention is judged at the send, not only at the check before it.
+            settled = yield from repeat_still_protected(
+                ctx, attempts, first_started, first_by, own_start
+            )
+            if settled is not None:
+                return settled
         yield from emit(
             "intent_started",
             job_id=spec.job_id,

@@ -83,9 +83,7 @@ def reconcile(
             )
         )
     if answer.verdict is Verdict.NOT_APPLIED:
-        now, _, mono_now = yield from read_clocks(ctx)
-        age = mono_now - own_start if own_start is not None else None
-        why = _unprotected(spec, first_started, now, age=age, by=first_by, me=ctx.worker_id)
+        why = yield from _repeat_unprotected_now(ctx, first_started, first_by, own_start)
         if why is None:
             return None
         reason = (
@@ -95,6 +93,47 @@ def reconcile(
     else:
         detail = outside_text(answer.detail, spec.payload_json)
         reason = f"cannot tell whether {spec.action} at {spec.target} applied: {detail}"
+    return (yield from _park(ctx, attempts, reason))
+
+
+def repeat_still_protected(
+    ctx: EffectCtx,
+    attempts: int,
+    first_started: float | None,
+    first_by: str | None,
+    own_start: float | None,
+) -> Flow[EffectResult | None]:
+    """The key's age again, once a repeat's start is written and just before its
+    request goes out: the check's "not applied" was judged inside the retention, but
+    the start write may have taken long (a paused process, a Lambda starved of CPU;
+    soak seed 1593876), and the earlier request, late in the network, may still land.
+    Only a repeat sent inside the retention is protected by the key. None: send it;
+    otherwise the intent (``attempts``: the repeat's start, never sent) parks as
+    ambiguous, or the result that settled it meanwhile is returned."""
+    why = yield from _repeat_unprotected_now(ctx, first_started, first_by, own_start)
+    if why is None:
+        return None
+    spec = ctx.spec
+    reason = (
+        f"{spec.target} said {spec.action} did not apply, and its repeat was started but "
+        f"not sent: {why}; make sure it did not apply, then resolve --retry"
+    )
+    return (yield from _park(ctx, attempts, reason))
+
+
+def _repeat_unprotected_now(
+    ctx: EffectCtx, first_started: float | None, first_by: str | None, own_start: float | None
+) -> Flow[str | None]:
+    """Why a repeat sent now would not be protected by the target's key, or None."""
+    now, _, mono_now = yield from read_clocks(ctx)
+    age = mono_now - own_start if own_start is not None else None
+    return _unprotected(ctx.spec, first_started, now, age=age, by=first_by, me=ctx.worker_id)
+
+
+def _park(ctx: EffectCtx, attempts: int, reason: str) -> Flow[EffectResult]:
+    """Mark the intent (at ``attempts``) ambiguous for an operator and raise
+    IntentAmbiguous; if it moved meanwhile, act on what it is now."""
+    spec, token = ctx.spec, ctx.token
     yield from lease_confirmed(ctx)
     out2 = yield from call(
         ctx.ireq.mark_ambiguous(
