@@ -75,6 +75,12 @@ def _patch(owner: Any, name: str, value: Any) -> Iterator[None]:
 
 
 def _commit_with(condition: Callable[[int, float], Any]) -> Callable[..., Call]:
+    """The real commit with its fence (``_mine``) replaced by ``condition``: a copy of
+    the write would drift from it (the timeline event, the reason cleared)."""
+    from sqs_lease._schema import job_requests as _schema
+
+    real = JobTable.commit
+
     def commit(
         self: JobTable,
         job_id: str,
@@ -85,20 +91,8 @@ def _commit_with(condition: Callable[[int, float], Any]) -> Callable[..., Call]:
         *,
         write_id: str,
     ) -> Call:
-        return self._update(
-            job_id,
-            condition(token, wall_now),
-            [
-                R.state.set(JobState.SUCCEEDED.value),
-                R.write_id.set(write_id),
-                R.result.set(result_json),
-                R.updated_at.set(wall_now),
-                R.finished_at.set(wall_now),
-                R.lease_deadline.remove(),
-                R.reason.remove(),
-                R.error_code.remove(),
-            ],
-        )
+        with _patch(_schema, "_mine", lambda token, worker_id: condition(token, wall_now)):
+            return real(self, job_id, token, worker_id, result_json, wall_now, write_id=write_id)
 
     return commit
 
@@ -136,13 +130,17 @@ def no_ownership_check() -> Iterator[None]:
 
 @contextmanager
 def blind_retry() -> Iterator[None]:
-    """An intent found ``in_progress`` is repeated without asking the target's check."""
+    """An intent found ``in_progress`` is repeated without asking the target's check
+    (nor the key's age at the send, which only a check's "not applied" leads to)."""
 
     def reconcile(*args: Any, **kwargs: Any) -> Flow[None]:
         return None
         yield  # a generator, like the real one
 
-    with _patch(effectflow, "reconcile", reconcile):
+    with (
+        _patch(effectflow, "reconcile", reconcile),
+        _patch(effectflow, "repeat_still_protected", reconcile),
+    ):
         yield
 
 
@@ -707,44 +705,20 @@ def continuation_not_unsent() -> Iterator[None]:
     """Issue 9 item 2: the checkpoint trusts the send that follows it and leaves the
     record out of the sparse ``unsent`` index, so a worker that dies between the two
     (or a send that fails) strands the job: no sweep finds it. Expected: I10 (the
-    ``staged`` world's deaths after a checkpoint)."""
+    ``staged`` world's deaths after a checkpoint). The real write, less the index
+    entry (a copy of the write drifted from it once: it kept the last stage's hint)."""
     from sqs_lease._schema import job_requests as _schema
 
-    def advance_stage(
-        self: JobTable,
-        job_id: str,
-        token: int,
-        worker_id: str,
-        *,
-        stage: str,
-        next_stage: str,
-        stage_input: str,
-        stage_log: str,
-        send_id: str,
-        wall_now: float,
-        write_id: str,
-    ) -> Call:
-        # _schema.JobTable.advance_stage without R.unsent / R.unsent_since
-        return self._update(
-            job_id,
-            _schema._mine(token, worker_id),
-            [
-                R.state.set(JobState.QUEUED.value),
-                R.write_id.set(write_id),
-                R.stage.set(next_stage),
-                R.stage_input.set(stage_input),
-                R.stages.set(stage_log),
-                R.attempt.set(0),
-                R.granted_attempts.remove(),
-                R.send_id.set(send_id),
-                R.message_sent.set(False),
-                R.updated_at.set(wall_now),
-                R.lease_deadline.remove(),
-                R.reason.remove(),
-                R.error_code.remove(),
-            ],
-        )
+    real = JobTable.advance_stage
 
+    def no_entry(wall_now: float) -> list[Any]:
+        return [R.message_sent.set(False)]
+
+    def advance_stage(self: JobTable, *args: Any, **kwargs: Any) -> Call:
+        with _patch(_schema, "_awaits_send", no_entry):
+            return real(self, *args, **kwargs)
+
+    _require(_schema, "_awaits_send", "continuation_not_unsent")
     with _patch(JobTable, "advance_stage", advance_stage):
         yield
 
@@ -941,6 +915,19 @@ def resume_under_count() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def sweep_skips_dlq() -> Iterator[None]:
+    """Soak seed 1582660, the simulator's own error: the simulated worker's sweep left
+    out the DLQ receive every worker sweep makes, so a job whose only message SQS moved
+    to the DLQ (its receives spent by an old worker that does not know its class) was
+    never parked: queued with no message for good. Expected: I4."""
+    from sqs_lease._core import sweeps
+
+    _require(sweeps, "DLQ_SWEEP_RECEIVES", "soak seed 1582660")
+    with _patch(sweeps, "DLQ_SWEEP_RECEIVES", 0):
+        yield
+
+
 MUTATIONS: dict[str, Callable[[], Any]] = {
     "no_commit_token": no_commit_token,
     "no_ownership_check": no_ownership_check,
@@ -974,6 +961,9 @@ MUTATIONS: dict[str, Callable[[], Any]] = {
     "duplicate_takes_over": duplicate_takes_over,
     "defers_forever": defers_forever,
     "resume_under_count": resume_under_count,
+    # caught again since the simulated worker's sweep took its DLQ receive (1582660)
+    "unfenced_checkpoint": unfenced_checkpoint,
+    "wall_clock_fence": wall_clock_fence,
 }
 WORLDS: dict[str, frozenset[str]] = {
     "resolve_in_two_writes": frozenset({"operator_races"}),
@@ -991,7 +981,7 @@ it with ``plan.PASSING_FEATURES`` as well). Every feature is in ``PASSING_FEATUR
 now, so these add nothing to the world today; they say where a mutation bites, and
 keep its world should its feature ever leave ``PASSING_FEATURES``."""
 UNCAUGHT: dict[str, Callable[[], Any]] = {
-    "unfenced_checkpoint": unfenced_checkpoint,
+    "sweep_skips_dlq": sweep_skips_dlq,  # soak seed 1582660 (the simulator's sweep)
     "stale_resolution": stale_resolution,
     "refusal_as_unknown": refusal_as_unknown,
     "checkpoint_keeps_hint": checkpoint_keeps_hint,
@@ -1000,25 +990,25 @@ UNCAUGHT: dict[str, Callable[[], Any]] = {
     "retry_ignores_group": retry_ignores_group,
     "short_polls_only": short_polls_only,
     "late_never_charged": late_never_charged,
-    # dup-defer: uncaught in their searches since the duplicate rule's 2H watch
-    "wall_clock_fence": wall_clock_fence,
+    # dup-defer: uncaught in its search since the duplicate rule's 2H watch
     "shared_request_tokens": shared_request_tokens,
 }
 """Mutations no seed of the mutation check catches yet (runnable with ``--mutation``).
-``wall_clock_fence`` (I3, pinned at 355) and ``shared_request_tokens`` (I17, pinned at
-557): since a claim of a running job watches its owner for 2H before taking it over
-(the duplicate rule, issue 26), no seed of their searches (300-499, 400-599) catches
-them: a stale owner now learns of the take-over before it commits or starts again.
-Nor does the clocks world (issue 26), where walls are skewed, drift and step: its
-seeds 600-1867 (the 220 that draw it, on the fix of soak seed 1041578) catch
-``wall_clock_fence`` nowhere (1785 breaks I25, as the real protocol does there).
-A longer search (``python -m simtools mutations --only ...``) is owed; the rules keep
-their tests (the commit's token fence: ``tests/test_core_flows.py``, the W1/W2 proof;
-request tokens: ``tests/test_intents_core.py``).
-``unfenced_checkpoint``: in 200 seeds of the staged world no stale owner of a stage
-reaches its stage's end without having learnt of the takeover (its heartbeat tells it
-first, and a stopped attempt's result is discarded); ``tests/test_stages.py`` shows the
-fence biting with real processes (a paused worker's late stage end).
+``sweep_skips_dlq`` (soak seed 1582660, I4): the simulated worker's sweep without the
+DLQ receive every worker sweep makes (the simulator's copy had left it out); a job's
+only message redriven to the DLQ while its record is live is rare (an old worker that
+does not know its class spending its receives, a crash loop): none of seeds 0-199
+draws it. ``tests/test_core_sweep.py`` keeps the worker sweep's DLQ receive, and
+``tests/test_dlq_reconcile.py`` parks a dead-lettered job through the sync and the
+async worker's sweep on moto.
+``shared_request_tokens`` (I17, pinned at 557): since a claim of a running job
+watches its owner for 2H before taking it over (the duplicate rule, issue 26), no seed
+of its search (400-599) catches it: a stale owner now learns of the take-over before it
+starts again. A longer search (``python -m simtools mutations --only ...``) is owed;
+the rule keeps its tests (request tokens: ``tests/test_intents_core.py``).
+``wall_clock_fence`` (I3) and ``unfenced_checkpoint`` (I18) were here from the
+duplicate rule until the simulated worker's sweep took its DLQ receive (soak seed
+1582660), which moved the schedules: caught at 320 and 98 since.
 ``refusal_as_unknown`` (issue 26, signals; I20): in 200 seeds no attempt meets a fence
 refusal while its lease has lapsed unknown to it (the schedule needs the process paused
 between its intent start and its call for longer than the lease, its heartbeat not yet
@@ -1747,5 +1737,5 @@ __all__ += ["ISSUE26_WORLDS"]
 # liveness to stop, and in the whole world no seed of 0-799 draws the case where the
 # real protocol passes (seed 117 draws it, but fails the real protocol too: see
 # tests/test_sim_lambda.py). It stays pinned in the world it was found in, without
-# issue 26's configurations (caught at 159).
+# issue 26's configurations (caught at 44; 159 before the simulated sweep's DLQ receive).
 WITHOUT["no_commit_token"] = frozenset().union(*ISSUE26_WORLDS.values())

@@ -38,7 +38,7 @@ from ._core.messages import Delivery, Poison
 from ._core.priority import receive_prioritized_flow
 from ._core.receiving import ReceivePacer
 from ._core.stages import stage_results
-from ._core.sweeps import DLQ_SWEEP_RECEIVES, redrive_rules, sweep_once_flow
+from ._core.sweeps import redrive_rules, sweep_once_flow
 from ._core.timing import Pace, pace_budget
 from ._errors import ConfigError
 from ._jobs import App, JobClass, JobContext, Target
@@ -393,7 +393,6 @@ class WorkerShell(ShellBase):
             older_than=self.sweep_grace,
             limit=self.sweep_limit,
             send_id_prefix=uuid.uuid4().hex,
-            dlq_receives=DLQ_SWEEP_RECEIVES,
         )
 
     # ----------------------------------------------------------------- the receive loop

@@ -286,3 +286,31 @@ def test_a_failed_receive_raises_naming_the_dlq_after_giving_back_nothing() -> N
     script = Script([unreachable()])
     with pytest.raises(AwsCallFailed, match="work-dlq"):
         run(script)
+
+
+def test_a_reconciliation_closed_midway_closes_without_a_call() -> None:
+    # A process that dies mid-reconciliation (the simulator closes its flows): a
+    # closed flow may not yield, so nothing is given back (the hold lapses by itself).
+    # The finally that gave back raised "generator ignored GeneratorExit".
+    flow = reconcile_dlq_flow(table(), dlq_url=DLQ, wall_now=NOW)
+    first = next(flow)
+    assert first.op == "ReceiveMessage"
+    got = flow.send(received(dlq_message(receives=3)))
+    assert got.op == "GetItem"  # reading the job's record: the process dies here
+    flow.close()
+
+
+def test_a_reconciliation_that_fails_midway_still_gives_back_what_it_holds() -> None:
+    done = job_item(state=JobState.SUCCEEDED)
+    script = Script(
+        [
+            received(dlq_message(receives=3)),
+            ok({"Item": done}),  # finished: reported, no write
+            unreachable(),  # the next receive fails: the flow raises ...
+            ok({"Successful": [{"Id": "0"}]}),  # ... after giving back what it holds
+        ]
+    )
+    with pytest.raises(AwsCallFailed):
+        run(script, receives=2)
+    back = script.calls_to("ChangeMessageVisibilityBatch")
+    assert [e["ReceiptHandle"] for e in back[0].params["Entries"]] == ["rh-job-1"]

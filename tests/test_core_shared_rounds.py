@@ -371,3 +371,32 @@ def test_every_lease_has_its_ownership_read_at_least_as_often_as_its_schedule_as
         assert reads[0] <= first_due + TICK + 1e-9, (h.lease.job_id, reads[0], first_due)
         gaps = [b - a for a, b in itertools.pairwise(reads)]
         assert max(gaps) <= 10.0 + TICK + 1e-9, (h.lease.job_id, gaps)
+
+
+def test_a_lease_dropped_while_its_round_is_in_flight_is_told_no_heartbeat_verdict() -> None:
+    # The async shell, a fresh clone's `make test` beside two CPU hogs: a handler held
+    # the event loop while a round was in flight; as the loop came back the watchdog
+    # dropped the blocker's lease (loop_blocked), and then the round's answers told
+    # heartbeat_ok for the attempt it had just ended. The verdicts are told only for
+    # leases still held open; the book applies none to the dropped one either.
+    world = World()
+    blocker, other = world.hold("job-0"), world.hold("job-1")
+    world.mono = max(blocker.lease.next_beat, other.lease.next_beat)  # both due
+    world.rounds.append(Round(world.mono))
+
+    def answer(c: Call) -> Outcome:
+        if c.op == "BatchGetItem":  # the loop is back: the blocker's step is judged
+            _, dropped = world.book.loop_stalled(
+                "job-0", began=T0 + 7.0, ended=world.mono, tolerated=0.75
+            )
+            assert [h.lease.job_id for h, _ in dropped] == ["job-0"]
+        return world.answer(c)
+
+    s = Script(answer)
+    s.run(heartbeat_round_flow(world.env))
+    assert world.rounds[-1].cmv == [["rh-job-0", "rh-job-1"]]  # both were extended
+    told = [(e.event, e.fields["job_id"]) for e in s.events if "job_id" in e.fields]
+    assert ("heartbeat_ok", "job-1") in told
+    assert [t for t in told if t[1] == "job-0"] == [], told
+    assert blocker.lease.dropped is Drop.LOOP_BLOCKED
+    assert other.lease.status is LeaseStatus.OK

@@ -188,7 +188,7 @@ def test_a_workers_sweep_is_one_page_and_one_dlq_receive_as_before() -> None:
         return index(c)
 
     s = Script(answer)
-    resent = s.run(sweep_once_flow(e, older_than=60, limit=2, send_id_prefix="sw", dlq_receives=1))
+    resent = s.run(sweep_once_flow(e, older_than=60, limit=2, send_id_prefix="sw"))
     assert resent == 2
     assert len(_age_queries(s)) == 1  # and the one for entries stamped ahead
     assert [c.op for c in s.calls].count("Query") == 2

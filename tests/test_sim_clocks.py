@@ -10,7 +10,7 @@ import hashlib
 import math
 
 import pytest
-from sim_repin import REPIN, pinned
+from sim_repin import REPIN, moved, pinned
 
 from simtools import run_seed
 from simtools.catch import SEED_LIMIT, first_catch, search_seeds, world
@@ -244,6 +244,7 @@ def test_soak_seed_1593876_a_repeat_started_past_the_retention_is_never_sent() -
     assert parked and "past the 18.5 s" in parked[0]["reason"]
 
 
+@moved()
 def test_soak_seed_1469822_a_stamp_hours_ahead_is_stamped_again_and_the_job_sent() -> None:
     """Found by the fresh-range soak on 7640942 (tests/test_sim_found.py until fixed):
     worker w5, its wall clock 3.9 h ahead, wrote job-000's slot wait (unsent_since on

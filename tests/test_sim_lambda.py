@@ -33,7 +33,9 @@ CAUGHT_AT: dict[str, tuple[int, str]] = {
     # DLQ (I23, at 27; 35 before unstarted records waited out the wave); since a record
     # not started waits as a fresh message, they wait for good (I4 at the drain).
     "lambda_unfit_looped": (76, I4),
-    "reserved_id_accepted": (83, I4),  # worker#fn1's record replaced by its liveness
+    # worker#fn1's record replaced by its liveness (83 until a repeat's key age was
+    # judged at its send and the simulated worker's sweep took its DLQ receive)
+    "reserved_id_accepted": (47, I4),
     # soak seed 1045968: records behind a long one, their visibility lapsed before their
     # turn, handed back at every batch until the DLQ
     "unstarted_not_waited": (1045968, I23),
@@ -143,7 +145,10 @@ def test_refusal_as_unknown_is_caught_where_an_environment_starves_at_an_intent_
     # 1-2.5 leases while its intent start is in flight; its call goes out after its
     # lease lapsed and the next owner reached the receiver first: refused (412), a
     # proof of another owner. The mutation tells it as OwnershipUnknown (I20).
-    seed, name = 10, "refusal_as_unknown"  # (188 before the duplicate rule moved it)
+    # 243 since a repeat's key age is judged at its send (soak seed 1593876): a starved
+    # repeat past the retention is no longer sent (10 before; 188 before the duplicate
+    # rule moved it; none of 0-242 since)
+    seed, name = 243, "refusal_as_unknown"
     features = LAMBDA_WORLD
     result = run_seed(seed, mutation=name, features=features)
     assert not result.ok and result.violations[0].name == I20, result.violations

@@ -253,8 +253,14 @@ def reconcile_dlq_flow(
                 break
         else:
             more = True  # every receive brought messages: the DLQ may hold others
-    finally:
+    except GeneratorExit:
+        # Closed midway (its process is gone, or its driver): a closed flow may not
+        # yield, and the holds lapse by themselves after DLQ_HOLD_SECONDS.
+        raise
+    except BaseException:
         yield from _give_back(dlq_url, held)
+        raise
+    yield from _give_back(dlq_url, held)
     report = DlqReport(dlq_url, tuple(findings), more)
     acted = {
         v.value: report.count(v) for v in (DlqVerdict.PARKED, DlqVerdict.DELETED, DlqVerdict.FAILED)

@@ -4,7 +4,7 @@ and how a lost lease is recorded on the local lease.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -70,6 +70,7 @@ def heartbeat_flow(
     leases: Sequence[LocalLease],
     worker_id: str,
     wall_now: float,
+    still_held: Callable[[LocalLease], bool] | None = None,
 ) -> Flow[HeartbeatReport]:
     """Extend visibility (batches of 10), then confirm ownership (BatchGetItem of 100).
 
@@ -77,6 +78,11 @@ def heartbeat_flow(
     from before the visibility change was sent. No write per job: what people see
     (lease left, heartbeat age) comes from the worker's one liveness record per
     round (``_core/liveness.py``), written after the round.
+
+    ``still_held``: asked as the verdicts are told; a lease the worker let go while
+    the round was in flight (a watchdog's drop, a blocked event loop's) gets no
+    ``heartbeat_ok`` or ``ownership_unknown`` after its ``lease_dropped``: its verdict
+    is about an attempt that has ended (the book ignores it too).
     """
     beats: dict[str, Beat] = {}
     extended: dict[str, float] = {}
@@ -225,6 +231,8 @@ def heartbeat_flow(
             yield from emit("progress_refused", job_id=job_id, token=lease.token)
     for job_id, beat in beats.items():
         lease = by_id[job_id]
+        if still_held is not None and not still_held(lease):
+            continue
         if beat.status is BeatStatus.OK:
             yield from emit(
                 "heartbeat_ok",

@@ -579,6 +579,13 @@ class LeaseBook:
         with self.lock:
             return [lease for lease in leases if lease.status in OPEN]
 
+    def still_holds(self, lease: LocalLease) -> bool:
+        """Whether this very lease is still held, and open (not dropped, ended or
+        superseded by a newer own claim of its job)."""
+        with self.lock:
+            h = self._held.get(lease.job_id)
+            return h is not None and h.lease is lease and lease.status in OPEN
+
     def held_of(self, lease: LocalLease) -> Held | None:
         """The entry holding this very lease (None: it was forgotten or superseded)."""
         with self.lock:

@@ -59,6 +59,7 @@ def heartbeat_round_flow(env: AttemptEnv) -> Flow[None]:
             leases=extend[i : i + ROUND_PART],
             worker_id=env.worker_id,
             wall_now=wall,
+            still_held=book.still_holds,
         )
         for i in range(0, len(extend), ROUND_PART)
     ]

@@ -71,22 +71,22 @@ def sweep_once_flow(
     older_than: float,
     limit: int,
     send_id_prefix: str,
-    dlq_receives: int = 0,
 ) -> Flow[int]:
-    """One bounded sweep of stranded records (one page of ``limit``); how many were
-    sent again. Never raises: a failed sweep is journaled (``stranded_sweep_failed``)
-    and the next one tries.
+    """A worker's periodic sweep, the one for every worker shell (sync, async, the
+    simulator's): one bounded page of ``limit`` stranded records; how many were sent
+    again. Never raises: a failed sweep is journaled (``stranded_sweep_failed``) and
+    the next one tries.
 
-    With ``dlq_receives`` (and a DLQ) it then reconciles that many receives of the
-    DLQ (up to 10 messages each): a job whose current message SQS moved there is
-    parked (``job_dead_lettered``), so no record waits ``queued`` or ``running`` for
-    a message nothing will run; a failure is journaled (``dlq_reconcile_failed``)."""
+    With a DLQ it then reconciles :data:`DLQ_SWEEP_RECEIVES` receives of it (up to 10
+    messages each): a job whose current message SQS moved there is parked
+    (``job_dead_lettered``), so no record waits ``queued`` or ``running`` for a
+    message nothing will run; a failure is journaled (``dlq_reconcile_failed``)."""
     run = yield from sweep_pages_flow(
         env,
         older_than=older_than,
         limit=limit,
         send_id_prefix=send_id_prefix,
-        dlq_receives=dlq_receives,
+        dlq_receives=DLQ_SWEEP_RECEIVES,
     )
     return run.resent
 

@@ -106,7 +106,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..._core.records import CANCELLED_CODE, UNDELIVERED_CODE, JobState, JobView
+from ..._core.records import (
+    CANCELLED_CODE,
+    DEAD_LETTERED_CODE,
+    UNDELIVERED_CODE,
+    JobState,
+    JobView,
+)
 from ..._schema.views import view_of
 from .clocks import I25, I25_TEXT
 from .receiver import Applied
@@ -319,6 +325,11 @@ class Checker:
         if isinstance(origin, Origin):
             known = self.known_classes(origin.worker)
             if known is not None and o.job_class not in known and self._undeliverable_park(o, n):
+                if n.error_code == DEAD_LETTERED_CODE and origin.kind == "sweep":
+                    # A DLQ reconciliation's park: the job's current message is in the
+                    # DLQ (the write's condition names its send). Parking runs nothing,
+                    # so it needs no knowledge of the class (``sqs-lease dlq`` has none).
+                    return
                 if origin.send_id != o.send_id:
                     self.fail(
                         I9,
@@ -549,12 +560,14 @@ class Checker:
             )
 
     def _undeliverable_park(self, o: Any, n: Any) -> bool:
-        """The one write a worker that does not know a class may make: moving the job's
+        """The writes a worker that does not know a class may make: moving the job's
         current message to the DLQ, it parks the job (token + 1, the reason) so that
-        the record does not say ``running`` for a lease nobody can extend any more."""
+        the record does not say ``running`` for a lease nobody can extend any more;
+        its sweep's DLQ reconciliation parks a job whose current message SQS moved
+        there (``DEAD_LETTERED_CODE``), the same park."""
         ok = (
             n.state is JobState.PARKED
-            and n.error_code == UNDELIVERED_CODE
+            and n.error_code in (UNDELIVERED_CODE, DEAD_LETTERED_CODE)
             and o.state in (JobState.QUEUED, JobState.RUNNING)
             and n.token == o.token + 1
             and n.attempt == o.attempt
