@@ -28,6 +28,7 @@ from ._core.intents import (
 from ._core.intents import default_key as _default_key
 from ._core.lease import LocalLease
 from ._core.limits import check_intent, progress_text
+from ._core.records import DEFAULT_STAGE
 from ._core.slots import MAX_LIMIT, check_limit
 from ._core.stages import STAGE_NAME, valid_stage_name
 from ._core.texts import visible
@@ -567,7 +568,7 @@ class _ContextBase(ABC, Generic[P]):
         clock: Callable[[], float],
         journal: Journal,
         targets: Mapping[str, Target] | None = None,
-        stage: str = "main",
+        stage: str = DEFAULT_STAGE,
         last_progress: Any = None,
         results: Mapping[str, Any] | None = None,
         job_payload_json: str | None = None,

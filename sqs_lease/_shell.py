@@ -153,7 +153,7 @@ def context_fields(
         "clock": clock,
         "journal": journal,
         "targets": targets,
-        "stage": claim.job.stage or "main",
+        "stage": claim.job.stage_name,
         "last_progress": _details(claim.job.progress_json),
         "results": stage_results(claim.job),
         "job_payload_json": claim.job.payload_json,

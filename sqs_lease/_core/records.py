@@ -37,6 +37,10 @@ class JobState(StrEnum):
         return self in (JobState.SUCCEEDED, JobState.FAILED)
 
 
+DEFAULT_STAGE = "main"
+"""The stage of a job that has no stages of its own (its record has no ``stage``)."""
+
+
 @dataclass(frozen=True)
 class JobView:
     """A job record as the core reads it."""
@@ -72,6 +76,11 @@ class JobView:
     # end write), so a retried end write recognises its own earlier write exactly.
     write_id: str | None = None
     late_handbacks: int = 0  # late hand-backs of the current stage (timing.late_charged)
+
+    @property
+    def stage_name(self) -> str:
+        """The stage this attempt runs (:data:`DEFAULT_STAGE` for a job without stages)."""
+        return self.stage or DEFAULT_STAGE
 
 
 CANCELLED_CODE = "cancelled"

@@ -285,7 +285,7 @@ def continue_flow(
     """
     job = end.job
     entry = StageEntry(
-        stage=job.stage or "main",
+        stage=job.stage_name,
         result=nxt.checkpoint,
         token=job.token,
         attempt=job.attempt,

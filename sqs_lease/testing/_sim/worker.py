@@ -558,7 +558,7 @@ class SimWorker(Actor):
         self, held: Held, claim: Claimed, step: Step, target: str, origin: Origin
     ) -> SimGen[EffectResult]:
         job_id = claim.job.job_id
-        stage = claim.job.stage or "main"
+        stage = claim.job.stage_name
         target = step.target or target  # widened world: a shared invoice's target
         key = step.key or default_key(job_id, stage, step.action, target, None)
         text = canonical_json(
