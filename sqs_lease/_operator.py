@@ -19,6 +19,7 @@ from ._aws import SyncDriver, make_client
 from ._config import Settings
 from ._core.intents import IntentState
 from ._core.liveness import LIVENESS_PREFIX, Liveness, liveness_key, liveness_of
+from ._core.records import JobState
 from ._core.resolving import Resolution, Resolved, resolve_flow
 from ._core.timeline import IntentAttemptFacts, IntentFacts
 from ._journal import Journal
@@ -54,7 +55,7 @@ __all__ = [
     "workers_liveness",
 ]
 
-INDEXED_JOB_STATES = (*ATTENTION_STATES, "running")
+INDEXED_JOB_STATES = (*ATTENTION_STATES, JobState.RUNNING.value)
 """Job states an index holds: listing any other state reads the whole table."""
 
 TIMELINE_INTENTS = 200
@@ -149,7 +150,7 @@ def list_jobs(settings: Settings, state: str | None, limit: int) -> tuple[list[J
         )
         items, more = _bounded(ddb.query, newest_first, limit)
         found = [record_of(item) for item in items]
-    elif state == "running":
+    elif state == JobState.RUNNING.value:
         found, more = _running_jobs(settings, ddb, projection, limit)
     else:
         params: dict[str, Any] = {"TableName": settings.jobs_table, **projection}
@@ -221,7 +222,7 @@ def _running_jobs(
         want = {table: {"Keys": [{"job_id": {"S": j}} for j in held[i : i + 100]], **projection}}
         for item in _batch_get(ddb, want, table):
             rec = record_of(item)
-            if rec.state == "running":
+            if rec.state == JobState.RUNNING.value:
                 found.append(rec)
         if len(found) > limit:
             break
