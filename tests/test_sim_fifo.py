@@ -18,7 +18,7 @@ from sqs_lease._core.calls import Err, Ok
 from sqs_lease.testing._sim import fifo
 from sqs_lease.testing._sim.chaos import Chaos
 from sqs_lease.testing._sim.invariants import I4, I10, I18
-from sqs_lease.testing._sim.plan import PASSING_FEATURES, WIDE_FEATURES, draw_plan
+from sqs_lease.testing._sim.plan import PASSING_FEATURES, WIDE_FEATURES, draw_plan, serial_bound
 from sqs_lease.testing._sim.sqs import SimSQS, SqsBehaviour
 
 Q = "https://sqs.sim.local/000000000000/q.fifo"
@@ -234,3 +234,18 @@ def test_soak_seed_1510739_a_leftover_copy_of_an_ended_job_does_not_hold_its_ses
     ]
     claimed = [e[0] for e in result.log if e[2] == "job_claimed" and e[3]["job_id"] == "job-004"]
     assert committed and claimed and min(committed) < min(claimed)  # the jobs' order held
+
+
+def test_soak_seed_1607424_a_groups_long_jobs_in_a_row_fit_the_drain() -> None:
+    """Fresh range 1,600,000 on bace364 (I4, the simulator's error): three long jobs
+    (11.7 h an attempt, over their 11.75 h stage budget) in one session of a FIFO queue
+    ran one after another, each sent again for the 12-hour cap behind the others; the
+    third's last attempt was still running, its heartbeats landing, when the drain's
+    bound (each job counted as if it had a worker of its own) ended the run. The bound
+    now counts the largest group's jobs in a row (``plan.serial_bound``, the rule the
+    Lambda world's pollers use too). Replay: python -m simtools replay --seed 1607424"""
+    plan = draw_plan(Chaos(1607424))
+    assert plan.fifo is not None and len(set(plan.fifo.sessions.values())) == 1
+    assert plan.max_time >= serial_bound(plan, len(plan.fifo.sessions))
+    result = run_seed(1607424)
+    assert result.ok, result.violations[0].message

@@ -49,7 +49,7 @@ from ..._core.sweeps import SCHEDULED_DLQ_RECEIVES, SCHEDULED_SWEEP_PAGE, sweep_
 from ..._core.timing import EFFECT_MARGIN
 from . import producers
 from .invariants import Origin
-from .plan import SweepPlan
+from .plan import SweepPlan, serial_bound
 from .resources import JOB_CLASS, JOB_CLASS_V2, QUEUE
 from .tasks import Actor, SimGen, SleepOp, Task
 
@@ -151,9 +151,7 @@ def draw(c: Chaos, plan: RunPlan, allowed: frozenset[str]) -> None:
         # behind the others (soak seed 1045968: ten jobs always over their budget,
         # retried, on one poller).
         lives = 3 if retries else 1
-        per_attempt = plan.stage_budget + plan.lease + plan.backoff_max
-        serial = plan.jobs * lives * (plan.max_attempts + 2) * per_attempt / pollers
-        plan.max_time = max(plan.max_time, plan.cutoff + serial + 3600.0)
+        plan.max_time = max(plan.max_time, serial_bound(plan, plan.jobs * lives, lanes=pollers))
     plan.lambdas = lp
     # The scheduled sweep finds what no message brings (issue 33 item 1): the producer
     # leaves a record's send to it for the real grace, as beside sweeping workers.

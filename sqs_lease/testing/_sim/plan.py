@@ -211,6 +211,15 @@ class RunPlan:
     plans: Any = None  # plans: the drawn tools, limits and shells (planned.PlansDraw)
 
 
+def serial_bound(plan: RunPlan, jobs: float, *, lanes: int = 1) -> float:
+    """The drain's bound where ``jobs`` jobs' attempts queue one behind another on each
+    of ``lanes`` lanes: a FIFO group runs its jobs in order, a Lambda poller a batch's
+    records in order. ``plan.max_time`` counts each job as if it had a worker of its
+    own; a world that queues jobs raises it to this (soak seeds 1045968, 1607424)."""
+    per_attempt = plan.stage_budget + plan.lease + plan.backoff_max
+    return plan.cutoff + jobs * (plan.max_attempts + 2) * per_attempt / lanes + 3600.0
+
+
 def draw_plan(
     chaos: Chaos,
     *,
