@@ -998,9 +998,10 @@ UNCAUGHT: dict[str, Callable[[], Any]] = {
 DLQ receive every worker sweep makes (the simulator's copy had left it out); a job's
 only message redriven to the DLQ while its record is live is rare (an old worker that
 does not know its class spending its receives, a crash loop): none of seeds 0-199
-draws it. ``tests/test_core_sweep.py`` keeps the worker sweep's DLQ receive, and
-``tests/test_dlq_reconcile.py`` parks a dead-lettered job through the sync and the
-async worker's sweep on moto.
+draws it. A directed world catches it (``tests/test_sim_deadletter.py``: a redrive at
+the second receive, the workers sweeping); ``tests/test_core_sweep.py`` keeps the worker
+sweep's DLQ receive, and ``tests/test_dlq_reconcile.py`` parks a dead-lettered job
+through the sync and the async worker's sweep on moto.
 ``shared_request_tokens`` (I17, pinned at 557): since a claim of a running job
 watches its owner for 2H before taking it over (the duplicate rule, issue 26), no seed
 of its search (400-599) catches it: a stale owner now learns of the take-over before it
