@@ -21,6 +21,7 @@ from core_harness import (
     update_sets,
 )
 
+from sqs_lease._core.calls import Call
 from sqs_lease._core.deadletter import (
     SQS_REDRIVE_REASON,
     DlqVerdict,
@@ -294,9 +295,9 @@ def test_a_reconciliation_closed_midway_closes_without_a_call() -> None:
     # The finally that gave back raised "generator ignored GeneratorExit".
     flow = reconcile_dlq_flow(table(), dlq_url=DLQ, wall_now=NOW)
     first = next(flow)
-    assert first.op == "ReceiveMessage"
+    assert isinstance(first, Call) and first.op == "ReceiveMessage"
     got = flow.send(received(dlq_message(receives=3)))
-    assert got.op == "GetItem"  # reading the job's record: the process dies here
+    assert isinstance(got, Call) and got.op == "GetItem"  # the process dies here
     flow.close()
 
 
