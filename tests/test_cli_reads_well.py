@@ -308,19 +308,15 @@ def test_local_json_prints_one_object_once_ready_and_stops_on_ctrl_c() -> None:
 def test_an_aws_failure_names_the_api_operation_not_the_boto_method() -> None:
     # AWS's docs, IAM policies and CloudTrail say GetQueueUrl / DescribeTable: an
     # operator searches for those, not for boto3's get_queue_url.
-    import boto3
     from botocore.stub import Stubber
 
+    from sqs_lease import Settings
+    from sqs_lease._aws import make_client
     from sqs_lease._errors import AwsCallFailed
     from sqs_lease._resources import _call
 
-    sqs = boto3.client(
-        "sqs",
-        region_name="us-east-1",
-        endpoint_url="http://127.0.0.1:9",
-        aws_access_key_id="x",
-        aws_secret_access_key="x",
-    )
+    # The client every command makes (its config, its local credentials), stubbed.
+    sqs = make_client(Settings(endpoint_url="http://127.0.0.1:9", prefix="x"), "sqs")
     with Stubber(sqs) as stub:
         stub.add_client_error("get_queue_url", "AccessDenied", "no")
         with pytest.raises(AwsCallFailed) as caught:

@@ -38,3 +38,18 @@ def test_the_old_simulated_sweep_without_its_dlq_receive_is_caught() -> None:
     result = _run("sweep_skips_dlq")
     assert result.violations and result.violations[0].name == I4
     assert "dlq" in result.violations[0].message
+
+
+def test_seed_169_an_old_workers_sweep_parks_a_dead_lettered_job_of_a_class_it_lacks() -> None:
+    """Every issue 26 world together: w3, whose app predates class ``sim-v2``, found
+    job-004's only message in the DLQ with its sweep and parked the job. The park runs
+    nothing, so it needs no knowledge of the class (``sqs-lease dlq`` has none); the
+    checker's I9 took it for a claim of an unknown class until it allowed this park as
+    it allows the undeliverable one (the checker's error)."""
+    from simtools import run_seed
+
+    result = run_seed(169, trace=True)
+    assert result.ok, result.violations[:1]
+    old = {e[1] for e in result.log if e[2] == "worker_started" and e[3].get("app") == "old"}
+    parks = [(e[1], e[3]["job_id"]) for e in result.log if e[2] == "job_dead_lettered"]
+    assert any(who in old for who, _ in parks), "the seed no longer draws its case"
