@@ -114,6 +114,13 @@ class SqsRecord:
         self.messages: dict[str, Seen] = {}
         self._mutex = threading.Lock()
 
+    def settled(self) -> bool:
+        """Every message but the latest sent is deleted: the ended stages' messages
+        have left the worker's delete batch."""
+        with self._mutex:
+            older = sorted(self.messages.values(), key=lambda m: m.sent)[:-1]
+            return all(m.deletes for m in older)
+
     def by_stage(self) -> dict[str, list[Seen]]:
         out: dict[str, list[Seen]] = {}
         with self._mutex:
@@ -275,12 +282,17 @@ class Work:
         return handler
 
 
-def drive(vt: VirtualTime, work: Work, journal: JournalCollector, job_id: str) -> None:
+def drive(
+    vt: VirtualTime, work: Work, sqs: SqsRecord, journal: JournalCollector, job_id: str
+) -> None:
     """Move virtual time while a stage works, one heartbeat interval at a time, until
     the job ends. After each jump, wait for the heartbeat round the jump made due (its
     extension, or why it made none) or for the stage's end: the next jump never comes
     before the round, as on a real clock, where a beat every 20 minutes keeps an
-    hour's lease."""
+    hour's lease. Nor before the ended stages' messages are deleted: the worker
+    batches those deletes over a quarter of a second, which a real clock lets pass
+    long before 20 minutes do; a jump that outran the batch would keep a message in
+    flight for hours the worker never held it (a busy machine made that happen)."""
 
     def ended() -> bool:
         return any(journal.events(name, job_id=job_id) for name in ENDED)
@@ -300,6 +312,12 @@ def drive(vt: VirtualTime, work: Work, journal: JournalCollector, job_id: str) -
         working = work.current
         if working is None:
             continue
+        wait_for(
+            sqs.settled,
+            HANG_GUARD,
+            "the ended stages' messages deleted from the worker's delete batch",
+            interval=0.01,
+        )
         beats = rounds()
         # A jump never past the stage's end: the stage's work ends at a jump.
         vt.advance(min(STEP, max(0.0, working.done_at - vt.lease()) + 0.5))
@@ -344,7 +362,7 @@ def run_job(
         vt = VirtualTime(traveller, lease)
         vt.advance(backlog)  # the first message waits in the queue, unreceived
         with collect_journal() as journal, running(worker):
-            drive(vt, work, journal, job_id)
+            drive(vt, work, sqs, journal, job_id)
             view = read_view(ddb, settings, job_id)
     return view, work, sqs, journal, job_id
 
