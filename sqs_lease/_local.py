@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Any
 
 from sqs_lease._errors import AwsUnavailable, ConfigError, SqsLeaseError
@@ -242,12 +242,7 @@ class LocalAws:
     def __enter__(self) -> LocalAws:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict, Unpack
 
 from .._errors import OwnershipUnknown
 from .calls import Call, Err, ErrorKind, Flow, Ok, Sleep, call, emit
@@ -42,35 +42,31 @@ def successor_key(key: str) -> str:
     return f"{key}{SUCCESSOR_MARK}2"
 
 
+class Decision(TypedDict):
+    """An operator's decision on an ambiguous intent, as ``ResolveRequests`` write it."""
+
+    resolution: Resolution
+    external_id: str | None
+    who: str
+    why: str
+    wall_now: float
+    attempt: NotRequired[int | None]  # the attempt whose ambiguity it decides
+
+
 class ResolveRequests(Protocol):
     """The intent store's requests an operator's decision needs
     (``_schema.intent_requests.IntentTable``)."""
 
-    def resolve(
-        self,
-        key: str,
-        *,
-        resolution: Resolution,
-        external_id: str | None,
-        who: str,
-        why: str,
-        wall_now: float,
-        attempt: int | None = None,
-    ) -> Call: ...
+    def resolve(self, key: str, **decision: Unpack[Decision]) -> Call: ...
 
     def resolve_and_unpark(
         self,
         key: str,
         *,
-        resolution: Resolution,
-        external_id: str | None,
-        who: str,
-        why: str,
-        wall_now: float,
         jobs: JobRequests,
         job_id: str,
         send_id: str,
-        attempt: int | None = None,
+        **decision: Unpack[Decision],
     ) -> Call: ...
 
     def get(self, key: str) -> Call: ...
@@ -157,20 +153,19 @@ def resolve_flow(
             final=intent.state
             in (IntentState.CONFIRMED, IntentState.ABANDONED, IntentState.SUPERSEDED),
         )
+    decision = Decision(
+        resolution=resolution,
+        external_id=external_id,
+        who=who,
+        why=why,
+        wall_now=wall_now,
+        attempt=judged,
+    )
     waits = iter(RETRY_WAITS)
     while True:
         out = yield from call(
             ireq.resolve_and_unpark(
-                key,
-                resolution=resolution,
-                external_id=external_id,
-                who=who,
-                why=why,
-                wall_now=wall_now,
-                jobs=jreq,
-                job_id=intent.job_id,
-                send_id=send_id,
-                attempt=judged,
+                key, jobs=jreq, job_id=intent.job_id, send_id=send_id, **decision
             )
         )
         if not (isinstance(out, Err) and transient_cancel(out)):
@@ -208,21 +203,11 @@ def resolve_flow(
         # still on its way to parking): settle the intent alone, and say so.
         return (
             yield from _resolve_intent_only(
-                ireq,
-                jreq,
-                out,
-                key=key,
-                resolution=resolution,
-                external_id=external_id,
-                who=who,
-                why=why,
-                wall_now=wall_now,
-                job_id=intent.job_id,
-                attempt=judged,
+                ireq, jreq, out, key=key, job_id=intent.job_id, decision=decision
             )
         )
     resolved = _as_resolved(intent, resolution, external_id, who)
-    yield from _emit_resolved(intent, resolution, external_id, who=who, why=why)
+    yield from _emit_resolved(intent, decision)
     yield from emit("job_resumed", job_id=intent.job_id, send_id=send_id, by="resolve")
     sent = yield from send_resumed(
         jreq,
@@ -241,17 +226,15 @@ def resolve_flow(
     )
 
 
-def _emit_resolved(
-    intent: IntentView, resolution: Resolution, external_id: str | None, *, who: str, why: str
-) -> Flow[None]:
+def _emit_resolved(intent: IntentView, decision: Decision) -> Flow[None]:
     yield from emit(
         "intent_resolved",
         key=intent.key,
         job_id=intent.job_id,
-        resolution=resolution.value,
-        external_id=external_id,
-        who=who,
-        reason=why,
+        resolution=decision["resolution"].value,
+        external_id=decision["external_id"],
+        who=decision["who"],
+        reason=decision["why"],
     )
 
 
@@ -291,13 +274,8 @@ def _resolve_intent_only(
     cancelled: Err,
     *,
     key: str,
-    resolution: Resolution,
-    external_id: str | None,
-    who: str,
-    why: str,
-    wall_now: float,
     job_id: str,
-    attempt: int,
+    decision: Decision,
 ) -> Flow[Resolved]:
     from .._errors import IntentError
 
@@ -307,23 +285,13 @@ def _resolve_intent_only(
         read = yield from call(jreq.get(job_id))
         if isinstance(read, Ok) and read.response.get("Item"):
             job = jreq.parse(read.response["Item"])
-    out = yield from call(
-        ireq.resolve(
-            key,
-            resolution=resolution,
-            external_id=external_id,
-            who=who,
-            why=why,
-            wall_now=wall_now,
-            attempt=attempt,
-        )
-    )
+    out = yield from call(ireq.resolve(key, **decision))
     if isinstance(out, Err):
         if out.kind is ErrorKind.CONDITION_FAILED:
             raise IntentError(f"intent {key!r} changed meanwhile: nothing resolved; decide again")
         raise outcome_error(out, "resolve intent", key)
     intent = ireq.parse(out.response.get("Attributes", {}))
-    yield from _emit_resolved(intent, resolution, external_id, who=who, why=why)
+    yield from _emit_resolved(intent, decision)
     state = job.state if job is not None else None
     yield from emit("job_resume_skipped", job_id=job_id, state=state.value if state else None)
     where = f"is {state.value}" if state is not None else "has no record"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict, Unpack
+from typing import Any, Unpack
 
 from pynamodb.expressions.update import Action
 
@@ -15,7 +15,7 @@ from .._core.intents import EffectSpec, IntentState, IntentView
 from .._core.records import (
     JobRequests,
 )
-from .._core.resolving import Resolution, successor_key
+from .._core.resolving import Decision, Resolution, successor_key
 from .._core.retention import first_start_stamp
 from .expressions import item_request, serialize
 from .models import AttemptRecord, IntentRecord
@@ -31,17 +31,6 @@ def _ikey(key: str) -> dict[str, Any]:
 
 def _akey(key: str, attempt: int) -> dict[str, Any]:
     return {"intent_key": {"S": key}, "attempt": {"N": str(attempt)}}
-
-
-class _Decision(TypedDict):
-    """An operator's decision on an ambiguous intent (``resolve``)."""
-
-    resolution: Resolution
-    external_id: str | None
-    who: str
-    why: str
-    wall_now: float
-    attempt: NotRequired[int | None]  # the attempt whose ambiguity it decides
 
 
 @dataclass(frozen=True)
@@ -289,7 +278,7 @@ class IntentTable:
         params["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
         return Call("dynamodb", "UpdateItem", params)
 
-    def _resolution(self, key: str, decision: _Decision) -> dict[str, Any]:
+    def _resolution(self, key: str, decision: Decision) -> dict[str, Any]:
         resolution, external_id, who = (
             decision["resolution"],
             decision["external_id"],
@@ -335,7 +324,7 @@ class IntentTable:
         params["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
         return params
 
-    def resolve(self, key: str, **decision: Unpack[_Decision]) -> Call:
+    def resolve(self, key: str, **decision: Unpack[Decision]) -> Call:
         params = self._resolution(key, decision)
         params["ReturnValues"] = "ALL_NEW"
         return Call("dynamodb", "UpdateItem", params)
@@ -347,7 +336,7 @@ class IntentTable:
         jobs: JobRequests,
         job_id: str,
         send_id: str,
-        **decision: Unpack[_Decision],
+        **decision: Unpack[Decision],
     ) -> Call:
         # One decision: the intent is settled and its parked job unparked, or neither.
         intent = self._resolution(key, decision)
