@@ -54,6 +54,7 @@ from ._errors import (
     ToolNotApplied,
     ToolOutcomeUnknown,
     TransientError,
+    WaitTimedOut,
     WorkerShuttingDown,
 )
 
@@ -72,10 +73,11 @@ if TYPE_CHECKING:
     from ._core.limits import PROGRESS_LIMIT
     from ._core.records import JobState, JobView
     from ._core.stages import NextStage
+    from ._core.status import JobStatus
     from ._jobs import App, AsyncJobContext, EffectCall, JobClass, JobContext, Target
     from ._journal import Journal
     from ._options import WorkerOptions
-    from ._producer import Producer
+    from ._producer import AsyncProducer, Producer
     from ._resources import create_queue, create_tables
     from ._shell import WorkerStats
     from ._worker import Worker
@@ -84,6 +86,7 @@ __all__ = [
     "PROGRESS_LIMIT",
     "App",
     "AsyncJobContext",
+    "AsyncProducer",
     "AsyncWorker",
     "AttemptTimedOut",
     "AwsCallFailed",
@@ -109,6 +112,7 @@ __all__ = [
     "JobContext",
     "JobNotFound",
     "JobState",
+    "JobStatus",
     "JobView",
     "Journal",
     "LeaseError",
@@ -134,6 +138,7 @@ __all__ = [
     "ToolResult",
     "TransientError",
     "Verdict",
+    "WaitTimedOut",
     "Worker",
     "WorkerOptions",
     "WorkerShuttingDown",
@@ -172,7 +177,8 @@ _WHERE: dict[str, tuple[str, ...]] = {
     ),
     "._journal": ("Journal",),
     "._options": ("WorkerOptions",),
-    "._producer": ("Producer",),
+    "._core.status": ("JobStatus",),
+    "._producer": ("AsyncProducer", "Producer"),
     "._resources": (
         "create_queue",
         "create_tables",

@@ -12,6 +12,8 @@
     ├── SubmitConflict                same job id submitted with another payload
     ├── GroupCancelled                a submit to a group (agent session) that was cancelled
     ├── JobNotFound                   no job record for that id
+    ├── WaitTimedOut                  a wait for a job outlasted its timeout (also a TimeoutError)
+    ├── RetryRefused                  a retry the job's record does not allow
     ├── ResourceMissing               queue or table does not exist
     ├── AwsUnavailable                AWS (or the local emulator) did not answer
     ├── AwsCallFailed                 an AWS call failed in a way the flow cannot handle
@@ -39,7 +41,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from ._core.status import JobStatus
 
 FenceProblem = Literal["missing_header", "invalid_header", "fence_signature_mismatch"]
 
@@ -107,6 +112,15 @@ class GroupCancelled(SqsLeaseError):
 
 class JobNotFound(SqsLeaseError):
     """No job record exists for the id."""
+
+
+class WaitTimedOut(SqsLeaseError, TimeoutError):
+    """``Producer.wait`` gave up: the job was not settled within the timeout. The job
+    goes on; ``status`` is the last one read (None if no read succeeded)."""
+
+    def __init__(self, message: str, status: JobStatus | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class RetryRefused(SqsLeaseError):

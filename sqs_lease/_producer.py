@@ -3,6 +3,8 @@ jobs and re-sending stranded ones."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 import re
 import time
 import uuid
@@ -11,8 +13,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ._aio import AsyncDriver
 from ._aws import SyncDriver
 from ._config import Settings
+from ._core.calls import Flow
 from ._core.cancelling import Cancelled, cancel_job_flow
 from ._core.groups import GroupReport, cancel_group_flow
 from ._core.limits import check_payload
@@ -22,6 +26,7 @@ from ._core.records import JobView
 from ._core.resuming import Resumed, resume_flow
 from ._core.sending import SubmitResult, submit_flow
 from ._core.stages import Retried, retry_failed_flow
+from ._core.status import MAX_POLL, JobStatus, status_flow, wait_flow
 from ._core.sweeping import SweepReport, sweep_flow
 from ._errors import ConfigError, ResourceMissing
 from ._jobs import App, canonical_json, payload_hash
@@ -57,24 +62,15 @@ def new_send_id() -> str:
     return uuid.uuid4().hex
 
 
-class Producer:
-    """Submits jobs. With an ``App`` the payload is validated against its class first.
-
-    ``unsent_grace`` is how long a resubmission leaves a record without a sent
-    message to the submitter that created it before taking the send over.
-    """
+class _Operations:
+    """What both producers share: the tables, the queues' addresses, and each
+    operation as the core flow it runs (the producers only run them: one sequence)."""
 
     def __init__(
-        self,
-        settings: Settings,
-        app: App | None = None,
-        driver: SyncDriver | None = None,
-        *,
-        unsent_grace: float = UNSENT_GRACE_SECONDS,
+        self, settings: Settings, app: App | None, *, unsent_grace: float = UNSENT_GRACE_SECONDS
     ) -> None:
         self.settings = settings
         self.app = app
-        self.driver = driver or SyncDriver(settings)
         self.unsent_grace = unsent_grace
         self.table = JobTable(settings.jobs_table)
         self.groups = GroupTable(settings.groups_table)
@@ -93,6 +89,143 @@ class Producer:
         if self._interactive_url is None:
             self._interactive_url = queue_url(self.settings, self.settings.interactive_queue)
         return self._interactive_url
+
+    def _interactive_or_none(self) -> str | None:
+        """The interactive queue's address if it exists (None: there is none): where a
+        re-send of an interactive job goes."""
+        try:
+            return self.interactive_url
+        except ResourceMissing:
+            return None
+
+    def _submit_flow(
+        self,
+        job_class: str,
+        payload: BaseModel | Mapping[str, Any],
+        job_id: str | None,
+        *,
+        delay_seconds: int,
+        group: str | None,
+        tenant: str | None,
+        priority: Priority,
+        interleave_stages: bool,
+    ) -> Flow[SubmitResult]:
+        stage: str | None = None
+        stages = 1
+        if self.app is not None:
+            text, digest = self.app.prepare(job_class, payload)
+            stage = self.app.first_stage(job_class, text)
+            stages = self.app.stage_count(job_class, text)
+        else:
+            data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+            text = canonical_json(data)
+            digest = payload_hash(text)
+        if group is not None:
+            check_group(group)
+        if tenant is not None:
+            check_tenant(tenant)
+        if priority not in PRIORITIES:
+            raise ConfigError(
+                f"priority={priority!r}: choose one of {', '.join(PRIORITIES)} "
+                "(interactive: a person waits for it; batch: the rest)"
+            )
+        jid = job_id or f"{job_class}-{digest[:24]}"
+        # DynamoDB would refuse these with a ValidationException: say which limit now.
+        check_payload(jid, text)
+        # submit_flow refuses an id no worker would read (inputs.job_id_problem).
+        return submit_flow(
+            self.table,
+            queue_url=self.interactive_url if priority == "interactive" else self.queue_url,
+            job_id=jid,
+            job_class=job_class,
+            payload_json=text,
+            payload_hash=digest,
+            wall_now=time.time(),
+            send_id=new_send_id(),
+            delay_seconds=delay_seconds,
+            resend_after=self.unsent_grace,
+            group=group,
+            groups=self.groups,
+            tenant=tenant,
+            stage=stage,
+            priority=priority,
+            stages=stages,
+            interleave_stages=interleave_stages,
+        )
+
+    def _cancel_flow(self, job_id: str, reason: str) -> Flow[Cancelled]:
+        return cancel_job_flow(self.table, job_id=job_id, reason=reason, wall_now=time.time())
+
+    def _cancel_group_flow(self, group: str, reason: str) -> Flow[GroupReport]:
+        check_group(group)
+        return cancel_group_flow(
+            self.table, self.groups, group=group, reason=reason, wall_now=time.time()
+        )
+
+    def _resume_flow(self, job_id: str, interactive_url: str | None) -> Flow[Resumed]:
+        return resume_flow(
+            self.table,
+            queue_url=self.queue_url,
+            job_id=job_id,
+            wall_now=time.time(),
+            send_id=new_send_id(),
+            interactive_url=interactive_url,
+        )
+
+    def _retry_flow(
+        self, job_id: str, stage: str | None, interactive_url: str | None
+    ) -> Flow[Retried]:
+        return retry_failed_flow(
+            self.table,
+            queue_url=self.queue_url,
+            job_id=job_id,
+            wall_now=time.time(),
+            send_id=new_send_id(),
+            stage=stage,
+            interactive_url=interactive_url,
+            groups=self.groups,
+        )
+
+    def _repair_flow(self, older_than: float, limit: int, dry_run: bool) -> Flow[SweepReport]:
+        return sweep_flow(
+            self.table,
+            queue_url=self.queue_url,
+            wall_now=time.time(),
+            older_than=older_than,
+            limit=limit,
+            send_id_prefix=new_send_id(),
+            dry_run=dry_run,
+            interactive_url=None if dry_run else self._interactive_or_none(),
+        )
+
+    def _wait_flow(self, job_id: str, timeout: float, max_poll: float) -> Flow[JobStatus]:
+        return wait_flow(
+            self.table,
+            job_id,
+            timeout=timeout,
+            clock=time.monotonic,
+            jitter=random.random,
+            max_poll=max_poll,
+        )
+
+
+class Producer(_Operations):
+    """Submits jobs. With an ``App`` the payload is validated against its class first.
+
+    ``unsent_grace`` is how long a resubmission leaves a record without a sent
+    message to the submitter that created it before taking the send over.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        app: App | None = None,
+        driver: SyncDriver | None = None,
+        *,
+        unsent_grace: float = UNSENT_GRACE_SECONDS,
+    ) -> None:
+        super().__init__(settings, app, unsent_grace=unsent_grace)
+        self.driver = driver or SyncDriver(settings)
 
     def submit(
         self,
@@ -129,58 +262,33 @@ class Producer:
 
         Raises ``LimitExceeded`` when the job id (over 2048 UTF-8 bytes) or the
         payload (over what a 400 KB DynamoDB item leaves for it) cannot be stored."""
-        stage: str | None = None
-        stages = 1
-        if self.app is not None:
-            text, digest = self.app.prepare(job_class, payload)
-            stage = self.app.first_stage(job_class, text)
-            stages = self.app.stage_count(job_class, text)
-        else:
-            data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
-            text = canonical_json(data)
-            digest = payload_hash(text)
-        if group is not None:
-            check_group(group)
-        if tenant is not None:
-            check_tenant(tenant)
-        if priority not in PRIORITIES:
-            raise ConfigError(
-                f"priority={priority!r}: choose one of {', '.join(PRIORITIES)} "
-                "(interactive: a person waits for it; batch: the rest)"
-            )
-        jid = job_id or f"{job_class}-{digest[:24]}"
-        # DynamoDB would refuse these with a ValidationException: say which limit now.
-        check_payload(jid, text)
-        # submit_flow refuses an id no worker would read (inputs.job_id_problem).
         return self.driver.run(
-            submit_flow(
-                self.table,
-                queue_url=self.interactive_url if priority == "interactive" else self.queue_url,
-                job_id=jid,
-                job_class=job_class,
-                payload_json=text,
-                payload_hash=digest,
-                wall_now=time.time(),
-                send_id=new_send_id(),
+            self._submit_flow(
+                job_class,
+                payload,
+                job_id,
                 delay_seconds=delay_seconds,
-                resend_after=self.unsent_grace,
                 group=group,
-                groups=self.groups,
                 tenant=tenant,
-                stage=stage,
                 priority=priority,
-                stages=stages,
                 interleave_stages=interleave_stages,
             )
         )
 
-    def _interactive_or_none(self) -> str | None:
-        """The interactive queue's address if it exists (None: there is none): where a
-        re-send of an interactive job goes."""
-        try:
-            return self.interactive_url
-        except ResourceMissing:
-            return None
+    def status(self, job_id: str) -> JobStatus:
+        """The job as its record says now (one consistent read): state, stage,
+        attempt, the decoded result once it succeeded, the reason and error code of a
+        failure. ``JobNotFound`` when there is no such job."""
+        return self.driver.run(status_flow(self.table, job_id))
+
+    def wait(self, job_id: str, timeout: float, *, max_poll: float = MAX_POLL) -> JobStatus:
+        """Block until the job is settled (succeeded, failed, cancelled or parked) and
+        return its status; ``WaitTimedOut`` (a ``TimeoutError`` carrying the last
+        status) after ``timeout`` seconds. It polls: one consistent read after 0.2 s,
+        then pauses growing by half up to ``max_poll`` seconds (12 reads a minute at the
+        default 5 s), each read billed on the whole record (1 read unit per 4 KB).
+        A parked job returns too: it needs an operator, not more waiting."""
+        return self.driver.run(self._wait_flow(job_id, timeout, max_poll))
 
     def cancel(self, job_id: str, reason: str = "cancelled by request") -> JobView:
         """End the job ``failed`` (cancelled); its owner loses the lease at its next beat.
@@ -191,52 +299,25 @@ class Producer:
     def cancel_job(self, job_id: str, reason: str = "cancelled by request") -> Cancelled:
         """Like :meth:`cancel`, with the verdict: ``cancelled`` by this call, or
         ``already_final`` (succeeded or failed before: nothing changed)."""
-        return self.driver.run(
-            cancel_job_flow(self.table, job_id=job_id, reason=reason, wall_now=time.time())
-        )
+        return self.driver.run(self._cancel_flow(job_id, reason))
 
     def cancel_group(self, group: str, reason: str = "cancelled by request") -> GroupReport:
         """Cancel an agent session: refuse new submits to it, end every job of it not
         yet terminal with ``reason`` (their owners lose their leases at their next
         heartbeat), and report what was cancelled and what had already finished.
         Safe to repeat (a report with ``missing`` > 0 asks for it)."""
-        check_group(group)
-        return self.driver.run(
-            cancel_group_flow(
-                self.table, self.groups, group=group, reason=reason, wall_now=time.time()
-            )
-        )
+        return self.driver.run(self._cancel_group_flow(group, reason))
 
     def resume(self, job_id: str) -> Resumed:
         """Re-enqueue a parked job (after an operator decided), granting the attempt it
         starts; a job queued without a sent message is sent again. Safe to repeat."""
-        return self.driver.run(
-            resume_flow(
-                self.table,
-                queue_url=self.queue_url,
-                job_id=job_id,
-                wall_now=time.time(),
-                send_id=new_send_id(),
-                interactive_url=self._interactive_or_none(),
-            )
-        )
+        return self.driver.run(self._resume_flow(job_id, self._interactive_or_none()))
 
     def retry(self, job_id: str, stage: str | None = None) -> Retried:
         """Run a failed (or parked) job again from where it ended: a staged job at its
         failed stage, its committed stages kept (see :func:`retry_failed_flow`). Conditional
         on the record's state and token: a second retry of one failure does nothing."""
-        return self.driver.run(
-            retry_failed_flow(
-                self.table,
-                queue_url=self.queue_url,
-                job_id=job_id,
-                wall_now=time.time(),
-                send_id=new_send_id(),
-                stage=stage,
-                interactive_url=self._interactive_or_none(),
-                groups=self.groups,
-            )
-        )
+        return self.driver.run(self._retry_flow(job_id, stage, self._interactive_or_none()))
 
     def repair(
         self,
@@ -247,15 +328,98 @@ class Producer:
     ) -> SweepReport:
         """Send again the records left without a sent message for ``older_than``
         seconds (at most ``limit``, oldest first); ``dry_run`` only lists them."""
-        return self.driver.run(
-            sweep_flow(
-                self.table,
-                queue_url=self.queue_url,
-                wall_now=time.time(),
-                older_than=older_than,
-                limit=limit,
-                send_id_prefix=new_send_id(),
-                dry_run=dry_run,
-                interactive_url=None if dry_run else self._interactive_or_none(),
+        return self.driver.run(self._repair_flow(older_than, limit, dry_run))
+
+
+class AsyncProducer(_Operations):
+    """:class:`Producer` for asyncio code: the same operations, awaited, run by an
+    :class:`~sqs_lease._aio.AsyncDriver` (aiobotocore: ``pip install 'sqs-lease[async]'``).
+
+    ``async with AsyncProducer(settings) as producer:`` opens its own driver; pass
+    ``driver=`` (already entered) to share one. The queues' addresses are looked up once
+    in a thread, never on the event loop."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        app: App | None = None,
+        driver: AsyncDriver | None = None,
+        *,
+        unsent_grace: float = UNSENT_GRACE_SECONDS,
+    ) -> None:
+        super().__init__(settings, app, unsent_grace=unsent_grace)
+        self._owns_driver = driver is None
+        self.driver = driver or AsyncDriver(settings)
+
+    async def __aenter__(self) -> AsyncProducer:
+        if self._owns_driver:
+            await self.driver.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._owns_driver:
+            await self.driver.__aexit__(*exc_info)
+
+    async def _job_queue(self) -> None:
+        """Look the job queue up off the loop (boto3's lookup blocks), once."""
+        if self._queue_url is None:
+            await asyncio.to_thread(lambda: self.queue_url)
+
+    async def _interactive(self) -> str | None:
+        await self._job_queue()
+        return await asyncio.to_thread(self._interactive_or_none)
+
+    async def submit(
+        self,
+        job_class: str,
+        payload: BaseModel | Mapping[str, Any],
+        job_id: str | None = None,
+        *,
+        delay_seconds: int = 0,
+        group: str | None = None,
+        tenant: str | None = None,
+        priority: Priority = "batch",
+        interleave_stages: bool = False,
+    ) -> SubmitResult:
+        """As :meth:`Producer.submit`."""
+        if priority == "interactive":
+            await asyncio.to_thread(lambda: self.interactive_url)
+        else:
+            await self._job_queue()
+        return await self.driver.run(
+            self._submit_flow(
+                job_class,
+                payload,
+                job_id,
+                delay_seconds=delay_seconds,
+                group=group,
+                tenant=tenant,
+                priority=priority,
+                interleave_stages=interleave_stages,
             )
         )
+
+    async def status(self, job_id: str) -> JobStatus:
+        """As :meth:`Producer.status`."""
+        return await self.driver.run(status_flow(self.table, job_id))
+
+    async def wait(self, job_id: str, timeout: float, *, max_poll: float = MAX_POLL) -> JobStatus:
+        """As :meth:`Producer.wait`; the pauses are awaited (the loop runs on)."""
+        return await self.driver.run(self._wait_flow(job_id, timeout, max_poll))
+
+    async def cancel_job(self, job_id: str, reason: str = "cancelled by request") -> Cancelled:
+        """As :meth:`Producer.cancel_job`."""
+        return await self.driver.run(self._cancel_flow(job_id, reason))
+
+    async def cancel_group(self, group: str, reason: str = "cancelled by request") -> GroupReport:
+        """As :meth:`Producer.cancel_group`."""
+        return await self.driver.run(self._cancel_group_flow(group, reason))
+
+    async def resume(self, job_id: str) -> Resumed:
+        """As :meth:`Producer.resume`."""
+        return await self.driver.run(self._resume_flow(job_id, await self._interactive()))
+
+    async def retry(self, job_id: str, stage: str | None = None) -> Retried:
+        """As :meth:`Producer.retry`."""
+        there = await self._interactive()
+        return await self.driver.run(self._retry_flow(job_id, stage, there))

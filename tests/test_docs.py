@@ -146,6 +146,8 @@ def test_the_readme_example_runs_as_written_on_the_embedded_emulator(
         timeout=300,  # a hang guard: the example stops after 2 idle seconds
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if which == 0:  # it prints the result read back with Producer.status
+        assert repr(result) in proc.stdout, proc.stdout[-3000:]
     item = ddb_client.get_item(
         TableName=f"{aws.prefix}-jobs", Key={"job_id": {"S": job_id}}, ConsistentRead=True
     )["Item"]

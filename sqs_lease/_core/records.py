@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NotRequired, Protocol, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict, Unpack
 
 from .calls import Call
 from .liveness import Liveness
+
+if TYPE_CHECKING:
+    from .status import JobStatus
 
 UNDELIVERED_CODE = "undeliverable"
 """``error_code`` of a job parked because its message went to the DLQ: no worker
@@ -362,6 +365,10 @@ class JobRequests(Protocol):
     def batch_items(self, response: Mapping[str, Any]) -> list[Mapping[str, Any]]: ...
 
     def parse(self, item: Mapping[str, Any]) -> JobView: ...
+
+    def parse_status(self, item: Mapping[str, Any]) -> JobStatus:
+        """The item as its caller's status (``status.JobStatus``: the result decoded)."""
+        ...
 
 
 @dataclass(frozen=True)

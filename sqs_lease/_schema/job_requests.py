@@ -26,11 +26,12 @@ from .._core.records import (
     NewJob,
     UnheldPark,
 )
+from .._core.status import JobStatus
 from .._core.timeline import TimelineKind as TK
 from .._core.timeline import event
 from .expressions import item_request, key_query, serialize
 from .models import GC_TTL, GROUP_INDEX, UNSENT_BUCKET, UNSENT_INDEX, JobRecord
-from .views import view_of
+from .views import status_of, view_of
 
 
 def _clip(text: str, limit: int) -> str:
@@ -777,3 +778,6 @@ class JobTable:
 
     def parse(self, item: Mapping[str, Any]) -> JobView:
         return view_of(item)
+
+    def parse_status(self, item: Mapping[str, Any]) -> JobStatus:
+        return status_of(item)

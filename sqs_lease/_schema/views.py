@@ -10,6 +10,7 @@ from .._core.intents import IntentState, IntentView, success_meaning
 from .._core.records import GroupView, JobState, JobView
 from .._core.retention import first_started_by
 from .._core.slots import SlotView
+from .._core.status import JobStatus, decode_result
 from .._errors import RecordUnreadable
 from .models import JobRecord
 
@@ -88,6 +89,36 @@ def view_of(item: Mapping[str, Any]) -> JobView:
             f"({detail}); fix the record by hand or run a version that knows it",
             job_id,
         ) from None
+
+
+def status_of(item: Mapping[str, Any]) -> JobStatus:
+    """Read a job item into its caller's status (``Producer.status``); the record's
+    unreadable states and values raise :class:`RecordUnreadable`, as ``view_of``."""
+    view = view_of(item)
+    a = _Attrs(item)
+    try:
+        result = decode_result(a.text("result")) if view.state is JobState.SUCCEEDED else None
+    except ValueError as exc:
+        raise RecordUnreadable(
+            f"job record {view.job_id!r}: its result is not JSON ({exc}); fix the record by hand",
+            view.job_id,
+        ) from None
+    return JobStatus(
+        job_id=view.job_id,
+        job_class=view.job_class,
+        state=view.state,
+        stage=view.stage,
+        attempt=view.attempt,
+        token=view.token,
+        result=result,
+        reason=view.reason,
+        error_code=view.error_code,
+        created_at=a.number("created_at"),
+        updated_at=a.number("updated_at"),
+        finished_at=a.number("finished_at"),
+        group=view.group,
+        tenant=view.tenant,
+    )
 
 
 def record_of(item: Mapping[str, Any]) -> JobRecord:
