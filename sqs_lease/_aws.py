@@ -133,11 +133,13 @@ class Timeouts:
 
 
 def endpoint_of(client: Any) -> str:
-    """The service and the endpoint a client really talks to, for error messages:
-    ``SQS at http://127.0.0.1:5000``, ``DynamoDB at https://dynamodb.us-east-1.amazonaws.com``."""
+    """The service, the endpoint a client really talks to and its region, for error
+    messages: ``SQS at http://127.0.0.1:5000 (region us-east-1)``. The region is named
+    even with an endpoint of one's own: an emulator keeps each region apart, as AWS
+    does, so a wrong one reads as "does not exist" there too."""
     model = client.meta.service_model
     name = {"sqs": "SQS", "dynamodb": "DynamoDB"}.get(model.service_name, model.service_name)
-    return f"{name} at {client.meta.endpoint_url}"
+    return f"{name} at {client.meta.endpoint_url} (region {client.meta.region_name})"
 
 
 def client_kwargs(settings: Settings, service: str) -> dict[str, Any]:

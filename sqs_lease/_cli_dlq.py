@@ -12,7 +12,7 @@ import click
 from ._cli_out import (
     EXIT_NOT_FOUND,
     emit_json,
-    fail_line,
+    fail,
     field,
     json_option,
     note,
@@ -225,17 +225,20 @@ def dlq_show(ctx: click.Context, ident: str, scan: int, as_json: bool) -> None:
     """Show the DLQ message with this message id, or every one naming this job id,
     with its body. Exit 1 when none is found."""
     found = find_in_dlq(settings_of(ctx), ident, scan=scan)
+    if not found:
+        fail(
+            f"no DLQ message with message id or job id {ident!r} (in the first {scan} looked at)",
+            EXIT_NOT_FOUND,
+            kind="message_not_found",
+        )
     if as_json:
         emit_json({"messages": [_fields(m, body=True) for m in found]})
-    else:
-        for i, msg in enumerate(found):
-            if i:
-                click.echo("")
-            for name, value in _fields(msg, body=True).items():
-                field(name, _pretty(str(value)) if name == "body" else value)
-    if not found:
-        click.echo(fail_line(f"no DLQ message with message id or job id {ident!r}"), err=True)
-        raise click.exceptions.Exit(EXIT_NOT_FOUND)
+        return
+    for i, msg in enumerate(found):
+        if i:
+            click.echo("")
+        for name, value in _fields(msg, body=True).items():
+            field(name, _pretty(str(value)) if name == "body" else value)
 
 
 def _pretty(body: str) -> str:

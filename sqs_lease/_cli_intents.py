@@ -85,7 +85,7 @@ def intents() -> None:
 @click.option(
     "--scan", is_flag=True, help="Allow a filtered table Scan for a filter no index holds."
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@json_option("One JSON object per line.")
 @click.pass_context
 def intents_list(
     ctx: click.Context,
@@ -176,7 +176,7 @@ def _attempt_fields(rec: AttemptRecord) -> dict[str, Any]:
     is_flag=True,
     help="Also print the response the target returned (kept on the intent for replays).",
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@json_option("One JSON object.")
 @click.pass_context
 def intents_show(
     ctx: click.Context, key: str, with_payload: bool, with_response: bool, as_json: bool

@@ -143,7 +143,7 @@ def jobs() -> None:
     is_flag=True,
     help="Allow a filtered table Scan for a state no index holds (queued, succeeded).",
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@json_option("One JSON object per line.")
 @click.pass_context
 def jobs_list(ctx: click.Context, state: str | None, limit: int, scan: bool, as_json: bool) -> None:
     """List jobs; the whole reason, wrapped on a terminal.
@@ -255,7 +255,7 @@ def jobs_timeline(
 @click.argument("job_id")
 @click.option("--payload", "with_payload", is_flag=True, help="Also print the payload JSON.")
 @click.option("--result", "with_result", is_flag=True, help="Also print the result JSON.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@json_option("One JSON object.")
 @click.pass_context
 def jobs_show(
     ctx: click.Context, job_id: str, with_payload: bool, with_result: bool, as_json: bool

@@ -44,11 +44,31 @@ F = TypeVar("F", bound=Callable[..., Any])
 _MIN_WRAP = 24
 
 
+_JSON_MODE = "sqs_lease.json"
+"""``Context.meta`` key (shared by a command's whole context chain): ``--json`` was given."""
+
+ERROR_CODES = {EXIT_NOT_FOUND: "not_found", EXIT_ERROR: "error", EXIT_NOOP: "nothing_to_do"}
+"""The ``code`` of a JSON error by exit status, where the failure names no finer one."""
+
+
+def _remember_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.meta[_JSON_MODE] = True
+    return value
+
+
 def json_option(
     help_text: str = "One JSON object (see docs/operations.md for its keys).",
 ) -> Callable[[F], F]:
-    """The ``--json`` flag every command takes (parameter ``as_json``)."""
-    return click.option("--json", "as_json", is_flag=True, help=help_text)
+    """The ``--json`` flag every command takes (parameter ``as_json``); it also puts
+    the command's failures in JSON (:func:`fail`)."""
+    return click.option("--json", "as_json", is_flag=True, help=help_text, callback=_remember_json)
+
+
+def json_mode() -> bool:
+    """Whether the running command was given ``--json``."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.meta.get(_JSON_MODE))
 
 
 def emit_json(value: Any) -> None:
@@ -94,9 +114,20 @@ def fail_line(message: str) -> str:
     return f"error: {visible(' '.join(message.split()))}"
 
 
-def fail(message: str, code: int) -> NoReturn:
-    """Print the ``error:`` line on stderr and exit with ``code``."""
+def fail(message: str, code: int, *, kind: str | None = None) -> NoReturn:
+    """Print the ``error:`` line on stderr and exit with ``code``. Under ``--json``,
+    stdout gets the failure as one JSON object too, ``{"error": message, "code": kind,
+    "exit": code}``: ``kind`` names the failure (``job_not_found``, an AWS error code),
+    else :data:`ERROR_CODES` names it by the exit status."""
     click.echo(fail_line(message), err=True)
+    if json_mode():
+        emit_json(
+            {
+                "error": " ".join(message.split()),
+                "code": kind or ERROR_CODES.get(code, "error"),
+                "exit": code,
+            }
+        )
     raise click.exceptions.Exit(code)
 
 

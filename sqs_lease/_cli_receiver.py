@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ._cli_out import EXIT_ERROR, EXIT_NOT_FOUND, emit_json, json_option
+from ._cli_out import EXIT_ERROR, EXIT_NOT_FOUND, emit_json, fail, json_option
 from ._config import Settings
 from ._fence import MAX_TOKEN
 from .receiver import FencedReceiver
@@ -25,10 +25,11 @@ def _iso(ts: float | None) -> str | None:
 
 
 def _missing(scope: str, rcv: FencedReceiver, as_json: bool) -> None:
-    if as_json:
-        emit_json({"scope": scope, "mark": None})
-    click.echo(f"error: no fence mark for scope {scope!r} in {rcv.fences_table}", err=True)
-    raise click.exceptions.Exit(EXIT_NOT_FOUND)
+    fail(
+        f"no fence mark for scope {scope!r} in {rcv.fences_table}",
+        EXIT_NOT_FOUND,
+        kind="mark_not_found",
+    )
 
 
 _PREFIX = click.option(
@@ -122,9 +123,9 @@ def mark_reset(
     if now is None:
         _missing(scope, rcv, as_json)
         return
-    click.echo(
-        f"error: the mark of scope {scope!r} is {now}, not {expect}: nothing changed "
+    fail(
+        f"the mark of scope {scope!r} is {now}, not {expect}: nothing changed "
         "(run `sqs-lease receiver mark show` again)",
-        err=True,
+        EXIT_ERROR,
+        kind="mark_changed",
     )
-    raise click.exceptions.Exit(EXIT_ERROR)

@@ -33,7 +33,11 @@ def _call(client: Any, op: str, *, missing: tuple[str, str] | None = None, **par
         err = classify(exc, 0.0, 0.0, where=where)
         if missing is not None and err.kind is ErrorKind.NOT_FOUND:
             what, fix = missing
-            raise ResourceMissing(f"{what} does not exist on {where}: run `{fix}`") from None
+            raise ResourceMissing(
+                f"{what} does not exist on {where}: if the region and endpoint are the "
+                "ones you meant (--region, AWS_REGION / AWS_DEFAULT_REGION, --endpoint-url, "
+                f"AWS_ENDPOINT_URL), run `{fix}`; else fix them first"
+            ) from None
         api = client.meta.method_to_api_mapping.get(op, op)
         if err.kind is ErrorKind.UNREACHABLE:
             raise AwsUnavailable(f"{api}: {where} did not answer ({err.code})") from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -132,10 +133,23 @@ def _error_text(exc: Exception, settings: Settings | None) -> str:
     return f"AWS client: {type(exc).__name__}: {exc} ({endpoints})"
 
 
+def _error_kind(exc: BaseException) -> str:
+    """A failure's ``code`` in JSON: AWS's error code for a refused call, else the
+    exception's class in snake case (``job_not_found``, ``aws_unavailable``)."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return str(exc.response.get("Error", {}).get("Code") or "aws_error")
+    if isinstance(exc, AwsCallFailed) and exc.code:
+        return exc.code
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
+
+
 class _Cli(click.Group):
     """The root group: maps expected failures of any command to one line and exit 2."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        # Read before the group consumes them (a usage error comes before --json is
+        # parsed); the command's name is never "--json", so the rest of the line will do.
+        asked_json = "--json" in ctx.args
         try:
             return super().invoke(ctx)
         except (
@@ -144,7 +158,13 @@ class _Cli(click.Group):
             botocore.exceptions.ClientError,
         ) as exc:
             settings = ctx.obj if isinstance(ctx.obj, Settings) else None
-            fail(_error_text(exc, settings), EXIT_ERROR)
+            fail(_error_text(exc, settings), EXIT_ERROR, kind=_error_kind(exc))
+        except click.UsageError as exc:
+            # Refused before the command ran (its --json may not be parsed yet): a
+            # caller that asked for JSON still gets its one object on stdout.
+            if asked_json:
+                emit_json({"error": exc.format_message(), "code": "usage", "exit": exc.exit_code})
+            raise
         except KeyboardInterrupt:
             # Ctrl-C outside a worker's run (which stops gracefully on its own).
             click.echo("\ninterrupted", err=True)

@@ -321,4 +321,6 @@ def test_an_aws_failure_names_the_api_operation_not_the_boto_method() -> None:
         stub.add_client_error("get_queue_url", "AccessDenied", "no")
         with pytest.raises(AwsCallFailed) as caught:
             _call(sqs, "get_queue_url", missing=("queue 'q'", "make it"), QueueName="q")
-    assert str(caught.value).startswith("GetQueueUrl on SQS at http://127.0.0.1:9: AccessDenied")
+    assert str(caught.value).startswith(
+        "GetQueueUrl on SQS at http://127.0.0.1:9 (region us-east-1): AccessDenied"
+    )

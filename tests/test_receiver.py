@@ -1021,6 +1021,9 @@ def test_cli_receiver_mark_show_and_reset(aws: AwsTestEnv, rcv: FencedReceiver) 
     scope = f"job-cli-{uuid.uuid4().hex[:6]}"
     missing = _cli(aws, "mark", "show", scope)
     assert missing.exit_code == 1 and "no fence mark" in missing.stderr
+    assert missing.stdout == ""
+    as_json = _cli(aws, "mark", "show", scope, "--json")
+    assert as_json.exit_code == 1 and json.loads(as_json.stdout)["code"] == "mark_not_found"
     assert rcv.raise_mark(scope, MAX_TOKEN) is None
     shown = _cli(aws, "mark", "show", scope, "--json")
     assert shown.exit_code == 0, shown.output
@@ -1029,6 +1032,8 @@ def test_cli_receiver_mark_show_and_reset(aws: AwsTestEnv, rcv: FencedReceiver) 
     assert "mark: 9223372036854775807" in _cli(aws, "mark", "show", scope).stdout
     moved = _cli(aws, "mark", "reset", scope, "--expect", "5", "--to", "2")
     assert moved.exit_code == 2 and "nothing changed" in moved.stderr
+    moved = _cli(aws, "mark", "reset", scope, "--expect", "5", "--to", "2", "--json")
+    assert moved.exit_code == 2 and json.loads(moved.stdout)["code"] == "mark_changed"
     assert _cli(aws, "mark", "reset", scope, "--expect", str(MAX_TOKEN)).exit_code == 2  # usage
     done = _cli(aws, "mark", "reset", scope, "--expect", str(MAX_TOKEN), "--to", "2", "--json")
     assert done.exit_code == 0, done.output
