@@ -1005,8 +1005,10 @@ through the sync and the async worker's sweep on moto.
 ``shared_request_tokens`` (I17, pinned at 557): since a claim of a running job
 watches its owner for 2H before taking it over (the duplicate rule, issue 26), no seed
 of its search (400-599) catches it: a stale owner now learns of the take-over before it
-starts again. A longer search (``python -m simtools mutations --only ...``) is owed;
-the rule keeps its tests (request tokens: ``tests/test_intents_core.py``).
+starts again. A directed world catches it (``tests/test_sim_uncaught.py``: the first
+owner's intent start held in the network while its process dies lands after the next
+owner's start of the same attempt); the rule keeps its tests (request tokens:
+``tests/test_intents_core.py``).
 ``wall_clock_fence`` (I3) and ``unfenced_checkpoint`` (I18) were here from the
 duplicate rule until the simulated worker's sweep took its DLQ receive (soak seed
 1582660), which moved the schedules: caught at 320 and 98 since.
