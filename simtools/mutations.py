@@ -1023,7 +1023,9 @@ throttled worker whose leases were all taken over take work earlier, which moved
 57932's schedule; the seed still draws its case and passes (``tests/test_sim.py``),
 but the mutation no longer breaks I2 there, and searches of seeds 0-1,000 and
 58,100-59,100 found no other catch: a longer search (``python -m simtools
-mutations``) is owed. ``tests/test_resume_core.py`` keeps the core rule.
+mutations``) is owed. A directed world catches it (``tests/test_sim_uncaught.py``: the
+operator's resolve dies after its send and runs again after the resumed attempt
+applied and went ambiguous); ``tests/test_resume_core.py`` keeps the core rule.
 ``checkpoint_keeps_hint`` leaves it below for ``FIFO_MUTATIONS``: the fifo world's
 stages save progress hints (caught at seed 13).
 The "read and settle" items of issue 26 (``tests/test_record_size.py``,
