@@ -1321,6 +1321,8 @@ LAMBDA_UNCAUGHT: dict[str, Callable[[], Any]] = {
     # back as its group's head, first in the next batch, where its budget fits; to
     # near the DLQ it would need a group whose head is behind other groups' long
     # records batch after batch (a wider batch of many groups than the world draws).
+    # A directed world draws that and catches it (tests/test_sim_uncaught.py: a
+    # backlog of one-job groups, three pollers, batches of ten kept, redrive at 8).
     "unstarted_released_at_once": unstarted_released_at_once,
     "lambda_parser_drops_timestamps": lambda_parser_drops_timestamps,
 }

@@ -1,16 +1,19 @@
-"""Directed worlds for mutations no seed draws (``UNCAUGHT`` in simtools/mutations.py).
+"""Directed worlds for mutations no seed draws (``UNCAUGHT`` and ``LAMBDA_UNCAUGHT`` in
+simtools/mutations.py).
 
-Each world is one seed's world, narrowed to one job and no drawn faults, with the
-rare schedule its mutation needs made to happen every time: a request held in the
-network, a target answering as told, an operator dying where told. The real
-protocol must pass with the case drawn (its journal events), the mutation must
-break the invariant its docstring names. The directing happens in the test only
-(patches of the simulator's network and operator for the run), so no seed's
-schedule moves (docs/simulation.md, "Directed worlds").
+Each world is one seed's world, narrowed (one job, or a backlog of like jobs; no
+drawn fault), with the rare schedule its mutation needs made to happen every time:
+a request held in the network, a target answering as told, an operator dying where
+told, a backlog queued before the event source starts. The real protocol must pass
+with the case drawn (its journal events), the mutation must break the invariant its
+docstring names. The directing happens in the test only (knobs of the built world,
+patches of the simulator's network, operator and event source for the run), so no
+seed's schedule moves (docs/simulation.md, "Directed worlds").
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
@@ -19,8 +22,10 @@ from unittest import mock
 
 from simtools.mutations import applied
 from sqs_lease._core.calls import Call
-from sqs_lease.testing._sim import network, operators
+from sqs_lease.testing._sim import lambdas, network, operators
+from sqs_lease.testing._sim.fifo import FifoPlan
 from sqs_lease.testing._sim.invariants import I2, I17
+from sqs_lease.testing._sim.lambdas import I23
 from sqs_lease.testing._sim.plan import Step
 from sqs_lease.testing._sim.receiver import TargetFaults
 from sqs_lease.testing._sim.render import txn_kind
@@ -214,3 +219,80 @@ def test_a_decision_not_bound_to_its_attempt_is_caught() -> None:
     applied) with the judgement of attempt 1 (it did not): a retry applies it again."""
     result = _stale_resolution_run("stale_resolution")
     assert result.violations and result.violations[0].name == I2
+
+
+# ------------------------------------------------------ unstarted_released_at_once
+
+
+LAMBDA_FIFO = frozenset({"lambda", "fifo"})
+LAMBDA_SEED = 51  # functions alone on a FIFO queue: a 900 s function, stage budget 874 s
+BACKLOG = 10
+REDRIVE_AT = 8
+
+
+@contextmanager
+def _mapping_starts_late(world: World, at: float) -> Iterator[None]:
+    """The event source starts polling at ``at``: the backlog is on the queue by then."""
+    real_start = lambdas.start
+
+    def start(w: World) -> None:
+        w.at(at, lambda: real_start(w))
+
+    with mock.patch.object(lambdas, "start", start):
+        yield
+
+
+def _backlog_run(mutation: str | None = None) -> RunResult:
+    """Ten jobs of 100 s of work, each in a group of its own, all sent before the
+    event source starts; three pollers, batches of ten (the batch-size warning's fix
+    never comes), the redrive at the 8th receive. Each invocation runs its first
+    record and hands the others back (under 874 s left after 100 s), so a record is
+    received again and again behind the backlog until its turn."""
+    with applied(mutation):
+        w = World(LAMBDA_SEED, trace=True, features=LAMBDA_FIFO, mutation=mutation, jobs=BACKLOG)
+        p = w.plan
+        assert p.lambdas is not None and w.fifo is not None, "the seed no longer draws its world"
+        p.fault_events = 0
+        p.lambdas = replace(
+            p.lambdas,
+            pollers=3,
+            batch_size=10,
+            fix_after=1e9,
+            reserved_id="",
+            retries=False,
+            starved=0.0,
+        )
+        p.job_plans = [
+            replace(
+                jp,
+                steps=(Step("work", 100.0),),
+                stages=(),
+                job_class="sim",
+                submit_at=1.0 + i * 0.01,
+                p_transient=0.0,
+                p_permanent=0.0,
+                p_unknown=0.0,
+            )
+            for i, jp in enumerate(p.job_plans)
+        ]
+        w.job_plans = {jp.job_id: jp for jp in p.job_plans}
+        p.fifo = w.fifo.plan = FifoPlan()  # no sessions: each job is its own group
+        w.sqs.queues[w.queue_url].max_receive = REDRIVE_AT
+        with _mapping_starts_late(w, 10.0):
+            return w.run()
+
+
+def test_records_not_started_behind_a_backlog_wait_out_their_invocation() -> None:
+    result = _backlog_run()
+    assert result.ok, result.violations[:1]
+    skipped = Counter(d["job_id"] for _, d in _events(result, "lambda_record_not_started"))
+    assert max(skipped.values()) >= 4, "the directed world no longer skips records"
+    assert len(_events(result, "result_committed")) == BACKLOG
+
+
+def test_records_released_at_once_are_caught() -> None:
+    """``unstarted_released_at_once``: a record handed back at visibility 0 goes straight
+    into the other pollers' batches of the same wave, behind records that run: more
+    receives than the redrive allows, and the job is dead-lettered unstarted."""
+    result = _backlog_run("unstarted_released_at_once")
+    assert result.violations and result.violations[0].name == I23
