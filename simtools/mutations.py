@@ -1337,7 +1337,9 @@ documents it) and a lambda run's functions have budgets of at most 897 s, so no 
 draws a record whose cap the timestamp would have saved. It would need a backlog of
 hours-old, often re-received messages (sim-clocks' world) and an SQS mode whose cap
 counts from the first receive. ``tests/test_sim_lambda.py`` checks the parser keeps
-both timestamps."""
+both timestamps; a directed world (``tests/test_sim_uncaught.py``: an aged message,
+``SimSQS.cap_from_first_receive``) catches it by SQS's refusal of a lease extension
+past the cap, which no invariant names."""
 VARIANTS.update(LAMBDA_MUTATIONS)
 VARIANTS.update(LAMBDA_UNCAUGHT)
 WORLDS.update({name: frozenset({"lambda"}) for name in [*LAMBDA_MUTATIONS, *LAMBDA_UNCAUGHT]})
