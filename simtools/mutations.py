@@ -1032,7 +1032,9 @@ The "read and settle" items of issue 26 (``tests/test_record_size.py``,
 ``tests/test_groups.py``, ``tests/test_priority.py``, ``tests/test_gil_handler.py``
 and ``tests/test_core_overload.py`` catch each): ``final_size_ignores_stages`` needs
 staged jobs whose checkpoints and input, with a final result, cross the item limit
-while each alone fits (the simulator draws results over the limit alone);
+while each alone fits (the simulator draws results over the limit alone; a directed
+world draws it, ``tests/test_sim_uncaught.py``, and reads the refused write: the job
+still fails naming the limit, so no invariant breaks);
 ``rejected_outside_room`` needs records at the payload bound with full timelines,
 the longest reasons and kept rejected results (its payloads are small);
 ``retry_ignores_group`` needs operator retries of failed jobs in cancelled groups

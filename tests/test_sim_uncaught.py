@@ -14,6 +14,7 @@ schedule moves (docs/simulation.md, "Directed worlds").
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from contextlib import ExitStack, contextmanager
@@ -25,14 +26,16 @@ import pytest
 
 from simtools.mutations import applied
 from sqs_lease._core.calls import Call
+from sqs_lease._core.stages import NextStage
 from sqs_lease.testing._sim import lambdas, network, operators
 from sqs_lease.testing._sim.fifo import FifoPlan
 from sqs_lease.testing._sim.invariants import I2, I17
 from sqs_lease.testing._sim.lambdas import I23
-from sqs_lease.testing._sim.plan import Step
+from sqs_lease.testing._sim.plan import Step, SweepPlan
 from sqs_lease.testing._sim.receiver import TargetFaults
 from sqs_lease.testing._sim.render import txn_kind
 from sqs_lease.testing._sim.tasks import CallOp, Remote, Task
+from sqs_lease.testing._sim.worker import SimWorker
 from sqs_lease.testing._sim.world import RunResult, World
 
 SEED = 0
@@ -388,3 +391,71 @@ def test_a_parser_without_sqs_timestamps_is_caught() -> None:
 def test_a_record_with_less_than_one_lease_of_its_cap_left_is_not_dead_lettered() -> None:
     result = _aged_message_run(cap_left=30.0)
     assert result.ok, result.violations[:1]
+
+
+# ---------------------------------------------------------- final_size_ignores_stages
+
+
+STAGE_RESULT_BYTES = 140 * 1024
+
+
+@contextmanager
+def _stage_results_padded(nbytes: int) -> Iterator[None]:
+    """Every stage's result (its checkpoint, and the last stage's the job's) pads to
+    ``nbytes``: each fits the item limit alone, three together do not."""
+    real = SimWorker._handler
+
+    def handler(self: SimWorker, run: Any) -> Generator[Any, Any, Any]:
+        out = yield from real(self, run)
+        if isinstance(out, NextStage):
+            return dataclasses.replace(out, result={**(out.result or {}), "blob": "x" * nbytes})
+        return {**out, "blob": "x" * nbytes}
+
+    with mock.patch.object(SimWorker, "_handler", handler):
+        yield
+
+
+def _staged_size_run(mutation: str | None = None) -> RunResult:
+    """One job of three stages whose results are 140 KB each; the simulated DynamoDB
+    refuses an item over 400 KB (``oversize``'s table)."""
+    with applied(mutation):
+        w = World(SEED, trace=True, features=frozenset(), mutation=mutation, workers=2, jobs=1)
+        p = w.plan
+        p.fault_events = 0
+        stages = tuple((name, (Step("work", 1.0),)) for name in ("fetch", "transform", "upload"))
+        jp = replace(
+            p.job_plans[0],
+            steps=tuple(s for _, steps in stages for s in steps),
+            stages=stages,
+            submit_at=1.0,
+            p_transient=0.0,
+            p_permanent=0.0,
+            p_unknown=0.0,
+        )
+        p.job_plans = [jp]
+        w.job_plans = {jp.job_id: jp}
+        w.checker.staged = {jp.job_id: jp.stage_names}
+        p.sweep = SweepPlan()  # the staged world's sweep (a continuation's send)
+        w.ddb.item_limit = True
+        with _stage_results_padded(STAGE_RESULT_BYTES):
+            return w.run()
+
+
+def test_a_final_result_the_checkpoints_push_over_the_item_limit_fails_naming_it() -> None:
+    result = _staged_size_run()
+    assert result.ok, result.violations[:1]
+    assert len(_events(result, "stage_committed")) == 2
+    failed = [d for _, d in _events(result, "job_failed")]
+    assert [d["error_code"] for d in failed] == ["result_too_large"], failed
+    assert "stage log" in failed[0]["reason"]
+    assert not _events(result, "job_write_refused")
+
+
+def test_a_size_check_without_the_stages_is_caught() -> None:
+    """``final_size_ignores_stages``: the commit's check counts the payload and the
+    result only, so the final stage's result goes to DynamoDB, which refuses the item.
+    The job still fails naming the limit (I14 holds); the test reads the refused write."""
+    result = _staged_size_run("final_size_ignores_stages")
+    refused = [d for _, d in _events(result, "job_write_refused")]
+    assert refused and "ValidationException" in refused[0]["reason"], refused
+    assert [d["error_code"] for _, d in _events(result, "job_failed")] == ["dynamodb_validation"]
