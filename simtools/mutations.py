@@ -1038,7 +1038,9 @@ still fails naming the limit, so no invariant breaks);
 ``rejected_outside_room`` needs records at the payload bound with full timelines,
 the longest reasons and kept rejected results (its payloads are small);
 ``retry_ignores_group`` needs operator retries of failed jobs in cancelled groups
-(it draws no groups); ``short_polls_only`` needs a simulated SQS whose short polls
+(the fifo world draws sessions, not their cancels, and the lambda world's retries
+pass no groups; a directed world draws it, ``tests/test_sim_uncaught.py``, and reads
+the claim after the cancel); ``short_polls_only`` needs a simulated SQS whose short polls
 sample (its receives see every message) and an invariant bounding a message's wait;
 ``late_never_charged`` needs a handler that stalls its worker on every attempt and
 an invariant that such a job ends by its attempts, not in the DLQ (a job parked

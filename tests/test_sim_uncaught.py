@@ -26,15 +26,16 @@ import pytest
 
 from simtools.mutations import applied
 from sqs_lease._core.calls import Call
-from sqs_lease._core.stages import NextStage
+from sqs_lease._core.groups import cancel_group_flow
+from sqs_lease._core.stages import NextStage, retry_failed_flow
 from sqs_lease.testing._sim import lambdas, network, operators
 from sqs_lease.testing._sim.fifo import FifoPlan
-from sqs_lease.testing._sim.invariants import I2, I17
+from sqs_lease.testing._sim.invariants import I2, I17, Origin
 from sqs_lease.testing._sim.lambdas import I23
 from sqs_lease.testing._sim.plan import Step, SweepPlan
 from sqs_lease.testing._sim.receiver import TargetFaults
 from sqs_lease.testing._sim.render import txn_kind
-from sqs_lease.testing._sim.tasks import CallOp, Remote, Task
+from sqs_lease.testing._sim.tasks import CallOp, Remote, Task, drive_plain
 from sqs_lease.testing._sim.worker import SimWorker
 from sqs_lease.testing._sim.world import RunResult, World
 
@@ -459,3 +460,94 @@ def test_a_size_check_without_the_stages_is_caught() -> None:
     refused = [d for _, d in _events(result, "job_write_refused")]
     assert refused and "ValidationException" in refused[0]["reason"], refused
     assert [d["error_code"] for _, d in _events(result, "job_failed")] == ["dynamodb_validation"]
+
+
+# ---------------------------------------------------------------- retry_ignores_group
+
+
+FIFO_SEED = 13  # the fifo world: a FIFO queue with sessions, three workers
+SESSION = "session-0"
+
+
+def _operator_command(world: World, at: float, name: str, command: Callable[[], Any]) -> None:
+    """An operator runs ``command()``'s flow at ``at`` (built then, with its clock)."""
+
+    def run() -> None:
+        origin = Origin("operator", name, "operator")
+        world.operator.spawn(name, drive_plain(world, world.operator, command(), origin))
+
+    world.at(at, run)
+
+
+def _cancelled_session_run(mutation: str | None = None) -> RunResult:
+    """One job of a session fails for good; the session is cancelled (the job already
+    failed: the cancel leaves its record alone); then an operator runs ``jobs
+    retry`` on it, as for any failed job."""
+    with applied(mutation):
+        w = World(FIFO_SEED, trace=True, features=frozenset({"fifo"}), mutation=mutation, jobs=1)
+        p = w.plan
+        fifo = w.fifo
+        assert fifo is not None, "the seed no longer draws its world"
+        p.fault_events = 0
+        jp = replace(
+            p.job_plans[0],
+            steps=(Step("work", 1.0),),
+            stages=(),
+            submit_at=1.0,
+            p_transient=0.0,
+            p_permanent=1.0,
+            p_unknown=0.0,
+        )
+        p.job_plans = [jp]
+        w.job_plans = {jp.job_id: jp}
+        w.checker.staged = {}
+        p.fifo = fifo.plan = FifoPlan(sessions={jp.job_id: SESSION})
+        _operator_command(
+            w,
+            30.0,
+            f"cancel-{SESSION}",
+            lambda: cancel_group_flow(
+                w.jobs_req,
+                fifo.groups,
+                group=SESSION,
+                reason="the user closed the session",
+                wall_now=w.operator.wall(),
+            ),
+        )
+        _operator_command(
+            w,
+            40.0,
+            f"retry-{jp.job_id}",
+            lambda: retry_failed_flow(
+                w.jobs_req,
+                queue_url=w.queue_url,
+                job_id=jp.job_id,
+                wall_now=w.operator.wall(),
+                send_id=f"{jp.job_id}.retry1",
+                groups=fifo.groups,
+            ),
+        )
+        return w.run()
+
+
+def _claims_after_cancel(result: RunResult) -> list[float]:
+    cancelled = [t for t, _, k, _ in result.log if k == "group_cancelled"]
+    assert cancelled, "the directed world no longer cancels its session"
+    return [t for t, _, k, _ in result.log if k == "job_claimed" and t > cancelled[0]]
+
+
+def test_a_retry_of_a_failed_job_of_a_cancelled_session_is_refused() -> None:
+    result = _cancelled_session_run()
+    assert result.ok, result.violations[:1]
+    assert [d["error_code"] for _, d in _events(result, "job_failed")] == ["sim_permanent"]
+    failed = [d["error"] for _, d in _events(result, "flow_failed")]
+    assert any("RetryRefused" in e for e in failed), failed
+    assert not _claims_after_cancel(result)
+
+
+def test_a_retry_reading_the_job_alone_is_caught() -> None:
+    """``retry_ignores_group``: the retry reads the job's record only (failed, not
+    cancelled) and runs the cancelled session's job again. No invariant of the
+    checker names a cancelled session; the test reads the claim after the cancel."""
+    result = _cancelled_session_run("retry_ignores_group")
+    assert _claims_after_cancel(result)
