@@ -1044,7 +1044,9 @@ the claim after the cancel); ``short_polls_only`` needs a simulated SQS whose sh
 sample (its receives see every message) and an invariant bounding a message's wait;
 ``late_never_charged`` needs a handler that stalls its worker on every attempt and
 an invariant that such a job ends by its attempts, not in the DLQ (a job parked
-``dead_lettered`` satisfies today's invariants).
+``dead_lettered`` satisfies today's invariants); a directed world draws the handler
+in the narrow world, where no sweep parks the job, and catches it (I4,
+``tests/test_sim_uncaught.py``).
 """
 VARIANTS: dict[str, Callable[[], Any]] = {
     **MUTATIONS,

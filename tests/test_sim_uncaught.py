@@ -30,7 +30,7 @@ from sqs_lease._core.groups import cancel_group_flow
 from sqs_lease._core.stages import NextStage, retry_failed_flow
 from sqs_lease.testing._sim import lambdas, network, operators
 from sqs_lease.testing._sim.fifo import FifoPlan
-from sqs_lease.testing._sim.invariants import I2, I17, Origin
+from sqs_lease.testing._sim.invariants import I2, I4, I17, Origin
 from sqs_lease.testing._sim.lambdas import I23
 from sqs_lease.testing._sim.plan import Step, SweepPlan
 from sqs_lease.testing._sim.receiver import TargetFaults
@@ -551,3 +551,53 @@ def test_a_retry_reading_the_job_alone_is_caught() -> None:
     checker names a cancelled session; the test reads the claim after the cancel."""
     result = _cancelled_session_run("retry_ignores_group")
     assert _claims_after_cancel(result)
+
+
+# ----------------------------------------------------------------- late_never_charged
+
+
+@contextmanager
+def _handler_holds_the_gil() -> Iterator[None]:
+    """Every attempt's handler stops its whole worker for three leases as it starts (a
+    long C call holding the GIL: the heartbeat thread stops with it)."""
+    real = SimWorker._handler
+
+    def handler(self: SimWorker, run: Any) -> Generator[Any, Any, Any]:
+        self.paused_until = max(self.paused_until, self.world.now + 3 * self.world.plan.lease)
+        self.world.record(self.id, "sim_holds_the_gil", {})
+        return (yield from real(self, run))
+
+    with mock.patch.object(SimWorker, "_handler", handler):
+        yield
+
+
+def _gil_run(mutation: str | None = None) -> RunResult:
+    """One worker, one job whose handler makes its worker late on every attempt; the
+    narrow world (no sweep: a job whose message SQS moved to the DLQ stays unfinished)."""
+    with applied(mutation):
+        w = _one_job(mutation, workers=1, target="keyed")
+        jp = replace(w.job_plans["job-000"], steps=(Step("work", 1.0),))
+        w.plan.job_plans = [jp]
+        w.job_plans = {jp.job_id: jp}
+        with _handler_holds_the_gil():
+            return w.run()
+
+
+def test_a_handler_that_makes_its_worker_late_every_time_ends_by_its_attempts() -> None:
+    result = _gil_run()
+    assert result.ok, result.violations[:1]
+    late = _events(result, "lease_dropped_late")
+    assert [d["charged"] for _, d in late[:3]] == [False, False, True], late[:3]
+    assert _events(result, "worker_late_charged")
+    failed = [d["error_code"] for _, d in _events(result, "job_failed")]
+    assert failed == ["attempts_exhausted"], failed
+
+
+def test_late_hand_backs_never_charged_are_caught() -> None:
+    """``late_never_charged``: every late hand-back gives the attempt back, so the job
+    is received until SQS moves its message to the DLQ (I4: unfinished, here where no
+    sweep parks it; a sweeping world parks it ``dead_lettered``, never by its
+    attempts)."""
+    result = _gil_run("late_never_charged")
+    assert result.violations and result.violations[0].name == I4
+    assert "dlq" in result.violations[0].message
