@@ -5,16 +5,16 @@ Each world is one seed's world, narrowed (one job, or a backlog of like jobs; no
 drawn fault), with the rare schedule its mutation needs made to happen every time:
 a request held in the network, a target answering as told, an operator dying where
 told, a backlog queued before the event source starts. The real protocol must pass
-with the case drawn (its journal events), the mutation must break the invariant its
-docstring names. The directing happens in the test (knobs of the built world, one
-of them, ``SimSQS.cap_from_first_receive``, off in every drawn run; patches of the
-simulator's network, operator, event source and SQS sends for the run), so no seed's
-schedule moves (docs/simulation.md, "Directed worlds").
+with the case drawn (its journal events); the mutation must break the invariant its
+docstring names or, where no invariant names the harm, show it (the test says
+which). The directing happens in the test (knobs of the built world, one of them,
+``SimSQS.cap_from_first_receive``, off in every drawn run; patches of the
+simulator's network, operator, event source, SQS sends and handlers for the run),
+so no seed's schedule moves (docs/simulation.md, "Directed worlds").
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from contextlib import ExitStack, contextmanager
@@ -409,7 +409,7 @@ def _stage_results_padded(nbytes: int) -> Iterator[None]:
     def handler(self: SimWorker, run: Any) -> Generator[Any, Any, Any]:
         out = yield from real(self, run)
         if isinstance(out, NextStage):
-            return dataclasses.replace(out, result={**(out.result or {}), "blob": "x" * nbytes})
+            return replace(out, result={**(out.result or {}), "blob": "x" * nbytes})
         return {**out, "blob": "x" * nbytes}
 
     with mock.patch.object(SimWorker, "_handler", handler):
