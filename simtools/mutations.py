@@ -1005,8 +1005,10 @@ through the sync and the async worker's sweep on moto.
 ``shared_request_tokens`` (I17, pinned at 557): since a claim of a running job
 watches its owner for 2H before taking it over (the duplicate rule, issue 26), no seed
 of its search (400-599) catches it: a stale owner now learns of the take-over before it
-starts again. A longer search (``python -m simtools mutations --only ...``) is owed;
-the rule keeps its tests (request tokens: ``tests/test_intents_core.py``).
+starts again. A directed world catches it (``tests/test_sim_uncaught.py``: the first
+owner's intent start held in the network while its process dies lands after the next
+owner's start of the same attempt); the rule keeps its tests (request tokens:
+``tests/test_intents_core.py``).
 ``wall_clock_fence`` (I3) and ``unfenced_checkpoint`` (I18) were here from the
 duplicate rule until the simulated worker's sweep took its DLQ receive (soak seed
 1582660), which moved the schedules: caught at 320 and 98 since.
@@ -1021,22 +1023,30 @@ throttled worker whose leases were all taken over take work earlier, which moved
 57932's schedule; the seed still draws its case and passes (``tests/test_sim.py``),
 but the mutation no longer breaks I2 there, and searches of seeds 0-1,000 and
 58,100-59,100 found no other catch: a longer search (``python -m simtools
-mutations``) is owed. ``tests/test_resume_core.py`` keeps the core rule.
+mutations``) is owed. A directed world catches it (``tests/test_sim_uncaught.py``: the
+operator's resolve dies after its send and runs again after the resumed attempt
+applied and went ambiguous); ``tests/test_resume_core.py`` keeps the core rule.
 ``checkpoint_keeps_hint`` leaves it below for ``FIFO_MUTATIONS``: the fifo world's
 stages save progress hints (caught at seed 13).
 The "read and settle" items of issue 26 (``tests/test_record_size.py``,
 ``tests/test_groups.py``, ``tests/test_priority.py``, ``tests/test_gil_handler.py``
 and ``tests/test_core_overload.py`` catch each): ``final_size_ignores_stages`` needs
 staged jobs whose checkpoints and input, with a final result, cross the item limit
-while each alone fits (the simulator draws results over the limit alone);
+while each alone fits (the simulator draws results over the limit alone; a directed
+world draws it, ``tests/test_sim_uncaught.py``, and reads the refused write: the job
+still fails naming the limit, so no invariant breaks);
 ``rejected_outside_room`` needs records at the payload bound with full timelines,
 the longest reasons and kept rejected results (its payloads are small);
 ``retry_ignores_group`` needs operator retries of failed jobs in cancelled groups
-(it draws no groups); ``short_polls_only`` needs a simulated SQS whose short polls
+(the fifo world draws sessions, not their cancels, and the lambda world's retries
+pass no groups; a directed world draws it, ``tests/test_sim_uncaught.py``, and reads
+the claim after the cancel); ``short_polls_only`` needs a simulated SQS whose short polls
 sample (its receives see every message) and an invariant bounding a message's wait;
 ``late_never_charged`` needs a handler that stalls its worker on every attempt and
 an invariant that such a job ends by its attempts, not in the DLQ (a job parked
-``dead_lettered`` satisfies today's invariants).
+``dead_lettered`` satisfies today's invariants); a directed world draws the handler
+in the narrow world, where no sweep parks the job, and catches it (I4,
+``tests/test_sim_uncaught.py``).
 """
 VARIANTS: dict[str, Callable[[], Any]] = {
     **MUTATIONS,
@@ -1317,6 +1327,8 @@ LAMBDA_UNCAUGHT: dict[str, Callable[[], Any]] = {
     # back as its group's head, first in the next batch, where its budget fits; to
     # near the DLQ it would need a group whose head is behind other groups' long
     # records batch after batch (a wider batch of many groups than the world draws).
+    # A directed world draws that and catches it (tests/test_sim_uncaught.py: a
+    # backlog of one-job groups, three pollers, batches of ten kept, redrive at 8).
     "unstarted_released_at_once": unstarted_released_at_once,
     "lambda_parser_drops_timestamps": lambda_parser_drops_timestamps,
 }
@@ -1331,7 +1343,9 @@ documents it) and a lambda run's functions have budgets of at most 897 s, so no 
 draws a record whose cap the timestamp would have saved. It would need a backlog of
 hours-old, often re-received messages (sim-clocks' world) and an SQS mode whose cap
 counts from the first receive. ``tests/test_sim_lambda.py`` checks the parser keeps
-both timestamps."""
+both timestamps; a directed world (``tests/test_sim_uncaught.py``: an aged message,
+``SimSQS.cap_from_first_receive``) catches it by SQS's refusal of a lease extension
+past the cap, which no invariant names."""
 VARIANTS.update(LAMBDA_MUTATIONS)
 VARIANTS.update(LAMBDA_UNCAUGHT)
 WORLDS.update({name: frozenset({"lambda"}) for name in [*LAMBDA_MUTATIONS, *LAMBDA_UNCAUGHT]})

@@ -13,8 +13,9 @@ What AWS documents, and where moto and AWS differ, chosen per run (seeded):
   applies (200, as recorded on AWS) or is refused ``MessageNotInflight``;
 - error codes in the JSON spelling (``MessageNotInflight``) or the legacy query
   spelling (``AWS.SimpleQueueService.MessageNotInflight``);
-- the 12-hour cap counted from the receive that issued the handle: a CMV past it
-  is ``InvalidParameterValue``;
+- the 12-hour cap counted from the receive that issued the handle (or, a directed
+  world's knob, from the message's first receive): a CMV past it is
+  ``InvalidParameterValue``;
 - redrive: a receive that would take a message past ``maxReceiveCount`` moves it
   to the dead-letter queue instead;
 - long polling: a receive with nothing visible waits (``Wait``) until a message
@@ -98,6 +99,11 @@ class SimSQS:
         self.calls: dict[str, int] = {}
         # issue 26 (backlog): how long before now a message with this body was sent
         self.sent_before: Callable[[str], float] | None = None
+        # Where the 12-hour cap counts from: the receive that issued the handle (False,
+        # every drawn run) or the message's first receive (True: a directed world's
+        # stricter reading, under which a re-received message's earlier receives used
+        # part of its cap, as ``stages.cap_budget`` assumes they may).
+        self.cap_from_first_receive = False
 
     def create_queue(
         self, url: str, *, visibility: int = 30, dlq_url: str | None = None, max_receive: int = 0
@@ -330,6 +336,8 @@ class SimSQS:
         if m is None or m.deleted:
             return self._err("ReceiptHandleIsInvalid", f"The receipt handle {handle} is not valid.")
         received = m.handles[handle]
+        if self.cap_from_first_receive and m.first_received_at is not None:
+            received = m.first_received_at
         if self.now + t > received + MAX_VISIBILITY:
             self.chaos.count("cap_exceeded")
             return self._err(
