@@ -22,16 +22,15 @@ DLQ_SWEEP = (
     "every worker sweep makes (soak seed 1582660: the simulator's copy had left it out); "
     "a wider search for its next catch is owed"
 )
-REPINNING: dict[str, str] = {
-    "retention_on_wall": REPIN,
-    "resume_under_count": REPIN,
-    "sweep_blind_ahead": DLQ_SWEEP,
-}
+REPINNING: dict[str, str] = {}
 """Mutation: why its pin is being searched again."""
 
 DIRECTED: dict[str, str] = {
     "own_claim_unseen": "test_the_same_worker_branch_asking_only_the_held_leases_is_caught",
     "handler_starts_lapsed": "test_a_handler_started_on_a_lapsed_lease_is_caught",
+    "sweep_blind_ahead": "test_a_sweep_blind_to_entries_stamped_ahead_is_caught",
+    "retention_on_wall": "test_a_repeat_judged_on_the_wall_clock_read_twice_is_caught",
+    "resume_under_count": "test_a_resume_granting_one_attempt_on_top_of_the_grants_only_is_caught",
 }
 """Mutation: the test of ``tests/test_sim_directed.py`` that catches it in a directed
 world (a seed's world with knobs set so the case is drawn every time), where its soak

@@ -16,8 +16,9 @@ from dataclasses import replace
 from typing import Any
 
 from simtools.mutations import applied
-from sqs_lease.testing._sim.invariants import I24
-from sqs_lease.testing._sim.plan import Step
+from sqs_lease.testing._sim.clocks import Skew
+from sqs_lease.testing._sim.invariants import I2, I10, I12, I24
+from sqs_lease.testing._sim.plan import Step, SweepPlan
 from sqs_lease.testing._sim.planned import P1
 from sqs_lease.testing._sim.world import RunResult, World
 
@@ -39,11 +40,21 @@ def _on_record(w: World, hook: Callable[[str, str, Any], None]) -> None:
 
 
 @contextmanager
-def _world(seed: int, mutation: str | None, *, workers: int, jobs: int) -> Iterator[World]:
-    """The plans world of ``seed`` with ``workers`` and ``jobs``, no drawn fault, the
-    mutation applied while it is built and run."""
+def _world(
+    seed: int,
+    mutation: str | None,
+    *,
+    workers: int,
+    jobs: int,
+    features: frozenset[str] = PLANS,
+) -> Iterator[World]:
+    """The world of ``seed`` (the plans world unless ``features`` says) with
+    ``workers`` and ``jobs``, no drawn fault, the mutation applied while it is built
+    and run."""
     with applied(mutation):
-        w = World(seed, trace=True, features=PLANS, mutation=mutation, workers=workers, jobs=jobs)
+        w = World(
+            seed, trace=True, features=features, mutation=mutation, workers=workers, jobs=jobs
+        )
         w.plan.fault_events = 0  # only the directed case's own disturbance
         yield w
 
@@ -179,6 +190,206 @@ def test_a_handler_started_on_a_lapsed_lease_is_caught() -> None:
     result, _ = _lapsed("handler_starts_lapsed")
     assert result.violations and result.violations[0].name == P1
     assert "job-001" in result.violations[0].message
+
+
+# --------------------------------------------------------------------------- sweep_blind_ahead
+# Soak seed 1469822 (the fresh-range soak on 7640942): worker w5, its wall clock 3.9 h
+# ahead, wrote job-000's slot wait (``unsent_since`` on its own wall) and died before
+# the send. The sweep asked the ``unsent`` index only for entries older than the grace
+# on its own wall: the entry stayed hidden until the sweepers' clocks passed the stamp,
+# hours, and the job waited for its message past the drain (I10). The sweep now reads
+# the index without a cut on the stamp; an entry stamped beyond its clock is stamped
+# again on it (``sweeping._restamp_ahead``) and sent a grace later.
+#
+# The directed world: seed 19's staged world with one worker and one job of two stages
+# (``fetch``, ``transform``). The first worker's wall clock runs 6 h ahead (further
+# than the drain's bound, so a blind sweep never reaches the stamp), and it dies right
+# after the ``fetch`` checkpoint, before the continuation's send (the staged world's
+# own death, made certain for that one send); its replacement's clock is the seed's.
+
+AHEAD_SEED = 19
+AHEAD = 6 * 3600.0
+STAGED = frozenset({"staged"})
+
+
+def _ahead(mutation: str | None = None) -> RunResult:
+    with _world(AHEAD_SEED, mutation, workers=1, jobs=1, features=STAGED) as w:
+        (job,) = w.plan.job_plans
+        assert job.stage_names == ("fetch", "transform")
+        w.plan.wide = replace(w.plan.wide, stage_death_before_send=1.0)
+
+        def ahead(who: str, kind: str, data: Any) -> None:
+            if kind == "worker_started" and who == "w1":
+                w.workers[who].wall_offset = AHEAD
+            elif kind == "sim_stage_death":
+                w.plan.wide = replace(w.plan.wide, stage_death_before_send=0.0)  # one death
+
+        _on_record(w, ahead)
+        return w.run()
+
+
+def test_an_unsent_entry_stamped_hours_ahead_is_stamped_again_and_the_job_sent() -> None:
+    result = _ahead()
+    assert result.ok, result.violations[:1]
+    deaths = [(t, who) for t, who, kind, _ in result.log if kind == "sim_stage_death"]
+    assert [who for _, who in deaths] == ["w1"]
+    restamped = [
+        (t, who, d["ahead_by"])
+        for t, who, kind, d in result.log
+        if kind == "unsent_restamped" and d["job_id"] == "job-000"
+    ]
+    assert restamped, "the directed world no longer strands an entry stamped ahead"
+    t, who, ahead_by = restamped[0]
+    assert who != "w1" and ahead_by > 5 * 3600
+    taken = [
+        t2
+        for t2, _, kind, d in result.log
+        if kind == "job_send_taken" and d["job_id"] == "job-000" and d["by"] == "sweep"
+    ]
+    assert any(t2 > t for t2 in taken), "the stranded job was never sent again"
+    assert any(e[2] == "result_committed" for e in result.log)
+
+
+def test_a_sweep_blind_to_entries_stamped_ahead_is_caught() -> None:
+    result = _ahead("sweep_blind_ahead")
+    assert result.violations and result.violations[0].name == I10
+    assert "job-000" in result.violations[0].message
+
+
+# --------------------------------------------------------------------------- retention_on_wall
+# Soak seed 1041578 (issue 26's merged worlds): a worker started an intent, its call
+# timed out after 30 s, past the keyed target's 28.2 s key retention, and its wall clock
+# had moved back meanwhile; key retention's same-worker exception read that wall clock
+# twice, judged the forgotten key kept, and repeated the effect (I2). The age is read on
+# the lease clock of the process that made the first start (``retention.OwnStarts``),
+# and the intent parks with the reason.
+#
+# The directed world: seed 0's narrow world with one worker and one job whose one
+# effect goes to the keyed target, which keeps keys 3 s (shorter than the run's 5 s
+# tool timeout). When the request leaves, the target's answers to the worker are cut
+# for 5 s (the request applies, its answer is lost: the call times out) and the
+# worker's wall clock steps back 10 minutes a second later (an NTP correction).
+
+RETENTION_SEED = 0
+RETENTION = 3.0
+STEP_BACK = -600.0
+
+
+def _retention(mutation: str | None = None) -> RunResult:
+    with _world(RETENTION_SEED, mutation, workers=1, jobs=1, features=frozenset()) as w:
+        assert w.plan.tool_http_timeout > RETENTION
+        (job,) = w.plan.job_plans
+        steps = (Step("work", 1.0), Step("effect", action="act0"), Step("work", 1.0))
+        job = replace(
+            job, target="keyed", steps=steps, p_transient=0.0, p_permanent=0.0, p_unknown=0.0
+        )
+        w.plan.job_plans, w.job_plans = [job], {job.job_id: job}
+        w.clocks.plan = replace(w.clocks.plan, key_retention=RETENTION)  # the intents' spec
+        w.receivers.retention = RETENTION  # the target's
+
+        def sent(who: str, kind: str, data: Any) -> None:
+            if kind != "tool_request_started" or data["attempt"] != 1:
+                return
+            worker = w.workers[who]
+            worker.partitions.append((w.now, w.now + 5.0, "response", ("target",)))
+            worker.clock = Skew(0.0, step_at=w.now + 1.0, step=STEP_BACK, t0=w.now)
+
+        _on_record(w, sent)
+        return w.run()
+
+
+def test_a_repeat_past_the_retention_is_not_sent_though_the_wall_clock_stepped_back() -> None:
+    result = _retention()
+    assert result.ok, result.violations[:1]
+    failed = [e for e in result.log if e[2] == "tool_request_failed"]
+    assert failed and failed[0][3]["outcome_unknown"], "the directed call no longer times out"
+    reconciled = [e[3]["verdict"] for e in result.log if e[2] == "intent_reconciled"]
+    assert reconciled == ["not_applied"]  # the target forgot the key
+    started = [e[3]["attempt"] for e in result.log if e[2] == "tool_request_started"]
+    assert started == [1]  # no repeat
+    parked = [e[3]["reason"] for e in result.log if e[2] == "intent_ambiguous"]
+    assert parked and f"past the {RETENTION:g} s" in parked[0]
+
+
+def test_a_repeat_judged_on_the_wall_clock_read_twice_is_caught() -> None:
+    result = _retention("retention_on_wall")
+    assert result.violations and result.violations[0].name == I2
+    assert "job-000:main:act0:keyed" in result.violations[0].message
+
+
+# --------------------------------------------------------------------------- resume_under_count
+# Soak seed 1113879 (the fresh-range soak, acb3cec): claims that landed unanswered
+# counted attempts that never ran, past the job's allowance; the job went to the DLQ
+# and a worker's sweep parked it; an operator resumed it, and the resume's grant of
+# one attempt on top of the grants only left the count past them: its first claim
+# failed the job "attempts exhausted" (I12). The attempt a resume starts is allowed
+# whatever the count (``records.attempts_allowed`` with ``resumed_at_attempt``).
+#
+# The directed world: seed 0's narrow world with one worker and one job, the workers'
+# sweep on, an operator who resumes parked jobs (``operator_races``), and a redrive at
+# the receive after ``max_attempts + 1``. Until the job parks, the answer of each of the
+# worker's claims that lands is cut (the claim counted an attempt, the worker never
+# knew): ``max_attempts + 1`` attempts counted, none run, then the DLQ and the park.
+# The worker is paused 2 s when the operator's resume sends the job's message, so the
+# resume's writes land before its claim (the checker's I12 watches the resume's claim
+# from the record's step out of ``queued``).
+
+RESUME_SEED = 0
+JOB = "job-000"
+
+
+def _resume(mutation: str | None = None) -> tuple[RunResult, list[int]]:
+    cut: list[int] = []  # the attempts counted by claims whose answer was cut
+    parked: list[float] = []
+    with _world(RESUME_SEED, mutation, workers=1, jobs=1, features=frozenset()) as w:
+        w.plan.wide = replace(w.plan.wide, features=w.plan.wide.features | {"operator_races"})
+        w.plan.sweep = SweepPlan()
+        w.sqs.queues[w.queue_url].max_receive = w.plan.max_attempts + 1
+
+        def directed(who: str, kind: str, data: Any) -> None:
+            worker = w.workers.get("w1")
+            if who == "aws" and kind == "SendMessage" and data["from"] == "operator":
+                assert worker is not None
+                worker.paused_until = max(worker.paused_until, w.now + 2.0)
+            truth = w.truth(JOB)
+            if parked or truth is None:
+                return
+            if truth[1] == "parked":
+                parked.append(w.now)
+            elif (
+                who == "aws"
+                and kind == "UpdateItem"
+                and (data["from"], data["key"], data["out"]) == ("w1", JOB, "ok")
+                and truth[1] == "running"
+            ):
+                assert worker is not None
+                back = w.now + w.plan.latency[1] + 0.001  # this answer's way back
+                worker.partitions.append((w.now, back, "response", ("dynamodb",)))
+                cut.append(truth[0])
+
+        _on_record(w, directed)
+        return w.run(), cut
+
+
+def _attempts(result: RunResult) -> list[int]:
+    return [d["attempt"] for _, _, kind, d in result.log if kind == "job_claimed"]
+
+
+def test_the_attempt_a_resume_starts_is_allowed_past_attempts_no_handler_ran() -> None:
+    result, cut = _resume()
+    assert result.ok, result.violations[:1]
+    allowed = World(RESUME_SEED, features=frozenset(), workers=1, jobs=1).plan.max_attempts
+    assert len(cut) == allowed + 1, "the directed world no longer counts attempts unanswered"
+    kinds = [kind for _, _, kind, d in result.log if d and d.get("job_id") == JOB]
+    assert kinds.index("job_dead_lettered") < kinds.index("operator_resumes")
+    # the resume's claim is the job's first claim the worker knew of, past the allowance
+    assert _attempts(result) == [allowed + 2]
+    assert kinds[-1] == "result_committed"
+
+
+def test_a_resume_granting_one_attempt_on_top_of_the_grants_only_is_caught() -> None:
+    result, _ = _resume("resume_under_count")
+    assert result.violations and result.violations[0].name == I12
 
 
 # --------------------------------------------------------------------------- the table
