@@ -13,10 +13,6 @@ from typing import Any
 
 import pytest
 
-REPIN = (
-    "its soak-found schedule moved with the sweep's look at entries stamped ahead "
-    "(soak seed 1469822); a wider search for its next catch is running"
-)
 DLQ_SWEEP = (
     "its soak-found schedule moved when the simulated worker's sweep took the DLQ receive "
     "every worker sweep makes (soak seed 1582660: the simulator's copy had left it out); "
