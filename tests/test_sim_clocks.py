@@ -10,7 +10,7 @@ import hashlib
 import math
 
 import pytest
-from sim_repin import REPIN, moved, pinned
+from sim_repin import DIRECTED, pinned
 
 from simtools import run_seed
 from simtools.catch import SEED_LIMIT, first_catch, search_seeds, world
@@ -33,9 +33,10 @@ CAUGHT_AT: dict[str, int] = {
     "budget_across_clocks": 35,  # I25_charged_before_budget
     "cap_from_send": 1,  # I25_charged_before_budget
     "retention_across_clocks": 576,  # I2_double_effect (76 before the duplicate rule moved it)
-    "retention_on_wall": 1041578,  # I2_double_effect (the merged worlds' soak seed)
     "sweep_blind_to_dead": 6,  # I10_stranded_record
-    "sweep_blind_ahead": 1469822,  # I10_stranded_record (the fresh-range soak's seed)
+    # retention_on_wall (I2, soak seed 1041578) and sweep_blind_ahead (I10, soak seed
+    # 1469822) are caught in directed worlds (sim_repin.DIRECTED,
+    # tests/test_sim_directed.py): their seeds no longer draw their cases
     "repeat_judged_at_check": 1593876,  # I2_double_effect (the fresh-range soak's seed)
 }
 EXPECTED: dict[str, str] = {
@@ -66,7 +67,7 @@ def test_the_three_features_are_widened_and_passing() -> None:
 
 
 def test_every_clock_mutation_has_an_expectation_a_pinned_seed_and_a_world() -> None:
-    assert set(EXPECTED) == set(CLOCK_MUTATIONS) == set(CAUGHT_AT)
+    assert set(EXPECTED) == set(CLOCK_MUTATIONS) == set(CAUGHT_AT) | (set(DIRECTED) & set(EXPECTED))
     for name in CLOCK_MUTATIONS:
         assert name in VARIANTS
         assert WORLDS[name] & set(CLOCK_FEATURES)
@@ -195,26 +196,10 @@ def test_dead_entries_outnumber_a_sweeps_pages_and_the_sweep_reads_past_them() -
     assert set(plan.stranded) <= taken  # every stranded job (behind them all) was sent
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=REPIN,
-)
-def test_soak_seed_1041578_a_stepped_wall_clock_repeats_no_effect() -> None:
-    """Found by the merged worlds' soak (tests/test_sim_found.py until fixed): a worker
-    started an intent, its call timed out after 30 s, past the keyed target's 28.2 s
-    key retention, and its wall clock had moved back meanwhile; key retention's
-    same-worker exception read that wall clock twice, judged the forgotten key kept,
-    and repeated the effect (I2). Verdict: a real defect of the one-clock rule (issue
-    26 defect 4); the age is now read on the lease clock of the process that made the
-    first start (``retention.OwnStarts``), and the job parks with the reason."""
-    result = run_seed(1041578, trace=True)
-    assert result.ok, result.violations[0].message
-    parked = [
-        d["reason"]
-        for _, _, kind, d in result.log
-        if kind == "intent_ambiguous" and d["key"] == "job-005:upload:act1:keyed"
-    ]
-    assert parked and "past the 28.2 s" in parked[0]
+# Soak seed 1041578 (a repeat judged on a wall clock stepped back, read twice: I2 under
+# ``retention_on_wall``) no longer draws its case; a directed world in
+# tests/test_sim_directed.py draws it every time, and the protocol's pass at the seed is
+# checked in tests/test_sim_found.py.
 
 
 def test_soak_seed_1593876_a_repeat_started_past_the_retention_is_never_sent() -> None:
@@ -244,35 +229,13 @@ def test_soak_seed_1593876_a_repeat_started_past_the_retention_is_never_sent() -
     assert parked and "past the 18.5 s" in parked[0]["reason"]
 
 
-@moved()
-def test_soak_seed_1469822_a_stamp_hours_ahead_is_stamped_again_and_the_job_sent() -> None:
-    """Found by the fresh-range soak on 7640942 (tests/test_sim_found.py until fixed):
-    worker w5, its wall clock 3.9 h ahead, wrote job-000's slot wait (unsent_since on
-    its own wall) and died before the send. The sweep asked the ``unsent`` index only
-    for entries older than the grace on its own wall: the entry stayed hidden until the
-    sweepers' clocks passed the stamp, hours, and the job was still waiting for its
-    message when the drain ended (I10). Verdict: the protocol's error (a decision that
-    compared two machines' clocks). The sweep now reads the index without a cut on the
-    stamp and judges each entry's age on its own clock; an entry stamped beyond it is
-    stamped again on it (``sweeping._restamp_ahead``) and sent a grace later; mutation
-    ``sweep_blind_ahead`` puts the old sweep back."""
-    result = run_seed(1469822, trace=True)
-    assert result.ok, result.violations[0].message
-    restamped = [
-        (t, d["ahead_by"])
-        for t, _, kind, d in result.log
-        if kind == "unsent_restamped" and d["job_id"] == "job-000"
-    ]
-    assert restamped and restamped[0][1] > 3.5 * 3600, "the seed no longer draws its case"
-    taken = [
-        t
-        for t, _, kind, d in result.log
-        if kind == "job_send_taken" and d["job_id"] == "job-000" and d["by"] == "sweep"
-    ]
-    assert any(t > restamped[0][0] for t in taken), "the stranded job was never sent again"
+# Soak seed 1469822 (an unsent entry stamped by a wall clock hours ahead, hidden from
+# the sweep: I10 under ``sweep_blind_ahead``) no longer draws its case; a directed world
+# in tests/test_sim_directed.py draws it every time, and the protocol's pass at the seed
+# is checked in tests/test_sim_found.py.
 
 
-@pytest.mark.parametrize("name", pinned(CLOCK_MUTATIONS))
+@pytest.mark.parametrize("name", pinned(CAUGHT_AT))
 def test_mutation_is_caught_at_its_pinned_seed_and_the_protocol_passes_it(name: str) -> None:
     seed, features = CAUGHT_AT[name], world(name)
     assert seed in search_seeds(name)
@@ -312,7 +275,7 @@ def test_clock_mutations_are_undone_on_exit() -> None:
 
 @pytest.mark.long
 @pytest.mark.timeout(3600)
-@pytest.mark.parametrize("name", sorted(CLOCK_MUTATIONS))
+@pytest.mark.parametrize("name", sorted(CAUGHT_AT))  # a directed world's needs no search
 def test_mutation_is_caught_within_its_search_and_the_protocol_passes_the_same_seeds(
     name: str,
 ) -> None:

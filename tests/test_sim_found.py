@@ -37,9 +37,11 @@ def test_found_by_the_merged_worlds_soak(seed: int) -> None:
 
 
 # Soak seeds whose regression tests are strict xfails while their schedules moved
-# (tests/sim_repin.py), and 1582660 (the simulator's own error, its worker sweep
-# without the DLQ receive: fixed, and its schedule moved with the fix): the case is no
-# longer drawn there, but the real protocol must still pass each, in the soak's world.
+# (tests/sim_repin.py), or whose case a directed world now draws instead (1040258,
+# 1045173, 1105530: tests/test_sim_directed.py), and 1582660 (the simulator's own
+# error, its worker sweep without the DLQ receive: fixed, and its schedule moved with
+# the fix): the case is no longer drawn there, but the real protocol must still pass
+# each, in the soak's world.
 REPINNED_SOAK_SEEDS = (1040258, 1041578, 1045173, 1105530, 1113879, 1469822, 1582660)
 
 

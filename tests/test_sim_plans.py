@@ -16,7 +16,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-from sim_repin import moved, pinned
+from sim_repin import DIRECTED, pinned
 
 from simtools import run_seed
 from simtools.catch import world
@@ -24,7 +24,7 @@ from simtools.mutations import ISSUE26_WORLDS, PLANS_MUTATIONS, VARIANTS, WORLDS
 from sqs_lease._core.env import HandlerRun
 from sqs_lease.testing._sim import planned
 from sqs_lease.testing._sim.chaos import Chaos
-from sqs_lease.testing._sim.invariants import I21, I24, Origin
+from sqs_lease.testing._sim.invariants import I21, Origin
 from sqs_lease.testing._sim.plan import PASSING_FEATURES, WIDE_FEATURES, draw_plan
 from sqs_lease.testing._sim.planned import P1, P2, P3, PlansDraw, ToolDraw, tool_of
 from sqs_lease.testing._sim.world import World
@@ -48,17 +48,11 @@ CAUGHT_AT: dict[str, tuple[int, tuple[str, ...]]] = {
     # defect 11 (its mutation is the issue's): caught in this world too
     "pace_counts_fenced_out": (10, (I21,)),
 }
-CAUGHT_BY_SOAK: dict[str, tuple[int, tuple[str, ...]]] = {
-    # soak seeds 1040258, 1045173: a copy reaching its own worker between the first
-    # attempt's claim and its hold (taking its slots) takes the job over. Not drawn
-    # in the first 200 seeds of the plans world (it needs a copy to land in that
-    # window on the same worker): pinned at the soak's seed, not searched.
-    "own_claim_unseen": (1040258, (I24,)),
-    # soak seed 1105530 (fresh range 1,100,000): a claim landed after its receive's
-    # visibility lapsed and the attempt started its planned tool anyway, beside the
-    # slot's next holder.
-    "handler_starts_lapsed": (1105530, (P1,)),
-}
+# own_claim_unseen (soak seeds 1040258, 1045173: a copy reaching its own worker between
+# the first attempt's claim and its hold) and handler_starts_lapsed (soak seed 1105530: a
+# handler started on a lease already run out, beside the slot's next holder) are caught
+# in directed worlds (``sim_repin.DIRECTED``, tests/test_sim_directed.py): their soak
+# seeds no longer draw the case (the protocol's pass at each: tests/test_sim_found.py).
 P3_AT = 202
 """A seed where ``lease_rules_top_level`` breaks P3 first (a stall tolerated past a
 tool's lease); at its pinned seed it breaks P1 (the app's limits are not seen). The
@@ -73,7 +67,7 @@ def test_the_feature_is_in_the_widened_and_passing_worlds() -> None:
     assert "plans" in WIDE_FEATURES and "plans" in PASSING_FEATURES
     assert set(PLANS_MUTATIONS) <= set(VARIANTS)
     assert all(WORLDS[name] == {"plans"} for name in PLANS_MUTATIONS)
-    assert set(PLANS_MUTATIONS) <= set(CAUGHT_AT) | set(CAUGHT_BY_SOAK)
+    assert set(PLANS_MUTATIONS) <= set(CAUGHT_AT) | set(DIRECTED)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -193,9 +187,9 @@ def test_a_callable_run_as_it_cannot_be_is_caught() -> None:
     assert result.violations and result.violations[0].name == P2
 
 
-@pytest.mark.parametrize("name", pinned({**CAUGHT_AT, **CAUGHT_BY_SOAK}))
+@pytest.mark.parametrize("name", pinned(CAUGHT_AT))
 def test_mutation_is_caught_at_its_pinned_seed_and_the_protocol_passes_it(name: str) -> None:
-    seed, expected = {**CAUGHT_AT, **CAUGHT_BY_SOAK}[name]
+    seed, expected = CAUGHT_AT[name]
     features = (world(name) - OTHER_WORLDS) | {"plans"}
     assert "plans" in draw_plan(Chaos(seed), features=features).wide.features
     result = run_seed(seed, mutation=name, features=features)
@@ -276,36 +270,8 @@ def test_soak_a_job_waiting_behind_a_slot_an_edited_record_holds_is_the_operator
     assert any(e[2] == "sim_waits_behind_edited" for e in result.log)
 
 
-@moved()
-@pytest.mark.parametrize("seed", [1040258, 1045173])
-def test_soak_a_copy_reaching_its_own_worker_before_the_first_attempt_holds_is_deferred(
-    seed: int,
-) -> None:
-    """Soak seeds of issue 26's merged worlds (I24, the protocol's error): an attempt's
-    claim landed and it was still taking its plan's slots (seconds, under a slow
-    window) when a copy of the message reached another attempt of the same worker;
-    the copy's claim found the record running under its own worker, asked the book,
-    which held nothing yet, and took the job over from its live attempt (the first
-    then held a lease already lost). The book now knows a claim from its write to its
-    hold (``LeaseBook.owns``): the copy is deferred. ``own_claim_unseen`` puts the
-    old answer back and was caught at both (``tests/sim_repin.py``: the schedules moved;
-    the protocol's pass at each is checked in tests/test_sim_found.py). Replay: python -m
-    simtools replay --seed N"""
-    mutated = run_seed(seed, mutation="own_claim_unseen")
-    assert mutated.violations and mutated.violations[0].name == I24
-
-
-@moved()
-def test_soak_a_handler_whose_lease_ran_out_before_it_started_never_starts() -> None:
-    """Soak seed 1105530 (the protocol's error): job-000's message, received at t=340.6
-    with a 10 s visibility, was claimed at 351.4; the visibility change that brings a
-    lease to L found it no longer in flight, so the attempt held a lease already run
-    out. It took its slot of the tool ``mail`` (limit 1), a copy of its message took the
-    job over (and failed it: attempts spent), job-001 then took the slot from the
-    failed job, and job-000's stale attempt started its tool at 354.7 beside job-001
-    (P1). An attempt whose lease ran out before its handler starts hands the job back
-    uncharged and starts nothing (``LeaseBook.lapsed_before_start``);
-    ``handler_starts_lapsed`` puts the old start back and was caught here (the protocol's
-    pass: tests/test_sim_found.py). Replay: python -m simtools replay --seed 1105530"""
-    mutated = run_seed(1105530, mutation="handler_starts_lapsed")
-    assert mutated.violations and mutated.violations[0].name == P1
+# Soak seeds 1040258 and 1045173 (a copy reaching its own worker before the first
+# attempt holds: I24 under ``own_claim_unseen``) and 1105530 (a handler whose lease ran
+# out before it started: P1 under ``handler_starts_lapsed``) no longer draw their cases;
+# each case is drawn by a directed world in tests/test_sim_directed.py, and the
+# protocol's pass at each seed is checked in tests/test_sim_found.py.
