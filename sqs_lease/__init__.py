@@ -74,7 +74,15 @@ if TYPE_CHECKING:
     from ._core.records import JobState, JobView
     from ._core.stages import NextStage
     from ._core.status import JobStatus
-    from ._jobs import App, AsyncJobContext, EffectCall, JobClass, JobContext, Target
+    from ._jobs import (
+        App,
+        AsyncJobContext,
+        EffectCall,
+        JobClass,
+        JobContext,
+        JobPolicy,
+        Target,
+    )
     from ._journal import Journal
     from ._options import WorkerOptions
     from ._producer import AsyncProducer, Producer
@@ -111,6 +119,7 @@ __all__ = [
     "JobClassError",
     "JobContext",
     "JobNotFound",
+    "JobPolicy",
     "JobState",
     "JobStatus",
     "JobView",
@@ -173,6 +182,7 @@ _WHERE: dict[str, tuple[str, ...]] = {
         "EffectCall",
         "JobClass",
         "JobContext",
+        "JobPolicy",
         "Target",
     ),
     "._journal": ("Journal",),

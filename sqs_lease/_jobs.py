@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import difflib
 import hashlib
 import inspect
 import json
@@ -11,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
 
@@ -147,6 +148,49 @@ class JobClass(BaseModel):
             ) from None
 
 
+class JobPolicy(TypedDict, total=False):
+    """The keyword arguments of ``App.job`` / ``staged`` / ``stage`` / ``planned`` / a
+    plan's ``tool``: a :class:`JobClass`'s fields but its name and payload model (a test
+    holds the two together). Typed so that an editor and mypy catch a misspelt one;
+    at run time :func:`job_class_of` names it and the nearest valid one."""
+
+    lease_seconds: int
+    heartbeat_seconds: float
+    jitter_seconds: float
+    missed_heartbeats: int
+    effect_timeout_seconds: float
+    progress_timeout_seconds: float | None
+    max_attempts: int
+    backoff_base_seconds: float
+    backoff_max_seconds: float
+    stage_budget_seconds: float
+    keep_rejected_results: bool
+    concurrency_limit: int | None
+    model: str | None
+    provider: str | None
+
+
+def job_class_of(name: str, payload_model: type[BaseModel], policy: Mapping[str, Any]) -> JobClass:
+    """The one way a job class is built from a declaration's keywords: an unknown
+    keyword, or a value of the wrong kind, is a :class:`JobClassError` naming the
+    class, the keyword and the fix (never pydantic's raw report)."""
+    fields = [f for f in JobClass.model_fields if f not in ("name", "payload_model")]
+    for key in policy:
+        if key in fields or key == "tool_timeout_seconds":  # the gone one names its heirs
+            continue
+        near = difflib.get_close_matches(key, fields, n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]}=?" if near else f"the keywords are: {', '.join(fields)}"
+        raise JobClassError(f"job class {name!r}: no keyword {key}=: {hint}")
+    try:
+        return JobClass(name=name, payload_model=payload_model, **policy)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'value'}={e.get('input')!r}: {e['msg']}"
+            for e in exc.errors()
+        )
+        raise JobClassError(f"job class {name!r}: {problems}") from None
+
+
 def canonical_json(data: Any) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -241,10 +285,14 @@ class StagedJob:
         self.payload_model = payload
         self.policy = dict(policy)
         self.stages: dict[str, Registered] = {}
-        JobClass(name=name, payload_model=payload, **self.policy)  # refuse bad defaults now
+        job_class_of(name, payload, self.policy)  # refuse bad defaults now
 
     def stage(
-        self, name: str, *, payload: type[BaseModel] | None = None, **policy: Any
+        self,
+        name: str,
+        *,
+        payload: type[BaseModel] | None = None,
+        **policy: Unpack[JobPolicy],
     ) -> Callable[[H], H]:
         """Decorator: declare the next stage, with its input model and its own policy.
 
@@ -265,7 +313,7 @@ class StagedJob:
                 f"({self.payload_model.__name__}); leave payload= out"
             )
         model = self.payload_model if first else (payload or StageInput)
-        job_class = JobClass(name=self.name, payload_model=model, **{**self.policy, **policy})
+        job_class = job_class_of(self.name, model, {**self.policy, **policy})
 
         def deco(fn: H) -> H:
             handler = fn if payload is not None or first else _unwrapped(fn)
@@ -444,9 +492,11 @@ class App:
             raise ConfigError(f"job class {job_class.name!r} is registered twice; rename one")
         self.classes[job_class.name] = Registered(job_class, handler)
 
-    def job(self, name: str, *, payload: type[BaseModel], **policy: Any) -> Callable[[H], H]:
+    def job(
+        self, name: str, *, payload: type[BaseModel], **policy: Unpack[JobPolicy]
+    ) -> Callable[[H], H]:
         """Decorator: ``@app.job("ocr", payload=OcrPayload, lease_seconds=60)``."""
-        job_class = JobClass(name=name, payload_model=payload, **policy)
+        job_class = job_class_of(name, payload, policy)
 
         def deco(fn: H) -> H:
             self.register(job_class, fn)
@@ -454,7 +504,9 @@ class App:
 
         return deco
 
-    def staged(self, name: str, *, payload: type[BaseModel], **policy: Any) -> StagedJob:
+    def staged(
+        self, name: str, *, payload: type[BaseModel], **policy: Unpack[JobPolicy]
+    ) -> StagedJob:
         """A job of named stages; ``policy`` is every stage's default (see :class:`StagedJob`)."""
         if name in self.classes or name in self._staged:
             raise ConfigError(f"job class {name!r} is registered twice; rename one")
@@ -465,7 +517,7 @@ class App:
     def _put_staged(self, job: StagedJob) -> None:
         self.classes[job.name] = job.registered()
 
-    def planned(self, name: str, **policy: Any) -> PlannedJob:
+    def planned(self, name: str, **policy: Unpack[JobPolicy]) -> PlannedJob:
         """A job run from a plan of tool steps (see :mod:`sqs_lease.plans`); ``policy`` is
         every tool's default class."""
         from .plans import PlannedJob

@@ -32,7 +32,7 @@ checkpoint (``ctx.results``); the job's result lists every step's.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -41,7 +41,7 @@ from ._core.stages import NextStage
 from ._errors import ConfigError, PayloadError, PermanentError
 
 if TYPE_CHECKING:
-    from ._jobs import App, Handler, JobClass, Registered
+    from ._jobs import App, Handler, JobClass, JobPolicy, Registered
 
 MAX_STEPS = 50
 """Steps one plan may have: each is a stage (about five requests and its own message)."""
@@ -132,20 +132,22 @@ class PlannedJob:
     """A job whose stages come from a plan (``app.planned``); see the module doc."""
 
     def __init__(self, app: App, name: str, policy: Mapping[str, Any]) -> None:
-        from ._jobs import JobClass
+        from ._jobs import job_class_of
 
         self.app = app
         self.name = name
         self.policy = dict(policy)
         self.tools: dict[str, Tool] = {}
         self.plan_model = _plan_model(self)
-        self.job_class = JobClass(name=name, payload_model=self.plan_model, **self.policy)
+        self.job_class = job_class_of(name, self.plan_model, self.policy)
 
-    def tool(self, name: str, *, args: type[BaseModel], **policy: Any) -> Callable[[Any], Any]:
+    def tool(
+        self, name: str, *, args: type[BaseModel], **policy: Unpack[JobPolicy]
+    ) -> Callable[[Any], Any]:
         """Decorator: put a tool on the allow-list, with its argument model and its own
         class (the job's defaults overridden: lease, timeouts, attempts, budget)."""
         from ._core.stages import valid_stage_name
-        from ._jobs import JobClass
+        from ._jobs import job_class_of
 
         if not valid_stage_name(name) or "-" in name:
             raise ConfigError(
@@ -155,8 +157,8 @@ class PlannedJob:
         if name in self.tools:
             raise ConfigError(f"planned job {self.name!r}: tool {name!r} is declared twice")
         merged = {**self.policy, **policy}
-        job_class = JobClass(name=self.name, payload_model=args, **merged)
-        first = JobClass(name=self.name, payload_model=_first_step_model(args), **merged)
+        job_class = job_class_of(self.name, args, merged)
+        first = job_class_of(self.name, _first_step_model(args), merged)
 
         def deco(fn: Any) -> Any:
             self.tools[name] = Tool(name, args, job_class, first, fn)

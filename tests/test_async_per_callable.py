@@ -153,7 +153,7 @@ def test_the_lambda_shell_refuses_an_async_stage_naming_it() -> None:
     from sqs_lease.aws_lambda import LambdaShell
 
     app = App()
-    report = app.staged("report", payload=Order, stage_budget_seconds=600, **ROOMY)
+    report = app.staged("report", payload=Order, **ROOMY | {"stage_budget_seconds": 600})
 
     @report.stage("fetch")
     def fetch(ctx: JobContext[Any], p: Order) -> Any:

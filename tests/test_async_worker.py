@@ -37,6 +37,7 @@ from sqs_lease import (
     ConfigError,
     EffectCall,
     JobContext,
+    JobPolicy,
     JobState,
     NextStage,
     Producer,
@@ -177,7 +178,11 @@ def test_a_tolerated_loop_lag_that_a_lease_cannot_survive_is_refused() -> None:
         AsyncWorker(app, Settings(endpoint_url="http://127.0.0.1:9", prefix="x"), max_loop_lag=2)
 
 
-SLOW = {"lease_seconds": 60, "heartbeat_seconds": 10.0, "jitter_seconds": 5.0}  # a 45 s stall
+SLOW: JobPolicy = {
+    "lease_seconds": 60,
+    "heartbeat_seconds": 10.0,
+    "jitter_seconds": 5.0,
+}  # a 45 s stall
 
 
 def _staged_app() -> App:
@@ -204,9 +209,9 @@ def _planned_app() -> App:
     agent = app.planned("agent", **SLOW)
     agent.tool("search", args=Work)(lambda ctx, p: None)
 
-    tight = {"heartbeat_seconds": 1.0, "jitter_seconds": 1.0, "missed_heartbeats": 2}
+    tight: JobPolicy = {"heartbeat_seconds": 1.0, "jitter_seconds": 1.0, "missed_heartbeats": 2}
 
-    @agent.tool("mail", args=Work, lease_seconds=4, **tight)
+    @agent.tool("mail", args=Work, **tight | {"lease_seconds": 4})
     async def mail(ctx: AsyncJobContext[Work], p: Work) -> None:
         return None
 
@@ -239,7 +244,7 @@ def test_a_handler_that_blocks_the_loop_loses_its_lease_and_the_other_leases_lap
     waiting = threading.Event()
     seen: dict[int, str] = {}
 
-    @app.job("hog", payload=Work, **FAST, max_attempts=3, backoff_base_seconds=0)
+    @app.job("hog", payload=Work, **FAST | {"max_attempts": 3, "backoff_base_seconds": 0})
     async def hog(ctx: AsyncJobContext[Work], p: Work) -> dict[str, int]:
         if ctx.token == 1:
             while not waiting.is_set():
@@ -255,7 +260,7 @@ def test_a_handler_that_blocks_the_loop_loses_its_lease_and_the_other_leases_lap
                 raise
         return {"token": ctx.token}
 
-    @app.job("patient", payload=Work, **FAST, max_attempts=3, backoff_base_seconds=0)
+    @app.job("patient", payload=Work, **FAST | {"max_attempts": 3, "backoff_base_seconds": 0})
     async def patient(ctx: AsyncJobContext[Work], p: Work) -> dict[str, int]:
         waiting.set()
         await ctx.wait(6.0)

@@ -333,7 +333,7 @@ def test_a_stage_whose_own_budget_can_never_fit_a_lambda_is_refused_by_name(
     # kept by name: the last stage's (it fits) hid the middle one's (it never does).
     settings, _url, _ = prepare(aws.endpoint_url, aws.prefix)
     app = App()
-    report = app.staged("report", payload=Work, **FAST, stage_budget_seconds=600)
+    report = app.staged("report", payload=Work, **FAST | {"stage_budget_seconds": 600})
     report.stage("fetch")(lambda ctx, p: NextStage("render", p))
     report.stage("render", payload=Work, stage_budget_seconds=3600)(
         lambda ctx, p: NextStage("publish", p)

@@ -129,7 +129,7 @@ def test_the_worker_its_drivers_and_the_context_measure_leases_on_the_lease_cloc
     resumed = threading.Event()
     seen: dict[str, Any] = {}
 
-    @app.job("sleepy", payload=Work, **{**FAST, "lease_seconds": 20, "heartbeat_seconds": 5.0})
+    @app.job("sleepy", payload=Work, **FAST | {"lease_seconds": 20, "heartbeat_seconds": 5.0})
     def sleepy(ctx: JobContext[Any], p: Work) -> dict[str, int]:
         seen["context_clock"] = ctx._clock
         ctx.check()  # the lease is fresh

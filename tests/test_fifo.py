@@ -402,7 +402,7 @@ def test_the_lambda_adapter_runs_a_fifo_event_and_stops_only_the_failed_records_
     app = App()
 
     @app.job(
-        "work", payload=Work, **{**FAST, "stage_budget_seconds": 6.0, "effect_timeout_seconds": 1.0}
+        "work", payload=Work, **FAST | {"stage_budget_seconds": 6.0, "effect_timeout_seconds": 1.0}
     )
     def _work(ctx: JobContext[Work], p: Work) -> dict[str, int]:
         ran.append(p.n)

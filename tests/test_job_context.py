@@ -45,7 +45,7 @@ def test_the_removed_tool_timeout_is_refused_naming_the_three_limits_that_replac
         assert new in text
     app = App()
     with pytest.raises(JobClassError, match="tool_timeout_seconds"):
-        app.job("old", payload=Work, tool_timeout_seconds=30)
+        app.job("old", payload=Work, tool_timeout_seconds=30)  # type: ignore[call-arg]
     assert app.classes == {}
 
 

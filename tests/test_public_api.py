@@ -31,6 +31,7 @@ PUBLIC = frozenset(
         "IntentView",
         "JobClass",
         "JobContext",
+        "JobPolicy",
         "NextStage",
         "PROGRESS_LIMIT",
         "Target",

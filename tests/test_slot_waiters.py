@@ -54,7 +54,7 @@ def test_a_long_line_of_waiters_behind_a_limit_of_one_all_succeed_and_none_is_de
     inside = [0]
     most = [0]
 
-    @app.job("tool", payload=Work, concurrency_limit=1, **ROOMY)
+    @app.job("tool", payload=Work, **ROOMY | {"concurrency_limit": 1})
     def tool(ctx: JobContext[Any], p: Work) -> dict[str, int]:
         with lock:
             inside[0] += 1

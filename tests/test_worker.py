@@ -47,6 +47,7 @@ from sqs_lease import (
     JobClass,
     JobClassError,
     JobContext,
+    JobPolicy,
     JobState,
     PermanentError,
     Producer,
@@ -185,7 +186,7 @@ def test_transient_errors_retry_with_backoff_until_attempts_are_spent(
     calls: dict[str, int] = {"flaky": 0, "once": 0}
     # A lease a loaded machine cannot lapse by accident (seen: the loop held 3.2 s, the
     # 3 s lease lapsed and the job was re-claimed): this test is about the backoff.
-    policy = {
+    policy: JobPolicy = {
         **FAST,
         "lease_seconds": 20,
         "heartbeat_seconds": 5.0,
@@ -255,7 +256,7 @@ def test_permanent_error_fails_at_once_with_reason_and_code(
 
     # The subject is the failure, not a lapse: a 3 s lease lapsed beside two CPU hogs
     # before the fail was written, and its re-claim spent a second attempt.
-    @app.job("pay", payload=Work, **ROOMY, max_attempts=5)
+    @app.job("pay", payload=Work, **ROOMY | {"max_attempts": 5})
     def pay(ctx: JobContext[Any], p: Work) -> None:
         raise PermanentError("card declined by issuer", code="card_declined")
 
@@ -422,14 +423,14 @@ def test_cancel_fences_the_running_owner_out(
     ],
 )
 def test_watchdog_drops_an_overrunning_attempt_and_discards_its_late_result(
-    why: str, policy: dict[str, float], aws: AwsTestEnv, ddb_client: DynamoDBClient
+    why: str, policy: JobPolicy, aws: AwsTestEnv, ddb_client: DynamoDBClient
 ) -> None:
     settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
     app = App()
     saw_cancel: dict[int, bool] = {}
 
     @app.job(
-        "stuck", payload=Work, **{**FAST, "lease_seconds": 4, "backoff_base_seconds": 0.0, **policy}
+        "stuck", payload=Work, **FAST | {"lease_seconds": 4, "backoff_base_seconds": 0.0} | policy
     )
     def stuck(ctx: JobContext[Any], p: Work) -> dict[str, int]:
         if ctx.attempt == 1:
@@ -475,7 +476,7 @@ def test_reclaim_by_the_same_worker_keeps_the_new_attempt_heartbeated(
     @app.job(
         "stuck",
         payload=Work,
-        **{**FAST, "progress_timeout_seconds": 1.5, "backoff_base_seconds": 0.0},
+        **FAST | {"progress_timeout_seconds": 1.5, "backoff_base_seconds": 0.0},
     )
     def stuck(ctx: JobContext[Any], p: Work) -> dict[str, int]:
         if ctx.attempt == 1:
@@ -525,7 +526,7 @@ def test_the_logs_never_contain_the_payload(
         settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
         app = App()
 
-        @app.job("leaky", payload=Work, **FAST, backoff_base_seconds=0.0)
+        @app.job("leaky", payload=Work, **FAST | {"backoff_base_seconds": 0.0})
         def leaky(ctx: JobContext[Any], p: Work) -> dict[str, str]:
             if ctx.attempt == 1:
                 raise ValueError(f"could not parse note {p.note!r}")
@@ -773,7 +774,7 @@ def test_a_payload_cannot_set_its_own_lease(aws: AwsTestEnv, ddb_client: DynamoD
     ],
     ids=["lease-vs-missed-beats", "heartbeat-over-half-lease", "over-12-hours"],
 )
-def test_job_class_breaking_a_timing_rule_is_refused(policy: dict[str, Any], message: str) -> None:
+def test_job_class_breaking_a_timing_rule_is_refused(policy: JobPolicy, message: str) -> None:
     with pytest.raises(JobClassError, match=message):
         JobClass(name="bad", payload_model=Work, **policy)
     app = App()
@@ -798,7 +799,7 @@ def test_job_class_at_the_timing_limits_is_accepted() -> None:
 def test_a_job_class_that_extends_with_less_than_a_beat_plus_jitter_left_is_refused() -> None:
     # Passes L > R x H + J (3 > 1.9) but each beat extends with 1.5 s left: one
     # missed beat and the lease lapses. The error names the numbers and the fix.
-    policy = {
+    policy: JobPolicy = {
         "lease_seconds": 3,
         "heartbeat_seconds": 1.5,
         "jitter_seconds": 0.4,
@@ -821,7 +822,7 @@ def test_idle_exit_waits_for_a_retry_the_worker_just_scheduled(
     settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
     app = App()
 
-    @app.job("slowfail", payload=Work, **FAST, backoff_base_seconds=3.0)
+    @app.job("slowfail", payload=Work, **FAST | {"backoff_base_seconds": 3.0})
     def slowfail(ctx: JobContext[Any], p: Work) -> dict[str, int]:
         if ctx.attempt == 1:
             ctx.wait(2.5)

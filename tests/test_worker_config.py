@@ -10,7 +10,15 @@ import pytest
 from conftest import AwsTestEnv
 from pydantic import BaseModel
 
-from sqs_lease import App, NextStage, Settings, Worker, create_queue, create_tables
+from sqs_lease import (
+    App,
+    JobPolicy,
+    NextStage,
+    Settings,
+    Worker,
+    create_queue,
+    create_tables,
+)
 from sqs_lease._core.timing import pace_budget
 from sqs_lease._errors import ConfigError
 from sqs_lease._journal import LOGGER_NAME
@@ -114,8 +122,8 @@ def test_a_stages_own_lease_and_attempts_reach_the_pace_and_the_redrive_rule(
     create_tables(settings)
     create_queue(settings, max_receives=6)
     app = App()
-    slow = {"lease_seconds": 60, "heartbeat_seconds": 10.0, "jitter_seconds": 5.0}
-    report = app.staged("report", payload=_P, max_attempts=2, **slow)
+    slow: JobPolicy = {"lease_seconds": 60, "heartbeat_seconds": 10.0, "jitter_seconds": 5.0}
+    report = app.staged("report", payload=_P, **slow | {"max_attempts": 2})
     report.stage("fetch")(lambda ctx, p: NextStage("render", p))
     report.stage(
         "render",

@@ -25,7 +25,7 @@ from worker_helpers import (
     wait_until,
 )
 
-from sqs_lease import App, JobContext, Producer, Worker
+from sqs_lease import App, JobContext, JobPolicy, Producer, Worker
 from sqs_lease.cli import cli
 
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ def test_a_handler_error_keeps_its_type_and_message_on_the_record_and_in_jobs_sh
     settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
     app = App()
 
-    @app.job("q", payload=Work, **FAST, max_attempts=2, backoff_base_seconds=0.0)
+    @app.job("q", payload=Work, **FAST | {"max_attempts": 2, "backoff_base_seconds": 0.0})
     def q(ctx: JobContext[Any], p: Work) -> None:
         raise ValueError(f"upstream quota exceeded for tenant {p.note}")
 
@@ -215,7 +215,7 @@ def test_a_configuration_error_in_a_handler_fails_the_job_at_once(
     settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
     app = App()
 
-    @app.job("pay", payload=Work, **FAST, max_attempts=4, backoff_base_seconds=0.0)
+    @app.job("pay", payload=Work, **FAST | {"max_attempts": 4, "backoff_base_seconds": 0.0})
     def pay(ctx: JobContext[Any], p: Work) -> None:
         ctx.effect("capture", "psp-typo", {"n": p.n}, lambda call: {"ok": True})
 
@@ -295,7 +295,7 @@ def test_one_unreadable_record_does_not_cost_the_other_jobs_their_leases(
     app = App()
     go = threading.Event()
 
-    @app.job("hold", payload=Work, **FAST, max_attempts=1)
+    @app.job("hold", payload=Work, **FAST | {"max_attempts": 1})
     def hold(ctx: JobContext[Any], p: Work) -> dict[str, int]:
         go.wait(HANG_GUARD)  # set by the test: a hang guard
         ctx.wait(4.0)  # more than a lease after the edit, kept alive by the heartbeat
@@ -340,7 +340,7 @@ def test_a_result_that_with_its_payload_breaks_the_item_limit_fails_the_job_nami
     settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
     app = App()
 
-    @app.job("big", payload=Work, **FAST, max_attempts=3)
+    @app.job("big", payload=Work, **FAST | {"max_attempts": 3})
     def big(ctx: JobContext[Any], p: Work) -> dict[str, str]:
         return {"text": "r" * 200_000}  # alone under the old 350,000-byte rule
 
@@ -407,7 +407,7 @@ def test_a_fence_refusal_of_a_call_paused_before_its_send_is_told_as_a_lease_los
         # What effects.http_json raises on the receiver's 412 stale_token.
         raise FenceRefused(f"psp: the receiver rejected fencing token {call.token}")
 
-    @app.job("pay", payload=Work, **FAST, max_attempts=1)
+    @app.job("pay", payload=Work, **FAST | {"max_attempts": 1})
     def pay(ctx: JobContext[Any], p: Work) -> None:
         ctx.effect("capture", "psp", {"n": p.n}, late_call)
 
@@ -448,9 +448,9 @@ def test_a_refused_intent_start_after_a_takeover_journals_the_loss_once(
     app.target("psp")
     taken = threading.Event()
     called: list[int] = []
-    slow = {"lease_seconds": 20, "heartbeat_seconds": 5.0, "jitter_seconds": 2.0}
+    slow: JobPolicy = {"lease_seconds": 20, "heartbeat_seconds": 5.0, "jitter_seconds": 2.0}
 
-    @app.job("pay", payload=Work, **slow, max_attempts=1)
+    @app.job("pay", payload=Work, **slow | {"max_attempts": 1})
     def pay(ctx: JobContext[Any], p: Work) -> None:
         taken.wait(HANG_GUARD)  # set by the test: a hang guard
         ctx.effect("capture", "psp", {"n": p.n}, lambda call: called.append(call.token))

@@ -21,7 +21,7 @@ from conftest import REGION, AwsTestEnv
 from pydantic import BaseModel
 from worker_helpers import collect_journal, prepare, read_record, running, use_shell, wait_until
 
-from sqs_lease import App, JobContext, JobState, Producer, Timeouts, Worker
+from sqs_lease import App, JobContext, JobPolicy, JobState, Producer, Timeouts, Worker
 from sqs_lease._local import spawn_local_server, stop_local_server
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ Shell: Any = Worker  # each worker shell in turn (use_shell)
 shell = use_shell(__name__)
 
 JOBS = 120
-SHORT = {"lease_seconds": 4, "heartbeat_seconds": 1.0, "jitter_seconds": 1.5}
+SHORT: JobPolicy = {"lease_seconds": 4, "heartbeat_seconds": 1.0, "jitter_seconds": 1.5}
 # Calls that answer late are the overload under test, not an outage: patient client
 # timeouts keep "no answer" (ownership unknown, a claim that may have applied) out of
 # a test of the worker's own lateness on a shared, busy machine.
@@ -83,7 +83,7 @@ def test_an_overloaded_worker_fails_no_job_and_reclaims_none_by_its_own_lateness
     settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
     app = App()
 
-    @app.job("nap", payload=Nap, **SHORT, missed_heartbeats=2, max_attempts=1)
+    @app.job("nap", payload=Nap, **SHORT | {"missed_heartbeats": 2, "max_attempts": 1})
     def nap(ctx: JobContext[Any], p: Nap) -> dict[str, int]:
         ctx.wait(2.5)  # sleeps through two heartbeats (raises if told to stop)
         return {"n": p.n}

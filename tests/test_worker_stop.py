@@ -127,7 +127,7 @@ def test_a_released_job_runs_again_from_its_first_attempt(
     attempts: list[tuple[int, int]] = []
     first = threading.Event()
 
-    @app.job("once", payload=Work, **ROOMY, max_attempts=1)
+    @app.job("once", payload=Work, **ROOMY | {"max_attempts": 1})
     def once(ctx: JobContext[Any], p: Work) -> dict[str, int]:
         attempts.append((ctx.attempt, ctx.token))
         if ctx.token == 1:
@@ -257,8 +257,7 @@ def test_an_effect_call_past_its_timeout_is_outcome_unknown_and_reconciled_next_
     @app.job(
         "pay",
         payload=Charge,
-        **{**FAST, "lease_seconds": 4, "backoff_base_seconds": 0.0},
-        effect_timeout_seconds=0.5,
+        **FAST | {"lease_seconds": 4, "backoff_base_seconds": 0.0, "effect_timeout_seconds": 0.5},
     )
     def pay(ctx: JobContext[Any], p: Charge) -> dict[str, Any]:
         out = ctx.effect("capture", "payments", {"invoice": p.invoice}, capture)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from sqs_lease import AsyncWorker, Settings, Worker
+from sqs_lease import AsyncWorker, JobPolicy, Settings, Worker
 from sqs_lease._core.records import JobView
 from sqs_lease._journal import LOGGER_NAME
 from sqs_lease._schema.models import JobRecord
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 FAST = SHORT_LEASE
 """A short lease that keeps the timing rule (the kit's)."""
 
-ROOMY = {
+ROOMY: JobPolicy = {
     "lease_seconds": 30,
     "heartbeat_seconds": 5.0,
     "jitter_seconds": 1.0,

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from .._core.calls import Call, Outcome
     from .._core.intents import CheckAnswer, IntentView
     from .._core.records import JobView
-    from .._jobs import App, EffectCall
+    from .._jobs import App, EffectCall, JobPolicy
     from .._journal import read_journal
     from .._shell import WorkerStats
     from .._worker import Worker
@@ -132,7 +132,7 @@ def _shells() -> dict[str, type[Worker] | type[AsyncWorker]]:
     return {"thread": Worker, "async": AsyncWorker}
 
 
-SHORT_LEASE: dict[str, Any] = {
+SHORT_LEASE: JobPolicy = {
     "lease_seconds": 3,
     "heartbeat_seconds": 1.0,
     "jitter_seconds": 0.5,

@@ -52,7 +52,7 @@ from ..._core.leasebook import is_open
 from ..._core.rounds import watchdog_drops_flow
 from ..._core.timing import DEFAULT_LOOP_LAG, Pace, pace_budget, tolerated_loop_lag
 from ..._errors import ConfigError
-from ..._jobs import App, JobClass
+from ..._jobs import App, JobClass, JobPolicy
 from ..._schema.slot_requests import SlotTable
 from ..._shell import async_handlers
 from .ddb import TableSpec
@@ -220,7 +220,7 @@ def build_app(world: World, d: PlansDraw) -> App:
     from .resources import JOB_CLASS, SimPayload
 
     c = world.job_class
-    policy = {
+    policy: JobPolicy = {
         "lease_seconds": c.lease_seconds,
         "heartbeat_seconds": c.heartbeat_seconds,
         "jitter_seconds": c.jitter_seconds,
