@@ -35,6 +35,7 @@ from sqs_lease._core.attempt import (
     first_beat_reserve,
     flush_deletes_flow,
     held_effect_flow,
+    json_problem,
     result_json,
 )
 from sqs_lease._core.calls import Call, Err, ErrorKind, Flow, Invoke, Outcome
@@ -238,11 +239,32 @@ def test_a_permanent_error_fails_the_job() -> None:
     assert "no_page" in json.dumps(s.calls[1].params)
 
 
-def test_a_result_that_is_not_json_fails_the_job_as_bad_result() -> None:
-    shell = Shell(lambda run: {"when": object()})
+def test_a_result_that_is_not_json_fails_the_job_as_bad_result_naming_the_field() -> None:
+    shell = Shell(lambda run: {"rows": [1, {"when": object()}]})
     s = _run(shell, _answers(ok(), ok()))
-    assert "bad_result" in json.dumps(s.calls[1].params)
+    written = json.dumps(s.calls[1].params)
+    assert "bad_result" in written
+    assert "result['rows'][1]['when']: object is not JSON" in written
     assert shell.counts == Counter(claimed=1, failed=1)
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ({"a": [1, "x", None, 2.5, True]}, None),
+        ((1, 2), None),
+        ({"ok": {1: "x"}}, None),
+        ({"ok": {1: "x", "b": 2}}, "result['ok']: keys of several types (int, str)"),
+        ({("t",): 1}, "result: key ('t',) (tuple) is not a JSON key"),
+        ([{1, 2}], "result[0]: set is not JSON"),
+    ],
+)
+def test_json_problem_names_the_first_place_a_value_stops_being_json(
+    value: Any, named: str | None
+) -> None:
+    problem = json_problem(value)
+    assert (problem if problem is None else problem.split(" (return")[0]) == named
+    assert (problem is None) == (result_json(value) is not None)
 
 
 def test_a_poison_message_goes_to_the_dlq_without_a_claim() -> None:

@@ -156,6 +156,35 @@ def result_json(result: Any) -> str | None:
         return None
 
 
+def json_problem(value: Any, where: str = "result") -> str | None:
+    """Where ``value`` stops being JSON, named for the person who wrote the handler
+    (``result['rows'][2]: datetime is not JSON ...``); None when it is JSON. The first
+    such place, depth first, as ``json.dumps`` would meet it."""
+    if value is None or isinstance(value, str | bool | int | float):
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not (k is None or isinstance(k, str | bool | int | float)):
+                return f"{where}: key {k!r} ({type(k).__name__}) is not a JSON key"
+            problem = json_problem(v, f"{where}[{k!r}]")
+            if problem is not None:
+                return problem
+        kinds = sorted({type(k).__name__ for k in value})
+        if len(kinds) > 1:  # sort_keys cannot order a str beside an int
+            return f"{where}: keys of several types ({', '.join(kinds)})"
+        return None
+    if isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            problem = json_problem(v, f"{where}[{i}]")
+            if problem is not None:
+                return problem
+        return None
+    return (
+        f"{where}: {type(value).__name__} is not JSON (return str(...), numbers, lists, "
+        "dicts, or a pydantic model's model_dump(mode='json'))"
+    )
+
+
 # ----------------------------------------------------------------------------- attempt
 
 
@@ -700,7 +729,10 @@ def _commit(at: AttemptAt, result: Any, now: Now, duration: float) -> Flow[Finis
         return (yield from _continue(at, result, now, duration))
     text = result_json(result)
     if text is None:
-        bad = Ending(EndKind.FAIL, "handler returned a result that is not JSON", "bad_result")
+        why = json_problem(result) or "it cannot be written as JSON"
+        bad = Ending(
+            EndKind.FAIL, f"handler returned a result that is not JSON: {why}", "bad_result"
+        )
         return (yield from _fail(at, bad, now))
     if env.observer is not None:
         env.observer.committing(at.claim, text)
