@@ -43,23 +43,22 @@ SEED = 0
 ONE_EFFECT = (Step("work", 1.0), Step("effect", action="act0"), Step("work", 1.0))
 
 
-def _one_job(mutation: str | None, *, workers: int, target: str) -> World:
-    """Seed SEED's narrow world with one job of one effect, no drawn fault, no
-    scripted failure: what happens to it is what the test directs."""
-    w = World(SEED, trace=True, features=frozenset(), mutation=mutation, workers=workers, jobs=1)
-    p = w.plan
-    p.fault_events = 0
-    jp = replace(
-        p.job_plans[0],
-        steps=ONE_EFFECT,
-        target=target,
-        submit_at=1.0,
-        p_transient=0.0,
-        p_permanent=0.0,
-        p_unknown=0.0,
-    )
-    p.job_plans = [jp]
+def _directed(w: World, **changes: Any) -> Any:
+    """The world's one job, as the test directs it: no drawn fault, no scripted
+    failure (unless ``changes`` scripts one), submitted at 1 s; the job's plan."""
+    w.plan.fault_events = 0
+    fields: dict[str, Any] = {"submit_at": 1.0, "p_transient": 0.0, "p_permanent": 0.0}
+    jp = replace(w.plan.job_plans[0], **{**fields, "p_unknown": 0.0, **changes})
+    w.plan.job_plans = [jp]
     w.job_plans = {jp.job_id: jp}
+    return jp
+
+
+def _one_job(mutation: str | None, *, workers: int, target: str) -> World:
+    """Seed SEED's narrow world with one job of one effect: what happens to it is what
+    the test directs."""
+    w = World(SEED, trace=True, features=frozenset(), mutation=mutation, workers=workers, jobs=1)
+    _directed(w, steps=ONE_EFFECT, target=target)
     return w
 
 
@@ -341,22 +340,12 @@ def _aged_message_run(mutation: str | None = None, *, cap_left: float) -> RunRes
         w = World(CAP_SEED, trace=True, features=frozenset({"lambda"}), mutation=mutation, jobs=1)
         p = w.plan
         assert p.lambdas is not None, "the seed no longer draws its world"
-        p.fault_events = 0
         p.lambdas = replace(
             p.lambdas, pollers=1, batch_size=1, reserved_id="", retries=False, starved=0.0
         )
-        jp = replace(
-            p.job_plans[0],
-            steps=tuple(Step("work", 100.0) for _ in range(8)),
-            cooperative=True,
-            job_class="sim",
-            submit_at=1.0,
-            p_transient=0.0,
-            p_permanent=0.0,
-            p_unknown=0.0,
+        _directed(
+            w, steps=tuple(Step("work", 100.0) for _ in range(8)), cooperative=True, job_class="sim"
         )
-        p.job_plans = [jp]
-        w.job_plans = {jp.job_id: jp}
         w.sqs.cap_from_first_receive = True
         with _first_message_aged(w, cap_left):
             return w.run()
@@ -422,19 +411,8 @@ def _staged_size_run(mutation: str | None = None) -> RunResult:
     with applied(mutation):
         w = World(SEED, trace=True, features=frozenset(), mutation=mutation, workers=2, jobs=1)
         p = w.plan
-        p.fault_events = 0
         stages = tuple((name, (Step("work", 1.0),)) for name in ("fetch", "transform", "upload"))
-        jp = replace(
-            p.job_plans[0],
-            steps=tuple(s for _, steps in stages for s in steps),
-            stages=stages,
-            submit_at=1.0,
-            p_transient=0.0,
-            p_permanent=0.0,
-            p_unknown=0.0,
-        )
-        p.job_plans = [jp]
-        w.job_plans = {jp.job_id: jp}
+        jp = _directed(w, steps=tuple(s for _, steps in stages for s in steps), stages=stages)
         w.checker.staged = {jp.job_id: jp.stage_names}
         p.sweep = SweepPlan()  # the staged world's sweep (a continuation's send)
         w.ddb.item_limit = True
@@ -488,18 +466,7 @@ def _cancelled_session_run(mutation: str | None = None) -> RunResult:
         p = w.plan
         fifo = w.fifo
         assert fifo is not None, "the seed no longer draws its world"
-        p.fault_events = 0
-        jp = replace(
-            p.job_plans[0],
-            steps=(Step("work", 1.0),),
-            stages=(),
-            submit_at=1.0,
-            p_transient=0.0,
-            p_permanent=1.0,
-            p_unknown=0.0,
-        )
-        p.job_plans = [jp]
-        w.job_plans = {jp.job_id: jp}
+        jp = _directed(w, steps=(Step("work", 1.0),), stages=(), p_permanent=1.0)
         w.checker.staged = {}
         p.fifo = fifo.plan = FifoPlan(sessions={jp.job_id: SESSION})
         _operator_command(
