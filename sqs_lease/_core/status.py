@@ -10,18 +10,24 @@ a stream or an index.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-from pydantic import BaseModel
+from typing import Any, Protocol, TypeVar
 
 from .calls import Err, ErrorKind, Flow, Sleep, ask, call
+from .inputs import loads
 from .messages import fail_call
 from .records import CANCELLED_CODE, JobRequests, JobState
 
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M", covariant=True)
+
+
+class Validator(Protocol[M]):
+    """What :meth:`JobStatus.result_as` takes: a pydantic model class (the core does
+    not import pydantic; anything with ``model_validate`` will do)."""
+
+    def model_validate(self, obj: Any, /) -> M: ...
+
 
 FIRST_POLL = 0.2
 """Seconds before a wait's second read (a short job is often done by then)."""
@@ -85,7 +91,7 @@ class JobStatus:
         """Nothing more happens without a person: finished, or parked."""
         return self.finished or self.parked
 
-    def result_as(self, model: type[M]) -> M:
+    def result_as(self, model: Validator[M]) -> M:
         """The result validated as ``model`` (pydantic's ``ValidationError`` if it is
         not one); ``ValueError`` when the job has no result (it did not succeed)."""
         if self.state is not JobState.SUCCEEDED:
@@ -98,7 +104,7 @@ class JobStatus:
 
 def decode_result(text: str | None) -> Any:
     """A stored result's JSON, decoded (None for none)."""
-    return None if text is None else json.loads(text)
+    return None if text is None else loads(text)
 
 
 def poll_pauses(
