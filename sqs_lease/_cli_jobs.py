@@ -80,9 +80,13 @@ def _job_item(ctx: click.Context, job_id: str) -> dict[str, Any]:
 class _Alive:
     """What a running job's worker says of it: lease left, heartbeat age, and how known."""
 
-    lease_left: str = "-"
-    heartbeat_age: str = "-"
+    lease_left: float | None = None  # seconds (JSON numbers; "9.6s" for people)
+    heartbeat_age: float | None = None
     liveness: str | None = None  # None: not running; else where the figures came from
+    last_heartbeat: float | None = None  # the owner's last round (epoch seconds)
+
+    def cell(self, value: float | None) -> str:
+        return "-" if value is None else seconds(value)
 
 
 def _alive(rec: JobRecord, now: float, live: dict[str, list[Liveness]]) -> _Alive:
@@ -98,19 +102,21 @@ def _alive(rec: JobRecord, now: float, live: dict[str, list[Liveness]]) -> _Aliv
         )
     beat_at = max(p.beat_at for p in parts)
     held = next((h for p in parts if (h := p.find(rec.job_id)) is not None), None)
-    age = seconds(now - beat_at)
+    age = round(now - beat_at, 1)
     if held is None or held.token != rec.token:
         mine = "does not list this job" if held is None else f"lists token {held.token}"
         return _Alive(
             heartbeat_age=age,
-            liveness=f"worker {rec.owner!r} beat {age} ago; its liveness record {mine} "
-            f"(token {rec.token}): lease left unknown",
+            liveness=f"worker {rec.owner!r} beat {seconds(age)} ago; its liveness record "
+            f"{mine} (token {rec.token}): lease left unknown",
+            last_heartbeat=beat_at,
         )
     round_s = max(p.round_seconds for p in parts)
     return _Alive(
-        seconds(held.lease_deadline - now),
+        round(held.lease_deadline - now, 1),
         age,
         f"worker {rec.owner!r}, round of {round_s:.2f}s",
+        beat_at,
     )
 
 
@@ -121,6 +127,8 @@ def _fields(
     alive = _alive(rec, now, live)
     out["lease_left"] = alive.lease_left
     out["heartbeat_age"] = alive.heartbeat_age
+    if alive.last_heartbeat is not None:  # one name per fact: the age is of this beat
+        out["last_heartbeat"] = alive.last_heartbeat
     if alive.liveness is not None:
         out["liveness"] = alive.liveness
     return out
@@ -184,8 +192,8 @@ def jobs_list(ctx: click.Context, state: str | None, limit: int, scan: bool, as_
                 rec.owner or "-",
                 str(rec.token),
                 str(rec.attempt),
-                alive.lease_left,
-                alive.heartbeat_age,
+                alive.cell(alive.lease_left),
+                alive.cell(alive.heartbeat_age),
                 reason_cell(rec.reason),
             ]
         )
@@ -305,6 +313,10 @@ def jobs_show(
                     lead="  ",
                 )
             continue
+        if value is None and name not in _ALWAYS_SHOWN:
+            continue  # an empty field says nothing to a person (JSON keeps it, as null)
+        if name in ("lease_left", "heartbeat_age") and value is not None:
+            value = seconds(value)
         if name in _TIME_FIELDS and value is not None:
             value = f"{value} ({iso(value)})"
         elif name in ("payload", "result") and value is not None:
@@ -312,6 +324,10 @@ def jobs_show(
             field(name, value, ours=True)
             continue
         field(name, value)
+
+
+_ALWAYS_SHOWN = frozenset({"job_id", "state", "owner", "reason"})
+"""Fields ``jobs show`` prints even empty (``-``): a person asks about them by name."""
 
 
 def _short_json(value: Any, limit: int = 120) -> str:

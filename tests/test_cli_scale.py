@@ -76,23 +76,27 @@ def test_jobs_show_takes_lease_left_and_heartbeat_age_from_the_owners_liveness_r
     _running(ddb, jobs, "j-live", "w-9")
 
     none = json.loads(run(aws, "jobs", "show", "j-live", "--json").stdout)
-    assert (none["lease_left"], none["heartbeat_age"]) == ("-", "-")
+    assert (none["lease_left"], none["heartbeat_age"]) == (None, None)
     assert "none found for worker 'w-9'" in none["liveness"]
 
     now = time.time()
     alive = Liveness("w-9", now - 2.0, 0.25, 0, 1, (HeldJob("j-live", 2, now + 20.0),))
     ddb.put_item(**jobs.liveness(alive).params)
     shown = json.loads(run(aws, "jobs", "show", "j-live", "--json").stdout)
-    assert 15.0 < float(shown["lease_left"].rstrip("s")) <= 20.0
-    assert 2.0 <= float(shown["heartbeat_age"].rstrip("s")) < 7.0
+    assert 15.0 < shown["lease_left"] <= 20.0  # numbers in JSON
+    assert 2.0 <= shown["heartbeat_age"] < 7.0
+    # One name per fact: the beat the age is of, not the record's stale attribute.
+    assert shown["last_heartbeat"] == pytest.approx(now - 2.0)
     assert "w-9" in shown["liveness"] and "0.25s" in shown["liveness"]
     text = run(aws, "jobs", "show", "j-live").stdout
     assert "liveness: worker 'w-9'" in text
+    assert "lease_left: " in text and "s\n" in text.split("lease_left: ")[1][:12]
+    assert ": -\n" not in text.replace("reason: -\n", "")  # empty fields hidden
 
     # A record of a later claim (token 3) than the one the liveness record lists.
     _running(ddb, jobs, "j-live", "w-9", token=3)
     moved = json.loads(run(aws, "jobs", "show", "j-live", "--json").stdout)
-    assert moved["lease_left"] == "-" and "lists token 2" in moved["liveness"]
+    assert moved["lease_left"] is None and "lists token 2" in moved["liveness"]
 
 
 def test_jobs_list_running_comes_from_the_liveness_records_never_a_scan(
@@ -111,7 +115,7 @@ def test_jobs_list_running_comes_from_the_liveness_records_never_a_scan(
     assert listed.exit_code == 0, listed.output
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     assert [r["job_id"] for r in rows] == ["j-0", "j-1"]
-    assert all(r["lease_left"] != "-" for r in rows)
+    assert all(isinstance(r["lease_left"], float) for r in rows)
     assert "Scan" not in ops and "Query" in ops
 
 
