@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -24,7 +24,7 @@ def _iso(ts: float | None) -> str | None:
     return None if ts is None else datetime.fromtimestamp(float(ts), UTC).isoformat()
 
 
-def _missing(scope: str, rcv: FencedReceiver, as_json: bool) -> None:
+def _missing(scope: str, rcv: FencedReceiver) -> NoReturn:
     fail(
         f"no fence mark for scope {scope!r} in {rcv.fences_table}",
         EXIT_NOT_FOUND,
@@ -52,15 +52,14 @@ def mark() -> None:
 @mark.command("show")
 @click.argument("scope")
 @_PREFIX
-@json_option('{"scope", "mark", "updated_at", "expires_at"}; "mark": null when none.')
+@json_option('{"scope", "mark", "updated_at", "expires_at"}; none: the error object, exit 1.')
 @click.pass_context
 def mark_show(ctx: click.Context, scope: str, receiver_prefix: str | None, as_json: bool) -> None:
     """Show SCOPE's (a job id's) fence mark. Exit 1 when it has none."""
     rcv = _receiver(ctx, receiver_prefix)
     found = rcv.mark(scope)
     if found is None:
-        _missing(scope, rcv, as_json)
-        return
+        _missing(scope, rcv)
     out: dict[str, Any] = {
         "scope": scope,
         "mark": int(found.token),
@@ -121,8 +120,7 @@ def mark_reset(
         return
     now = rcv.highest(scope)
     if now is None:
-        _missing(scope, rcv, as_json)
-        return
+        _missing(scope, rcv)
     fail(
         f"the mark of scope {scope!r} is {now}, not {expect}: nothing changed "
         "(run `sqs-lease receiver mark show` again)",

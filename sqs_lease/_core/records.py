@@ -103,8 +103,19 @@ def attempts_allowed(job: JobView, max_attempts: int) -> int:
     return allowed
 
 
-def is_cancelled(job: JobView) -> bool:
-    """Whether a cancel ended the job: its owner loses the lease as cancelled, not lost."""
+class Ended(Protocol):
+    """What :func:`is_cancelled` reads: a job's view, or its caller's status."""
+
+    @property
+    def state(self) -> JobState: ...
+
+    @property
+    def error_code(self) -> str | None: ...
+
+
+def is_cancelled(job: Ended) -> bool:
+    """Whether a cancel ended the job: its owner loses the lease as cancelled, not lost
+    (and its caller reads ``JobStatus.cancelled``)."""
     return job.state is JobState.FAILED and job.error_code == CANCELLED_CODE
 
 

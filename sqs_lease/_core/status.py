@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 from .calls import Err, ErrorKind, Flow, Sleep, ask, call
 from .inputs import loads
 from .messages import fail_call
-from .records import CANCELLED_CODE, JobRequests, JobState
+from .records import JobRequests, JobState, is_cancelled
 
 M = TypeVar("M", covariant=True)
 
@@ -77,7 +77,7 @@ class JobStatus:
     @property
     def cancelled(self) -> bool:
         """Ended by a cancel (the job's own, or its group's)."""
-        return self.state is JobState.FAILED and self.error_code == CANCELLED_CODE
+        return is_cancelled(self)
 
     @property
     def parked(self) -> bool:
