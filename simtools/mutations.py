@@ -1219,6 +1219,18 @@ def lambda_parser_drops_timestamps() -> Iterator[None]:
 
 
 @contextmanager
+def take_past_cap() -> Iterator[None]:
+    """Issue 26 (a directed world's strict xfail), as before the fix: a Lambda record's
+    take asks the class's whole lease whatever is left of the message's 12-hour cap,
+    so with less than a lease left SQS refuses it, the record is left to its
+    visibility and received until the DLQ. Expected: I23 (dead-lettered unstarted)."""
+    from sqs_lease._core import invocation
+
+    with _patch(invocation, "cap_budget", lambda delivery, budget, wall_now: budget):
+        yield
+
+
+@contextmanager
 def unstarted_released_at_once() -> Iterator[None]:
     """Issue 27 item 6, as before the fix: a record the invocation's remaining time
     could not hold is released at visibility 0, so the event source hands it straight
@@ -1331,6 +1343,9 @@ LAMBDA_UNCAUGHT: dict[str, Callable[[], Any]] = {
     # backlog of one-job groups, three pollers, batches of ten kept, redrive at 8).
     "unstarted_released_at_once": unstarted_released_at_once,
     "lambda_parser_drops_timestamps": lambda_parser_drops_timestamps,
+    # Needs a message whose cap is nearly spent by earlier receives and an SQS that
+    # counts the cap from the first receive (no drawn run): a directed world.
+    "take_past_cap": take_past_cap,
 }
 # ``refusal_as_unknown`` (in UNCAUGHT above) is caught in the lambda world at seed 10
 # (I20): an environment starved of CPU while its intent start is in flight sends its

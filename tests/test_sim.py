@@ -1531,11 +1531,12 @@ def test_an_operator_resolving_a_parked_job_while_workers_run_grants_its_attempt
     # for an unconfirmed lease instead of giving up; seed 66 until a claim of a
     # running job watched its owner first (the duplicate rule, issue 26); seed 75
     # until the simulated worker's sweep took its DLQ receive (soak seed 1582660);
-    # seed 133 shows it since (none of 76-132), with the operator dying half way
-    # through a command and running it again.
-    r = _issue14(133, "operator_races")
-    assert r.ok, _verdict(r, 133, *PASSING_FEATURES, "operator_races")
-    assert r.injected.get("operator_died"), "seed 133 no longer has the operator die"
+    # seed 133 until planned jobs were drawn on FIFO queues (it draws both); seed 137
+    # shows it since (none of 134-136), with the operator dying half way through a
+    # command and running it again.
+    r = _issue14(137, "operator_races")
+    assert r.ok, _verdict(r, 137, *PASSING_FEATURES, "operator_races")
+    assert r.injected.get("operator_died"), "seed 137 no longer has the operator die"
     resolved = _events_of(r, "intent_resolved")
     assert resolved and _events_of(r, "job_resumed")
     job = resolved[0]["job_id"]

@@ -104,6 +104,43 @@ def test_the_world_draws_shared_tools_limits_tight_leases_and_async() -> None:
     assert any(len(steps) > 1 for steps in by_tool.values())
 
 
+# seeds of the full world that draw plans with a FIFO queue and with the long profile
+PLANS_FIFO_AT, PLANS_LONG_AT = 139, 37
+
+
+def test_plans_are_drawn_on_fifo_queues_and_in_the_long_profile() -> None:
+    """Planned jobs run in sessions of a FIFO queue, and for hours in the long
+    profile, against a tighter tool lease scaled to the profile's."""
+    fifo = draw_plan(Chaos(PLANS_FIFO_AT))
+    assert fifo.fifo is not None and fifo.plans is not None
+    long = draw_plan(Chaos(PLANS_LONG_AT))
+    assert long.profile == "long" and long.plans is not None
+    assert all(t.timing is None or t.timing[0] >= 100 for t in long.plans.tools)
+    for seed, plan in ((PLANS_FIFO_AT, fifo), (PLANS_LONG_AT, long)):
+        r = run_seed(seed, trace=True)
+        assert r.ok, r.violations[:1]
+        # a plan step ran to its end (the run's faults may fail a job after it): a
+        # step's checkpoint, or the result of a planned job
+        planned_jobs = {jp.job_id for jp in plan.job_plans if any(map(tool_of, jp.stage_names))}
+        ends = [
+            d
+            for _, _, kind, d in r.log
+            if (kind == "stage_committed" and tool_of(d["stage"]))
+            or (kind == "result_committed" and d["job_id"] in planned_jobs)
+        ]
+        assert ends, (seed, planned_jobs)
+    # a plan of several steps in a session ran to its result (the session's order and
+    # each step's continuation in its group)
+    sessions = fifo.fifo.sessions
+    multi = {
+        jp.job_id
+        for jp in fifo.job_plans
+        if jp.job_id in sessions and len(jp.stages) > 1 and tool_of(jp.stage_names[0])
+    }
+    r = run_seed(PLANS_FIFO_AT, trace=True)
+    assert {d["job_id"] for _, _, kind, d in r.log if kind == "result_committed"} & multi
+
+
 def test_the_world_builds_the_real_app_and_decides_with_it() -> None:
     w = World(10, features=PLANS_WORLD)
     assert w.planned is not None

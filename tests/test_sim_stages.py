@@ -34,6 +34,7 @@ from sqs_lease.testing._sim.plan import (
     Widening,
     draw_plan,
 )
+from sqs_lease.testing._sim.planned import tool_of
 from sqs_lease.testing._sim.receiver import TargetFaults
 from sqs_lease.testing._sim.resources import JOBS
 from sqs_lease.testing._sim.sqs import SqsBehaviour
@@ -181,7 +182,8 @@ def test_staged_jobs_join_about_a_third_of_the_runs_from_their_own_stream() -> N
             assert jp.steps == plain.steps and jp.submit_at == plain.submit_at
             if jp.stages:
                 assert tuple(s for _, st in jp.stages for s in st) == jp.steps
-                assert 2 <= len(jp.stages) <= 4
+                # (a planned job's stages are its plan's steps: the plans world's draw)
+                assert 2 <= len(jp.stages) <= 4 or tool_of(jp.stages[0][0]), jp
 
 
 # Seed 33: three times a worker dies after a stage's checkpoint, before the next

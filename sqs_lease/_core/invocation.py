@@ -40,6 +40,7 @@ from .eventsource import (
 from .fifo import is_fifo
 from .messages import Delivery, on_queue
 from .slots import unstarted_wait_flow, wait_delay, waits_of
+from .stages import cap_budget
 
 
 def unfit_problem(rules: Mapping[str, tuple[float, int]], function_timeout: float) -> str | None:
@@ -180,7 +181,12 @@ def record_flow(
     env.tally("received", 1)
     if isinstance(item, Delivery):
         lease = rules.lease_seconds if rules is not None else env.receive_visibility
-        taken = yield from take_record_flow(env.queue_url, item, lease)
+        # The take asks no visibility past SQS's 12-hour cap (the attempt's own rule,
+        # cap_budget): with less than a lease of it left SQS would refuse the take and
+        # the record come back until the DLQ; taken for what is left, the attempt
+        # sends the job on under a new message instead.
+        cap_left = int(cap_budget(item, float(lease), now.wall))
+        taken = yield from take_record_flow(env.queue_url, item, max(1, min(lease, cap_left)))
         if isinstance(taken, Err):
             groups.failed(group)
             # Its visibility lapsed behind the batch's earlier records: not started

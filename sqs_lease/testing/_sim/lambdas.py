@@ -87,6 +87,13 @@ class LambdaPlan:
     starved: float = 0.0
 
 
+def takes(plan: RunPlan, allowed: frozenset[str]) -> bool:
+    """Whether this world's stream turns it on for the run (:func:`draw`'s first
+    draw and its rules, before the ``plans`` world's draw)."""
+    on = random.Random(f"lambda-{plan.seed}").random() < 0.3
+    return on and FEATURE in allowed and plan.profile != "long"
+
+
 def draw(c: Chaos, plan: RunPlan, allowed: frozenset[str]) -> None:
     """Draw the Lambda deployment from its own stream; everything is drawn whatever
     is allowed, so no other feature's draws move."""

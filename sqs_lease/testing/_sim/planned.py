@@ -9,7 +9,9 @@ feature off runs byte for byte as before):
   with a fleet-wide ``concurrency_limit`` (1-2), some with a lease tighter than the
   job's; an app-wide tenant limit (1-2) in some runs, each job of a tenant;
 - about 2 jobs in 3 become planned jobs: their steps cut into 1-4 plan steps, each a
-  stage ``N-tool`` calling a drawn tool, so tools are shared by plans and steps;
+  stage ``N-tool`` calling a drawn tool, so tools are shared by plans and steps (on a
+  FIFO queue whose app does not interleave stages, a job of a session gets one plan
+  step: the core refuses a job of several stages in a session there);
 - per worker start, the shell (thread or async) and, for an async worker, the
   ``max_loop_lag`` its operator asked for (sized from the job's own timing, as an
   operator reading the job's defaults would); an async tool may hold the event loop
@@ -55,9 +57,10 @@ from ..._errors import ConfigError
 from ..._jobs import App, JobClass, JobPolicy
 from ..._schema.slot_requests import SlotTable
 from ..._shell import async_handlers
+from . import lambdas
 from .ddb import TableSpec
 from .invariants import Origin
-from .plan import JobPlan, RunPlan
+from .plan import JobPlan, RunPlan, serial_bound
 
 if TYPE_CHECKING:
     from .sqs import Message
@@ -123,7 +126,8 @@ def draw(plan: RunPlan, allowed: frozenset[str]) -> None:
         is_async = r.random() < 0.5
         limit = r.choice([1, 1, 2]) if r.random() < 0.6 else None
         tight = r.random() < 0.4
-        lease = r.choice([10, 15])
+        # (the long profile's leases are minutes: a tight tool's is ten times its draw)
+        lease = r.choice([10, 15]) * (10 if plan.profile == "long" else 1)
         jitter = round(r.uniform(0.5, 2.0), 2)
         beat = round((lease - jitter) / r.uniform(3.6, 6.0), 2)
         timing = (lease, beat, jitter) if tight and lease < plan.lease else None
@@ -141,12 +145,15 @@ def draw(plan: RunPlan, allowed: frozenset[str]) -> None:
         round(r.uniform(0.2, 0.9) * job_limit, 3) if r.random() < 0.5 else None for _ in range(16)
     )
     stall_picks = [[r.random() for _ in range(8)] for _ in plan.job_plans]
-    if not on or FEATURE not in allowed or plan.profile == "long":
+    if not on or FEATURE not in allowed:
         return
-    if plan.fifo is not None:
-        # Not drawn with a FIFO queue yet: the fifo world's stages resume past their
-        # hint, which this world's per-step stalls do not follow.
+    if plan.fifo is not None and lambdas.takes(plan, allowed):
+        # A FIFO seed the lambda world takes stays its own (the two are not drawn
+        # together; on a standard queue the plans world came first and keeps it)
         return
+    # fifo: a job of several stages goes in a session only where the app interleaves
+    # them (the core refuses it otherwise): such a job gets one plan step
+    sessions = plan.fifo.sessions if plan.fifo is not None and not plan.fifo.interleave else {}
     jobs: list[JobPlan] = []
     stalls: list[tuple[tuple[str, str, int], float]] = []
     lag = max((x for x in loop_lags if x is not None), default=DEFAULT_LOOP_LAG)
@@ -155,7 +162,7 @@ def draw(plan: RunPlan, allowed: frozenset[str]) -> None:
         if not chosen or jp.stages or jp.job_class != "sim":
             jobs.append(jp)
             continue
-        n = min(n, len(jp.steps))
+        n = 1 if jp.job_id in sessions else min(n, len(jp.steps))
         cuts = sorted(random.Random(f"{salt}").sample(range(1, len(jp.steps)), n - 1))
         bounds = [0, *cuts, len(jp.steps)]
         stages = []
@@ -178,6 +185,10 @@ def draw(plan: RunPlan, allowed: frozenset[str]) -> None:
         planned += 1
     if not planned:
         return
+    if tenant_limit is not None or any(t.limit is not None for t in tools):
+        # a limit runs its holders one after another: the drain's bound counts every
+        # planned job in a row (hours each in the long profile)
+        plan.max_time = max(plan.max_time, serial_bound(plan, planned))
     plan.job_plans = jobs
     plan.plans = PlansDraw(
         tools=tuple(tools),

@@ -474,13 +474,12 @@ class SimWorker(Actor):
         done = len(plan.stages[i][1]) - len(steps) if plan.stages else 0
         planned = self.world.planned
         # plans: the limits it holds, and its tool's callable run as this shell would
-        # (never drawn with fifo: its steps are never resumed past, so k is the step's)
         ran = planned.start_stage(self, run, plan) if planned is not None else None
-        for k, step in enumerate(steps):
-            done += 1
+        for step in steps:
+            done += 1  # (the step's own index in its stage is done - 1, hint or not)
             if step.kind == "work":
                 stall = (
-                    planned.stall_of(self, claim.job.job_id, claim.job.stage, k)
+                    planned.stall_of(self, claim.job.job_id, claim.job.stage, done - 1)
                     if planned
                     else None
                 )
