@@ -1,4 +1,4 @@
-"""``sqs-lease dlq list|show|redrive``: the dead-letter queue from the command line
+"""``sqs-lease dlq list|show|redrive|delete``: the dead-letter queue from the command line
 (the work is in :mod:`sqs_lease._dlq`)."""
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ._dlq import (
     RedriveVerdict,
     age,
     approximate_depth,
+    delete_from_dlq,
     dlq_url_of,
     find_in_dlq,
     peek_dlq,
@@ -84,7 +85,9 @@ def dlq_list(
     """List DLQ messages: the job each names and why it is there (never bodies).
 
     SQS shows a message only by receiving it: each is hidden for a moment while
-    the list is made, and made visible again before the command ends.
+    the list is made, and made visible again before the command ends. So RECEIVES
+    (SQS's ApproximateReceiveCount) counts every receive: the job queue's, and each
+    look at the DLQ, this one included.
 
     With --reconcile each message's job record is read too. A job still `queued` or
     `running` whose current message is here would wait forever (nothing runs a DLQ
@@ -302,18 +305,74 @@ def dlq_redrive(
         for r in report.messages:
             said = _SAID[r.verdict] + (f": {r.detail}" if r.detail else "")
             row(r.message.message_id, r.message.job_id or "-", said)
-        moved = sum(
-            1
-            for r in report.messages
-            if r.verdict in (RedriveVerdict.MOVED, RedriveVerdict.COPIED_NOT_DELETED)
-        )
+        # The dry run counts what the real run would move, by the same verdicts: a
+        # message that is not a job's is skipped by both.
+        counts = {v: sum(1 for r in report.messages if r.verdict is v) for v in RedriveVerdict}
+        skipped = counts[RedriveVerdict.SKIPPED]
         if dry_run:
-            summary = f"{len(report.messages)} would move (dry run: nothing sent)"
+            summary = f"{counts[RedriveVerdict.WOULD_MOVE]} would move"
         else:
+            moved = counts[RedriveVerdict.MOVED] + counts[RedriveVerdict.COPIED_NOT_DELETED]
             summary = f"{moved} moved back to the job queue (sent, then deleted from the DLQ)"
             summary += f", {failed} failed" if failed else ""
-        click.echo(summary)
+        summary += f", {skipped} skipped (not job messages: left)" if skipped else ""
+        click.echo(summary + (" (dry run: nothing sent)" if dry_run else ""))
     if report.more:
         note(f"--limit {limit} reached: the DLQ holds more; run again to move them")
+    if failed:
+        raise click.exceptions.Exit(EXIT_NOT_FOUND)
+
+
+@dlq.command("delete")
+@click.argument("ident", metavar="MESSAGE_ID|JOB_ID")
+@click.option(
+    "--scan",
+    type=click.IntRange(1, 10_000),
+    default=1000,
+    show_default=True,
+    help="Look at up to this many DLQ messages to find it.",
+)
+@click.option("--yes", "-y", is_flag=True, help="Delete without asking.")
+@json_option('{"deleted": [...], "failed": [...]}: message ids (with --yes, or answer y).')
+@click.pass_context
+def dlq_delete(ctx: click.Context, ident: str, scan: int, yes: bool, as_json: bool) -> None:
+    """Delete the DLQ message with this message id, or every one naming this job id,
+    for good (a message no job will ever need: junk, a test's leftovers). Shows what
+    it found and asks first (on stderr) unless --yes. Exit 1 when none is found, when
+    the answer is no, or when a delete failed."""
+
+    def ask(found: list[DlqMessage]) -> bool:
+        if yes:
+            return True
+        for msg in found:
+            click.echo(f"{msg.message_id}  {msg.job_id or '-'}  {msg.reason}", err=True)
+        return click.confirm(
+            f"Delete {len(found)} DLQ message(s) for good?", default=False, err=True
+        )
+
+    found, done = delete_from_dlq(settings_of(ctx), ident, scan=scan, confirm=ask)
+    if not found:
+        fail(
+            f"no DLQ message with message id or job id {ident!r} (in the first {scan} looked at)",
+            EXIT_NOT_FOUND,
+            kind="message_not_found",
+        )
+    if done is None:
+        fail(
+            "not confirmed: nothing deleted (the messages are back in the DLQ)",
+            EXIT_NOT_FOUND,
+            kind="not_confirmed",
+        )
+    failed = [d for d in done if d.error is not None]
+    if as_json:
+        emit_json(
+            {
+                "deleted": [d.message.message_id for d in done if d.error is None],
+                "failed": [{"message_id": d.message.message_id, "error": d.error} for d in failed],
+            }
+        )
+    else:
+        for d in done:
+            row(d.message.message_id, d.message.job_id or "-", d.error or "deleted")
     if failed:
         raise click.exceptions.Exit(EXIT_NOT_FOUND)

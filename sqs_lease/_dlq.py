@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -214,6 +214,52 @@ def find_in_dlq(settings: Settings, ident: str, *, scan: int = 1000) -> list[Dlq
     ``scan`` messages; all given back)."""
     found, _ = peek_dlq(settings, limit=scan)
     return [m for m in found if ident in (m.message_id, m.job_id)]
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """What ``dlq delete`` did with one message: ``error`` None when SQS deleted it."""
+
+    message: DlqMessage
+    error: str | None = None
+
+
+def delete_from_dlq(
+    settings: Settings,
+    ident: str,
+    *,
+    scan: int = 1000,
+    confirm: Callable[[list[DlqMessage]], bool] = lambda found: True,
+) -> tuple[list[DlqMessage], list[Deleted] | None]:
+    """Delete the DLQ messages whose message id or job id is ``ident`` (looking at up
+    to ``scan`` messages), once ``confirm`` agreed, shown what was found. The found
+    messages stay received (hidden) while ``confirm`` decides; every other message,
+    and all of them when ``confirm`` says no, is given back. Returns what was found
+    and what each delete did (None: not confirmed, nothing deleted)."""
+    _, dlq = dlq_url_of(settings)
+    looker = _Looker(settings, dlq)
+    try:
+        seen, _ = _look(looker, scan)
+        found = [m for m in seen if ident in (m.message_id, m.job_id)]
+        if not found or not confirm(found):
+            return found, None
+        done: list[Deleted] = []
+        for msg in found:
+            try:
+                _call(
+                    looker.sqs,
+                    "delete_message",
+                    QueueUrl=looker.dlq_url,
+                    ReceiptHandle=msg.receipt_handle,
+                )
+            except (AwsCallFailed, AwsUnavailable) as exc:
+                done.append(Deleted(msg, str(exc)))  # given back below: it stays
+                continue
+            looker.done_with(msg.message_id)
+            done.append(Deleted(msg))
+        return found, done
+    finally:
+        looker.give_back()
 
 
 def redrive_dlq(

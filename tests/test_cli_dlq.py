@@ -110,6 +110,68 @@ def test_dlq_list_shows_each_message_with_its_whole_reason_and_gives_them_back(d
     assert records[dlq.garbage]["is_job_message"] is False
 
 
+def test_dlq_list_says_what_receives_counts(dlq: Dlq) -> None:
+    first = run(dlq.aws, "dlq", "list", "--json")
+    counts = {
+        r["message_id"]: r["receive_count"] for r in map(json.loads, first.stdout.splitlines())
+    }
+    # each look is a receive: the count names it, and the human view says so
+    helped = run(dlq.aws, "dlq", "list", "--help")
+    assert "each look at the DLQ, this one included" in " ".join(helped.stdout.split())
+    run(dlq.aws, "dlq", "list")
+    second = run(dlq.aws, "dlq", "list", "--json")
+    again = {
+        r["message_id"]: r["receive_count"] for r in map(json.loads, second.stdout.splitlines())
+    }
+    assert all(again[m] == counts[m] + 2 for m in counts), (counts, again)
+
+
+def test_dlq_delete_asks_then_deletes_only_what_it_names(dlq: Dlq) -> None:
+    declined = CliRunner().invoke(
+        cli,
+        [
+            "--endpoint-url",
+            dlq.aws.endpoint_url,
+            "--prefix",
+            dlq.aws.prefix,
+            "dlq",
+            "delete",
+            dlq.garbage,
+        ],
+        input="n\n",
+    )
+    assert declined.exit_code == 1 and "nothing deleted" in declined.stderr
+    assert dlq.garbage in declined.stderr  # shown before the question
+    assert len(dlq.bodies(dlq.dlq)) == 3  # given back, all of them
+
+    agreed = CliRunner().invoke(
+        cli,
+        [
+            "--endpoint-url",
+            dlq.aws.endpoint_url,
+            "--prefix",
+            dlq.aws.prefix,
+            "dlq",
+            "delete",
+            dlq.garbage,
+        ],
+        input="y\n",
+    )
+    assert agreed.exit_code == 0, (agreed.output, agreed.exception)
+    left = dlq.bodies(dlq.dlq)
+    assert [json.loads(b)["job_id"] for b, _ in left] == ["j1", "j2"]
+
+    by_job = run(dlq.aws, "dlq", "delete", "j2", "--yes", "--json")
+    assert by_job.exit_code == 0, by_job.output
+    assert json.loads(by_job.stdout) == {"deleted": [dlq.redriven], "failed": []}
+    ((body, _),) = dlq.bodies(dlq.dlq)
+    assert json.loads(body)["job_id"] == "j1"
+
+    missing = run(dlq.aws, "dlq", "delete", "nope", "--yes", "--json")
+    assert missing.exit_code == 1
+    assert json.loads(missing.stdout)["code"] == "message_not_found"
+
+
 def test_dlq_list_says_when_limit_left_messages_out(dlq: Dlq) -> None:
     cut = run(dlq.aws, "dlq", "list", "--limit", "2")
     assert cut.exit_code == 0, cut.output
@@ -135,7 +197,9 @@ def test_dlq_show_finds_a_message_by_job_id_or_message_id_with_its_body(dlq: Dlq
 def test_dlq_redrive_moves_chosen_job_messages_back_and_leaves_the_rest(dlq: Dlq) -> None:
     dry = run(dlq.aws, "dlq", "redrive", "--dry-run")
     assert dry.exit_code == 0, dry.output
-    assert "would move" in dry.stdout and "skipped" in dry.stdout
+    # the dry run counts what the real run moves: two job messages, the junk skipped
+    summary = dry.stdout.splitlines()[-1]
+    assert summary.startswith("2 would move, 1 skipped"), summary
     assert dlq.bodies(dlq.queue) == [] and len(dlq.bodies(dlq.dlq)) == 3
 
     one = run(dlq.aws, "dlq", "redrive", "--job", "j1")
@@ -151,6 +215,8 @@ def test_dlq_redrive_moves_chosen_job_messages_back_and_leaves_the_rest(dlq: Dlq
     report = json.loads(rest.stdout)
     verdicts = {m["job_id"]: m["verdict"] for m in report["messages"]}
     assert verdicts == {"j2": "moved", None: "skipped"}
+    again = run(dlq.aws, "dlq", "redrive", "--dry-run")
+    assert again.stdout.splitlines()[-1].startswith("0 would move, 1 skipped"), again.stdout
     assert report["more"] is False
     assert [json.loads(b)["job_id"] for b, _ in dlq.bodies(dlq.queue)] == ["j1", "j2"]
     ((left, _),) = dlq.bodies(dlq.dlq)
