@@ -53,13 +53,24 @@ QUIET = frozenset({"heartbeat_ok"})
 _SKIP = frozenset({"event", "ts", "worker", "job_id"})
 _CLEAR = "\r\x1b[2K"
 
+SHORTENED = frozenset({"payload_hash", "message_id", "request_id", "send_id", "previous_owner"})
+"""Machine identifiers (64-hex hashes, UUIDs) a person matches by their first
+characters: shown as their first :data:`SHORT` (``--details`` shows them whole; the
+JSON journal always has them whole)."""
+SHORT = 8
 
-def render_event(record: Mapping[str, Any]) -> str:
+
+def render_event(
+    record: Mapping[str, Any], *, details: bool = False, width: int | None = None
+) -> str:
     """One journal event as one readable line: time, mark, event, job, then fields.
 
-    Every text in it comes from outside (job ids, reasons, exception texts) and is
-    shown with its control characters made visible: a line can never move the
-    cursor, set the title or reach the clipboard."""
+    Without ``details`` the :data:`SHORTENED` identifiers are cut to their first
+    characters (``…`` marks the cut); with ``width`` (a terminal's) a longer line is
+    cut to fit, ending in ``…``. Every text in it comes from outside (job ids,
+    reasons, exception texts) and is shown with its control characters made
+    visible: a line can never move the cursor, set the title or reach the
+    clipboard."""
     ts = record.get("ts")
     clock = datetime.fromtimestamp(ts).strftime("%H:%M:%S") if isinstance(ts, int | float) else ""
     event = str(record.get("event", "?"))
@@ -71,8 +82,14 @@ def render_event(record: Mapping[str, Any]) -> str:
     for key, value in record.items():
         if key in _SKIP or value is None:
             continue
-        parts.append(f"{visible(key)}={_value(value)}")
-    return "  ".join(parts).rstrip()
+        shown = _value(value)
+        if not details and key in SHORTENED and len(shown) > SHORT + 1:
+            shown = shown[:SHORT] + "…"
+        parts.append(f"{visible(key)}={shown}")
+    line = "  ".join(parts).rstrip()
+    if width is not None and len(line) > width:
+        line = line[: max(1, width - 1)] + "…"
+    return line
 
 
 def _value(value: Any) -> str:
@@ -97,10 +114,12 @@ class HumanConsole(logging.Handler):
         live: bool | None = None,
         refresh: float = 1.0,
         clock: Callable[[], float] = time.time,
+        details: bool = False,
     ) -> None:
         super().__init__(logging.INFO)
         self.stream = stream
         self.live = _isatty(stream) if live is None else live
+        self.details = details  # whole identifiers, lines not cut to the terminal
         self.refresh = refresh
         self.clock = clock
         self._status: StatusSource | None = None
@@ -125,7 +144,11 @@ class HumanConsole(logging.Handler):
             data = {"event": "log", "message": str(data)}
         event = str(data.get("event", "?"))
         self._last = (event, data.get("job_id"), self.clock())
-        line = None if event in QUIET else render_event(data)
+        # On a terminal a line fits its width (the journal's JSON has every field);
+        # an alert keeps its whole reason, which says what to do
+        fit = self.live and not self.details and event not in ALERTS
+        width = _columns() - 1 if fit else None
+        line = None if event in QUIET else render_event(data, details=self.details, width=width)
         self._write(line)
 
     def status_line(self) -> str:
@@ -154,8 +177,7 @@ class HumanConsole(logging.Handler):
         if line is not None:
             out.append(line + "\n")
         if self.live:
-            width = shutil.get_terminal_size((100, 24)).columns
-            out.append(self.status_line()[: max(10, width - 1)])
+            out.append(self.status_line()[: max(10, _columns() - 1)])
             self._shown = True
         try:
             self.stream.write("".join(out))
@@ -222,3 +244,7 @@ def _isatty(stream: TextIO) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+def _columns() -> int:
+    return shutil.get_terminal_size((100, 24)).columns

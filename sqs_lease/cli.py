@@ -575,10 +575,22 @@ def submit(
     help="Journal on stderr: JSON lines for machines, or readable lines for people (with a "
     "live status line on a terminal).",
 )
+@click.option(
+    "--details",
+    is_flag=True,
+    help="With --output human: whole ids and hashes, and lines not cut to the terminal's "
+    "width (by default ids show their first 8 characters and a line fits the terminal).",
+)
 @json_option("Final counters as one JSON object on stdout (always so with --output json).")
 @click.pass_context
 def worker(
-    ctx: click.Context, /, app_spec: str | None, output: str, as_json: bool, **options: Any
+    ctx: click.Context,
+    /,
+    app_spec: str | None,
+    output: str,
+    details: bool,
+    as_json: bool,
+    **options: Any,
 ) -> None:
     """Run a worker for an app; journal on stderr, final stats (JSON) on stdout.
 
@@ -603,7 +615,7 @@ def worker(
     with ExitStack() as stack:
         console: HumanConsole | None = None
         if output == "human":
-            console = stack.enter_context(HumanConsole(sys.stderr))
+            console = stack.enter_context(HumanConsole(sys.stderr, details=details))
         else:
             # Only a worker that will run sends the journal to stderr (this changes
             # the process's logging, which a caller of the CLI in-process keeps).

@@ -180,6 +180,56 @@ def test_an_event_renders_as_one_readable_line_with_alerts_marked() -> None:
     assert " ! " not in render_event({"event": "job_claimed", "ts": 0, "job_id": "j1"})
 
 
+CLAIMED = {
+    "event": "job_claimed",
+    "ts": 0,
+    "worker": "w",
+    "job_id": "invoice-7",
+    "token": 2,
+    "payload_hash": "f3013f933b9fb80ab6d995e7ad9da36f683837ba1d81e950c943d40111eac2f0",
+    "message_id": "2b1c6f0e-8d55-4c1e-9d47-1f5a4d0c9e21",
+    "receive_count": 1,
+}
+
+
+def test_a_line_for_people_shows_ids_by_their_first_characters_and_fits_the_terminal() -> None:
+    whole = render_event(CLAIMED, details=True)
+    assert CLAIMED["payload_hash"] in whole and CLAIMED["message_id"] in whole
+    short = render_event(CLAIMED)
+    assert "payload_hash=f3013f93…" in short and "message_id=2b1c6f0e…" in short
+    assert "job invoice-7" in short and "token=2" in short  # the user's own id whole
+    assert len(whole) - len(short) == (64 - 9) + (36 - 9)
+    cut = render_event(CLAIMED, width=40)
+    assert len(cut) == 40 and cut.endswith("…") and cut.startswith(short[:39])
+    assert render_event(CLAIMED, width=400) == short
+
+
+def test_on_a_terminal_lines_fit_its_width_but_alerts_keep_their_reason(
+    restore_journal: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqs_lease import _console
+
+    monkeypatch.setattr(_console, "_columns", lambda: 60)
+    reason = "lease taken over by worker w2 at token 3: " + "why " * 20
+    for details in (False, True):
+        stream = io.StringIO()
+        with HumanConsole(stream, live=True, refresh=3600, details=details):
+            journal = Journal(worker_id="w")
+            journal(
+                "job_claimed",
+                **{k: v for k, v in CLAIMED.items() if k not in ("event", "ts", "worker")},
+            )
+            journal("heartbeat_lost", job_id="invoice-7", token=2, reason=reason)
+        lines = [part.split("\n")[0] for part in stream.getvalue().split("\r\x1b[2K")]
+        claimed = next(line for line in lines if "job_claimed" in line)
+        lost = next(line for line in lines if "heartbeat_lost" in line)
+        assert reason.strip() in lost  # an alert is never cut
+        if details:
+            assert CLAIMED["payload_hash"] in claimed and len(claimed) > 60
+        else:
+            assert len(claimed) <= 59 and claimed.endswith("…")
+
+
 def test_the_status_line_shows_in_flight_done_failed_and_the_last_event(
     restore_journal: None,
 ) -> None:
