@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import click
 
@@ -263,10 +263,30 @@ def jobs_timeline(
 @click.argument("job_id")
 @click.option("--payload", "with_payload", is_flag=True, help="Also print the payload JSON.")
 @click.option("--result", "with_result", is_flag=True, help="Also print the result JSON.")
-@json_option("One JSON object.")
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="Watch the job instead: one line each time its state, stage, attempt, owner or "
+    "progress changes, until it succeeds, fails or is parked (then the record as without "
+    '--follow). A progress of {"done": N, "total": M} is drawn as a bar.',
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(0.2, 300.0),
+    default=2.0,
+    show_default=True,
+    help="With --follow: seconds between reads (one consistent read each).",
+)
+@json_option("One JSON object (with --follow: one per change, then the record).")
 @click.pass_context
 def jobs_show(
-    ctx: click.Context, job_id: str, with_payload: bool, with_result: bool, as_json: bool
+    ctx: click.Context,
+    job_id: str,
+    with_payload: bool,
+    with_result: bool,
+    follow: bool,
+    interval: float,
+    as_json: bool,
 ) -> None:
     """Show one job record (the payload only with --payload).
 
@@ -274,6 +294,8 @@ def jobs_show(
     record (written once per heartbeat round); ``liveness`` says where they came
     from, or that none was found.
     """
+    if follow:
+        _follow(ctx, job_id, interval, as_json)
     settings = settings_of(ctx)
     item = _job_item(ctx, job_id)
     rec = record_of(item)
@@ -324,6 +346,65 @@ def jobs_show(
             field(name, value, ours=True)
             continue
         field(name, value)
+
+
+WATCHED = ("state", "stage", "attempt", "token", "owner", "progress", "error_code")
+"""What ``jobs show --follow`` prints a line for when it changes."""
+
+
+def _follow(ctx: click.Context, job_id: str, interval: float, as_json: bool) -> None:
+    """Poll the job's record until it ends (or is parked); a line per change."""
+    last: dict[str, Any] | None = None
+    while True:
+        rec = record_of(_job_item(ctx, job_id))
+        now = time.time()
+        seen = {name: getattr(rec, name, None) for name in WATCHED}
+        if seen != last:
+            if as_json:
+                click.echo(json.dumps({"ts": round(now, 3), "job_id": job_id, **seen}, default=str))
+            else:
+                click.echo(follow_line(now, seen))
+            last = seen
+        if rec.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.PARKED):
+            return
+        _pause(interval)
+
+
+_pause = time.sleep  # (a test paces the follow by its pauses)
+
+
+def follow_line(now: float, seen: dict[str, Any]) -> str:
+    """One ``--follow`` line: the time, then each watched field that has a value."""
+    clock = time.strftime("%H:%M:%S", time.localtime(now))
+    parts = [clock] + [
+        f"{name}={visible(str(value))}"
+        for name, value in seen.items()
+        if value is not None and name != "progress"
+    ]
+    bar = progress_bar(seen.get("progress"))
+    if bar:
+        parts.append(bar)
+    elif seen.get("progress") is not None:
+        parts.append(f"progress={visible(_short_json(json_or_text(seen['progress']), 60))}")
+    return "  ".join(parts)
+
+
+def progress_bar(progress: Any, width: int = 20) -> str | None:
+    """A bar for a progress hint that says how far: ``{"done": N, "total": M}``
+    (numbers, M > 0); None for any other hint (it is shown as JSON)."""
+    hint = json_or_text(progress) if isinstance(progress, str) else progress
+    if not isinstance(hint, dict):
+        return None
+    done, total = hint.get("done"), hint.get("total")
+    if not (_number(done) and _number(total)) or total <= 0:
+        return None
+    share = min(1.0, max(0.0, float(done) / float(total)))
+    filled = round(share * width)
+    return f"[{'#' * filled}{'-' * (width - filled)}] {share:.0%} ({done:g} of {total:g})"
+
+
+def _number(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 _ALWAYS_SHOWN = frozenset({"job_id", "state", "owner", "reason"})
