@@ -191,6 +191,75 @@ def job_class_of(name: str, payload_model: type[BaseModel], policy: Mapping[str,
         raise JobClassError(f"job class {name!r}: {problems}") from None
 
 
+def _policy_fields() -> list[str]:
+    """The keywords of a declaration's policy (:class:`JobPolicy`)."""
+    return [f for f in JobClass.model_fields if f not in ("name", "payload_model")]
+
+
+def _nearest(word: str, choices: list[str]) -> str:
+    near = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if near:
+        return f"did you mean {near[0]!r}?"
+    return f"it has: {', '.join(choices) or 'none'}"
+
+
+def _refuse_unknown(
+    where: str,
+    given: Mapping[str, Any],
+    keywords: list[str],
+    error: type[ConfigError] = JobClassError,
+) -> None:
+    """A keyword not in ``keywords``: ``error`` naming it and the nearest valid one (as
+    :func:`job_class_of` names one)."""
+    for key in given:
+        if key not in keywords:
+            near = difflib.get_close_matches(key, keywords, n=1, cutoff=0.6)
+            hint = (
+                f"did you mean {near[0]}=?" if near else f"the keywords are: {', '.join(keywords)}"
+            )
+            raise error(f"{where}: no keyword {key}=: {hint}")
+
+
+def _rebuilt(
+    job_class: JobClass, *layers: Mapping[str, Any], payload: type[BaseModel] | None = None
+) -> JobClass:
+    """The class as declared, with ``layers`` over it (later wins), checked as a
+    declaration is (:func:`job_class_of`)."""
+    policy: dict[str, Any] = job_class.model_dump(include=set(_policy_fields()))
+    for layer in layers:
+        policy.update(layer)
+    return job_class_of(job_class.name, payload or job_class.payload_model, policy)
+
+
+def _planned_with(
+    job: PlannedJob, app: App, layers: list[Mapping[str, Any]], per: Mapping[str, Any]
+) -> PlannedJob:
+    """A copy of a planned job for ``app`` whose every tool's class has ``layers`` over it
+    (then ``per["job/tool"]``); its plan model checks plans against its own tools."""
+    from copy import copy
+
+    from .plans import Tool, _plan_model
+
+    new = copy(job)
+    new.app = app
+    new.policy = {**job.policy}
+    for layer in layers:
+        new.policy.update(layer)
+    new.tools = {}
+    for name, tool in job.tools.items():
+        own = per.get(f"{job.name}/{name}", {})
+        new.tools[name] = Tool(
+            name,
+            tool.args,
+            _rebuilt(tool.job_class, *layers, own),
+            _rebuilt(tool.first_class, *layers, own),
+            tool.fn,
+        )
+    new.plan_model = _plan_model(new)
+    new.job_class = _rebuilt(job.job_class, *layers, payload=new.plan_model)
+    return new
+
+
 def canonical_json(data: Any) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -597,6 +666,80 @@ class App:
         )
         text = canonical_json(model.model_dump(mode="json"))
         return text, payload_hash(text)
+
+    def with_overrides(
+        self,
+        *,
+        targets: Mapping[str, Mapping[str, Any]] | None = None,
+        job_classes: Mapping[str, JobPolicy] | None = None,
+        **policy: Unpack[JobPolicy],
+    ) -> App:
+        """A new app with this app's handlers and other settings, for a test: shorter
+        leases, a test double's check for a target. This app is left as it is::
+
+            fast = app.with_overrides(**SHORT_LEASE, targets={"payments": {"check": t.check}})
+
+        ``policy`` (``App.job``'s keywords) applies to every job class, every stage of
+        a staged job and every tool of a planned job, over what each declared;
+        ``job_classes`` to one class (its stages and tools too), or to one stage or
+        tool named ``job/stage`` as :meth:`lease_rules` names them, after ``policy``.
+        ``targets`` changes declared targets (``App.target``'s keywords, over the
+        declared ones). Each class is rebuilt as a declaration builds it: a timing
+        rule the overrides break is a :class:`~sqs_lease.JobClassError` naming the
+        class and the numbers; a keyword, class, stage or target this app does not
+        have is named with the nearest it has. The new app takes declarations of
+        its own (``app.target``, ``app.job``) without touching this one.
+        """
+        from copy import copy
+
+        fields = _policy_fields()
+        _refuse_unknown("with_overrides", policy, [*fields, "targets", "job_classes"])
+        units = sorted({*self.classes, *(n for n, _ in self.lease_rules())})
+        per = dict(job_classes or {})
+        for unit, over in per.items():
+            if unit not in units:
+                raise ConfigError(
+                    f"with_overrides: job_classes[{unit!r}]: this app has no such job class, "
+                    f"stage or tool; {_nearest(unit, units)}"
+                )
+            _refuse_unknown(f"with_overrides: job_classes[{unit!r}]", over, fields)
+        kinds = ["check", "key_retention_seconds", "success", "log_bodies"]
+        for name, changes in (targets or {}).items():
+            if name not in self.targets:
+                raise ConfigError(
+                    f"with_overrides: targets[{name!r}]: this app declares no such target; "
+                    f"{_nearest(name, sorted(self.targets))}"
+                )
+            _refuse_unknown(f"with_overrides: targets[{name!r}]", changes, kinds, ConfigError)
+
+        derived = copy(self)
+        derived.tenant_limits = dict(self.tenant_limits)
+        derived._staged = dict(self._staged)
+        derived.targets = {}
+        for name, t in self.targets.items():
+            declared = {k: getattr(t, k) for k in kinds}
+            derived.target(name, **{**declared, **(targets or {}).get(name, {})})
+        derived.classes = {}
+        for name, reg in self.classes.items():
+            layers: list[Mapping[str, Any]] = [policy, per.get(name, {})]
+            if reg.planned is not None:
+                planned = _planned_with(reg.planned, derived, layers, per)
+                derived._staged[name] = planned
+                derived.classes[name] = planned.registered()
+            elif reg.stages is not None:
+                stages = {
+                    s: replace(
+                        r, job_class=_rebuilt(r.job_class, *layers, per.get(f"{name}/{s}", {}))
+                    )
+                    for s, r in reg.stages.items()
+                }
+                first = reg.first_stage or next(iter(stages))
+                derived.classes[name] = replace(
+                    reg, job_class=stages[first].job_class, stages=stages
+                )
+            else:
+                derived.classes[name] = replace(reg, job_class=_rebuilt(reg.job_class, *layers))
+        return derived
 
 
 class _ContextBase(ABC, Generic[P]):

@@ -48,7 +48,7 @@ def test_a_takeover_after_a_lost_response_pays_once(
         out = fenced_target.call(ec)
         if ec.token == 1:
             # W1's payment applied; its confirm's answer will be lost, and W1 stalls.
-            faults["W1"].lose_next_response("TransactWriteItems")
+            faults["W1"].lose_next_response("effect_confirm")
             faults["W1"].pause()
             w1_applied.set()
         return out

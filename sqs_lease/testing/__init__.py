@@ -19,8 +19,9 @@ What the kit offers:
   surfaced when stopped; :func:`wait_for`: a polling hang guard; :data:`SHORT_LEASE`.
 - :class:`Faults` for one worker of either shell: ``pause``/``resume`` (its AWS calls wait, as a
   paused process's would), ``cut``/``restore`` (its AWS calls fail as unreachable),
-  ``lose_next_response(op)`` (the next call of that operation is applied, and its
-  answer lost).
+  ``lose_next_response(step)`` (the next call of that step, ``claim``, ``heartbeat``,
+  ``effect_start``, ``effect_confirm``, ``commit`` or ``delete`` (:data:`FAULT_STEPS`), is
+  applied, and its answer lost).
 - :class:`ShiftedClock`: the toolkit's own timers of one worker (leases, heartbeat,
   watchdog) moved forward on demand.
 - :class:`FencedTarget`: a fake outside system with a fence per job and idempotency
@@ -37,6 +38,7 @@ What the kit offers:
 from __future__ import annotations
 
 import importlib
+import re
 import threading
 import time
 import uuid
@@ -78,6 +80,7 @@ _WHERE = {
 }
 
 __all__ = [
+    "FAULT_STEPS",
     "HANG_GUARD",
     "SHELLS",
     "SHORT_LEASE",
@@ -339,6 +342,92 @@ def make_env(endpoint_url: str, prefix: str | None = None, **queue: Any) -> Leas
 
 # --------------------------------------------------------------------------- faults
 
+FAULT_STEPS: Mapping[str, str] = {
+    "claim": "the claim: the conditional write that makes the worker the job's owner "
+    "(its token + 1)",
+    "heartbeat": "a heartbeat's lease extension: the visibility of the messages the "
+    "worker holds, extended in one batch",
+    "effect_start": "an effect's start: the transaction that marks its intent in "
+    "progress, fenced on the token, before the tool is called",
+    "effect_confirm": "an effect's confirm: the transaction that records the tool's "
+    "answer (or the reconciling check's) on the intent",
+    "commit": "the handler's result written: the job's success, or a stage's checkpoint "
+    "(NextStage)",
+    "delete": "the delete of an ended job's message (DeleteMessage or DeleteMessageBatch)",
+}
+"""The steps :meth:`Faults.lose_next_response` names, each with the call it loses."""
+
+
+def _assigned(params: Mapping[str, Any], attribute: str) -> str | None:
+    """The string an update's SET gives ``attribute`` (None: not set, or not a string)."""
+    names = params.get("ExpressionAttributeNames") or {}
+    values = params.get("ExpressionAttributeValues") or {}
+    for placeholder, value in re.findall(r"(#\w+) = (:\w+)", params.get("UpdateExpression", "")):
+        if names.get(placeholder) == attribute:
+            got = values.get(value, {}).get("S")
+            return got if isinstance(got, str) else None
+    return None
+
+
+def _steps_of(c: Call, tables: tuple[str, str]) -> set[str]:
+    """The protocol steps (:data:`FAULT_STEPS`) a call is, read from its parameters:
+    ``tables`` are the worker's jobs and intents tables."""
+    jobs, intents = tables
+    p = c.params
+    if c.op == "UpdateItem" and p.get("TableName") == jobs:
+        state = _assigned(p, "state")
+        if state == "running":
+            return {"claim"}
+        if state == "succeeded" or (state == "queued" and _assigned(p, "stage_input")):
+            return {"commit"}
+    elif c.op == "TransactWriteItems":
+        for item in p.get("TransactItems", ()):
+            update = item.get("Update") or {}
+            if update.get("TableName") != intents:
+                continue
+            state = _assigned(update, "state")
+            if state == "in_progress":
+                return {"effect_start"}
+            if state == "confirmed":
+                return {"effect_confirm"}
+    elif c.op == "ChangeMessageVisibilityBatch":
+        # A hand-back makes its messages visible at once (0); a heartbeat extends them.
+        entries = p.get("Entries", ())
+        if entries and all(e.get("VisibilityTimeout", 0) > 0 for e in entries):
+            return {"heartbeat"}
+    elif c.op in ("DeleteMessage", "DeleteMessageBatch"):
+        return {"delete"}
+    return set()
+
+
+_AWS_OPERATIONS: set[str] = set()
+
+
+def _check_fault_name(name: str) -> None:
+    """A step of :data:`FAULT_STEPS`, or an SQS or DynamoDB operation; else a
+    ConfigError naming the steps (and the nearest one)."""
+    import difflib
+
+    if name in FAULT_STEPS:
+        return
+    if not _AWS_OPERATIONS:
+        import botocore.session
+
+        session = botocore.session.get_session()
+        for service in ("sqs", "dynamodb"):
+            _AWS_OPERATIONS.update(session.get_service_model(service).operation_names)
+    if name in _AWS_OPERATIONS:
+        return
+    near = difflib.get_close_matches(name, [*FAULT_STEPS, *_AWS_OPERATIONS], n=1, cutoff=0.6)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    from .._errors import ConfigError
+
+    raise ConfigError(
+        f"lose_next_response({name!r}): no such step; {hint}the steps are: "
+        f"{', '.join(FAULT_STEPS)} (or, advanced, an SQS or DynamoDB operation's name, "
+        "e.g. 'UpdateItem')"
+    )
+
 
 class Faults:
     """Faults applied to one worker's AWS traffic (its every driver), thread or async.
@@ -359,6 +448,7 @@ class Faults:
         self._cut = False
         self._lose: dict[str, int] = {}
         self._mutex = threading.Lock()
+        self._tables = (worker.settings.jobs_table, worker.settings.intents_table)
         self.lost: list[Call] = []
         if isinstance(worker, AsyncWorker):
             worker._driver_hooks.append(self._wrap_async)
@@ -377,10 +467,15 @@ class Faults:
 
     def _after(self, c: Call, out: Outcome, sent: float, clock: Callable[[], float]) -> Outcome:
         with self._mutex:
-            left = self._lose.get(c.op, 0)
-            if not left:
+            if not self._lose:
                 return out
-            self._lose[c.op] = left - 1
+            names = {c.op} | _steps_of(c, self._tables)
+            name = next((n for n in self._lose if n in names), None)
+            if name is None:
+                return out
+            self._lose[name] -= 1
+            if not self._lose[name]:
+                del self._lose[name]
             self.lost.append(c)
         from botocore.exceptions import ReadTimeoutError
 
@@ -433,11 +528,19 @@ class Faults:
     def restore(self) -> None:
         self._cut = False
 
-    def lose_next_response(self, op: str, times: int = 1) -> None:
-        """The next ``times`` calls to ``op`` (``UpdateItem``, ``DeleteMessage``, ...)
-        are applied by AWS and their answers lost (read timeout): outcome unknown."""
+    def lose_next_response(self, step: str, times: int = 1) -> None:
+        """The next ``times`` calls of ``step`` are applied by AWS and their answers lost
+        (a read timeout): the worker cannot tell whether they applied.
+
+        ``step`` is one of :data:`FAULT_STEPS`: ``claim``, ``heartbeat``,
+        ``effect_start``, ``effect_confirm``, ``commit``, ``delete``. Advanced: an
+        AWS operation's name (``UpdateItem``, ``TransactWriteItems``,
+        ``DeleteMessageBatch``, ...) loses the next call of that operation, whichever
+        step sent it. Any other name is a :class:`~sqs_lease.ConfigError` listing
+        the steps. Every call lost is in :attr:`lost`."""
+        _check_fault_name(step)
         with self._mutex:
-            self._lose[op] = self._lose.get(op, 0) + times
+            self._lose[step] = self._lose.get(step, 0) + times
 
 
 class ShiftedClock:
