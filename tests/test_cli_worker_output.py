@@ -19,7 +19,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -180,7 +180,7 @@ def test_an_event_renders_as_one_readable_line_with_alerts_marked() -> None:
     assert " ! " not in render_event({"event": "job_claimed", "ts": 0, "job_id": "j1"})
 
 
-CLAIMED = {
+CLAIMED: dict[str, Any] = {
     "event": "job_claimed",
     "ts": 0,
     "worker": "w",
