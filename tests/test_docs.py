@@ -1,18 +1,11 @@
-"""The documentation holds: the README's example runs as written, and no document
-points at a file the repository does not contain (a reader of a clone has only it)."""
+"""No document points at a file the repository does not contain (a reader of a clone has
+only it). That the examples run as written: tests/test_docs_run.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
-
-import pytest
-from conftest import AwsTestEnv
 
 ROOT = Path(__file__).resolve().parent.parent
 _SKIP_DIRS = {
@@ -105,54 +98,6 @@ def test_no_document_refers_to_a_file_outside_the_repository() -> None:
         for p in _references_leaving_the_repo(doc, doc.read_text(encoding="utf-8"))
     ]
     assert not problems, "\n".join(problems)
-
-
-def _readme_example(which: int = 0) -> str:
-    """The README's python blocks: the thread worker's example, then the async one."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
-    assert len(blocks) == 2, f"expected two python blocks in README.md, found {len(blocks)}"
-    return str(blocks[which])
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize(
-    ("which", "job_id", "result"),
-    [
-        (0, "order-1", {"charge_id": "ch_1"}),
-        (1, "notice-1", {"mail_id": "mail-notice-1:main:mail:mailer"}),
-    ],
-    ids=["threads", "async"],
-)
-def test_the_readme_example_runs_as_written_on_the_embedded_emulator(
-    aws: AwsTestEnv, ddb_client: Any, tmp_path: Path, which: int, job_id: str, result: Any
-) -> None:
-    code = _readme_example(which)
-    assert 15 <= len([line for line in code.splitlines() if line.strip()]) <= 30
-    env = {
-        **os.environ,
-        "AWS_ENDPOINT_URL": aws.endpoint_url,
-        "SQS_LEASE_PREFIX": aws.prefix,
-    }
-    # Run as a reader would: a script of its own, in a directory of its own.
-    script = tmp_path / "example.py"
-    script.write_text(code, encoding="utf-8")
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,  # a hang guard: the example stops after 2 idle seconds
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    if which == 0:  # it prints the result read back with Producer.status
-        assert repr(result) in proc.stdout, proc.stdout[-3000:]
-    item = ddb_client.get_item(
-        TableName=f"{aws.prefix}-jobs", Key={"job_id": {"S": job_id}}, ConsistentRead=True
-    )["Item"]
-    assert item["state"]["S"] == "succeeded", item
-    assert json.loads(item["result"]["S"]) == result
 
 
 def test_the_readme_links_testing_your_handlers_and_the_page_shows_the_kit_from_pytest() -> None:
