@@ -8,10 +8,6 @@ target as declared; the derived one has the overrides, checked as a declaration 
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -229,27 +225,3 @@ def test_what_a_declaration_refuses_the_overrides_refuse_too() -> None:
         app.with_overrides(heartbeat_seconds=200)
     assert str(derived.value) == str(declared.value)
     assert isinstance(app.classes["charge"].job_class, JobClass)
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(600)  # a hang guard: its own pytest and emulator
-def test_the_testing_pages_with_overrides_example_runs_as_a_users_pytest(tmp_path: Path) -> None:
-    page = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")
-    section = page[page.index("## Your own app, with test settings") :]
-    section = section[: section.index("\n## ")]
-    blocks = re.findall(r"^```python\n(.*?)^```", section, flags=re.S | re.M)
-    names = [re.match(r"# ([\w-]+\.py)", b)[1] for b in blocks]  # type: ignore[index]
-    assert names == ["payments_app.py", "test_payments_app.py"]
-    for name, code in zip(names, blocks, strict=True):
-        (tmp_path / name).write_text(code, encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SQS_LEASE_", "AWS_ENDPOINT"))}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=500,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
-    assert "1 passed" in proc.stdout, proc.stdout[-3000:]
