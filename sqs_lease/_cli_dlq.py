@@ -213,15 +213,18 @@ def _reconciled(settings: Settings, report: DlqReport, limit: int, as_json: bool
         raise click.exceptions.Exit(EXIT_NOT_FOUND)
 
 
-@dlq.command("show")
-@click.argument("ident", metavar="MESSAGE_ID|JOB_ID")
-@click.option(
+_scan_option = click.option(
     "--scan",
     type=click.IntRange(1, 10_000),
     default=1000,
     show_default=True,
     help="Look at up to this many DLQ messages to find it.",
 )
+
+
+@dlq.command("show")
+@click.argument("ident", metavar="MESSAGE_ID|JOB_ID")
+@_scan_option
 @json_option('{"messages": [...]}, each with its body.')
 @click.pass_context
 def dlq_show(ctx: click.Context, ident: str, scan: int, as_json: bool) -> None:
@@ -325,13 +328,7 @@ def dlq_redrive(
 
 @dlq.command("delete")
 @click.argument("ident", metavar="MESSAGE_ID|JOB_ID")
-@click.option(
-    "--scan",
-    type=click.IntRange(1, 10_000),
-    default=1000,
-    show_default=True,
-    help="Look at up to this many DLQ messages to find it.",
-)
+@_scan_option
 @click.option("--yes", "-y", is_flag=True, help="Delete without asking.")
 @json_option('{"deleted": [...], "failed": [...]}: message ids (with --yes, or answer y).')
 @click.pass_context

@@ -62,6 +62,10 @@ class DlqMessage:
     attributes: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
     group_id: str | None = None  # a FIFO DLQ's MessageGroupId (SQS's redrive keeps it)
 
+    def named_by(self, ident: str) -> bool:
+        """Whether an operator's MESSAGE_ID|JOB_ID names this message."""
+        return ident in (self.message_id, self.job_id)
+
 
 @dataclass(frozen=True)
 class Redriven:
@@ -213,7 +217,7 @@ def find_in_dlq(settings: Settings, ident: str, *, scan: int = 1000) -> list[Dlq
     """The DLQ messages whose message id or job id is ``ident`` (looking at up to
     ``scan`` messages; all given back)."""
     found, _ = peek_dlq(settings, limit=scan)
-    return [m for m in found if ident in (m.message_id, m.job_id)]
+    return [m for m in found if m.named_by(ident)]
 
 
 @dataclass(frozen=True)
@@ -240,7 +244,7 @@ def delete_from_dlq(
     looker = _Looker(settings, dlq)
     try:
         seen, _ = _look(looker, scan)
-        found = [m for m in seen if ident in (m.message_id, m.job_id)]
+        found = [m for m in seen if m.named_by(ident)]
         if not found or not confirm(found):
             return found, None
         done: list[Deleted] = []

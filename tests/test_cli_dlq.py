@@ -19,9 +19,9 @@ from sqs_lease.cli import cli
 pytestmark = pytest.mark.integration
 
 
-def run(aws: AwsTestEnv, *args: str) -> Result:
+def run(aws: AwsTestEnv, *args: str, answer: str | None = None) -> Result:
     return CliRunner().invoke(
-        cli, ["--endpoint-url", aws.endpoint_url, "--prefix", aws.prefix, *args]
+        cli, ["--endpoint-url", aws.endpoint_url, "--prefix", aws.prefix, *args], input=answer
     )
 
 
@@ -127,36 +127,12 @@ def test_dlq_list_says_what_receives_counts(dlq: Dlq) -> None:
 
 
 def test_dlq_delete_asks_then_deletes_only_what_it_names(dlq: Dlq) -> None:
-    declined = CliRunner().invoke(
-        cli,
-        [
-            "--endpoint-url",
-            dlq.aws.endpoint_url,
-            "--prefix",
-            dlq.aws.prefix,
-            "dlq",
-            "delete",
-            dlq.garbage,
-        ],
-        input="n\n",
-    )
+    declined = run(dlq.aws, "dlq", "delete", dlq.garbage, answer="n\n")
     assert declined.exit_code == 1 and "nothing deleted" in declined.stderr
     assert dlq.garbage in declined.stderr  # shown before the question
     assert len(dlq.bodies(dlq.dlq)) == 3  # given back, all of them
 
-    agreed = CliRunner().invoke(
-        cli,
-        [
-            "--endpoint-url",
-            dlq.aws.endpoint_url,
-            "--prefix",
-            dlq.aws.prefix,
-            "dlq",
-            "delete",
-            dlq.garbage,
-        ],
-        input="y\n",
-    )
+    agreed = run(dlq.aws, "dlq", "delete", dlq.garbage, answer="y\n")
     assert agreed.exit_code == 0, (agreed.output, agreed.exception)
     left = dlq.bodies(dlq.dlq)
     assert [json.loads(b)["job_id"] for b, _ in left] == ["j1", "j2"]
