@@ -4,7 +4,9 @@ command line (reads in :mod:`sqs_lease._operator`, decisions in :class:`Producer
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
+import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -348,6 +350,15 @@ def jobs_show(
         field(name, value)
 
 
+def operator_name() -> str:
+    """``user@host`` of whoever runs the command (what an audit of a cancel asks)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login name in this container
+        user = "unknown-user"
+    return f"{user}@{socket.gethostname() or 'unknown-host'}"
+
+
 WATCHED = ("state", "stage", "attempt", "token", "owner", "progress", "error_code")
 """What ``jobs show --follow`` prints a line for when it changes."""
 
@@ -419,11 +430,16 @@ def _short_json(value: Any, limit: int = 120) -> str:
 @jobs.command("cancel")
 @click.argument("job_id", required=False)
 @click.option("--group", default=None, help="Cancel every job of this agent session instead.")
-@click.option("--reason", default="cancelled by request", show_default=True)
+@click.option(
+    "--reason",
+    default=None,
+    help="Why, kept on the record. Default: who cancelled it and when "
+    "('cancelled by USER@HOST at TIME with sqs-lease jobs cancel').",
+)
 @json_option()
 @click.pass_context
 def jobs_cancel(
-    ctx: click.Context, job_id: str | None, group: str | None, reason: str, as_json: bool
+    ctx: click.Context, job_id: str | None, group: str | None, reason: str | None, as_json: bool
 ) -> None:
     """End a job (or with --group, every open job of a session) failed (cancelled);
     owners lose their leases at their next heartbeat, and a cancelled session
@@ -434,6 +450,8 @@ def jobs_cancel(
     """
     if (job_id is None) == (group is None):
         raise click.UsageError("name a JOB_ID or --group ID (one of them)")
+    if reason is None:
+        reason = f"cancelled by {operator_name()} at {iso(time.time())} with sqs-lease jobs cancel"
     if group is not None:
         rep = Producer(settings_of(ctx)).cancel_group(group, reason)
         if as_json:

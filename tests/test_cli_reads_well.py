@@ -5,9 +5,11 @@ completion. CliRunner against a real moto server."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -168,6 +170,10 @@ def test_cancelling_a_job_already_final_says_nothing_to_do_and_exits_3(aws: AwsT
     data = json.loads(first.stdout)
     assert list(data) == ["job_id", "verdict", "state", "token", "error_code", "reason"]
     assert (data["verdict"], data["state"], data["token"]) == ("cancelled", "failed", 1)
+    # without --reason the record says who cancelled it, from where, and when
+    who = f"{getpass.getuser()}@{socket.gethostname()}"
+    assert data["reason"].startswith(f"cancelled: cancelled by {who} at 20"), data["reason"]
+    assert data["reason"].endswith("with sqs-lease jobs cancel")
 
     again = run(aws, "jobs", "cancel", "c1")
     assert again.exit_code == 3, (again.output, again.exception)
