@@ -16,6 +16,7 @@ failure fails them.
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import shutil
 import subprocess
@@ -45,7 +46,7 @@ from sqs_lease_cdk import (
     LeaseTables,
     check_native_code,
 )
-from sqs_lease_cdk.bundling import Target
+from sqs_lease_cdk.bundling import LAMBDA_TASK_ROOT, Target, precompile
 
 ROOT = Path(__file__).resolve().parent.parent
 CDK_DIR = ROOT / "cdk"
@@ -200,7 +201,32 @@ def test_a_python311_asset_imports_its_handler_from_the_asset_alone(
     check_native_code(root, Target("3.11", "x86_64"))
     assert _native_by_name(root, "cp311", "x86_64") == []
     assert sys.version_info[:2] == (3, 11)
+    # built by this synth's own Python 3.11: every module ships its bytecode
+    for module in ("sqs_lease/aws_lambda.py", "botocore/client.py", "pydantic/main.py"):
+        _assert_bytecode(root, module, "cpython-311")
     _import_handler(sys.executable, root)
+
+
+def _assert_bytecode(root: Path, module: str, tag: str) -> None:
+    """``module`` has bytecode nobody checks against its source (flags 0b01: hash
+    based, unchecked), naming the function's own path for tracebacks."""
+    source = root / module
+    pyc = source.parent / "__pycache__" / f"{source.stem}.{tag}.pyc"
+    assert pyc.is_file(), f"no bytecode for {module}"
+    data = pyc.read_bytes()
+    assert int.from_bytes(data[4:8], "little") == 0b01, f"{module}: not unchecked-hash"
+    code = marshal.loads(data[16:])
+    assert code.co_filename == f"{LAMBDA_TASK_ROOT}/{module}"
+
+
+def test_precompile_writes_the_targets_bytecode_or_says_why_it_cannot(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text("X = 1\n", encoding="utf-8")
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert precompile(tmp_path, Target(here, "x86_64")) is None
+    _assert_bytecode(tmp_path, "pkg/mod.py", sys.implementation.cache_tag)
+    why = precompile(tmp_path / "pkg", Target("3.99", "x86_64"))
+    assert why is not None and "python3.99" in why and "every cold start" in why
 
 
 def _fake_dist(root: Path, name: str, tag: str, so: str | None, machine: int) -> None:

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -162,7 +163,7 @@ def build_bundle(
                 "install",
                 "--quiet",
                 "--no-warn-conflicts",
-                "--no-compile",
+                "--no-compile",  # by pip's interpreter: precompile() uses the target's
                 "--target",
                 str(out),
                 "--platform",
@@ -194,6 +195,46 @@ def build_bundle(
         else:
             shutil.copy2(path, dest)
     check_native_code(out, target)
+    missing = precompile(out, target)
+    if missing is not None:
+        warnings.warn(missing, BundlingWarning, stacklevel=2)
+
+
+LAMBDA_TASK_ROOT = "/var/task"
+"""Where Lambda unpacks a function's code (``LAMBDA_TASK_ROOT``): the paths the
+bytecode names, so a traceback on the function shows the function's own files."""
+
+
+class BundlingWarning(UserWarning):
+    """The asset was built, but not as well as it could be (e.g. no bytecode)."""
+
+
+def precompile(root: Path, target: Target) -> str | None:
+    """Compile every module of the bundle to bytecode for the function's Python. The
+    function's code directory is read-only, so a module shipped without its bytecode
+    is compiled again at every cold start: ``import sqs_lease.aws_lambda`` took 3.3x
+    the CPU without any bytecode (1.89 s against 0.57 s, farm-bench medians of 7). The
+    bytecode is checked by nobody against its source (``unchecked-hash``): an asset's
+    files never change after the build, and a zip may not keep their times. Compiled by
+    an interpreter of the target's version: this one, or ``python3.X`` on the PATH.
+    Returns why it could not (the asset then works, compiling at each cold start)."""
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    python = sys.executable if here == target.python else shutil.which(f"python{target.python}")
+    if python is None:
+        return (
+            f"the Lambda asset for python{target.python} ships without bytecode: this synth "
+            f"runs Python {here} and no python{target.python} is on the PATH, so every cold "
+            f"start compiles the modules it imports (about 1.3 s of CPU); synthesize with "
+            f"Python {target.python}, or put python{target.python} on the PATH"
+        )
+    # check=False: a file no interpreter of that version compiles (a dependency's test
+    # data) fails alone; compileall goes on with the rest, and no function imports it.
+    subprocess.run(
+        [python, "-m", "compileall", "-qq", "-j", "0", "--invalidation-mode", "unchecked-hash",
+         "-d", LAMBDA_TASK_ROOT, str(root)],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    return None
 
 
 def _tag_fits(tag: str, target: Target) -> bool:
