@@ -23,6 +23,7 @@ registry; a pip that fails raises :class:`BundlingError` with pip's last lines.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -227,14 +228,20 @@ def precompile(root: Path, target: Target) -> str | None:
             f"start compiles the modules it imports (about 1.3 s of CPU); synthesize with "
             f"Python {target.python}, or put python{target.python} on the PATH"
         )
+    # The bytecode goes beside its source (__pycache__), where the function looks: a
+    # PYTHONPYCACHEPREFIX of the synth's environment would send it elsewhere.
+    env = {k: v for k, v in os.environ.items() if k not in _BYTECODE_VARIABLES}
     # check=False: a file no interpreter of that version compiles (a dependency's test
     # data) fails alone; compileall goes on with the rest, and no function imports it.
     subprocess.run(
         [python, "-m", "compileall", "-qq", "-j", "0", "--invalidation-mode", "unchecked-hash",
          "-d", LAMBDA_TASK_ROOT, str(root)],
-        capture_output=True, check=False,
+        capture_output=True, check=False, env=env,
     )  # fmt: skip
     return None
+
+
+_BYTECODE_VARIABLES = ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE")
 
 
 def _tag_fits(tag: str, target: Target) -> bool:
