@@ -10,7 +10,20 @@ import pytest
 
 from simtools import run_seed
 
-FOUND: dict[int, tuple[str, str]] = {}
+FOUND: dict[int, tuple[str, str]] = {
+    1808311: (
+        "I2_double_effect",
+        "fresh range 1,735,000 on 209c99a (the lambda world with workers, operator races): "
+        "fn1's intent start for an unkeyed capture lands at 106 s, then the function is "
+        "starved of CPU until 243 s and sends its call with its lease 77 s gone (the "
+        "window no pre-send check closes); meanwhile w2 took the job over, could not tell "
+        "and parked it ambiguous, and the operator judged 'not applied' at 212 s. The late "
+        "call applies at 244 s; its confirm is refused and its outcome dropped "
+        "(ownership_unknown), so the operator's retry, written at 266 s, is accepted and "
+        "pays again. Owed: a fenced-out attempt's known outcome is evidence kept on the "
+        "intent, and a resolution judged before it is refused",
+    ),
+}
 """Seed: (the invariant it breaks, the diagnosis so far)."""
 
 SLOW: set[int] = set()  # seeds whose drain takes minutes of run time (make test-long)
