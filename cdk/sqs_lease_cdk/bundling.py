@@ -152,9 +152,13 @@ def build_bundle(
     with tempfile.TemporaryDirectory(prefix="sqs-lease-wheel-") as tmp:
         if Path(source).exists() and not source.endswith(".whl"):
             # A directory (a clone): built into a wheel first, the one form pip installs
-            # for another platform (the library is pure Python).
+            # for another platform (the library is pure Python). Built from a copy: two
+            # synths at once would share the tree's build/ directory and fail.
+            tree = Path(tmp) / "tree"
+            shutil.copytree(source, tree, ignore=_NOT_SOURCE)
             _pip(
-                ["wheel", "--no-deps", "--quiet", "--wheel-dir", tmp, source], "building sqs-lease"
+                ["wheel", "--no-deps", "--quiet", "--wheel-dir", tmp, str(tree)],
+                "building sqs-lease",
             )
             (wheel,) = Path(tmp).glob("*.whl")
             source = str(wheel)
@@ -199,6 +203,11 @@ def build_bundle(
     missing = precompile(out, target)
     if missing is not None:
         warnings.warn(missing, BundlingWarning, stacklevel=2)
+
+
+_NOT_SOURCE = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "cdk.out", ".demo", "__pycache__", "*.egg-info"
+)
 
 
 LAMBDA_TASK_ROOT = "/var/task"
