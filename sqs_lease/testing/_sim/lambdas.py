@@ -98,7 +98,7 @@ def draw(c: Chaos, plan: RunPlan, allowed: frozenset[str]) -> None:
     """Draw the Lambda deployment from its own stream; everything is drawn whatever
     is allowed, so no other feature's draws move."""
     r = random.Random(f"lambda-{plan.seed}")
-    on = r.random() < 0.3
+    r.random()  # (takes' draw: whether the world is on)
     mode = r.choice(["lambda", "lambda", "both"])
     pollers = r.randint(1, 3)
     batch_size = r.choice([1, 2, 5, 10, 10])
@@ -113,7 +113,7 @@ def draw(c: Chaos, plan: RunPlan, allowed: frozenset[str]) -> None:
     reserved_at = r.uniform(0.0, 0.6)
     retries = r.random() < 0.6
     starved = r.uniform(0.02, 0.2) if r.random() < 0.4 else 0.0
-    if not on or FEATURE not in allowed or plan.profile == "long":
+    if not takes(plan, allowed):
         return
     if plan.plans is not None:
         # Not drawn with planned jobs yet: their shells (thread, async, loop stalls) are
