@@ -636,6 +636,19 @@ def stale_resolution() -> Iterator[None]:
 
 
 @contextmanager
+def late_outcome_dropped() -> Iterator[None]:
+    """Soak seed 1808311, as before the fix: an attempt's known outcome whose confirm
+    finds the intent no longer ``in_progress`` (parked ambiguous by the next owner,
+    or reopened by an operator's retry) is dropped: a decision judged before the late
+    call applied ("not applied") stands, and the retry pays again. Patches
+    ``intentwrites.LATE_STATES`` to none.
+    Expected: I2 (operator_races; a directed world, tests/test_sim_uncaught.py)."""
+    _require(intentwrites, "LATE_STATES", "soak seed 1808311 (a late outcome confirms)")
+    with _patch(intentwrites, "LATE_STATES", ()):
+        yield
+
+
+@contextmanager
 def shared_request_tokens() -> Iterator[None]:
     """Issue 14 item 7, as before the fix: the ClientRequestToken of an intent start
     or confirm leaves out what is the owner's own (its fencing token, its start, a
@@ -983,6 +996,7 @@ keep its world should its feature ever leave ``PASSING_FEATURES``."""
 UNCAUGHT: dict[str, Callable[[], Any]] = {
     "sweep_skips_dlq": sweep_skips_dlq,  # soak seed 1582660 (the simulator's sweep)
     "stale_resolution": stale_resolution,
+    "late_outcome_dropped": late_outcome_dropped,
     "refusal_as_unknown": refusal_as_unknown,
     "checkpoint_keeps_hint": checkpoint_keeps_hint,
     "final_size_ignores_stages": final_size_ignores_stages,
@@ -1026,6 +1040,14 @@ but the mutation no longer breaks I2 there, and searches of seeds 0-1,000 and
 mutations``) is owed. A directed world catches it (``tests/test_sim_uncaught.py``: the
 operator's resolve dies after its send and runs again after the resumed attempt
 applied and went ambiguous); ``tests/test_resume_core.py`` keeps the core rule.
+``late_outcome_dropped`` (soak seed 1808311, I2): the late answer needs an attempt
+paused between its intent start and its call for longer than its lease, the next
+owner's check unable to tell (so it parks the job ambiguous), an operator's judgement
+("not applied") made before the paused call goes out, and that call applying before
+the decision's write or the retried attempt's start; seed 1808311 drew it once in
+100,000 schedules. Two directed worlds catch it (``tests/test_sim_uncaught.py``: the
+answer lands between the operator's read and its write, and between its write and
+the retried attempt's start).
 ``checkpoint_keeps_hint`` leaves it below for ``FIFO_MUTATIONS``: the fifo world's
 stages save progress hints (caught at seed 13).
 The "read and settle" items of issue 26 (``tests/test_record_size.py``,

@@ -40,6 +40,7 @@ ALERTS = frozenset(
         "job_record_unreadable",
         "job_write_refused",
         "intent_ambiguous",
+        "effect_applied_late",
         "redrive_too_tight",
         "receive_failed",
         "stranded_sweep_failed",

@@ -58,6 +58,7 @@ EVENT_LEVELS: Mapping[str, int] = {
     "lambda_record_failed": _E,
     "stranded_sweep_failed": _E,
     "dlq_reconcile_failed": _E,
+    "effect_applied_late": _E,
     "idempotency_record_lost": _E,
     # Failures the toolkit handled, that an operator should see.
     "backpressure_on": _W,

@@ -114,6 +114,14 @@ METRICS: tuple[MetricSpec, ...] = (
         "effects whose outcome nobody can tell: an operator must resolve them",
     ),
     MetricSpec(
+        "LateEffects",
+        "Count",
+        "counter",
+        "`effect_applied_late`",
+        "effects whose own answer came after a later attempt started or an operator "
+        "settled the intent otherwise: look for a second effect",
+    ),
+    MetricSpec(
         "ParkedJobs",
         "Count",
         "counter",
@@ -149,6 +157,7 @@ _COUNTER_OF: dict[str, str] = {
     "job_reclaimed": "ReclaimedJobs",
     "result_rejected": "RejectedResults",
     "intent_ambiguous": "AmbiguousIntents",
+    "effect_applied_late": "LateEffects",
     "job_parked": "ParkedJobs",
     "job_dead_lettered": "ParkedJobs",  # a DLQ reconciliation parked it
     "job_claimed": "JobsClaimed",

@@ -45,6 +45,7 @@ from sqs_lease import (
     JobState,
     Journal,
     LeaseLost,
+    OwnershipUnknown,
     Producer,
     Settings,
     ToolNotApplied,
@@ -58,7 +59,8 @@ from sqs_lease._aws import SyncDriver
 from sqs_lease._core.calls import Err, ErrorKind, Flow, Ok, call
 from sqs_lease._core.claiming import Claimed, claim_flow
 from sqs_lease._core.effectflow import effect_flow
-from sqs_lease._core.intents import EffectSpec
+from sqs_lease._core.intents import EffectResult, EffectSpec
+from sqs_lease._core.intentwrites import RETRY_WAITS, EffectCtx, confirm_intent
 from sqs_lease._core.messages import Delivery, receive_flow
 from sqs_lease._core.resolving import Resolution
 from sqs_lease._jobs import canonical_json, payload_hash
@@ -1297,6 +1299,104 @@ def test_operator_resolutions_requeue_parked_jobs_and_a_worker_finishes_them(
     new_intent = env.intent_record(new_key)
     assert (new_intent.state, new_intent.predecessor) == ("confirmed", key)
     assert logs.one("intent_successor_followed", key=key)["successor"] == new_key
+
+
+def w1_answers_late(env: Env, lost: Lost) -> Flow[EffectResult]:
+    """W1's own answer, long after its lease: the core's confirm of attempt 1."""
+    assert lost.applied is not None
+    ctx = EffectCtx(
+        env.intents, env.jobs, lost.spec, lost.claim.token, W1, time.time, "late", RETRY_WAITS
+    )
+    return confirm_intent(ctx, 1, lost.applied.response, lost.applied.external_id, reconciled=False)
+
+
+def test_a_late_answer_confirms_an_intent_parked_or_retried_and_is_kept_when_abandoned(
+    env: Env, logs: LogCapture, shell: Any
+) -> None:
+    """Soak seed 1808311 on moto: W1's call applied, but its answer comes after W2
+    parked the job ambiguous. Parked: the answer confirms the intent, and the
+    operator's retry (judged before it) only resumes the job. Retried first: the
+    answer confirms the reopened intent before any later attempt starts. Abandoned
+    first: the intent stays as decided; the answer goes to attempt 1's log and out
+    as ``effect_applied_late``. No case charges twice."""
+    charger, seen = Charger(env.url), list[IntentView]()
+    app = make_app(one_charge(charger), cannot_tell(seen))
+    w2_built = build(env, app, "w2", shell)
+    w3_built = build(env, app, "w3", shell)
+    cases = ("parked", "retried", "abandoned")
+    jobs = {c: submit(env, app, invoice_id()) for c in cases}
+    deliveries = receive_all(env, len(jobs), visibility=10)
+    lost = {
+        c: w1_starts_then_stops(env, job_id, p, applies=True, delivery=deliveries[job_id])
+        for c, (job_id, p) in jobs.items()
+    }
+    with running(w2_built):
+        for job_id, _ in jobs.values():
+            assert env.wait_job(job_id, JobState.PARKED, JobState.SUCCEEDED) is JobState.PARKED
+    keys = {c: x.spec.key for c, x in lost.items()}
+    charge_ids = {c: x.applied.external_id for c, x in lost.items() if x.applied is not None}
+
+    # Parked: the answer confirms it; the retry judged before it resumes the job only.
+    out = env.driver.run(w1_answers_late(env, lost["parked"]))
+    assert (out.external_id, out.replayed) == (charge_ids["parked"], False)
+    record = env.intent_record(keys["parked"])
+    assert (record.state, record.confirmed_late) == ("confirmed", "ambiguous")
+    assert record.attention is None  # out of the operators' ambiguous index
+    (a1,) = env.attempts(keys["parked"])
+    assert (a1.outcome, a1.external_id) == ("ok", charge_ids["parked"])
+    said = resolve_with_cli(env, logs, keys["parked"], "--retry", "--attempt", "1")
+    assert "already confirmed" in said and "the decision was not applied" in said, said
+    assert env.intent_record(keys["parked"]).resolution is None
+    assert env.job_state(jobs["parked"][0]) is JobState.QUEUED
+
+    # Retried, then the answer: the reopened intent is confirmed at attempt 1.
+    resolve_with_cli(env, logs, keys["retried"], "--retry", "--attempt", "1")
+    assert env.intent(keys["retried"]).state is IntentState.PREPARED
+    out = env.driver.run(w1_answers_late(env, lost["retried"]))
+    assert out.external_id == charge_ids["retried"]
+    record = env.intent_record(keys["retried"])
+    assert (record.state, record.confirmed_late, record.resolution, int(record.attempts)) == (
+        "confirmed",
+        "prepared",
+        "retry",
+        1,
+    )
+
+    # Abandoned, then the answer: kept in attempt 1's log, the decision stands.
+    resolve_with_cli(env, logs, keys["abandoned"], "--abandon", "--reason", WHY)
+    with pytest.raises(OwnershipUnknown):
+        env.driver.run(w1_answers_late(env, lost["abandoned"]))
+    assert env.intent(keys["abandoned"]).state is IntentState.ABANDONED
+    (a1,) = env.attempts(keys["abandoned"])
+    assert (a1.outcome, a1.external_id) == ("ok_late", charge_ids["abandoned"])
+    late = logs.one("effect_applied_late", key=keys["abandoned"])
+    assert (late["attempt"], late["intent_state"], late["resolution"]) == (
+        1,
+        "abandoned",
+        "abandon",
+    )
+
+    with running(w3_built):
+        final = {
+            c: env.wait_job(j, JobState.SUCCEEDED, JobState.FAILED) for c, (j, _) in jobs.items()
+        }
+    assert final == {
+        "parked": JobState.SUCCEEDED,
+        "retried": JobState.SUCCEEDED,
+        "abandoned": JobState.FAILED,
+    }
+    assert charger.calls == []  # nobody but W1 ever called the target
+    for c in ("parked", "retried"):
+        assert result_of(env, jobs[c][0]) == {
+            "charge_id": charge_ids[c],
+            "replayed": True,
+            "reconciled": False,
+        }
+    for c, (_, p) in jobs.items():
+        assert [r["token"] for r in rows_for(env, p.invoice)] == [1], c
+    late_confirms = [e for e in logs.events("intent_confirmed") if e.get("late")]
+    assert sorted(e["late"] for e in late_confirms) == ["ambiguous", "prepared"]
+    assert_journal_clean(logs, "intent_ambiguous", "effect_applied_late", "intent_resolved")
 
 
 # ======================================================================= shared keys, cut answers

@@ -1305,6 +1305,121 @@ def test_a_retried_confirm_that_had_applied_returns_the_stored_result() -> None:
     assert "ownership_unknown" not in s.event_names()
 
 
+def _late_item(state: IntentState, attempts: int = 1, **extra: Any) -> dict[str, Any]:
+    item = intent_item(state, attempts=attempts, **extra)
+    if state is IntentState.AMBIGUOUS:
+        item["attention"] = {"S": "ambiguous"}
+    return item
+
+
+def _condition(c: Call) -> str:
+    """The intent update's condition of a confirm transaction, names and values filled in."""
+    upd = c.params["TransactItems"][0]["Update"]
+    text = str(upd["ConditionExpression"])
+    for ph, name in sorted(upd["ExpressionAttributeNames"].items(), key=lambda x: -len(x[0])):
+        text = text.replace(ph, name)
+    for ph, value in sorted(upd["ExpressionAttributeValues"].items(), key=lambda x: -len(x[0])):
+        text = text.replace(ph, str(next(iter(value.values()))))
+    return text
+
+
+@pytest.mark.parametrize("seen", [IntentState.AMBIGUOUS, IntentState.PREPARED])
+def test_a_late_answer_confirms_an_intent_parked_or_reopened_at_its_own_attempt(
+    seen: IntentState,
+) -> None:
+    """Soak seed 1808311: the confirm is refused because the next owner parked the
+    intent (ambiguous) or an operator's retry reopened it (prepared), and no later
+    attempt started: the known outcome confirms it, conditioned on exactly that."""
+    tool = Tool()
+    s = EffectScript(
+        [
+            ok(),
+            ok(),
+            cancelled("ConditionalCheckFailed", "None"),
+            ok({"Item": _late_item(seen)}),
+            ok(),
+        ]
+    )
+    res = run_effect(s, spec(tool))
+    assert (res.external_id, res.replayed, tool.calls) == ("ch_1", False, 1)
+    first, late = s.calls_to("TransactWriteItems")[1:]
+    assert _condition(first) == "(state = in_progress AND attempts = 1)"
+    assert _condition(late) == f"(state = {seen.value} AND attempts = 1)"
+    assert late.params["ClientRequestToken"] != first.params["ClientRequestToken"]
+    update = late.params["TransactItems"][0]["Update"]["UpdateExpression"]
+    assert "REMOVE" in update  # out of the operators' ambiguous index
+    ev = s.event("intent_confirmed")
+    assert (ev["late"], ev["attempt"], ev["token"]) == (seen.value, 1, 7)
+    assert "ownership_unknown" not in s.event_names()
+
+
+def test_a_late_answer_read_again_when_the_first_read_is_unanswered() -> None:
+    s = EffectScript(
+        [
+            ok(),
+            ok(),
+            cancelled("ConditionalCheckFailed", "None"),
+            unreachable(),
+            ok({"Item": _late_item(IntentState.AMBIGUOUS)}),
+            ok(),
+        ]
+    )
+    res = run_effect(s, spec(Tool()))
+    assert res.external_id == "ch_1"
+    assert s.event("intent_confirmed")["late"] == "ambiguous"
+
+
+@pytest.mark.parametrize(
+    "now",
+    [
+        _late_item(IntentState.IN_PROGRESS, attempts=2),  # a later attempt started
+        _late_item(IntentState.ABANDONED),
+        _late_item(IntentState.SUPERSEDED),
+    ],
+    ids=["later_attempt", "abandoned", "superseded"],
+)
+def test_a_late_answer_the_intent_moved_past_is_kept_in_its_attempt_log(
+    now: dict[str, Any],
+) -> None:
+    """A later attempt started, or an operator abandoned the intent or approved a new
+    operation: the intent is left as decided; the answer goes to the attempt's own
+    log (``ok_late``) and out as ``effect_applied_late``."""
+    s = EffectScript(
+        [ok(), ok(), cancelled("ConditionalCheckFailed", "None"), ok({"Item": now}), ok()]
+    )
+    with pytest.raises(OwnershipUnknown, match="confirm intent"):
+        run_effect(s, spec(Tool()))
+    (log,) = s.calls_to("UpdateItem")
+    assert log.params["TableName"] == itable().attempts_table
+    assert log.params["Key"]["attempt"] == {"N": "1"}
+    assert "ok_late" in {v.get("S") for v in log.params["ExpressionAttributeValues"].values()}
+    late = s.event("effect_applied_late")
+    assert (late["attempt"], late["intent_state"], late["external_id"]) == (
+        1,
+        now["state"]["S"],
+        "ch_1",
+    )
+    assert "intent_confirmed" not in s.event_names()
+
+
+def test_a_late_answer_whose_intent_moved_again_is_read_again() -> None:
+    """The late write's own condition fails (the operator's resolve landed between the
+    read and the write): read again, and settle on what is there now."""
+    s = EffectScript(
+        [
+            ok(),
+            ok(),
+            cancelled("ConditionalCheckFailed", "None"),
+            ok({"Item": _late_item(IntentState.AMBIGUOUS)}),
+            cancelled("ConditionalCheckFailed", "None"),
+            ok({"Item": _late_item(IntentState.PREPARED)}),
+            ok(),
+        ]
+    )
+    run_effect(s, spec(Tool()))
+    assert s.event("intent_confirmed")["late"] == "prepared"
+
+
 def test_confirm_after_a_confirming_check_failing_is_ownership_unknown() -> None:
     check = Check(CheckAnswer(Verdict.CONFIRMED, "ch"))
     s = EffectScript(

@@ -355,6 +355,78 @@ def test_a_resolution_whose_answer_was_lost_is_finished_by_resolving_again() -> 
     assert (ev["resolution"], ev["verdict"]) == ("confirmed", "resumed")
 
 
+def _confirmed_late(seen: str = "ambiguous") -> dict[str, Any]:
+    item = intent_item(IntentState.CONFIRMED)
+    return {**item, "confirmed_late": {"S": seen}, "external_id": {"S": "ch_late"}}
+
+
+@pytest.mark.parametrize("resolution", [Resolution.RETRY, Resolution.CONFIRMED])
+def test_a_decision_on_an_intent_its_own_late_answer_confirmed_resumes_the_job_only(
+    resolution: Resolution,
+) -> None:
+    """Soak seed 1808311: the operator judged "not applied" before the paused call
+    applied; its answer confirmed the intent. The decision is not applied: the parked
+    job is resumed, and its next attempt replays the outcome."""
+    s = Script(
+        [
+            got_item(_confirmed_late()),
+            ok({"Attributes": queued_after_unpark()}),
+            ok({"MessageId": "mid-1"}),
+            ok(),
+        ]
+    )
+    got = _resolve(s, resolution, "ch_1" if resolution is Resolution.CONFIRMED else None)
+    assert got.finished_earlier is True and got.job_requeued is True
+    assert "own answer" in got.note and "the decision was not applied" in got.note
+    assert "ch_late" in got.note
+    assert s.ops == [
+        "dynamodb.GetItem",  # the intent, as it is: nothing of it is written
+        "dynamodb.UpdateItem",
+        "sqs.SendMessage",
+        "dynamodb.UpdateItem",
+    ]
+    assert "intent_resolved" not in s.event_names()
+
+
+def test_a_decision_whose_write_meets_a_late_answer_resumes_the_job_instead() -> None:
+    """The late answer lands between the resolve's read and its write."""
+    s = Script(
+        [
+            got_item(intent_item(IntentState.AMBIGUOUS)),
+            cancelled("ConditionalCheckFailed", "None"),
+            got_item(_confirmed_late()),
+            ok({"Attributes": queued_after_unpark()}),
+            ok({"MessageId": "mid-1"}),
+            ok(),
+        ]
+    )
+    got = _resolve(s, Resolution.RETRY, attempt=1)
+    assert got.finished_earlier is True
+    assert s.event("intent_resolution_finished")["verdict"] == "resumed"
+
+
+@pytest.mark.parametrize("resolution", [Resolution.ABANDON, Resolution.NEW_OPERATION])
+def test_abandoning_an_intent_its_late_answer_confirmed_is_refused_with_the_fact(
+    resolution: Resolution,
+) -> None:
+    """An abandon or a new operation would undo or repeat an effect that applied: the
+    operator is told, and decides again knowing it."""
+    s = Script([got_item(_confirmed_late())])
+    with pytest.raises(IntentNotAmbiguous, match=r"own answer.*ch_late") as caught:
+        _resolve(s, resolution)
+    assert caught.value.final is True
+    assert s.ops == ["dynamodb.GetItem"]
+    s = Script(
+        [
+            got_item(intent_item(IntentState.AMBIGUOUS)),
+            cancelled("ConditionalCheckFailed", "None"),
+            got_item(_confirmed_late()),
+        ]
+    )
+    with pytest.raises(IntentError, match=r"changed meanwhile \(now confirmed, by its attempt 1"):
+        _resolve(s, resolution, attempt=1)
+
+
 def test_resolving_again_sends_the_message_a_resolution_could_not_send() -> None:
     done = intent_item(IntentState.CONFIRMED, resolution="confirmed", resolved_by=WHO)
     left = queued_after_unpark(send_id=None)

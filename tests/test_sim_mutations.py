@@ -302,6 +302,7 @@ def test_mutations_are_undone_on_exit() -> None:
             sweeps.__dict__["DLQ_SWEEP_RECEIVES"],
             job_requests.__dict__["_awaits_send"],
             effectflow.__dict__["repeat_still_protected"],
+            intentwrites.__dict__["LATE_STATES"],
         )
 
     before = state()

@@ -33,7 +33,7 @@ from sqs_lease.testing._sim.lambdas import I23
 from sqs_lease.testing._sim.plan import Step, SweepPlan
 from sqs_lease.testing._sim.receiver import TargetFaults
 from sqs_lease.testing._sim.render import txn_kind
-from sqs_lease.testing._sim.tasks import CallOp, Remote, Task, drive_plain
+from sqs_lease.testing._sim.tasks import CallOp, Pending, Remote, Task, drive_plain
 from sqs_lease.testing._sim.worker import SimWorker
 from sqs_lease.testing._sim.world import RunResult, World
 
@@ -223,6 +223,128 @@ def test_a_decision_not_bound_to_its_attempt_is_caught() -> None:
     applied) with the judgement of attempt 1 (it did not): a retry applies it again."""
     result = _stale_resolution_run("stale_resolution")
     assert result.violations and result.violations[0].name == I2
+
+
+# ------------------------------------------------------------ late_outcome_dropped
+
+
+@contextmanager
+def _call_held_until(world: World, release: str) -> Iterator[list[Any]]:
+    """The first owner's first call to the target leaves its process only when told
+    (a process paused between its intent start and its send: the watchdog drops its
+    lease, and the next owner takes over); every check's request is lost and times
+    out, so the next owner cannot tell and parks the job ambiguous (soak seed
+    1808311's order). The operator never dies, except where ``release`` says:
+
+    - ``"judged"``: the operator's first command dies right after its read; the held
+      call goes out as it dies. The command is run again later: the call applied
+      between the operator's judgement ("not applied") and its write.
+    - ``"resolved"``: the held call goes out right after the operator's resolve
+      (``--retry``) applied, before the resumed attempt starts.
+
+    Yields the list of released calls (one, once released)."""
+    real_remote = network.remote
+    held: list[Any] = []
+    released: list[Any] = []
+
+    def release_held() -> None:
+        if held and not released:
+            task, r = held[0]
+            released.append(r)
+            world.at(world.now + 0.001, lambda: real_remote(world, task, r))
+
+    def remote(w: World, task: Task, r: Remote) -> None:
+        if r.kind == "tool" and not held:
+            held.append((task, r))
+            return
+        if r.kind == "check":
+            p = Pending(task, task.actor.mono())
+            lost = TimeoutError(f"{r.target} check: timeout after {r.timeout:g} s")
+            w.at(
+                w.now + r.timeout,
+                lambda: network._deliver_remote(w, p, r, network._raised(lost, p.sent_mono)),
+            )
+            return
+        real_remote(w, task, r)
+
+    real_mortal = operators._mortal
+    runs: list[int] = []
+
+    def mortal(flow: Any, dies: Callable[[], bool], failed: list[BaseException]) -> Any:
+        runs.append(1)
+        first = len(runs) == 1
+        last: list[str] = [""]
+
+        def tap() -> Generator[Any, Any, Any]:
+            instr = next(flow)
+            while True:
+                last[0] = instr.op if isinstance(instr, Call) else ""
+                out = yield instr
+                if release == "resolved" and last[0] == "TransactWriteItems":
+                    release_held()
+                try:
+                    instr = flow.send(out)
+                except StopIteration as stop:
+                    return stop.value
+
+        def dies_here() -> bool:
+            if release == "judged" and first and last[0] == "GetItem":
+                release_held()
+                return True
+            return False
+
+        return real_mortal(tap(), dies_here, failed)
+
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(network, "remote", remote))
+        stack.enter_context(mock.patch.object(operators, "_mortal", mortal))
+        yield released
+
+
+def _late_answer_run(release: str, mutation: str | None = None) -> tuple[RunResult, list[Any]]:
+    with applied(mutation):
+        w = _one_job(mutation, workers=2, target="unkeyed")
+        w.plan.wide = replace(w.plan.wide, features=w.plan.wide.features | {"operator_races"})
+        with _call_held_until(w, release) as released:
+            return w.run(), released
+
+
+def test_a_late_answer_between_the_operators_judgement_and_its_write_confirms_the_intent() -> None:
+    result, released = _late_answer_run("judged")
+    assert result.ok, result.violations[:1]
+    assert released, "the paused call never went out"
+    assert [d["attempt"] for _, d in _events(result, "intent_ambiguous")] == [1]
+    judged = [d["applied"] for _, d in _events(result, "operator_resolves")]
+    assert judged and judged[0] is False, "the operator did not judge before the call"
+    late = [d for _, d in _events(result, "intent_confirmed") if d.get("late")]
+    assert [(d["late"], d["attempt"], d["token"]) for d in late] == [("ambiguous", 1, 1)]
+    # The decision judged before the answer is not applied; the resolve run again
+    # resumes the parked job, whose next attempt replays the outcome.
+    assert not _events(result, "intent_resolved")
+    assert [d["verdict"] for _, d in _events(result, "intent_resolution_finished")] == ["resumed"]
+    assert [d["token"] for _, d in _events(result, "intent_replayed")] == [3]
+    assert _events(result, "result_committed")
+
+
+def test_a_late_answer_after_an_operators_retry_confirms_the_reopened_intent() -> None:
+    result, released = _late_answer_run("resolved")
+    assert result.ok, result.violations[:1]
+    assert released, "the paused call never went out"
+    assert [d["resolution"] for _, d in _events(result, "intent_resolved")] == ["retry"]
+    late = [d for _, d in _events(result, "intent_confirmed") if d.get("late")]
+    assert [(d["late"], d["attempt"]) for d in late] == [("prepared", 1)]
+    # The resumed attempt's start finds the intent confirmed and replays it.
+    assert not [d for _, d in _events(result, "intent_started") if d["attempt"] == 2]
+    assert _events(result, "intent_replayed")
+    assert _events(result, "result_committed")
+
+
+def test_a_late_answer_kept_off_the_intent_is_caught() -> None:
+    """``late_outcome_dropped``: the answer is dropped; the decision judged before
+    it stands, and the retry applies the effect again."""
+    for release in ("judged", "resolved"):
+        result, _ = _late_answer_run(release, "late_outcome_dropped")
+        assert result.violations and result.violations[0].name == I2, release
 
 
 # ------------------------------------------------------ unstarted_released_at_once

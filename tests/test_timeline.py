@@ -307,6 +307,26 @@ def test_intent_transitions_name_key_and_tool_and_fall_in_the_owners_lane() -> N
     assert {e.source for e in out if e.kind.is_intent} == {"intent"}
 
 
+def test_an_attempt_applied_after_its_intent_moved_on_says_so() -> None:
+    pay = IntentFacts(
+        key="j:main:capture:psp",
+        target="psp",
+        action="capture",
+        state="abandoned",
+        created_at=11.0,
+        updated_at=40.0,
+        attempts=(_attempt(1, "j", 1, "w1", 12.0, 90.0, "ok_late"),),
+    )
+    out = from_intents("j", [pay])
+    assert [(e.kind.value, e.owner, e.token, e.at) for e in out][-1] == (
+        "intent_confirmed",
+        "w1",
+        1,
+        90.0,
+    )
+    assert "attempt 1 applied, told after the intent had moved on" in (out[-1].detail or "")
+
+
 class Charge(BaseModel):
     invoice: str
     card: str

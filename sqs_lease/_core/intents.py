@@ -74,6 +74,9 @@ class IntentView:
     first_started_by: str | None = None
     resolution: str | None = None  # an operator's decision, once made
     resolved_by: str | None = None
+    # The open state its attempt's own late answer found when it confirmed it
+    # (``ambiguous``, or ``prepared`` after an operator's retry); None: not late.
+    confirmed_late: str | None = None
     success: SuccessMeaning | None = None
     successor: str | None = None  # the new operation's key, once an operator approved one
     predecessor: str | None = None  # the superseded intent this operation replaces
@@ -199,6 +202,17 @@ class IntentRequests(Protocol):
         job_id: str = "",
         token: int = 0,
         try_no: int = 0,
+        seen: IntentState = IntentState.IN_PROGRESS,
+    ) -> Call: ...
+
+    def applied_late(
+        self,
+        key: str,
+        *,
+        attempt: int,
+        external_id: str | None,
+        wall_now: float,
+        log_response: str,
     ) -> Call: ...
 
     def attempt_failed(

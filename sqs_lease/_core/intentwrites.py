@@ -25,6 +25,7 @@ from .intents import (
     EffectSpec,
     IntentRequests,
     IntentState,
+    IntentView,
     outcome_error,
     read_intent,
     replay_or_refuse,
@@ -283,24 +284,17 @@ def confirm_intent(
     """Record the known outcome. No lease check before the first try, on purpose:
     the effect happened, and the confirm writes a true fact (condition: the intent
     is still this attempt's, in progress; no job condition). Dropping it would only
-    leave the next owner to ask the target again, or park the job for nothing."""
+    leave the next owner to ask the target again, or park the job for nothing.
+
+    An outcome that arrives after the intent left ``in_progress`` is still recorded
+    (:func:`_late_outcome`): a paused attempt's call may apply after the next owner
+    parked it ambiguous, and after an operator judged it "not applied"."""
     spec = ctx.spec
     waits = iter(ctx.retry_waits)
     try_no = 0
     while True:
-        out = yield from call(
-            ctx.ireq.confirm(
-                spec.key,
-                attempt=attempt,
-                response_json=_bounded(dict(response), RESPONSE_LIMIT),
-                external_id=external_id,
-                wall_now=(yield from read_wall(ctx)),
-                log_response=_bounded(dict(response), LOG_LIMIT) if spec.log_bodies else "",
-                reconciled=reconciled,
-                job_id=spec.job_id,
-                token=ctx.token,
-                try_no=try_no,
-            )
+        out = yield from _confirm_write(
+            ctx, attempt, response, external_id, reconciled, IntentState.IN_PROGRESS, try_no
         )
         if isinstance(out, Ok):
             break
@@ -316,25 +310,15 @@ def confirm_intent(
                 continue
         elif out.kind is ErrorKind.TRANSACTION_CANCELLED:
             # A retried confirm whose first try applied (or another owner's reconcile)
-            # finds the intent confirmed already: that is the outcome we wanted.
-            now = yield from read_intent(ctx.ireq, spec.key)
-            if now is not None and now.state is IntentState.CONFIRMED:
-                yield from emit(
-                    "intent_confirmed",
-                    job_id=spec.job_id,
-                    key=spec.key,
-                    external_id=now.external_id,
-                    attempt=attempt,
-                    reconciled=reconciled,
-                    already=True,
+            # finds the intent confirmed already: that is the outcome we wanted. One
+            # that left in_progress otherwise gets this outcome as a late fact.
+            now = yield from _read_answered(ctx)
+            if now is not None:
+                late = yield from _late_outcome(
+                    ctx, now, attempt, response, external_id, reconciled
                 )
-                return EffectResult(
-                    _loads(now.response_json or "{}"),
-                    now.external_id,
-                    False,
-                    reconciled,
-                    spec.key,
-                )
+                if late is not None:
+                    return late
         # The effect happened but is not recorded: the intent stays in_progress and
         # the next owner reconciles it with the target. Nothing more may run now.
         yield from emit(
@@ -356,6 +340,154 @@ def confirm_intent(
         reconciled=reconciled,
     )
     return EffectResult(dict(response), external_id, False, reconciled, spec.key)
+
+
+def _confirm_write(
+    ctx: EffectCtx,
+    attempt: int,
+    response: Mapping[str, Any],
+    external_id: str | None,
+    reconciled: bool,
+    seen: IntentState,
+    try_no: int,
+) -> Flow[Ok | Err]:
+    spec = ctx.spec
+    out = yield from call(
+        ctx.ireq.confirm(
+            spec.key,
+            attempt=attempt,
+            response_json=_bounded(dict(response), RESPONSE_LIMIT),
+            external_id=external_id,
+            wall_now=(yield from read_wall(ctx)),
+            log_response=_bounded(dict(response), LOG_LIMIT) if spec.log_bodies else "",
+            reconciled=reconciled,
+            job_id=spec.job_id,
+            token=ctx.token,
+            try_no=try_no,
+            seen=seen,
+        )
+    )
+    return out
+
+
+def _read_answered(ctx: EffectCtx) -> Flow[IntentView | None]:
+    """The intent as stored now, read again after a pause while a read goes
+    unanswered (a known outcome must not be dropped for one lost answer); None: it
+    is gone, or no read was answered."""
+    waits = iter(ctx.retry_waits)
+    while True:
+        out = yield from call(ctx.ireq.get(ctx.spec.key))
+        if isinstance(out, Ok):
+            item = out.response.get("Item")
+            return ctx.ireq.parse(item) if item else None
+        wait = next(waits, None)
+        if wait is None or out.kind is ErrorKind.NOT_FOUND:
+            return None
+        yield from call(Sleep(wait))
+
+
+LATE_STATES = (IntentState.AMBIGUOUS, IntentState.PREPARED)
+"""The states a confirm refused for being late may still settle, at the attempt's own
+number: parked ambiguous by the next owner, or reopened by an operator's retry. No
+later attempt has started, so no other call of the key can be in flight."""
+
+
+LATE_ROUNDS = 4
+"""Re-reads of an intent that moved again while its late outcome was being written."""
+
+
+def _late_outcome(
+    ctx: EffectCtx,
+    now: IntentView,
+    attempt: int,
+    response: Mapping[str, Any],
+    external_id: str | None,
+    reconciled: bool,
+) -> Flow[EffectResult | None]:
+    """A confirm refused because the intent left ``in_progress``: what the known
+    outcome still settles. Returns the result once the intent is confirmed (by this
+    write or another), else None (the attempt then ends as ownership unknown).
+
+    - Confirmed already: the outcome we wanted (a retried confirm, a reconcile).
+    - Ambiguous or prepared at this attempt's number (:data:`LATE_STATES`): the call
+      applied after the next owner parked it, or after an operator judged "not
+      applied" and reopened it, and no later attempt started. The outcome confirms
+      it, conditioned on exactly that state: the job's next attempt replays it, and
+      an operator's decision judged before it is refused (soak seed 1808311: the
+      outcome was dropped, and the operator's retry paid a second time).
+    - Anything else (a later attempt started; an operator abandoned it or approved a
+      new operation): the fact goes to this attempt's own log (``ok_late``) and out
+      as ``effect_applied_late``, for an operator; the intent is left as decided.
+    """
+    spec = ctx.spec
+    waits = iter(ctx.retry_waits)
+    for try_no in range(LATE_ROUNDS + len(ctx.retry_waits)):
+        if now.state is IntentState.CONFIRMED:
+            yield from emit(
+                "intent_confirmed",
+                job_id=spec.job_id,
+                key=spec.key,
+                external_id=now.external_id,
+                attempt=attempt,
+                reconciled=reconciled,
+                already=True,
+            )
+            return EffectResult(
+                _loads(now.response_json or "{}"), now.external_id, False, reconciled, spec.key
+            )
+        if now.attempts != attempt or now.state not in LATE_STATES:
+            break
+        out = yield from _confirm_write(
+            ctx, attempt, response, external_id, reconciled, now.state, try_no
+        )
+        if isinstance(out, Ok):
+            yield from emit(
+                "intent_confirmed",
+                job_id=spec.job_id,
+                key=spec.key,
+                external_id=external_id,
+                attempt=attempt,
+                reconciled=reconciled,
+                late=now.state.value,
+                token=ctx.token,
+            )
+            return EffectResult(dict(response), external_id, False, reconciled, spec.key)
+        if transient_cancel(out):
+            wait = next(waits, None)
+            yield from _retried(ctx, "confirm_late", out, wait)
+            if wait is None:
+                return None
+            yield from call(Sleep(wait))
+        elif out.kind is not ErrorKind.TRANSACTION_CANCELLED:
+            return None  # no answer: the intent is as it was, or confirmed; nobody knows
+        reread = yield from _read_answered(ctx)
+        if reread is None:
+            return None
+        now = reread
+    settled_otherwise = now.state in (IntentState.ABANDONED, IntentState.SUPERSEDED)
+    if attempt <= 0 or not (now.attempts > attempt or settled_otherwise):
+        return None
+    yield from call(
+        ctx.ireq.applied_late(
+            spec.key,
+            attempt=attempt,
+            external_id=external_id,
+            wall_now=(yield from read_wall(ctx)),
+            log_response=_bounded(dict(response), LOG_LIMIT) if spec.log_bodies else "",
+        )
+    )
+    yield from emit(
+        "effect_applied_late",
+        job_id=spec.job_id,
+        key=spec.key,
+        attempt=attempt,
+        token=ctx.token,
+        external_id=external_id,
+        intent_state=now.state.value,
+        intent_attempts=now.attempts,
+        resolution=now.resolution,
+    )
+    return None
 
 
 def record_failed(ctx: EffectCtx, attempt: int, *, not_applied: bool, error: str) -> Flow[None]:

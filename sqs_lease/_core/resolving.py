@@ -136,7 +136,7 @@ def resolve_flow(
         )
     judged = intent.attempts
     if intent.state is not IntentState.AMBIGUOUS:
-        if intent.resolution is not None:
+        if intent.resolution is not None or _settled_late(intent, resolution):
             finished = yield from _finish_earlier(
                 jreq,
                 intent,
@@ -148,7 +148,8 @@ def resolve_flow(
             if finished is not None:
                 return finished
         raise IntentNotAmbiguous(
-            f"intent {key!r} is {intent.state}, not ambiguous: nothing to resolve",
+            f"intent {key!r} is {intent.state}{_late_note(intent)}, not ambiguous: "
+            "nothing to resolve",
             state=intent.state.value,
             final=intent.state
             in (IntentState.CONFIRMED, IntentState.ABANDONED, IntentState.SUPERSEDED),
@@ -193,11 +194,24 @@ def resolve_flow(
             reread = yield from call(ireq.get(key))
             now_item = reread.response.get("Item") if isinstance(reread, Ok) else None
             now = ireq.parse(now_item) if now_item else None
+            if now is not None and now.resolution is None and _settled_late(now, resolution):
+                # The attempt's own answer confirmed it between our read and our
+                # write: the decision is not applied; the parked job is resumed.
+                finished = yield from _finish_earlier(
+                    jreq,
+                    now,
+                    queue_url=queue_url,
+                    wall_now=wall_now,
+                    send_id=send_id,
+                    interactive_url=interactive_url,
+                )
+                if finished is not None:
+                    return finished
             state = now.state.value if now else "gone"
             by = f" by {now.resolved_by}" if now is not None and now.resolved_by else ""
             raise IntentError(
-                f"intent {key!r} changed meanwhile (now {state}{by}): nothing resolved; "
-                "look at `sqs-lease intents show` and decide again"
+                f"intent {key!r} changed meanwhile (now {state}{by}{_late_note(now)}): "
+                "nothing resolved; look at `sqs-lease intents show` and decide again"
             )
         # The intent is ambiguous but its job is not parked (cancelled, failed, or
         # still on its way to parking): settle the intent alone, and say so.
@@ -223,6 +237,29 @@ def resolve_flow(
         True,
         JobState.PARKED,
         sent_note(sent, "re-enqueued (one attempt granted)"),
+    )
+
+
+def _settled_late(intent: IntentView, resolution: Resolution) -> bool:
+    """Was the intent confirmed by its attempt's own late answer (the call applied
+    after the intent was parked ambiguous), where the decision asked for wants the
+    effect to stand once (confirmed, retry)? Then a resolve finishes the job half:
+    the parked job resumes and replays the outcome. An abandon or a new operation
+    is the operator's to take again, knowing it applied."""
+    return (
+        intent.state is IntentState.CONFIRMED
+        and intent.confirmed_late is not None
+        and resolution in (Resolution.CONFIRMED, Resolution.RETRY)
+    )
+
+
+def _late_note(intent: IntentView | None) -> str:
+    if intent is None or intent.confirmed_late is None:
+        return ""
+    return (
+        f", by its attempt {intent.attempts}'s own answer, which came after it was "
+        f"{intent.confirmed_late}: the call applied"
+        + (f" (external id {intent.external_id})" if intent.external_id else "")
     )
 
 
@@ -330,9 +367,14 @@ def _finish_earlier(
         resolution=intent.resolution,
         verdict=resumed.verdict.value,
     )
+    settled = (
+        f"confirmed{_late_note(intent)}; the decision was not applied"
+        if intent.resolution is None
+        else f"resolved ({intent.resolution}"
+        f"{' by ' + intent.resolved_by if intent.resolved_by else ''})"
+    )
     note = (
-        f"the intent was already resolved ({intent.resolution}"
-        f"{' by ' + intent.resolved_by if intent.resolved_by else ''}); its job was "
+        f"the intent was already {settled}; its job was "
         + (
             "still parked: "
             if resumed.verdict is ResumeVerdict.RESUMED

@@ -264,7 +264,7 @@ class IntentAttemptFacts:
     worker: str
     started_at: float
     ended_at: float | None
-    outcome: str  # started | ok | not_applied | unknown | confirmed_by_check | ...
+    outcome: str  # started | ok | ok_late | not_applied | unknown | confirmed_by_check | ...
 
 
 @dataclass(frozen=True)
@@ -285,6 +285,7 @@ class IntentFacts:
 
 _ENDED = {
     "ok": TimelineKind.INTENT_CONFIRMED,
+    "ok_late": TimelineKind.INTENT_CONFIRMED,  # applied; told after the intent moved on
     "unknown": TimelineKind.INTENT_UNKNOWN,
     "not_applied": TimelineKind.INTENT_NOT_APPLIED,
     "failed": TimelineKind.INTENT_NOT_APPLIED,  # the name versions before the rule wrote
@@ -332,6 +333,9 @@ def _intent_events(job_id: str, it: IntentFacts) -> Iterator[TimelineEvent]:
             at = it.confirmed_at if applied and it.confirmed_at else a.ended_at
             why = "applied" if applied else "not applied"
             yield ev(ended, at, None, None, f"{why}, the target's check says")
+        elif a.outcome == "ok_late":
+            why = f"{attempt} applied, told after the intent had moved on"
+            yield ev(ended, a.ended_at, a.worker, a.token, why)
         else:
             yield ev(ended, a.ended_at, a.worker, a.token, attempt)
     if it.state == "ambiguous":

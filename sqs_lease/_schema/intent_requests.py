@@ -168,6 +168,7 @@ class IntentTable:
         job_id: str = "",
         token: int = 0,
         try_no: int = 0,
+        seen: IntentState = IntentState.IN_PROGRESS,
     ) -> Call:
         intent_actions: list[Action] = [
             IR.state.set(IntentState.CONFIRMED.value),
@@ -176,6 +177,12 @@ class IntentTable:
             IR.confirmed_at.set(wall_now),
             IR.reconciled.set(reconciled),
         ]
+        late = seen is not IntentState.IN_PROGRESS
+        if late:
+            # The attempt's own answer, after its intent left in_progress (parked
+            # ambiguous, or reopened by an operator's retry) and before any later
+            # attempt started: a fact, and out of the operators' ambiguous index.
+            intent_actions += [IR.confirmed_late.set(seen.value), IR.attention.remove()]
         attempt_actions: list[Action] = [
             AR.ended_at.set(AR.ended_at | wall_now),
             AR.outcome.set("confirmed_by_check" if reconciled else "ok"),
@@ -190,7 +197,7 @@ class IntentTable:
                 "Update": item_request(
                     self.table,
                     _ikey(key),
-                    (IR.state == IntentState.IN_PROGRESS.value) & (IR.attempts == attempt),
+                    (IR.state == seen.value) & (IR.attempts == attempt),
                     intent_actions,
                 )
             }
@@ -214,10 +221,42 @@ class IntentTable:
                 # The fencing token is part of it: a late owner's confirm and the new
                 # owner's reconciling confirm of one attempt are two writes.
                 "ClientRequestToken": _request_token(
-                    "confirm", self.table, job_id, key, attempt, token, reconciled, try_no
+                    *(("confirm_late", seen.value) if late else ("confirm",)),
+                    self.table,
+                    job_id,
+                    key,
+                    attempt,
+                    token,
+                    reconciled,
+                    try_no,
                 ),
             },
         )
+
+    def applied_late(
+        self,
+        key: str,
+        *,
+        attempt: int,
+        external_id: str | None,
+        wall_now: float,
+        log_response: str,
+    ) -> Call:
+        # Only the attempt's own log: the intent moved on (a later attempt started,
+        # or an operator abandoned it or approved a new operation), and no write of
+        # this attempt may change what those decided.
+        actions: list[Action] = [
+            AR.ended_at.set(AR.ended_at | wall_now),
+            AR.outcome.set("ok_late"),
+        ]
+        if external_id:
+            actions.append(AR.external_id.set(external_id))
+        if log_response:
+            actions.append(AR.response.set(log_response))
+        params = item_request(
+            self.attempts_table, _akey(key, attempt), AR.intent_key.exists(), actions
+        )
+        return Call("dynamodb", "UpdateItem", params)
 
     def take_over(
         self, key: str, *, holder: str, job_id: str, attempts: int, reason: str, wall_now: float

@@ -320,6 +320,10 @@ class IntentRecord(Model):
     first_start = UnicodeAttribute(null=True)
     start_id = UnicodeAttribute(null=True)  # identity of the current start (start_id_for)
     confirmed_at = NumberAttribute(null=True)
+    # The open state (ambiguous, or prepared by an operator's retry) an attempt's own
+    # answer found when it confirmed the intent late: its call applied after the
+    # intent had left in_progress, and before any later attempt started.
+    confirmed_late = UnicodeAttribute(null=True)
     resolution = UnicodeAttribute(null=True)
     resolved_by = UnicodeAttribute(null=True)
     resolved_at = NumberAttribute(null=True)
@@ -350,7 +354,9 @@ class AttemptRecord(Model):
     started_at = NumberAttribute()
     ended_at = NumberAttribute(null=True)
     # started | ok | not_applied | unknown | confirmed_by_check | not_applied_by_check
-    # (``failed``: written by versions before the not-applied rule)
+    # | ok_late (the attempt's call applied, its answer came after a later attempt
+    # started or an operator settled the intent otherwise: the intent was left as it
+    # was; ``effect_applied_late``) (``failed``: versions before the not-applied rule)
     outcome = UnicodeAttribute()
     error = UnicodeAttribute(null=True)
     external_id = UnicodeAttribute(null=True)

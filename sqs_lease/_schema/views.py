@@ -148,6 +148,7 @@ def intent_view_of(item: Mapping[str, Any]) -> IntentView:
         first_started_by=first_started_by(a.text("first_start"), a.number("first_started_at")),
         resolution=a.text("resolution"),
         resolved_by=a.text("resolved_by"),
+        confirmed_late=a.text("confirmed_late"),
         success=success_meaning(a.text("success")),
         successor=a.text("successor"),
         predecessor=a.text("predecessor"),
