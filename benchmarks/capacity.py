@@ -1,13 +1,28 @@
-"""A capacity model: how many workers and jobs per second one queue and the tables carry
-before a quota or a hot key binds, from the requests and capacity units per job.
+"""A capacity model: how many jobs per second one queue and its tables carry before a
+quota or a hot key binds, from the writes, reads and calls each job makes.
 
 Usage::
 
     python benchmarks/capacity.py [--json]
 
-Pure arithmetic (no AWS, no emulator): Little's law for what is in flight, the
-per-job calls of the protocol (the floor measured by ``make bench``, see
-BENCHMARKS.md), and AWS's published limits below. docs/scale.md quotes its output.
+Pure arithmetic (no AWS, no emulator). The per-job calls are the protocol's, counted by
+``make bench`` (BENCHMARKS.md, benchmark 6: 4 WCU for a short job with its producer,
+11 more per effect, 3 per extra stage, all at records under 1 KB); this model scales
+each write by the size DynamoDB bills it at, which the benchmark's small records hide:
+
+- every write of the job record (the producer's put and its mark, each claim, each
+  checkpoint and the next stage's mark, the commit) costs ceil(record KB) WCU, as an
+  UpdateItem is billed on the larger of the item before and after;
+- an effect's start is a transaction whose ConditionCheck on the job record is
+  billed as a transactional write of the whole record (2 x ceil(KB)), beside the
+  intent's and the attempt's small items (9 WCU in all);
+- every heartbeat round reads each held record consistently: ceil(KB / 4) RCU;
+- the sparse ``unsent`` index has one key value: a record enters it at its submit
+  and at each checkpoint, and leaves at each mark (2 index writes per stage; 3 per
+  re-send by the stranded sweep).
+
+The AWS figures below are as AWS documents them (SQS and DynamoDB quotas, Lambda's
+SQS scaling); docs/scale.md quotes this output.
 """
 
 from __future__ import annotations
@@ -17,135 +32,227 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-# AWS limits (us-east-1, as documented; the adjustable ones at their defaults).
-SQS_INFLIGHT_STANDARD = 120_000  # messages in flight per standard queue (hard)
-SQS_INFLIGHT_FIFO = 20_000  # per FIFO queue (hard)
-SQS_FIFO_TPS = 3_000  # messages/s per FIFO queue with batching (high-throughput mode: far more)
-DDB_PARTITION_WCU = 1_000  # per partition (and per partition-key value), writes/s of 1 KB
-DDB_PARTITION_RCU = 3_000  # per partition, strongly consistent reads/s of 4 KB
-DDB_TABLE_ON_DEMAND = 40_000  # default per-table on-demand max (read and write units), adjustable
+SQS_INFLIGHT = 120_000  # in-flight messages per queue, standard and FIFO alike
+SQS_FIFO_TPS = 300  # calls/s per action (Send, Receive, Delete), FIFO without high throughput
+DDB_PARTITION_WCU = 1_000  # writes/s of 1 KB per partition (and per partition-key value)
+DDB_PARTITION_RCU = 3_000  # consistent reads/s of 4 KB per partition
+DDB_TABLE_QUOTA = 40_000  # read and write units/s per table, the default account quota
+DDB_NEW_TABLE_WCU = 4_000  # a new on-demand table: 4,000 WRU or 12,000 RRU at once (or a
+DDB_NEW_TABLE_RCU = 12_000  # linear mix); then twice its previous peak, per 30 minutes
+LAMBDA_ESM_BATCHES = 1_000  # concurrent batches per SQS event source mapping (default mode)
+LAMBDA_ESM_FIRST = 5  # batches it starts with
+LAMBDA_ESM_RAMP = 300  # batches it adds per minute while messages wait
+LAMBDA_MAX_SECONDS = 900  # a function's longest run
 LIVENESS_PART = 500  # jobs per liveness item (sqs_lease._core.liveness)
 LIVENESS_ENTRY_BYTES = 45  # ["job-id (36)",token,deadline] in compact JSON, about
-SLOT_POOL_MAX = 100  # slots per pool, read in one BatchGetItem per take
+INTENT_WCU = 9  # per effect, besides its ConditionCheck: prepare 1, start 2 x 2, confirm 2 x 2
+UNSENT_WRITES_PER_STAGE = 2  # enter at the submit (or checkpoint), leave at the mark
+UNSENT_WRITES_PER_RESEND = 3  # the sweep's take (leave, enter again) and its mark
+SLOT_WAIT_FLOOR = 6.0  # a waiter's delay at its floor is 4-8 s: about one wait per 6 s
 
 
 @dataclass(frozen=True)
 class Shape:
-    """A workload: job duration D, heartbeat H, jobs held per worker C."""
+    """A workload: D seconds per stage, k stages, e effects, a job record of S KB."""
 
     name: str
-    duration: float  # seconds a job holds its message (one stage)
+    stage_seconds: float
+    stages: int = 1
+    effects: int = 0
+    record_kb: float = 0.5  # the job record as stored: payload, timeline, stage log
+    result_kb: float = 0.1
     heartbeat: float = 5.0
     per_worker: int = 1_000  # jobs one async worker holds (BENCHMARKS: 1,000-5,000)
-    # Per job, from the floor (BENCHMARKS.md, benchmark 6 measures them):
-    worker_wcu: float = 2.0  # claim + commit
-    producer_wcu: float = 2.0  # record put + mark_sent
-    gsi_unsent_writes: float = 2.0  # the unsent index: put at submit, removed at send
+
+
+def _kb(size: float) -> int:
+    return max(1, math.ceil(size - 1e-9))
+
+
+def record_wcu(s: Shape) -> int:
+    """WCU of one job's record writes: 3k writes at its size, and the commit."""
+    return 3 * s.stages * _kb(s.record_kb) + _kb(s.record_kb + s.result_kb)
+
+
+def effect_wcu(s: Shape) -> int:
+    """WCU of one effect: the intent's items and the start's ConditionCheck on the record."""
+    return INTENT_WCU + 2 * _kb(s.record_kb)
+
+
+def job_wcu(s: Shape) -> int:
+    return record_wcu(s) + s.effects * effect_wcu(s)
+
+
+def rcu_per_round(s: Shape) -> int:
+    """RCU of one heartbeat read of one record (consistent, 4 KB steps)."""
+    return max(1, math.ceil(s.record_kb / 4 - 1e-9))
+
+
+def held_seconds(s: Shape) -> float:
+    """Seconds one job holds a message in flight (each stage's, one after another)."""
+    return s.stages * s.stage_seconds
 
 
 @dataclass(frozen=True)
 class Limits:
     shape: str
-    jobs_per_s_inflight_standard: float
-    jobs_per_s_inflight_fifo: float
-    workers_at_inflight_limit: int
-    jobs_per_s_table_wcu: float
-    jobs_per_s_unsent_index: float
-    heartbeat_requests_per_s_at_limit: float
-    heartbeat_rcu_per_s_at_limit: float
-    liveness_wcu_per_worker_round: int
-    binds_first: str
+    wcu_per_job: int
+    rcu_per_job: float
+    in_flight: float  # jobs/s at 120,000 messages in flight (standard or FIFO)
+    fifo_calls: float  # jobs/s at 300 calls/s per action (FIFO, not high-throughput)
+    table_quota: float  # jobs/s at the default 40,000 WCU and 40,000 RCU per table
+    new_table: float  # jobs/s on a new on-demand table (4,000 WRU or 12,000 RRU, mixed)
+    unsent_key: float  # jobs/s at the `unsent` index key's 1,000 writes/s
+    lambda_mapping: float | None  # jobs/s at 1,000 concurrent batches of one mapping
+    # (None: a stage longer than a Lambda function may run, 900 s)
+    binds_first: str  # on a standard queue with an ECS fleet and a warm table
     jobs_per_s: float
+    binds_first_new: str  # the same on a new on-demand table
+    jobs_per_s_new: float
 
 
-def limits(shape: Shape) -> Limits:
-    """Throughput (jobs/s) each limit allows for this shape, and which binds first."""
-    d = shape.duration
-    # Little's law: in flight = rate x time held. Each message stays in flight its
-    # job's duration (the heartbeat keeps extending it).
-    standard = SQS_INFLIGHT_STANDARD / d
-    fifo = SQS_INFLIGHT_FIFO / d
-    workers = math.ceil(SQS_INFLIGHT_STANDARD / shape.per_worker)
-    # Job records are keyed by job id (spread evenly): the table's quota binds, not
-    # one partition.
-    per_job_wcu = shape.worker_wcu + shape.producer_wcu
-    table = DDB_TABLE_ON_DEMAND / per_job_wcu
-    # The sparse `unsent` index has one key value: every submit adds an entry and the
-    # send removes it, all in one index partition.
-    unsent = DDB_PARTITION_WCU / shape.gsi_unsent_writes
-    candidates = {
-        "SQS in-flight (standard queue)": standard,
-        "DynamoDB table write quota (default 40,000 WRU/s)": table,
-        "the `unsent` index's one key value (1,000 writes/s)": unsent,
+def limits(s: Shape) -> Limits:
+    """Jobs per second each limit allows for this shape, and which binds first."""
+    held = held_seconds(s)
+    wcu = job_wcu(s)
+    rounds = held / s.heartbeat  # heartbeat rounds per job
+    rcu = rounds * rcu_per_round(s)
+    in_flight = SQS_INFLIGHT / held  # Little's law: in flight = rate x time held
+    by_writes = DDB_TABLE_QUOTA / wcu
+    by_reads = DDB_TABLE_QUOTA / rcu if rcu else math.inf
+    table = min(by_writes, by_reads)
+    quota = "read" if by_reads < by_writes else "write"
+    new = 1 / (wcu / DDB_NEW_TABLE_WCU + rcu / DDB_NEW_TABLE_RCU)
+    unsent = DDB_PARTITION_WCU / (UNSENT_WRITES_PER_STAGE * s.stages)
+    fifo = SQS_FIFO_TPS / s.stages  # one Send, one Receive, one Delete per stage
+    # A batch's records run one after another, each stage in its own invocation.
+    lam = LAMBDA_ESM_BATCHES / held if s.stage_seconds <= LAMBDA_MAX_SECONDS else None
+    standard = {
+        "SQS in flight (120,000)": in_flight,
+        f"the table's {quota} quota (40,000 units/s)": table,
+        "the `unsent` index key (1,000 writes/s)": unsent,
     }
-    binds = min(candidates, key=lambda k: candidates[k])
-    rate = candidates[binds]
-    inflight = min(SQS_INFLIGHT_STANDARD, rate * d)
-    rounds = inflight / shape.heartbeat  # job-rounds per second
-    hb_requests = rounds * (1 / 10 + 1 / 100) + (inflight / shape.per_worker) / shape.heartbeat
-    hb_rcu = rounds  # one consistent read of each record per round (records < 4 KB)
-    live_bytes = min(shape.per_worker, LIVENESS_PART) * LIVENESS_ENTRY_BYTES + 150
+    binds = min(standard, key=lambda k: standard[k])
+    fresh = {**standard, "a new on-demand table (4,000 WRU / 12,000 RRU)": new}
+    del fresh[f"the table's {quota} quota (40,000 units/s)"]
+    binds_new = min(fresh, key=lambda k: fresh[k])
     return Limits(
-        shape=shape.name,
-        jobs_per_s_inflight_standard=round(standard, 1),
-        jobs_per_s_inflight_fifo=round(fifo, 1),
-        workers_at_inflight_limit=workers,
-        jobs_per_s_table_wcu=round(table, 1),
-        jobs_per_s_unsent_index=round(unsent, 1),
-        heartbeat_requests_per_s_at_limit=round(hb_requests, 1),
-        heartbeat_rcu_per_s_at_limit=round(hb_rcu, 1),
-        liveness_wcu_per_worker_round=math.ceil(live_bytes / 1024)
-        * math.ceil(shape.per_worker / LIVENESS_PART),
+        shape=s.name,
+        wcu_per_job=wcu,
+        rcu_per_job=round(rcu, 1),
+        in_flight=round(in_flight, 1),
+        fifo_calls=round(fifo, 1),
+        table_quota=round(table, 1),
+        new_table=round(new, 1),
+        unsent_key=round(unsent, 1),
+        lambda_mapping=None if lam is None else round(lam, 1),
         binds_first=binds,
-        jobs_per_s=round(rate, 1),
+        jobs_per_s=round(standard[binds], 1),
+        binds_first_new=binds_new,
+        jobs_per_s_new=round(fresh[binds_new], 1),
     )
 
 
 SHAPES = (
-    Shape("short tool call (1 s)", 1.0, per_worker=100),
-    Shape("one-minute call", 60.0),
-    Shape("10-minute call", 600.0),
-    Shape("one-hour stage", 3_600.0, per_worker=5_000),
+    Shape("short tool call: 1 s, 0.5 KB record", 1.0, per_worker=100),
+    Shape("one-minute call, one effect, 4 KB", 60.0, effects=1, record_kb=4.0),
+    Shape("three 10-minute stages, 8 KB", 600.0, stages=3, record_kb=8.0),
+    Shape("one-hour stage, 16 KB", 3_600.0, record_kb=16.0, per_worker=5_000),
 )
 
+SIZES_KB = (0.5, 4.0, 16.0, 64.0, 400.0)
 
-def slot_pool_rcu(limit: int, duration: float) -> float:
-    """Reads per second on one slot pool: every take reads the whole pool."""
-    takes = limit / duration
-    return takes * limit
+
+def size_rows() -> list[tuple[float, int, int, int, float, float]]:
+    """Per record size: WCU of a one-stage job, with one effect, heartbeat RCU per
+    round, and jobs/s at the 40,000 WCU quota and on a new table (no effect)."""
+    rows = []
+    for kb in SIZES_KB:
+        s = Shape("", 1.0, record_kb=kb)
+        e = Shape("", 1.0, record_kb=kb, effects=1)
+        rows.append(
+            (
+                kb,
+                job_wcu(s),
+                job_wcu(e),
+                rcu_per_round(s),
+                DDB_TABLE_QUOTA / job_wcu(s),
+                DDB_NEW_TABLE_WCU / job_wcu(s),
+            )
+        )
+    return rows
+
+
+def heartbeat_leases(record_kb: float, heartbeat: float, units: int) -> int:
+    """Leases whose heartbeat reads alone use ``units`` RCU/s."""
+    return int(units * heartbeat / rcu_per_round(Shape("", 1.0, record_kb=record_kb)))
+
+
+def slot_waiters_at_unsent_key() -> int:
+    """Slot waiters whose waits alone fill the `unsent` key (each wait enters and
+    leaves the index once, about every SLOT_WAIT_FLOOR seconds)."""
+    return int(DDB_PARTITION_WCU * SLOT_WAIT_FLOOR / UNSENT_WRITES_PER_STAGE)
+
+
+def sweep_resends_per_s() -> float:
+    """Re-sends per second the stranded sweep can make before the `unsent` key binds."""
+    return DDB_PARTITION_WCU / UNSENT_WRITES_PER_RESEND
+
+
+def lambda_ramp_minutes() -> float:
+    return (LAMBDA_ESM_BATCHES - LAMBDA_ESM_FIRST) / LAMBDA_ESM_RAMP
 
 
 def render(rows: list[Limits]) -> str:
     head = [
         "shape",
-        "in-flight limit: jobs/s (standard / FIFO)",
-        "workers at 120,000 in flight",
-        "table quota: jobs/s",
-        "`unsent` index: jobs/s",
-        "binds first",
-        "heartbeat there: requests/s, RCU/s",
-        "liveness WCU per worker-round",
+        "WCU / job",
+        "RCU / job",
+        "SQS in flight",
+        "FIFO calls",
+        "table quota",
+        "new table",
+        "`unsent` key",
+        "Lambda mapping",
+        "binds first (warm table)",
+        "binds first (new table)",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        lines.append(
-            f"| {r.shape} | {r.jobs_per_s_inflight_standard:,.0f} / "
-            f"{r.jobs_per_s_inflight_fifo:,.0f} | {r.workers_at_inflight_limit} | "
-            f"{r.jobs_per_s_table_wcu:,.0f} | {r.jobs_per_s_unsent_index:,.0f} | "
-            f"**{r.binds_first}: {r.jobs_per_s:,.0f} jobs/s** | "
-            f"{r.heartbeat_requests_per_s_at_limit:,.0f}, {r.heartbeat_rcu_per_s_at_limit:,.0f} | "
-            f"{r.liveness_wcu_per_worker_round} |"
+        out.append(
+            f"| {r.shape} | {r.wcu_per_job} | {r.rcu_per_job:,.0f} | {r.in_flight:,.0f} | "
+            f"{r.fifo_calls:,.0f} | {r.table_quota:,.0f} | {r.new_table:,.0f} | "
+            f"{r.unsent_key:,.0f} | "
+            f"{'-' if r.lambda_mapping is None else f'{r.lambda_mapping:,.1f}'} | "
+            f"**{r.binds_first}: {r.jobs_per_s:,.0f}** | "
+            f"**{r.binds_first_new}: {r.jobs_per_s_new:,.0f}** |"
         )
-    pools = ", ".join(
-        f"{n} slots / {d:g} s jobs: {slot_pool_rcu(n, d):,.0f} RCU/s"
-        for n, d in ((100, 1.0), (100, 10.0), (20, 60.0))
-    )
-    lines += ["", f"Slot pools (one BatchGetItem of the whole pool per take): {pools}."]
-    return "\n".join(lines)
+    out += [
+        "",
+        "Jobs/s per limit. By record size (one stage, 0.1 KB result):",
+        "",
+        "| record | WCU / job | with one effect | heartbeat RCU / round | jobs/s at 40,000 WCU "
+        "| jobs/s on a new table |",
+        "|---|---|---|---|---|---|",
+    ]
+    for kb, w, we, rc, q, n in size_rows():
+        out.append(f"| {kb:g} KB | {w} | {we} | {rc} | {q:,.0f} | {n:,.0f} |")
+    out += [
+        "",
+        f"Heartbeat reads alone fill a new table's 12,000 RRU at "
+        f"{heartbeat_leases(8.0, 5.0, DDB_NEW_TABLE_RCU):,} leases of 8 KB records "
+        f"(H = 5 s; {heartbeat_leases(0.5, 5.0, DDB_NEW_TABLE_RCU):,} under 4 KB). "
+        f"Slot waiters fill the `unsent` key alone at about "
+        f"{slot_waiters_at_unsent_key():,} waiters. The stranded sweep re-sends at most "
+        f"{sweep_resends_per_s():,.0f} records/s before the key binds. A Lambda mapping "
+        f"ramps from {LAMBDA_ESM_FIRST} to {LAMBDA_ESM_BATCHES:,} concurrent batches in "
+        f"{lambda_ramp_minutes():.1f} minutes.",
+    ]
+    return "\n".join(out)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = [limits(s) for s in SHAPES]
