@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import (  # noqa: E402
     bench_calls,
+    bench_coldstart,
     bench_cost,
     bench_heartbeat,
     bench_overhead,
@@ -68,7 +69,15 @@ def _bench(module: ModuleType) -> Bench:
 
 BENCHES: tuple[Bench, ...] = tuple(
     _bench(m)
-    for m in (bench_calls, bench_overhead, bench_heartbeat, bench_takeover, bench_scale, bench_cost)
+    for m in (
+        bench_calls,
+        bench_overhead,
+        bench_heartbeat,
+        bench_takeover,
+        bench_scale,
+        bench_cost,
+        bench_coldstart,
+    )
 )
 NAMES = tuple(b.name for b in BENCHES)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import difflib
 import hashlib
 import inspect
@@ -47,6 +46,8 @@ from ._fence import check_key_text, fence_headers
 from ._journal import Journal
 
 if TYPE_CHECKING:
+    import asyncio
+
     from .plans import PlannedJob
 
 P = TypeVar("P", bound=BaseModel)
@@ -1114,6 +1115,8 @@ class AsyncJobContext(_ContextBase[P]):
     async def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; raise the stop's ``LeaseError`` as soon as the
         attempt is told to stop (also if it already was). Returns False otherwise."""
+        import asyncio  # here: the thread worker and Lambda never load asyncio for this
+
         self._before_check()
         if not self._astopped.is_set():
             try:

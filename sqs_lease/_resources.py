@@ -12,8 +12,6 @@ from ._core.calls import ErrorKind
 from ._core.deploy import REDRIVE_BACKSTOP
 from ._core.inputs import loads as _loads
 from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
-from ._schema.create_table import create_table_params
-from .deploy import TABLE_MODELS, table_names
 
 DEFAULT_MAX_RECEIVES = REDRIVE_BACKSTOP
 """Redrive backstop (``_core.deploy``): set well above any job class's ``max_attempts``."""
@@ -46,6 +44,9 @@ def _call(client: Any, op: str, *, missing: tuple[str, str] | None = None, **par
 
 def create_tables(settings: Settings) -> list[str]:
     """Create the job table (and any later tables) if missing; return their names."""
+    # Imported here: a worker's (or a Lambda function's) start never creates tables.
+    from .deploy import TABLE_MODELS, table_names
+
     ddb = make_client(settings, "dynamodb")
     names = table_names(settings)
     wanted = [(model, names[role]) for role, model in TABLE_MODELS.items()]
@@ -55,7 +56,7 @@ def create_tables(settings: Settings) -> list[str]:
         described = _describe(ddb, name)
         if described is None:
             try:
-                _call(ddb, "create_table", **create_table_params(model, name))
+                _call(ddb, "create_table", **_create_params(model, name))
             except AwsCallFailed as exc:
                 if exc.code != "ResourceInUseException":
                     raise
@@ -63,6 +64,12 @@ def create_tables(settings: Settings) -> list[str]:
         else:
             _add_missing_indexes(ddb, model, name, described)
     return [name for _, name in wanted]
+
+
+def _create_params(model: type[Any], name: str) -> dict[str, Any]:
+    from ._schema.create_table import create_table_params
+
+    return create_table_params(model, name)
 
 
 def _describe(ddb: Any, name: str) -> dict[str, Any] | None:
@@ -80,7 +87,7 @@ def _add_missing_indexes(ddb: Any, model: type[Any], name: str, described: dict[
     version defines them; DynamoDB backfills them. An index whose projection changed
     cannot be altered in place: it is deleted, and created anew once gone (a listing
     through it fails with a clear error meanwhile; the records are untouched)."""
-    wanted = create_table_params(model, name)
+    wanted = _create_params(model, name)
     indexes = wanted.get("GlobalSecondaryIndexes", [])
     if not indexes:
         return

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Two halves of about equal length, each one test: pytest-xdist runs them on two
 # workers at once, so the quick run is not one long pole of `make test`.
-HALVES = [("calls", "overhead", "cost"), ("heartbeat", "takeover", "scale")]
+HALVES = [("calls", "overhead", "cost"), ("heartbeat", "takeover", "scale", "coldstart")]
 
 
 @pytest.mark.integration
@@ -153,12 +153,34 @@ def _check_cost(cost: dict[str, Any]) -> None:
     assert cost["ten_minutes"]["rounds"] == 120 and cost["prices_date"]
 
 
+def _check_coldstart(cold: dict[str, Any]) -> None:
+    for who in ("baseline", "modelled", "sqs_lease"):
+        assert cold[who]["wall"] > 0 and cold[who]["cpu"] > 0
+    assert cold["ratio_cpu"] > 0
+    assert cold["own_modules"]  # the toolkit's modules, as -X importtime measured them
+
+
+def test_the_lambda_adapter_loads_nothing_its_path_never_runs() -> None:
+    """Issue 30 item 1: no asyncio worker, aiobotocore, simulator or table creation."""
+    code = (
+        "import sys, sqs_lease.aws_lambda\n"
+        "banned = ('asyncio', 'aiobotocore', 'sqs_lease._aio_worker', 'sqs_lease.testing',"
+        " 'sqs_lease.deploy', 'sqs_lease._schema.create_table')\n"
+        "print(sorted(m for m in sys.modules if m in banned or m.startswith('aiobotocore')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 CHECKS = {
     "calls": _check_calls,
     "overhead": _check_overhead,
     "heartbeat": _check_heartbeat,
     "takeover": _check_takeover,
     "scale": _check_scale,
+    "coldstart": _check_coldstart,
     "cost": _check_cost,
 }
 
