@@ -636,6 +636,24 @@ def stale_resolution() -> Iterator[None]:
 
 
 @contextmanager
+def slot_claim_unconfirmed() -> Iterator[None]:
+    """Soak seed 1862836, as before the fix: a claim that took its slots starts its
+    handler without reading its record again; a claim a duplicate delivery took over
+    while its slow takes ran starts on slots stale since it took them. Patches
+    ``slots._claim_moved`` to say nothing moved, without the read (the schedule before
+    the fix). Expected: P1 (a tenant's limit exceeded; seed 1862836)."""
+    from sqs_lease._core import slots
+
+    def unconfirmed(jobs: Any, job_id: str, token: int) -> Flow[str | None]:
+        return None
+        yield  # pragma: no cover - a generator that makes no call
+
+    _require(slots, "_claim_moved", "soak seed 1862836 (rule 7: a claim is confirmed)")
+    with _patch(slots, "_claim_moved", unconfirmed):
+        yield
+
+
+@contextmanager
 def late_outcome_dropped() -> Iterator[None]:
     """Soak seed 1808311, as before the fix: an attempt's known outcome whose confirm
     finds the intent no longer ``in_progress`` (parked ambiguous by the next owner,
@@ -997,6 +1015,7 @@ UNCAUGHT: dict[str, Callable[[], Any]] = {
     "sweep_skips_dlq": sweep_skips_dlq,  # soak seed 1582660 (the simulator's sweep)
     "stale_resolution": stale_resolution,
     "late_outcome_dropped": late_outcome_dropped,
+    "slot_claim_unconfirmed": slot_claim_unconfirmed,
     "refusal_as_unknown": refusal_as_unknown,
     "checkpoint_keeps_hint": checkpoint_keeps_hint,
     "final_size_ignores_stages": final_size_ignores_stages,
@@ -1048,6 +1067,10 @@ the decision's write or the retried attempt's start; seed 1808311 drew it once i
 100,000 schedules. Two directed worlds catch it (``tests/test_sim_uncaught.py``: the
 answer lands between the operator's read and its write, and between its write and
 the retried attempt's start).
+``slot_claim_unconfirmed`` (soak seed 1862836, P1): needs a duplicate delivery of a
+limited job whose first claim's slot takes are slow enough (throttled reads, lost
+answers) for the duplicate's claim to take the job over meanwhile; seed 1862836 drew
+it once in 35,000 schedules of the fresh range (``tests/test_sim_found.py`` pins it).
 ``checkpoint_keeps_hint`` leaves it below for ``FIFO_MUTATIONS``: the fifo world's
 stages save progress hints (caught at seed 13).
 The "read and settle" items of issue 26 (``tests/test_record_size.py``,

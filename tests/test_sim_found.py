@@ -6,6 +6,8 @@ simtools replay --seed N``."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from simtools import run_seed
@@ -51,27 +53,49 @@ def test_the_soak_seeds_being_re_pinned_still_pass_the_protocol(seed: int) -> No
     assert result.ok, result.violations[0].message
 
 
-FIXED: dict[int, tuple[str, str]] = {
+FIXED: dict[int, tuple[str, str, str, str]] = {
     1808311: (
         "intent_confirmed",
+        '"late": "ambiguous"',
+        "late_outcome_dropped",
         "fresh range 1,735,000 on 209c99a, I2: fn1's call for an unkeyed capture, "
         "paused 137 s after its intent start, applied after w2 had parked the job "
         "ambiguous and after the operator judged 'not applied'; its confirm was refused "
         "and the outcome dropped, so the operator's retry paid again. Fixed: a late "
         "answer confirms an intent parked ambiguous or reopened by a retry at its own "
         "attempt (`late`), and the resolve run again resumes the job, which replays it "
-        "(mutation late_outcome_dropped; directed worlds in tests/test_sim_uncaught.py)",
+        "(directed worlds in tests/test_sim_uncaught.py)",
+    ),
+    1862836: (
+        "job_waiting_for_slot",
+        "moved on while it took its slots",
+        "slot_claim_unconfirmed",
+        "fresh range 1,835,000 on f6160bc, P1: job-009's claim (token 11) took 16 s to "
+        "take its slots (throttled and unanswered reads); meanwhile a duplicate of its "
+        "slot-wait message (a SendMessage retried after a lost answer) was claimed by "
+        "w2 (token 12), because the first claim's job was in no lease book yet, so no "
+        "liveness listed it. The first claim then took a tenant slot, stale at once "
+        "(rule 1), and started its handler: a third job of a tenant limited to two. "
+        "Fixed: rule 7, a claim is confirmed after its slots are taken",
     ),
 }
 """Soak seeds found failing and fixed: (the event that shows their case is still
-drawn, the verdict). Should a schedule move so the case is no longer drawn, the
-test says so: the seed then joins REPINNED_SOAK_SEEDS, its directed world stays."""
+drawn, a text its data must hold, the mutation that breaks the seed again, the
+verdict). Should a schedule move so the case is no longer drawn, the test says so:
+the seed then joins REPINNED_SOAK_SEEDS, and its directed world or mutation stays."""
 
 
 @pytest.mark.parametrize("seed", sorted(FIXED))
 def test_the_fixed_soak_seeds_pass_and_still_draw_their_case(seed: int) -> None:
-    event, _ = FIXED[seed]
+    event, marker, _, _ = FIXED[seed]
     result = run_seed(seed, trace=True)
     assert result.ok, result.violations[0].message
-    drawn = [d for _, _, kind, d in result.log if kind == event and d.get("late")]
-    assert drawn, f"seed {seed} no longer draws its case ({event} late): re-pin it"
+    drawn = [d for _, _, kind, d in result.log if kind == event and marker in json.dumps(d)]
+    assert drawn, f"seed {seed} no longer draws its case ({event}: {marker}): re-pin it"
+
+
+@pytest.mark.parametrize("seed", sorted(FIXED))
+def test_the_fixed_soak_seeds_fail_again_with_the_rule_broken(seed: int) -> None:
+    _, _, mutation, _ = FIXED[seed]
+    result = run_seed(seed, mutation=mutation)
+    assert not result.ok, f"seed {seed} passes under {mutation}: it no longer checks the rule"

@@ -253,6 +253,7 @@ def test_mutations_are_undone_on_exit() -> None:
         priority,
         reconciling,
         resolving,
+        slots,
         sweeps,
     )
     from sqs_lease._core.leasebook import LeaseBook
@@ -303,6 +304,7 @@ def test_mutations_are_undone_on_exit() -> None:
             job_requests.__dict__["_awaits_send"],
             effectflow.__dict__["repeat_still_protected"],
             intentwrites.__dict__["LATE_STATES"],
+            slots.__dict__["_claim_moved"],
         )
 
     before = state()

@@ -66,6 +66,10 @@ def _jobs(*items: Any) -> Any:
     return ok({"Responses": {"jobs-test": list(items)}})
 
 
+OURS = ok({"Item": job_item("job-1", token=5)})
+"""Rule 7's read: the record still says running under the claim's token (5)."""
+
+
 def _take(pools: list[Pool], answers: list[Any]) -> tuple[Script, Any]:
     s = Script(answers)
     grant = s.run(
@@ -154,9 +158,9 @@ def test_a_class_limit_or_a_tenant_limit_outside_1_to_100_is_refused_naming_the_
 
 
 def test_a_free_slot_is_taken_only_if_nobody_wrote_it_since_it_was_read() -> None:
-    s, grant = _take([Pool("class:ocr", 2)], [_slots(_slot("class:ocr#0", 3, "a", 1)), ok()])
+    s, grant = _take([Pool("class:ocr", 2)], [_slots(_slot("class:ocr#0", 3, "a", 1)), ok(), OURS])
     assert grant.granted and grant.held == (HeldSlot("class:ocr", "class:ocr#1", "job-1", 5),)
-    assert s.ops == ["dynamodb.BatchGetItem", "dynamodb.UpdateItem"]
+    assert s.ops == ["dynamodb.BatchGetItem", "dynamodb.UpdateItem", "dynamodb.GetItem"]
     assert s.calls[0].params["RequestItems"]["slots-test"]["ConsistentRead"] is True
     take = s.calls[1].params
     assert take["Key"] == {"slot": {"S": "class:ocr#1"}}
@@ -176,7 +180,7 @@ def test_a_stale_slot_is_taken_over_fenced_by_the_version_it_was_read_at() -> No
     full = _slots(_slot("class:ocr#0", 3, "a", 1), _slot("class:ocr#1", 9, "dead", 4))
     # "dead"'s worker died: its job was claimed again (token 5), so its slot is stale.
     holders = _jobs(job_item("a", token=1), job_item("dead", token=5))
-    s, grant = _take([Pool("class:ocr", 2)], [full, holders, ok()])
+    s, grant = _take([Pool("class:ocr", 2)], [full, holders, ok(), OURS])
     assert grant.granted and grant.held[0].key == "class:ocr#1"
     take = s.calls[2].params
     assert (
@@ -186,9 +190,9 @@ def test_a_stale_slot_is_taken_over_fenced_by_the_version_it_was_read_at() -> No
 
 
 def test_a_take_another_worker_won_moves_on_to_the_next_candidate() -> None:
-    s, grant = _take([Pool("class:ocr", 2)], [_slots(), condition_failed(None), ok()])
+    s, grant = _take([Pool("class:ocr", 2)], [_slots(), condition_failed(None), ok(), OURS])
     assert grant.granted and grant.held[0].key == "class:ocr#1"
-    assert [c.params["Key"]["slot"]["S"] for c in s.calls[1:]] == ["class:ocr#0", "class:ocr#1"]
+    assert [c.params["Key"]["slot"]["S"] for c in s.calls[1:3]] == ["class:ocr#0", "class:ocr#1"]
 
 
 def test_a_job_that_takes_its_classs_slot_but_finds_its_tenant_full_gives_the_first_back() -> None:
@@ -201,6 +205,36 @@ def test_a_job_that_takes_its_classs_slot_but_finds_its_tenant_full_gives_the_fi
     back = s.calls[-1].params
     assert back["Key"] == {"slot": {"S": "class:ocr#0"}} and "REMOVE" in back["UpdateExpression"]
     assert {"S": "job-1"} in back["ExpressionAttributeValues"].values()
+
+
+@pytest.mark.parametrize(
+    ("read", "why"),
+    [
+        (ok({"Item": job_item("job-1", token=6)}), "moved on while it took its slots"),
+        (
+            ok({"Item": job_item("job-1", token=6, state=JobState.QUEUED)}),
+            "the record is queued under token 6",
+        ),
+        (ok({}), "the record is gone"),
+        (unreachable(), "could not be confirmed"),
+    ],
+    ids=["taken_over", "given_back", "gone", "unanswered"],
+)
+def test_a_claim_that_moved_on_while_it_took_its_slots_gives_them_back_and_starts_nothing(
+    read: Any, why: str
+) -> None:
+    """Rule 7 (soak seed 1862836): the slots were taken for token 5; the record no
+    longer says running under it (or cannot say): every slot goes back, the job waits
+    (rule 4's release is fenced on the token), and no handler starts."""
+    s, grant = _take(
+        [Pool("class:ocr", 1), Pool("tenant:acme", 1)],
+        [_slots(), ok(), _slots(), ok(), read, ok(), ok()],
+    )
+    assert not grant.granted and why in grant.why
+    backs = [c.params for c in s.calls[-2:]]
+    assert [b["Key"]["slot"]["S"] for b in backs] == ["class:ocr#0", "tenant:acme#0"]
+    assert all("REMOVE" in b["UpdateExpression"] for b in backs)
+    assert s.calls[4].params["ConsistentRead"] is True and s.calls[4].op == "GetItem"
 
 
 def test_a_take_that_got_no_answer_is_given_back_and_the_job_waits() -> None:
@@ -358,12 +392,14 @@ def test_a_job_that_takes_its_slot_runs_and_gives_the_slot_back_after_its_end() 
         return {"text": "ok"}
 
     shell = _limited(Shell(handler))
-    s = _run(shell, _answers(_slots(), ok(), ok(), ok(), ok()))
+    claimed_now = ok({"Item": job_item(token=5)})  # the claim moved token 4 to 5
+    s = _run(shell, _answers(_slots(), ok(), claimed_now, ok(), ok(), ok()))
     assert during == [1]
     assert [c.op for c in s.calls] == [
         "UpdateItem",  # claim (the receive's lease kept: no visibility change)
         "BatchGetItem",  # the pool
         "UpdateItem",  # take the slot
+        "GetItem",  # rule 7: the claim is still the record's
         "UpdateItem",  # commit
         "DeleteMessage",
         "UpdateItem",  # give the slot back

@@ -59,6 +59,14 @@ keyed ``POOL#i``. The rules, each one a function below:
    and a newcomer never outpaces it; an interactive job waits half as long at
    every step. (A receive-count backoff did the opposite: it spaced out the oldest
    waiters most, so they starved first.)
+7. **A claim is confirmed after its slots are taken** (:func:`_claim_moved`): one
+   consistent read of the job's record must still say ``running`` under the claim's
+   token, or the slots are given back and the job waits (rule 4, whose release is
+   fenced on the token: a claim that moved on changes nothing). Nothing extends a
+   claim while it takes its slots (its lease is held, and heartbeated, only once
+   its handler may start), so a slow take can outlive it: a duplicate delivery's
+   claim takes the job over, and the slots the first claim takes after that are
+   stale at once (rule 1). Its handler must not start (soak seed 1862836).
 """
 
 from __future__ import annotations
@@ -363,7 +371,8 @@ def take_slots_flow(
     worker_id: str,
     wall_now: float,
 ) -> Flow[SlotGrant]:
-    """Take one slot of every pool, in order; all or nothing (rule 3)."""
+    """Take one slot of every pool, in order; all or nothing (rule 3); then confirm the
+    claim they were taken for (rule 7)."""
     taken: list[HeldSlot] = []
     for pool in pools:
         got, why = yield from _take_one(
@@ -373,7 +382,36 @@ def take_slots_flow(
             yield from give_back_flow(req, taken, wall_now=wall_now)
             return SlotGrant((), pool, why)
         taken.append(got)
+    if taken:
+        lost = yield from _claim_moved(jobs, job_id, token)
+        if lost is not None:
+            yield from give_back_flow(req, taken, wall_now=wall_now)
+            return SlotGrant((), pools[-1], lost)
     return SlotGrant(tuple(taken))
+
+
+def _claim_moved(jobs: JobRequests, job_id: str, token: int) -> Flow[str | None]:
+    """Rule 7: is the claim the slots were taken for still the record's? A slot is
+    held only while its holder's record says ``running`` under the holder's token
+    (rule 1), and nothing extends a claim while its slots are taken (its lease is
+    held, and heartbeated, only once its handler may start): a claim that moved on
+    meanwhile (taken over after a duplicate delivery, its takes slow) took slots that
+    were stale the moment it took them, and its handler must not start (soak seed
+    1862836: a third job of a tenant limited to two ran). Returns why it cannot go
+    on (None: the record still says running under this token); a read without an
+    answer cannot confirm it either."""
+    out = yield from call(jobs.get(job_id))
+    if isinstance(out, Err):
+        return f"its claim (token {token}) could not be confirmed after taking its slots"
+    item = out.response.get("Item")
+    try:
+        view = jobs.parse(item) if item else None
+    except RecordUnreadable:
+        view = None
+    if view is None or view.state is not JobState.RUNNING or view.token != token:
+        now = f"{view.state.value} under token {view.token}" if view is not None else "gone"
+        return f"its claim (token {token}) moved on while it took its slots (the record is {now})"
+    return None
 
 
 def give_back_flow(req: SlotRequests, held: Sequence[HeldSlot], *, wall_now: float) -> Flow[int]:
