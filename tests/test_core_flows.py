@@ -1733,7 +1733,7 @@ def _cancel(script: Script) -> JobView:
 
 def test_cancel_ok_moves_token_and_returns_new_record() -> None:
     after = job_item(
-        state=JobState.FAILED, token=3, error_code="cancelled", reason="cancelled: user closed"
+        state=JobState.CANCELLED, token=3, error_code="cancelled", reason="cancelled: user closed"
     )
     s = Script([ok({"Attributes": after})])
     view = _cancel(s)
