@@ -47,7 +47,7 @@ from sqs_lease.testing import read_journal  # noqa: E402
 
 PREFIX = "demo"
 WORK = ROOT / ".demo"
-TERMINAL = {"succeeded", "failed", "parked"}
+TERMINAL = {"succeeded", "failed", "cancelled", "parked"}
 HANG_GUARD = 300.0  # every wait's bound: a hang guard for a busy machine, never a speed check
 
 
@@ -404,9 +404,7 @@ def main() -> int:
         browsed = sum(1 for j in extra["browse"] if states.get(j, {}).get("state") == "succeeded")
         waited = sum(1 for e in journal if e["event"] == "job_waiting_for_slot")
         session = {j: states.get(j, {}) for j in extra["steps"]}
-        session_cancelled = sum(
-            1 for s in session.values() if "cancelled" in (s.get("reason") or "")
-        )
+        session_cancelled = sum(1 for s in session.values() if s.get("state") == "cancelled")
         session_lost = {
             e["job_id"]
             for e in journal

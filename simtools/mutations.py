@@ -1247,7 +1247,7 @@ def lambda_parser_drops_timestamps() -> Iterator[None]:
     """Issue 26 (read and settle), as before the fix: the Lambda event parser keeps
     only ``ApproximateReceiveCount`` of a record's attributes, dropping SQS's
     ``SentTimestamp`` and ``ApproximateFirstReceiveTimestamp`` (the 12-hour cap's
-    first receive, ``stages.cap_budget``)."""
+    first receive, ``messages.cap_budget``)."""
     from sqs_lease._core import eventsource, invocation
 
     real = eventsource.parse_event_record
@@ -1271,7 +1271,7 @@ def take_past_cap() -> Iterator[None]:
     visibility and received until the DLQ. Expected: I23 (dead-lettered unstarted)."""
     from sqs_lease._core import invocation
 
-    with _patch(invocation, "cap_budget", lambda delivery, budget, wall_now: budget):
+    with _patch(invocation, "cap_visibility", lambda delivery, lease, wall_now: lease):
         yield
 
 
@@ -1398,7 +1398,7 @@ LAMBDA_UNCAUGHT: dict[str, Callable[[], Any]] = {
 # CAUGHT_AT 10) once MUTATIONS runs per world (188 before the duplicate rule moved it).
 """``lambda_parser_drops_timestamps``: the first receive's timestamp only shortens the
 budget of a message received before whose first receive is near 12 hours old
-(``stages.cap_budget``); the simulated SQS counts the cap from each receive (as AWS
+(``messages.cap_budget``); the simulated SQS counts the cap from each receive (as AWS
 documents it) and a lambda run's functions have budgets of at most 897 s, so no seed
 draws a record whose cap the timestamp would have saved. It would need a backlog of
 hours-old, often re-received messages (sim-clocks' world) and an SQS mode whose cap

@@ -40,6 +40,8 @@ from ._dlq import (
 def _fields(msg: DlqMessage, *, body: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {
         "message_id": msg.message_id,
+        # A worker's copy: the id its journal gave the message (message_poisoned).
+        "source_message_id": msg.source_message_id,
         "job_id": msg.job_id,
         "job_class": msg.job_class,
         "send_id": msg.send_id,

@@ -35,7 +35,7 @@ from ._cli_out import (
 from ._core.cancelling import CancelVerdict
 from ._core.liveness import Liveness
 from ._core.messages import UNSENT_GRACE_SECONDS
-from ._core.records import JobState
+from ._core.records import TERMINAL_STATES, JobState
 from ._core.resuming import ResumeVerdict
 from ._core.stages import RetryVerdict, stage_rows
 from ._core.sweeping import StrandedVerdict
@@ -144,7 +144,7 @@ def jobs() -> None:
 @jobs.command("list")
 @click.option(
     "--state",
-    type=click.Choice(["queued", "running", "succeeded", "failed", "parked"]),
+    type=click.Choice([s.value for s in JobState]),
     default=None,
 )
 @click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
@@ -158,7 +158,7 @@ def jobs() -> None:
 def jobs_list(ctx: click.Context, state: str | None, limit: int, scan: bool, as_json: bool) -> None:
     """List jobs; the whole reason, wrapped on a terminal.
 
-    Parked and failed jobs come from an index (newest first), running ones from the
+    Parked, failed and cancelled jobs come from an index (newest first), running ones from the
     workers' liveness records, no --state from one bounded page of the table; queued
     and succeeded need --scan (no index holds them). When --limit cut the list, a
     note on stderr says so.
@@ -376,7 +376,7 @@ def _follow(ctx: click.Context, job_id: str, interval: float, as_json: bool) -> 
             else:
                 click.echo(follow_line(now, seen))
             last = seen
-        if rec.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.PARKED):
+        if rec.state in (*TERMINAL_STATES, JobState.PARKED):
             return
         _pause(interval)
 

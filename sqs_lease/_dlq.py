@@ -24,7 +24,13 @@ from typing import Any
 
 from ._aws import SyncDriver, make_client
 from ._config import Settings
-from ._core.deadletter import REASON_ATTRIBUTE, SQS_REDRIVE_REASON, DlqReport, reconcile_dlq_flow
+from ._core.deadletter import (
+    REASON_ATTRIBUTE,
+    SOURCE_ATTRIBUTE,
+    SQS_REDRIVE_REASON,
+    DlqReport,
+    reconcile_dlq_flow,
+)
 from ._core.fifo import copy_deduplication_id, fifo_params
 from ._core.messages import Delivery, parse_message
 from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
@@ -61,10 +67,14 @@ class DlqMessage:
     receipt_handle: str = field(repr=False, compare=False, default="")
     attributes: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
     group_id: str | None = None  # a FIFO DLQ's MessageGroupId (SQS's redrive keeps it)
+    # A worker's copy: the id of the message it moved, as its journal names it
+    # (``message_poisoned``). SQS's own redrive keeps the id; a copy has its own.
+    source_message_id: str | None = None
 
     def named_by(self, ident: str) -> bool:
-        """Whether an operator's MESSAGE_ID|JOB_ID names this message."""
-        return ident in (self.message_id, self.job_id)
+        """Whether an operator's MESSAGE_ID|JOB_ID names this message (the id the
+        worker's journal gave a copy it moved names it too)."""
+        return ident in (self.message_id, self.job_id, self.source_message_id)
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,7 @@ def _message_of(raw: dict[str, Any]) -> DlqMessage:
     parsed = parse_message(raw, 0.0, 0)
     attrs = raw.get("MessageAttributes") or {}
     ours = attrs.get(REASON_ATTRIBUTE, {}).get("StringValue")
+    source = attrs.get(SOURCE_ATTRIBUTE, {}).get("StringValue")
     system = raw.get("Attributes") or {}
     sent = system.get("SentTimestamp")
     if isinstance(parsed, Delivery):
@@ -133,6 +144,7 @@ def _message_of(raw: dict[str, Any]) -> DlqMessage:
         receipt_handle=str(raw.get("ReceiptHandle", "")),
         attributes=attrs,
         group_id=system.get("MessageGroupId") or None,
+        source_message_id=source or None,
     )
 
 
@@ -335,7 +347,8 @@ def _move_one(looker: _Looker, url: str, msg: DlqMessage) -> Redriven:
     attrs = {
         name: {k: v for k, v in value.items() if k in ("DataType", "StringValue", "BinaryValue")}
         for name, value in msg.attributes.items()
-        if name != REASON_ATTRIBUTE  # the reason it was dead-lettered is history now
+        # Why it was dead-lettered, and which message it was copied from: history now.
+        if name not in (REASON_ATTRIBUTE, SOURCE_ATTRIBUTE)
     }
     params: dict[str, Any] = {
         "QueueUrl": url,

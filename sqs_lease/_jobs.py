@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
 
-from ._core.inputs import NAME_PATTERN
+from ._core.inputs import NAME_PATTERN, payload_text
 from ._core.intents import (
     RESPONSE_LIMIT,
     SUCCESS_MEANINGS,
@@ -657,7 +657,13 @@ class App:
         return [c for _, c in self.lease_rules()]
 
     def prepare(self, name: str, payload: BaseModel | Mapping[str, Any]) -> tuple[str, str]:
-        """Validate a payload for a class; return (canonical JSON, hash)."""
+        """Validate a payload for a class; return (its JSON, hash): ``payload_text``."""
+        text = payload_text(self.validated(name, payload))
+        return text, payload_hash(text)
+
+    def validated(self, name: str, payload: BaseModel | Mapping[str, Any]) -> Any:
+        """A payload validated by its class's model, as JSON data (``ConfigError``
+        for a class this app does not know)."""
         reg = self.classes.get(name)
         if reg is None:
             known = ", ".join(sorted(self.classes)) or "none"
@@ -665,8 +671,7 @@ class App:
         model = (
             payload if isinstance(payload, BaseModel) else reg.job_class.validate_payload(payload)
         )
-        text = canonical_json(model.model_dump(mode="json"))
-        return text, payload_hash(text)
+        return model.model_dump(mode="json")
 
     def with_overrides(
         self,

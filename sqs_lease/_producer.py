@@ -16,9 +16,10 @@ from pydantic import BaseModel
 from ._aio import AsyncDriver
 from ._aws import SyncDriver
 from ._config import Settings
-from ._core.calls import Flow
+from ._core.calls import Flow, Ok, call
 from ._core.cancelling import Cancelled, cancel_job_flow
 from ._core.groups import GroupReport, cancel_group_flow
+from ._core.inputs import payload_text
 from ._core.limits import check_payload
 from ._core.messages import UNSENT_GRACE_SECONDS
 from ._core.priority import PRIORITIES, Priority
@@ -113,13 +114,14 @@ class _Operations:
         stage: str | None = None
         stages = 1
         if self.app is not None:
-            text, digest = self.app.prepare(job_class, payload)
-            stage = self.app.first_stage(job_class, text)
-            stages = self.app.stage_count(job_class, text)
+            data = self.app.validated(job_class, payload)
         else:
             data = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
-            text = canonical_json(data)
-            digest = payload_hash(text)
+        text = payload_text(data)
+        digest = payload_hash(text)
+        if self.app is not None:
+            stage = self.app.first_stage(job_class, text)
+            stages = self.app.stage_count(job_class, text)
         if group is not None:
             check_group(group)
         if tenant is not None:
@@ -129,29 +131,48 @@ class _Operations:
                 f"priority={priority!r}: choose one of {', '.join(PRIORITIES)} "
                 "(interactive: a person waits for it; batch: the rest)"
             )
-        jid = job_id or f"{job_class}-{digest[:24]}"
+        jid = job_id or (yield from self._auto_id(job_class, data, digest))
         # DynamoDB would refuse these with a ValidationException: say which limit now.
         check_payload(jid, text)
         # submit_flow refuses an id no worker would read (inputs.job_id_problem).
-        return submit_flow(
-            self.table,
-            queue_url=self.interactive_url if priority == "interactive" else self.queue_url,
-            job_id=jid,
-            job_class=job_class,
-            payload_json=text,
-            payload_hash=digest,
-            wall_now=time.time(),
-            send_id=new_send_id(),
-            delay_seconds=delay_seconds,
-            resend_after=self.unsent_grace,
-            group=group,
-            groups=self.groups,
-            tenant=tenant,
-            stage=stage,
-            priority=priority,
-            stages=stages,
-            interleave_stages=interleave_stages,
+        return (
+            yield from submit_flow(
+                self.table,
+                queue_url=self.interactive_url if priority == "interactive" else self.queue_url,
+                job_id=jid,
+                job_class=job_class,
+                payload_json=text,
+                payload_hash=digest,
+                wall_now=time.time(),
+                send_id=new_send_id(),
+                delay_seconds=delay_seconds,
+                resend_after=self.unsent_grace,
+                group=group,
+                groups=self.groups,
+                tenant=tenant,
+                stage=stage,
+                priority=priority,
+                stages=stages,
+                interleave_stages=interleave_stages,
+            )
         )
+
+    def _auto_id(self, job_class: str, data: Any, digest: str) -> Flow[str]:
+        """The id of a job submitted without one: its class and its payload's hash.
+
+        Before whole numbers were written as ints (``payload_text``), a payload with a
+        float like ``2.0`` was hashed as written: should a job exist under the id that
+        text gave, this submission is that job again (a resubmit across the upgrade
+        stays one job). Only such payloads pay the one read."""
+        jid = f"{job_class}-{digest[:24]}"
+        before = canonical_json(data)
+        if before == payload_text(data):
+            return jid
+        legacy = f"{job_class}-{payload_hash(before)[:24]}"
+        out = yield from call(self.table.get(legacy))
+        if isinstance(out, Ok) and out.response.get("Item"):
+            return legacy
+        return jid
 
     def _cancel_flow(self, job_id: str, reason: str) -> Flow[Cancelled]:
         return cancel_job_flow(self.table, job_id=job_id, reason=reason, wall_now=time.time())

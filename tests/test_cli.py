@@ -161,7 +161,7 @@ def test_submit_list_show_cancel(aws: AwsTestEnv) -> None:
     cancelled = run(aws, "jobs", "cancel", "j1", "--reason", "operator said so")
     assert cancelled.exit_code == 0, cancelled.output
     job_id, state, token, code, reason = cancelled.stdout.strip().split("\t")
-    assert (job_id, state, token, code) == ("j1", "failed", "token 1", "cancelled")
+    assert (job_id, state, token, code) == ("j1", "cancelled", "token 1", "cancelled")
     assert "operator said so" in reason
 
     missing = run(aws, "jobs", "show", "nope")

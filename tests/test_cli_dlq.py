@@ -98,6 +98,7 @@ def test_dlq_list_shows_each_message_with_its_whole_reason_and_gives_them_back(d
     first = records[dlq.poisoned]
     assert list(first) == [
         "message_id",
+        "source_message_id",
         "job_id",
         "job_class",
         "send_id",

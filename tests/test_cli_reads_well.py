@@ -169,7 +169,7 @@ def test_cancelling_a_job_already_final_says_nothing_to_do_and_exits_3(aws: AwsT
     assert first.exit_code == 0, first.output
     data = json.loads(first.stdout)
     assert list(data) == ["job_id", "verdict", "state", "token", "error_code", "reason"]
-    assert (data["verdict"], data["state"], data["token"]) == ("cancelled", "failed", 1)
+    assert (data["verdict"], data["state"], data["token"]) == ("cancelled", "cancelled", 1)
     # without --reason the record says who cancelled it, from where, and when
     who = f"{getpass.getuser()}@{socket.gethostname()}"
     assert data["reason"].startswith(f"cancelled: cancelled by {who} at 20"), data["reason"]
@@ -177,7 +177,7 @@ def test_cancelling_a_job_already_final_says_nothing_to_do_and_exits_3(aws: AwsT
 
     again = run(aws, "jobs", "cancel", "c1")
     assert again.exit_code == 3, (again.output, again.exception)
-    assert again.stdout.startswith("nothing to do: job 'c1' is already failed")
+    assert again.stdout.startswith("nothing to do: job 'c1' is already cancelled")
     assert "not cancelled" in again.stdout and again.stderr == ""
     again_json = run(aws, "jobs", "cancel", "c1", "--json")
     assert again_json.exit_code == 3

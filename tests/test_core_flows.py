@@ -1733,11 +1733,11 @@ def _cancel(script: Script) -> JobView:
 
 def test_cancel_ok_moves_token_and_returns_new_record() -> None:
     after = job_item(
-        state=JobState.FAILED, token=3, error_code="cancelled", reason="cancelled: user closed"
+        state=JobState.CANCELLED, token=3, error_code="cancelled", reason="cancelled: user closed"
     )
     s = Script([ok({"Attributes": after})])
     view = _cancel(s)
-    assert (view.state, view.token, view.error_code) == (JobState.FAILED, 3, "cancelled")
+    assert (view.state, view.token, view.error_code) == (JobState.CANCELLED, 3, "cancelled")
     params = s.calls[0].params
     assert params["ReturnValues"] == "ALL_NEW"
     assert params["ReturnValuesOnConditionCheckFailure"] == "ALL_OLD"
@@ -1747,7 +1747,7 @@ def test_cancel_ok_moves_token_and_returns_new_record() -> None:
     sets = update_sets(params)
     assert (sets["token"], sets["state"], sets["error_code"], sets["reason"]) == (
         "token + 1",
-        "'failed'",
+        "'cancelled'",
         "'cancelled'",
         "'cancelled: user closed'",
     )

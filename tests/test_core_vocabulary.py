@@ -78,8 +78,11 @@ def test_a_cancel_is_recognised_by_one_predicate() -> None:
     assert set(spelled) <= CANCEL_TEST_LEFT, spelled
 
 
-def test_is_cancelled_is_a_failed_record_with_the_cancel_code() -> None:
+def test_is_cancelled_is_the_cancelled_state_or_an_older_failed_record_with_its_code() -> None:
     running = job_view()
+    assert is_cancelled(replace(running, state=JobState.CANCELLED, error_code=CANCELLED_CODE))
+    assert JobState.CANCELLED.terminal
+    # A record a version before the state cancelled: ``failed`` with the cancel's code.
     assert is_cancelled(replace(running, state=JobState.FAILED, error_code=CANCELLED_CODE))
     assert not is_cancelled(replace(running, state=JobState.FAILED, error_code="no_page"))
     assert not is_cancelled(replace(running, error_code=CANCELLED_CODE))

@@ -209,10 +209,10 @@ def test_a_finished_jobs_dlq_message_is_reported_and_deleted_on_request(env: Env
     assert env.depth(env.dlq) == 1  # reported, kept
 
     row = env.reconcile("--delete-finished")["done"]
-    assert (row["verdict"], row["job_state"]) == ("deleted", "failed")
+    assert (row["verdict"], row["job_state"]) == ("deleted", "cancelled")
     assert env.depth(env.dlq) == 0
     view = read_view(env.ddb, env.settings, "done")
-    assert view.state is JobState.FAILED and view.error_code == "cancelled"  # untouched
+    assert view.state is JobState.CANCELLED and view.error_code == "cancelled"  # untouched
 
 
 def test_a_dry_run_reconcile_changes_nothing(env: Env) -> None:

@@ -215,7 +215,7 @@ def test_cancelling_a_group_ends_its_open_jobs_refuses_new_ones_and_spares_other
     assert rep.jobs == 3 and rep.complete
     for n in (0, 1):
         view = _state(env, f"{env.prefix}-s1-{n}")
-        assert (view.state.value, view.error_code) == ("failed", "cancelled")
+        assert (view.state.value, view.error_code) == ("cancelled", "cancelled")
         assert view.reason == "cancelled: group s1: the user closed the session"
     assert _state(env, f"{env.prefix}-s2-0").state.value == "queued"
     assert _state(env, f"{env.prefix}-none").state.value == "queued"
@@ -343,7 +343,7 @@ def test_owners_of_a_cancelled_sessions_jobs_lose_their_leases_at_the_next_heart
     _wait(lambda: _state(env, other).state.value == "succeeded", "the other session", procs)
     for jid in ids:
         view = _state(env, jid)
-        assert (view.state.value, view.error_code) == ("failed", "cancelled")
+        assert (view.state.value, view.error_code) == ("cancelled", "cancelled")
     committed = {e["job_id"] for w in procs for e in w.events("result_committed")}
     assert committed.isdisjoint(ids) and other in committed
 

@@ -82,7 +82,8 @@ def test_a_wait_reads_until_the_job_is_settled_and_returns_that_status() -> None
 @pytest.mark.parametrize(
     ("state", "code", "cancelled"),
     [
-        (JobState.FAILED, "cancelled", True),
+        (JobState.CANCELLED, "cancelled", True),
+        (JobState.FAILED, "cancelled", True),  # cancelled by a version before the state
         (JobState.FAILED, "boom", False),
         (JobState.PARKED, "ambiguous", False),
     ],
@@ -211,7 +212,7 @@ def test_a_cancelled_job_reads_cancelled_and_a_wait_on_a_job_nobody_runs_times_o
     status = producer.wait(waiting, timeout=HANG_GUARD)
     assert (
         status.cancelled
-        and status.state is JobState.FAILED
+        and status.state is JobState.CANCELLED
         and status.reason == "cancelled: not needed"
     )
     with pytest.raises(JobNotFound, match="no job 'nobody'"):

@@ -392,7 +392,7 @@ def test_cancel_fences_the_running_owner_out(
     with collect_journal() as journal, running(worker) as (runner,):
         journal.wait_for("job_claimed", job_id=job_id)
         view = producer.cancel(job_id, "user closed the session")
-        assert (view.state, view.token, view.error_code) == (JobState.FAILED, 2, "cancelled")
+        assert (view.state, view.token, view.error_code) == (JobState.CANCELLED, 2, "cancelled")
         end = "result_discarded" if ending == "return" else "job_abandoned"
         (last,) = journal.wait_for(end, job_id=job_id, timeout=10)
         runner.stop()
@@ -407,7 +407,7 @@ def test_cancel_fences_the_running_owner_out(
         assert last["error_code"] == "JobCancelled"
     assert journal.events("result_committed", job_id=job_id) == []
     rec = read_record(ddb_client, settings, job_id)
-    assert (rec.state, rec.error_code, rec.token) == ("failed", "cancelled", 2)
+    assert (rec.state, rec.error_code, rec.token) == ("cancelled", "cancelled", 2)
     assert rec.reason == "cancelled: user closed the session"
     assert rec.result is None
 

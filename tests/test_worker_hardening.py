@@ -26,6 +26,7 @@ from worker_helpers import (
 )
 
 from sqs_lease import App, JobContext, JobPolicy, Producer, Worker
+from sqs_lease._dlq import find_in_dlq
 from sqs_lease.cli import cli
 
 if TYPE_CHECKING:
@@ -110,9 +111,18 @@ def test_a_message_of_an_unknown_class_goes_to_the_dlq_with_the_reason_after_the
         runner.stop()
     moved = journal.events("job_class_unknown", job_id=job_id, moved_to_dlq=True)
     assert [e["receive_count"] for e in moved] == [2]
+    # The journal names the message it moved, and its copy in the DLQ (issue 29): an
+    # operator goes from either to the other (`dlq show` takes the journal's id).
+    (poisoned,) = journal.events("message_poisoned", job_id=job_id)
+    shown = find_in_dlq(settings, poisoned["message_id"])
+    assert [(m.message_id, m.source_message_id) for m in shown] == [
+        (poisoned["dlq_message_id"], poisoned["message_id"])
+    ]
+    assert poisoned["dlq_message_id"] != poisoned["message_id"]
     (dead,) = drain(sqs_client, dlq, timeout=3, want=1)
     reason = dead["MessageAttributes"]["sqs_lease_reason"]["StringValue"]
     assert "'mystery'" in reason and "2 receives" in reason
+    assert dead["MessageId"] == poisoned["dlq_message_id"]
     # Where the job is, on its record: parked, naming the DLQ and the way back.
     rec = read_record(ddb_client, settings, job_id)
     assert (rec.state, rec.token, rec.error_code) == ("parked", 1, "undeliverable")

@@ -201,7 +201,7 @@ def test_a_cancelled_jobs_handler_gets_job_cancelled_and_its_result_is_discarded
     assert discarded["stop"] == "cancelled"
     assert journal.events("result_committed", job_id=job_id) == []
     rec = read_record(ddb_client, settings, job_id)
-    assert (rec.state, rec.error_code, rec.token) == ("failed", "cancelled", 2)
+    assert (rec.state, rec.error_code, rec.token) == ("cancelled", "cancelled", 2)
 
 
 def test_the_watchdog_stop_raises_attempt_timed_out_in_the_handlers_wait(

@@ -15,7 +15,7 @@ from .calls import Err, ErrorKind, Flow, Ok, Outcome, call, emit
 from .endwrites import EndRequest, fail_flow, poison_flow
 from .fencing import delete_message, limit_hint, set_visibility
 from .limits import REASON_LIMIT, bounded
-from .messages import Delivery, Poison, message_body, on_queue
+from .messages import Delivery, Poison, cap_visibility, message_body, on_queue
 from .records import (
     UNDELIVERED_CODE,
     JobRequests,
@@ -184,10 +184,12 @@ def claim_flow(
     lease_granted = d.visibility
     cmv: Outcome | None = None
     if keep_receive_lease is None or deadline - out.received_at <= keep_receive_lease:
-        cmv = yield from set_visibility(on_queue(d, queue_url), d.receipt_handle, lease_seconds)
+        # Never past the message's 12-hour cap: SQS would refuse the change.
+        ask = cap_visibility(d, lease_seconds, wall_now)
+        cmv = yield from set_visibility(on_queue(d, queue_url), d.receipt_handle, ask)
         if isinstance(cmv, Ok):
-            deadline = cmv.sent_at + lease_seconds
-            lease_granted = lease_seconds
+            deadline = cmv.sent_at + ask
+            lease_granted = ask
     drop = trim_count(old.timeline_length + 1)
     if drop:
         # Advisory: a trim that fails leaves a longer timeline, nothing else.

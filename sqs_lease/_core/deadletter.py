@@ -38,6 +38,9 @@ from .messages import SQS_BATCH, Delivery, Poison, fail_call, parse_message
 from .records import JobRequests, JobState, JobView
 
 REASON_ATTRIBUTE = "sqs_lease_reason"
+SOURCE_ATTRIBUTE = "sqs_lease_source_message_id"
+"""On a copy a worker moved to the DLQ: the message id the worker's journal names
+(``message_poisoned``'s ``message_id``); the copy has a message id of its own."""
 """The message attribute a worker's own DLQ copy carries (``endwrites.poison_flow``)."""
 
 SQS_REDRIVE_REASON = "moved by the queue's redrive policy (its receives ran out before a claim)"

@@ -8,6 +8,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 from .calls import Call, Flow, Ok, Outcome, call, emit
+from .deadletter import REASON_ATTRIBUTE, SOURCE_ATTRIBUTE
 from .fencing import (
     Finish,
     FinishOutcome,
@@ -453,6 +454,7 @@ def poison_flow(
     Returns whether the message was deleted (SQS answered the delete).
     """
     moved = False
+    copy_id: str | None = None
     if dlq_url:
         out = yield from call(
             Call(
@@ -462,10 +464,12 @@ def poison_flow(
                     "QueueUrl": dlq_url,
                     "MessageBody": body or "<empty>",
                     "MessageAttributes": {
-                        "sqs_lease_reason": {
+                        REASON_ATTRIBUTE: {
                             "DataType": "String",
                             "StringValue": poison.reason[:256],
                         },
+                        # The journal names the original; the copy gets an id of its own.
+                        SOURCE_ATTRIBUTE: {"DataType": "String", "StringValue": poison.message_id},
                     },
                     **fifo_params(
                         dlq_url,
@@ -476,6 +480,8 @@ def poison_flow(
             )
         )
         moved = isinstance(out, Ok)
+        if isinstance(out, Ok):
+            copy_id = out.response.get("MessageId")
         if not moved:
             # Keep the only copy: SQS's own redrive moves it once receives run out.
             yield from emit(
@@ -494,5 +500,6 @@ def poison_flow(
         job_id=poison.job_id,
         reason=poison.reason,
         moved_to_dlq=moved,
+        **({"dlq_message_id": copy_id} if moved else {}),
     )
     return isinstance(out, Ok)

@@ -214,3 +214,37 @@ __all__ = [
     "send_id_problem",
     "valid_name",
 ]
+
+
+def numbers_as_values(value: Any) -> Any:
+    """``value`` with every float that is a whole number as an int, everywhere in it:
+    a job's payload means one value whatever path produced its JSON (a model's float
+    field dumps ``2.0``; the same payload sent without the app, ``2``). Booleans and
+    other floats are left as they are."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: numbers_as_values(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [numbers_as_values(v) for v in value]
+    return value
+
+
+def payload_text(data: Any) -> str:
+    """The one JSON text a job's payload is stored, hashed and compared as: canonical
+    (keys sorted, no spaces), whole numbers written as ints (:func:`numbers_as_values`)."""
+    return json.dumps(
+        numbers_as_values(data), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+
+
+def same_payload(a: str, b: str) -> bool:
+    """Whether two stored payload texts are one payload: equal, or equal once read and
+    written again by :func:`payload_text` (a record written before the rule, or by the
+    other path, says ``2.0`` where this submission says ``2``)."""
+    if a == b:
+        return True
+    try:
+        return payload_text(loads(a)) == payload_text(loads(b))
+    except ValueError:
+        return False

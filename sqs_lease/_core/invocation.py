@@ -38,9 +38,8 @@ from .eventsource import (
     take_record_flow,
 )
 from .fifo import is_fifo
-from .messages import Delivery, on_queue
+from .messages import Delivery, cap_visibility, on_queue
 from .slots import unstarted_wait_flow, wait_delay, waits_of
-from .stages import cap_budget
 
 
 def unfit_problem(rules: Mapping[str, tuple[float, int]], function_timeout: float) -> str | None:
@@ -185,8 +184,9 @@ def record_flow(
         # cap_budget): with less than a lease of it left SQS would refuse the take and
         # the record come back until the DLQ; taken for what is left, the attempt
         # sends the job on under a new message instead.
-        cap_left = int(cap_budget(item, float(lease), now.wall))
-        taken = yield from take_record_flow(env.queue_url, item, max(1, min(lease, cap_left)))
+        taken = yield from take_record_flow(
+            env.queue_url, item, cap_visibility(item, lease, now.wall)
+        )
         if isinstance(taken, Err):
             groups.failed(group)
             # Its visibility lapsed behind the batch's earlier records: not started

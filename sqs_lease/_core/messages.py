@@ -20,6 +20,7 @@ from .fifo import (
     is_fifo,
 )
 from .lease import LocalLease
+from .timing import CAP_MARGIN, SQS_MAX_VISIBILITY
 
 SQS_BATCH = 10
 DDB_BATCH_GET = 100
@@ -267,3 +268,41 @@ def receive_flow(
         parse_message(m, out.sent_at, visibility, queue_url if tag_queue else "")
         for m in out.response.get("Messages", [])
     ]
+
+
+MESSAGE_CAP_SECONDS = SQS_MAX_VISIBILITY - CAP_MARGIN
+"""How long one message may be held in all, counted from its receive: SQS allows a
+received message a total visibility of 12 hours (AWS's ChangeMessageVisibility
+reference; moto counts from the send instead, a quirk nothing here relies on). The
+margin covers the seconds between SQS's receive and our stamp, a Lambda mapping's
+batching window, and a few minutes of skew where a re-received message's first
+receive (SQS's clock) is compared with the worker's wall clock (:func:`cap_budget`)."""
+
+
+def cap_budget(delivery: Delivery, budget: float, wall_now: float) -> float:
+    """The budget an attempt on this message may have: its stage budget, less what the
+    message has already used of SQS's 12-hour cap (:data:`MESSAGE_CAP_SECONDS`).
+
+    The cap counts from the receive, never from the send: a message that waited hours
+    (or days) in a backlog before its first receive has its whole cap. The attempt's
+    own stage deadline counts from its receive on the lease clock (``new_lease``), one
+    clock. Only a message received before (``receive_count > 1``: an earlier attempt,
+    a retry's backoff) may have used part of it; its ``ApproximateFirstReceiveTimestamp``
+    is SQS's clock and ``wall_now`` the worker's, so that one comparison may only
+    *shorten* a budget, and a budget it cuts to nothing ends in a new message for the
+    job (``Drop.MESSAGE_CAP``: uncharged, and the new message's first receive is this
+    worker's own), never in a failed job. A first receive (or no timestamp) is the
+    whole budget: a wrong clock can then cost one hand-back, never a loop of them."""
+    first = delivery.first_received_wall
+    if delivery.receive_count <= 1 or first is None:
+        return budget
+    used = max(0.0, wall_now - first)
+    return max(0.0, min(budget, MESSAGE_CAP_SECONDS - used))
+
+
+def cap_visibility(delivery: Delivery, lease_seconds: int, wall_now: float) -> int:
+    """The visibility a take or a claim may ask for this message: a lease, never past
+    what :func:`cap_budget` leaves of its 12-hour cap (SQS refuses a change past it),
+    at least 1 s. The one rule of the Lambda take and the claim."""
+    left = int(cap_budget(delivery, float(lease_seconds), wall_now))
+    return max(1, min(lease_seconds, left))

@@ -34,10 +34,15 @@ class JobState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     PARKED = "parked"
+    CANCELLED = "cancelled"  # an operator's cancel, or its session's: an outcome of its own
 
     @property
     def terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED)
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+"""The states a job never leaves by itself (an operator's retry or resume aside)."""
 
 
 DEFAULT_STAGE = "main"
@@ -87,8 +92,8 @@ class JobView:
 
 
 CANCELLED_CODE = "cancelled"
-"""``error_code`` of a job a cancel ended ``failed`` (an operator's, or its session's);
-:func:`is_cancelled` is the one test of it."""
+"""``error_code`` of a job a cancel ended: state ``cancelled`` (versions before the
+state wrote ``failed`` with this code); :func:`is_cancelled` is the one test of it."""
 
 
 def attempts_allowed(job: JobView, max_attempts: int) -> int:
@@ -116,6 +121,9 @@ class Ended(Protocol):
 def is_cancelled(job: Ended) -> bool:
     """Whether a cancel ended the job: its owner loses the lease as cancelled, not lost
     (and its caller reads ``JobStatus.cancelled``)."""
+    if job.state is JobState.CANCELLED:
+        return True
+    # A record an earlier version cancelled: ``failed``, with the cancel's code.
     return job.state is JobState.FAILED and job.error_code == CANCELLED_CODE
 
 

@@ -255,7 +255,10 @@ def submit_flow(
         if out.kind is not ErrorKind.CONDITION_FAILED or out.item is None:
             raise fail_call(f"submit {job_id}: put job record", out)
         existing = req.parse(out.item)
-        if existing.payload_hash != payload_hash or existing.job_class != job_class:
+        if existing.job_class != job_class or not (
+            existing.payload_hash == payload_hash
+            or inputs.same_payload(existing.payload_json or "", payload_json)
+        ):
             raise SubmitConflict(
                 f"job {job_id!r} exists with job class {existing.job_class!r} and payload hash "
                 f"{existing.payload_hash[:12]}; this submission has {job_class!r} / "

@@ -49,20 +49,11 @@ from .fencing import Finish, FinishOutcome, delete_message
 from .fifo import is_fifo
 from .inputs import NAME_RULE, loads, valid_name
 from .limits import record_problem
-from .messages import Delivery, fail_call
+from .messages import MESSAGE_CAP_SECONDS, cap_budget, fail_call
 from .records import GroupRequests, JobRequests, JobState, JobView, is_cancelled
 from .sending import SendVerdict, send_record_message
 from .sending import send_job_message as _send
 from .sweeping import home_queue
-from .timing import CAP_MARGIN, SQS_MAX_VISIBILITY
-
-MESSAGE_CAP_SECONDS = SQS_MAX_VISIBILITY - CAP_MARGIN
-"""How long one message may be held in all, counted from its receive: SQS allows a
-received message a total visibility of 12 hours (AWS's ChangeMessageVisibility
-reference; moto counts from the send instead, a quirk nothing here relies on). The
-margin covers the seconds between SQS's receive and our stamp, a Lambda mapping's
-batching window, and a few minutes of skew where a re-received message's first
-receive (SQS's clock) is compared with the worker's wall clock (:func:`cap_budget`)."""
 
 STAGE_NAME = NAME_RULE
 """What a stage name may be: it is part of the idempotency keys of the stage's effects
@@ -198,27 +189,6 @@ def refused_next(job: JobView, nxt: NextStage, known: bool) -> str | None:
             f"(stages so far: {', '.join([*done, job.stage or '?'])}); a stage runs once per job"
         )
     return None
-
-
-def cap_budget(delivery: Delivery, budget: float, wall_now: float) -> float:
-    """The budget an attempt on this message may have: its stage budget, less what the
-    message has already used of SQS's 12-hour cap (:data:`MESSAGE_CAP_SECONDS`).
-
-    The cap counts from the receive, never from the send: a message that waited hours
-    (or days) in a backlog before its first receive has its whole cap. The attempt's
-    own stage deadline counts from its receive on the lease clock (``new_lease``), one
-    clock. Only a message received before (``receive_count > 1``: an earlier attempt,
-    a retry's backoff) may have used part of it; its ``ApproximateFirstReceiveTimestamp``
-    is SQS's clock and ``wall_now`` the worker's, so that one comparison may only
-    *shorten* a budget, and a budget it cuts to nothing ends in a new message for the
-    job (``Drop.MESSAGE_CAP``: uncharged, and the new message's first receive is this
-    worker's own), never in a failed job. A first receive (or no timestamp) is the
-    whole budget: a wrong clock can then cost one hand-back, never a loop of them."""
-    first = delivery.first_received_wall
-    if delivery.receive_count <= 1 or first is None:
-        return budget
-    used = max(0.0, wall_now - first)
-    return max(0.0, min(budget, MESSAGE_CAP_SECONDS - used))
 
 
 @dataclass(frozen=True)

@@ -677,8 +677,8 @@ class JobTable:
             job_id,
             R.job_id.exists() & R.state.is_in(JobState.QUEUED.value, _RUNNING, "parked"),
             [
-                R.state.set(JobState.FAILED.value),
-                R.attention.set(JobState.FAILED.value),
+                R.state.set(JobState.CANCELLED.value),
+                R.attention.set(JobState.CANCELLED.value),
                 R.token.set(R.token + 1),
                 R.reason.set(f"cancelled: {reason}"),
                 R.error_code.set(CANCELLED_CODE),

@@ -107,7 +107,7 @@ def _non_keys(fields: tuple[str, ...], *keys: str) -> list[str]:
 
 ATTENTION_INDEX = "attention"
 WORKERS_INDEX = "workers"
-ATTENTION_STATES = (JobState.PARKED.value, JobState.FAILED.value)
+ATTENTION_STATES = (JobState.PARKED.value, JobState.FAILED.value, JobState.CANCELLED.value)
 """Job states an operator lists (``jobs list --state``) from the sparse ``attention``
 index: only records in them carry ``attention``."""
 

@@ -107,11 +107,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._core.records import (
-    CANCELLED_CODE,
     DEAD_LETTERED_CODE,
+    TERMINAL_STATES,
     UNDELIVERED_CODE,
     JobState,
     JobView,
+    is_cancelled,
 )
 from ..._schema.views import view_of
 from .clocks import I25, I25_TEXT
@@ -172,7 +173,7 @@ TRANSIENT_REASONS = frozenset(
     {"ThrottlingError", "TransactionConflict", "ProvisionedThroughputExceeded"}
 )
 
-_FINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.PARKED)
+_FINAL = (*TERMINAL_STATES, JobState.PARKED)
 _KNOWN_STATES = frozenset(s.value for s in JobState)
 
 
@@ -354,7 +355,7 @@ class Checker:
                     f"wrote {job}: {what}",
                 )
                 return
-        if o.state in (JobState.SUCCEEDED, JobState.FAILED):
+        if o.state.terminal:
             if _operator_retry(o, n, origin):  # lambda: ``jobs retry`` runs a failed job again
                 return
             if (n.state, n.token, new.get("result")) != (o.state, o.token, old.get("result")):
@@ -614,7 +615,7 @@ class Checker:
                 continue
             if v.state is JobState.FAILED and "item limit" in (v.reason or ""):
                 continue
-            if v.state is JobState.FAILED and v.error_code in (CANCELLED_CODE, "class_mismatch"):
+            if is_cancelled(v) or (v.state is JobState.FAILED and v.error_code == "class_mismatch"):
                 continue
             self.fail(
                 I14,
@@ -795,7 +796,7 @@ class Checker:
                     f"{job_id} is {v.state} (token {v.token}, attempt {v.attempt}, owner "
                     f"{v.owner}) after the drain{extra}",
                 )
-            elif v.state in (JobState.FAILED, JobState.PARKED) and not (v.reason or "").strip():
+            elif v.state is not JobState.SUCCEEDED and not (v.reason or "").strip():
                 self.fail(I4, f"{job_id} is {v.state} without a reason")
             elif v.state is JobState.SUCCEEDED and job_id in self.staged:
                 stages = self.staged[job_id]

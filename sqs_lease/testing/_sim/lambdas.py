@@ -687,5 +687,5 @@ def finish(world: World, records: MappingT[str, MappingT[str, Any] | None]) -> N
             )
             continue
         v = view_of(item)
-        if v.state not in (JobState.SUCCEEDED, JobState.FAILED, JobState.PARKED):
+        if not (v.state.terminal or v.state is JobState.PARKED):
             checker.fail(I4, f"{job_id} (a reserved id) is {v.state} after the drain")

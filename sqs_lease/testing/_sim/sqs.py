@@ -102,7 +102,7 @@ class SimSQS:
         # Where the 12-hour cap counts from: the receive that issued the handle (False,
         # every drawn run) or the message's first receive (True: a directed world's
         # stricter reading, under which a re-received message's earlier receives used
-        # part of its cap, as ``stages.cap_budget`` assumes they may).
+        # part of its cap, as ``messages.cap_budget`` assumes they may).
         self.cap_from_first_receive = False
 
     def create_queue(
