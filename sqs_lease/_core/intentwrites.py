@@ -331,6 +331,19 @@ def confirm_intent(
             request_id=out.request_id or None,
         )
         raise outcome_error(out, "confirm intent", spec.key)
+    return (yield from _confirmed(ctx, attempt, response, external_id, reconciled))
+
+
+def _confirmed(
+    ctx: EffectCtx,
+    attempt: int,
+    response: Mapping[str, Any],
+    external_id: str | None,
+    reconciled: bool,
+    **said: Any,
+) -> Flow[EffectResult]:
+    """The outcome recorded (by this write, or found recorded: ``said`` tells which)."""
+    spec = ctx.spec
     yield from emit(
         "intent_confirmed",
         job_id=spec.job_id,
@@ -338,6 +351,7 @@ def confirm_intent(
         external_id=external_id,
         attempt=attempt,
         reconciled=reconciled,
+        **said,
     )
     return EffectResult(dict(response), external_id, False, reconciled, spec.key)
 
@@ -423,17 +437,11 @@ def _late_outcome(
     waits = iter(ctx.retry_waits)
     for try_no in range(LATE_ROUNDS + len(ctx.retry_waits)):
         if now.state is IntentState.CONFIRMED:
-            yield from emit(
-                "intent_confirmed",
-                job_id=spec.job_id,
-                key=spec.key,
-                external_id=now.external_id,
-                attempt=attempt,
-                reconciled=reconciled,
-                already=True,
-            )
-            return EffectResult(
-                _loads(now.response_json or "{}"), now.external_id, False, reconciled, spec.key
+            stored = _loads(now.response_json or "{}")
+            return (
+                yield from _confirmed(
+                    ctx, attempt, stored, now.external_id, reconciled, already=True
+                )
             )
         if now.attempts != attempt or now.state not in LATE_STATES:
             break
@@ -441,17 +449,17 @@ def _late_outcome(
             ctx, attempt, response, external_id, reconciled, now.state, try_no
         )
         if isinstance(out, Ok):
-            yield from emit(
-                "intent_confirmed",
-                job_id=spec.job_id,
-                key=spec.key,
-                external_id=external_id,
-                attempt=attempt,
-                reconciled=reconciled,
-                late=now.state.value,
-                token=ctx.token,
+            return (
+                yield from _confirmed(
+                    ctx,
+                    attempt,
+                    response,
+                    external_id,
+                    reconciled,
+                    late=now.state.value,
+                    token=ctx.token,
+                )
             )
-            return EffectResult(dict(response), external_id, False, reconciled, spec.key)
         if transient_cancel(out):
             wait = next(waits, None)
             yield from _retried(ctx, "confirm_late", out, wait)

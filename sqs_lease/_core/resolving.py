@@ -135,16 +135,20 @@ def resolve_flow(
             f"nothing resolved; look at `sqs-lease intents show {key}` and decide again"
         )
     judged = intent.attempts
+
+    def finish(settled: IntentView) -> Flow[Resolved | None]:
+        return _finish_earlier(
+            jreq,
+            settled,
+            queue_url=queue_url,
+            wall_now=wall_now,
+            send_id=send_id,
+            interactive_url=interactive_url,
+        )
+
     if intent.state is not IntentState.AMBIGUOUS:
         if intent.resolution is not None or _settled_late(intent, resolution):
-            finished = yield from _finish_earlier(
-                jreq,
-                intent,
-                queue_url=queue_url,
-                wall_now=wall_now,
-                send_id=send_id,
-                interactive_url=interactive_url,
-            )
+            finished = yield from finish(intent)
             if finished is not None:
                 return finished
         raise IntentNotAmbiguous(
@@ -197,14 +201,7 @@ def resolve_flow(
             if now is not None and now.resolution is None and _settled_late(now, resolution):
                 # The attempt's own answer confirmed it between our read and our
                 # write: the decision is not applied; the parked job is resumed.
-                finished = yield from _finish_earlier(
-                    jreq,
-                    now,
-                    queue_url=queue_url,
-                    wall_now=wall_now,
-                    send_id=send_id,
-                    interactive_url=interactive_url,
-                )
+                finished = yield from finish(now)
                 if finished is not None:
                     return finished
             state = now.state.value if now else "gone"
