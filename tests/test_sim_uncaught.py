@@ -135,13 +135,12 @@ def test_request_tokens_without_the_owner_are_caught() -> None:
 # ------------------------------------------------------------------ stale_resolution
 
 
-@contextmanager
-def _operator_dies_after_its_first_send(world: World) -> Iterator[None]:
-    """The operator's first command dies right after its SendMessage applied (the
-    runbook runs it again up to a minute later); later runs never die. The job's
-    next decision waits a minute more than drawn, so the command run again meets
-    the job's next ambiguity first (soak seed 57932's order), and the decision
-    still comes within the run's settle time (90 s after a park)."""
+def _tapped_mortal(
+    dies_after: Callable[[bool, str], bool], answered: Callable[[str], None] = lambda op: None
+) -> Callable[..., Any]:
+    """``operators._mortal`` that watches each command's calls: ``answered(op)`` after
+    each call's answer, and the command dies after a call when ``dies_after(first,
+    op)`` says so (``first``: the first command of the run)."""
     real_mortal = operators._mortal
     runs: list[int] = []
 
@@ -155,12 +154,25 @@ def _operator_dies_after_its_first_send(world: World) -> Iterator[None]:
             while True:
                 last[0] = instr.op if isinstance(instr, Call) else ""
                 out = yield instr
+                answered(last[0])
                 try:
                     instr = flow.send(out)
                 except StopIteration as stop:
                     return stop.value
 
-        return real_mortal(tap(), lambda: first and last[0] == "SendMessage", failed)
+        return real_mortal(tap(), lambda: dies_after(first, last[0]), failed)
+
+    return mortal
+
+
+@contextmanager
+def _operator_dies_after_its_first_send(world: World) -> Iterator[None]:
+    """The operator's first command dies right after its SendMessage applied (the
+    runbook runs it again up to a minute later); later runs never die. The job's
+    next decision waits a minute more than drawn, so the command run again meets
+    the job's next ambiguity first (soak seed 57932's order), and the decision
+    still comes within the run's settle time (90 s after a park)."""
+    mortal = _tapped_mortal(lambda first, op: first and op == "SendMessage")
 
     real_decide = world.runbook.decide
 
@@ -267,33 +279,17 @@ def _call_held_until(world: World, release: str) -> Iterator[list[Any]]:
             return
         real_remote(w, task, r)
 
-    real_mortal = operators._mortal
-    runs: list[int] = []
+    def answered(op: str) -> None:
+        if release == "resolved" and op == "TransactWriteItems":
+            release_held()
 
-    def mortal(flow: Any, dies: Callable[[], bool], failed: list[BaseException]) -> Any:
-        runs.append(1)
-        first = len(runs) == 1
-        last: list[str] = [""]
+    def dies_after(first: bool, op: str) -> bool:
+        if release == "judged" and first and op == "GetItem":
+            release_held()
+            return True
+        return False
 
-        def tap() -> Generator[Any, Any, Any]:
-            instr = next(flow)
-            while True:
-                last[0] = instr.op if isinstance(instr, Call) else ""
-                out = yield instr
-                if release == "resolved" and last[0] == "TransactWriteItems":
-                    release_held()
-                try:
-                    instr = flow.send(out)
-                except StopIteration as stop:
-                    return stop.value
-
-        def dies_here() -> bool:
-            if release == "judged" and first and last[0] == "GetItem":
-                release_held()
-                return True
-            return False
-
-        return real_mortal(tap(), dies_here, failed)
+    mortal = _tapped_mortal(dies_after, answered)
 
     with ExitStack() as stack:
         stack.enter_context(mock.patch.object(network, "remote", remote))
