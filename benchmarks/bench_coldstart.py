@@ -57,9 +57,10 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _once(imports: str) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, "-c", _TIMED.format(imports=imports)],
+def _python(*args: str) -> subprocess.CompletedProcess[str]:
+    """A fresh interpreter of this environment, run from the project's root."""
+    return subprocess.run(
+        [sys.executable, *args],
         cwd=ROOT,
         env=_env(),
         capture_output=True,
@@ -67,6 +68,10 @@ def _once(imports: str) -> dict[str, float]:
         check=True,
         timeout=120,
     )
+
+
+def _once(imports: str) -> dict[str, float]:
+    out = _python("-c", _TIMED.format(imports=imports))
     got: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return got
 
@@ -76,15 +81,7 @@ def own_modules(top: int = 8, runs: int = 3) -> list[tuple[str, float, float]]:
     their cumulative time."""
     seen: dict[str, list[tuple[float, float]]] = {}
     for _ in range(runs):
-        out = subprocess.run(
-            [sys.executable, "-X", "importtime", "-c", CONTENDER],
-            cwd=ROOT,
-            env=_env(),
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=120,
-        )
+        out = _python("-X", "importtime", "-c", CONTENDER)
         for line in out.stderr.splitlines():
             if not line.startswith("import time:") or "|" not in line:
                 continue
