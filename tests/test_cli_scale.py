@@ -171,7 +171,7 @@ def test_a_state_no_index_holds_needs_scan_and_says_so(aws: AwsTestEnv, ops: lis
     ready(aws)
     refused = run(aws, "jobs", "list", "--state", "succeeded")
     assert refused.exit_code == 2
-    assert "--scan" in refused.stderr and "parked, failed, running" in refused.stderr
+    assert "--scan" in refused.stderr and "parked, failed, cancelled, running" in refused.stderr
     assert "Scan" not in ops
     assert run(aws, "jobs", "list", "--state", "succeeded", "--scan").exit_code == 0
     assert "Scan" in ops

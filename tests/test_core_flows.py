@@ -236,6 +236,7 @@ def _submit(
     *,
     send_id: str = "send-2",
     resend_after: float = 60.0,
+    payload_json: str = '{"page": 1}',
 ) -> SubmitResult:
     return script.run(
         submit_flow(
@@ -243,7 +244,7 @@ def _submit(
             queue_url=QUEUE,
             job_id="job-1",
             job_class=job_class,
-            payload_json='{"page": 1}',
+            payload_json=payload_json,
             payload_hash=payload_hash,
             wall_now=WALL,
             send_id=send_id,
@@ -534,15 +535,24 @@ def test_a_legacy_record_without_a_message_is_taken_over_at_once() -> None:
 
 
 def test_submit_same_id_other_payload_is_a_conflict_naming_both() -> None:
-    existing = job_item(payload_hash="aaaaaaaaaaaa-old-tail")
+    existing = job_item(payload_hash="aaaaaaaaaaaa-old-tail")  # its payload: {"page": 1}
     s = Script([condition_failed(existing)])
     with pytest.raises(SubmitConflict) as caught:
-        _submit(s, payload_hash="bbbbbbbbbbbb-new-tail")
+        _submit(s, payload_hash="bbbbbbbbbbbb-new-tail", payload_json='{"page": 2}')
     text = str(caught.value)
     assert "aaaaaaaaaaaa" in text
     assert "bbbbbbbbbbbb" in text
     assert "'job-1'" in text
     assert s.ops == ["dynamodb.PutItem"]
+
+
+def test_submit_same_id_same_value_written_otherwise_is_the_same_job() -> None:
+    # Issue 29: a record stored by a version (or a path) that wrote 1.0 where this
+    # submission writes 1 holds the same payload: not a conflict, whatever the hashes.
+    existing = job_item(payload_hash="aaaaaaaaaaaa-old-tail")  # its payload: {"page": 1}
+    s = Script([condition_failed(existing)])
+    res = _submit(s, payload_hash="bbbbbbbbbbbb-new-tail", payload_json='{"page":1.0}')
+    assert res.job_id == "job-1" and not res.created
 
 
 def test_submit_same_id_other_job_class_is_a_conflict() -> None:

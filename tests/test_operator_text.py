@@ -269,7 +269,9 @@ def test_jobs_commands_show_a_planted_job_id_and_reason_with_controls_visible(
         assert "\\x1b]0;owned\\x07" in result.output, (args, result.output)
     shown = _run(aws, "jobs", "show", job_id).stdout
     # A reason's line break is shown, not obeyed: no forged `state:` line.
-    assert [line for line in shown.splitlines() if line.startswith("state:")] == ["state: failed"]
+    assert [line for line in shown.splitlines() if line.startswith("state:")] == [
+        "state: cancelled"
+    ]
 
     # JSON output stays exact JSON: the text round-trips unchanged.
     data = json.loads(_run(aws, "jobs", "show", job_id, "--json").stdout)

@@ -140,7 +140,7 @@ CAUGHT_AT: dict[str, int] = {
     "stray_claims": 1,  # I11_stray_claim
     "transient_cancel_as_refusal": 13,  # I8_transient_cancel_lost
     "unconfirmed_lease_given_up": 777674,  # I8_transient_cancel_lost
-    "unknown_class_claims": 10,  # I9_unknown_class
+    "unknown_class_claims": 16,  # I9_unknown_class (10 until slot rule 7 moved it)
     "unreadable_aborts_round": 1,  # I13_heartbeat_round_failed
     "validation_as_unknown": 0,  # I14_oversize_result
     # resume_under_count (I12, soak seed 1113879) is caught in a directed world
