@@ -54,7 +54,9 @@ QUIET = frozenset({"heartbeat_ok"})
 _SKIP = frozenset({"event", "ts", "worker", "job_id"})
 _CLEAR = "\r\x1b[2K"
 
-SHORTENED = frozenset({"payload_hash", "message_id", "request_id", "send_id", "previous_owner"})
+SHORTENED = frozenset(
+    {"payload_hash", "message_id", "dlq_message_id", "request_id", "send_id", "previous_owner"}
+)
 """Machine identifiers (64-hex hashes, UUIDs) a person matches by their first
 characters: shown as their first :data:`SHORT` (``--details`` shows them whole; the
 JSON journal always has them whole)."""
