@@ -303,8 +303,9 @@ def jobs_show(
     rec = record_of(item)
     now = time.time()
     # A staged job's checkpoints and stage input are shown as its stages, not as JSON
-    # text; the timeline is drawn by `jobs timeline`.
-    hidden = ("payload", "result", "timeline", "stages", "stage_input")
+    # text; the timeline is drawn by `jobs timeline`; `attention` is the state again
+    # (the operators' index key): one name per fact.
+    hidden = ("payload", "result", "timeline", "stages", "stage_input", "attention")
     names = [n for n in JobRecord.get_attributes() if n not in hidden]
     names.sort(key=lambda n: (n != "job_id", n))
     live = (
