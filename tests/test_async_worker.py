@@ -321,10 +321,15 @@ def test_a_stall_within_the_tolerated_lag_costs_no_lease(
     settings, _, _ = prepare(aws.endpoint_url, aws.prefix)
     app = App()
 
-    @app.job("brief", payload=Work, **FAST)
+    # Tolerated lag: half the heartbeat (1.5 s) against a 0.05 s step. A margin of 30
+    # times, not 4: a busy machine measured FAST's 0.2 s step (0.75 s tolerated) at
+    # 1.15 s. The wait spans two heartbeats, so the kept lease is the point.
+    policy: JobPolicy = {**ROOMY, "lease_seconds": 15, "heartbeat_seconds": 3.0}
+
+    @app.job("brief", payload=Work, **policy)
     async def brief(ctx: AsyncJobContext[Work], p: Work) -> dict[str, int]:
-        time.sleep(0.2)  # a short synchronous step: within the 0.75 s tolerated
-        await ctx.wait(3.5)
+        time.sleep(0.05)  # a short synchronous step: well within the lag tolerated
+        await ctx.wait(7.0)
         return {"token": ctx.token}
 
     job_id = Producer(settings, app).submit("brief", Work(n=1), job_id=f"{aws.prefix}-b").job_id

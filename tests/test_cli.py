@@ -163,9 +163,9 @@ def test_submit_list_show_cancel(aws: AwsTestEnv) -> None:
     job_id, state, token, code, reason = cancelled.stdout.strip().split("\t")
     assert (job_id, state, token, code) == ("j1", "cancelled", "token 1", "cancelled")
     assert "operator said so" in reason
-    shown = run(aws, "jobs", "show", "j1").stdout
-    assert "state: cancelled" in shown
-    assert "attention" not in shown  # the index key repeats the state: one name per fact
+    after = run(aws, "jobs", "show", "j1").stdout
+    assert "state: cancelled" in after
+    assert "attention" not in after  # the index key repeats the state: one name per fact
 
     missing = run(aws, "jobs", "show", "nope")
     assert "no job 'nope'" in assert_one_line_error(missing, code=1)
