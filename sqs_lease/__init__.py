@@ -87,6 +87,7 @@ if TYPE_CHECKING:
     from ._options import WorkerOptions
     from ._producer import AsyncProducer, Producer
     from ._resources import create_queue, create_tables
+    from ._schema.create_table import WarmThroughput
     from ._shell import WorkerStats
     from ._worker import Worker
 
@@ -148,6 +149,7 @@ __all__ = [
     "TransientError",
     "Verdict",
     "WaitTimedOut",
+    "WarmThroughput",
     "Worker",
     "WorkerOptions",
     "WorkerShuttingDown",
@@ -193,6 +195,7 @@ _WHERE: dict[str, tuple[str, ...]] = {
         "create_queue",
         "create_tables",
     ),
+    "._schema.create_table": ("WarmThroughput",),
     "._shell": ("WorkerStats",),
     "._worker": ("Worker",),
 }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._aws import classify, endpoint_of, make_client
 from ._config import Settings
@@ -12,6 +12,9 @@ from ._core.calls import ErrorKind
 from ._core.deploy import REDRIVE_BACKSTOP
 from ._core.inputs import loads as _loads
 from ._errors import AwsCallFailed, AwsUnavailable, ResourceMissing
+
+if TYPE_CHECKING:
+    from ._schema.create_table import WarmThroughput
 
 DEFAULT_MAX_RECEIVES = REDRIVE_BACKSTOP
 """Redrive backstop (``_core.deploy``): set well above any job class's ``max_attempts``."""
@@ -42,8 +45,11 @@ def _call(client: Any, op: str, *, missing: tuple[str, str] | None = None, **par
         raise AwsCallFailed(f"{api} on {where}: {err.code}: {err.message}", err.code) from None
 
 
-def create_tables(settings: Settings) -> list[str]:
-    """Create the job table (and any later tables) if missing; return their names."""
+def create_tables(settings: Settings, warm: WarmThroughput | None = None) -> list[str]:
+    """Create the toolkit's tables if missing (an existing one gets the indexes this
+    version queries); return their names. ``warm``: each table's and index's warm
+    throughput, raised where it is lower (a table being created or updated is waited
+    for; DynamoDB bills a warm throughput's increase once)."""
     # Imported here: a worker's (or a Lambda function's) start never creates tables.
     from .deploy import TABLE_MODELS, table_names
 
@@ -56,20 +62,44 @@ def create_tables(settings: Settings) -> list[str]:
         described = _describe(ddb, name)
         if described is None:
             try:
-                _call(ddb, "create_table", **_create_params(model, name))
+                _call(ddb, "create_table", **_create_params(model, name, warm))
             except AwsCallFailed as exc:
                 if exc.code != "ResourceInUseException":
                     raise
             ddb.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1})
+            described = _describe(ddb, name)  # (another `tables create` made it first)
         else:
             _add_missing_indexes(ddb, model, name, described)
+        if warm is not None and described is not None:
+            _raise_warm(ddb, name, warm)
     return [name for _, name in wanted]
 
 
-def _create_params(model: type[Any], name: str) -> dict[str, Any]:
+def _create_params(
+    model: type[Any], name: str, warm: WarmThroughput | None = None
+) -> dict[str, Any]:
     from ._schema.create_table import create_table_params
 
-    return create_table_params(model, name)
+    return create_table_params(model, name, warm)
+
+
+def _raise_warm(ddb: Any, name: str, warm: WarmThroughput) -> None:
+    """Raise the table's and each index's warm throughput where it is lower, one
+    UpdateTable at a time (DynamoDB takes one change of a table at once)."""
+    table = _describe(ddb, name) or {}
+    want = warm.param(table.get("WarmThroughput"))
+    if want:
+        _update_when_active(ddb, name, WarmThroughput=want)
+    for index in table.get("GlobalSecondaryIndexes", []):
+        want = warm.param(index.get("WarmThroughput"))
+        if want:
+            update = {"Update": {"IndexName": index["IndexName"], "WarmThroughput": want}}
+            _update_when_active(ddb, name, GlobalSecondaryIndexUpdates=[update])
+
+
+def _update_when_active(ddb: Any, name: str, **change: Any) -> None:
+    ddb.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1})
+    _call(ddb, "update_table", TableName=name, **change)
 
 
 def _describe(ddb: Any, name: str) -> dict[str, Any] | None:

@@ -52,6 +52,7 @@ PUBLIC = frozenset(
         "WorkerOptions",
         "create_queue",
         "create_tables",
+        "WarmThroughput",
         # the exception hierarchy (what handlers raise and callers catch)
         "AttemptTimedOut",
         "AwsCallFailed",
