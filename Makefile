@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit soak chaos bench dist clean
+.PHONY: demo test lint typecheck unit soak fleet chaos bench dist clean
 
 # Two stages, so a first `make demo` installs only what the demo runs: the library
 # with its `local` extra (moto's SQS and DynamoDB backends and its server), about
@@ -67,6 +67,12 @@ test: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 -m long
 	$(BIN)/python -m simtools soak --seeds 100000
+	$(MAKE) fleet
+
+# 500 workers, a burst of 100,000 jobs, on a new table and on one warmed to its quota
+fleet: $(STAMP)
+	$(BIN)/python -m simtools fleet --table new --json fleet-new.json
+	$(BIN)/python -m simtools fleet --table quota --json fleet-quota.json
 
 chaos: $(STAMP)
 	$(BIN)/python benchmarks/chaos.py

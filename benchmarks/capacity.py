@@ -32,13 +32,19 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-SQS_INFLIGHT = 120_000  # in-flight messages per queue, standard and FIFO alike
+from sqs_lease.testing._sim.capacity import Limits as AwsLimits
+from sqs_lease.testing._sim.fleet import STANDARD_IN_FLIGHT
+
+# AWS's limits: the simulated fleet's (``_sim/capacity.py``), so the model and the
+# simulation cannot drift apart.
+_AWS = AwsLimits()
+SQS_INFLIGHT = STANDARD_IN_FLIGHT  # in-flight messages per queue, standard and FIFO alike
 SQS_FIFO_TPS = 300  # calls/s per action (Send, Receive, Delete), FIFO without high throughput
-DDB_PARTITION_WCU = 1_000  # writes/s of 1 KB per partition (and per partition-key value)
-DDB_PARTITION_RCU = 3_000  # consistent reads/s of 4 KB per partition
-DDB_TABLE_QUOTA = 40_000  # read and write units/s per table, the default account quota
-DDB_NEW_TABLE_WCU = 4_000  # a new on-demand table: 4,000 WRU or 12,000 RRU at once (or a
-DDB_NEW_TABLE_RCU = 12_000  # linear mix); then twice its previous peak, per 30 minutes
+DDB_PARTITION_WCU = int(_AWS.partition_write)  # writes/s of 1 KB per partition (and key value)
+DDB_PARTITION_RCU = int(_AWS.partition_read)  # consistent reads/s of 4 KB per partition
+DDB_TABLE_QUOTA = int(_AWS.quota_write)  # units/s per table, the default account quota
+DDB_NEW_TABLE_WCU = int(_AWS.warm_write)  # a new on-demand table: 4,000 WRU or 12,000 RRU at
+DDB_NEW_TABLE_RCU = int(_AWS.warm_read)  # once; then twice its previous peak, per 30 minutes
 LAMBDA_ESM_BATCHES = 1_000  # concurrent batches per SQS event source mapping (default mode)
 LAMBDA_ESM_FIRST = 5  # batches it starts with
 LAMBDA_ESM_RAMP = 300  # batches it adds per minute while messages wait

@@ -9,6 +9,9 @@
   protocol fails a seed of the search
 - ``digest --seeds N [--start S] [--trace both|on|off]``: one hash per seed of all a
   run leaves behind (the determinism oracle: compare before and after a change)
+- ``fleet [--workers 500] [--jobs 100000] [--burst 60] [--table new|quota]``: hundreds
+  of workers on one queue and its tables, against DynamoDB's and SQS's limits
+  (``sqs_lease.testing._sim.fleet``); prints its report as JSON
 
 ``--widen F1,F2`` (or ``none``) limits the widened world to those features
 (default: all of ``plan.WIDE_FEATURES``); a replay needs the same ``--widen``.
@@ -33,7 +36,7 @@ from sqs_lease.testing._sim.invariants import INVARIANTS
 from sqs_lease.testing._sim.plan import WIDE_FEATURES
 
 from .catch import Catch, first_catch
-from .mutations import MUTATIONS, VARIANTS
+from .mutations import MUTATIONS, VARIANTS, applied
 
 Args = tuple[int, int | None, int | None, str | None, frozenset[str] | None]
 
@@ -347,7 +350,18 @@ def _main(argv: Sequence[str] | None) -> int:
     dp.add_argument("--widen", default=None, help=_WIDEN_HELP)
     dp.add_argument("--mutation", choices=sorted(VARIANTS), default=None)
     dp.add_argument("--trace", choices=("both", "on", "off"), default="both")
+    fp = sub.add_parser("fleet", help="a fleet on one queue and its tables, against AWS's limits")
+    fp.add_argument("--workers", type=int, default=500)
+    fp.add_argument("--jobs", type=int, default=100_000)
+    fp.add_argument("--burst", type=float, default=60.0, help="seconds the jobs are submitted over")
+    fp.add_argument("--concurrency", type=int, default=4)
+    fp.add_argument("--table", choices=("new", "quota"), default="new")
+    fp.add_argument("--seed", type=int, default=0)
+    fp.add_argument("--mutation", choices=sorted(VARIANTS), default=None)
+    fp.add_argument("--json", dest="json_path", default=None, help="also write the report here")
     args = parser.parse_args(argv)
+    if args.cmd == "fleet":
+        return _fleet(args, sys.stdout)
     if args.cmd == "mutations":
         return _mutations(args.only or sorted(MUTATIONS), args.processes, sys.stdout)
     try:
@@ -410,6 +424,32 @@ def _main(argv: Sequence[str] | None) -> int:
                 indent=2,
             )
     return 1 if summary.failures else 0
+
+
+def _fleet(args: argparse.Namespace, out: TextIO) -> int:
+    """Run one fleet; print its report (JSON); 1 when the checker found a violation."""
+    from sqs_lease.testing._sim import fleet
+
+    if min(args.workers, args.jobs, args.concurrency) < 1 or args.burst < 0:
+        raise SystemExit("fleet: --workers, --jobs and --concurrency must be >= 1, --burst >= 0")
+    spec = fleet.FleetSpec(
+        workers=args.workers,
+        jobs=args.jobs,
+        burst=args.burst,
+        concurrency=args.concurrency,
+        table=args.table,
+        seed=args.seed,
+    )
+    started = time.perf_counter()
+    with applied(args.mutation):
+        found = fleet.run(spec, mutation=args.mutation).as_dict()
+    found["wall_seconds"] = round(time.perf_counter() - started, 1)
+    text = json.dumps(found, indent=1)
+    out.write(text + "\n")
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
+            fh.write(text + "\n")
+    return 0 if found["ok"] else 1
 
 
 def _mutations(names: Sequence[str], processes: int, out: TextIO) -> int:

@@ -50,6 +50,7 @@ _THROTTLED = (
     "RequestLimitExceeded",
     "Throttling",
     "RequestThrottled",
+    "OverLimit",  # SQS: a receive while the queue's in-flight limit is reached
 )
 _VALIDATION = ("ValidationException",)
 _UNREACHABLE = (

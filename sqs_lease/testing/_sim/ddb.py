@@ -28,10 +28,13 @@ from typing import Any
 
 from ..._core.calls import Err, ErrorKind, Ok, Outcome
 from ..._core.limits import ITEM_LIMIT  # DynamoDB's item limit: the one constant
+from .capacity import Throttled, Throughput, read_units, write_units
+from .capacity import size as _item_size
 from .chaos import Chaos
 from .expr import ExpressionError, Expressions, Item, request_expressions, stored
 
 Key = tuple[tuple[str, str, str], ...]
+Charges = list[tuple[tuple[str, ...], float]]
 WriteHook = Callable[[str, Key, "Item | None", "Item | None", Any], None]
 
 
@@ -101,16 +104,6 @@ def _cancelled(reasons: Iterable[dict[str, Any]]) -> Err:
 _TOO_LARGE = "Item size has exceeded the maximum allowed size"
 
 
-def _item_size(item: Item) -> int:
-    """DynamoDB's item size, near enough: names and values in UTF-8."""
-    total = 0
-    for name, value in item.items():
-        total += len(name.encode("utf-8"))
-        for kind, v in value.items():
-            total += len(v.encode("utf-8")) if kind in ("S", "N") else len(json.dumps(v))
-    return total
-
-
 def _diff_attrs(a: Item | None, b: Item | None) -> Item:
     a = a or {}
     b = b or {}
@@ -136,6 +129,15 @@ class SimDynamo:
         self._tokens: dict[str, tuple[str, float]] = {}
         # oversize: refuse items over 400 KB as DynamoDB does (off: no cost elsewhere)
         self.item_limit = False
+        # A fleet (fleet.py): the throughput model (capacity.py; None: unlimited, as in
+        # every drawn world), and indexes kept per key value so a Query reads its key's
+        # items, not the whole table (a drawn world's Query scans, in table order).
+        self.throughput: Throughput | None = None
+        self.indexed = False
+        # (table, index) -> index key value -> the table keys holding it
+        self._members: dict[tuple[str, str], dict[str, dict[Key, None]]] = {}
+        # (table, key) -> (the item, its size): sizes are the model's main cost
+        self._sizes: dict[tuple[str, Key], tuple[Item, int]] = {}
 
     # ---------------------------------------------------------------- helpers
 
@@ -183,8 +185,90 @@ class SimDynamo:
             self.items[table].pop(k, None)
         else:
             self.items[table][k] = new
+        if self.indexed:
+            self._index(table, k, old, new)
         if self.on_write is not None:
             self.on_write(table, k, old, new, origin)
+
+    # ---------------------------------------------------------------- a fleet's model
+
+    def _index(self, table: str, k: Key, old: Item | None, new: Item | None) -> None:
+        for idx in self.specs[table].indexes:
+            was, now = _index_value(idx, old), _index_value(idx, new)
+            if was == now:
+                continue
+            members = self._members.setdefault((table, idx.name), {})
+            if was is not None:
+                members.get(was, {}).pop(k, None)
+            if now is not None:
+                members.setdefault(now, {})[k] = None
+
+    def _write_charges(
+        self, table: str, k: Key, old: Item | None, new: Item | None, factor: float = 1.0
+    ) -> Charges:
+        """The units a write consumes: the table, the item's partition, and each index
+        key value's partition whose projected item changes (a moved key: a delete
+        there and a put here)."""
+        units = write_units(self._size(table, k, old), self._size(table, k, new)) * factor
+        key = _key_text(k)
+        charges: Charges = [(("w", table), units), (("w", table, key), units)]
+        spec = self.specs[table]
+        for idx in spec.indexes:
+            was, now = _index_value(idx, old), _index_value(idx, new)
+            p_old, p_new = _projected(spec, idx, old), _projected(spec, idx, new)
+            if was == now:
+                if now is not None and p_old != p_new:
+                    charges.append(
+                        (("w", table, idx.name, now), write_units(_sz(p_old), _sz(p_new)))
+                    )
+                continue
+            if was is not None:
+                charges.append((("w", table, idx.name, was), write_units(_sz(p_old), 0)))
+            if now is not None:
+                charges.append((("w", table, idx.name, now), write_units(0, _sz(p_new))))
+        return charges
+
+    def _size(self, table: str, k: Key, item: Item | None) -> int:
+        if item is None:
+            return 0
+        seen = self._sizes.get((table, k))
+        if seen is not None and seen[0] is item:
+            return seen[1]
+        n = _item_size(item)
+        self._sizes[(table, k)] = (item, n)
+        return n
+
+    def _metered(self, charges: Charges) -> Throttled | None:
+        """Admit ``charges`` (summed per bucket) or say which limit refuses them;
+        admitted, they are consumed."""
+        tp = self.throughput
+        if tp is None:
+            return None
+        summed: dict[tuple[str, ...], float] = {}
+        for bucket, units in charges:
+            summed[bucket] = summed.get(bucket, 0.0) + units
+        refused = tp.admit(self.now, list(summed.items()))
+        if refused is None:
+            tp.charge(self.now, list(summed.items()))
+        return refused
+
+    def _write_metered(self, table: str, k: Key, old: Item | None, new: Item | None) -> Err | None:
+        if self.throughput is None:
+            return None
+        refused = self._metered(self._write_charges(table, k, old, new))
+        return None if refused is None else _throttled(refused)
+
+    def _read_metered(
+        self, table: str, items: list[tuple[Key, Item | None]], consistent: bool
+    ) -> Err | None:
+        if self.throughput is None:
+            return None
+        charges: Charges = []
+        for k, item in items:
+            units = read_units(self._size(table, k, item), consistent)
+            charges += [(("r", table), units), (("r", table, _key_text(k)), units)]
+        refused = self._metered(charges)
+        return None if refused is None else _throttled(refused)
 
     # ---------------------------------------------------------------- entry
 
@@ -260,6 +344,9 @@ class SimDynamo:
             raise ExpressionError("ReturnValues for PutItem must be NONE or ALL_OLD")
         if self.item_limit and _item_size(item) > ITEM_LIMIT:
             return _validation(_TOO_LARGE)
+        refused = self._write_metered(table, k, old, item)
+        if refused is not None:
+            return refused
         self._write(table, k, item, origin)
         return Ok(self._returns(params, old, item))
 
@@ -277,6 +364,9 @@ class SimDynamo:
         new = ex.apply(old, self.key_dict(table, k))
         if self.item_limit and new is not None and _item_size(new) > ITEM_LIMIT:
             return _validation(_TOO_LARGE)  # nothing applied (AWS; moto applies part)
+        refused = self._write_metered(table, k, old, new)
+        if refused is not None:
+            return refused
         self._write(table, k, new, origin)
         return Ok(self._returns(params, old, new))
 
@@ -285,6 +375,9 @@ class SimDynamo:
         if not ex.check(old):
             return self._cond_failed(params, old)
         if old is not None:
+            refused = self._write_metered(table, k, old, None)
+            if refused is not None:
+                return refused
             self._write(table, k, None, origin)
         return Ok(self._returns(params, old, None))
 
@@ -294,7 +387,11 @@ class SimDynamo:
         table = params["TableName"]
         k = self.key_of(table, params["Key"])
         ex = request_expressions(params)
-        item = self._read(table, k, bool(params.get("ConsistentRead", False)))
+        consistent = bool(params.get("ConsistentRead", False))
+        refused = self._read_metered(table, [(k, self.items[table].get(k))], consistent)
+        if refused is not None:
+            return refused
+        item = self._read(table, k, consistent)
         return Ok({"Item": ex.project(item)} if item is not None else {})
 
     def _op_BatchGetItem(self, params: Mapping[str, Any], origin: Any) -> Outcome:
@@ -326,6 +423,12 @@ class SimDynamo:
                 parsed = [p for i, p in enumerate(parsed) if i not in skip]
             out = responses.setdefault(table, [])
             consistent = bool(spec.get("ConsistentRead", False))
+            if self.throughput is not None:
+                # (a throttled batch: every key of it comes back unprocessed)
+                held = [(k, self.items[table].get(k)) for _, k in parsed]
+                if self._read_metered(table, held, consistent) is not None:
+                    skipped = [key for key, _ in parsed] + skipped
+                    parsed = []
             for _, k in parsed:
                 item = self._read(table, k, consistent)
                 if item is not None:
@@ -348,7 +451,7 @@ class SimDynamo:
         keys = [index.hash_key] + ([index.range_key] if index.range_key else [])
         found = [
             item
-            for item in self.items[table].values()
+            for item in self._index_candidates(table, index, params)
             if all(k in item for k in keys) and ex.check(item)
         ]
 
@@ -373,6 +476,13 @@ class SimDynamo:
                 found = [i for i in found if (order(i) > order(start)) == forward]
         limit = params.get("Limit")
         page = found[: int(limit)] if limit else found
+        if self.throughput is not None and page:
+            # billed on the items read (an index's own partition; eventually consistent)
+            value = _index_value(index, page[0]) or ""
+            units = read_units(sum(_item_size(i) for i in page), False)
+            refused = self._metered([(("r", table, index.name, value), units)])
+            if refused is not None:
+                return _throttled(refused)
         keep = None if index.projects is None else set(index.projects) | set(keys)
         if keep is not None:
             keep |= {spec.hash_key} | ({spec.range_key} if spec.range_key else set())
@@ -386,6 +496,21 @@ class SimDynamo:
             last = page[-1]
             out["LastEvaluatedKey"] = {k: last[k] for k in [*keys, spec.hash_key] if k in last}
         return Ok(out)
+
+    def _index_candidates(
+        self, table: str, index: IndexSpec, params: Mapping[str, Any]
+    ) -> Iterable[Item]:
+        """The items a Query may match: the whole table, or where the table is indexed,
+        those under the index key values the request names."""
+        if not self.indexed:
+            return self.items[table].values()
+        members = self._members.get((table, index.name), {})
+        picked: dict[Key, None] = {}
+        for av in dict(params.get("ExpressionAttributeValues") or {}).values():
+            if isinstance(av, Mapping) and len(av) == 1:
+                picked.update(members.get(str(next(iter(av.values()))), {}))
+        items = self.items[table]
+        return [items[k] for k in picked if k in items]
 
     # ---------------------------------------------------------------- transactions
 
@@ -474,6 +599,7 @@ class SimDynamo:
         # All conditions hold: compute every new item first (an invalid update cancels
         # the whole transaction), then apply.
         writes: list[tuple[str, Key, Item | None]] = []
+        charges: list[Charges] = []
         for kind, table, k, spec, ex in plan:
             old = self.items[table].get(k)
             if kind == "Put":
@@ -482,6 +608,68 @@ class SimDynamo:
                 writes.append((table, k, ex.apply(old, self.key_dict(table, k))))
             elif kind == "Delete":
                 writes.append((table, k, None))
+            if self.throughput is not None:  # each item billed twice, a check as a write
+                new = old if kind == "ConditionCheck" else writes[-1][2]
+                charges.append(self._write_charges(table, k, old, new, 2.0))
+        if self.throughput is not None:
+            refused = self._metered([c for entry in charges for c in entry])
+            if refused is not None:
+                return _throttled_cancel(refused, charges)
         for table, k, new in writes:
             self._write(table, k, new, origin)
         return Ok({})
+
+
+# --------------------------------------------------------------------------- a fleet's model
+
+
+def _sz(item: Item | None) -> int:
+    return 0 if item is None else _item_size(item)
+
+
+def _key_text(k: Key) -> str:
+    return "|".join(v for _, _, v in k)
+
+
+def _index_value(idx: IndexSpec, item: Item | None) -> str | None:
+    """The item's index key value (None: the item is not in the sparse index)."""
+    if item is None or idx.hash_key not in item:
+        return None
+    if idx.range_key is not None and idx.range_key not in item:
+        return None
+    return str(next(iter(item[idx.hash_key].values())))
+
+
+def _projected(spec: TableSpec, idx: IndexSpec, item: Item | None) -> Item | None:
+    if item is None or _index_value(idx, item) is None:
+        return None
+    if idx.projects is None:
+        return item
+    keep = {spec.hash_key, idx.hash_key, *idx.projects}
+    keep |= {n for n in (spec.range_key, idx.range_key) if n}
+    return {n: v for n, v in item.items() if n in keep}
+
+
+_INDEX_THROTTLED = (
+    "Throughput exceeds the current capacity for one or more global secondary indexes. "
+    "DynamoDB is automatically scaling your index so please try again shortly."
+)
+_TABLE_THROTTLED = "The level of configured provisioned throughput for the table was exceeded"
+
+
+def _throttled(t: Throttled) -> Err:
+    message = _INDEX_THROTTLED if t.scope == "index" else _TABLE_THROTTLED
+    return Err(ErrorKind.THROTTLED, "ProvisionedThroughputExceededException", "", message)
+
+
+def _throttled_cancel(t: Throttled, charges: list[Charges]) -> Err:
+    """A transaction the model refused: the first item that writes where the limit
+    binds is cancelled ``ThrottlingError``, the others ``None``."""
+    named = tuple(t.what.split("/"))
+    which = next((i for i, entry in enumerate(charges) if any(b[1:] == named for b, _ in entry)), 0)
+    return _cancelled(
+        {"Code": "ThrottlingError", "Message": _TRANSIENT_MESSAGES["ThrottlingError"]}
+        if i == which
+        else {"Code": "None"}
+        for i in range(len(charges))
+    )

@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
+from pynamodb.models import Model
 
 from ..._jobs import JobClass
-from ..._schema.models import GROUP_INDEX, UNSENT_INDEX, GroupIndex, UnsentIndex
+from ..._schema.create_table import create_table_params
+from ..._schema.models import AttemptRecord, GroupRecord, IntentRecord, JobRecord
 from .ddb import IndexSpec, TableSpec
 
 if TYPE_CHECKING:
@@ -50,12 +52,37 @@ def sim_job_class(name: str, p: RunPlan) -> JobClass:
     )
 
 
+def model_table_spec(model: type[Model], name: str) -> TableSpec:
+    """A simulated table as the real one is created (``create_table_params``): the
+    model's keys and every global secondary index with its projection."""
+    params = create_table_params(model, name)
+    hash_key, range_key = _keys(params["KeySchema"])
+    indexes = []
+    for index in params.get("GlobalSecondaryIndexes", ()):
+        ih, ir = _keys(index["KeySchema"])
+        projection = index["Projection"]
+        kind = projection["ProjectionType"]
+        projects = None if kind == "ALL" else tuple(projection.get("NonKeyAttributes", ()))
+        indexes.append(IndexSpec(index["IndexName"], ih, ir, projects))
+    return TableSpec(name, hash_key, range_key, tuple(indexes))
+
+
+def _keys(schema: list[dict[str, str]]) -> tuple[str, str | None]:
+    by_type = {k["KeyType"]: k["AttributeName"] for k in schema}
+    return by_type["HASH"], by_type.get("RANGE")
+
+
 def jobs_table_spec(name: str = JOBS) -> TableSpec:
-    """The jobs table with the sparse ``unsent`` index the stranded sweep queries
-    (as ``_schema.models.UnsentIndex``: keys ``unsent``/``unsent_since``, its projection)
-    and the sparse ``group`` index a group cancel queries (``_schema.models.GroupIndex``)."""
-    projects = UnsentIndex.Meta.projection.non_key_attributes
-    unsent = IndexSpec(UNSENT_INDEX, "unsent", "unsent_since", tuple(projects or ()))
-    in_group = GroupIndex.Meta.projection.non_key_attributes
-    group = IndexSpec(GROUP_INDEX, "group_id", "created_at", tuple(in_group or ()))
-    return TableSpec(name, "job_id", indexes=(unsent, group))
+    """The jobs table as created: the sparse ``unsent`` index the stranded sweep
+    queries, the ``group`` index a group cancel queries, ``attention`` and ``workers``."""
+    return model_table_spec(JobRecord, name)
+
+
+def table_specs() -> list[TableSpec]:
+    """Every table of a world, each with the indexes the real one has."""
+    return [
+        jobs_table_spec(),
+        model_table_spec(IntentRecord, INTENTS),
+        model_table_spec(AttemptRecord, ATTEMPTS),
+        model_table_spec(GroupRecord, GROUPS),
+    ]

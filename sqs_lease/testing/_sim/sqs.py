@@ -24,9 +24,11 @@ What AWS documents, and where moto and AWS differ, chosen per run (seeded):
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from ..._core.calls import Err, ErrorKind, Ok, Outcome
@@ -71,6 +73,11 @@ class Queue:
     messages: dict[str, Message] = field(default_factory=dict)  # not deleted
     gone: dict[str, Message] = field(default_factory=dict)  # deleted (handles stay known)
     fifo: fifo_world.FifoQueue | None = None  # a FIFO queue's state (the fifo world)
+    # A fleet's queue (``SimSQS.indexed``): the messages visible now, oldest first, and
+    # a heap of (visible_at, seq, id) for those that become visible later (entries
+    # whose message moved again are skipped when they come up).
+    ready: dict[str, Message] = field(default_factory=dict)
+    timers: list[tuple[float, int, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,13 @@ class SimSQS:
         # stricter reading, under which a re-received message's earlier receives used
         # part of its cap, as ``messages.cap_budget`` assumes they may).
         self.cap_from_first_receive = False
+        # A fleet (fleet.py): receives read an index instead of scanning the queue (a
+        # drawn world's receive shuffles every visible message, so its schedules stay
+        # as they were), and a receive while ``in_flight_limit`` messages are in flight
+        # is refused ``OverLimit``, as SQS refuses it (None: no limit drawn).
+        self.indexed = False
+        self.in_flight_limit: int | None = None
+        self.peak_in_flight = 0  # (indexed: the most messages in flight a receive saw)
 
     def create_queue(
         self, url: str, *, visibility: int = 30, dlq_url: str | None = None, max_receive: int = 0
@@ -169,11 +183,40 @@ class SimSQS:
         m.deleted = True
         q.messages.pop(m.message_id, None)
         q.gone[m.message_id] = m
+        q.ready.pop(m.message_id, None)
+
+    def _moved(self, q: Queue, m: Message) -> None:
+        """``m.visible_at`` changed: keep an indexed queue's index in step."""
+        if not self.indexed:
+            return
+        q.ready.pop(m.message_id, None)
+        if m.visible_at <= self.now:
+            q.ready[m.message_id] = m
+        else:
+            heapq.heappush(q.timers, (m.visible_at, m.seq, m.message_id))
+
+    def _due(self, q: Queue) -> float | None:
+        """Move an indexed queue's messages that became visible into ``ready``; the
+        next time one becomes visible (None: none)."""
+        timers = q.timers
+        while timers:
+            t, _, mid = timers[0]
+            m = q.messages.get(mid)
+            if m is None or m.visible_at != t:
+                heapq.heappop(timers)  # deleted, or moved again since
+            elif t <= self.now:
+                heapq.heappop(timers)
+                q.ready[mid] = m
+            else:
+                return t
+        return None
 
     def in_flight(self, m: Message) -> bool:
         return not m.deleted and m.handle is not None and m.visible_at > self.now
 
     def next_visible(self, q: Queue) -> float | None:
+        if self.indexed:
+            return self._due(q)
         later = [m.visible_at for m in q.messages.values() if m.visible_at > self.now]
         return min(later) if later else None
 
@@ -210,6 +253,7 @@ class SimSQS:
             attributes=dict(attributes or {}),
         )
         q.messages[m.message_id] = m
+        self._moved(q, m)
         self._wake()
         return m
 
@@ -244,18 +288,33 @@ class SimSQS:
         visible: list[Message] = []
         later: float | None = None
         dups: list[Message] = []
-        for m in q.messages.values():
-            va = m.visible_at
-            if va <= now:
-                visible.append(m)
-                continue
-            if later is None or va < later:
-                later = va
-            if m.dup_pending and m.handle:
-                dups.append(m)
+        if self.indexed:
+            later = self._due(q)
+            held = len(q.messages) - len(q.ready)
+            self.peak_in_flight = max(self.peak_in_flight, held)
+            limit = self.in_flight_limit
+            if limit is not None and held >= limit:
+                self.chaos.count("sqs_over_limit")
+                return self._err(
+                    "OverLimit",
+                    f"Too many messages in flight: the queue's in-flight limit is {limit}.",
+                    ErrorKind.THROTTLED,
+                )
+            visible = list(islice(q.ready.values(), want))  # oldest visible first
+        else:
+            for m in q.messages.values():
+                va = m.visible_at
+                if va <= now:
+                    visible.append(m)
+                    continue
+                if later is None or va < later:
+                    later = va
+                if m.dup_pending and m.handle:
+                    dups.append(m)
         if q.fifo is not None:  # groups in order, none while one is in flight; no copies
             visible, dups = q.fifo.receivable(q, visible, now), []
-        self.chaos.shuffle(visible)
+        if not self.indexed:
+            self.chaos.shuffle(visible)
         if q.fifo is not None and want > 1:
             # A batch holds each group's messages in order behind its head (a Lambda
             # mapping's batch: several groups, each in its order).
@@ -289,6 +348,7 @@ class SimSQS:
                 m.first_received_at = self.now
             handle = self._new_handle(m)
             m.visible_at = self.now + vis
+            self._moved(q, m)
             entry: dict[str, Any] = {
                 "MessageId": m.message_id,
                 "ReceiptHandle": handle,
@@ -359,6 +419,7 @@ class SimSQS:
                     )
             self.chaos.count("stale_cmv_applied")
             m.visible_at = self.now + t
+            self._moved(q, m)
             if t == 0:
                 self._wake()
             return None
@@ -369,6 +430,7 @@ class SimSQS:
                 return self._err("MessageNotInflight", "The message is not in flight.")
             self.chaos.count("cmv_expired_applied")
         m.visible_at = self.now + t
+        self._moved(q, m)
         if t == 0:
             self._wake()
         return None

@@ -22,7 +22,7 @@ from . import fifo as fifo_world
 from . import plan as plans
 from .chaos import Chaos
 from .clocks import Clocks
-from .ddb import SimDynamo, TableSpec
+from .ddb import SimDynamo
 from .hooks import Hooks
 from .invariants import E_BUDGET, E_EXC, Checker, Violation
 from .operators import Runbook
@@ -32,14 +32,13 @@ from .render import plan_summary, render_entry
 from .resources import (
     ATTEMPTS,
     DLQ,
-    GROUPS,
     INTENTS,
     JOB_CLASS,
     JOB_CLASS_V2,
     JOBS,
     QUEUE,
-    jobs_table_spec,
     sim_job_class,
+    table_specs,
 )
 from .sqs import SimSQS
 from .tasks import Actor, CallOp, Op, SleepOp, Task
@@ -83,6 +82,7 @@ class World:
         trace: bool = True,
         features: frozenset[str] | None = None,
         user: UserJobs | None = None,
+        plan: RunPlan | None = None,
     ) -> None:
         self.seed = seed
         # A user's app: its handlers run instead of the scripted plans (user.py).
@@ -94,7 +94,8 @@ class World:
         self.seq = 0
         self.events = 0
         self.chaos = Chaos(seed)
-        self.plan: RunPlan = plans.draw_plan(
+        # ``plan``: a world built, not drawn (a fleet: fleet.py)
+        self.plan: RunPlan = plan or plans.draw_plan(
             self.chaos, workers=workers, jobs=jobs, features=features
         )
         self.chaos.cutoff = self.plan.cutoff
@@ -105,12 +106,7 @@ class World:
         self.checker.live_owner = self.hooks.live_owner  # I24 (dup-defer)
         self.counts = self.checker.counts
         self.ddb = SimDynamo(
-            [
-                jobs_table_spec(),
-                TableSpec(INTENTS, "intent_key"),
-                TableSpec(ATTEMPTS, "intent_key", "attempt"),
-                TableSpec(GROUPS, "group_id"),
-            ],
+            table_specs(),
             self.chaos,
             self.plan.ddb,
             on_write=self.hooks.on_write,
@@ -171,6 +167,7 @@ class World:
         self.failed_tasks = 0
         self.reserved_jobs: set[str] = set()  # lambda: jobs stored under a reserved id
         self.lambda_run: Any = None  # lambda: the operator's retries (lambdas.LambdaRun)
+        self.max_events = MAX_EVENTS  # the run's event budget (a fleet's is its size's)
 
     # ------------------------------------------------------------------ scheduling
 
@@ -326,7 +323,7 @@ class World:
         # The loop runs once per event: the names it reads every time are local.
         heap, pop, chaos, checker = self._heap, heapq.heappop, self.chaos, self.checker
         violations, final_jobs = checker.violations, checker.final_jobs
-        max_time, last_submit = p.max_time, self._last_submit
+        max_time, last_submit, max_events = p.max_time, self._last_submit, self.max_events
         while heap:
             t, _, fn = pop(heap)
             if t > max_time:
@@ -334,9 +331,9 @@ class World:
             self.now = t
             chaos.now = t
             self.events += 1
-            if self.events > MAX_EVENTS:
+            if self.events > max_events:
                 checker.now = t
-                checker.fail(E_BUDGET, f"more than {MAX_EVENTS} events")
+                checker.fail(E_BUDGET, f"more than {max_events} events")
                 break
             fn()
             if violations:
