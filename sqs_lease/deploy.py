@@ -38,7 +38,7 @@ from ._core.deploy import (
     queue_visibility_for,
     redrive_too_tight,
 )
-from ._schema.create_table import create_table_params
+from ._schema.create_table import WarmThroughput, create_table_params
 from ._schema.group_requests import GroupTable
 from ._schema.job_requests import JobTable
 from ._schema.models import UNSENT_INDEX as UNSENT_INDEX  # the index the stranded sweep queries
@@ -71,11 +71,16 @@ def table_names(settings: Settings) -> dict[str, str]:
     }
 
 
-def table_params(settings: Settings) -> dict[str, dict[str, Any]]:
+def table_params(
+    settings: Settings, warm: WarmThroughput | None = None
+) -> dict[str, dict[str, Any]]:
     """CreateTable parameters of the toolkit's tables, by role (``jobs``, ``intents``,
-    ``attempts``): names from ``settings``, keys and indexes from the models."""
+    ``attempts``): names from ``settings``, keys and indexes from the models;
+    ``warm``: each table's and index's warm throughput."""
     names = table_names(settings)
-    return {role: create_table_params(model, names[role]) for role, model in TABLE_MODELS.items()}
+    return {
+        role: create_table_params(model, names[role], warm) for role, model in TABLE_MODELS.items()
+    }
 
 
 def model_attributes(role: str) -> frozenset[str]:

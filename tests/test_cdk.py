@@ -23,7 +23,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk.assertions import Template
 from cdk_example import load_example
 
-from sqs_lease import App, ConfigError, JobClass, JobClassError, Settings
+from sqs_lease import App, ConfigError, JobClass, JobClassError, Settings, WarmThroughput
 from sqs_lease.deploy import (
     GC_TTL_ATTRIBUTE,
     TABLE_MODELS,
@@ -983,6 +983,27 @@ def test_a_queue_without_job_classes_is_refused_before_anything_is_built() -> No
     with pytest.raises(ConfigError, match="job_classes: none given"):
         LeasedQueue(scope, "Q", job_classes=[])
     assert scope.node.try_find_child("Q") is None
+
+
+def test_warm_throughput_reaches_every_table_and_index() -> None:
+    """``LeaseTables(warm=...)`` sets what ``tables create --warm-*`` sets (issue 33)."""
+    scope = _scratch()
+    LeaseTables(scope, "T", warm=WarmThroughput(reads=30_000, writes=9_000))
+    tables = Template.from_stack(scope).find_resources("AWS::DynamoDB::Table")
+    want = {"ReadUnitsPerSecond": 30_000, "WriteUnitsPerSecond": 9_000}
+    assert len(tables) == 5
+    indexes = 0
+    for table in tables.values():
+        props = table["Properties"]
+        assert props["WarmThroughput"] == want
+        for index in props.get("GlobalSecondaryIndexes", []):
+            assert index["WarmThroughput"] == want
+            indexes += 1
+    assert indexes >= 5  # unsent, group, attention, workers; ambiguous
+    plain = _scratch()
+    LeaseTables(plain, "T")
+    for table in Template.from_stack(plain).find_resources("AWS::DynamoDB::Table").values():
+        assert "WarmThroughput" not in table["Properties"]
 
 
 def test_a_bad_prefix_is_refused_naming_the_setting() -> None:
