@@ -18,6 +18,7 @@ are in docs/scale.md.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -113,6 +114,20 @@ def plan(spec: FleetSpec) -> RunPlan:
     return p
 
 
+PRODUCER_BACKOFF = (0.5, 20.0)
+"""A fleet's producers retry a failed submit as a user's loop would (and botocore's
+standard mode does): full jitter, from 0.5 s doubling up to 20 s, never giving up."""
+
+
+def _backoff(r: random.Random) -> Callable[[int], float]:
+    base, cap = PRODUCER_BACKOFF
+
+    def wait(tries: int) -> float:
+        return r.uniform(0.0, min(cap, base * 2 ** min(tries, 16)))
+
+    return wait
+
+
 @dataclass
 class FleetReport:
     """What a fleet's run shows (``python -m simtools fleet`` prints it as JSON)."""
@@ -131,6 +146,8 @@ class FleetReport:
     busiest_second: dict[str, float]  # units in the busiest second, per bucket kind
     warmed: list[tuple[float, str, float, float]]
     sqs_calls_per_job: dict[str, float]
+    producer_retries: int  # submits tried again after a failure (throttled, mostly)
+    last_submit_at: float  # when the last job's submit succeeded (virtual seconds)
     over_limit: int  # receives SQS refused for its in-flight limit
     peak_in_flight: int
     injected: dict[str, int] = field(default_factory=dict)
@@ -154,6 +171,7 @@ def run(spec: FleetSpec, *, mutation: str | None = None) -> FleetReport:
     world.sqs.indexed = True
     world.sqs.in_flight_limit = spec.in_flight_limit
     world.max_events = max(world.max_events, EVENTS_PER_JOB * spec.jobs)
+    world.producer_backoff = _backoff(random.Random(f"fleet-producer-{spec.seed}"))
     result = world.run()
     n = max(1, spec.jobs)
     tp = world.ddb.throughput
@@ -177,10 +195,21 @@ def run(spec: FleetSpec, *, mutation: str | None = None) -> FleetReport:
         busiest_second=dict(sorted(tp.hot.items())),
         warmed=tp.warmed,
         sqs_calls_per_job={k: round(v / n, 3) for k, v in sorted(world.sqs.calls.items())},
+        producer_retries=result.injected.get("producer_retry", 0),
+        last_submit_at=round(_last_submit(world), 3),
         over_limit=result.injected.get("sqs_over_limit", 0),
         peak_in_flight=world.sqs.peak_in_flight,
         injected=dict(sorted(result.injected.items())),
     )
+
+
+def _last_submit(world: Any) -> float:
+    """When the last job record was written (its ``created_at``, the producer's clock)."""
+    offset = float(world.producer.wall() - world.now)
+    made = [
+        float(i["created_at"]["N"]) for i in world.ddb.items[JOBS].values() if "created_at" in i
+    ]
+    return max(made, default=offset) - offset
 
 
 __all__ = ["STANDARD_IN_FLIGHT", "FleetReport", "FleetSpec", "plan", "run"]

@@ -46,7 +46,11 @@ def submit(world: World, job_id: str, tries: int = 1, producer: str = "") -> Non
     origin = Origin("producer", name, "producer")
 
     def again() -> None:  # a producer resubmits (submit is idempotent by job id)
-        if tries < 30:
+        if world.producer_backoff is not None:  # a fleet's producers back off, and persist
+            world.chaos.count("producer_retry")
+            delay = world.producer_backoff(tries)
+            world.at(world.now + delay, lambda: submit(world, job_id, tries + 1, producer))
+        elif tries < 30:
             world.at(world.now + 1.0, lambda: submit(world, job_id, tries + 1, producer))
 
     world.producer.spawn(name, drive_plain(world, world.producer, flow, origin, again))

@@ -168,6 +168,9 @@ class World:
         self.reserved_jobs: set[str] = set()  # lambda: jobs stored under a reserved id
         self.lambda_run: Any = None  # lambda: the operator's retries (lambdas.LambdaRun)
         self.max_events = MAX_EVENTS  # the run's event budget (a fleet's is its size's)
+        # A fleet's producers: after a failed submit, the wait before the next try (None:
+        # a drawn world's producer, 1 s and at most 30 tries)
+        self.producer_backoff: Callable[[int], float] | None = None
 
     # ------------------------------------------------------------------ scheduling
 
