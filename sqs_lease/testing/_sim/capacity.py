@@ -86,17 +86,23 @@ class Throughput:
         s = int(now)
         if s == self.second:
             return
+        self.fold()
+        for name, t in self.tables.items():
+            if now - t.since >= self.limits.doubling:
+                self._warm(name, t, now)
+        self.second = s
+        self.used = {}
+
+    def fold(self) -> None:
+        """Count the current second in the peaks (each second's, once it is over; the
+        report's, at the end of a run)."""
         for name, t in self.tables.items():
             t.peak_write = max(t.peak_write, self.used.get(("w", name), 0.0))
             t.peak_read = max(t.peak_read, self.used.get(("r", name), 0.0))
-            if now - t.since >= self.limits.doubling:
-                self._warm(name, t, now)
         for k, v in self.used.items():
             kind = k[0] + ":" + ("table" if len(k) == 2 else "key" if len(k) == 3 else "index")
             if v > self.hot.get(kind, 0.0):
                 self.hot[kind] = v
-        self.second = s
-        self.used = {}
 
     def _warm(self, name: str, t: _Table, now: float) -> None:
         """On-demand scaling: a table that ran at half its throughput or more may

@@ -175,6 +175,7 @@ def run(spec: FleetSpec, *, mutation: str | None = None) -> FleetReport:
     result = world.run()
     n = max(1, spec.jobs)
     tp = world.ddb.throughput
+    tp.fold()
     states: dict[str, int] = {}
     for jp in world.plan.job_plans:
         item = world.ddb.get(JOBS, {"job_id": {"S": jp.job_id}})

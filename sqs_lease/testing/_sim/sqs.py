@@ -78,6 +78,7 @@ class Queue:
     # whose message moved again are skipped when they come up).
     ready: dict[str, Message] = field(default_factory=dict)
     timers: list[tuple[float, int, str]] = field(default_factory=list)
+    held: set[str] = field(default_factory=set)  # in flight: received, not yet visible again
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,7 @@ class SimSQS:
         q.messages.pop(m.message_id, None)
         q.gone[m.message_id] = m
         q.ready.pop(m.message_id, None)
+        q.held.discard(m.message_id)
 
     def _moved(self, q: Queue, m: Message) -> None:
         """``m.visible_at`` changed: keep an indexed queue's index in step."""
@@ -192,8 +194,11 @@ class SimSQS:
         q.ready.pop(m.message_id, None)
         if m.visible_at <= self.now:
             q.ready[m.message_id] = m
+            q.held.discard(m.message_id)
         else:
             heapq.heappush(q.timers, (m.visible_at, m.seq, m.message_id))
+            if m.handle is not None:  # (a delayed message never received is not in flight)
+                q.held.add(m.message_id)
 
     def _due(self, q: Queue) -> float | None:
         """Move an indexed queue's messages that became visible into ``ready``; the
@@ -207,6 +212,7 @@ class SimSQS:
             elif t <= self.now:
                 heapq.heappop(timers)
                 q.ready[mid] = m
+                q.held.discard(mid)
             else:
                 return t
         return None
@@ -290,7 +296,7 @@ class SimSQS:
         dups: list[Message] = []
         if self.indexed:
             later = self._due(q)
-            held = len(q.messages) - len(q.ready)
+            held = len(q.held)
             self.peak_in_flight = max(self.peak_in_flight, held)
             limit = self.in_flight_limit
             if limit is not None and held >= limit:
