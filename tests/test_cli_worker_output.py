@@ -290,7 +290,7 @@ def test_worker_output_human_prints_readable_lines_and_a_summary(
 def test_ctrl_c_outside_a_workers_run_is_one_line_and_exit_130(
     aws: AwsTestEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def interrupted(settings: Settings) -> list[str]:
+    def interrupted(settings: Settings, warm: object = None) -> list[str]:
         raise KeyboardInterrupt
 
     monkeypatch.setattr("sqs_lease.cli.create_tables", interrupted)
