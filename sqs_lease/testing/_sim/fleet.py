@@ -119,11 +119,16 @@ PRODUCER_BACKOFF = (0.5, 20.0)
 standard mode does): full jitter, from 0.5 s doubling up to 20 s, never giving up."""
 
 
-def _backoff(r: random.Random) -> Callable[[int], float]:
-    base, cap = PRODUCER_BACKOFF
+SDK_BACKOFF = (1.0, 20.0)
+"""botocore's standard retry mode between a throttled call's attempts: full jitter,
+from 1 s doubling up to 20 s (the simulated SDK makes ``sdk_attempts`` in all)."""
+
+
+def _backoff(r: random.Random, shape: tuple[float, float]) -> Callable[[int], float]:
+    base, cap = shape
 
     def wait(tries: int) -> float:
-        return r.uniform(0.0, min(cap, base * 2 ** min(tries, 16)))
+        return r.uniform(0.0, min(cap, base * 2 ** min(max(0, tries - 1), 16)))
 
     return wait
 
@@ -171,7 +176,10 @@ def run(spec: FleetSpec, *, mutation: str | None = None) -> FleetReport:
     world.sqs.indexed = True
     world.sqs.in_flight_limit = spec.in_flight_limit
     world.max_events = max(world.max_events, EVENTS_PER_JOB * spec.jobs)
-    world.producer_backoff = _backoff(random.Random(f"fleet-producer-{spec.seed}"))
+    world.producer_backoff = _backoff(
+        random.Random(f"fleet-producer-{spec.seed}"), PRODUCER_BACKOFF
+    )
+    world.sdk_backoff = _backoff(random.Random(f"fleet-sdk-{spec.seed}"), SDK_BACKOFF)
     result = world.run()
     n = max(1, spec.jobs)
     tp = world.ddb.throughput

@@ -69,7 +69,14 @@ def _attempt(world: World, p: Pending, op: CallOp, left: int) -> None:
             return
         if left > 1:
             world.chaos.count("sdk_retry")
-            _attempt(world, p, op, left - 1)
+            backoff = world.sdk_backoff
+            if backoff is None:  # a drawn world's SDK retries at once
+                _attempt(world, p, op, left - 1)
+                return
+            # A fleet's waits as botocore's standard mode does; this attempt's timeout
+            # (if armed) no longer applies.
+            p.attempt += 1
+            world.at(world.now + backoff(attempt), lambda: _attempt(world, p, op, left - 1))
             return
         p.done = True
         p.on_timeout = None
@@ -210,7 +217,14 @@ def _answer(
             and left > 1
         ):
             world.chaos.count("sdk_retry")
-            _attempt(world, p, op, left - 1)
+            backoff = world.sdk_backoff
+            if backoff is None:  # a drawn world's SDK retries at once
+                _attempt(world, p, op, left - 1)
+                return
+            # A fleet's waits as botocore's standard mode does; this attempt's timeout
+            # (if armed) no longer applies.
+            p.attempt += 1
+            world.at(world.now + backoff(attempt), lambda: _attempt(world, p, op, left - 1))
             return
         p.done = True
         p.on_timeout = None

@@ -171,6 +171,8 @@ class World:
         # A fleet's producers: after a failed submit, the wait before the next try (None:
         # a drawn world's producer, 1 s and at most 30 tries)
         self.producer_backoff: Callable[[int], float] | None = None
+        # A fleet's SDK: the wait before it resends a throttled call (None: at once)
+        self.sdk_backoff: Callable[[int], float] | None = None
 
     # ------------------------------------------------------------------ scheduling
 
