@@ -120,7 +120,7 @@ standard mode does): full jitter, from 0.5 s doubling up to 20 s, never giving u
 
 
 SDK_BACKOFF = (1.0, 20.0)
-"""botocore's standard retry mode between a throttled call's attempts: full jitter,
+"""botocore's standard retry mode between a call's attempts: full jitter,
 from 1 s doubling up to 20 s (the simulated SDK makes ``sdk_attempts`` in all)."""
 
 

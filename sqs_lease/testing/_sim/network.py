@@ -68,15 +68,7 @@ def _attempt(world: World, p: Pending, op: CallOp, left: int) -> None:
         if p.done or p.attempt != attempt:
             return
         if left > 1:
-            world.chaos.count("sdk_retry")
-            backoff = world.sdk_backoff
-            if backoff is None:  # a drawn world's SDK retries at once
-                _attempt(world, p, op, left - 1)
-                return
-            # A fleet's waits as botocore's standard mode does; this attempt's timeout
-            # (if armed) no longer applies.
-            p.attempt += 1
-            world.at(world.now + backoff(attempt), lambda: _attempt(world, p, op, left - 1))
+            _resend(world, p, op, attempt, left)
             return
         p.done = True
         p.on_timeout = None
@@ -107,6 +99,18 @@ def _attempt(world: World, p: Pending, op: CallOp, left: int) -> None:
     p.armed = lat >= timeout or c.op == "ReceiveMessage"
     if p.armed:
         world.at(t0 + timeout, on_timeout)
+
+
+def _resend(world: World, p: Pending, op: CallOp, attempt: int, left: int) -> None:
+    """The SDK sends the call again (after a timeout, a throttle or a 5xx): at once in a
+    drawn world, after botocore's standard backoff in a fleet (``World.sdk_backoff``)."""
+    world.chaos.count("sdk_retry")
+    backoff = world.sdk_backoff
+    if backoff is None:
+        _attempt(world, p, op, left - 1)
+        return
+    p.attempt += 1  # the waited-for attempt's timeout (if armed) no longer applies
+    world.at(world.now + backoff(attempt), lambda: _attempt(world, p, op, left - 1))
 
 
 def _service(world: World, op: CallOp) -> Outcome | Wait:
@@ -216,15 +220,7 @@ def _answer(
             and out.kind in (ErrorKind.THROTTLED, ErrorKind.SERVER)
             and left > 1
         ):
-            world.chaos.count("sdk_retry")
-            backoff = world.sdk_backoff
-            if backoff is None:  # a drawn world's SDK retries at once
-                _attempt(world, p, op, left - 1)
-                return
-            # A fleet's waits as botocore's standard mode does; this attempt's timeout
-            # (if armed) no longer applies.
-            p.attempt += 1
-            world.at(world.now + backoff(attempt), lambda: _attempt(world, p, op, left - 1))
+            _resend(world, p, op, attempt, left)
             return
         p.done = True
         p.on_timeout = None
