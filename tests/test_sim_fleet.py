@@ -229,3 +229,19 @@ def test_a_fleet_under_a_throttled_table_loses_no_job() -> None:
 def test_a_fleet_spec_names_a_bad_table() -> None:
     with pytest.raises(ValueError, match=r"FleetSpec\.table"):
         fleet.run(fleet.FleetSpec(workers=1, jobs=1, table="warm"))
+
+
+def test_a_delayed_message_never_received_is_not_in_flight() -> None:
+    chaos = Chaos(0)
+    chaos.cutoff = 0.0
+    sqs = SimSQS(chaos)
+    sqs.indexed = True
+    sqs.in_flight_limit = 1
+    q = sqs.create_queue(URL, visibility=30)
+    sqs.now = 0.0
+    sqs.send(q, "waits", delay=60)  # a slot waiter's delayed message
+    sqs.send(q, "now")
+    out = sqs.handle("ReceiveMessage", {"QueueUrl": URL, "MaxNumberOfMessages": 10}, 1.0)
+    assert isinstance(out, Ok) and [m["Body"] for m in out.response["Messages"]] == ["now"]
+    refused = sqs.handle("ReceiveMessage", {"QueueUrl": URL}, 2.0)  # "now" is in flight
+    assert isinstance(refused, Err) and refused.code == "OverLimit"
