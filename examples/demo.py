@@ -378,8 +378,37 @@ def main() -> int:
                 "--who",
                 "demo-operator",
             )
+        # A call that applied after its job was parked ambiguous (a frozen worker's late
+        # answer) confirms the intent (confirmed_late): the operator's resolve resumes
+        # the parked job, which replays the known outcome (docs/operations.md).
+        late = 0
+        for job_id in parked:
+            reason = str(states[job_id].get("reason") or "")
+            if not reason.startswith("intent '"):
+                continue
+            key = reason.split("'")[1]
+            shown = json.loads(cli(endpoint, "intents", "show", key, "--json"))["intent"]
+            if shown.get("state") != "confirmed" or not shown.get("confirmed_late"):
+                continue
+            late += 1
+            say(f"   operator: intent {key} of parked {job_id} was confirmed by a late answer")
+            cli(
+                endpoint,
+                "intents",
+                "resolve",
+                key,
+                "--confirmed",
+                "late-answer",
+                "--reason",
+                "the frozen worker's call applied after the park",
+                "--who",
+                "demo-operator",
+            )
         states = wait_states(settings, n_jobs, TERMINAL - {"parked"}, HANG_GUARD)
-        say(f"10. {len(ambiguous)} ambiguous intent(s) resolved with the CLI; jobs resumed")
+        say(
+            f"10. {len(ambiguous)} ambiguous intent(s) and {late} confirmed late resolved "
+            "with the CLI; jobs resumed"
+        )
         for proc, _ in workers:
             proc.send_signal(signal.SIGTERM)
         for proc, _ in workers:
