@@ -286,6 +286,22 @@ def limited_and_session(producer: Producer, endpoint: str, logs: list[Path]) -> 
     return {"browse": [j for j, _ in browse], "steps": steps, "report": report, "refused": refused}
 
 
+def resolve_confirmed(endpoint: str, key: str, external_id: str, reason: str) -> None:
+    """The operator's `intents resolve KEY --confirmed` (the job resumes, replaying it)."""
+    cli(
+        endpoint,
+        "intents",
+        "resolve",
+        key,
+        "--confirmed",
+        external_id,
+        "--reason",
+        reason,
+        "--who",
+        "demo-operator",
+    )
+
+
 def wait_states(settings: Settings, n: int, done: set[str], limit: float) -> dict[str, Any]:
     deadline = time.monotonic() + limit
     states: dict[str, dict[str, Any]] = {}
@@ -366,17 +382,8 @@ def main() -> int:
             key = intent["intent_key"]
             say(f"   operator: intent {key} is ambiguous ({intent.get('reason')})")
             say("   operator: checked the ERP by hand; it did post: resolving as confirmed")
-            cli(
-                endpoint,
-                "intents",
-                "resolve",
-                key,
-                "--confirmed",
-                f"erp-manual-{key[-4:]}",
-                "--reason",
-                "posting found in the ERP's screen",
-                "--who",
-                "demo-operator",
+            resolve_confirmed(
+                endpoint, key, f"erp-manual-{key[-4:]}", "posting found in the ERP's screen"
             )
         # A call that applied after its job was parked ambiguous (a frozen worker's late
         # answer) confirms the intent (confirmed_late): the operator's resolve resumes
@@ -392,17 +399,8 @@ def main() -> int:
                 continue
             late += 1
             say(f"   operator: intent {key} of parked {job_id} was confirmed by a late answer")
-            cli(
-                endpoint,
-                "intents",
-                "resolve",
-                key,
-                "--confirmed",
-                "late-answer",
-                "--reason",
-                "the frozen worker's call applied after the park",
-                "--who",
-                "demo-operator",
+            resolve_confirmed(
+                endpoint, key, "late-answer", "the frozen worker's call applied after the park"
             )
         states = wait_states(settings, n_jobs, TERMINAL - {"parked"}, HANG_GUARD)
         say(

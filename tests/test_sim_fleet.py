@@ -18,7 +18,7 @@ from sqs_lease.testing._sim.capacity import Limits, Throughput, read_units, writ
 from sqs_lease.testing._sim.chaos import Chaos
 from sqs_lease.testing._sim.ddb import DdbFaults, IndexSpec, SimDynamo, TableSpec
 from sqs_lease.testing._sim.resources import table_specs
-from sqs_lease.testing._sim.sqs import SimSQS
+from sqs_lease.testing._sim.sqs import Queue, SimSQS
 
 URL = "https://sqs.sim.local/000000000000/q"
 
@@ -159,13 +159,18 @@ def test_an_indexed_query_finds_what_a_scan_finds() -> None:
     assert a.response == b.response
 
 
-def test_sqs_refuses_a_receive_past_the_in_flight_limit() -> None:
+def _fleet_queue(in_flight_limit: int) -> tuple[SimSQS, Queue]:
+    """A fleet's queue (indexed, with an in-flight limit), no drawn fault."""
     chaos = Chaos(0)
     chaos.cutoff = 0.0
     sqs = SimSQS(chaos)
     sqs.indexed = True
-    sqs.in_flight_limit = 2
-    q = sqs.create_queue(URL, visibility=30)
+    sqs.in_flight_limit = in_flight_limit
+    return sqs, sqs.create_queue(URL, visibility=30)
+
+
+def test_sqs_refuses_a_receive_past_the_in_flight_limit() -> None:
+    sqs, q = _fleet_queue(in_flight_limit=2)
     for i in range(4):
         sqs.now = float(i)
         sqs.send(q, f"m{i}")
@@ -232,12 +237,7 @@ def test_a_fleet_spec_names_a_bad_table() -> None:
 
 
 def test_a_delayed_message_never_received_is_not_in_flight() -> None:
-    chaos = Chaos(0)
-    chaos.cutoff = 0.0
-    sqs = SimSQS(chaos)
-    sqs.indexed = True
-    sqs.in_flight_limit = 1
-    q = sqs.create_queue(URL, visibility=30)
+    sqs, q = _fleet_queue(in_flight_limit=1)
     sqs.now = 0.0
     sqs.send(q, "waits", delay=60)  # a slot waiter's delayed message
     sqs.send(q, "now")
